@@ -1,0 +1,214 @@
+//! Validated inputs: the home dir layout and the small value types the CLI parses
+//! (`--volume`, `--memory`, `--env`, `--network`). Every parse error is one line that
+//! says what to fix.
+
+use anyhow::{bail, Context, Result};
+use std::path::{Path, PathBuf};
+
+/// The state directory (`--home`, `AZP_SANDBOX_HOME`). Everything azp-sandbox writes
+/// lives below it, so `gc` knows where to look.
+#[derive(Debug, Clone)]
+pub struct Home {
+    root: PathBuf,
+}
+
+impl Home {
+    pub fn new(root: impl Into<PathBuf>) -> Home {
+        Home { root: root.into() }
+    }
+
+    /// `--home` if given, else `AZP_SANDBOX_HOME`, else the default for this user:
+    /// `/var/lib/azp-sandbox` for root, `$XDG_DATA_HOME/azp-sandbox` otherwise.
+    pub fn resolve(flag: Option<PathBuf>) -> Home {
+        if let Some(p) = flag {
+            return Home::new(p);
+        }
+        if let Some(p) = std::env::var_os("AZP_SANDBOX_HOME").filter(|v| !v.is_empty()) {
+            return Home::new(PathBuf::from(p));
+        }
+        if nix::unistd::geteuid().is_root() {
+            return Home::new("/var/lib/azp-sandbox");
+        }
+        let data = std::env::var_os("XDG_DATA_HOME")
+            .map(PathBuf::from)
+            .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".local/share")))
+            .unwrap_or_else(|| PathBuf::from("/tmp"));
+        Home::new(data.join("azp-sandbox"))
+    }
+
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+    /// Imported root filesystems (`rootfs/<name>/`).
+    pub fn rootfs_dir(&self) -> PathBuf {
+        self.root.join("rootfs")
+    }
+    /// One directory per running job: state record, upper/work dirs, merged mount point.
+    pub fn jobs_dir(&self) -> PathBuf {
+        self.root.join("jobs")
+    }
+    /// Job dirs renamed here at teardown, deleted in the background.
+    pub fn trash_dir(&self) -> PathBuf {
+        self.root.join("trash")
+    }
+    /// libcontainer's state root (instead of its default `/run/youki`).
+    pub fn runtime_dir(&self) -> PathBuf {
+        self.root.join("run")
+    }
+    /// Caches shared by jobs (agent packages, linker caches, OCI blobs).
+    pub fn cache_dir(&self) -> PathBuf {
+        self.root.join("cache")
+    }
+
+    /// Creates the top-level dirs (mode 0711: other users may traverse to bind sources
+    /// but not list jobs).
+    pub fn ensure(&self) -> Result<()> {
+        use std::os::unix::fs::PermissionsExt;
+        for dir in [
+            self.root.clone(),
+            self.rootfs_dir(),
+            self.jobs_dir(),
+            self.trash_dir(),
+            self.runtime_dir(),
+            self.cache_dir(),
+        ] {
+            std::fs::create_dir_all(&dir)
+                .with_context(|| format!("cannot create {}: check --home / AZP_SANDBOX_HOME and free space", dir.display()))?;
+            std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o711))
+                .with_context(|| format!("cannot set permissions on {}", dir.display()))?;
+        }
+        Ok(())
+    }
+}
+
+/// `--volume HOST:CTR[:ENV]`: a read-only dataset bind, optionally announced in `ENV`.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Volume {
+    pub host: PathBuf,
+    pub container: PathBuf,
+    pub env: Option<String>,
+}
+
+impl std::str::FromStr for Volume {
+    type Err = anyhow::Error;
+    fn from_str(s: &str) -> Result<Volume> {
+        let parts: Vec<&str> = s.split(':').collect();
+        let usage = "expected --volume HOST:CONTAINER[:ENVVAR] with absolute paths";
+        let (host, ctr, env) = match parts.as_slice() {
+            [h, c] => (*h, *c, None),
+            [h, c, e] => (*h, *c, Some(*e)),
+            _ => bail!("malformed --volume '{s}': {usage}"),
+        };
+        if !host.starts_with('/') || !ctr.starts_with('/') {
+            bail!("malformed --volume '{s}': {usage}");
+        }
+        let container = PathBuf::from(ctr);
+        if container.components().any(|c| c == std::path::Component::ParentDir) {
+            bail!("malformed --volume '{s}': the container path may not contain '..'");
+        }
+        if container == Path::new("/") {
+            bail!("malformed --volume '{s}': cannot mount a volume over the sandbox root");
+        }
+        if let Some(e) = env {
+            if !is_env_name(e) {
+                bail!("malformed --volume '{s}': '{e}' is not a valid environment variable name");
+            }
+        }
+        Ok(Volume { host: PathBuf::from(host), container, env: env.map(str::to_owned) })
+    }
+}
+
+/// `--env K=V`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EnvVar {
+    pub key: String,
+    pub value: String,
+}
+
+impl std::str::FromStr for EnvVar {
+    type Err = anyhow::Error;
+    fn from_str(s: &str) -> Result<EnvVar> {
+        match s.split_once('=') {
+            Some((k, v)) if is_env_name(k) => Ok(EnvVar { key: k.into(), value: v.into() }),
+            _ => bail!("malformed --env '{s}': expected NAME=VALUE with NAME made of letters, digits and '_'"),
+        }
+    }
+}
+
+pub fn is_env_name(s: &str) -> bool {
+    let mut chars = s.chars();
+    matches!(chars.next(), Some(c) if c.is_ascii_alphabetic() || c == '_')
+        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
+}
+
+/// A byte size like `512M`, `2G`, `1.5g`, `1048576` (binary units).
+pub fn parse_size(s: &str) -> Result<u64> {
+    let t = s.trim();
+    let split = t.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let mult: u64 = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1,
+        "k" | "kb" | "kib" => 1 << 10,
+        "m" | "mb" | "mib" => 1 << 20,
+        "g" | "gb" | "gib" => 1 << 30,
+        "t" | "tb" | "tib" => 1 << 40,
+        _ => bail!("bad size '{s}': use a number with an optional unit K, M, G or T (e.g. 512M)"),
+    };
+    let n: f64 = num
+        .parse()
+        .map_err(|_| anyhow::anyhow!("bad size '{s}': use a number with an optional unit K, M, G or T (e.g. 512M)"))?;
+    let bytes = n * mult as f64;
+    if !(bytes >= 1.0) || bytes > u64::MAX as f64 {
+        bail!("bad size '{s}': must be at least 1 byte");
+    }
+    Ok(bytes as u64)
+}
+
+/// `--network host|none`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize, clap::ValueEnum)]
+pub enum Network {
+    /// Share the host's network (the agent must reach Azure DevOps).
+    #[default]
+    Host,
+    /// A new, empty network namespace (loopback only).
+    None,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes() {
+        assert_eq!(parse_size("512M").unwrap(), 512 << 20);
+        assert_eq!(parse_size("2g").unwrap(), 2 << 30);
+        assert_eq!(parse_size("1.5G").unwrap(), 3 << 29);
+        assert_eq!(parse_size("4096").unwrap(), 4096);
+        for bad in ["", "M", "12X", "-1G", "0", "1.2.3M"] {
+            let e = parse_size(bad).unwrap_err().to_string();
+            assert!(e.starts_with("bad size"), "{bad}: {e}");
+        }
+    }
+
+    #[test]
+    fn volumes() {
+        let v: Volume = "/data/imagenet:/datasets/imagenet:IMAGENET".parse().unwrap();
+        assert_eq!(v.host, PathBuf::from("/data/imagenet"));
+        assert_eq!(v.container, PathBuf::from("/datasets/imagenet"));
+        assert_eq!(v.env.as_deref(), Some("IMAGENET"));
+        let v: Volume = "/a:/b".parse().unwrap();
+        assert_eq!(v.env, None);
+        for bad in ["/a", "a:/b", "/a:b", "/a:/b:1X", "/a:/b:C:D", "/a:/", "/a:/x/../etc"] {
+            let e = bad.parse::<Volume>().unwrap_err().to_string();
+            assert!(e.starts_with("malformed --volume"), "{bad}: {e}");
+        }
+    }
+
+    #[test]
+    fn env_vars() {
+        let e: EnvVar = "A_1=x=y".parse().unwrap();
+        assert_eq!((e.key.as_str(), e.value.as_str()), ("A_1", "x=y"));
+        assert!("1A=x".parse::<EnvVar>().is_err());
+        assert!("novalue".parse::<EnvVar>().is_err());
+    }
+}

@@ -1,0 +1,1 @@
+//! NVIDIA GPU discovery and injection. (Placeholder: being written.)

@@ -1,0 +1,15 @@
+//! azp-sandbox: one throwaway sandbox per Azure Pipelines job.
+//!
+//! Data flow of one job (each stage is a module):
+//! `config` -> `rootfs` (pick the lower layer) -> `gpu` (driver files, device nodes,
+//! as [`edits::ContainerEdits`]) -> `sandbox` (job dirs, overlay, OCI spec,
+//! libcontainer in a single-threaded helper, teardown, gc).
+//! Privileged syscalls live in `sys` behind a narrow interface.
+
+pub mod config;
+pub mod edits;
+pub mod gpu;
+pub mod logging;
+pub mod rootfs;
+pub mod sandbox;
+pub mod sys;

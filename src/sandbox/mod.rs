@@ -1,0 +1,1 @@
+//! Sandboxes. (Placeholder: being written.)

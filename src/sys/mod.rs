@@ -1,0 +1,1 @@
+//! Privileged syscalls. (Placeholder: being written.)
