@@ -10,6 +10,7 @@ pub mod config;
 pub mod edits;
 pub mod gpu;
 pub mod logging;
+pub mod progress;
 pub mod rootfs;
 pub mod sandbox;
 pub mod sys;

@@ -1,1 +1,280 @@
-fn main() {}
+//! The `azp-sandbox` command line: parse, call into the library, map errors to exit codes.
+//! Errors print as one line (`azp-sandbox: error: ...`) and exit 125; `exec` otherwise
+//! exits with the job's own exit code.
+
+use anyhow::{bail, Context, Result};
+use azp_sandbox::config::{parse_size, EnvVar, Home, Network, Volume};
+use azp_sandbox::rootfs::Store;
+use azp_sandbox::sandbox::{self, JobPlan, Limits, RunOptions};
+use clap::{Parser, Subcommand};
+use std::path::PathBuf;
+
+/// Exit code for failures of azp-sandbox itself (as `docker run` uses 125).
+const EXIT_SANDBOX_ERROR: i32 = 125;
+
+#[derive(Parser)]
+#[command(name = "azp-sandbox", version, about = "Self-hosted Azure Pipelines agents, one fresh sandbox per job")]
+struct Cli {
+    /// State directory (rootfs store, job dirs, caches) [env: AZP_SANDBOX_HOME]
+    /// [default: /var/lib/azp-sandbox as root, $XDG_DATA_HOME/azp-sandbox otherwise]
+    #[arg(long, global = true)]
+    home: Option<PathBuf>,
+    /// Root of the NVIDIA driver installation to inject (like nvidia-ctk --driver-root)
+    #[arg(long, global = true, default_value = "/", env = "AZP_SANDBOX_DRIVER_ROOT")]
+    driver_root: PathBuf,
+    /// More logging (-v: debug, -vv: also libcontainer)
+    #[arg(short, long, global = true, action = clap::ArgAction::Count)]
+    verbose: u8,
+    /// Only warnings and errors
+    #[arg(short, long, global = true)]
+    quiet: bool,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run a command in a fresh, throwaway sandbox
+    Exec(ExecArgs),
+    /// Manage root filesystems (the read-only lower layers of sandboxes)
+    #[command(subcommand)]
+    Rootfs(RootfsCommand),
+    /// Remove what crashed runs left behind (cgroups, job dirs, container state)
+    Gc,
+    /// Internal: the single-threaded helper that owns one sandbox
+    #[command(name = "__sandbox-helper", hide = true)]
+    SandboxHelper { job_dir: PathBuf },
+}
+
+#[derive(clap::Args)]
+struct ExecArgs {
+    /// Rootfs name from `azp-sandbox rootfs list`
+    #[arg(long)]
+    rootfs: String,
+    /// Read-only dataset: HOST:CONTAINER[:ENVVAR] (ENVVAR is set to CONTAINER)
+    #[arg(long = "volume", value_name = "HOST:CTR[:ENV]")]
+    volumes: Vec<Volume>,
+    /// Environment variable for the command
+    #[arg(long = "env", short = 'e', value_name = "K=V")]
+    env: Vec<EnvVar>,
+    /// Memory limit, e.g. 4G (the job is OOM-killed above it)
+    #[arg(long, value_parser = parse_size)]
+    memory: Option<u64>,
+    /// Maximum number of processes/threads
+    #[arg(long, value_parser = parse_pids)]
+    pids: Option<i64>,
+    /// CPU quota in CPUs, e.g. 2 or 0.5
+    #[arg(long, value_parser = parse_cpus)]
+    cpus: Option<u64>,
+    /// host: share the host network (default); none: empty network namespace
+    #[arg(long, value_enum, default_value_t = Network::Host)]
+    network: Network,
+    /// Job name (container id, cgroup leaf, hostname) [default: exec-<random>]
+    #[arg(long, value_parser = parse_job_name)]
+    name: Option<String>,
+    /// Working directory inside the sandbox
+    #[arg(long, short = 'w', default_value = "/")]
+    workdir: PathBuf,
+    /// Command and arguments
+    #[arg(trailing_var_arg = true, required = true, value_name = "CMD")]
+    command: Vec<String>,
+}
+
+#[derive(Subcommand)]
+enum RootfsCommand {
+    /// Unpack a rootfs tarball (tar, tar.gz, tar.zst; detected by content) into the store
+    Import {
+        /// Archive file, or - for standard input
+        file: PathBuf,
+        #[arg(long)]
+        name: String,
+    },
+    /// List imported root filesystems
+    List {
+        #[arg(long)]
+        json: bool,
+    },
+    /// Remove a root filesystem (refused while a sandbox uses it)
+    Rm { name: String },
+}
+
+fn parse_job_name(s: &str) -> Result<String> {
+    let ok = !s.is_empty()
+        && s.len() <= 64
+        && s.starts_with(|c: char| c.is_ascii_alphanumeric())
+        && s.chars().all(|c| c.is_ascii_alphanumeric() || "._-".contains(c));
+    if !ok {
+        bail!("bad --name '{s}': use 1-64 letters, digits, '.', '_' or '-', starting with a letter or digit");
+    }
+    Ok(s.to_string())
+}
+
+fn parse_pids(s: &str) -> Result<i64> {
+    match s.parse::<i64>() {
+        Ok(n) if n > 0 => Ok(n),
+        _ => bail!("bad --pids '{s}': use a positive number of processes"),
+    }
+}
+
+/// CPUs -> milli-CPUs.
+fn parse_cpus(s: &str) -> Result<u64> {
+    match s.parse::<f64>() {
+        Ok(c) if c > 0.0 && c <= 4096.0 => Ok((c * 1000.0).round().max(1.0) as u64),
+        _ => bail!("bad --cpus '{s}': use a positive number of CPUs such as 2 or 0.5"),
+    }
+}
+
+fn main() {
+    let cli = Cli::parse();
+    let home = Home::resolve(cli.home.clone());
+    if let Command::SandboxHelper { job_dir } = &cli.command {
+        azp_sandbox::logging::init(if cli.quiet { -1 } else { cli.verbose as i8 });
+        std::process::exit(sandbox::helper::main(&home, job_dir));
+    }
+    azp_sandbox::logging::init(if cli.quiet { -1 } else { cli.verbose as i8 });
+    match run(cli, home) {
+        Ok(code) => std::process::exit(code),
+        Err(e) => {
+            eprintln!("azp-sandbox: error: {}", one_line(&e));
+            std::process::exit(EXIT_SANDBOX_ERROR);
+        }
+    }
+}
+
+/// `a: b: c` on one line, without repeating a cause the context already quotes.
+fn one_line(e: &anyhow::Error) -> String {
+    let mut out = String::new();
+    for cause in e.chain() {
+        let s = cause.to_string();
+        if out.contains(&s) {
+            continue;
+        }
+        if !out.is_empty() {
+            out.push_str(": ");
+        }
+        out.push_str(&s);
+    }
+    out.replace('\n', " ")
+}
+
+fn require_root(what: &str) -> Result<()> {
+    if !nix::unistd::geteuid().is_root() {
+        bail!("{what} needs root for now: rootless mode (user namespaces) is not implemented yet; run it as root (sudo)");
+    }
+    Ok(())
+}
+
+fn run(cli: Cli, home: Home) -> Result<i32> {
+    match cli.command {
+        Command::Exec(args) => exec(&home, args),
+        Command::Rootfs(cmd) => rootfs(&home, cmd),
+        Command::Gc => {
+            require_root("gc")?;
+            let report = sandbox::gc(&home)?;
+            log_gc(&report);
+            if !report.failed.is_empty() {
+                bail!("gc could not remove {} item(s) (see warnings above)", report.failed.len());
+            }
+            tracing::info!("gc: {} item(s) removed, {} live job(s) untouched", report.removed.len(), report.live_jobs);
+            Ok(0)
+        }
+        Command::SandboxHelper { .. } => unreachable!("handled in main"),
+    }
+}
+
+fn log_gc(report: &sandbox::GcReport) {
+    for r in &report.removed {
+        tracing::info!("gc: removed {r}");
+    }
+    for f in &report.failed {
+        tracing::warn!("gc: could not remove {f}");
+    }
+}
+
+fn exec(home: &Home, args: ExecArgs) -> Result<i32> {
+    require_root("exec")?;
+    log_gc(&sandbox::gc(home).context("gc before exec failed")?);
+    let store = Store::new(home);
+    let lease = store.lease(&args.rootfs)?;
+    let id = args.name.clone().unwrap_or_else(|| sandbox::jobdir::new_job_id("exec"));
+    if home.jobs_dir().join(&id).exists() {
+        bail!("a job named '{id}' is already running: choose another --name");
+    }
+    let plan = JobPlan {
+        id: id.clone(),
+        lower: vec![lease.path().to_path_buf()],
+        args: args.command,
+        env: args.env.into_iter().map(|e| (e.key, e.value)).collect(),
+        cwd: args.workdir,
+        uid: 0,
+        gid: 0,
+        hostname: id.clone(),
+        volumes: args.volumes,
+        limits: Limits { memory_bytes: args.memory, pids: args.pids, cpus_milli: args.cpus },
+        network: args.network,
+        edits: Default::default(),
+        cgroup_path: sandbox::teardown::cgroup_path_for(&id),
+    };
+    let outcome = sandbox::run_job(home, plan, &RunOptions { background_delete: false, forward_signals: true })?;
+    tracing::debug!(
+        "job {} rootfs={} exit={} duration={:.3}s cleanup: {}",
+        outcome.id,
+        args.rootfs,
+        outcome.code,
+        outcome.duration.as_secs_f64(),
+        outcome.cleanup
+    );
+    drop(lease);
+    Ok(outcome.code)
+}
+
+fn rootfs(home: &Home, cmd: RootfsCommand) -> Result<i32> {
+    let store = Store::new(home);
+    match cmd {
+        RootfsCommand::Import { file, name } => {
+            home.ensure()?;
+            let mut input: Box<dyn std::io::Read> = if file.as_os_str() == "-" {
+                Box::new(std::io::stdin().lock())
+            } else {
+                Box::new(std::fs::File::open(&file).with_context(|| format!("cannot open {}", file.display()))?)
+            };
+            let mut progress = azp_sandbox::progress::Progress::new(&format!("importing {name}"));
+            let info = store.import(&mut input, &name, &mut |n| progress.update(n))?;
+            progress.finish();
+            tracing::info!(
+                "imported rootfs '{}': {} entries, {:.1} MB{}",
+                info.name,
+                info.entries,
+                info.size_bytes as f64 / 1e6,
+                info.arch.as_deref().map(|a| format!(", {a}")).unwrap_or_default()
+            );
+            Ok(0)
+        }
+        RootfsCommand::List { json } => {
+            let list = store.list()?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&list)?);
+            } else {
+                println!("{:<24} {:>10} {:>9} {:<8} {:<6} {:<20} SOURCE", "NAME", "SIZE", "ENTRIES", "ARCH", "CUDA", "IMPORTED");
+                for r in list {
+                    println!(
+                        "{:<24} {:>9.1}M {:>9} {:<8} {:<6} {:<20} {}",
+                        r.name,
+                        r.size_bytes as f64 / 1e6,
+                        r.entries,
+                        r.arch.as_deref().unwrap_or("-"),
+                        r.cuda_version.as_deref().unwrap_or("-"),
+                        r.imported_at,
+                        r.source
+                    );
+                }
+            }
+            Ok(0)
+        }
+        RootfsCommand::Rm { name } => {
+            store.remove(&name)?;
+            tracing::info!("removed rootfs '{name}'");
+            Ok(0)
+        }
+    }
+}

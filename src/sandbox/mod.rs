@@ -1,1 +1,13 @@
-//! Sandboxes. (Placeholder: being written.)
+//! One throwaway sandbox per job: job dirs, overlay, OCI spec, libcontainer (in a
+//! single-threaded helper process), teardown and gc.
+
+pub mod helper;
+pub mod jobdir;
+pub mod plan;
+pub mod runner;
+pub mod spec;
+pub mod teardown;
+
+pub use plan::{JobPlan, Limits};
+pub use runner::{run_job, JobOutcome, RunOptions};
+pub use teardown::{gc, GcReport};

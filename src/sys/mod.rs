@@ -1,1 +1,131 @@
-//! Privileged syscalls. (Placeholder: being written.)
+//! The few privileged syscalls the sandbox needs, behind one narrow trait so the job
+//! lifecycle around them is unit-testable without root (see [`Recorder`]).
+//!
+//! Everything here runs in the single-threaded sandbox helper process.
+
+use anyhow::{bail, Context, Result};
+use std::path::{Path, PathBuf};
+
+/// An overlay mount: read-only lower layers (first = topmost), a per-job upper and work dir.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Overlay {
+    pub lower: Vec<PathBuf>,
+    pub upper: PathBuf,
+    pub work: PathBuf,
+    pub target: PathBuf,
+}
+
+impl Overlay {
+    /// The `-o` data string. overlayfs splits options on ',' and lower dirs on ':', and
+    /// cannot escape ','; we refuse such paths instead of producing a wrong mount.
+    pub fn options(&self) -> Result<String> {
+        let mut all: Vec<&Path> = self.lower.iter().map(PathBuf::as_path).collect();
+        all.push(&self.upper);
+        all.push(&self.work);
+        for p in &all {
+            let s = p.to_str().with_context(|| format!("overlay path {} is not UTF-8", p.display()))?;
+            if s.contains([',', ':', '\n']) {
+                bail!("overlay path {s} contains ',' or ':'; choose a --home without them");
+            }
+        }
+        if self.lower.is_empty() {
+            bail!("overlay needs at least one lower layer");
+        }
+        let lower: Vec<&str> = self.lower.iter().filter_map(|p| p.to_str()).collect();
+        // index=off,xino=off: no inode index files in the upper, nothing to clean but the dir;
+        // userxattr is added by callers inside a user namespace (rootless).
+        Ok(format!(
+            "lowerdir={},upperdir={},workdir={}",
+            lower.join(":"),
+            self.upper.display(),
+            self.work.display()
+        ))
+    }
+}
+
+pub trait Sys {
+    /// Gives the calling process its own mount namespace with private propagation, so the
+    /// job's mounts exist only there and vanish with it (even on SIGKILL).
+    fn private_mount_namespace(&self) -> Result<()>;
+    fn mount_overlay(&self, overlay: &Overlay) -> Result<()>;
+    /// Lazy unmount (MNT_DETACH).
+    fn unmount(&self, target: &Path) -> Result<()>;
+}
+
+/// The real thing.
+pub struct Real;
+
+impl Sys for Real {
+    fn private_mount_namespace(&self) -> Result<()> {
+        use nix::mount::{mount, MsFlags};
+        use nix::sched::{unshare, CloneFlags};
+        unshare(CloneFlags::CLONE_NEWNS)
+            .context("cannot create a mount namespace (unshare CLONE_NEWNS): run as root or enable user namespaces")?;
+        mount(None::<&str>, "/", None::<&str>, MsFlags::MS_REC | MsFlags::MS_PRIVATE, None::<&str>)
+            .context("cannot make / private in the helper's mount namespace")?;
+        Ok(())
+    }
+
+    fn mount_overlay(&self, overlay: &Overlay) -> Result<()> {
+        use nix::mount::{mount, MsFlags};
+        let data = overlay.options()?;
+        mount(Some("azp-sandbox"), &overlay.target, Some("overlay"), MsFlags::empty(), Some(data.as_str()))
+            .with_context(|| format!("cannot mount the job's overlay on {} ({data})", overlay.target.display()))?;
+        Ok(())
+    }
+
+    fn unmount(&self, target: &Path) -> Result<()> {
+        nix::mount::umount2(target, nix::mount::MntFlags::MNT_DETACH)
+            .with_context(|| format!("cannot unmount {}", target.display()))
+    }
+}
+
+/// Records calls instead of making them; for unit tests of the logic around mounts.
+#[derive(Default)]
+pub struct Recorder {
+    pub calls: std::cell::RefCell<Vec<String>>,
+    /// When set, `mount_overlay` fails (to test clean-up on failure).
+    pub fail_overlay: bool,
+}
+
+impl Sys for Recorder {
+    fn private_mount_namespace(&self) -> Result<()> {
+        self.calls.borrow_mut().push("private_mount_namespace".into());
+        Ok(())
+    }
+    fn mount_overlay(&self, overlay: &Overlay) -> Result<()> {
+        self.calls.borrow_mut().push(format!("mount_overlay {}", overlay.target.display()));
+        if self.fail_overlay {
+            bail!("injected overlay failure");
+        }
+        overlay.options().map(|_| ())
+    }
+    fn unmount(&self, target: &Path) -> Result<()> {
+        self.calls.borrow_mut().push(format!("unmount {}", target.display()));
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ov(lower: &str) -> Overlay {
+        Overlay {
+            lower: vec![PathBuf::from(lower), PathBuf::from("/store/base")],
+            upper: "/h/jobs/j1/upper".into(),
+            work: "/h/jobs/j1/work".into(),
+            target: "/h/jobs/j1/merged".into(),
+        }
+    }
+
+    #[test]
+    fn overlay_options() {
+        assert_eq!(
+            ov("/cache/agent").options().unwrap(),
+            "lowerdir=/cache/agent:/store/base,upperdir=/h/jobs/j1/upper,workdir=/h/jobs/j1/work"
+        );
+        assert!(ov("/a,b").options().unwrap_err().to_string().contains("contains ','"));
+        assert!(ov("/a:b").options().is_err());
+    }
+}

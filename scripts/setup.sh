@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Set-up for a fresh Debian (12+) machine: the system packages azp-sandbox builds and
+# tests with. Idempotent; run as root (or it re-runs itself with sudo).
+#   libseccomp-dev, pkg-config  libcontainer's seccomp support (profiles are enforced, not ignored)
+#   busybox-static              the small test rootfs
+#   debootstrap                 the real Debian rootfs test, and rootfs recipes
+#   runc                        the peer in the sandbox benchmark
+#   zstd                        .tar.zst rootfs archives (tests and benchmarks)
+#   uidmap                      newuidmap/newgidmap for rootless mode
+#   ca-certificates, curl       downloads (agent package, registries) in recipes
+set -euo pipefail
+if [ "$(id -u)" != 0 ]; then exec sudo -E "$0" "$@"; fi
+export DEBIAN_FRONTEND=noninteractive
+pkgs=(build-essential pkg-config libseccomp-dev busybox-static debootstrap runc zstd uidmap
+      ca-certificates curl git iproute2 procps psmisc)
+missing=()
+for p in "${pkgs[@]}"; do dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'ok installed' || missing+=("$p"); done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "setup: installing ${missing[*]}"
+  apt-get update -q
+  apt-get install -y -q --no-install-recommends "${missing[@]}"
+fi
+if ! command -v cargo >/dev/null; then
+  echo "setup: Rust (cargo >= 1.85) is required: install it with rustup (https://rustup.rs), then re-run" >&2
+  exit 1
+fi
+echo "setup: ok ($(cargo --version))"

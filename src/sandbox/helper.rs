@@ -1,0 +1,178 @@
+//! The sandbox helper: a fresh, single-threaded process (this binary re-executed as
+//! `azp-sandbox __sandbox-helper JOB_DIR`) that owns one job's container.
+//!
+//! Why a separate process: libcontainer forks, and forking a multi-threaded process can
+//! deadlock (measured); it also writes oom_score_adj and clears "dumpable" on its caller.
+//! Here those side effects stay in a process that lives exactly as long as the job.
+//!
+//! The straight line: private mount namespace -> overlay -> spec -> create -> start ->
+//! wait (forwarding signals) -> delete -> report. The overlay exists only in the helper's
+//! mount namespace, so the kernel unmounts it when the job's last process is gone, even
+//! if everything is SIGKILLed.
+
+use super::jobdir::JobDir;
+use super::spec;
+use crate::config::Home;
+use crate::sys::{Overlay, Sys};
+use anyhow::{Context, Result};
+use libcontainer::container::builder::ContainerBuilder;
+use libcontainer::syscall::syscall::SyscallType;
+use nix::sys::signal::{kill, SigSet, Signal};
+use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
+use nix::unistd::Pid;
+use serde::{Deserialize, Serialize};
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+/// What the helper reports to the runner through `<job>/result.json`.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub enum HelperResult {
+    /// The job ran; its exit code (128+n when killed by signal n).
+    Exited { code: i32, signal: Option<i32> },
+    /// The sandbox could not be created or run.
+    Failed { error: String },
+}
+
+/// Time a job gets after SIGTERM/SIGINT before it is SIGKILLed.
+const STOP_GRACE: Duration = Duration::from_secs(10);
+
+/// Entry point of the hidden subcommand. Returns the process exit code.
+pub fn main(home: &Home, job_dir: &Path) -> i32 {
+    let job = JobDir { root: job_dir.to_path_buf() };
+    let result = match run(home, &job, &crate::sys::Real) {
+        Ok(r) => r,
+        Err(e) => HelperResult::Failed { error: format!("{e:#}") },
+    };
+    let code = match &result {
+        HelperResult::Exited { code, .. } => *code,
+        HelperResult::Failed { .. } => 125,
+    };
+    if let Err(e) = std::fs::write(job.result_file(), serde_json::to_vec(&result).unwrap_or_default()) {
+        eprintln!("azp-sandbox helper: cannot write {}: {e}", job.result_file().display());
+    }
+    code
+}
+
+fn run(home: &Home, job: &JobDir, sys: &dyn Sys) -> Result<HelperResult> {
+    let plan = job.read_plan()?;
+    let merged = job.merged();
+
+    sys.private_mount_namespace()?;
+    sys.mount_overlay(&Overlay { lower: plan.lower.clone(), upper: job.upper(), work: job.work(), target: merged.clone() })?;
+    prepare_rootfs(&merged, &plan.edits)?;
+
+    let spec = spec::build(&plan, &merged)?;
+    spec.save(job.bundle().join("config.json")).context("cannot write the OCI spec")?;
+
+    let mut container = ContainerBuilder::new(plan.id.clone(), SyscallType::default())
+        .with_root_path(home.runtime_dir())
+        .context("bad libcontainer state dir")?
+        .as_init(job.bundle())
+        .with_systemd(false)
+        .with_detach(false)
+        .build()
+        .map_err(|e| anyhow::anyhow!("cannot create the sandbox: {}", explain_create_error(&e.to_string(), &plan.args)))?;
+
+    // From here on the container exists: whatever happens, delete it.
+    let outcome = start_and_wait(&mut container);
+    if let Err(e) = container.delete(true) {
+        tracing::warn!(job = %plan.id, "libcontainer delete failed ({e}); gc will finish the clean-up");
+    }
+    let _ = sys.unmount(&merged);
+    outcome
+}
+
+fn start_and_wait(container: &mut libcontainer::container::Container) -> Result<HelperResult> {
+    // Block the signals we handle before the job starts, so none is lost; the job's
+    // init was forked during build() and does not inherit this mask.
+    let mut set = SigSet::empty();
+    for s in [Signal::SIGCHLD, Signal::SIGTERM, Signal::SIGINT, Signal::SIGHUP, Signal::SIGQUIT] {
+        set.add(s);
+    }
+    set.thread_block().context("cannot block signals in the helper")?;
+
+    container.start().map_err(|e| anyhow::anyhow!("cannot start the sandbox: {e}"))?;
+    let init = container.pid().context("sandbox started but has no init pid")?;
+
+    let mut kill_at: Option<Instant> = None;
+    loop {
+        // Reap everything (libcontainer's intermediate too); stop when init is gone.
+        loop {
+            match waitpid(Pid::from_raw(-1), Some(WaitPidFlag::WNOHANG)) {
+                Ok(WaitStatus::Exited(pid, code)) if pid == init => {
+                    return Ok(HelperResult::Exited { code, signal: None })
+                }
+                Ok(WaitStatus::Signaled(pid, sig, _)) if pid == init => {
+                    return Ok(HelperResult::Exited { code: 128 + sig as i32, signal: Some(sig as i32) })
+                }
+                Ok(WaitStatus::StillAlive) | Err(nix::errno::Errno::ECHILD) => break,
+                Ok(_) => continue,
+                Err(e) => return Err(e).context("waitpid failed"),
+            }
+        }
+        let timeout = kill_at.map(|t| t.saturating_duration_since(Instant::now())).unwrap_or(Duration::from_secs(60));
+        match wait_signal(&set, timeout) {
+            Some(Signal::SIGCHLD) => {}
+            Some(sig) if kill_at.is_none() => {
+                tracing::info!("received {sig}: forwarding to the job, SIGKILL in {}s", STOP_GRACE.as_secs());
+                let _ = kill(init, sig);
+                kill_at = Some(Instant::now() + STOP_GRACE);
+            }
+            Some(sig) => {
+                tracing::info!("received {sig} again: killing the job");
+                let _ = kill(init, Signal::SIGKILL);
+            }
+            None => {
+                if kill_at.is_some_and(|t| Instant::now() >= t) {
+                    let _ = kill(init, Signal::SIGKILL);
+                }
+            }
+        }
+    }
+}
+
+/// sigtimedwait on `set`; None on timeout.
+fn wait_signal(set: &SigSet, timeout: Duration) -> Option<Signal> {
+    let ts = libc::timespec { tv_sec: timeout.as_secs() as libc::time_t, tv_nsec: timeout.subsec_nanos() as _ };
+    // SAFETY: `set` is a valid, initialised sigset_t borrowed for the call; `ts` lives on the
+    // stack for the call; a null siginfo pointer is allowed by sigtimedwait(2).
+    let r = unsafe { libc::sigtimedwait(set.as_ref(), std::ptr::null_mut(), &ts) };
+    if r < 0 {
+        None
+    } else {
+        Signal::try_from(r).ok()
+    }
+}
+
+/// Writes into the job's writable layer what the edits need before the container exists:
+/// library symlinks and the linker search path entry.
+fn prepare_rootfs(merged: &Path, edits: &crate::edits::ContainerEdits) -> Result<()> {
+    if !edits.ld_library_dirs.is_empty() {
+        let dir = merged.join("etc/ld.so.conf.d");
+        std::fs::create_dir_all(&dir).context("cannot create /etc/ld.so.conf.d in the sandbox")?;
+        let body: String = edits.ld_library_dirs.iter().map(|d| format!("{}\n", d.display())).collect();
+        // "000-" sorts first: ldconfig scans these dirs before the rootfs's own.
+        std::fs::write(dir.join("000-azp-sandbox-nvidia.conf"), body)
+            .context("cannot write the sandbox's ld.so.conf.d entry")?;
+    }
+    for (link, target) in &edits.symlinks {
+        let rel = link.strip_prefix("/").unwrap_or(link);
+        let at = merged.join(rel);
+        if let Some(parent) = at.parent() {
+            std::fs::create_dir_all(parent).with_context(|| format!("cannot create {} in the sandbox", parent.display()))?;
+        }
+        let _ = std::fs::remove_file(&at);
+        std::os::unix::fs::symlink(target, &at)
+            .with_context(|| format!("cannot create symlink {} -> {} in the sandbox", link.display(), target.display()))?;
+    }
+    Ok(())
+}
+
+/// libcontainer's errors are precise but not always actionable; translate the common ones.
+fn explain_create_error(err: &str, args: &[String]) -> String {
+    let cmd = args.first().map(String::as_str).unwrap_or("");
+    if err.contains("executable") && (err.contains("not found") || err.contains("No such file")) {
+        return format!("command '{cmd}' not found in the sandbox's rootfs ({err})");
+    }
+    err.to_string()
+}

@@ -1,0 +1,133 @@
+//! A job's directory under `<home>/jobs/<id>/` and its state record.
+//!
+//! The record is written (and fsynced) *before* anything privileged happens, and a lock
+//! on `lock` is held by the runner for the job's whole life. `gc` treats a job dir whose
+//! lock it can take as abandoned and removes what the record names.
+
+use super::plan::JobPlan;
+use anyhow::{Context, Result};
+use serde::{Deserialize, Serialize};
+use std::fs::{self, File};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+/// Held by the runner while the job lives (flock on `<job>/lock`, released by the kernel
+/// when the runner dies).
+pub type JobLock = nix::fcntl::Flock<File>;
+
+#[derive(Debug, Clone)]
+pub struct JobDir {
+    pub root: PathBuf,
+}
+
+/// What `gc` needs to undo a job when the processes that owned it are gone.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct JobState {
+    pub id: String,
+    pub cgroup_path: PathBuf,
+    /// libcontainer's state dir for this container.
+    pub container_state: PathBuf,
+    pub merged: PathBuf,
+    pub rootfs: Vec<PathBuf>,
+    pub runner_pid: u32,
+    pub started_unix: u64,
+}
+
+impl JobDir {
+    pub fn new(jobs_dir: &Path, id: &str) -> JobDir {
+        JobDir { root: jobs_dir.join(id) }
+    }
+    pub fn upper(&self) -> PathBuf {
+        self.root.join("upper")
+    }
+    pub fn work(&self) -> PathBuf {
+        self.root.join("work")
+    }
+    pub fn merged(&self) -> PathBuf {
+        self.root.join("merged")
+    }
+    /// The OCI bundle: `config.json` (libcontainer reads it from here).
+    pub fn bundle(&self) -> PathBuf {
+        self.root.join("bundle")
+    }
+    pub fn plan_file(&self) -> PathBuf {
+        self.root.join("plan.json")
+    }
+    pub fn state_file(&self) -> PathBuf {
+        self.root.join("state.json")
+    }
+    pub fn lock_file(&self) -> PathBuf {
+        self.root.join("lock")
+    }
+    /// Where the helper reports the job's exit status (or its own failure).
+    pub fn result_file(&self) -> PathBuf {
+        self.root.join("result.json")
+    }
+
+    /// Creates the dirs, takes the lock, records the state and writes the plan.
+    /// Returns the lock; dropping it marks the job as abandoned for `gc`.
+    ///
+    /// Built under `.new-<id>` and renamed into place with the lock already held (flock
+    /// follows the inode), so `gc` never sees a job dir that is not locked yet.
+    pub fn create(&self, plan: &JobPlan, state: &JobState) -> Result<JobLock> {
+        let name = self.root.file_name().context("job dir has no name")?.to_string_lossy().into_owned();
+        let staging = JobDir { root: self.root.with_file_name(format!(".new-{name}")) };
+        fs::create_dir(&staging.root)
+            .with_context(|| format!("cannot create job dir {}: check free space under the home dir", staging.root.display()))?;
+        let file = File::create(staging.lock_file()).context("cannot create job lock file")?;
+        let lock = nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusiveNonblock)
+            .map_err(|(_, e)| anyhow::anyhow!("cannot lock new job dir {}: {e}", staging.root.display()))?;
+        for d in [staging.upper(), staging.work(), staging.merged(), staging.bundle()] {
+            fs::create_dir(&d).with_context(|| format!("cannot create {}", d.display()))?;
+        }
+        fs::write(staging.plan_file(), serde_json::to_vec(plan)?).context("cannot write job plan: disk full?")?;
+        // The record is synced before anything privileged happens, so a crash from here on
+        // is visible to gc.
+        write_synced(&staging.state_file(), &serde_json::to_vec_pretty(state)?)?;
+        fs::rename(&staging.root, &self.root)
+            .with_context(|| format!("cannot move {} into place", staging.root.display()))?;
+        Ok(lock)
+    }
+
+    /// True for a job dir still being set up by [`JobDir::create`].
+    pub fn is_staging(path: &Path) -> bool {
+        path.file_name().is_some_and(|n| n.to_string_lossy().starts_with(".new-"))
+    }
+
+    pub fn read_state(&self) -> Result<JobState> {
+        let bytes = fs::read(self.state_file()).with_context(|| format!("cannot read {}", self.state_file().display()))?;
+        serde_json::from_slice(&bytes).with_context(|| format!("corrupt job record {}", self.state_file().display()))
+    }
+
+    pub fn read_plan(&self) -> Result<JobPlan> {
+        let bytes = fs::read(self.plan_file()).with_context(|| format!("cannot read {}", self.plan_file().display()))?;
+        serde_json::from_slice(&bytes).with_context(|| format!("corrupt job plan {}", self.plan_file().display()))
+    }
+
+    /// True when some live process holds the job's lock.
+    pub fn is_live(&self) -> bool {
+        let Ok(f) = File::open(self.lock_file()) else { return false };
+        match nix::fcntl::Flock::lock(f, nix::fcntl::FlockArg::LockExclusiveNonblock) {
+            Ok(_unlocked_on_drop) => false,
+            Err(_) => true,
+        }
+    }
+}
+
+fn write_synced(path: &Path, bytes: &[u8]) -> Result<()> {
+    let mut f = File::create(path).with_context(|| format!("cannot create {}", path.display()))?;
+    f.write_all(bytes).with_context(|| format!("cannot write {}: disk full?", path.display()))?;
+    f.sync_all().with_context(|| format!("cannot sync {}", path.display()))?;
+    Ok(())
+}
+
+/// A fresh job id: valid as a container id, a cgroup name and a file name.
+pub fn new_job_id(prefix: &str) -> String {
+    let mut bytes = [0u8; 6];
+    if let Ok(mut f) = File::open("/dev/urandom") {
+        use std::io::Read;
+        let _ = f.read_exact(&mut bytes);
+    }
+    let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+    format!("{prefix}-{hex}")
+}

@@ -1,0 +1,40 @@
+//! What one job's sandbox must look like: everything the helper needs, decided by the
+//! caller (exec or the agent manager) before any privileged work starts.
+
+use crate::config::{Network, Volume};
+use crate::edits::ContainerEdits;
+use serde::{Deserialize, Serialize};
+use std::path::PathBuf;
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Limits {
+    pub memory_bytes: Option<u64>,
+    pub pids: Option<i64>,
+    /// CPUs as a fraction (e.g. 1.5); enforced as a CFS quota.
+    pub cpus_milli: Option<u64>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct JobPlan {
+    /// Unique job id; also the container id and the cgroup leaf name.
+    pub id: String,
+    /// Read-only lower layers, topmost first (e.g. [agent package, rootfs tree]).
+    pub lower: Vec<PathBuf>,
+    pub args: Vec<String>,
+    /// Environment (`KEY`, `VALUE`) in order; later entries override earlier ones.
+    pub env: Vec<(String, String)>,
+    pub cwd: PathBuf,
+    pub uid: u32,
+    pub gid: u32,
+    pub hostname: String,
+    pub volumes: Vec<Volume>,
+    pub limits: Limits,
+    pub network: Network,
+    /// Device, mount and env edits from GPU discovery or CDI.
+    pub edits: ContainerEdits,
+    /// Cgroup path relative to the cgroup root (v1: below each controller).
+    pub cgroup_path: PathBuf,
+}
+
+/// Default PATH, as Docker sets it.
+pub const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";

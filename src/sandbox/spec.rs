@@ -1,0 +1,441 @@
+//! JobPlan -> OCI runtime spec. Pure: no I/O, unit-tested without root.
+//!
+//! Defaults follow runc/Docker where they are sound (masked /proc paths, minimal /dev,
+//! device allow-list), with these deliberate differences: CAP_MKNOD, CAP_NET_RAW and
+//! CAP_SETFCAP are dropped, no_new_privileges is on, oom_score_adj is 1000 (jobs die
+//! before the host's services), and every bind is nosuid,nodev.
+
+use super::plan::{JobPlan, DEFAULT_PATH};
+use crate::config::Network;
+use crate::edits::{DeviceKind, HookStage};
+use anyhow::{Context, Result};
+use oci_spec::runtime::{
+    Capability, HookBuilder, HooksBuilder, LinuxBuilder, LinuxCapabilitiesBuilder, LinuxCpuBuilder,
+    LinuxDeviceBuilder, LinuxDeviceCgroup, LinuxDeviceCgroupBuilder, LinuxDeviceType, LinuxMemoryBuilder,
+    LinuxNamespaceBuilder, LinuxNamespaceType, LinuxPidsBuilder, LinuxResourcesBuilder, Mount, MountBuilder,
+    PosixRlimitBuilder, PosixRlimitType, ProcessBuilder, RootBuilder, Spec, SpecBuilder, UserBuilder,
+};
+use std::collections::HashSet;
+use std::path::Path;
+
+/// oom_score_adj for every job process: the kernel's OOM killer picks jobs first.
+pub const JOB_OOM_SCORE_ADJ: i32 = 1000;
+
+/// Capabilities a job keeps (as root inside). Docker's default set minus MKNOD (the
+/// NVIDIA libraries mknod /dev/nvidiactl when they can), NET_RAW and SETFCAP.
+pub const JOB_CAPABILITIES: &[Capability] = &[
+    Capability::Chown,
+    Capability::DacOverride,
+    Capability::Fsetid,
+    Capability::Fowner,
+    Capability::Setgid,
+    Capability::Setuid,
+    Capability::Setpcap,
+    Capability::NetBindService,
+    Capability::SysChroot,
+    Capability::Kill,
+    Capability::AuditWrite,
+];
+
+/// /proc and /sys paths hidden from jobs (as runc does).
+const MASKED_PATHS: &[&str] = &[
+    "/proc/acpi",
+    "/proc/asound",
+    "/proc/kcore",
+    "/proc/keys",
+    "/proc/latency_stats",
+    "/proc/timer_list",
+    "/proc/timer_stats",
+    "/proc/sched_debug",
+    "/proc/scsi",
+    "/sys/firmware",
+    "/sys/devices/virtual/powercap",
+];
+const READONLY_PATHS: &[&str] =
+    &["/proc/bus", "/proc/fs", "/proc/irq", "/proc/sys", "/proc/sysrq-trigger"];
+
+/// Options of every bind into the sandbox that is not a device.
+const BIND_RO: &[&str] = &["rbind", "ro", "nosuid", "nodev", "rprivate"];
+
+pub fn build(plan: &JobPlan, rootfs: &Path) -> Result<Spec> {
+    let caps: HashSet<Capability> = JOB_CAPABILITIES.iter().copied().collect();
+    let capabilities = LinuxCapabilitiesBuilder::default()
+        .bounding(caps.clone())
+        .effective(caps.clone())
+        .permitted(caps)
+        .inheritable(HashSet::new())
+        .ambient(HashSet::new())
+        .build()?;
+    let nofile = nofile_limit();
+    let nofile = PosixRlimitBuilder::default().typ(PosixRlimitType::RlimitNofile).soft(nofile).hard(nofile).build()?;
+    let process = ProcessBuilder::default()
+        .terminal(false)
+        .user(UserBuilder::default().uid(plan.uid).gid(plan.gid).build()?)
+        .args(plan.args.clone())
+        .env(environment(plan))
+        .cwd(plan.cwd.clone())
+        .capabilities(capabilities)
+        .rlimits(vec![nofile])
+        .no_new_privileges(true)
+        .oom_score_adj(JOB_OOM_SCORE_ADJ)
+        .build()?;
+
+    let mut namespaces = vec![
+        LinuxNamespaceType::Pid,
+        LinuxNamespaceType::Mount,
+        LinuxNamespaceType::Ipc,
+        LinuxNamespaceType::Uts,
+        LinuxNamespaceType::Cgroup,
+    ];
+    if plan.network == Network::None {
+        namespaces.push(LinuxNamespaceType::Network);
+    }
+    let namespaces = namespaces
+        .into_iter()
+        .map(|t| LinuxNamespaceBuilder::default().typ(t).build())
+        .collect::<Result<Vec<_>, _>>()?;
+
+    let mut devices = Vec::new();
+    let mut device_rules = default_device_rules()?;
+    for node in &plan.edits.device_nodes {
+        let typ = match node.kind {
+            DeviceKind::Char => LinuxDeviceType::C,
+            DeviceKind::Block => LinuxDeviceType::B,
+        };
+        devices.push(
+            LinuxDeviceBuilder::default()
+                .path(node.path.clone())
+                .typ(typ)
+                .major(node.major)
+                .minor(node.minor)
+                .file_mode(node.file_mode)
+                .uid(node.uid)
+                .gid(node.gid)
+                .build()?,
+        );
+        device_rules.push(
+            LinuxDeviceCgroupBuilder::default()
+                .allow(true)
+                .typ(typ)
+                .major(node.major)
+                .minor(node.minor)
+                .access(node.access.clone())
+                .build()?,
+        );
+    }
+
+    let mut resources = LinuxResourcesBuilder::default().devices(device_rules);
+    if let Some(bytes) = plan.limits.memory_bytes {
+        resources = resources.memory(LinuxMemoryBuilder::default().limit(bytes as i64).build()?);
+    }
+    if let Some(pids) = plan.limits.pids {
+        resources = resources.pids(LinuxPidsBuilder::default().limit(pids).build()?);
+    }
+    if let Some(milli) = plan.limits.cpus_milli {
+        const PERIOD: u64 = 100_000;
+        let quota = (milli * PERIOD / 1000).max(1000) as i64;
+        resources = resources.cpu(LinuxCpuBuilder::default().quota(quota).period(PERIOD).build()?);
+    }
+
+    let linux = LinuxBuilder::default()
+        .namespaces(namespaces)
+        .devices(devices)
+        .resources(resources.build()?)
+        .cgroups_path(plan.cgroup_path.clone())
+        .masked_paths(MASKED_PATHS.iter().map(|s| s.to_string()).collect::<Vec<_>>())
+        .readonly_paths(READONLY_PATHS.iter().map(|s| s.to_string()).collect::<Vec<_>>())
+        .build()?;
+
+    let mut spec = SpecBuilder::default()
+        .version("1.0.2")
+        .root(RootBuilder::default().path(rootfs).readonly(false).build()?)
+        .hostname(plan.hostname.clone())
+        .process(process)
+        .mounts(mounts(plan)?)
+        .linux(linux)
+        .build()?;
+    if let Some(hooks) = hooks(plan, rootfs)? {
+        spec.set_hooks(Some(hooks));
+    }
+    Ok(spec)
+}
+
+/// Open files for jobs: 65536 (builds and the .NET agent open many), but never above the
+/// host's hard limit: raising it needs CAP_SYS_RESOURCE, which some hosts do not grant.
+fn nofile_limit() -> u64 {
+    const WANT: u64 = 65536;
+    match nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE) {
+        Ok((_, hard)) if hard != nix::sys::resource::RLIM_INFINITY => WANT.min(hard),
+        _ => WANT,
+    }
+}
+
+/// The job's environment: PATH/HOME defaults, then device env, volume env, explicit env
+/// (later wins).
+pub fn environment(plan: &JobPlan) -> Vec<String> {
+    let mut vars: Vec<(String, String)> = vec![
+        ("PATH".into(), DEFAULT_PATH.into()),
+        ("HOME".into(), if plan.uid == 0 { "/root".into() } else { "/home/azp".into() }),
+    ];
+    vars.extend(plan.edits.env.iter().cloned());
+    for v in &plan.volumes {
+        if let Some(name) = &v.env {
+            vars.push((name.clone(), v.container.display().to_string()));
+        }
+    }
+    vars.extend(plan.env.iter().cloned());
+    // Last assignment wins, first position kept: stable and readable in /proc/1/environ.
+    let mut out: Vec<(String, String)> = Vec::new();
+    for (k, v) in vars {
+        match out.iter_mut().find(|(ek, _)| *ek == k) {
+            Some(slot) => slot.1 = v,
+            None => out.push((k, v)),
+        }
+    }
+    out.into_iter().map(|(k, v)| format!("{k}={v}")).collect()
+}
+
+fn mount(dst: &str, typ: &str, src: &str, opts: &[&str]) -> Result<Mount> {
+    Ok(MountBuilder::default()
+        .destination(dst)
+        .typ(typ)
+        .source(src)
+        .options(opts.iter().map(|s| s.to_string()).collect::<Vec<_>>())
+        .build()?)
+}
+
+fn bind(src: &Path, dst: &Path, opts: &[String]) -> Result<Mount> {
+    Ok(MountBuilder::default()
+        .destination(dst)
+        .typ("bind")
+        .source(src)
+        .options(opts.to_vec())
+        .build()?)
+}
+
+fn mounts(plan: &JobPlan) -> Result<Vec<Mount>> {
+    let ro: Vec<String> = BIND_RO.iter().map(|s| s.to_string()).collect();
+    let mut m = vec![
+        mount("/proc", "proc", "proc", &["nosuid", "noexec", "nodev"])?,
+        mount("/dev", "tmpfs", "tmpfs", &["nosuid", "strictatime", "mode=755", "size=65536k"])?,
+        mount("/dev/pts", "devpts", "devpts", &["nosuid", "noexec", "newinstance", "ptmxmode=0666", "mode=0620"])?,
+        mount("/dev/shm", "tmpfs", "shm", &["nosuid", "noexec", "nodev", "mode=1777", "size=1g"])?,
+        mount("/dev/mqueue", "mqueue", "mqueue", &["nosuid", "noexec", "nodev"])?,
+        mount("/sys", "sysfs", "sysfs", &["nosuid", "noexec", "nodev", "ro"])?,
+        // No /sys/fs/cgroup: libcontainer 0.7 mounts the v1 hierarchies read-write despite
+        // "ro", which would let a root job raise its own limits. /sys is read-only sysfs,
+        // so nothing can be mounted there either.
+        mount("/tmp", "tmpfs", "tmpfs", &["nosuid", "nodev", "mode=1777"])?,
+        // Name resolution as on the host: the agent must reach Azure DevOps.
+        bind(Path::new("/etc/resolv.conf"), Path::new("/etc/resolv.conf"), &ro)?,
+        bind(Path::new("/etc/hosts"), Path::new("/etc/hosts"), &ro)?,
+    ];
+    for v in &plan.volumes {
+        m.push(bind(&v.host, &v.container, &ro)?);
+    }
+    for b in &plan.edits.mounts {
+        let mut opts = b.options.clone();
+        for required in ["nosuid", "nodev"] {
+            if !opts.iter().any(|o| o == required) {
+                opts.push(required.into());
+            }
+        }
+        m.push(bind(&b.host_path, &b.container_path, &opts)?);
+    }
+    Ok(m)
+}
+
+/// Hooks from the edits, plus the linker-cache refresh: host `ldconfig -r <rootfs>` in the
+/// container's mount namespace once the driver libraries are bound, before pivot_root.
+fn hooks(plan: &JobPlan, rootfs: &Path) -> Result<Option<oci_spec::runtime::Hooks>> {
+    let mut create_container = Vec::new();
+    let mut create_runtime = Vec::new();
+    let mut start_container = Vec::new();
+    let mut poststart = Vec::new();
+    let mut poststop = Vec::new();
+    if plan.edits.update_ldcache {
+        let ldconfig = ["/sbin/ldconfig", "/usr/sbin/ldconfig"]
+            .into_iter()
+            .map(Path::new)
+            .find(|p| p.exists())
+            .context("ldconfig not found on the host (/sbin/ldconfig): install libc-bin")?;
+        create_container.push(
+            HookBuilder::default()
+                .path(ldconfig)
+                .args(vec!["ldconfig".to_string(), "-r".to_string(), rootfs.display().to_string()])
+                .timeout(30)
+                .build()?,
+        );
+    }
+    for h in &plan.edits.hooks {
+        let mut b = HookBuilder::default().path(h.path.clone()).args(h.args.clone()).env(h.env.clone());
+        if let Some(t) = h.timeout {
+            b = b.timeout(t);
+        }
+        let hook = b.build()?;
+        match h.stage {
+            HookStage::CreateRuntime => create_runtime.push(hook),
+            HookStage::CreateContainer => create_container.push(hook),
+            HookStage::StartContainer => start_container.push(hook),
+            HookStage::Poststart => poststart.push(hook),
+            HookStage::Poststop => poststop.push(hook),
+        }
+    }
+    if create_container.is_empty()
+        && create_runtime.is_empty()
+        && start_container.is_empty()
+        && poststart.is_empty()
+        && poststop.is_empty()
+    {
+        return Ok(None);
+    }
+    Ok(Some(
+        HooksBuilder::default()
+            .create_runtime(create_runtime)
+            .create_container(create_container)
+            .start_container(start_container)
+            .poststart(poststart)
+            .poststop(poststop)
+            .build()?,
+    ))
+}
+
+/// Deny everything, then allow what every container needs (as runc): null, zero, full,
+/// random, urandom, tty, console, ptmx and the pty slaves.
+fn default_device_rules() -> Result<Vec<LinuxDeviceCgroup>> {
+    let rule = |typ, major: Option<i64>, minor: Option<i64>, access: &str, allow| -> Result<LinuxDeviceCgroup> {
+        let mut b = LinuxDeviceCgroupBuilder::default().allow(allow).typ(typ).access(access);
+        if let Some(m) = major {
+            b = b.major(m);
+        }
+        if let Some(m) = minor {
+            b = b.minor(m);
+        }
+        Ok(b.build()?)
+    };
+    use LinuxDeviceType::C;
+    Ok(vec![
+        rule(LinuxDeviceType::A, None, None, "rwm", false)?,
+        rule(C, Some(1), Some(3), "rwm", true)?,   // null
+        rule(C, Some(1), Some(5), "rwm", true)?,   // zero
+        rule(C, Some(1), Some(7), "rwm", true)?,   // full
+        rule(C, Some(1), Some(8), "rwm", true)?,   // random
+        rule(C, Some(1), Some(9), "rwm", true)?,   // urandom
+        rule(C, Some(5), Some(0), "rwm", true)?,   // tty
+        rule(C, Some(5), Some(1), "rwm", true)?,   // console
+        rule(C, Some(5), Some(2), "rwm", true)?,   // ptmx
+        rule(C, Some(136), None, "rwm", true)?,    // pts/*
+    ])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Volume;
+    use crate::edits::{BindMount, ContainerEdits, DeviceNode};
+    use crate::sandbox::plan::Limits;
+    use std::path::PathBuf;
+
+    fn plan() -> JobPlan {
+        JobPlan {
+            id: "t-1".into(),
+            lower: vec!["/store/busybox/tree".into()],
+            args: vec!["/bin/sh".into(), "-c".into(), "true".into()],
+            env: vec![("FOO".into(), "bar".into()), ("PATH".into(), "/custom".into())],
+            cwd: "/".into(),
+            uid: 0,
+            gid: 0,
+            hostname: "azp-t-1".into(),
+            volumes: vec![Volume { host: "/data/set".into(), container: "/datasets/set".into(), env: Some("DATASET".into()) }],
+            limits: Limits { memory_bytes: Some(64 << 20), pids: Some(100), cpus_milli: Some(1500) },
+            network: Network::Host,
+            edits: ContainerEdits::default(),
+            cgroup_path: "/azp-sandbox/t-1".into(),
+        }
+    }
+
+    #[test]
+    fn env_order_and_override() {
+        let env = environment(&plan());
+        assert_eq!(env, vec!["PATH=/custom", "HOME=/root", "DATASET=/datasets/set", "FOO=bar"]);
+    }
+
+    #[test]
+    fn limits_namespaces_and_security() {
+        let spec = build(&plan(), Path::new("/jobs/t-1/merged")).unwrap();
+        let linux = spec.linux().as_ref().unwrap();
+        let res = linux.resources().as_ref().unwrap();
+        assert_eq!(res.memory().as_ref().unwrap().limit(), Some(64 << 20));
+        assert_eq!(res.pids().as_ref().unwrap().limit(), Some(100));
+        assert_eq!(res.cpu().as_ref().unwrap().quota(), Some(150_000));
+        let ns: Vec<_> = linux.namespaces().as_ref().unwrap().iter().map(|n| n.typ()).collect();
+        assert!(ns.contains(&LinuxNamespaceType::Pid) && ns.contains(&LinuxNamespaceType::Cgroup));
+        assert!(!ns.contains(&LinuxNamespaceType::Network), "host network by default");
+        let proc_ = spec.process().as_ref().unwrap();
+        assert_eq!(proc_.no_new_privileges(), Some(true));
+        assert_eq!(proc_.oom_score_adj(), Some(JOB_OOM_SCORE_ADJ));
+        let bounding = proc_.capabilities().as_ref().unwrap().bounding().as_ref().unwrap();
+        assert!(!bounding.contains(&Capability::Mknod));
+        assert!(!bounding.contains(&Capability::SysAdmin));
+        assert_eq!(linux.cgroups_path().as_deref(), Some(Path::new("/azp-sandbox/t-1")));
+    }
+
+    #[test]
+    fn network_none_gets_own_namespace() {
+        let mut p = plan();
+        p.network = Network::None;
+        let spec = build(&p, Path::new("/m")).unwrap();
+        let ns: Vec<_> = spec.linux().as_ref().unwrap().namespaces().as_ref().unwrap().iter().map(|n| n.typ()).collect();
+        assert!(ns.contains(&LinuxNamespaceType::Network));
+    }
+
+    #[test]
+    fn volumes_and_edit_mounts_are_nosuid_nodev() {
+        let mut p = plan();
+        p.edits.mounts.push(BindMount {
+            host_path: "/usr/lib/libcuda.so.1".into(),
+            container_path: "/usr/lib/libcuda.so.1".into(),
+            options: vec!["ro".into(), "bind".into()],
+            optional: false,
+        });
+        let spec = build(&p, Path::new("/m")).unwrap();
+        let binds: Vec<_> = spec.mounts().as_ref().unwrap().iter().filter(|m| m.typ().as_deref() == Some("bind")).collect();
+        assert_eq!(binds.len(), 4); // resolv.conf, hosts, volume, lib
+        for b in binds {
+            let o = b.options().as_ref().unwrap();
+            for want in ["ro", "nosuid", "nodev"] {
+                assert!(o.iter().any(|x| x == want), "{:?} lacks {want}: {o:?}", b.destination());
+            }
+        }
+    }
+
+    #[test]
+    fn gpu_nodes_are_created_and_allowed_exactly() {
+        let mut p = plan();
+        p.edits.device_nodes.push(DeviceNode {
+            path: "/dev/nvidia1".into(),
+            host_path: "/dev/nvidia1".into(),
+            kind: DeviceKind::Char,
+            major: 195,
+            minor: 1,
+            file_mode: 0o666,
+            uid: 0,
+            gid: 0,
+            access: "rwm".into(),
+        });
+        p.edits.update_ldcache = true;
+        let spec = build(&p, Path::new("/m")).unwrap();
+        let linux = spec.linux().as_ref().unwrap();
+        let devs = linux.devices().as_ref().unwrap();
+        assert_eq!(devs.len(), 1);
+        assert_eq!(devs[0].path(), &PathBuf::from("/dev/nvidia1"));
+        let rules = linux.resources().as_ref().unwrap().devices().as_ref().unwrap();
+        let nv: Vec<_> = rules.iter().filter(|r| r.major() == Some(195)).collect();
+        assert_eq!(nv.len(), 1);
+        assert_eq!(nv[0].minor(), Some(1));
+        assert!(!rules[0].allow(), "first rule denies all");
+        let hooks = spec.hooks().as_ref().unwrap();
+        let cc = hooks.create_container().as_ref().unwrap();
+        assert_eq!(cc[0].args().as_ref().unwrap(), &vec!["ldconfig".to_string(), "-r".into(), "/m".into()]);
+    }
+}

@@ -1,0 +1,235 @@
+//! Removing what a job left: its processes (via its cgroup), its cgroup dirs,
+//! libcontainer's state, stray mounts under its dir, and the dir itself.
+//! Used after every job and by `gc` for jobs whose runner died.
+
+use super::jobdir::JobDir;
+use crate::config::Home;
+use anyhow::{Context, Result};
+use libcgroups::common::{CgroupManager, CgroupSetup};
+use std::path::{Path, PathBuf};
+
+/// What a clean-up removed, for the job log line.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Cleanup {
+    /// Things that should already have been gone (a crashed helper's leftovers).
+    pub leftovers: Vec<String>,
+    /// The job dir was removed (or queued for background removal).
+    pub job_dir_removed: bool,
+}
+
+impl std::fmt::Display for Cleanup {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let dir = if self.job_dir_removed { "job dir removed" } else { "job dir NOT removed" };
+        if self.leftovers.is_empty() {
+            write!(f, "{dir}")
+        } else {
+            write!(f, "{dir}; also removed: {}", self.leftovers.join(", "))
+        }
+    }
+}
+
+pub fn cleanup_job(home: &Home, job: &JobDir, background_delete: bool) -> Result<Cleanup> {
+    let mut out = Cleanup::default();
+    let id = job.root.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let state = job.read_state().ok();
+    let cgroup = state.as_ref().map(|s| s.cgroup_path.clone()).unwrap_or_else(|| cgroup_path_for(&id));
+    if let Some(n) = remove_cgroup(&cgroup)? {
+        out.leftovers.push(format!("cgroup {} ({n} processes killed)", cgroup.display()));
+    }
+    let container_state = state.as_ref().map(|s| s.container_state.clone()).unwrap_or_else(|| home.runtime_dir().join(&id));
+    if container_state.exists() {
+        std::fs::remove_dir_all(&container_state)
+            .with_context(|| format!("cannot remove {}", container_state.display()))?;
+        out.leftovers.push(format!("container state {}", container_state.display()));
+    }
+    for m in mounts_under(&job.root)? {
+        nix::mount::umount2(&m, nix::mount::MntFlags::MNT_DETACH)
+            .with_context(|| format!("cannot unmount {}", m.display()))?;
+        out.leftovers.push(format!("mount {}", m.display()));
+    }
+    if job.root.exists() {
+        remove_dir(home, &job.root, background_delete)?;
+    }
+    out.job_dir_removed = true;
+    Ok(out)
+}
+
+/// The cgroup (relative to the cgroup root) of job `id`.
+pub fn cgroup_path_for(id: &str) -> PathBuf {
+    PathBuf::from(format!("/{CGROUP_PARENT}/{id}"))
+}
+pub const CGROUP_PARENT: &str = "azp-sandbox";
+
+/// Kills every process in the cgroup and removes it (all v1 controllers, or the v2 dir).
+/// Returns the number of processes found when the cgroup still existed.
+pub fn remove_cgroup(path: &Path) -> Result<Option<usize>> {
+    let dirs = cgroup_dirs(path);
+    if dirs.is_empty() {
+        return Ok(None);
+    }
+    let manager = libcgroups::common::create_cgroup_manager(libcgroups::common::CgroupConfig {
+        cgroup_path: path.to_path_buf(),
+        systemd_cgroup: false,
+        container_name: String::new(),
+    })
+    .map_err(|e| anyhow::anyhow!("cannot open cgroup {}: {e}", path.display()))?;
+    let procs = manager.get_all_pids().map(|p| p.len()).unwrap_or(0);
+    manager.remove().map_err(|e| anyhow::anyhow!("cannot remove cgroup {}: {e}", path.display()))?;
+    Ok(Some(procs))
+}
+
+/// Existing directories of a cgroup path on this host (v1: one per controller).
+pub fn cgroup_dirs(path: &Path) -> Vec<PathBuf> {
+    let rel = path.strip_prefix("/").unwrap_or(path);
+    let root = Path::new(libcgroups::common::DEFAULT_CGROUP_ROOT);
+    match libcgroups::common::get_cgroup_setup() {
+        Ok(CgroupSetup::Unified) => [root.join(rel)].into_iter().filter(|p| p.is_dir()).collect(),
+        _ => std::fs::read_dir(root)
+            .map(|rd| {
+                rd.flatten()
+                    .map(|e| e.path().join(rel))
+                    .filter(|p| p.is_dir() && !p.starts_with(root.join("unified")))
+                    .collect()
+            })
+            .unwrap_or_default(),
+    }
+}
+
+/// Mount points at or below `dir` in this process's mount namespace.
+fn mounts_under(dir: &Path) -> Result<Vec<PathBuf>> {
+    let info = std::fs::read_to_string("/proc/self/mountinfo").context("cannot read /proc/self/mountinfo")?;
+    let mut found: Vec<PathBuf> = info
+        .lines()
+        .filter_map(|l| l.split(' ').nth(4))
+        .map(unescape_mountinfo)
+        .map(PathBuf::from)
+        .filter(|p| p.starts_with(dir))
+        .collect();
+    // Deepest first.
+    found.sort_by_key(|p| std::cmp::Reverse(p.components().count()));
+    Ok(found)
+}
+
+fn unescape_mountinfo(s: &str) -> String {
+    s.replace("\\040", " ").replace("\\011", "\t").replace("\\012", "\n").replace("\\134", "\\")
+}
+
+/// Removes a job dir: renamed into the trash first (so its name is free at once), then
+/// deleted, here or in a background thread.
+fn remove_dir(home: &Home, dir: &Path, background: bool) -> Result<()> {
+    let trash = home.trash_dir().join(dir.file_name().unwrap_or_default());
+    std::fs::rename(dir, &trash).with_context(|| format!("cannot move {} to the trash", dir.display()))?;
+    if background {
+        std::thread::spawn(move || {
+            if let Err(e) = std::fs::remove_dir_all(&trash) {
+                tracing::warn!("cannot delete {}: {e}; `azp-sandbox gc` will retry", trash.display());
+            }
+        });
+        Ok(())
+    } else {
+        std::fs::remove_dir_all(&trash).with_context(|| format!("cannot delete {}", trash.display()))
+    }
+}
+
+/// What `gc` did.
+#[derive(Debug, Default)]
+pub struct GcReport {
+    pub removed: Vec<String>,
+    /// Items that could not be removed (gc goes on; the next gc retries).
+    pub failed: Vec<String>,
+    pub live_jobs: usize,
+}
+
+/// Removes everything that crashed runs left: abandoned jobs (with their cgroups and
+/// container state), orphan cgroups and state dirs, the trash, interrupted imports.
+pub fn gc(home: &Home) -> Result<GcReport> {
+    let mut report = GcReport::default();
+    if !home.root().exists() {
+        return Ok(report);
+    }
+    // One gc at a time (two `exec`s starting together both run gc).
+    let _gc_lock = lock_gc(home)?;
+    let mut live = std::collections::HashSet::new();
+    for entry in read_dir_or_empty(&home.jobs_dir()) {
+        let job = JobDir { root: entry.clone() };
+        if JobDir::is_staging(&entry) && (job.is_live() || younger_than(&entry, std::time::Duration::from_secs(60))) {
+            continue;
+        }
+        let id = entry.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+        if job.is_live() {
+            live.insert(id);
+            continue;
+        }
+        match cleanup_job(home, &job, false) {
+            Ok(c) if c.leftovers.is_empty() => report.removed.push(format!("job {id}")),
+            Ok(c) => report.removed.push(format!("job {id} ({})", c.leftovers.join(", "))),
+            Err(e) => report.failed.push(format!("job {id}: {e:#}")),
+        }
+    }
+    report.live_jobs = live.len();
+    // Orphans: state or cgroups whose job record is gone. Liveness is re-checked at the
+    // moment of removal: a job that started after the scan above is locked by now,
+    // because its dir is locked before its helper creates any state or cgroup.
+    let jobs_dir = home.jobs_dir();
+    let is_live = |id: &str| live.contains(id) || JobDir::new(&jobs_dir, id).is_live();
+    for entry in read_dir_or_empty(&home.runtime_dir()) {
+        let id = entry.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+        if !is_live(&id) {
+            match std::fs::remove_dir_all(&entry) {
+                Ok(()) => report.removed.push(format!("container state {}", entry.display())),
+                Err(e) => report.failed.push(format!("container state {}: {e}", entry.display())),
+            }
+        }
+    }
+    // Cgroups are not scanned for orphans: the parent is shared by every home on the
+    // host, and a job's cgroup is always removed before its record (cleanup_job).
+    if live.is_empty() && read_dir_or_empty(&jobs_dir).is_empty() {
+        for parent in cgroup_dirs(Path::new(CGROUP_PARENT)) {
+            let _ = std::fs::remove_dir(&parent); // only succeeds when empty
+        }
+    }
+    for entry in read_dir_or_empty(&home.trash_dir()) {
+        match std::fs::remove_dir_all(&entry) {
+            Ok(()) => report.removed.push(format!("trash {}", entry.display())),
+            Err(e) => report.failed.push(format!("trash {}: {e}", entry.display())),
+        }
+    }
+    for p in crate::rootfs::Store::new(home).gc()? {
+        report.removed.push(format!("interrupted import {}", p.display()));
+    }
+    Ok(report)
+}
+
+fn lock_gc(home: &Home) -> Result<nix::fcntl::Flock<std::fs::File>> {
+    let path = home.root().join("gc.lock");
+    let f = std::fs::File::create(&path).with_context(|| format!("cannot create {}", path.display()))?;
+    nix::fcntl::Flock::lock(f, nix::fcntl::FlockArg::LockExclusive)
+        .map_err(|(_, e)| anyhow::anyhow!("cannot lock {}: {e}", path.display()))
+}
+
+fn younger_than(path: &Path, age: std::time::Duration) -> bool {
+    std::fs::metadata(path)
+        .and_then(|m| m.modified())
+        .map(|t| t.elapsed().map(|e| e < age).unwrap_or(true))
+        .unwrap_or(false)
+}
+
+fn read_dir_or_empty(dir: &Path) -> Vec<PathBuf> {
+    std::fs::read_dir(dir).map(|rd| rd.flatten().map(|e| e.path()).collect()).unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mountinfo_unescape() {
+        assert_eq!(unescape_mountinfo("/a\\040b"), "/a b");
+    }
+
+    #[test]
+    fn cleanup_display() {
+        let c = Cleanup { leftovers: vec!["cgroup /azp-sandbox/x (2 processes killed)".into()], job_dir_removed: true };
+        assert_eq!(c.to_string(), "job dir removed; also removed: cgroup /azp-sandbox/x (2 processes killed)");
+    }
+}

@@ -1,0 +1,171 @@
+//! Shared helpers of the integration tests: a private home per test, fixtures built once
+//! (busybox rootfs, Debian minbase), and residue checks.
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::sync::OnceLock;
+
+pub fn bin() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_azp-sandbox"))
+}
+
+pub fn repo() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+pub fn is_root() -> bool {
+    nix::unistd::geteuid().is_root()
+}
+
+/// Skips (returns from) a test that needs root, printing why. CI runs as root.
+#[macro_export]
+macro_rules! require_root {
+    () => {
+        if !common::is_root() {
+            eprintln!("SKIPPED: this test creates real sandboxes and needs root (CI runs it as root)");
+            return;
+        }
+    };
+}
+
+/// Fixture dir shared by all test runs (cached across runs).
+pub fn fixtures() -> PathBuf {
+    let d = repo().join("target/fixtures");
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+pub fn busybox_tar() -> PathBuf {
+    static P: OnceLock<PathBuf> = OnceLock::new();
+    P.get_or_init(|| {
+        let out = fixtures().join("busybox-rootfs.tar");
+        if !out.exists() {
+            let st = Command::new(repo().join("scripts/make-busybox-rootfs.sh")).arg(&out).status().unwrap();
+            assert!(st.success(), "make-busybox-rootfs.sh failed");
+        }
+        out
+    })
+    .clone()
+}
+
+pub fn debian_tar() -> PathBuf {
+    static P: OnceLock<PathBuf> = OnceLock::new();
+    P.get_or_init(|| {
+        let out = fixtures().join("debian-bookworm-minbase.tar.zst");
+        let st = Command::new(repo().join("scripts/make-debian-rootfs.sh")).arg(&out).status().unwrap();
+        assert!(st.success(), "make-debian-rootfs.sh failed");
+        out
+    })
+    .clone()
+}
+
+/// A private azp-sandbox home for one test.
+pub struct TestHome {
+    pub dir: PathBuf,
+}
+
+impl TestHome {
+    pub fn new(name: &str) -> TestHome {
+        let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("home-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        TestHome { dir }
+    }
+
+    pub fn command(&self) -> Command {
+        let mut c = Command::new(bin());
+        c.arg("--home").arg(&self.dir).env_remove("AZP_SANDBOX_HOME").stdin(Stdio::null());
+        c
+    }
+
+    pub fn run(&self, args: &[&str]) -> Output {
+        self.command().args(args).output().expect("cannot run azp-sandbox")
+    }
+
+    /// Runs and asserts success; returns stdout.
+    pub fn ok(&self, args: &[&str]) -> String {
+        let out = self.run(args);
+        assert!(out.status.success(), "azp-sandbox {args:?} failed: {}\n{}", out.status, String::from_utf8_lossy(&out.stderr));
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    pub fn import(&self, tar: &Path, name: &str) {
+        self.ok(&["rootfs", "import", tar.to_str().unwrap(), "--name", name]);
+    }
+
+    pub fn with_busybox(name: &str) -> TestHome {
+        let h = TestHome::new(name);
+        h.import(&busybox_tar(), "bb");
+        h
+    }
+
+    /// Nothing left by jobs: no job dirs, no container state, no trash, no mounts
+    /// under the home, no cgroups of the named jobs.
+    pub fn assert_no_residue(&self, job_names: &[&str]) {
+        for sub in ["jobs", "run", "trash"] {
+            let d = self.dir.join(sub);
+            let left: Vec<_> = std::fs::read_dir(&d).map(|r| r.flatten().map(|e| e.path()).collect()).unwrap_or_default();
+            assert!(left.is_empty(), "residue in {}: {left:?}", d.display());
+        }
+        let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+        let home = self.dir.to_str().unwrap();
+        assert!(!mounts.contains(home), "mounts left under {home}");
+        for name in job_names {
+            let dirs = cgroup_dirs_of(name);
+            assert!(dirs.is_empty(), "cgroup dirs left: {dirs:?}");
+        }
+    }
+}
+
+impl Drop for TestHome {
+    fn drop(&mut self) {
+        if !std::thread::panicking() {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
+    }
+}
+
+/// Existing cgroup dirs of job `name` (any v1 controller, or v2).
+pub fn cgroup_dirs_of(name: &str) -> Vec<PathBuf> {
+    let mut out = vec![];
+    for e in std::fs::read_dir("/sys/fs/cgroup").unwrap().flatten() {
+        let p = e.path().join("azp-sandbox").join(name);
+        if p.exists() {
+            out.push(p);
+        }
+    }
+    let v2 = Path::new("/sys/fs/cgroup/azp-sandbox").join(name);
+    if v2.exists() {
+        out.push(v2);
+    }
+    out
+}
+
+/// The pids.current file of a running job, v1 or v2.
+pub fn pids_current(name: &str) -> Option<PathBuf> {
+    ["/sys/fs/cgroup/pids/azp-sandbox", "/sys/fs/cgroup/azp-sandbox"]
+        .iter()
+        .map(|d| Path::new(d).join(name).join("pids.current"))
+        .find(|p| p.exists())
+}
+
+/// Processes whose command line contains `needle`.
+pub fn processes_matching(needle: &str) -> Vec<(i32, String)> {
+    let mut out = vec![];
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = e.file_name().to_string_lossy().parse::<i32>() else { continue };
+        let Ok(cmd) = std::fs::read(e.path().join("cmdline")) else { continue };
+        let cmd = String::from_utf8_lossy(&cmd).replace('\0', " ");
+        if cmd.contains(needle) && pid != std::process::id() as i32 {
+            out.push((pid, cmd));
+        }
+    }
+    out
+}
+
+pub fn unique(prefix: &str) -> String {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static N: AtomicU32 = AtomicU32::new(0);
+    format!("{prefix}-{}-{}", std::process::id(), N.fetch_add(1, Ordering::SeqCst))
+}
