@@ -4,6 +4,7 @@
 
 use anyhow::{bail, Context, Result};
 use azp_sandbox::config::{parse_size, EnvVar, Home, Network, Volume};
+use azp_sandbox::gpu::{self, Capabilities, DiscoverOptions, GpuRequest};
 use azp_sandbox::rootfs::Store;
 use azp_sandbox::sandbox::{self, JobPlan, Limits, RunOptions};
 use clap::{Parser, Subcommand};
@@ -41,6 +42,9 @@ enum Command {
     Rootfs(RootfsCommand),
     /// Remove what crashed runs left behind (cgroups, job dirs, container state)
     Gc,
+    /// GPUs and driver files a sandbox would get (see why something is missing)
+    #[command(subcommand)]
+    Gpu(GpuCommand),
     /// Internal: the single-threaded helper that owns one sandbox
     #[command(name = "__sandbox-helper", hide = true)]
     SandboxHelper { job_dir: PathBuf },
@@ -69,6 +73,16 @@ struct ExecArgs {
     /// host: share the host network (default); none: empty network namespace
     #[arg(long, value_enum, default_value_t = Network::Host)]
     network: Network,
+    /// GPUs for the job: all, none, or a comma list of indexes or UUIDs (as
+    /// NVIDIA_VISIBLE_DEVICES), or CDI names like nvidia.com/gpu=0
+    #[arg(long, default_value = "none", value_parser = GpuRequest::parse)]
+    gpus: GpuRequest,
+    /// Driver capabilities to inject: compute,utility,video,graphics,display or all
+    #[arg(long, default_value = "compute,utility")]
+    gpu_capabilities: Capabilities,
+    /// Use this CDI spec for the GPUs instead of native discovery
+    #[arg(long)]
+    cdi_spec: Option<PathBuf>,
     /// Job name (container id, cgroup leaf, hostname) [default: exec-<random>]
     #[arg(long, value_parser = parse_job_name)]
     name: Option<String>,
@@ -78,6 +92,21 @@ struct ExecArgs {
     /// Command and arguments
     #[arg(trailing_var_arg = true, required = true, value_name = "CMD")]
     command: Vec<String>,
+}
+
+#[derive(Subcommand)]
+enum GpuCommand {
+    /// Driver and CUDA version, GPUs, every file and device node with its source
+    List {
+        #[arg(long)]
+        json: bool,
+        /// Driver capabilities, as NVIDIA_DRIVER_CAPABILITIES
+        #[arg(long, default_value = "compute,utility")]
+        capabilities: Capabilities,
+        /// Also read this CDI spec (besides /etc/cdi and /var/run/cdi)
+        #[arg(long)]
+        cdi_spec: Option<PathBuf>,
+    },
 }
 
 #[derive(Subcommand)]
@@ -125,6 +154,9 @@ fn parse_cpus(s: &str) -> Result<u64> {
 }
 
 fn main() {
+    // SAFETY: restoring the default SIGPIPE disposition before any thread or I/O exists,
+    // so `azp-sandbox gpu list | head` ends quietly instead of panicking.
+    unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
     let cli = Cli::parse();
     let home = Home::resolve(cli.home.clone());
     if let Command::SandboxHelper { job_dir } = &cli.command {
@@ -166,7 +198,17 @@ fn require_root(what: &str) -> Result<()> {
 
 fn run(cli: Cli, home: Home) -> Result<i32> {
     match cli.command {
-        Command::Exec(args) => exec(&home, args),
+        Command::Exec(args) => exec(&home, &cli.driver_root, args),
+        Command::Gpu(GpuCommand::List { json, capabilities, cdi_spec }) => {
+            let opts = DiscoverOptions { driver_root: cli.driver_root, cdi_spec, ..Default::default() };
+            let report = gpu::list(&opts, &capabilities)?;
+            if json {
+                println!("{}", report.to_json());
+            } else {
+                print!("{report}");
+            }
+            Ok(0)
+        }
         Command::Rootfs(cmd) => rootfs(&home, cmd),
         Command::Gc => {
             require_root("gc")?;
@@ -191,11 +233,14 @@ fn log_gc(report: &sandbox::GcReport) {
     }
 }
 
-fn exec(home: &Home, args: ExecArgs) -> Result<i32> {
+fn exec(home: &Home, driver_root: &std::path::Path, args: ExecArgs) -> Result<i32> {
     require_root("exec")?;
     log_gc(&sandbox::gc(home).context("gc before exec failed")?);
+    tracing::debug!("gc done");
     let store = Store::new(home);
     let lease = store.lease(&args.rootfs)?;
+    let gpu_opts = DiscoverOptions { driver_root: driver_root.to_path_buf(), cdi_spec: args.cdi_spec.clone(), ..Default::default() };
+    let edits = gpu::job_edits(&gpu_opts, &args.gpus, &args.gpu_capabilities, Some(lease.path()))?;
     let id = args.name.clone().unwrap_or_else(|| sandbox::jobdir::new_job_id("exec"));
     if home.jobs_dir().join(&id).exists() {
         bail!("a job named '{id}' is already running: choose another --name");
@@ -212,7 +257,7 @@ fn exec(home: &Home, args: ExecArgs) -> Result<i32> {
         volumes: args.volumes,
         limits: Limits { memory_bytes: args.memory, pids: args.pids, cpus_milli: args.cpus },
         network: args.network,
-        edits: Default::default(),
+        edits,
         cgroup_path: sandbox::teardown::cgroup_path_for(&id),
     };
     let outcome = sandbox::run_job(home, plan, &RunOptions { background_delete: false, forward_signals: true })?;

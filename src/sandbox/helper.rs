@@ -60,6 +60,7 @@ fn run(home: &Home, job: &JobDir, sys: &dyn Sys) -> Result<HelperResult> {
     sys.private_mount_namespace()?;
     sys.mount_overlay(&Overlay { lower: plan.lower.clone(), upper: job.upper(), work: job.work(), target: merged.clone() })?;
     prepare_rootfs(&merged, &plan.edits)?;
+    tracing::debug!(job = %plan.id, "overlay mounted");
 
     let spec = spec::build(&plan, &merged)?;
     spec.save(job.bundle().join("config.json")).context("cannot write the OCI spec")?;
@@ -73,12 +74,15 @@ fn run(home: &Home, job: &JobDir, sys: &dyn Sys) -> Result<HelperResult> {
         .build()
         .map_err(|e| anyhow::anyhow!("cannot create the sandbox: {}", explain_create_error(&e.to_string(), &plan.args)))?;
 
+    tracing::debug!(job = %plan.id, "container created");
     // From here on the container exists: whatever happens, delete it.
     let outcome = start_and_wait(&mut container);
+    tracing::debug!(job = %plan.id, "job exited");
     if let Err(e) = container.delete(true) {
         tracing::warn!(job = %plan.id, "libcontainer delete failed ({e}); gc will finish the clean-up");
     }
     let _ = sys.unmount(&merged);
+    tracing::debug!(job = %plan.id, "container deleted");
     outcome
 }
 
@@ -148,12 +152,14 @@ fn wait_signal(set: &SigSet, timeout: Duration) -> Option<Signal> {
 /// library symlinks and the linker search path entry.
 fn prepare_rootfs(merged: &Path, edits: &crate::edits::ContainerEdits) -> Result<()> {
     if !edits.ld_library_dirs.is_empty() {
-        let dir = merged.join("etc/ld.so.conf.d");
-        std::fs::create_dir_all(&dir).context("cannot create /etc/ld.so.conf.d in the sandbox")?;
+        // "000-" sorts first: ldconfig scans these dirs before the rootfs's own, and for
+        // one soname the first dir scanned wins (verified in the gpu tests).
+        let conf = merged.join(crate::gpu::inject::LDCONF_D_FILE.trim_start_matches('/'));
+        if let Some(dir) = conf.parent() {
+            std::fs::create_dir_all(dir).context("cannot create /etc/ld.so.conf.d in the sandbox")?;
+        }
         let body: String = edits.ld_library_dirs.iter().map(|d| format!("{}\n", d.display())).collect();
-        // "000-" sorts first: ldconfig scans these dirs before the rootfs's own.
-        std::fs::write(dir.join("000-azp-sandbox-nvidia.conf"), body)
-            .context("cannot write the sandbox's ld.so.conf.d entry")?;
+        std::fs::write(&conf, body).context("cannot write the sandbox's ld.so.conf.d entry")?;
     }
     for (link, target) in &edits.symlinks {
         let rel = link.strip_prefix("/").unwrap_or(link);

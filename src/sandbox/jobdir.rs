@@ -8,7 +8,6 @@ use super::plan::JobPlan;
 use anyhow::{Context, Result};
 use serde::{Deserialize, Serialize};
 use std::fs::{self, File};
-use std::io::Write;
 use std::path::{Path, PathBuf};
 
 /// Held by the runner while the job lives (flock on `<job>/lock`, released by the kernel
@@ -81,9 +80,12 @@ impl JobDir {
             fs::create_dir(&d).with_context(|| format!("cannot create {}", d.display()))?;
         }
         fs::write(staging.plan_file(), serde_json::to_vec(plan)?).context("cannot write job plan: disk full?")?;
-        // The record is synced before anything privileged happens, so a crash from here on
-        // is visible to gc.
-        write_synced(&staging.state_file(), &serde_json::to_vec_pretty(state)?)?;
+        // The record is written before anything privileged happens, so a crash of this
+        // process from here on is visible to gc. Not fsynced: it must outlive a process,
+        // not the machine (a reboot takes the mounts, cgroups and processes with it, and gc
+        // removes a job dir whose record is missing or torn).
+        fs::write(staging.state_file(), serde_json::to_vec_pretty(state)?)
+            .with_context(|| format!("cannot write {}: disk full?", staging.state_file().display()))?;
         fs::rename(&staging.root, &self.root)
             .with_context(|| format!("cannot move {} into place", staging.root.display()))?;
         Ok(lock)
@@ -112,13 +114,6 @@ impl JobDir {
             Err(_) => true,
         }
     }
-}
-
-fn write_synced(path: &Path, bytes: &[u8]) -> Result<()> {
-    let mut f = File::create(path).with_context(|| format!("cannot create {}", path.display()))?;
-    f.write_all(bytes).with_context(|| format!("cannot write {}: disk full?", path.display()))?;
-    f.sync_all().with_context(|| format!("cannot sync {}", path.display()))?;
-    Ok(())
 }
 
 /// A fresh job id: valid as a container id, a cgroup name and a file name.

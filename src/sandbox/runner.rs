@@ -92,13 +92,16 @@ pub fn run_job(home: &Home, mut plan: JobPlan, opts: &RunOptions) -> Result<JobO
             return Err(e);
         }
     };
+    tracing::debug!(job = %plan.id, "job dir recorded");
     let status = spawn_helper(home, &job.root, opts.forward_signals);
+    tracing::debug!(job = %plan.id, "helper exited");
     let result = read_result(&job, &status);
     let duration = started.elapsed();
     // Teardown happens whatever the helper said; the lock goes last so gc never races us.
     let cleanup = teardown::cleanup_job(home, &job, opts.background_delete);
     drop(lock);
     let cleanup = cleanup?;
+    tracing::debug!(job = %plan.id, "cleaned up");
     match result? {
         HelperResult::Exited { code, signal } => Ok(JobOutcome { id: plan.id, code, signal, duration, cleanup }),
         HelperResult::Failed { error } => bail!("{error}"),

@@ -366,7 +366,7 @@ mod tests {
         let linux = spec.linux().as_ref().unwrap();
         let res = linux.resources().as_ref().unwrap();
         assert_eq!(res.memory().as_ref().unwrap().limit(), Some(64 << 20));
-        assert_eq!(res.pids().as_ref().unwrap().limit(), Some(100));
+        assert_eq!(res.pids().as_ref().unwrap().limit(), 100);
         assert_eq!(res.cpu().as_ref().unwrap().quota(), Some(150_000));
         let ns: Vec<_> = linux.namespaces().as_ref().unwrap().iter().map(|n| n.typ()).collect();
         assert!(ns.contains(&LinuxNamespaceType::Pid) && ns.contains(&LinuxNamespaceType::Cgroup));

@@ -169,3 +169,23 @@ pub fn unique(prefix: &str) -> String {
     static N: AtomicU32 = AtomicU32::new(0);
     format!("{prefix}-{}-{}", std::process::id(), N.fetch_add(1, Ordering::SeqCst))
 }
+
+/// The NVIDIA driver tree from Debian's packages, with fake device nodes
+/// (scripts/make-driver-tree.sh). None (with the reason printed) only when the packages
+/// cannot be downloaded and none are cached (exit 75).
+pub fn driver_tree() -> Option<PathBuf> {
+    static P: OnceLock<Option<PathBuf>> = OnceLock::new();
+    P.get_or_init(|| {
+        let root = fixtures().join("driver-tree");
+        let out = Command::new("bash").arg(repo().join("scripts/make-driver-tree.sh")).arg(&root).output().unwrap();
+        match out.status.code() {
+            Some(0) => Some(root),
+            Some(75) => {
+                eprintln!("SKIPPED: NVIDIA driver packages could not be downloaded: {}", String::from_utf8_lossy(&out.stderr));
+                None
+            }
+            _ => panic!("make-driver-tree.sh failed: {}", String::from_utf8_lossy(&out.stderr)),
+        }
+    })
+    .clone()
+}
