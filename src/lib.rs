@@ -6,6 +6,8 @@
 //! libcontainer in a single-threaded helper, teardown, gc).
 //! Privileged syscalls live in `sys` behind a narrow interface.
 
+pub mod agent;
+pub mod azure;
 pub mod config;
 pub mod edits;
 pub mod gpu;

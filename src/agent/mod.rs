@@ -1,0 +1,1 @@
+//! The Azure Pipelines agent: package cache, configure/run phases. (Being written.)

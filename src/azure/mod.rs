@@ -1,0 +1,1 @@
+//! Azure DevOps REST client. (Being written.)
