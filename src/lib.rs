@@ -12,6 +12,7 @@ pub mod config;
 pub mod edits;
 pub mod gpu;
 pub mod logging;
+pub mod manager;
 pub mod progress;
 pub mod rootfs;
 pub mod sandbox;

@@ -35,6 +35,19 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Keep N Azure Pipelines agent slots, one job per fresh sandbox (the main job)
+    Run(RunArgs),
+    /// What a running `azp-sandbox run` is doing: slots, agents, jobs, GPUs
+    Status {
+        #[arg(long)]
+        json: bool,
+    },
+    /// Manage this host's agent records in the pool
+    #[command(subcommand)]
+    Agents(AgentsCommand),
+    /// Install azp-sandbox as a systemd service
+    #[command(subcommand)]
+    Service(ServiceCommand),
     /// Run a command in a fresh, throwaway sandbox
     Exec(ExecArgs),
     /// Manage root filesystems (the read-only lower layers of sandboxes)
@@ -92,6 +105,82 @@ struct ExecArgs {
     /// Command and arguments
     #[arg(trailing_var_arg = true, required = true, value_name = "CMD")]
     command: Vec<String>,
+}
+
+#[derive(clap::Args, Default)]
+struct PoolArgs {
+    /// Agent pool [env: AZP_POOL]
+    #[arg(long)]
+    pool: Option<String>,
+    /// Organization URL, e.g. https://dev.azure.com/ORG [env: AZP_URL]
+    #[arg(long)]
+    url: Option<String>,
+    /// File holding the PAT (scope: Agent Pools read & manage) [env: AZP_TOKEN_FILE]
+    #[arg(long)]
+    token_file: Option<PathBuf>,
+    /// Agent names are <prefix>-<slot> [env: AZP_AGENT_NAME] [default: host name]
+    #[arg(long)]
+    name_prefix: Option<String>,
+    /// Settings file [default: /etc/azp-sandbox/config.toml when present]
+    #[arg(long)]
+    config: Option<PathBuf>,
+}
+
+#[derive(clap::Args)]
+struct RunArgs {
+    #[command(flatten)]
+    pool: PoolArgs,
+    /// Number of agent slots [default: one per GPU]
+    #[arg(long)]
+    agents: Option<usize>,
+    /// Rootfs name, or auto: the newest CUDA the host driver supports
+    #[arg(long)]
+    rootfs: Option<String>,
+    /// Read-only dataset for every job: HOST:CONTAINER[:ENVVAR]
+    #[arg(long = "volume", value_name = "HOST:CTR[:ENV]")]
+    volumes: Vec<Volume>,
+    /// GPUs per agent: N (own GPUs), all (shared) or none
+    #[arg(long)]
+    gpus_per_agent: Option<String>,
+    /// Memory limit per job, e.g. 64G
+    #[arg(long, value_parser = parse_size)]
+    memory: Option<u64>,
+    /// Process limit per job
+    #[arg(long, value_parser = parse_pids)]
+    pids: Option<i64>,
+    /// CPU quota per job, in CPUs
+    #[arg(long, value_parser = parse_cpus)]
+    cpus: Option<u64>,
+    /// Agent package (FILE or URL) for air-gapped sites [default: the server's newest]
+    #[arg(long)]
+    agent_package: Option<String>,
+    /// Seconds running jobs get after SIGTERM before they are killed
+    #[arg(long)]
+    drain_timeout: Option<u64>,
+    /// Dir with pre-job.d/ and post-job.d/ hooks
+    #[arg(long)]
+    hooks_dir: Option<PathBuf>,
+}
+
+#[derive(Subcommand)]
+enum AgentsCommand {
+    /// Delete this host's offline agent records (<prefix>-N) from the pool
+    Prune(PoolArgs),
+}
+
+#[derive(Subcommand)]
+enum ServiceCommand {
+    /// Write a systemd unit running `azp-sandbox run` with the given settings file
+    Install {
+        /// Where to write the unit
+        #[arg(long, default_value = "/etc/systemd/system")]
+        unit_dir: PathBuf,
+        #[arg(long, default_value = "azp-sandbox")]
+        name: String,
+        /// Settings file the service reads
+        #[arg(long, default_value = "/etc/azp-sandbox/config.toml")]
+        config: PathBuf,
+    },
 }
 
 #[derive(Subcommand)]
@@ -198,6 +287,34 @@ fn require_root(what: &str) -> Result<()> {
 
 fn run(cli: Cli, home: Home) -> Result<i32> {
     match cli.command {
+        Command::Run(args) => {
+            require_root("run")?;
+            let (settings, env_token) = run_settings(&args.pool, Some(&args))?;
+            let ctx = azp_sandbox::manager::RunContext { driver_root: cli.driver_root, env_token };
+            azp_sandbox::manager::run(&home, settings, ctx)?;
+            Ok(0)
+        }
+        Command::Status { json } => {
+            let st = azp_sandbox::manager::status::read(&home.root().join("status.json"))?;
+            let alive = nix::sys::signal::kill(nix::unistd::Pid::from_raw(st.pid as i32), None).is_ok();
+            if json {
+                println!("{}", serde_json::to_string_pretty(&st)?);
+            } else {
+                print!("{}", azp_sandbox::manager::status::render(&st, alive));
+            }
+            Ok(if alive { 0 } else { 3 })
+        }
+        Command::Agents(AgentsCommand::Prune(pool)) => {
+            let (settings, env_token) = run_settings(&pool, None)?;
+            let removed = azp_sandbox::manager::prune_command(&settings, env_token)?;
+            tracing::info!("removed {} offline agent record(s){}", removed.len(), if removed.is_empty() { String::new() } else { format!(": {}", removed.join(", ")) });
+            Ok(0)
+        }
+        Command::Service(ServiceCommand::Install { unit_dir, name, config }) => {
+            let path = azp_sandbox::manager::service::install(&unit_dir, &name, &config, &home)?;
+            println!("wrote {}; now: systemctl daemon-reload && systemctl enable --now {name}", path.display());
+            Ok(0)
+        }
         Command::Exec(args) => exec(&home, &cli.driver_root, args),
         Command::Gpu(GpuCommand::List { json, capabilities, cdi_spec }) => {
             let opts = DiscoverOptions { driver_root: cli.driver_root, cdi_spec, ..Default::default() };
@@ -222,6 +339,34 @@ fn run(cli: Cli, home: Home) -> Result<i32> {
         }
         Command::SandboxHelper { .. } => unreachable!("handled in main"),
     }
+}
+
+/// Settings of `run` / `agents prune`: flags > AZP_* env > config file.
+fn run_settings(p: &PoolArgs, run: Option<&RunArgs>) -> Result<(azp_sandbox::manager::settings::RunSettings, Option<String>)> {
+    use azp_sandbox::manager::settings::{self, FlagSettings};
+    let file = settings::read_file(p.config.as_deref())?;
+    let env = settings::env_settings(|k| std::env::var(k).ok().filter(|v| !v.is_empty()));
+    let mut flags = FlagSettings {
+        url: p.url.clone(),
+        token_file: p.token_file.clone(),
+        pool: p.pool.clone(),
+        name_prefix: p.name_prefix.clone(),
+        ..Default::default()
+    };
+    if let Some(r) = run {
+        flags.agents = r.agents;
+        flags.rootfs = r.rootfs.clone();
+        flags.volumes = r.volumes.clone();
+        flags.gpus_per_agent = r.gpus_per_agent.clone();
+        flags.memory = r.memory;
+        flags.pids = r.pids;
+        flags.cpus_milli = r.cpus;
+        flags.agent_package = r.agent_package.clone();
+        flags.drain_timeout = r.drain_timeout.map(std::time::Duration::from_secs);
+        flags.hooks_dir = r.hooks_dir.clone();
+    }
+    let s = settings::merge(file, env, flags)?;
+    Ok((s, std::env::var("AZP_TOKEN").ok()))
 }
 
 fn log_gc(report: &sandbox::GcReport) {
@@ -259,8 +404,9 @@ fn exec(home: &Home, driver_root: &std::path::Path, args: ExecArgs) -> Result<i3
         network: args.network,
         edits,
         cgroup_path: sandbox::teardown::cgroup_path_for(&id),
+        owned_dirs: vec![],
     };
-    let outcome = sandbox::run_job(home, plan, &RunOptions { background_delete: false, forward_signals: true })?;
+    let outcome = sandbox::run_job(home, plan, &RunOptions { forward_signals: true, ..Default::default() })?;
     tracing::debug!(
         "job {} rootfs={} exit={} duration={:.3}s cleanup: {}",
         outcome.id,

@@ -60,6 +60,12 @@ fn run(home: &Home, job: &JobDir, sys: &dyn Sys) -> Result<HelperResult> {
     sys.private_mount_namespace()?;
     sys.mount_overlay(&Overlay { lower: plan.lower.clone(), upper: job.upper(), work: job.work(), target: merged.clone() })?;
     prepare_rootfs(&merged, &plan.edits)?;
+    for dir in &plan.owned_dirs {
+        let at = merged.join(dir.strip_prefix("/").unwrap_or(dir));
+        std::fs::create_dir_all(&at).with_context(|| format!("cannot create {} in the sandbox", dir.display()))?;
+        std::os::unix::fs::lchown(&at, Some(plan.uid), Some(plan.gid))
+            .with_context(|| format!("cannot give {} to uid {} in the sandbox", dir.display(), plan.uid))?;
+    }
     tracing::debug!(job = %plan.id, "overlay mounted");
 
     let spec = spec::build(&plan, &merged)?;

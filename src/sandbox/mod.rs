@@ -9,5 +9,5 @@ pub mod spec;
 pub mod teardown;
 
 pub use plan::{JobPlan, Limits};
-pub use runner::{run_job, JobOutcome, RunOptions};
+pub use runner::{run_job, JobOutcome, Phase, RunOptions, Sandbox};
 pub use teardown::{gc, GcReport};

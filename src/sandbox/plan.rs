@@ -34,6 +34,10 @@ pub struct JobPlan {
     pub edits: ContainerEdits,
     /// Cgroup path relative to the cgroup root (v1: below each controller).
     pub cgroup_path: PathBuf,
+    /// Dirs (container paths, existing in a lower layer) the job's user must own, e.g. the
+    /// agent's root: chowned in the job's upper layer (a metadata-only copy-up) before start.
+    #[serde(default)]
+    pub owned_dirs: Vec<PathBuf>,
 }
 
 /// Default PATH, as Docker sets it.

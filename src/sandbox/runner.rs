@@ -1,21 +1,23 @@
-//! Parent side of one job: record it, start the helper, wait, tear down.
+//! Parent side of a sandbox: record it, run one or more phases (each a container started
+//! by a fresh helper over the same upper dir), tear it down.
 //!
 //! Safe to call from a multi-threaded process (the manager): it only spawns the helper
 //! (fork+exec with an async-signal-safe pre_exec) and never calls libcontainer itself.
 
 use super::helper::HelperResult;
-use super::jobdir::{JobDir, JobState};
+use super::jobdir::{JobDir, JobLock, JobState};
 use super::plan::JobPlan;
 use super::teardown::{self, Cleanup};
 use crate::config::Home;
 use anyhow::{bail, Context, Result};
+use std::io::Write;
 use std::os::unix::process::{CommandExt, ExitStatusExt};
-use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicI32, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
-/// How a job ended.
+/// How a job (or one phase of it) ended.
 #[derive(Debug, Clone)]
 pub struct JobOutcome {
     pub id: String,
@@ -33,12 +35,29 @@ pub struct RunOptions {
     pub background_delete: bool,
     /// Forward SIGINT/SIGTERM received by this process to the helper (exec in a terminal).
     pub forward_signals: bool,
+    /// Published while a phase runs: the helper's pid (0 otherwise), so a supervisor can
+    /// signal it (SIGTERM: forwarded to the job, SIGKILL after a grace period).
+    pub helper_pid: Option<Arc<AtomicI32>>,
 }
 
-static HELPER_PID: AtomicI32 = AtomicI32::new(0);
+/// What differs between the phases of one sandbox (e.g. configure, then run the agent).
+#[derive(Debug, Clone, Default)]
+pub struct Phase {
+    pub args: Vec<String>,
+    /// Added to the plan's environment (later wins).
+    pub env: Vec<(String, String)>,
+    pub uid: Option<u32>,
+    pub gid: Option<u32>,
+    pub cwd: Option<std::path::PathBuf>,
+    /// Written to the job's standard input, which is then closed. Secrets go this way:
+    /// never argv (visible in /proc) and never a file.
+    pub stdin: Option<Vec<u8>>,
+}
+
+static FORWARD_PID: AtomicI32 = AtomicI32::new(0);
 
 extern "C" fn forward_to_helper(sig: libc::c_int) {
-    let pid = HELPER_PID.load(Ordering::SeqCst);
+    let pid = FORWARD_PID.load(Ordering::SeqCst);
     if pid > 0 {
         // SAFETY: kill(2) is async-signal-safe; pid is a plain integer.
         unsafe { libc::kill(pid, sig) };
@@ -47,9 +66,6 @@ extern "C" fn forward_to_helper(sig: libc::c_int) {
 
 /// Checks what can be checked before anything is created, with one-line errors.
 pub fn validate(plan: &JobPlan) -> Result<()> {
-    if plan.args.is_empty() {
-        bail!("no command given: use `azp-sandbox exec [OPTIONS] -- CMD [ARGS...]`");
-    }
     for v in &plan.volumes {
         if !v.host.exists() {
             bail!("volume source {} does not exist: fix --volume {}:{}", v.host.display(), v.host.display(), v.container.display());
@@ -68,82 +84,172 @@ pub fn validate(plan: &JobPlan) -> Result<()> {
     Ok(())
 }
 
-/// Runs one job to completion in a fresh sandbox and removes everything it left.
-pub fn run_job(home: &Home, mut plan: JobPlan, opts: &RunOptions) -> Result<JobOutcome> {
-    validate(&plan)?;
-    // Optional mounts whose source is missing are dropped here, never failing the job.
-    plan.edits.mounts.retain(|m| !m.optional || m.host_path.exists());
-    home.ensure()?;
-    let job = JobDir::new(&home.jobs_dir(), &plan.id);
-    let state = JobState {
-        id: plan.id.clone(),
-        cgroup_path: plan.cgroup_path.clone(),
-        container_state: home.runtime_dir().join(&plan.id),
-        merged: job.merged(),
-        rootfs: plan.lower.clone(),
-        runner_pid: std::process::id(),
-        started_unix: SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0),
-    };
-    let started = Instant::now();
-    let lock = match job.create(&plan, &state) {
-        Ok(l) => l,
-        Err(e) => {
-            let _ = std::fs::remove_dir_all(&job.root);
-            return Err(e);
+/// A recorded job dir (upper layer kept across phases) with its lock.
+pub struct Sandbox {
+    home: Home,
+    job: JobDir,
+    plan: JobPlan,
+    lock: Option<JobLock>,
+    created: Instant,
+}
+
+impl Sandbox {
+    pub fn create(home: &Home, mut plan: JobPlan) -> Result<Sandbox> {
+        validate(&plan)?;
+        // Optional mounts whose source is missing are dropped here, never failing the job.
+        plan.edits.mounts.retain(|m| !m.optional || m.host_path.exists());
+        home.ensure()?;
+        let job = JobDir::new(&home.jobs_dir(), &plan.id);
+        let state = JobState {
+            id: plan.id.clone(),
+            cgroup_path: plan.cgroup_path.clone(),
+            container_state: home.runtime_dir().join(&plan.id),
+            merged: job.merged(),
+            rootfs: plan.lower.clone(),
+            runner_pid: std::process::id(),
+            started_unix: SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0),
+        };
+        let lock = match job.create(&plan, &state) {
+            Ok(l) => l,
+            Err(e) => {
+                let _ = std::fs::remove_dir_all(&job.root);
+                return Err(e);
+            }
+        };
+        tracing::debug!(job = %plan.id, "job dir recorded");
+        Ok(Sandbox { home: home.clone(), job, plan, lock: Some(lock), created: Instant::now() })
+    }
+
+    pub fn id(&self) -> &str {
+        &self.plan.id
+    }
+
+    /// The job's writable layer on the host (what the job wrote, e.g. agent logs).
+    pub fn upper(&self) -> std::path::PathBuf {
+        self.job.upper()
+    }
+
+    /// Runs one phase to completion: a container over this sandbox's layers.
+    pub fn run(&mut self, phase: &Phase, opts: &RunOptions) -> Result<JobOutcome> {
+        if phase.args.is_empty() && self.plan.args.is_empty() {
+            bail!("no command given: use `azp-sandbox exec [OPTIONS] -- CMD [ARGS...]`");
         }
-    };
-    tracing::debug!(job = %plan.id, "job dir recorded");
-    let status = spawn_helper(home, &job.root, opts.forward_signals);
-    tracing::debug!(job = %plan.id, "helper exited");
-    let result = read_result(&job, &status);
-    let duration = started.elapsed();
-    // Teardown happens whatever the helper said; the lock goes last so gc never races us.
-    let cleanup = teardown::cleanup_job(home, &job, opts.background_delete);
-    drop(lock);
-    let cleanup = cleanup?;
-    tracing::debug!(job = %plan.id, "cleaned up");
-    match result? {
-        HelperResult::Exited { code, signal } => Ok(JobOutcome { id: plan.id, code, signal, duration, cleanup }),
-        HelperResult::Failed { error } => bail!("{error}"),
+        let mut plan = self.plan.clone();
+        if !phase.args.is_empty() {
+            plan.args = phase.args.clone();
+        }
+        plan.env.extend(phase.env.iter().cloned());
+        plan.uid = phase.uid.unwrap_or(plan.uid);
+        plan.gid = phase.gid.unwrap_or(plan.gid);
+        if let Some(cwd) = &phase.cwd {
+            plan.cwd = cwd.clone();
+        }
+        std::fs::write(self.job.plan_file(), serde_json::to_vec(&plan)?).context("cannot write job plan: disk full?")?;
+        let _ = std::fs::remove_file(self.job.result_file());
+        let started = Instant::now();
+        let status = spawn_helper(&self.home, &self.job.root, phase.stdin.as_deref(), opts);
+        tracing::debug!(job = %plan.id, "helper exited");
+        let result = read_result(&self.job, &status);
+        let duration = started.elapsed();
+        if status.as_ref().map(|s| s.signal().is_some()).unwrap_or(true) {
+            // The helper died: its container may live on. Kill it before anything else.
+            let _ = teardown::remove_cgroup(&plan.cgroup_path);
+        }
+        match result? {
+            HelperResult::Exited { code, signal } => {
+                Ok(JobOutcome { id: plan.id, code, signal, duration, cleanup: Cleanup::default() })
+            }
+            HelperResult::Failed { error } => bail!("{error}"),
+        }
+    }
+
+    /// Removes everything; the lock goes last so gc never races us.
+    pub fn teardown(mut self, background_delete: bool) -> Result<Cleanup> {
+        let cleanup = teardown::cleanup_job(&self.home, &self.job, background_delete);
+        drop(self.lock.take());
+        tracing::debug!(job = %self.plan.id, age_ms = self.created.elapsed().as_millis() as u64, "cleaned up");
+        cleanup
     }
 }
 
-fn spawn_helper(home: &Home, job_dir: &std::path::Path, forward: bool) -> Result<std::process::ExitStatus> {
+impl Drop for Sandbox {
+    fn drop(&mut self) {
+        if self.lock.is_some() {
+            // Not torn down explicitly (an error path): do it now rather than leave it to gc.
+            if let Err(e) = teardown::cleanup_job(&self.home, &self.job, false) {
+                tracing::warn!(job = %self.plan.id, "clean-up failed ({e:#}); `azp-sandbox gc` will retry");
+            }
+        }
+    }
+}
+
+/// Runs one command to completion in a fresh sandbox and removes everything it left.
+pub fn run_job(home: &Home, plan: JobPlan, opts: &RunOptions) -> Result<JobOutcome> {
+    if plan.args.is_empty() {
+        bail!("no command given: use `azp-sandbox exec [OPTIONS] -- CMD [ARGS...]`");
+    }
+    let mut sandbox = Sandbox::create(home, plan)?;
+    let outcome = sandbox.run(&Phase::default(), opts);
+    let cleanup = sandbox.teardown(opts.background_delete)?;
+    outcome.map(|o| JobOutcome { cleanup, ..o })
+}
+
+fn spawn_helper(home: &Home, job_dir: &std::path::Path, stdin: Option<&[u8]>, opts: &RunOptions) -> Result<std::process::ExitStatus> {
     let mut cmd = Command::new("/proc/self/exe");
     cmd.arg("--home").arg(home.root());
     if tracing::enabled!(tracing::Level::DEBUG) {
         cmd.arg("-v");
     }
     cmd.arg("__sandbox-helper").arg(job_dir);
-    cmd.stdin(Stdio::inherit()).stdout(Stdio::inherit()).stderr(Stdio::inherit());
-    // SAFETY: the closure runs between fork and exec and only calls prctl(2), which is
-    // async-signal-safe. PDEATHSIG ties the helper to this process: if we die, it dies,
-    // and gc (keyed on our lock) removes the rest.
+    cmd.stdin(if stdin.is_some() { Stdio::piped() } else { Stdio::inherit() });
+    cmd.stdout(Stdio::inherit()).stderr(Stdio::inherit());
+    // SAFETY: the closure runs between fork and exec and only calls prctl(2) and
+    // sigprocmask(2), both async-signal-safe. PDEATHSIG ties the helper to this process
+    // (if we die, it dies, and gc, keyed on our lock, removes the rest). The signal mask
+    // is cleared because a supervisor may block signals and masks survive execve: the
+    // job must receive its SIGTERM.
     unsafe {
         cmd.pre_exec(|| {
             if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            let mut empty: libc::sigset_t = std::mem::zeroed();
+            libc::sigemptyset(&mut empty);
+            if libc::sigprocmask(libc::SIG_SETMASK, &empty, std::ptr::null_mut()) != 0 {
                 return Err(std::io::Error::last_os_error());
             }
             Ok(())
         });
     }
     let mut child = cmd.spawn().context("cannot start the sandbox helper (re-exec of /proc/self/exe)")?;
-    if forward {
-        HELPER_PID.store(child.id() as i32, Ordering::SeqCst);
+    if let Some(bytes) = stdin {
+        if let Some(mut pipe) = child.stdin.take() {
+            // A job that does not read its stdin must not block us: ignore EPIPE.
+            let _ = pipe.write_all(bytes);
+        }
+    }
+    if let Some(p) = &opts.helper_pid {
+        p.store(child.id() as i32, Ordering::SeqCst);
+    }
+    if opts.forward_signals {
+        FORWARD_PID.store(child.id() as i32, Ordering::SeqCst);
         for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP, libc::SIGQUIT] {
             // SAFETY: installs a handler that only does an atomic load and kill(2).
             unsafe { libc::signal(sig, forward_to_helper as *const () as libc::sighandler_t) };
         }
     }
     let status = child.wait().context("lost the sandbox helper");
-    if forward {
-        HELPER_PID.store(0, Ordering::SeqCst);
+    if opts.forward_signals {
+        FORWARD_PID.store(0, Ordering::SeqCst);
+    }
+    if let Some(p) = &opts.helper_pid {
+        p.store(0, Ordering::SeqCst);
     }
     status
 }
 
 fn read_result(job: &JobDir, status: &Result<std::process::ExitStatus>) -> Result<HelperResult> {
-    let path: PathBuf = job.result_file();
+    let path = job.result_file();
     match std::fs::read(&path) {
         Ok(bytes) => serde_json::from_slice(&bytes).with_context(|| format!("corrupt helper result {}", path.display())),
         Err(_) => match status {

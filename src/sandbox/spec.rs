@@ -351,6 +351,7 @@ mod tests {
             network: Network::Host,
             edits: ContainerEdits::default(),
             cgroup_path: "/azp-sandbox/t-1".into(),
+            owned_dirs: vec![],
         }
     }
 

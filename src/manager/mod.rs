@@ -1,0 +1,346 @@
+//! `azp-sandbox run`: N agent slots, each a thread running one job per fresh sandbox.
+//!
+//! Process model: this process is multi-threaded (slot threads, the HTTP client), so it
+//! never calls libcontainer: every container is created by a single-threaded helper
+//! process (see `sandbox::helper`). Signals are taken synchronously by the main thread
+//! (blocked everywhere, then sigwait), which drains the slots.
+
+pub mod hooks;
+pub mod service;
+pub mod phases;
+pub mod settings;
+pub mod slot;
+pub mod status;
+
+use crate::agent::package::{AgentPackage, PackageCache};
+use crate::azure::AzureClient;
+use crate::config::Home;
+use crate::gpu::{self, DiscoverOptions, GpuInfo, PerAgent};
+use crate::rootfs::Store;
+use crate::sandbox::{JobPlan, Limits};
+use anyhow::{bail, Context, Result};
+use settings::RunSettings;
+use status::{now_unix, SlotStatus, Status};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::{Duration, Instant};
+
+/// State shared by the slot threads and the main thread.
+pub struct Shared {
+    pub home: Home,
+    pub settings: RunSettings,
+    pub token: String,
+    client: AzureClient,
+    stopping: AtomicBool,
+    status: Mutex<Status>,
+    package: RwLock<AgentPackage>,
+    packages: PackageCache,
+}
+
+impl Shared {
+    pub fn is_stopping(&self) -> bool {
+        self.stopping.load(Ordering::SeqCst)
+    }
+
+    pub fn update_slot(&self, index: usize, f: impl FnOnce(&mut SlotStatus)) {
+        let mut st = self.status.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(s) = st.slots.get_mut(index) {
+            f(s);
+        }
+        if let Err(e) = status::write(&self.home.root().join("status.json"), &st) {
+            tracing::warn!("{e:#}");
+        }
+    }
+
+    /// The lower layer holding the agent package at `/azp/agent`.
+    pub fn package_layer(&self) -> PathBuf {
+        layer_of(&self.package.read().unwrap_or_else(|p| p.into_inner()))
+    }
+
+    /// After run.sh exit 4: fetch the newest package (one GET when nothing changed).
+    pub fn refresh_package(&self) -> Result<()> {
+        if self.settings.agent_package.is_some() {
+            bail!("the agent wants a newer version but --agent-package pins one: update that file");
+        }
+        let pkg = self.packages.ensure_latest(&self.client, crate::azure::host_platform())?;
+        *self.package.write().unwrap_or_else(|p| p.into_inner()) = pkg;
+        Ok(())
+    }
+
+    /// Sleeps up to `d`, returning early when a stop was requested.
+    pub fn sleep_unless_stopping(&self, d: Duration) {
+        let end = Instant::now() + d;
+        while !self.is_stopping() && Instant::now() < end {
+            std::thread::sleep(Duration::from_millis(100).min(end - Instant::now()));
+        }
+    }
+}
+
+/// The package dir is `<version>/azp/agent`; its layer is `<version>`.
+fn layer_of(pkg: &AgentPackage) -> PathBuf {
+    pkg.dir.ancestors().nth(2).map(Path::to_path_buf).unwrap_or_else(|| pkg.dir.clone())
+}
+
+/// Everything `run` needs from the command line besides the settings.
+pub struct RunContext {
+    pub driver_root: PathBuf,
+    /// AZP_TOKEN (discouraged; the token file is preferred).
+    pub env_token: Option<String>,
+}
+
+pub fn run(home: &Home, settings: RunSettings, ctx: RunContext) -> Result<()> {
+    // Signals first, before any thread exists, so every thread inherits the mask.
+    let mut sigs = nix::sys::signal::SigSet::empty();
+    for s in [nix::sys::signal::SIGTERM, nix::sys::signal::SIGINT, nix::sys::signal::SIGHUP] {
+        sigs.add(s);
+    }
+    sigs.thread_block().context("cannot block signals")?;
+
+    home.ensure()?;
+    let gc = crate::sandbox::gc(home)?;
+    for r in &gc.removed {
+        tracing::info!("gc: removed {r}");
+    }
+
+    let token = settings::read_token(settings.token_file.as_deref(), ctx.env_token)?;
+    let client = AzureClient::new(&settings.url, &token)?;
+    client.check_connection()?;
+    let pool = client.find_pool(&settings.pool)?;
+    client.check_manage_permission(pool.id)?;
+    tracing::info!("connected to {} (pool '{}', id {})", settings.url, pool.name, pool.id);
+
+    // GPUs and the per-slot split.
+    let gpu_opts = DiscoverOptions {
+        driver_root: ctx.driver_root.clone(),
+        extra_lib_dirs: [DiscoverOptions::default().extra_lib_dirs, settings.extra_lib_dirs.clone()].concat(),
+        cdi_spec: None,
+    };
+    let inventory = gpu::NvmlInventory::load(&gpu_opts.driver_root, &gpu_opts.extra_lib_dirs);
+    let driver = gpu::discover(&gpu_opts, &inventory)?;
+    let per_agent = if driver.gpus.is_empty() && settings.gpus_per_agent == PerAgent::Count(1) && settings.agents.is_some() {
+        // Default split on a host without GPUs: plain CPU agents.
+        PerAgent::None
+    } else {
+        settings.gpus_per_agent
+    };
+    let agents = settings.agents.unwrap_or_else(|| gpu::select::default_agents(&driver.gpus));
+    let split: Vec<Vec<GpuInfo>> = if per_agent == PerAgent::None {
+        vec![vec![]; agents]
+    } else {
+        if driver.gpus.is_empty() {
+            bail!("{}", driver.unavailable_reason().unwrap_or_else(|| "no NVIDIA GPU found: use --gpus-per-agent none for CPU-only agents".into()));
+        }
+        gpu::select::split(&driver.gpus, agents, per_agent)?
+    };
+
+    // Rootfs (held for the manager's lifetime) and its unprivileged user.
+    let store = Store::new(home);
+    let rootfs_name = resolve_rootfs(&store, &settings.rootfs, &driver)?;
+    let lease = store.lease(&rootfs_name)?;
+    let user = passwd_user(lease.path(), "azp");
+    if user.is_none() {
+        tracing::warn!("rootfs '{rootfs_name}' has no 'azp' user: agents run as root in the sandbox (AGENT_ALLOW_RUNASROOT=1)");
+    }
+
+    let packages = PackageCache::new(home);
+    let package = match &settings.agent_package {
+        Some(src) => packages.ensure_from(src)?,
+        None => packages.ensure_latest(&client, crate::azure::host_platform())?,
+    };
+    tracing::info!("agent package {} at {}", package.version, package.dir.display());
+
+    let names: Vec<String> = (0..agents).map(|i| format!("{}-{i}", settings.name_prefix)).collect();
+    prune(&client, pool.id, &settings.name_prefix, |n| names.iter().any(|m| m == n))?;
+
+    let status = Status {
+        pid: std::process::id(),
+        url: settings.url.clone(),
+        pool: settings.pool.clone(),
+        started_unix: now_unix(),
+        rootfs: rootfs_name.clone(),
+        limits_enforced: true,
+        stopping: false,
+        slots: names.iter().enumerate().map(|(i, n)| SlotStatus { slot: i, agent: n.clone(), state: "starting".into(), ..Default::default() }).collect(),
+    };
+    let shared = Arc::new(Shared {
+        home: home.clone(),
+        settings: settings.clone(),
+        token,
+        client: client.clone(),
+        stopping: AtomicBool::new(false),
+        status: Mutex::new(status),
+        package: RwLock::new(package),
+        packages,
+    });
+
+    let caps = gpu::Capabilities::default();
+    let mut threads = Vec::new();
+    let mut helper_pids = Vec::new();
+    for (i, gpus) in split.into_iter().enumerate() {
+        let edits = if gpus.is_empty() { Default::default() } else { gpu::inject::edits(&driver, &gpus, &caps)? };
+        let base_plan = JobPlan {
+            id: String::new(),
+            lower: vec![lease.path().to_path_buf()],
+            args: vec![],
+            env: vec![],
+            cwd: phases::agent_dir(),
+            uid: 0,
+            gid: 0,
+            hostname: names[i].clone(),
+            volumes: settings.volumes.clone(),
+            limits: Limits { memory_bytes: settings.memory, pids: settings.pids, cpus_milli: settings.cpus_milli },
+            network: crate::config::Network::Host,
+            edits,
+            cgroup_path: PathBuf::new(),
+            owned_dirs: vec![],
+        };
+        crate::sandbox::runner::validate(&base_plan)?;
+        let facts = phases::SlotFacts {
+            slot: i,
+            rootfs: rootfs_name.clone(),
+            rootfs_cuda: lease.info().cuda_version.clone(),
+            driver_version: driver.version.clone(),
+            cuda_driver_version: driver.cuda_version.map(|(a, b)| format!("{a}.{b}")),
+            gpus: gpus.clone(),
+        };
+        let cfg = slot::SlotConfig {
+            index: i,
+            agent_name: names[i].clone(),
+            base_plan,
+            user,
+            gpu_names: gpus.iter().map(|g| g.uuid.clone().unwrap_or_else(|| g.index.to_string())).collect(),
+            capability_env: phases::capability_env(&facts),
+        };
+        let pid = Arc::new(AtomicI32::new(0));
+        helper_pids.push((i, pid.clone()));
+        let sh = shared.clone();
+        threads.push(std::thread::Builder::new().name(format!("slot-{i}")).spawn(move || slot::run_slot(sh, cfg, pid))?);
+    }
+    tracing::info!("{} slot(s) started: {}", threads.len(), names.join(", "));
+
+    // Wait for a signal (or for every slot to end on its own).
+    let sig = loop {
+        let timeout = Duration::from_millis(500);
+        if let Some(s) = wait_signal(&sigs, timeout) {
+            break Some(s);
+        }
+        if threads.iter().all(|t| t.is_finished()) {
+            break None;
+        }
+    };
+    if let Some(s) = sig {
+        tracing::info!("received {s}: no new jobs; running jobs get {}s to finish", settings.drain_timeout.as_secs());
+    }
+    shared.stopping.store(true, Ordering::SeqCst);
+    {
+        let mut st = shared.status.lock().unwrap_or_else(|p| p.into_inner());
+        st.stopping = true;
+    }
+    // Idle agents (no job taken) are stopped at once; busy ones get the drain timeout.
+    let deadline = Instant::now() + settings.drain_timeout;
+    let mut signalled = std::collections::HashSet::new();
+    while !threads.iter().all(|t| t.is_finished()) {
+        for (i, pid) in &helper_pids {
+            let p = pid.load(Ordering::SeqCst);
+            if p <= 0 || signalled.contains(&(*i, p)) {
+                continue;
+            }
+            let busy = job_in_progress(&home.jobs_dir(), &names[*i]);
+            if !busy || Instant::now() >= deadline || wait_signal(&sigs, Duration::ZERO).is_some() {
+                tracing::info!(slot = i, "stopping agent {} ({})", names[*i], if busy { "drain timeout" } else { "idle" });
+                let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(p), nix::sys::signal::SIGTERM);
+                signalled.insert((*i, p));
+            }
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    for t in threads {
+        let _ = t.join();
+    }
+    // Our agents are offline now: remove their records so the pool shows no stale agents.
+    prune(&client, pool.id, &settings.name_prefix, |_| false)?;
+    drop(lease);
+    let gc = crate::sandbox::gc(home)?;
+    for r in &gc.removed {
+        tracing::info!("gc: removed {r}");
+    }
+    tracing::info!("stopped; {} job(s) served", shared.status.lock().map(|s| s.slots.iter().map(|x| x.jobs_done).sum::<u64>()).unwrap_or(0));
+    Ok(())
+}
+
+/// Is the slot's current job dir showing a job the agent has taken?
+fn job_in_progress(jobs_dir: &Path, agent_name: &str) -> bool {
+    std::fs::read_dir(jobs_dir)
+        .map(|rd| {
+            rd.flatten().any(|e| {
+                let n = e.file_name().to_string_lossy().into_owned();
+                n.strip_prefix(agent_name).is_some_and(|rest| rest.starts_with('-') && rest[1..].chars().all(|c| c.is_ascii_digit()))
+                    && slot::ran_a_job(&e.path().join("upper"))
+            })
+        })
+        .unwrap_or(false)
+}
+
+fn wait_signal(set: &nix::sys::signal::SigSet, timeout: Duration) -> Option<nix::sys::signal::Signal> {
+    let ts = libc::timespec { tv_sec: timeout.as_secs() as libc::time_t, tv_nsec: timeout.subsec_nanos() as _ };
+    // SAFETY: valid sigset and timespec borrowed for the call; siginfo may be null.
+    let r = unsafe { libc::sigtimedwait(set.as_ref(), std::ptr::null_mut(), &ts) };
+    (r > 0).then(|| nix::sys::signal::Signal::try_from(r).ok()).flatten()
+}
+
+/// Deletes offline agents named `<prefix>-<n>` for which `keep` is false.
+pub fn prune(client: &AzureClient, pool_id: u64, prefix: &str, keep: impl Fn(&str) -> bool) -> Result<Vec<String>> {
+    let mut removed = Vec::new();
+    for a in client.list_agents(pool_id, None)? {
+        let ours = a.name.strip_prefix(prefix).and_then(|r| r.strip_prefix('-')).is_some_and(|n| !n.is_empty() && n.chars().all(|c| c.is_ascii_digit()));
+        if ours && !a.is_online() && !keep(&a.name) {
+            client.delete_agent(pool_id, a.id)?;
+            tracing::info!("removed offline agent record '{}' (id {})", a.name, a.id);
+            removed.push(a.name);
+        }
+    }
+    Ok(removed)
+}
+
+/// `--rootfs NAME|auto`.
+fn resolve_rootfs(store: &Store, wanted: &str, driver: &gpu::Driver) -> Result<String> {
+    if wanted != "auto" {
+        return Ok(wanted.to_string());
+    }
+    let Some(cuda) = driver.cuda_version.map(|(a, b)| format!("{a}.{b}")) else {
+        bail!("--rootfs auto needs the host's CUDA driver version from NVML, and none was found; name a rootfs with --rootfs NAME");
+    };
+    let list = store.list()?;
+    let host_arch = std::env::consts::ARCH;
+    let mut best: Option<(Vec<u32>, bool, String)> = None;
+    for r in list {
+        let Some(v) = r.cuda_version.as_deref() else { continue };
+        if gpu::inject::compare_versions(v, &cuda) == std::cmp::Ordering::Greater {
+            continue;
+        }
+        let key: Vec<u32> = v.split('.').filter_map(|p| p.parse().ok()).collect();
+        let arch_ok = r.arch.as_deref() == Some(host_arch);
+        if best.as_ref().is_none_or(|(k, a, _)| (arch_ok, &key) > (*a, k)) {
+            best = Some((key, arch_ok, r.name));
+        }
+    }
+    best.map(|b| b.2).with_context(|| format!("--rootfs auto: no imported rootfs has a CUDA version <= {cuda} (the driver's); import one or name it with --rootfs NAME"))
+}
+
+/// uid/gid of `user` from the rootfs's /etc/passwd.
+pub fn passwd_user(rootfs: &Path, user: &str) -> Option<(u32, u32)> {
+    let text = std::fs::read_to_string(rootfs.join("etc/passwd")).ok()?;
+    text.lines().find_map(|l| {
+        let f: Vec<&str> = l.split(':').collect();
+        (f.len() >= 4 && f[0] == user).then(|| Some((f[2].parse().ok()?, f[3].parse().ok()?))).flatten()
+    })
+}
+
+/// `azp-sandbox agents prune --pool P`: removes every offline agent with our prefix.
+pub fn prune_command(settings: &RunSettings, env_token: Option<String>) -> Result<Vec<String>> {
+    let token = settings::read_token(settings.token_file.as_deref(), env_token)?;
+    let client = AzureClient::new(&settings.url, &token)?;
+    let pool = client.find_pool(&settings.pool)?;
+    prune(&client, pool.id, &settings.name_prefix, |_| false)
+}

@@ -1,0 +1,44 @@
+//! `azp-sandbox service install`: a systemd unit for the root service (what the seed's
+//! `svc.sh install` did for one agent).
+
+use crate::config::Home;
+use anyhow::{Context, Result};
+use std::path::{Path, PathBuf};
+
+pub fn unit_text(exe: &Path, config: &Path, home: &Home) -> String {
+    format!(
+        "[Unit]\n\
+         Description=azp-sandbox: Azure Pipelines agents, one fresh sandbox per job\n\
+         Documentation=https://github.com/azp-sandbox/azp-sandbox\n\
+         After=network-online.target nvidia-persistenced.service\n\
+         Wants=network-online.target\n\n\
+         [Service]\n\
+         Type=simple\n\
+         ExecStart={exe} --home {home} run --config {config}\n\
+         # SIGTERM drains: running jobs get drain_timeout_secs (config) to finish.\n\
+         KillMode=mixed\n\
+         TimeoutStopSec=infinity\n\
+         Restart=on-failure\n\
+         RestartSec=10\n\
+         # The manager must outlive jobs under memory pressure (jobs get oom_score_adj 1000).\n\
+         OOMScoreAdjust=-500\n\
+         # Jobs get their own cgroups below /azp-sandbox, not below this unit.\n\
+         Delegate=yes\n\n\
+         [Install]\n\
+         WantedBy=multi-user.target\n",
+        exe = exe.display(),
+        home = home.root().display(),
+        config = config.display()
+    )
+}
+
+pub fn install(unit_dir: &Path, name: &str, config: &Path, home: &Home) -> Result<PathBuf> {
+    let exe = std::env::current_exe().context("cannot find the azp-sandbox binary")?;
+    std::fs::create_dir_all(unit_dir).with_context(|| format!("cannot create {}", unit_dir.display()))?;
+    let path = unit_dir.join(format!("{name}.service"));
+    std::fs::write(&path, unit_text(&exe, config, home)).with_context(|| format!("cannot write {}", path.display()))?;
+    if !config.exists() {
+        tracing::warn!("{} does not exist yet: write it (url, pool, token_file, ...) before starting the service", config.display());
+    }
+    Ok(path)
+}

@@ -1,0 +1,242 @@
+//! Settings of `azp-sandbox run`, merged once: flags > AZP_* environment > config file
+//! (`/etc/azp-sandbox/config.toml`). Validated here into one typed value, with one-line
+//! errors naming the setting and where it came from.
+
+use crate::config::{parse_size, Volume};
+use crate::gpu::PerAgent;
+use anyhow::{bail, Context, Result};
+use serde::Deserialize;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+pub const DEFAULT_CONFIG: &str = "/etc/azp-sandbox/config.toml";
+
+/// The config file, as written by a sysadmin. Every key is optional.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "snake_case")]
+pub struct FileSettings {
+    pub url: Option<String>,
+    pub token_file: Option<PathBuf>,
+    pub pool: Option<String>,
+    pub agents: Option<usize>,
+    pub rootfs: Option<String>,
+    #[serde(default)]
+    pub volumes: Vec<String>,
+    pub gpus_per_agent: Option<String>,
+    pub memory: Option<String>,
+    pub pids: Option<i64>,
+    pub cpus: Option<f64>,
+    pub agent_package: Option<String>,
+    pub name_prefix: Option<String>,
+    pub drain_timeout_secs: Option<u64>,
+    pub hooks_dir: Option<PathBuf>,
+    pub hook_timeout_secs: Option<u64>,
+    #[serde(default)]
+    pub extra_lib_dirs: Vec<PathBuf>,
+}
+
+/// What the command line gave (None = not given).
+#[derive(Debug, Default, Clone)]
+pub struct FlagSettings {
+    pub url: Option<String>,
+    pub token_file: Option<PathBuf>,
+    pub pool: Option<String>,
+    pub agents: Option<usize>,
+    pub rootfs: Option<String>,
+    pub volumes: Vec<Volume>,
+    pub gpus_per_agent: Option<String>,
+    pub memory: Option<u64>,
+    pub pids: Option<i64>,
+    pub cpus_milli: Option<u64>,
+    pub agent_package: Option<String>,
+    pub name_prefix: Option<String>,
+    pub drain_timeout: Option<Duration>,
+    pub hooks_dir: Option<PathBuf>,
+    /// Stop after this long without a job (Slurm batch jobs).
+    pub exit_when_idle: Option<Duration>,
+}
+
+/// The validated settings of one `run`.
+#[derive(Debug, Clone)]
+pub struct RunSettings {
+    pub url: String,
+    pub token_file: Option<PathBuf>,
+    pub pool: String,
+    /// None: one per GPU (or 1 without GPUs).
+    pub agents: Option<usize>,
+    pub rootfs: String,
+    pub volumes: Vec<Volume>,
+    pub gpus_per_agent: PerAgent,
+    pub memory: Option<u64>,
+    pub pids: Option<i64>,
+    pub cpus_milli: Option<u64>,
+    pub agent_package: Option<String>,
+    pub name_prefix: String,
+    pub drain_timeout: Duration,
+    pub hooks_dir: Option<PathBuf>,
+    pub hook_timeout: Duration,
+    pub extra_lib_dirs: Vec<PathBuf>,
+    pub exit_when_idle: Option<Duration>,
+}
+
+/// Reads the config file: `explicit` must exist; the default path may be absent.
+pub fn read_file(explicit: Option<&Path>) -> Result<FileSettings> {
+    let path = explicit.unwrap_or(Path::new(DEFAULT_CONFIG));
+    let text = match std::fs::read_to_string(path) {
+        Ok(t) => t,
+        Err(e) if explicit.is_none() && e.kind() == std::io::ErrorKind::NotFound => return Ok(FileSettings::default()),
+        Err(e) => bail!("cannot read config file {}: {e}", path.display()),
+    };
+    parse_file(&text).with_context(|| format!("bad config file {}", path.display()))
+}
+
+pub fn parse_file(text: &str) -> Result<FileSettings> {
+    toml::from_str(text).map_err(|e| anyhow::anyhow!("{}", e.to_string().lines().collect::<Vec<_>>().join(" ").trim().to_string()))
+}
+
+/// Environment overrides (AZP_URL, AZP_TOKEN_FILE, AZP_POOL, AZP_AGENT_NAME as the prefix).
+pub fn env_settings(get: impl Fn(&str) -> Option<String>) -> FlagSettings {
+    FlagSettings {
+        url: get("AZP_URL"),
+        token_file: get("AZP_TOKEN_FILE").map(PathBuf::from),
+        pool: get("AZP_POOL"),
+        name_prefix: get("AZP_AGENT_NAME"),
+        ..Default::default()
+    }
+}
+
+pub fn merge(file: FileSettings, env: FlagSettings, flags: FlagSettings) -> Result<RunSettings> {
+    let pick = |f: Option<String>, e: Option<String>, c: Option<String>| f.or(e).or(c);
+    let url = pick(flags.url, env.url, file.url)
+        .context("no Azure DevOps URL: pass --url https://dev.azure.com/ORG, set AZP_URL, or url in the config file")?;
+    let url = url.trim_end_matches('/').to_string();
+    if !(url.starts_with("https://") || url.starts_with("http://")) {
+        bail!("bad URL '{url}': use the organization URL, e.g. https://dev.azure.com/ORG");
+    }
+    let pool = pick(flags.pool, env.pool, file.pool).context("no agent pool: pass --pool NAME, set AZP_POOL, or pool in the config file")?;
+    let rootfs = flags.rootfs.or(file.rootfs).unwrap_or_else(|| "auto".into());
+    let mut volumes = flags.volumes;
+    if volumes.is_empty() {
+        volumes = file.volumes.iter().map(|v| v.parse()).collect::<Result<Vec<Volume>>>().context("bad volumes in the config file")?;
+    }
+    let gpus_per_agent = match flags.gpus_per_agent.or(file.gpus_per_agent).as_deref() {
+        None => PerAgent::Count(1),
+        Some(s) => parse_per_agent(s)?,
+    };
+    let memory = match flags.memory {
+        Some(m) => Some(m),
+        None => file.memory.as_deref().map(parse_size).transpose().context("bad memory in the config file")?,
+    };
+    let cpus_milli = match flags.cpus_milli {
+        Some(c) => Some(c),
+        None => match file.cpus {
+            Some(c) if c > 0.0 => Some((c * 1000.0).round() as u64),
+            Some(c) => bail!("bad cpus {c} in the config file: use a positive number"),
+            None => None,
+        },
+    };
+    let name_prefix = pick(flags.name_prefix, env.name_prefix, file.name_prefix).unwrap_or_else(hostname);
+    if name_prefix.is_empty() || !name_prefix.chars().all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c)) {
+        bail!("bad agent name prefix '{name_prefix}': use letters, digits, '-', '_' or '.'");
+    }
+    if flags.agents == Some(0) || file.agents == Some(0) {
+        bail!("--agents must be at least 1");
+    }
+    Ok(RunSettings {
+        url,
+        token_file: flags.token_file.or(env.token_file).or(file.token_file),
+        pool,
+        agents: flags.agents.or(file.agents),
+        rootfs,
+        volumes,
+        gpus_per_agent,
+        memory,
+        pids: flags.pids.or(file.pids),
+        cpus_milli,
+        agent_package: flags.agent_package.or(file.agent_package),
+        name_prefix,
+        drain_timeout: flags.drain_timeout.or(file.drain_timeout_secs.map(Duration::from_secs)).unwrap_or(Duration::from_secs(600)),
+        hooks_dir: flags.hooks_dir.or(file.hooks_dir),
+        hook_timeout: Duration::from_secs(file.hook_timeout_secs.unwrap_or(60)),
+        extra_lib_dirs: file.extra_lib_dirs,
+        exit_when_idle: flags.exit_when_idle,
+    })
+}
+
+pub fn parse_per_agent(s: &str) -> Result<PerAgent> {
+    match s {
+        "all" => Ok(PerAgent::All),
+        "none" | "0" => Ok(PerAgent::None),
+        n => match n.parse::<usize>() {
+            Ok(k) if k > 0 => Ok(PerAgent::Count(k)),
+            _ => bail!("bad --gpus-per-agent '{s}': use a number, all or none"),
+        },
+    }
+}
+
+/// The PAT, from the token file (preferred) or AZP_TOKEN (visible in /proc: discouraged).
+pub fn read_token(token_file: Option<&Path>, env_token: Option<String>) -> Result<String> {
+    if let Some(path) = token_file {
+        let t = std::fs::read_to_string(path)
+            .with_context(|| format!("cannot read the token file {}: check --token-file / AZP_TOKEN_FILE", path.display()))?;
+        let t = t.trim().to_string();
+        if t.is_empty() {
+            bail!("the token file {} is empty: put the PAT in it", path.display());
+        }
+        return Ok(t);
+    }
+    if let Some(t) = env_token.filter(|t| !t.is_empty()) {
+        tracing::warn!("using AZP_TOKEN from the environment: it is visible in /proc; prefer --token-file");
+        return Ok(t);
+    }
+    bail!("no PAT: pass --token-file FILE (or AZP_TOKEN_FILE) with a PAT of scope Agent Pools (read, manage)")
+}
+
+pub fn hostname() -> String {
+    nix::unistd::gethostname().ok().and_then(|h| h.into_string().ok()).map(|h| h.split('.').next().unwrap_or("").to_string()).unwrap_or_else(|| "azp".into())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn flags() -> FlagSettings {
+        FlagSettings { pool: Some("gpu".into()), url: Some("https://dev.azure.com/org/".into()), ..Default::default() }
+    }
+
+    #[test]
+    fn flags_beat_env_beat_file() {
+        let file = parse_file("url = \"https://file\"\npool = \"filepool\"\nagents = 3\nname_prefix = \"fromfile\"\nmemory = \"2G\"").unwrap();
+        let env = env_settings(|k| match k {
+            "AZP_POOL" => Some("envpool".into()),
+            "AZP_URL" => Some("https://env".into()),
+            _ => None,
+        });
+        let s = merge(file, env, FlagSettings { pool: Some("flagpool".into()), ..Default::default() }).unwrap();
+        assert_eq!(s.pool, "flagpool");
+        assert_eq!(s.url, "https://env");
+        assert_eq!(s.agents, Some(3));
+        assert_eq!(s.name_prefix, "fromfile");
+        assert_eq!(s.memory, Some(2 << 30));
+        assert_eq!(s.rootfs, "auto");
+    }
+
+    #[test]
+    fn defaults_and_trailing_slash() {
+        let s = merge(FileSettings::default(), FlagSettings::default(), flags()).unwrap();
+        assert_eq!(s.url, "https://dev.azure.com/org");
+        assert_eq!(s.gpus_per_agent, PerAgent::Count(1));
+        assert_eq!(s.drain_timeout, Duration::from_secs(600));
+    }
+
+    #[test]
+    fn errors_say_what_to_fix() {
+        let e = merge(FileSettings::default(), FlagSettings::default(), FlagSettings { pool: Some("p".into()), ..Default::default() }).unwrap_err();
+        assert!(e.to_string().contains("--url"), "{e}");
+        let e = parse_file("agentz = 3").unwrap_err();
+        assert!(e.to_string().contains("agentz"), "{e}");
+        assert!(parse_per_agent("x").unwrap_err().to_string().contains("--gpus-per-agent"));
+        let e = read_token(Some(Path::new("/nonexistent/pat")), None).unwrap_err();
+        assert!(format!("{e:#}").contains("token file"));
+    }
+}

@@ -1,0 +1,210 @@
+//! One agent slot: a stable name, its GPUs, and a loop that runs one job per fresh
+//! sandbox and refills at once (no polling).
+
+use super::hooks::{self, Stage};
+use super::phases::{self, AgentJob};
+use super::status::now_unix;
+use super::Shared;
+use crate::sandbox::{JobPlan, Phase, RunOptions, Sandbox};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::AtomicI32;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Everything a slot needs, decided once at start (spec inputs are not rebuilt per job).
+pub struct SlotConfig {
+    pub index: usize,
+    pub agent_name: String,
+    /// The plan every job of this slot starts from (GPUs, volumes, limits, layers).
+    pub base_plan: JobPlan,
+    /// uid/gid of the rootfs's `azp` user, or None to run as root.
+    pub user: Option<(u32, u32)>,
+    pub gpu_names: Vec<String>,
+    pub capability_env: Vec<(String, String)>,
+}
+
+/// Backoff after failures: 1 s doubling to 5 min; reset by a job that ran.
+struct Backoff(u32);
+impl Backoff {
+    fn next(&mut self) -> Duration {
+        let d = Duration::from_secs(1u64 << self.0.min(8)).min(Duration::from_secs(300));
+        self.0 += 1;
+        d
+    }
+}
+
+pub fn run_slot(shared: Arc<Shared>, cfg: SlotConfig, helper_pid: Arc<AtomicI32>) {
+    let mut backoff = Backoff(0);
+    let mut seq: u64 = 0;
+    shared.update_slot(cfg.index, |s| {
+        s.agent = cfg.agent_name.clone();
+        s.gpus = cfg.gpu_names.clone();
+        s.state = "starting".into();
+        s.since_unix = now_unix();
+    });
+    while !shared.is_stopping() {
+        let hook_env = hook_env(&cfg, None, None);
+        if let Some(dir) = &shared.settings.hooks_dir {
+            if let Err(e) = hooks::run(dir, Stage::PreJob, &hook_env, shared.settings.hook_timeout) {
+                pause(&shared, &cfg, &mut backoff, format!("pre-job hook: {e:#}"));
+                continue;
+            }
+        }
+        seq += 1;
+        match one_job(&shared, &cfg, seq, &helper_pid) {
+            Ok(JobEnd::Ran) => backoff = Backoff(0),
+            Ok(JobEnd::UpdateRequired) => {
+                tracing::info!(slot = cfg.index, agent = %cfg.agent_name, "agent asked for an update (exit 4): refreshing the package");
+                if let Err(e) = shared.refresh_package() {
+                    pause(&shared, &cfg, &mut backoff, format!("agent update failed: {e:#}"));
+                }
+            }
+            Ok(JobEnd::Stopped) => break,
+            Err(e) => {
+                let msg = format!("{e:#}");
+                let reason = if msg.contains("No space left") || msg.contains("disk full") {
+                    format!("disk full: {msg}; free space under {}", shared.home.root().display())
+                } else {
+                    msg
+                };
+                pause(&shared, &cfg, &mut backoff, reason);
+            }
+        }
+    }
+    shared.update_slot(cfg.index, |s| {
+        s.state = "stopped".into();
+        s.since_unix = now_unix();
+    });
+}
+
+enum JobEnd {
+    Ran,
+    UpdateRequired,
+    Stopped,
+}
+
+fn one_job(shared: &Shared, cfg: &SlotConfig, seq: u64, helper_pid: &Arc<AtomicI32>) -> anyhow::Result<JobEnd> {
+    let mut plan = cfg.base_plan.clone();
+    plan.id = format!("{}-{seq}", cfg.agent_name);
+    plan.cgroup_path = crate::sandbox::teardown::cgroup_path_for(&plan.id);
+    plan.lower.insert(0, shared.package_layer());
+    let (uid, gid) = cfg.user.unwrap_or((0, 0));
+    plan.uid = uid;
+    plan.gid = gid;
+    plan.owned_dirs = vec![phases::agent_dir()];
+    let agent = AgentJob { url: &shared.settings.url, pool: &shared.settings.pool, agent_name: &cfg.agent_name, as_root: cfg.user.is_none() };
+    let opts = RunOptions { background_delete: true, forward_signals: false, helper_pid: Some(helper_pid.clone()) };
+
+    shared.update_slot(cfg.index, |s| {
+        s.state = "configuring".into();
+        s.since_unix = now_unix();
+    });
+    let mut sandbox = Sandbox::create(&shared.home, plan)?;
+    let mut env = phases::agent_env(&agent);
+    let configure = Phase {
+        args: phases::configure_args(&agent),
+        env: env.clone(),
+        cwd: Some(phases::agent_dir()),
+        stdin: Some(format!("{}\n", shared.token).into_bytes()),
+        ..Default::default()
+    };
+    let c = sandbox.run(&configure, &opts)?;
+    if c.code != 0 {
+        anyhow::bail!("config.sh failed with exit {} (see the agent's _diag logs; is the PAT allowed to register agents in pool '{}'?)", c.code, shared.settings.pool);
+    }
+    if shared.is_stopping() {
+        let _ = sandbox.teardown(true);
+        return Ok(JobEnd::Stopped);
+    }
+    shared.update_slot(cfg.index, |s| {
+        s.state = "waiting-for-job".into();
+        s.since_unix = now_unix();
+    });
+    env.extend(cfg.capability_env.iter().cloned());
+    let run = Phase { args: phases::run_args(), env, cwd: Some(phases::agent_dir()), ..Default::default() };
+    let started = Instant::now();
+    let r = sandbox.run(&run, &opts);
+    let upper = sandbox.upper();
+    let result = job_result(&upper);
+    let worked = ran_a_job(&upper);
+    let cleanup = sandbox.teardown(true);
+    let r = r?;
+    let cleanup = cleanup?;
+    tracing::info!(
+        slot = cfg.index,
+        agent = %cfg.agent_name,
+        job = seq,
+        duration_s = format!("{:.1}", started.elapsed().as_secs_f64()),
+        exit = r.code,
+        result = result.as_deref().unwrap_or(if worked { "unknown" } else { "no job" }),
+        "job finished; {cleanup}"
+    );
+    shared.update_slot(cfg.index, |s| {
+        s.jobs_done += u64::from(worked);
+        s.last_exit = Some(r.code);
+        s.last_result = result.clone();
+        s.paused_reason = None;
+    });
+    if let Some(dir) = &shared.settings.hooks_dir {
+        let env = hook_env(cfg, Some(&upper), Some(r.code));
+        hooks::run(dir, Stage::PostJob, &env, shared.settings.hook_timeout).map_err(|e| anyhow::anyhow!("post-job hook: {e:#}"))?;
+    }
+    match r.code {
+        0 => Ok(JobEnd::Ran),
+        4 => Ok(JobEnd::UpdateRequired),
+        code => anyhow::bail!("run.sh --once exited with {code}"),
+    }
+}
+
+fn pause(shared: &Shared, cfg: &SlotConfig, backoff: &mut Backoff, reason: String) {
+    let wait = backoff.next();
+    tracing::warn!(slot = cfg.index, agent = %cfg.agent_name, "slot paused for {}s: {reason}", wait.as_secs());
+    shared.update_slot(cfg.index, |s| {
+        s.state = "paused".into();
+        s.paused_reason = Some(reason.clone());
+        s.since_unix = now_unix();
+    });
+    shared.sleep_unless_stopping(wait);
+}
+
+fn hook_env(cfg: &SlotConfig, job_dir: Option<&Path>, exit: Option<i32>) -> Vec<(String, String)> {
+    let mut env = vec![
+        ("AZP_SLOT".to_string(), cfg.index.to_string()),
+        ("AZP_AGENT_NAME".into(), cfg.agent_name.clone()),
+        ("AZP_GPU_UUIDS".into(), cfg.gpu_names.join(",")),
+    ];
+    if let Some(d) = job_dir {
+        env.push(("AZP_JOB_DIR".into(), d.display().to_string()));
+    }
+    if let Some(c) = exit {
+        env.push(("AZP_JOB_EXIT".into(), c.to_string()));
+    }
+    env
+}
+
+fn diag_dir(upper: &Path) -> PathBuf {
+    upper.join(phases::AGENT_DIR.trim_start_matches('/')).join("_diag")
+}
+
+/// The agent writes a Worker_*.log once it has taken a job.
+pub fn ran_a_job(upper: &Path) -> bool {
+    std::fs::read_dir(diag_dir(upper))
+        .map(|rd| rd.flatten().any(|e| e.file_name().to_string_lossy().starts_with("Worker_")))
+        .unwrap_or(false)
+}
+
+/// The job's result from the worker's diag log ("Job result after all job steps finish: X").
+pub fn job_result(upper: &Path) -> Option<String> {
+    const MARK: &str = "Job result after all job steps finish: ";
+    let rd = std::fs::read_dir(diag_dir(upper)).ok()?;
+    for e in rd.flatten().filter(|e| e.file_name().to_string_lossy().starts_with("Worker_")) {
+        let text = std::fs::read_to_string(e.path()).ok()?;
+        if let Some(pos) = text.rfind(MARK) {
+            let word: String = text[pos + MARK.len()..].chars().take_while(|c| c.is_alphanumeric()).collect();
+            if !word.is_empty() {
+                return Some(word);
+            }
+        }
+    }
+    None
+}

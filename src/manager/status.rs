@@ -1,0 +1,85 @@
+//! `HOME/status.json`: what the running manager is doing, rewritten (atomically) on every
+//! slot change, read by `azp-sandbox status`.
+
+use anyhow::{Context, Result};
+use serde::{Deserialize, Serialize};
+use std::path::Path;
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct Status {
+    pub pid: u32,
+    pub url: String,
+    pub pool: String,
+    pub started_unix: u64,
+    pub rootfs: String,
+    pub limits_enforced: bool,
+    pub stopping: bool,
+    pub slots: Vec<SlotStatus>,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct SlotStatus {
+    pub slot: usize,
+    pub agent: String,
+    /// starting | configuring | waiting-for-job | paused | stopped
+    pub state: String,
+    /// Since when the agent has been up (waiting or running a job).
+    pub since_unix: u64,
+    pub gpus: Vec<String>,
+    pub jobs_done: u64,
+    pub last_exit: Option<i32>,
+    pub last_result: Option<String>,
+    pub paused_reason: Option<String>,
+}
+
+pub fn now_unix() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
+}
+
+pub fn write(path: &Path, status: &Status) -> Result<()> {
+    let tmp = path.with_extension("json.tmp");
+    std::fs::write(&tmp, serde_json::to_vec_pretty(status)?).with_context(|| format!("cannot write {}", tmp.display()))?;
+    std::fs::rename(&tmp, path).with_context(|| format!("cannot update {}", path.display()))
+}
+
+pub fn read(path: &Path) -> Result<Status> {
+    let bytes = std::fs::read(path).with_context(|| format!("no manager status at {}: is `azp-sandbox run` running with this --home?", path.display()))?;
+    serde_json::from_slice(&bytes).with_context(|| format!("corrupt {}", path.display()))
+}
+
+/// Human-readable table for `azp-sandbox status`.
+pub fn render(s: &Status, alive: bool) -> String {
+    let now = now_unix();
+    let mut out = format!(
+        "manager   pid {} ({})\npool      {} at {}\nrootfs    {}\n",
+        s.pid,
+        if !alive { "NOT RUNNING" } else if s.stopping { "stopping" } else { "running" },
+        s.pool,
+        s.url,
+        s.rootfs
+    );
+    if !s.limits_enforced {
+        out.push_str("WARNING   cgroup limits are NOT enforced (no delegated cgroup for this user)\n");
+    }
+    out.push_str(&format!("{:<5} {:<24} {:<16} {:>8} {:>5} {:<20} {}\n", "SLOT", "AGENT", "STATE", "AGE", "JOBS", "GPUS", "NOTE"));
+    for sl in &s.slots {
+        let age = now.saturating_sub(sl.since_unix);
+        let note = sl
+            .paused_reason
+            .clone()
+            .or_else(|| sl.last_result.clone().map(|r| format!("last job: {r}")))
+            .or_else(|| sl.last_exit.map(|c| format!("last run.sh exit {c}")))
+            .unwrap_or_default();
+        out.push_str(&format!(
+            "{:<5} {:<24} {:<16} {:>7}s {:>5} {:<20} {}\n",
+            sl.slot,
+            sl.agent,
+            sl.state,
+            age,
+            sl.jobs_done,
+            if sl.gpus.is_empty() { "-".to_string() } else { sl.gpus.join(",") },
+            note
+        ));
+    }
+    out
+}
