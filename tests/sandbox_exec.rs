@@ -290,3 +290,14 @@ fn job_cannot_raise_its_own_limits_or_mount() {
     assert_eq!(code, 0, "{err}");
     assert_eq!(out, "end\n");
 }
+
+#[test]
+fn seccomp_profile_is_enforced() {
+    require_root!();
+    let h = TestHome::with_busybox("seccomp");
+    // An unprivileged user namespace needs no capability: only seccomp stops it.
+    let (code, out, err) = exec_out(&h, &["--", "sh", "-c", "unshare -U true 2>&1 && echo UNSHARED; grep Seccomp: /proc/self/status"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(!out.contains("UNSHARED"), "{out}");
+    assert!(out.contains("Seccomp:\t2"), "filter mode expected: {out}");
+}

@@ -5,6 +5,7 @@ pub mod helper;
 pub mod jobdir;
 pub mod plan;
 pub mod runner;
+pub mod seccomp;
 pub mod spec;
 pub mod teardown;
 

@@ -144,6 +144,7 @@ pub fn build(plan: &JobPlan, rootfs: &Path) -> Result<Spec> {
         .cgroups_path(plan.cgroup_path.clone())
         .masked_paths(MASKED_PATHS.iter().map(|s| s.to_string()).collect::<Vec<_>>())
         .readonly_paths(READONLY_PATHS.iter().map(|s| s.to_string()).collect::<Vec<_>>())
+        .seccomp(super::seccomp::default_profile()?)
         .build()?;
 
     let mut spec = SpecBuilder::default()
@@ -379,6 +380,11 @@ mod tests {
         assert!(!bounding.contains(&Capability::Mknod));
         assert!(!bounding.contains(&Capability::SysAdmin));
         assert_eq!(linux.cgroups_path().as_deref(), Some(Path::new("/azp-sandbox/t-1")));
+        let seccomp = linux.seccomp().as_ref().expect("a seccomp profile");
+        let denied = seccomp.syscalls().as_ref().unwrap()[0].names();
+        for s in ["mount", "unshare", "bpf", "keyctl", "userfaultfd", "kexec_load", "open_by_handle_at"] {
+            assert!(denied.iter().any(|n| n == s), "{s} not denied");
+        }
     }
 
     #[test]
