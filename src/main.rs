@@ -380,10 +380,12 @@ fn log_gc(report: &sandbox::GcReport) {
 
 fn exec(home: &Home, driver_root: &std::path::Path, args: ExecArgs) -> Result<i32> {
     require_root("exec")?;
+    tracing::debug!("exec start");
     log_gc(&sandbox::gc(home).context("gc before exec failed")?);
     tracing::debug!("gc done");
     let store = Store::new(home);
     let lease = store.lease(&args.rootfs)?;
+    tracing::debug!("rootfs leased");
     let gpu_opts = DiscoverOptions { driver_root: driver_root.to_path_buf(), cdi_spec: args.cdi_spec.clone(), ..Default::default() };
     let edits = gpu::job_edits(&gpu_opts, &args.gpus, &args.gpu_capabilities, Some(lease.path()))?;
     let id = args.name.clone().unwrap_or_else(|| sandbox::jobdir::new_job_id("exec"));

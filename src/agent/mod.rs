@@ -1,1 +1,5 @@
-//! The Azure Pipelines agent: package cache, configure/run phases. (Being written.)
+//! The Azure Pipelines agent: package cache, configure/run phases.
+
+pub mod package;
+
+pub use package::{AgentPackage, PackageCache};

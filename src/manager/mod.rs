@@ -77,9 +77,8 @@ impl Shared {
     }
 }
 
-/// The package dir is `<version>/azp/agent`; its layer is `<version>`.
 fn layer_of(pkg: &AgentPackage) -> PathBuf {
-    pkg.dir.ancestors().nth(2).map(Path::to_path_buf).unwrap_or_else(|| pkg.dir.clone())
+    pkg.layer.clone()
 }
 
 /// Everything `run` needs from the command line besides the settings.

@@ -93,7 +93,8 @@ fn one_job(shared: &Shared, cfg: &SlotConfig, seq: u64, helper_pid: &Arc<AtomicI
     plan.gid = gid;
     plan.owned_dirs = vec![phases::agent_dir()];
     let agent = AgentJob { url: &shared.settings.url, pool: &shared.settings.pool, agent_name: &cfg.agent_name, as_root: cfg.user.is_none() };
-    let opts = RunOptions { background_delete: true, forward_signals: false, helper_pid: Some(helper_pid.clone()) };
+    let output = agent_log(&shared.home, &cfg.agent_name)?;
+    let opts = RunOptions { background_delete: true, forward_signals: false, helper_pid: Some(helper_pid.clone()), output: Some(output) };
 
     shared.update_slot(cfg.index, |s| {
         s.state = "configuring".into();
@@ -156,6 +157,17 @@ fn one_job(shared: &Shared, cfg: &SlotConfig, seq: u64, helper_pid: &Arc<AtomicI
     }
 }
 
+/// `HOME/logs/<agent>.log`: what the agent printed, rotated at 16 MiB (one old copy).
+fn agent_log(home: &crate::config::Home, agent: &str) -> anyhow::Result<PathBuf> {
+    let dir = home.root().join("logs");
+    std::fs::create_dir_all(&dir)?;
+    let path = dir.join(format!("{agent}.log"));
+    if std::fs::metadata(&path).map(|m| m.len() > 16 << 20).unwrap_or(false) {
+        let _ = std::fs::rename(&path, path.with_extension("log.1"));
+    }
+    Ok(path)
+}
+
 fn pause(shared: &Shared, cfg: &SlotConfig, backoff: &mut Backoff, reason: String) {
     let wait = backoff.next();
     tracing::warn!(slot = cfg.index, agent = %cfg.agent_name, "slot paused for {}s: {reason}", wait.as_secs());
@@ -186,25 +198,30 @@ fn diag_dir(upper: &Path) -> PathBuf {
     upper.join(phases::AGENT_DIR.trim_start_matches('/')).join("_diag")
 }
 
-/// The agent writes a Worker_*.log once it has taken a job.
+/// Has the agent taken a job? The real agent starts a `_diag/Worker_*.log` and creates
+/// its work folder when a job arrives (heuristic: the agent has no API for it).
 pub fn ran_a_job(upper: &Path) -> bool {
-    std::fs::read_dir(diag_dir(upper))
+    let diag = diag_dir(upper);
+    let worker_log = std::fs::read_dir(&diag)
         .map(|rd| rd.flatten().any(|e| e.file_name().to_string_lossy().starts_with("Worker_")))
-        .unwrap_or(false)
+        .unwrap_or(false);
+    worker_log || diag.with_file_name(phases::WORK_DIR).is_dir() || job_result(upper).is_some()
 }
 
-/// The job's result from the worker's diag log ("Job result after all job steps finish: X").
+/// The job's result from the agent's diag logs: the listener logs
+/// "Job <id> completed with result: <Result>" when a job ends.
 pub fn job_result(upper: &Path) -> Option<String> {
-    const MARK: &str = "Job result after all job steps finish: ";
+    const MARK: &str = "completed with result: ";
     let rd = std::fs::read_dir(diag_dir(upper)).ok()?;
-    for e in rd.flatten().filter(|e| e.file_name().to_string_lossy().starts_with("Worker_")) {
-        let text = std::fs::read_to_string(e.path()).ok()?;
+    let mut found = None;
+    for e in rd.flatten().filter(|e| e.file_name().to_string_lossy().ends_with(".log")) {
+        let Ok(text) = std::fs::read_to_string(e.path()) else { continue };
         if let Some(pos) = text.rfind(MARK) {
             let word: String = text[pos + MARK.len()..].chars().take_while(|c| c.is_alphanumeric()).collect();
             if !word.is_empty() {
-                return Some(word);
+                found = Some(word);
             }
         }
     }
-    None
+    found
 }

@@ -1,2 +1,60 @@
 //! Root filesystems: the read-only lower layers of every sandbox.
-//! (Placeholder: being written; see the issue for the API.)
+//!
+//! `azp-sandbox rootfs import FILE|- --name NAME` streams a tar archive (plain, gzip or
+//! zstd, recognised by magic bytes) into the [`Store`]; `rootfs list` and `rootfs rm`
+//! manage it; a sandbox takes a [`RootfsLease`] on the rootfs it runs on.
+//!
+//! * [`archive`]: format detection, hashing, the read/decompress + unpack pipeline;
+//! * [`unpack`]: safe extraction (hostile archives, run as root), callable per image layer;
+//! * [`Store`]: atomic imports, leases, removal, gc of dead imports.
+
+pub mod archive;
+mod fs;
+mod probe;
+mod store;
+mod tarstream;
+pub mod unpack;
+
+pub use archive::{detect, Compression};
+pub use store::{RootfsInfo, RootfsLease, Store};
+pub use unpack::{unpack, unpack_at, UnpackError, UnpackOptions, UnpackStats};
+
+use std::sync::atomic::AtomicBool;
+
+/// Set from a SIGINT/SIGTERM handler to stop a running import: it fails with
+/// "import of 'x' interrupted" at the next chunk or entry and removes its temp dir.
+pub static CANCEL: AtomicBool = AtomicBool::new(false);
+
+/// Rootfs names: `[A-Za-z0-9][A-Za-z0-9._-]{0,63}`.
+pub fn validate_name(name: &str) -> anyhow::Result<()> {
+    let b = name.as_bytes();
+    let ok = !b.is_empty()
+        && b.len() <= 64
+        && b[0].is_ascii_alphanumeric()
+        && b.iter().all(|&c| c.is_ascii_alphanumeric() || matches!(c, b'.' | b'_' | b'-'));
+    if ok {
+        Ok(())
+    } else {
+        anyhow::bail!(
+            "invalid rootfs name '{}': use 1 to 64 characters from A-Z a-z 0-9 . _ -, starting with a letter or digit",
+            name.escape_debug()
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names() {
+        for good in ["a", "ubuntu-22.04", "cuda_12.4", "0", &"x".repeat(64)] {
+            assert!(validate_name(good).is_ok(), "{good}");
+        }
+        for bad in ["", ".tmp", "-x", "_x", "a/b", "..", "a b", "é", "a\nb", &"x".repeat(65)] {
+            let e = validate_name(bad).unwrap_err().to_string();
+            assert!(e.starts_with("invalid rootfs name"), "{bad}: {e}");
+            assert!(!e.contains('\n'), "one line: {e}");
+        }
+    }
+}

@@ -56,6 +56,7 @@ pub fn main(home: &Home, job_dir: &Path) -> i32 {
 fn run(home: &Home, job: &JobDir, sys: &dyn Sys) -> Result<HelperResult> {
     let plan = job.read_plan()?;
     let merged = job.merged();
+    keep_dev_null_writable()?;
 
     sys.private_mount_namespace()?;
     sys.mount_overlay(&Overlay { lower: plan.lower.clone(), upper: job.upper(), work: job.work(), target: merged.clone() })?;
@@ -139,6 +140,26 @@ fn start_and_wait(container: &mut libcontainer::container::Container) -> Result<
             }
         }
     }
+}
+
+/// libcontainer 0.7 replaces stdio fds that point at /dev/null with the container's
+/// /dev/null opened *read-only*, so a job whose stdout is /dev/null fails every write
+/// with EBADF. /dev/zero discards writes the same way and is not touched: use it.
+fn keep_dev_null_writable() -> Result<()> {
+    use std::os::fd::AsRawFd;
+    let null = nix::sys::stat::stat("/dev/null").context("cannot stat /dev/null")?;
+    let mut zero: Option<std::fs::File> = None;
+    for fd in [1, 2] {
+        let Ok(st) = nix::sys::stat::fstat(fd) else { continue };
+        if st.st_mode & libc::S_IFMT == libc::S_IFCHR && st.st_rdev == null.st_rdev {
+            if zero.is_none() {
+                zero = Some(std::fs::OpenOptions::new().write(true).open("/dev/zero").context("cannot open /dev/zero")?);
+            }
+            let z = zero.as_ref().map(|f| f.as_raw_fd()).unwrap_or(-1);
+            nix::unistd::dup2(z, fd).context("cannot redirect stdio from /dev/null to /dev/zero")?;
+        }
+    }
+    Ok(())
 }
 
 /// sigtimedwait on `set`; None on timeout.

@@ -38,6 +38,8 @@ pub struct RunOptions {
     /// Published while a phase runs: the helper's pid (0 otherwise), so a supervisor can
     /// signal it (SIGTERM: forwarded to the job, SIGKILL after a grace period).
     pub helper_pid: Option<Arc<AtomicI32>>,
+    /// Append the job's stdout and stderr to this file instead of inheriting ours.
+    pub output: Option<std::path::PathBuf>,
 }
 
 /// What differs between the phases of one sandbox (e.g. configure, then run the agent).
@@ -202,7 +204,19 @@ fn spawn_helper(home: &Home, job_dir: &std::path::Path, stdin: Option<&[u8]>, op
     }
     cmd.arg("__sandbox-helper").arg(job_dir);
     cmd.stdin(if stdin.is_some() { Stdio::piped() } else { Stdio::inherit() });
-    cmd.stdout(Stdio::inherit()).stderr(Stdio::inherit());
+    match &opts.output {
+        Some(path) => {
+            let f = std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(path)
+                .with_context(|| format!("cannot open the job log {}", path.display()))?;
+            cmd.stderr(f.try_clone()?).stdout(f);
+        }
+        None => {
+            cmd.stdout(Stdio::inherit()).stderr(Stdio::inherit());
+        }
+    }
     // SAFETY: the closure runs between fork and exec and only calls prctl(2) and
     // sigprocmask(2), both async-signal-safe. PDEATHSIG ties the helper to this process
     // (if we die, it dies, and gc, keyed on our lock, removes the rest). The signal mask

@@ -1,6 +1,7 @@
 //! Shared helpers of the integration tests: a private home per test, fixtures built once
 //! (busybox rootfs, Debian minbase), and residue checks.
 #![allow(dead_code)]
+pub mod fake_azure;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
@@ -23,7 +24,9 @@ pub fn is_root() -> bool {
 macro_rules! require_root {
     () => {
         if !common::is_root() {
-            eprintln!("SKIPPED: this test creates real sandboxes and needs root (CI runs it as root)");
+            eprintln!(
+                "SKIPPED: this test creates real sandboxes and needs root (CI runs it as root)"
+            );
             return;
         }
     };
@@ -41,7 +44,10 @@ pub fn busybox_tar() -> PathBuf {
     P.get_or_init(|| {
         let out = fixtures().join("busybox-rootfs.tar");
         if !out.exists() {
-            let st = Command::new(repo().join("scripts/make-busybox-rootfs.sh")).arg(&out).status().unwrap();
+            let st = Command::new(repo().join("scripts/make-busybox-rootfs.sh"))
+                .arg(&out)
+                .status()
+                .unwrap();
             assert!(st.success(), "make-busybox-rootfs.sh failed");
         }
         out
@@ -53,7 +59,10 @@ pub fn debian_tar() -> PathBuf {
     static P: OnceLock<PathBuf> = OnceLock::new();
     P.get_or_init(|| {
         let out = fixtures().join("debian-bookworm-minbase.tar.zst");
-        let st = Command::new(repo().join("scripts/make-debian-rootfs.sh")).arg(&out).status().unwrap();
+        let st = Command::new(repo().join("scripts/make-debian-rootfs.sh"))
+            .arg(&out)
+            .status()
+            .unwrap();
         assert!(st.success(), "make-debian-rootfs.sh failed");
         out
     })
@@ -67,7 +76,8 @@ pub struct TestHome {
 
 impl TestHome {
     pub fn new(name: &str) -> TestHome {
-        let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("home-{name}-{}", std::process::id()));
+        let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+            .join(format!("home-{name}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
         TestHome { dir }
@@ -75,18 +85,29 @@ impl TestHome {
 
     pub fn command(&self) -> Command {
         let mut c = Command::new(bin());
-        c.arg("--home").arg(&self.dir).env_remove("AZP_SANDBOX_HOME").stdin(Stdio::null());
+        c.arg("--home")
+            .arg(&self.dir)
+            .env_remove("AZP_SANDBOX_HOME")
+            .stdin(Stdio::null());
         c
     }
 
     pub fn run(&self, args: &[&str]) -> Output {
-        self.command().args(args).output().expect("cannot run azp-sandbox")
+        self.command()
+            .args(args)
+            .output()
+            .expect("cannot run azp-sandbox")
     }
 
     /// Runs and asserts success; returns stdout.
     pub fn ok(&self, args: &[&str]) -> String {
         let out = self.run(args);
-        assert!(out.status.success(), "azp-sandbox {args:?} failed: {}\n{}", out.status, String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success(),
+            "azp-sandbox {args:?} failed: {}\n{}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
         String::from_utf8_lossy(&out.stdout).into_owned()
     }
 
@@ -105,7 +126,9 @@ impl TestHome {
     pub fn assert_no_residue(&self, job_names: &[&str]) {
         for sub in ["jobs", "run", "trash"] {
             let d = self.dir.join(sub);
-            let left: Vec<_> = std::fs::read_dir(&d).map(|r| r.flatten().map(|e| e.path()).collect()).unwrap_or_default();
+            let left: Vec<_> = std::fs::read_dir(&d)
+                .map(|r| r.flatten().map(|e| e.path()).collect())
+                .unwrap_or_default();
             assert!(left.is_empty(), "residue in {}: {left:?}", d.display());
         }
         let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
@@ -144,18 +167,25 @@ pub fn cgroup_dirs_of(name: &str) -> Vec<PathBuf> {
 
 /// The pids.current file of a running job, v1 or v2.
 pub fn pids_current(name: &str) -> Option<PathBuf> {
-    ["/sys/fs/cgroup/pids/azp-sandbox", "/sys/fs/cgroup/azp-sandbox"]
-        .iter()
-        .map(|d| Path::new(d).join(name).join("pids.current"))
-        .find(|p| p.exists())
+    [
+        "/sys/fs/cgroup/pids/azp-sandbox",
+        "/sys/fs/cgroup/azp-sandbox",
+    ]
+    .iter()
+    .map(|d| Path::new(d).join(name).join("pids.current"))
+    .find(|p| p.exists())
 }
 
 /// Processes whose command line contains `needle`.
 pub fn processes_matching(needle: &str) -> Vec<(i32, String)> {
     let mut out = vec![];
     for e in std::fs::read_dir("/proc").unwrap().flatten() {
-        let Ok(pid) = e.file_name().to_string_lossy().parse::<i32>() else { continue };
-        let Ok(cmd) = std::fs::read(e.path().join("cmdline")) else { continue };
+        let Ok(pid) = e.file_name().to_string_lossy().parse::<i32>() else {
+            continue;
+        };
+        let Ok(cmd) = std::fs::read(e.path().join("cmdline")) else {
+            continue;
+        };
         let cmd = String::from_utf8_lossy(&cmd).replace('\0', " ");
         if cmd.contains(needle) && pid != std::process::id() as i32 {
             out.push((pid, cmd));
@@ -167,7 +197,11 @@ pub fn processes_matching(needle: &str) -> Vec<(i32, String)> {
 pub fn unique(prefix: &str) -> String {
     use std::sync::atomic::{AtomicU32, Ordering};
     static N: AtomicU32 = AtomicU32::new(0);
-    format!("{prefix}-{}-{}", std::process::id(), N.fetch_add(1, Ordering::SeqCst))
+    format!(
+        "{prefix}-{}-{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::SeqCst)
+    )
 }
 
 /// The NVIDIA driver tree from Debian's packages, with fake device nodes
@@ -177,14 +211,24 @@ pub fn driver_tree() -> Option<PathBuf> {
     static P: OnceLock<Option<PathBuf>> = OnceLock::new();
     P.get_or_init(|| {
         let root = fixtures().join("driver-tree");
-        let out = Command::new("bash").arg(repo().join("scripts/make-driver-tree.sh")).arg(&root).output().unwrap();
+        let out = Command::new("bash")
+            .arg(repo().join("scripts/make-driver-tree.sh"))
+            .arg(&root)
+            .output()
+            .unwrap();
         match out.status.code() {
             Some(0) => Some(root),
             Some(75) => {
-                eprintln!("SKIPPED: NVIDIA driver packages could not be downloaded: {}", String::from_utf8_lossy(&out.stderr));
+                eprintln!(
+                    "SKIPPED: NVIDIA driver packages could not be downloaded: {}",
+                    String::from_utf8_lossy(&out.stderr)
+                );
                 None
             }
-            _ => panic!("make-driver-tree.sh failed: {}", String::from_utf8_lossy(&out.stderr)),
+            _ => panic!(
+                "make-driver-tree.sh failed: {}",
+                String::from_utf8_lossy(&out.stderr)
+            ),
         }
     })
     .clone()

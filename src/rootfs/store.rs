@@ -1,0 +1,398 @@
+//! The rootfs store: `<home>/rootfs/<name>/{tree/, meta.json}`.
+//!
+//! * Imports unpack into `<store>/.tmp-<name>-<pid>-<random>/tree`, write `meta.json`
+//!   beside it, and rename the temp dir to `<store>/<name>` (atomic: a name is either
+//!   complete or absent). The importer holds an exclusive `flock` on the temp dir; `gc`
+//!   removes temp dirs whose lock it can take (importers that died).
+//! * A [`RootfsLease`] holds a shared `flock` on `<store>/<name>`; `remove` takes it
+//!   exclusively without waiting, so a rootfs in use cannot be removed. Removal renames
+//!   the dir to `.rm-<name>-…` first, so the name disappears at once.
+
+use super::archive::{self, StreamError};
+use super::fs::{self as sysfs, errno};
+use super::unpack::{self, UnpackError, UnpackOptions};
+use super::{probe, validate_name, CANCEL};
+use anyhow::{anyhow, bail, Context, Result};
+use std::io::{self, Read, Write};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+
+/// What `rootfs list` shows; stored as `<store>/<name>/meta.json`.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+pub struct RootfsInfo {
+    pub name: String,
+    /// The tree: `<store>/<name>/tree`.
+    pub path: PathBuf,
+    /// Bytes of file data.
+    pub size_bytes: u64,
+    /// Entries written (files, directories, links, nodes).
+    pub entries: u64,
+    /// Where it came from: the label given to [`Store::import_labeled`] and the format,
+    /// e.g. `ubuntu.tar.zst (tar+zstd)`; just the format for [`Store::import`].
+    pub source: String,
+    /// SHA-256 of the archive stream as read (compressed bytes).
+    pub sha256: Option<String>,
+    /// RFC 3339, UTC.
+    pub imported_at: String,
+    /// `uname -m` style, from the ELF header of `/bin/sh` or `/usr/bin/env`.
+    pub arch: Option<String>,
+    /// From `usr/local/cuda/version.json` (or `version.txt`, or the dpkg database).
+    pub cuda_version: Option<String>,
+}
+
+/// A rootfs in use: while this value lives, `remove` refuses the name.
+#[derive(Debug)]
+pub struct RootfsLease {
+    info: RootfsInfo,
+    _lock: OwnedFd,
+}
+
+impl RootfsLease {
+    /// The tree directory, `<store>/<name>/tree`.
+    pub fn path(&self) -> &Path {
+        &self.info.path
+    }
+    pub fn info(&self) -> &RootfsInfo {
+        &self.info
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct Store {
+    dir: PathBuf,
+}
+
+const META: &str = "meta.json";
+const TREE: &str = "tree";
+const TMP_PREFIX: &str = ".tmp-";
+const RM_PREFIX: &str = ".rm-";
+
+fn unknown(name: &str) -> anyhow::Error {
+    anyhow!("unknown rootfs '{name}': see `azp-sandbox rootfs list`")
+}
+
+/// A temp import dir, locked; removed on drop unless committed.
+struct TempImport {
+    path: PathBuf,
+    /// Held (exclusive flock) until the import is committed or abandoned.
+    _lock: OwnedFd,
+    armed: bool,
+}
+
+impl TempImport {
+    fn create(store: &Path, name: &str) -> Result<TempImport> {
+        for _ in 0..8 {
+            let path =
+                store.join(format!("{TMP_PREFIX}{name}-{}-{}", std::process::id(), sysfs::random_suffix()));
+            match std::fs::DirBuilder::new().mode(0o700).create(&path) {
+                Ok(()) => {}
+                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => continue,
+                Err(e) => return Err(e).with_context(|| format!("cannot create a temp dir in {}", store.display())),
+            }
+            let lock = match sysfs::open_dir(&path) {
+                Ok(fd) => fd,
+                Err(_) => continue, // removed by a concurrent gc before we locked it
+            };
+            if sysfs::flock(lock.as_fd(), libc::LOCK_EX | libc::LOCK_NB).is_err() {
+                continue; // a gc holds it and is deleting it
+            }
+            if sysfs::fstat(lock.as_raw_fd()).map(|st| st.st_nlink).unwrap_or(0) == 0 {
+                continue; // deleted between our mkdir and our lock
+            }
+            return Ok(TempImport { path, _lock: lock, armed: true });
+        }
+        bail!("cannot create a temp dir in {}: gave up after 8 attempts", store.display())
+    }
+}
+
+impl Drop for TempImport {
+    fn drop(&mut self) {
+        if self.armed {
+            if let Err(e) = sysfs::remove_tree(&self.path) {
+                tracing::warn!("cannot remove {}: {e} (`rootfs gc` retries)", self.path.display());
+            }
+        }
+    }
+}
+
+use std::os::unix::fs::DirBuilderExt;
+
+impl Store {
+    /// The store of `home`: `home.rootfs_dir()`.
+    pub fn new(home: &crate::config::Home) -> Store {
+        Store { dir: home.rootfs_dir() }
+    }
+
+    /// A store in an arbitrary directory.
+    pub fn at(dir: impl Into<PathBuf>) -> Store {
+        Store { dir: dir.into() }
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Imports a tar archive (plain, gzip or zstd, detected from its first bytes) as
+    /// `name`. `progress` gets the number of archive bytes read so far.
+    pub fn import(&self, src: &mut dyn Read, name: &str, progress: &mut dyn FnMut(u64)) -> Result<RootfsInfo> {
+        self.import_inner(src, name, None, progress)
+    }
+
+    /// [`Store::import`], recording `label` (e.g. the file name, or `-` for stdin) as the
+    /// source.
+    pub fn import_labeled(
+        &self,
+        src: &mut dyn Read,
+        name: &str,
+        label: &str,
+        progress: &mut dyn FnMut(u64),
+    ) -> Result<RootfsInfo> {
+        self.import_inner(src, name, Some(label), progress)
+    }
+
+    fn exists_error(name: &str) -> anyhow::Error {
+        anyhow!("rootfs '{name}' already exists: remove it with `azp-sandbox rootfs rm {name}` first")
+    }
+
+    fn no_space(&self, name: &str, written: u64) -> anyhow::Error {
+        anyhow!(
+            "no space left on device while importing '{name}' (wrote {written} bytes): free space under {}",
+            self.dir.display()
+        )
+    }
+
+    fn import_inner(
+        &self,
+        src: &mut dyn Read,
+        name: &str,
+        label: Option<&str>,
+        progress: &mut dyn FnMut(u64),
+    ) -> Result<RootfsInfo> {
+        validate_name(name)?;
+        std::fs::create_dir_all(&self.dir)
+            .with_context(|| format!("cannot create the rootfs store {}", self.dir.display()))?;
+        let final_dir = self.dir.join(name);
+        if final_dir.symlink_metadata().is_ok() {
+            return Err(Self::exists_error(name));
+        }
+        let mut tmp = TempImport::create(&self.dir, name)?;
+        let tree = tmp.path.join(TREE);
+        std::fs::DirBuilder::new()
+            .mode(0o755)
+            .create(&tree)
+            .map_err(|e| self.io_error(name, e, 0, "cannot create"))?;
+        let tree_fd = sysfs::open_dir(&tree).with_context(|| format!("cannot open {}", tree.display()))?;
+
+        let opts = UnpackOptions { cancel: Some(&CANCEL), ..UnpackOptions::default() };
+        let piped = archive::pipeline(src, progress, &CANCEL, |_, r| unpack::unpack_at(r, tree_fd.as_fd(), &opts));
+        let (stream, stats) = match piped {
+            Err(StreamError::Source(e)) => bail!("cannot read the archive for '{name}': {e}"),
+            Err(e) => return Err(e.into()),
+            Ok((_, Err(UnpackError::NoSpace { written }))) => return Err(self.no_space(name, written)),
+            Ok((_, Err(UnpackError::Interrupted))) => bail!("import of '{name}' interrupted"),
+            Ok((_, Err(e))) => return Err(e.into()),
+            Ok((stream, Ok(stats))) => (stream, stats),
+        };
+        if stats.entries == 0 {
+            bail!("the archive has no entries: nothing to import as '{name}'");
+        }
+        if stream.trailing_bytes > 0 {
+            tracing::warn!("ignored {} bytes after the end of the gzip stream", stream.trailing_bytes);
+        }
+        let source = match label {
+            Some(l) => format!("{l} ({})", stream.compression.describe()),
+            None => stream.compression.describe().to_string(),
+        };
+        let mut info = RootfsInfo {
+            name: name.to_string(),
+            path: final_dir.join(TREE),
+            size_bytes: stats.bytes,
+            entries: stats.entries,
+            source,
+            sha256: Some(stream.sha256),
+            imported_at: rfc3339_now(),
+            arch: probe::arch(tree_fd.as_raw_fd()),
+            cuda_version: probe::cuda_version(tree_fd.as_raw_fd()),
+        };
+        drop(tree_fd);
+
+        let meta = tmp.path.join(META);
+        let write_meta = || -> io::Result<()> {
+            let mut f = std::fs::File::create(&meta)?;
+            f.write_all(&serde_json::to_vec_pretty(&info).map_err(io::Error::other)?)?;
+            f.write_all(b"\n")?;
+            f.sync_all()
+        };
+        write_meta().map_err(|e| self.io_error(name, e, stats.bytes, "cannot write"))?;
+        std::fs::set_permissions(&tmp.path, std::fs::Permissions::from_mode(0o711))
+            .with_context(|| format!("cannot chmod {}", tmp.path.display()))?;
+        match sysfs::rename_noreplace(&tmp.path, &final_dir) {
+            Ok(()) => tmp.armed = false,
+            Err(e) if matches!(errno(&e), libc::EEXIST | libc::ENOTEMPTY) => return Err(Self::exists_error(name)),
+            Err(e) => {
+                return Err(e).with_context(|| format!("cannot rename {} to {}", tmp.path.display(), final_dir.display()))
+            }
+        }
+        sysfs::fsync_dir(&self.dir).with_context(|| format!("cannot fsync {}", self.dir.display()))?;
+        drop(tmp);
+        info.path = final_dir.join(TREE);
+        Ok(info)
+    }
+
+    fn io_error(&self, name: &str, e: io::Error, written: u64, what: &str) -> anyhow::Error {
+        match errno(&e) {
+            libc::ENOSPC | libc::EDQUOT => self.no_space(name, written),
+            _ => anyhow!("{what} files for '{name}' in {}: {e}", self.dir.display()),
+        }
+    }
+
+    fn read_meta(dir: &Path, name: &str) -> Result<RootfsInfo> {
+        let p = dir.join(META);
+        let bytes = std::fs::read(&p).with_context(|| format!("cannot read {}", p.display()))?;
+        let mut info: RootfsInfo =
+            serde_json::from_slice(&bytes).with_context(|| format!("malformed {}", p.display()))?;
+        // The store may have moved since the import.
+        info.name = name.to_string();
+        info.path = dir.join(TREE);
+        Ok(info)
+    }
+
+    /// All imported root filesystems, by name.
+    pub fn list(&self) -> Result<Vec<RootfsInfo>> {
+        let rd = match std::fs::read_dir(&self.dir) {
+            Ok(rd) => rd,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
+            Err(e) => return Err(e).with_context(|| format!("cannot list {}", self.dir.display())),
+        };
+        let mut out = Vec::new();
+        for ent in rd {
+            let ent = ent.with_context(|| format!("cannot list {}", self.dir.display()))?;
+            let Some(name) = ent.file_name().to_str().map(str::to_owned) else { continue };
+            if validate_name(&name).is_err() || !ent.file_type().is_ok_and(|t| t.is_dir()) {
+                continue;
+            }
+            match Self::read_meta(&ent.path(), &name) {
+                Ok(info) => out.push(info),
+                Err(e) => tracing::warn!("skipping rootfs '{name}': {e:#}"),
+            }
+        }
+        out.sort_by(|a, b| a.name.cmp(&b.name));
+        Ok(out)
+    }
+
+    /// Opens `<store>/<name>`, checking it is still that name's directory once locked.
+    fn open_locked(&self, name: &str, op: libc::c_int) -> Result<(PathBuf, OwnedFd)> {
+        validate_name(name)?;
+        let dir = self.dir.join(name);
+        let fd = match sysfs::open_dir(&dir) {
+            Ok(fd) => fd,
+            Err(e) if matches!(errno(&e), libc::ENOENT | libc::ENOTDIR | libc::ELOOP) => return Err(unknown(name)),
+            Err(e) => return Err(e).with_context(|| format!("cannot open {}", dir.display())),
+        };
+        if let Err(e) = sysfs::flock(fd.as_fd(), op) {
+            if errno(&e) == libc::EWOULDBLOCK {
+                bail!("rootfs '{name}' is in use by a running sandbox");
+            }
+            return Err(e).with_context(|| format!("cannot lock {}", dir.display()));
+        }
+        let st = sysfs::fstat(fd.as_raw_fd()).with_context(|| format!("cannot stat {}", dir.display()))?;
+        let same = std::fs::symlink_metadata(&dir).is_ok_and(|m| m.dev() == st.st_dev && m.ino() == st.st_ino);
+        if st.st_nlink == 0 || !same {
+            return Err(unknown(name)); // removed (or replaced) while we waited
+        }
+        Ok((dir, fd))
+    }
+
+    /// Removes `name`; refused while a lease on it is held.
+    pub fn remove(&self, name: &str) -> Result<()> {
+        let (dir, lock) = self.open_locked(name, libc::LOCK_EX | libc::LOCK_NB)?;
+        let trash = self.dir.join(format!("{RM_PREFIX}{name}-{}-{}", std::process::id(), sysfs::random_suffix()));
+        std::fs::rename(&dir, &trash)
+            .with_context(|| format!("cannot rename {} to {}", dir.display(), trash.display()))?;
+        let _ = sysfs::fsync_dir(&self.dir);
+        if let Err(e) = sysfs::remove_tree(&trash) {
+            tracing::warn!("removed rootfs '{name}', but cannot delete {}: {e} (`rootfs gc` retries)", trash.display());
+        }
+        drop(lock);
+        Ok(())
+    }
+
+    /// Takes a shared lock on `name` for as long as the lease lives.
+    pub fn lease(&self, name: &str) -> Result<RootfsLease> {
+        let (dir, lock) = self.open_locked(name, libc::LOCK_SH)?;
+        let info = match Self::read_meta(&dir, name) {
+            Ok(i) => i,
+            Err(e) => return Err(e.context(format!("rootfs '{name}' is damaged: remove it and import it again"))),
+        };
+        Ok(RootfsLease { info, _lock: lock })
+    }
+
+    /// Removes leftovers of imports and removals whose process died (temp dirs nobody
+    /// holds a lock on). Returns the removed paths.
+    pub fn gc(&self) -> Result<Vec<PathBuf>> {
+        let rd = match std::fs::read_dir(&self.dir) {
+            Ok(rd) => rd,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
+            Err(e) => return Err(e).with_context(|| format!("cannot list {}", self.dir.display())),
+        };
+        let mut removed = Vec::new();
+        for ent in rd {
+            let ent = ent.with_context(|| format!("cannot list {}", self.dir.display()))?;
+            let fname = ent.file_name();
+            let fname = fname.to_string_lossy();
+            if !(fname.starts_with(TMP_PREFIX) || fname.starts_with(RM_PREFIX)) {
+                continue;
+            }
+            let path = ent.path();
+            let fd = match sysfs::open_dir(&path) {
+                Ok(fd) => fd,
+                Err(_) => continue, // gone, or not a directory: not ours
+            };
+            if sysfs::flock(fd.as_fd(), libc::LOCK_EX | libc::LOCK_NB).is_err() {
+                continue; // a live import or removal
+            }
+            if sysfs::fstat(fd.as_raw_fd()).map(|st| st.st_nlink).unwrap_or(0) == 0 {
+                continue;
+            }
+            sysfs::remove_tree(&path).with_context(|| format!("cannot remove {}", path.display()))?;
+            drop(fd);
+            removed.push(path);
+        }
+        Ok(removed)
+    }
+}
+
+fn rfc3339_now() -> String {
+    let secs = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
+    rfc3339(secs)
+}
+
+/// `YYYY-MM-DDTHH:MM:SSZ` for seconds since the epoch.
+pub(crate) fn rfc3339(secs: u64) -> String {
+    let (days, rem) = ((secs / 86_400) as i64, secs % 86_400);
+    // Howard Hinnant's civil_from_days.
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    format!("{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z", rem / 3600, rem % 3600 / 60, rem % 60)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rfc3339_dates() {
+        assert_eq!(rfc3339(0), "1970-01-01T00:00:00Z");
+        assert_eq!(rfc3339(951_782_400), "2000-02-29T00:00:00Z");
+        assert_eq!(rfc3339(1_700_000_000), "2023-11-14T22:13:20Z");
+        assert_eq!(rfc3339(4_107_542_399), "2100-02-28T23:59:59Z");
+    }
+}

@@ -1,0 +1,149 @@
+//! `azp-sandbox run` end to end against the fake Azure DevOps (loopback) and the fake
+//! agent package (busybox sh scripts following the real agent's contract).
+
+mod common;
+use common::fake_azure::FakeAzure;
+use common::*;
+use std::process::{Child, Stdio};
+use std::time::{Duration, Instant};
+
+struct Manager {
+    child: Child,
+}
+
+impl Manager {
+    fn stop(mut self) -> std::process::ExitStatus {
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(self.child.id() as i32), nix::sys::signal::SIGTERM).unwrap();
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            if let Some(st) = self.child.try_wait().unwrap() {
+                return st;
+            }
+            assert!(Instant::now() < deadline, "manager did not stop within 60 s of SIGTERM");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+}
+
+impl Drop for Manager {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn token_file(h: &TestHome, pat: &str) -> std::path::PathBuf {
+    let p = h.dir.join("pat");
+    std::fs::write(&p, format!("{pat}\n")).unwrap();
+    p
+}
+
+#[test]
+fn two_slots_serve_six_jobs_each_in_a_fresh_sandbox() {
+    require_root!();
+    let Some(tree) = driver_tree() else { return };
+    let fake = FakeAzure::start();
+    let h = TestHome::with_busybox("runner");
+    let data = h.dir.join("dataset");
+    std::fs::create_dir_all(&data).unwrap();
+    std::fs::write(data.join("labels.txt"), "cat,dog\n").unwrap();
+    let pat = fake.pat();
+    let tf = token_file(&h, &pat);
+    let log = std::fs::File::create(h.dir.join("manager.log")).unwrap();
+    let child = h
+        .command()
+        .arg("--driver-root")
+        .arg(&tree)
+        .args(["run", "--pool", "gpu", "--url", &fake.url(), "--token-file", tf.to_str().unwrap()])
+        .args(["--agents", "2", "--gpus-per-agent", "1", "--rootfs", "bb", "--name-prefix", "testhost"])
+        .args(["--memory", "256M", "--pids", "200", "--drain-timeout", "20"])
+        .arg("--volume")
+        .arg(format!("{}:/datasets/animals:ANIMALS", data.display()))
+        .stdout(Stdio::null())
+        .stderr(log)
+        .spawn()
+        .unwrap();
+    let mgr = Manager { child };
+
+    // The PAT is split so that the job script itself does not contain it.
+    let (p1, p2) = pat.split_at(pat.len() / 2);
+    for n in 0..6 {
+        fake.enqueue_job(&format!(
+            "echo job={n} user=$(id -u) agent=$AGENT_NAME\n\
+             cat $ANIMALS/labels.txt\n\
+             ls /dev | grep nvidia | tr '\\n' ' '; echo\n\
+             echo gpu_count=$gpu_count slot=$azp_sandbox_slot\n\
+             ls /azp/agent/leak-* /home/azp/leak-* 2>/dev/null | wc -l | sed 's/^/previous-leaks=/'\n\
+             touch /azp/agent/leak-{n} /home/azp/leak-{n} || echo TOUCH-FAILED\n\
+             P1='{p1}'; P2='{p2}'\n\
+             has() {{ awk -v a=\"$P1\" -v b=\"$P2\" 'index($0, a b) {{ n++ }} END {{ print n + 0 }}'; }}\n\
+             echo env-pat=$(env | has)\n\
+             echo proc-pat=$(cat /proc/[0-9]*/environ /proc/[0-9]*/cmdline 2>/dev/null | tr '\\0' '\\n' | has)\n\
+             echo file-pat=$(find /azp /etc /tmp /home /root /var -type f 2>/dev/null | while read -r f; do has < \"$f\"; done | grep -vc '^0$')\n\
+             echo input-vars=$(env | grep -c VSTS_AGENT_INPUT)\n"
+        ));
+    }
+    let results = fake.wait_results(6, Duration::from_secs(240));
+    assert_eq!(results.len(), 6, "only {} of 6 jobs ran; manager log:\n{}", results.len(), std::fs::read_to_string(h.dir.join("manager.log")).unwrap());
+    let mut names = std::collections::BTreeSet::new();
+    for r in &results {
+        let out = &r.output;
+        assert_eq!(r.exit_code, Some(0), "{out}");
+        names.insert(r.agent.clone());
+        assert!(out.contains("user=1000"), "runs as the rootfs's azp user: {out}");
+        assert!(out.contains("cat,dog"), "dataset visible: {out}");
+        assert!(out.contains("previous-leaks=0"), "a previous job's file is visible: {out}");
+        assert!(!out.contains("TOUCH-FAILED"), "{out}");
+        for secret in ["env-pat=0", "proc-pat=0", "file-pat=0", "input-vars=0"] {
+            assert!(out.contains(secret), "PAT reachable ({secret}): {out}");
+        }
+        let slot: usize = out.split("slot=").nth(1).unwrap().chars().next().unwrap().to_digit(10).unwrap() as usize;
+        assert!(out.contains("gpu_count=1"), "{out}");
+        let own = format!("nvidia{slot} ");
+        let other = format!("nvidia{} ", 1 - slot);
+        assert!(out.contains(&own) && !out.contains(&other), "slot {slot} must see only its GPU: {out}");
+        assert!(r.agent == format!("testhost-{slot}"), "{} ran on slot {slot}", r.agent);
+    }
+    assert_eq!(names.into_iter().collect::<Vec<_>>(), vec!["testhost-0", "testhost-1"]);
+    assert_eq!(fake.package_downloads(), 1, "the agent package is downloaded once");
+    // Every job re-registered with --replace: one record per name, several registrations.
+    let agents = fake.agents();
+    assert_eq!(agents.len(), 2, "{agents:?}");
+    assert!(agents.iter().map(|a| a.registrations).sum::<u32>() >= 6, "{agents:?}");
+    assert!(agents.iter().all(|a| a.capabilities.get("azp_sandbox_rootfs").map(String::as_str) == Some("bb")), "{agents:?}");
+
+    let st = mgr.stop();
+    assert!(st.success(), "manager exit {st}; log:\n{}", std::fs::read_to_string(h.dir.join("manager.log")).unwrap());
+    let log = std::fs::read_to_string(h.dir.join("manager.log")).unwrap();
+    assert!(log.contains("job finished"), "job log lines expected:\n{log}");
+    assert!(fake.agents().is_empty(), "offline records left: {:?}", fake.agents());
+    h.assert_no_residue(&[]);
+    assert!(processes_matching(h.dir.to_str().unwrap()).is_empty(), "processes left");
+}
+
+#[test]
+fn bad_pat_and_unknown_pool_fail_at_start_with_their_message() {
+    require_root!();
+    let fake = FakeAzure::start();
+    let h = TestHome::with_busybox("runner-bad");
+    let run = |pat: &str, pool: &str| {
+        let tf = token_file(&h, pat);
+        let out = h
+            .command()
+            .args(["run", "--pool", pool, "--url", &fake.url(), "--token-file", tf.to_str().unwrap(), "--agents", "1", "--rootfs", "bb"])
+            .args(["--gpus-per-agent", "none"])
+            .output()
+            .unwrap();
+        (out.status.code(), String::from_utf8_lossy(&out.stderr).into_owned())
+    };
+    let (code, err) = run("wrongpat", "gpu");
+    assert_eq!(code, Some(125));
+    assert!(err.contains("PAT was rejected") && err.lines().filter(|l| l.contains("error")).count() == 1, "{err}");
+    let (code, err) = run(&fake.pat(), "nope");
+    assert_eq!(code, Some(125));
+    assert!(err.contains("agent pool 'nope' not found"), "{err}");
+    let out = h.command().args(["run", "--pool", "gpu", "--url", "http://127.0.0.1:9/x", "--token-file"]).arg(token_file(&h, "x")).args(["--rootfs", "bb"]).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("cannot reach"), "{err}");
+    h.assert_no_residue(&[]);
+}
