@@ -50,7 +50,15 @@ impl Ar {
     }
 
     /// One entry; `f` may adjust the header (owner, mode, device numbers).
-    fn entry(&mut self, path: &[u8], ty: EntryType, link: &[u8], mode: u32, data: &[u8], f: impl FnOnce(&mut Header)) -> &mut Self {
+    fn entry(
+        &mut self,
+        path: &[u8],
+        ty: EntryType,
+        link: &[u8],
+        mode: u32,
+        data: &[u8],
+        f: impl FnOnce(&mut Header),
+    ) -> &mut Self {
         if path.len() > 100 {
             self.long(EntryType::GNULongName, path);
         }
@@ -182,7 +190,9 @@ fn simple_tar() -> Vec<u8> {
 fn plain_gzip_and_zstd_are_detected_by_magic() {
     let env = Env::new();
     let tar = simple_tar();
-    for (name, bytes, kind) in [("plain", tar.clone(), "tar"), ("gz", gz(&tar), "tar+gzip"), ("zst", zst(&tar), "tar+zstd")] {
+    for (name, bytes, kind) in
+        [("plain", tar.clone(), "tar"), ("gz", gz(&tar), "tar+gzip"), ("zst", zst(&tar), "tar+zstd")]
+    {
         let mut seen = 0;
         let info = env.store.import(&mut &bytes[..], name, &mut |n| seen = n).unwrap();
         assert_eq!(info.source, kind);
@@ -215,7 +225,10 @@ fn unsupported_and_unrecognised_input() {
     let env = Env::new();
     let xz = [0xfd, b'7', b'z', b'X', b'Z', 0, 0, 4, 0xe6, 0xd6, 0xb4, 0x46];
     assert_eq!(err_of(env.import(&xz, "x")), "unsupported compression: xz; recompress with gzip or zstd");
-    assert_eq!(err_of(env.import(b"BZh91AY&SY....", "x")), "unsupported compression: bzip2; recompress with gzip or zstd");
+    assert_eq!(
+        err_of(env.import(b"BZh91AY&SY....", "x")),
+        "unsupported compression: bzip2; recompress with gzip or zstd"
+    );
     assert!(err_of(env.import(&[b'z'; 4096], "x")).starts_with("not a tar archive"));
     assert!(err_of(env.import(b"", "x")).starts_with("empty input"));
     assert_eq!(err_of(env.import(&[0u8; 10240], "x")), "the archive has no entries: nothing to import as 'x'");
@@ -452,7 +465,10 @@ fn later_entries_replace_earlier_ones() {
 fn dotdot_escapes_are_refused() {
     let env = Env::new();
     for (i, p) in ["../escape", "a/../../escape", "./../sentinel/victim", "/../../x"].iter().enumerate() {
-        let tar = Ar::new().file("ok", 0o644, b"").entry(p.as_bytes(), EntryType::Regular, b"", 0o644, b"pwned", |_| {}).finish();
+        let tar = Ar::new()
+            .file("ok", 0o644, b"")
+            .entry(p.as_bytes(), EntryType::Regular, b"", 0o644, b"pwned", |_| {})
+            .finish();
         let name = format!("dotdot{i}");
         let e = err_of(env.import(&tar, &name));
         assert_eq!(e, format!("refusing archive: entry 2 ({p}) has a '..' component that leads outside the tree"));
@@ -525,10 +541,19 @@ fn hard_links_must_stay_inside_the_tree() {
     let env = Env::new();
     let victim = format!("{}/victim", env.sentinel_str());
     let cases: Vec<(Vec<u8>, &str)> = vec![
-        (Ar::new().hardlink("shadow", "/etc/shadow").finish(), "is a hard link to '/etc/shadow', which is not in the archive"),
+        (
+            Ar::new().hardlink("shadow", "/etc/shadow").finish(),
+            "is a hard link to '/etc/shadow', which is not in the archive",
+        ),
         (Ar::new().hardlink("v", &victim).finish(), "which is not in the archive"),
-        (Ar::new().hardlink("v", "../../../../../../../../etc/passwd").finish(), "has a '..' component that leads outside the tree"),
-        (Ar::new().symlink("s", env.sentinel_str()).hardlink("v", "s/victim").finish(), "is a hard link through 's', which is a symlink"),
+        (
+            Ar::new().hardlink("v", "../../../../../../../../etc/passwd").finish(),
+            "has a '..' component that leads outside the tree",
+        ),
+        (
+            Ar::new().symlink("s", env.sentinel_str()).hardlink("v", "s/victim").finish(),
+            "is a hard link through 's', which is a symlink",
+        ),
         (Ar::new().dir("d/", 0o755).hardlink("v", "d").finish(), "is a hard link to the directory 'd'"),
     ];
     for (i, (tar, want)) in cases.into_iter().enumerate() {
@@ -716,9 +741,7 @@ fn disk_full_is_reported_and_cleaned_up() {
     let mnt = tmp.path().join("small");
     std::fs::create_dir(&mnt).unwrap();
     let c = CString::new(mnt.as_os_str().as_bytes()).unwrap();
-    let r = unsafe {
-        libc::mount(c"tmpfs".as_ptr(), c.as_ptr(), c"tmpfs".as_ptr(), 0, c"size=2m".as_ptr().cast())
-    };
+    let r = unsafe { libc::mount(c"tmpfs".as_ptr(), c.as_ptr(), c"tmpfs".as_ptr(), 0, c"size=2m".as_ptr().cast()) };
     if r != 0 {
         println!("SKIP disk_full_is_reported_and_cleaned_up: cannot mount tmpfs: {}", std::io::Error::last_os_error());
         return;
@@ -833,7 +856,11 @@ fn layers_with_whiteouts() {
     assert_eq!(a, vec![std::ffi::OsString::from("new")], "opaque dir keeps only this layer's entries");
     assert!(!root.join("b").exists());
     assert!(root.join("keep").exists());
-    assert_eq!(std::fs::read(root.join("usr/lib/libfoo.so")).unwrap(), b"so", "written through lib -> /usr/lib inside the tree");
+    assert_eq!(
+        std::fs::read(root.join("usr/lib/libfoo.so")).unwrap(),
+        b"so",
+        "written through lib -> /usr/lib inside the tree"
+    );
     assert!(std::fs::symlink_metadata(root.join("lib")).unwrap().file_type().is_symlink());
 
     // Whiteouts and writes never reach outside, even following symlinks in root.

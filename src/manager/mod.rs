@@ -257,8 +257,14 @@ pub fn run(home: &Home, settings: RunSettings, ctx: RunContext) -> Result<()> {
     for t in threads {
         let _ = t.join();
     }
-    // Our agents are offline now: remove their records so the pool shows no stale agents.
-    prune(&client, pool.id, &settings.name_prefix, |_| false)?;
+    // Our agents are gone now (whatever the server still shows: a killed listener may
+    // not have closed its session): remove their records so the pool has no stale ones.
+    for a in client.list_agents(pool.id, None)? {
+        if names.contains(&a.name) {
+            client.delete_agent(pool.id, a.id)?;
+            tracing::info!("removed agent record '{}' (id {})", a.name, a.id);
+        }
+    }
     drop(lease);
     let gc = crate::sandbox::gc(home)?;
     for r in &gc.removed {

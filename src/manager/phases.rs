@@ -74,7 +74,7 @@ pub fn capability_env(f: &SlotFacts) -> Vec<(String, String)> {
         env.push(("cuda_driver_version".into(), v.clone()));
     }
     if let Some(g) = f.gpus.first() {
-        if !g.name.is_empty() {
+        if g.source == crate::gpu::GpuSource::Nvml && !g.name.is_empty() {
             env.push(("gpu_model".into(), g.name.clone()));
         }
         if let Some(m) = g.memory_total_bytes {

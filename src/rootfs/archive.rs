@@ -86,7 +86,8 @@ fn is_tar_header(b: &[u8]) -> bool {
         return true;
     }
     let field = &b[148..156];
-    let digits: Vec<u8> = field.iter().copied().skip_while(|c| *c == b' ').take_while(|c| (b'0'..=b'7').contains(c)).collect();
+    let digits: Vec<u8> =
+        field.iter().copied().skip_while(|c| *c == b' ').take_while(|c| (b'0'..=b'7').contains(c)).collect();
     let Some(stored) = std::str::from_utf8(&digits).ok().and_then(|s| u32::from_str_radix(s, 8).ok()) else {
         return false;
     };
@@ -306,7 +307,8 @@ pub fn pipeline<T: Send>(
         let dec: &mut dyn Read = match compression {
             Compression::Gzip => gz.insert(MultiGz { dec: Some(flate2::bufread::GzDecoder::new(raw)), trailing: 0 }),
             Compression::Zstd => {
-                let mut d = zstd::stream::read::Decoder::with_buffer(raw).map_err(|e| StreamError::Decode(e.to_string()))?;
+                let mut d =
+                    zstd::stream::read::Decoder::with_buffer(raw).map_err(|e| StreamError::Decode(e.to_string()))?;
                 // Accept archives made with `zstd --long=31`.
                 let _ = d.window_log_max(31);
                 zs = d;

@@ -142,14 +142,7 @@ pub(crate) fn rename_noreplace(from: &Path, to: &Path) -> io::Result<()> {
     let (f, t) = (path_cstring(from)?, path_cstring(to)?);
     const RENAME_NOREPLACE: libc::c_uint = 1;
     let r = unsafe {
-        libc::syscall(
-            libc::SYS_renameat2,
-            libc::AT_FDCWD,
-            f.as_ptr(),
-            libc::AT_FDCWD,
-            t.as_ptr(),
-            RENAME_NOREPLACE,
-        )
+        libc::syscall(libc::SYS_renameat2, libc::AT_FDCWD, f.as_ptr(), libc::AT_FDCWD, t.as_ptr(), RENAME_NOREPLACE)
     };
     if r == -1 {
         let e = io::Error::last_os_error();

@@ -23,6 +23,8 @@ use std::sync::atomic::AtomicBool;
 
 /// Set from a SIGINT/SIGTERM handler to stop a running import: it fails with
 /// "import of 'x' interrupted" at the next chunk or entry and removes its temp dir.
+/// Without a handler, the signal kills the process and [`Store::gc`] removes the temp dir
+/// later. Reset it before starting another import in the same process.
 pub static CANCEL: AtomicBool = AtomicBool::new(false);
 
 /// Rootfs names: `[A-Za-z0-9][A-Za-z0-9._-]{0,63}`.

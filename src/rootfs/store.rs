@@ -83,8 +83,7 @@ struct TempImport {
 impl TempImport {
     fn create(store: &Path, name: &str) -> Result<TempImport> {
         for _ in 0..8 {
-            let path =
-                store.join(format!("{TMP_PREFIX}{name}-{}-{}", std::process::id(), sysfs::random_suffix()));
+            let path = store.join(format!("{TMP_PREFIX}{name}-{}-{}", std::process::id(), sysfs::random_suffix()));
             match std::fs::DirBuilder::new().mode(0o700).create(&path) {
                 Ok(()) => {}
                 Err(e) if e.kind() == io::ErrorKind::AlreadyExists => continue,
@@ -178,10 +177,7 @@ impl Store {
         }
         let mut tmp = TempImport::create(&self.dir, name)?;
         let tree = tmp.path.join(TREE);
-        std::fs::DirBuilder::new()
-            .mode(0o755)
-            .create(&tree)
-            .map_err(|e| self.io_error(name, e, 0, "cannot create"))?;
+        std::fs::DirBuilder::new().mode(0o755).create(&tree).map_err(|e| self.io_error(name, e, 0, "cannot create"))?;
         let tree_fd = sysfs::open_dir(&tree).with_context(|| format!("cannot open {}", tree.display()))?;
 
         let opts = UnpackOptions { cancel: Some(&CANCEL), ..UnpackOptions::default() };
@@ -231,7 +227,8 @@ impl Store {
             Ok(()) => tmp.armed = false,
             Err(e) if matches!(errno(&e), libc::EEXIST | libc::ENOTEMPTY) => return Err(Self::exists_error(name)),
             Err(e) => {
-                return Err(e).with_context(|| format!("cannot rename {} to {}", tmp.path.display(), final_dir.display()))
+                return Err(e)
+                    .with_context(|| format!("cannot rename {} to {}", tmp.path.display(), final_dir.display()))
             }
         }
         sysfs::fsync_dir(&self.dir).with_context(|| format!("cannot fsync {}", self.dir.display()))?;

@@ -307,7 +307,9 @@ impl<R: BufRead> TarReader<R> {
         let mut sparse = None;
         if typeflag == b'S' {
             sparse = Some(self.gnu_sparse(header, size).map_err(|e| e.at(&path))?);
-        } else if kind == Kind::File && (psparse.major.is_some() || psparse.map_text.is_some() || !psparse.offsets.is_empty()) {
+        } else if kind == Kind::File
+            && (psparse.major.is_some() || psparse.map_text.is_some() || !psparse.offsets.is_empty())
+        {
             if let Some(name) = psparse.name.take() {
                 path = name;
             }
@@ -414,10 +416,15 @@ impl<R: BufRead> TarReader<R> {
         } else if let Some(text) = &p.map_text {
             let nums: Vec<u64> = std::str::from_utf8(text)
                 .ok()
-                .map(|s| s.split(',').filter(|x| !x.is_empty()).map(|x| x.trim().parse::<u64>()).collect::<std::result::Result<Vec<_>, _>>())
+                .map(|s| {
+                    s.split(',')
+                        .filter(|x| !x.is_empty())
+                        .map(|x| x.trim().parse::<u64>())
+                        .collect::<std::result::Result<Vec<_>, _>>()
+                })
                 .and_then(|r| r.ok())
                 .ok_or_else(|| TarError::new("bad GNU.sparse.map"))?;
-            if nums.len() % 2 != 0 {
+            if nums.len() % 2 == 1 {
                 return Err(TarError::new("bad GNU.sparse.map"));
             }
             map.extend(nums.chunks(2).map(|c| (c[0], c[1])));
@@ -650,6 +657,51 @@ mod tests {
         assert_eq!(es[0].0.path, b"real/name");
         assert_eq!(es[0].0.sparse, Some(Sparse { map: vec![(0, 3), (1000, 2)], real_size: 2000 }));
         assert_eq!(es[0].1, b"abcXY");
+    }
+
+    #[test]
+    fn gnu_sparse_with_extension_block() {
+        let mut h = tar::Header::new_gnu();
+        h.set_path("s").unwrap();
+        h.set_mode(0o644);
+        h.set_uid(0);
+        h.set_gid(0);
+        h.set_mtime(0);
+        h.set_entry_type(tar::EntryType::GNUSparse);
+        h.set_size(7);
+        {
+            let g = h.as_gnu_mut().unwrap();
+            g.sparse[0].set_offset(0);
+            g.sparse[0].set_length(4);
+            g.sparse[1].set_offset(1000);
+            g.sparse[1].set_length(3);
+            g.set_real_size(2000);
+            g.set_is_extended(true);
+        }
+        h.set_cksum();
+        let mut ext = tar::GnuExtSparseHeader::new();
+        ext.sparse[0].set_offset(1990);
+        ext.sparse[0].set_length(0);
+        let mut data = h.as_bytes().to_vec();
+        data.extend_from_slice(ext.as_bytes());
+        let mut body = b"headend".to_vec();
+        body.resize(512, 0);
+        data.extend_from_slice(&body);
+        data.extend_from_slice(&[0u8; 1024]);
+        let es = entries(&data).unwrap();
+        assert_eq!(es.len(), 1);
+        assert_eq!(es[0].0.kind, Kind::File);
+        assert_eq!(es[0].0.sparse, Some(Sparse { map: vec![(0, 4), (1000, 3), (1990, 0)], real_size: 2000 }));
+        assert_eq!(es[0].1, b"headend");
+        // A map reaching past the real size is refused.
+        let mut bad = data.clone();
+        let g = tar::Header::from_byte_slice(&bad[..512]).clone();
+        let mut g = g;
+        g.as_gnu_mut().unwrap().set_real_size(1500);
+        g.set_cksum();
+        bad[..512].copy_from_slice(g.as_bytes());
+        let e = entries(&bad).unwrap_err();
+        assert!(e.what.contains("bad sparse map"), "{}", e.what);
     }
 
     #[test]

@@ -96,7 +96,8 @@ type Result<T> = std::result::Result<T, UnpackError>;
 
 /// Extracts the tar stream `src` into the directory `dest` (which must exist).
 pub fn unpack<R: BufRead>(src: R, dest: &Path, opts: &UnpackOptions) -> Result<UnpackStats> {
-    let fd = sysfs::open_dir(dest).map_err(|err| UnpackError::Io { index: 0, path: dest.display().to_string(), err })?;
+    let fd =
+        sysfs::open_dir(dest).map_err(|err| UnpackError::Io { index: 0, path: dest.display().to_string(), err })?;
     unpack_at(src, std::os::fd::AsFd::as_fd(&fd), opts)
 }
 
@@ -172,8 +173,9 @@ struct Unpacker<'o> {
     opts: &'o UnpackOptions,
     root: RawFd,
     stack: DirStack,
-    /// Something was removed: the cached directory fds may be stale (cleared lazily so
-    /// the current entry's parent fd stays valid).
+    /// Something was removed: drop the cached directory fds before the next lookup (lazily,
+    /// so the current entry's parent fd stays valid). Resolving the parent of whatever is
+    /// replaced already truncates the cache below it; this is a second line of defence.
     stack_dirty: bool,
     dirs: Vec<Deferred>,
     stats: UnpackStats,
@@ -211,7 +213,10 @@ fn join(comps: &[&[u8]]) -> Vec<u8> {
 
 enum ResolveError {
     /// Component `depth` exists but is not a directory.
-    NotDir { depth: usize, symlink: bool },
+    NotDir {
+        depth: usize,
+        symlink: bool,
+    },
     Missing,
     Io(io::Error),
 }
@@ -301,9 +306,7 @@ fn read_umask() -> u32 {
     std::fs::read_to_string("/proc/self/status")
         .ok()
         .and_then(|s| {
-            s.lines()
-                .find_map(|l| l.strip_prefix("Umask:"))
-                .and_then(|v| u32::from_str_radix(v.trim(), 8).ok())
+            s.lines().find_map(|l| l.strip_prefix("Umask:")).and_then(|v| u32::from_str_radix(v.trim(), 8).ok())
         })
         .unwrap_or(0o777)
 }
@@ -384,10 +387,9 @@ impl Unpacker<'_> {
                 "goes through '{}', which is a symlink; refusing to write through it",
                 String::from_utf8_lossy(&join(&comps[..=depth]))
             )),
-            ResolveError::NotDir { depth, symlink: false } => self.corrupt(format!(
-                "'{}' is not a directory",
-                String::from_utf8_lossy(&join(&comps[..=depth]))
-            )),
+            ResolveError::NotDir { depth, symlink: false } => {
+                self.corrupt(format!("'{}' is not a directory", String::from_utf8_lossy(&join(&comps[..=depth]))))
+            }
             ResolveError::Missing => self.write_error(io::Error::from_raw_os_error(libc::ENOENT)),
             ResolveError::Io(e) => self.write_error(e),
         }
@@ -553,9 +555,8 @@ impl Unpacker<'_> {
             sysfs::cvt(unsafe { libc::fchmod(fd, mode as libc::mode_t) })?;
         }
         for (k, v) in &m.xattrs {
-            let r = sysfs::cstring(k).and_then(|k| {
-                sysfs::cvt(unsafe { libc::fsetxattr(fd, k.as_ptr(), v.as_ptr().cast(), v.len(), 0) })
-            });
+            let r = sysfs::cstring(k)
+                .and_then(|k| sysfs::cvt(unsafe { libc::fsetxattr(fd, k.as_ptr(), v.as_ptr().cast(), v.len(), 0) }));
             if let Err(e) = r {
                 self.xattr_failed(k, &e);
             }
@@ -627,7 +628,8 @@ impl Unpacker<'_> {
             _ => return Err(self.corrupt("hard link without a target")),
         };
         let shown = String::from_utf8_lossy(raw).into_owned();
-        let tcomps = split_path(raw).map_err(|why| self.hostile(format!("is a hard link to '{shown}', which {why}")))?;
+        let tcomps =
+            split_path(raw).map_err(|why| self.hostile(format!("is a hard link to '{shown}', which {why}")))?;
         if tcomps == comps {
             return Ok(()); // a link to itself: nothing to do
         }
@@ -657,9 +659,8 @@ impl Unpacker<'_> {
                 Err(ResolveError::Io(err)) => return Err(self.write_error(err)),
             }
         };
-        let r = self.create(pfd, name, || {
-            sysfs::cvt(unsafe { libc::linkat(tpfd, tname.as_ptr(), pfd, name.as_ptr(), 0) })
-        });
+        let r =
+            self.create(pfd, name, || sysfs::cvt(unsafe { libc::linkat(tpfd, tname.as_ptr(), pfd, name.as_ptr(), 0) }));
         match r {
             Ok(_) => {}
             Err(err) if errno(&err) == libc::ENOENT => {
@@ -761,7 +762,13 @@ impl Unpacker<'_> {
         for d in dirs {
             let comps: Vec<&[u8]> = d.comps.iter().map(|c| c.as_slice()).collect();
             self.path = String::from_utf8_lossy(&join(&comps)).into_owned();
-            let fd = match self.stack.resolve(self.root, &comps, false, self.opts.follow_symlinks_in_root, &mut Vec::new()) {
+            let fd = match self.stack.resolve(
+                self.root,
+                &comps,
+                false,
+                self.opts.follow_symlinks_in_root,
+                &mut Vec::new(),
+            ) {
                 Ok(fd) => fd,
                 // Replaced by a later non-directory entry.
                 Err(ResolveError::Missing) | Err(ResolveError::NotDir { .. }) => continue,
@@ -783,7 +790,10 @@ mod tests {
 
     #[test]
     fn split_paths() {
-        let s = |p: &str| split_path(p.as_bytes()).map(|v| v.iter().map(|c| String::from_utf8_lossy(c).into_owned()).collect::<Vec<_>>());
+        let s = |p: &str| {
+            split_path(p.as_bytes())
+                .map(|v| v.iter().map(|c| String::from_utf8_lossy(c).into_owned()).collect::<Vec<_>>())
+        };
         assert_eq!(s("a/b/c").unwrap(), ["a", "b", "c"]);
         assert_eq!(s("/etc/passwd").unwrap(), ["etc", "passwd"]);
         assert_eq!(s("./a//./b/").unwrap(), ["a", "b"]);
