@@ -102,6 +102,9 @@ struct ExecArgs {
     /// Working directory inside the sandbox
     #[arg(long, short = 'w', default_value = "/")]
     workdir: PathBuf,
+    /// Run as UID[:GID] inside the sandbox (numeric; default 0:0)
+    #[arg(long, short = 'u', value_parser = parse_user)]
+    user: Option<(u32, u32)>,
     /// Command and arguments
     #[arg(trailing_var_arg = true, required = true, value_name = "CMD")]
     command: Vec<String>,
@@ -225,6 +228,14 @@ fn parse_job_name(s: &str) -> Result<String> {
         bail!("bad --name '{s}': use 1-64 letters, digits, '.', '_' or '-', starting with a letter or digit");
     }
     Ok(s.to_string())
+}
+
+fn parse_user(s: &str) -> Result<(u32, u32)> {
+    let (u, g) = s.split_once(':').unwrap_or((s, s));
+    match (u.parse::<u32>(), g.parse::<u32>()) {
+        (Ok(u), Ok(g)) => Ok((u, g)),
+        _ => bail!("bad --user '{s}': use numeric UID or UID:GID, e.g. 1000:1000"),
+    }
 }
 
 fn parse_pids(s: &str) -> Result<i64> {
@@ -398,8 +409,8 @@ fn exec(home: &Home, driver_root: &std::path::Path, args: ExecArgs) -> Result<i3
         args: args.command,
         env: args.env.into_iter().map(|e| (e.key, e.value)).collect(),
         cwd: args.workdir,
-        uid: 0,
-        gid: 0,
+        uid: args.user.map(|u| u.0).unwrap_or(0),
+        gid: args.user.map(|u| u.1).unwrap_or(0),
         hostname: id.clone(),
         volumes: args.volumes,
         limits: Limits { memory_bytes: args.memory, pids: args.pids, cpus_milli: args.cpus },
