@@ -12,7 +12,7 @@ set -euo pipefail
 if [ "$(id -u)" != 0 ]; then exec sudo -E "$0" "$@"; fi
 export DEBIAN_FRONTEND=noninteractive
 pkgs=(build-essential pkg-config libseccomp-dev busybox-static debootstrap runc zstd uidmap
-      ca-certificates curl git iproute2 procps psmisc)
+      ca-certificates curl git iproute2 procps psmisc docker-registry skopeo apache2-utils)
 missing=()
 for p in "${pkgs[@]}"; do dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'ok installed' || missing+=("$p"); done
 if [ ${#missing[@]} -gt 0 ]; then

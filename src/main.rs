@@ -217,6 +217,23 @@ enum RootfsCommand {
     },
     /// Remove a root filesystem (refused while a sandbox uses it)
     Rm { name: String },
+    /// Pull an image from an OCI/Docker registry into the store (no Docker needed)
+    Pull {
+        /// [REGISTRY/]REPO[:TAG][@sha256:DIGEST], e.g. nvidia/cuda:12.4.1-runtime-ubuntu22.04
+        reference: String,
+        /// Rootfs name [default: REPO-TAG, e.g. nvidia-cuda-12.4.1-runtime-ubuntu22.04]
+        #[arg(long)]
+        name: Option<String>,
+        /// OS/ARCH[/VARIANT] to take from a multi-platform image [default: this host's]
+        #[arg(long)]
+        platform: Option<String>,
+        /// Registry credentials, Docker config.json format [default: $REGISTRY_AUTH_FILE, ~/.docker/config.json]
+        #[arg(long)]
+        auth_file: Option<PathBuf>,
+        /// Plain http (localhost / 127.x registries only)
+        #[arg(long)]
+        insecure: bool,
+    },
 }
 
 fn parse_job_name(s: &str) -> Result<String> {
@@ -437,6 +454,11 @@ fn rootfs(home: &Home, cmd: RootfsCommand) -> Result<i32> {
     match cmd {
         RootfsCommand::Import { file, name } => {
             home.ensure()?;
+            if let Some(img) = azp_sandbox::rootfs::oci::detect_local(&file)? {
+                let report = azp_sandbox::rootfs::oci::import_local(&store, &img, &name, &Default::default())?;
+                tracing::info!("{}", report.summary("imported"));
+                return Ok(0);
+            }
             let mut input: Box<dyn std::io::Read> = if file.as_os_str() == "-" {
                 Box::new(std::io::stdin().lock())
             } else {
@@ -473,6 +495,13 @@ fn rootfs(home: &Home, cmd: RootfsCommand) -> Result<i32> {
                     );
                 }
             }
+            Ok(0)
+        }
+        RootfsCommand::Pull { reference, name, platform, auth_file, insecure } => {
+            home.ensure()?;
+            let opts = azp_sandbox::rootfs::oci::PullOptions { reference, name, platform, auth_file, insecure, ..Default::default() };
+            let report = azp_sandbox::rootfs::oci::pull(&store, &home.cache_dir(), &opts)?;
+            tracing::info!("{}", report.summary("pulled"));
             Ok(0)
         }
         RootfsCommand::Rm { name } => {

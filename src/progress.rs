@@ -18,6 +18,13 @@ impl Progress {
         Progress { label: label.into(), started: Instant::now(), last_draw: None, bytes: 0, enabled: std::io::stderr().is_terminal() }
     }
 
+    /// Replaces the label (e.g. to show which layer is being worked on).
+    pub fn set_label(&mut self, label: &str) {
+        if self.label != label {
+            self.label = label.into();
+        }
+    }
+
     /// `bytes`: total processed so far.
     pub fn update(&mut self, bytes: u64) {
         self.bytes = bytes;

@@ -36,6 +36,8 @@ impl Backoff {
 pub fn run_slot(shared: Arc<Shared>, cfg: SlotConfig, helper_pid: Arc<AtomicI32>) {
     let mut backoff = Backoff(0);
     let mut seq: u64 = 0;
+    // When the previous agent exited: refill latency is measured from here.
+    let mut last_exit: Option<Instant> = None;
     shared.update_slot(cfg.index, |s| {
         s.agent = cfg.agent_name.clone();
         s.gpus = cfg.gpu_names.clone();
@@ -51,7 +53,7 @@ pub fn run_slot(shared: Arc<Shared>, cfg: SlotConfig, helper_pid: Arc<AtomicI32>
             }
         }
         seq += 1;
-        match one_job(&shared, &cfg, seq, &helper_pid) {
+        match one_job(&shared, &cfg, seq, &helper_pid, &mut last_exit) {
             Ok(JobEnd::Ran) => backoff = Backoff(0),
             Ok(JobEnd::UpdateRequired) => {
                 tracing::info!(slot = cfg.index, agent = %cfg.agent_name, "agent asked for an update (exit 4): refreshing the package");
@@ -83,7 +85,7 @@ enum JobEnd {
     Stopped,
 }
 
-fn one_job(shared: &Shared, cfg: &SlotConfig, seq: u64, helper_pid: &Arc<AtomicI32>) -> anyhow::Result<JobEnd> {
+fn one_job(shared: &Shared, cfg: &SlotConfig, seq: u64, helper_pid: &Arc<AtomicI32>, last_exit: &mut Option<Instant>) -> anyhow::Result<JobEnd> {
     let mut plan = cfg.base_plan.clone();
     plan.id = format!("{}-{seq}", cfg.agent_name);
     plan.cgroup_path = crate::sandbox::teardown::cgroup_path_for(&plan.id);
@@ -101,6 +103,8 @@ fn one_job(shared: &Shared, cfg: &SlotConfig, seq: u64, helper_pid: &Arc<AtomicI
         s.since_unix = now_unix();
     });
     let mut sandbox = Sandbox::create(&shared.home, plan)?;
+    // Previous agent exit -> this sandbox ready for its first process.
+    let refill_ms = last_exit.take().map(|t| t.elapsed().as_secs_f64() * 1e3);
     let mut env = phases::agent_env(&agent);
     let configure = Phase {
         args: phases::configure_args(&agent),
@@ -125,6 +129,7 @@ fn one_job(shared: &Shared, cfg: &SlotConfig, seq: u64, helper_pid: &Arc<AtomicI
     let run = Phase { args: phases::run_args(), env, cwd: Some(phases::agent_dir()), ..Default::default() };
     let started = Instant::now();
     let r = sandbox.run(&run, &opts);
+    *last_exit = Some(Instant::now());
     let upper = sandbox.upper();
     let result = job_result(&upper);
     let worked = ran_a_job(&upper);
@@ -136,6 +141,8 @@ fn one_job(shared: &Shared, cfg: &SlotConfig, seq: u64, helper_pid: &Arc<AtomicI
         agent = %cfg.agent_name,
         job = seq,
         duration_s = format!("{:.1}", started.elapsed().as_secs_f64()),
+        configure_ms = format!("{:.0}", c.duration.as_secs_f64() * 1e3),
+        refill_ms = refill_ms.map(|m| format!("{m:.1}")).unwrap_or_else(|| "-".into()),
         exit = r.code,
         result = result.as_deref().unwrap_or(if worked { "unknown" } else { "no job" }),
         "job finished; {cleanup}"

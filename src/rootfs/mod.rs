@@ -10,6 +10,7 @@
 
 pub mod archive;
 mod fs;
+pub mod oci;
 mod probe;
 mod store;
 mod tarstream;

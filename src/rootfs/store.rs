@@ -360,6 +360,74 @@ impl Store {
     }
 }
 
+/// What [`Store::import_with`] records about a tree its closure wrote.
+#[derive(Debug, Clone, Default)]
+pub struct ImportFacts {
+    pub source: String,
+    pub sha256: Option<String>,
+    pub size_bytes: u64,
+    pub entries: u64,
+    /// `None`: probed from the tree, as [`Store::import`] does.
+    pub arch: Option<String>,
+    /// `None`: probed from the tree, as [`Store::import`] does.
+    pub cuda_version: Option<String>,
+}
+
+impl Store {
+    /// Imports `name` from whatever `fill` writes into the empty tree directory it gets
+    /// (e.g. image layers applied in order), with the atomicity of [`Store::import`]: on
+    /// an error nothing is left, on success the name appears complete.
+    pub fn import_with(
+        &self,
+        name: &str,
+        fill: impl FnOnce(std::os::fd::BorrowedFd<'_>) -> Result<ImportFacts>,
+    ) -> Result<RootfsInfo> {
+        validate_name(name)?;
+        std::fs::create_dir_all(&self.dir)
+            .with_context(|| format!("cannot create the rootfs store {}", self.dir.display()))?;
+        let final_dir = self.dir.join(name);
+        if final_dir.symlink_metadata().is_ok() {
+            return Err(Self::exists_error(name));
+        }
+        let mut tmp = TempImport::create(&self.dir, name)?;
+        let tree = tmp.path.join(TREE);
+        std::fs::DirBuilder::new().mode(0o755).create(&tree).map_err(|e| self.io_error(name, e, 0, "cannot create"))?;
+        let tree_fd = sysfs::open_dir(&tree).with_context(|| format!("cannot open {}", tree.display()))?;
+        let facts = fill(tree_fd.as_fd())?;
+        let info = RootfsInfo {
+            name: name.to_string(),
+            path: final_dir.join(TREE),
+            size_bytes: facts.size_bytes,
+            entries: facts.entries,
+            source: facts.source,
+            sha256: facts.sha256,
+            imported_at: rfc3339_now(),
+            arch: facts.arch.or_else(|| probe::arch(tree_fd.as_raw_fd())),
+            cuda_version: facts.cuda_version.or_else(|| probe::cuda_version(tree_fd.as_raw_fd())),
+        };
+        drop(tree_fd);
+        let meta = tmp.path.join(META);
+        let write_meta = || -> io::Result<()> {
+            let mut f = std::fs::File::create(&meta)?;
+            f.write_all(&serde_json::to_vec_pretty(&info).map_err(io::Error::other)?)?;
+            f.write_all(b"\n")?;
+            f.sync_all()
+        };
+        write_meta().map_err(|e| self.io_error(name, e, info.size_bytes, "cannot write"))?;
+        std::fs::set_permissions(&tmp.path, std::fs::Permissions::from_mode(0o711))
+            .with_context(|| format!("cannot chmod {}", tmp.path.display()))?;
+        match sysfs::rename_noreplace(&tmp.path, &final_dir) {
+            Ok(()) => tmp.armed = false,
+            Err(e) if matches!(errno(&e), libc::EEXIST | libc::ENOTEMPTY) => return Err(Self::exists_error(name)),
+            Err(e) => {
+                return Err(e).with_context(|| format!("cannot rename {} to {}", tmp.path.display(), final_dir.display()))
+            }
+        }
+        sysfs::fsync_dir(&self.dir).with_context(|| format!("cannot fsync {}", self.dir.display()))?;
+        Ok(info)
+    }
+}
+
 fn rfc3339_now() -> String {
     let secs = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
     rfc3339(secs)

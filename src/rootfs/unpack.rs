@@ -302,6 +302,25 @@ impl DirStack {
     }
 }
 
+/// Empties `dir` of everything the current layer did not write (`keep`), descending
+/// into the directories it did write: lower-layer content below them goes too.
+fn opaque_clear(dir: RawFd, prefix: Vec<u8>, keep: &HashSet<Vec<u8>>) -> io::Result<()> {
+    for n in sysfs::read_dir_names(dir)? {
+        let mut full = prefix.clone();
+        if !full.is_empty() {
+            full.push(b'/');
+        }
+        full.extend_from_slice(n.to_bytes());
+        if !keep.contains(&full) {
+            sysfs::remove_all_at(dir, &n)?;
+        } else if sysfs::fstatat_nofollow(dir, &n).is_ok_and(|st| sysfs::is_dir(&st)) {
+            let sub = sysfs::open_dir_at(dir, &n)?;
+            opaque_clear(sub.as_raw_fd(), full, keep)?;
+        }
+    }
+    Ok(())
+}
+
 fn read_umask() -> u32 {
     std::fs::read_to_string("/proc/self/status")
         .ok()
@@ -455,7 +474,13 @@ impl Unpacker<'_> {
         }
         self.stats.entries += 1;
         if self.opts.oci_whiteouts {
-            self.layer_paths.insert(join(&comps));
+            // The entry and its parents (even those created implicitly) are this layer's:
+            // an opaque marker later in the layer must not remove them.
+            for k in (1..=comps.len()).rev() {
+                if !self.layer_paths.insert(join(&comps[..k])) {
+                    break;
+                }
+            }
         }
         Ok(())
     }
@@ -729,20 +754,7 @@ impl Unpacker<'_> {
             Err(e) => return Err(self.resolve_error(e, parent)),
         };
         let res = if opaque {
-            let prefix = join(parent);
-            sysfs::read_dir_names(pfd).and_then(|names| {
-                for n in names {
-                    let mut full = prefix.clone();
-                    if !full.is_empty() {
-                        full.push(b'/');
-                    }
-                    full.extend_from_slice(n.to_bytes());
-                    if !self.layer_paths.contains(&full) {
-                        sysfs::remove_all_at(pfd, &n)?;
-                    }
-                }
-                Ok(())
-            })
+            opaque_clear(pfd, join(parent), &self.layer_paths)
         } else {
             let t = CString::new(target).map_err(|_| self.hostile("contains a NUL byte"))?;
             sysfs::remove_all_at(pfd, &t)

@@ -39,7 +39,8 @@ const STOP_GRACE: Duration = Duration::from_secs(10);
 /// Entry point of the hidden subcommand. Returns the process exit code.
 pub fn main(home: &Home, job_dir: &Path) -> i32 {
     let job = JobDir { root: job_dir.to_path_buf() };
-    let result = match run(home, &job, &crate::sys::Real) {
+    let reporter = Reporter::from_env();
+    let result = match run(home, &job, &crate::sys::Real, &reporter) {
         Ok(r) => r,
         Err(e) => HelperResult::Failed { error: format!("{e:#}") },
     };
@@ -47,13 +48,47 @@ pub fn main(home: &Home, job_dir: &Path) -> i32 {
         HelperResult::Exited { code, .. } => *code,
         HelperResult::Failed { .. } => 125,
     };
-    if let Err(e) = std::fs::write(job.result_file(), serde_json::to_vec(&result).unwrap_or_default()) {
-        eprintln!("azp-sandbox helper: cannot write {}: {e}", job.result_file().display());
-    }
+    reporter.report(&job, &result);
     code
 }
 
-fn run(home: &Home, job: &JobDir, sys: &dyn Sys) -> Result<HelperResult> {
+/// Env var naming the fd on which the runner waits for the result. The result is sent
+/// as soon as the job exits, before the container is deleted, so the runner can start
+/// the slot's next job while this helper finishes the clean-up.
+pub const RESULT_FD_ENV: &str = "AZP_SANDBOX_RESULT_FD";
+
+struct Reporter {
+    fd: std::cell::Cell<Option<std::os::fd::OwnedFd>>,
+}
+
+impl Reporter {
+    fn from_env() -> Reporter {
+        use std::os::fd::FromRawFd;
+        let fd = std::env::var(RESULT_FD_ENV).ok().and_then(|v| v.parse::<i32>().ok()).filter(|fd| *fd > 2).map(|fd| {
+            // Never inherited by the job (libcontainer also closes fds >= 3 before exec).
+            let _ = nix::fcntl::fcntl(fd, nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::FD_CLOEXEC));
+            // SAFETY: the runner passes this fd (a pipe's write end) to us and nothing
+            // else in this process owns it.
+            unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) }
+        });
+        std::env::remove_var(RESULT_FD_ENV);
+        Reporter { fd: std::cell::Cell::new(fd) }
+    }
+
+    /// Writes the result file, then sends it on the pipe (once).
+    fn report(&self, job: &JobDir, result: &HelperResult) {
+        let bytes = serde_json::to_vec(result).unwrap_or_default();
+        if let Err(e) = std::fs::write(job.result_file(), &bytes) {
+            eprintln!("azp-sandbox helper: cannot write {}: {e}", job.result_file().display());
+        }
+        if let Some(fd) = self.fd.take() {
+            let mut f = std::fs::File::from(fd);
+            let _ = std::io::Write::write_all(&mut f, &bytes);
+        }
+    }
+}
+
+fn run(home: &Home, job: &JobDir, sys: &dyn Sys, reporter: &Reporter) -> Result<HelperResult> {
     let plan = job.read_plan()?;
     let merged = job.merged();
     keep_dev_null_writable()?;
@@ -85,6 +120,9 @@ fn run(home: &Home, job: &JobDir, sys: &dyn Sys) -> Result<HelperResult> {
     // From here on the container exists: whatever happens, delete it.
     let outcome = start_and_wait(&mut container);
     tracing::debug!(job = %plan.id, "job exited");
+    if let Ok(r) = &outcome {
+        reporter.report(job, r);
+    }
     if let Err(e) = container.delete(true) {
         tracing::warn!(job = %plan.id, "libcontainer delete failed ({e}); gc will finish the clean-up");
     }

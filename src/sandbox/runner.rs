@@ -57,6 +57,7 @@ pub struct Phase {
 }
 
 static FORWARD_PID: AtomicI32 = AtomicI32::new(0);
+static BACKGROUND_CLEANUPS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
 
 extern "C" fn forward_to_helper(sig: libc::c_int) {
     let pid = FORWARD_PID.load(Ordering::SeqCst);
@@ -93,6 +94,8 @@ pub struct Sandbox {
     plan: JobPlan,
     lock: Option<JobLock>,
     created: Instant,
+    /// The last phase's helper, still deleting its container after reporting the result.
+    pending: Option<(std::process::Child, Option<Arc<AtomicI32>>)>,
 }
 
 impl Sandbox {
@@ -119,7 +122,7 @@ impl Sandbox {
             }
         };
         tracing::debug!(job = %plan.id, "job dir recorded");
-        Ok(Sandbox { home: home.clone(), job, plan, lock: Some(lock), created: Instant::now() })
+        Ok(Sandbox { home: home.clone(), job, plan, lock: Some(lock), created: Instant::now(), pending: None })
     }
 
     pub fn id(&self) -> &str {
@@ -133,6 +136,8 @@ impl Sandbox {
 
     /// Runs one phase to completion: a container over this sandbox's layers.
     pub fn run(&mut self, phase: &Phase, opts: &RunOptions) -> Result<JobOutcome> {
+        // Phases share the upper dir and the container id: one at a time.
+        self.wait_pending();
         if phase.args.is_empty() && self.plan.args.is_empty() {
             bail!("no command given: use `azp-sandbox exec [OPTIONS] -- CMD [ARGS...]`");
         }
@@ -149,14 +154,25 @@ impl Sandbox {
         std::fs::write(self.job.plan_file(), serde_json::to_vec(&plan)?).context("cannot write job plan: disk full?")?;
         let _ = std::fs::remove_file(self.job.result_file());
         let started = Instant::now();
-        let status = spawn_helper(&self.home, &self.job.root, phase.stdin.as_deref(), opts);
-        tracing::debug!(job = %plan.id, "helper exited");
-        let result = read_result(&self.job, &status);
+        let (mut child, report) = spawn_helper(&self.home, &self.job.root, phase.stdin.as_deref(), opts)?;
+        let result = match report {
+            Some(r) => {
+                // The job is over; the helper is still deleting its container.
+                self.pending = Some((child, opts.helper_pid.clone()));
+                Ok(r)
+            }
+            None => {
+                let status = child.wait().context("lost the sandbox helper");
+                publish_pid(opts, 0);
+                tracing::debug!(job = %plan.id, "helper exited without a result");
+                if status.as_ref().map(|s| s.signal().is_some()).unwrap_or(true) {
+                    // The helper died: its container may live on. Kill it first.
+                    let _ = teardown::remove_cgroup(&plan.cgroup_path);
+                }
+                read_result(&self.job, &status)
+            }
+        };
         let duration = started.elapsed();
-        if status.as_ref().map(|s| s.signal().is_some()).unwrap_or(true) {
-            // The helper died: its container may live on. Kill it before anything else.
-            let _ = teardown::remove_cgroup(&plan.cgroup_path);
-        }
         match result? {
             HelperResult::Exited { code, signal } => {
                 Ok(JobOutcome { id: plan.id, code, signal, duration, cleanup: Cleanup::default() })
@@ -165,17 +181,64 @@ impl Sandbox {
         }
     }
 
-    /// Removes everything; the lock goes last so gc never races us.
-    pub fn teardown(mut self, background_delete: bool) -> Result<Cleanup> {
+    /// Waits for the last helper to finish deleting its container.
+    fn wait_pending(&mut self) {
+        if let Some((mut child, pid)) = self.pending.take() {
+            let _ = child.wait();
+            if let Some(p) = pid {
+                p.store(0, Ordering::SeqCst);
+            }
+        }
+    }
+
+    /// Removes everything; the lock goes last so gc never races us. With `background`,
+    /// the whole clean-up (waiting for the helper's container deletion, removing the dirs)
+    /// runs in a thread and this returns at once: the slot's next job does not wait.
+    pub fn teardown(mut self, background: bool) -> Result<Cleanup> {
+        // Backpressure: at most MAX_BACKGROUND clean-ups at once, so jobs that each wrote
+        // gigabytes cannot outrun their deletion and fill the disk.
+        const MAX_BACKGROUND: usize = 2;
+        if background && BACKGROUND_CLEANUPS.fetch_add(1, Ordering::SeqCst) < MAX_BACKGROUND {
+            let sb = Sandbox {
+                home: self.home.clone(),
+                job: self.job.clone(),
+                plan: self.plan.clone(),
+                lock: self.lock.take(),
+                created: self.created,
+                pending: self.pending.take(),
+            };
+            std::thread::spawn(move || {
+                lower_priority_of_this_thread();
+                if let Err(e) = sb.finish(false) {
+                    tracing::warn!("clean-up failed ({e:#}); `azp-sandbox gc` will retry");
+                }
+                BACKGROUND_CLEANUPS.fetch_sub(1, Ordering::SeqCst);
+            });
+            return Ok(Cleanup { background: true, ..Default::default() });
+        }
+        if background {
+            BACKGROUND_CLEANUPS.fetch_sub(1, Ordering::SeqCst);
+        }
+        self.finish(false)
+    }
+
+    fn finish(mut self, background_delete: bool) -> Result<Cleanup> {
+        self.wait_pending();
         let cleanup = teardown::cleanup_job(&self.home, &self.job, background_delete);
         drop(self.lock.take());
         tracing::debug!(job = %self.plan.id, age_ms = self.created.elapsed().as_millis() as u64, "cleaned up");
+        if let Ok(c) = &cleanup {
+            if !c.leftovers.is_empty() {
+                tracing::warn!(job = %self.plan.id, "clean-up found leftovers: {c}");
+            }
+        }
         cleanup
     }
 }
 
 impl Drop for Sandbox {
     fn drop(&mut self) {
+        self.wait_pending();
         if self.lock.is_some() {
             // Not torn down explicitly (an error path): do it now rather than leave it to gc.
             if let Err(e) = teardown::cleanup_job(&self.home, &self.job, false) {
@@ -196,13 +259,45 @@ pub fn run_job(home: &Home, plan: JobPlan, opts: &RunOptions) -> Result<JobOutco
     outcome.map(|o| JobOutcome { cleanup, ..o })
 }
 
-fn spawn_helper(home: &Home, job_dir: &std::path::Path, stdin: Option<&[u8]>, opts: &RunOptions) -> Result<std::process::ExitStatus> {
+/// Background clean-up must not slow the next job down: nice 19 and the idle I/O class
+/// for this thread only (both are per-thread on Linux).
+fn lower_priority_of_this_thread() {
+    // SAFETY: plain syscalls on the calling thread's id; failures are harmless (the
+    // thread just keeps its normal priority).
+    unsafe {
+        let tid = libc::syscall(libc::SYS_gettid) as libc::id_t;
+        libc::setpriority(libc::PRIO_PROCESS, tid, 19);
+        const IOPRIO_WHO_PROCESS: libc::c_int = 1;
+        const IOPRIO_CLASS_IDLE: libc::c_int = 3;
+        libc::syscall(libc::SYS_ioprio_set, IOPRIO_WHO_PROCESS, tid as libc::c_int, IOPRIO_CLASS_IDLE << 13);
+    }
+}
+
+fn publish_pid(opts: &RunOptions, pid: i32) {
+    if let Some(p) = &opts.helper_pid {
+        p.store(pid, Ordering::SeqCst);
+    }
+}
+
+/// Starts the helper and waits for its result (sent when the job exits, before the
+/// container is deleted). Returns the still-running child and the result, or None when
+/// the helper ended without reporting one.
+fn spawn_helper(
+    home: &Home,
+    job_dir: &std::path::Path,
+    stdin: Option<&[u8]>,
+    opts: &RunOptions,
+) -> Result<(std::process::Child, Option<HelperResult>)> {
+    use std::os::fd::AsRawFd;
+    let (result_rx, result_tx) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).context("cannot create a pipe")?;
+    let tx_raw = result_tx.as_raw_fd();
     let mut cmd = Command::new("/proc/self/exe");
     cmd.arg("--home").arg(home.root());
     if tracing::enabled!(tracing::Level::DEBUG) {
         cmd.arg("-v");
     }
     cmd.arg("__sandbox-helper").arg(job_dir);
+    cmd.env(super::helper::RESULT_FD_ENV, "3");
     cmd.stdin(if stdin.is_some() { Stdio::piped() } else { Stdio::inherit() });
     match &opts.output {
         Some(path) => {
@@ -217,14 +312,21 @@ fn spawn_helper(home: &Home, job_dir: &std::path::Path, stdin: Option<&[u8]>, op
             cmd.stdout(Stdio::inherit()).stderr(Stdio::inherit());
         }
     }
-    // SAFETY: the closure runs between fork and exec and only calls prctl(2) and
-    // sigprocmask(2), both async-signal-safe. PDEATHSIG ties the helper to this process
-    // (if we die, it dies, and gc, keyed on our lock, removes the rest). The signal mask
-    // is cleared because a supervisor may block signals and masks survive execve: the
-    // job must receive its SIGTERM.
+    // SAFETY: the closure runs between fork and exec and only calls prctl(2),
+    // sigprocmask(2), dup2(2) and fcntl(2), all async-signal-safe. PDEATHSIG ties the
+    // helper to this process (if we die, it dies, and gc, keyed on our lock, removes the
+    // rest). The signal mask is cleared because a supervisor may block signals and masks
+    // survive execve: the job must receive its SIGTERM. The result pipe becomes fd 3.
     unsafe {
-        cmd.pre_exec(|| {
+        cmd.pre_exec(move || {
             if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            if tx_raw == 3 {
+                if libc::fcntl(3, libc::F_SETFD, 0) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+            } else if libc::dup2(tx_raw, 3) != 3 {
                 return Err(std::io::Error::last_os_error());
             }
             let mut empty: libc::sigset_t = std::mem::zeroed();
@@ -236,15 +338,14 @@ fn spawn_helper(home: &Home, job_dir: &std::path::Path, stdin: Option<&[u8]>, op
         });
     }
     let mut child = cmd.spawn().context("cannot start the sandbox helper (re-exec of /proc/self/exe)")?;
+    drop(result_tx);
     if let Some(bytes) = stdin {
         if let Some(mut pipe) = child.stdin.take() {
             // A job that does not read its stdin must not block us: ignore EPIPE.
             let _ = pipe.write_all(bytes);
         }
     }
-    if let Some(p) = &opts.helper_pid {
-        p.store(child.id() as i32, Ordering::SeqCst);
-    }
+    publish_pid(opts, child.id() as i32);
     if opts.forward_signals {
         FORWARD_PID.store(child.id() as i32, Ordering::SeqCst);
         for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP, libc::SIGQUIT] {
@@ -252,14 +353,15 @@ fn spawn_helper(home: &Home, job_dir: &std::path::Path, stdin: Option<&[u8]>, op
             unsafe { libc::signal(sig, forward_to_helper as *const () as libc::sighandler_t) };
         }
     }
-    let status = child.wait().context("lost the sandbox helper");
+    // EOF comes when the helper has sent its result (or died): it is the last holder of
+    // the write end once the job has exec'd.
+    let mut bytes = Vec::new();
+    let _ = std::io::Read::read_to_end(&mut std::fs::File::from(result_rx), &mut bytes);
     if opts.forward_signals {
         FORWARD_PID.store(0, Ordering::SeqCst);
     }
-    if let Some(p) = &opts.helper_pid {
-        p.store(0, Ordering::SeqCst);
-    }
-    status
+    let report = serde_json::from_slice::<HelperResult>(&bytes).ok();
+    Ok((child, report))
 }
 
 fn read_result(job: &JobDir, status: &Result<std::process::ExitStatus>) -> Result<HelperResult> {

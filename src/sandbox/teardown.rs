@@ -13,12 +13,17 @@ use std::path::{Path, PathBuf};
 pub struct Cleanup {
     /// Things that should already have been gone (a crashed helper's leftovers).
     pub leftovers: Vec<String>,
-    /// The job dir was removed (or queued for background removal).
+    /// The job dir was removed.
     pub job_dir_removed: bool,
+    /// The clean-up continues in a background thread (problems are logged there).
+    pub background: bool,
 }
 
 impl std::fmt::Display for Cleanup {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.background {
+            return write!(f, "clean-up running in the background");
+        }
         let dir = if self.job_dir_removed { "job dir removed" } else { "job dir NOT removed" };
         if self.leftovers.is_empty() {
             write!(f, "{dir}")
@@ -229,7 +234,7 @@ mod tests {
 
     #[test]
     fn cleanup_display() {
-        let c = Cleanup { leftovers: vec!["cgroup /azp-sandbox/x (2 processes killed)".into()], job_dir_removed: true };
+        let c = Cleanup { leftovers: vec!["cgroup /azp-sandbox/x (2 processes killed)".into()], job_dir_removed: true, background: false };
         assert_eq!(c.to_string(), "job dir removed; also removed: cgroup /azp-sandbox/x (2 processes killed)");
     }
 }

@@ -60,6 +60,8 @@ pub struct LoggedRequest {
     /// `X-TFS-FedAuthRedirect: Suppress` was sent.
     pub suppress_redirect: bool,
     pub accept: String,
+    /// When the request arrived (for latency measurements).
+    pub at: std::time::Instant,
 }
 
 #[derive(Debug, Clone)]
@@ -567,6 +569,7 @@ fn handle(state: &Mutex<State>, mut req: Request) {
             auth: auth_seen,
             suppress_redirect: suppress,
             accept,
+            at: std::time::Instant::now(),
         });
         let reply = s.route(&r, auth_seen, suppress);
         (reply, auth_seen, delay)

@@ -188,7 +188,7 @@ pub fn check_layer_media_type(mt: &str, what: &str) -> Result<()> {
     } else if mt.contains("encrypted") {
         "an encrypted layer"
     } else {
-        "not a tar layer"
+        "a layer format this tool cannot read"
     };
     bail!("unsupported media type '{mt}' for {what} ({why}): only tar layers (uncompressed, gzip or zstd) can be applied")
 }

@@ -300,7 +300,7 @@ mod tests {
 
     #[test]
     fn names_are_valid_rootfs_names() {
-        for r in ["a", "x/y:1", "nvcr.io/nvidia/pytorch:24.01-py3", "a/__b:_t", &format!("{}:{}", "a".repeat(80), "t")] {
+        for r in ["a", "x/y:1", "nvcr.io/nvidia/pytorch:24.01-py3", "a/b__c:_t", &format!("{}:{}", "a".repeat(80), "t")] {
             let n = p(r).default_name();
             assert!(crate::rootfs::validate_name(&n).is_ok(), "{r} -> {n}");
         }

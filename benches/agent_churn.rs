@@ -1,0 +1,192 @@
+//! The agent runner under churn, against the fake Azure DevOps (loopback) and the fake
+//! agent package: refill latency (one agent's result -> the same slot's next agent talking
+//! to the server), independence from what the job wrote, resource growth over many jobs,
+//! and the manager's memory with idle slots.
+//!
+//! `sudo cargo bench --bench agent_churn` (AZP_BENCH_JOBS=N, default 200; the issue's
+//! 1000 with AZP_BENCH_JOBS=1000). Writes target/bench-results/agent_churn.md.
+
+#[path = "../tests/common/fake_azure.rs"]
+#[allow(dead_code)]
+mod fake_azure;
+
+use fake_azure::FakeAzure;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+struct Mgr(Child);
+impl Drop for Mgr {
+    fn drop(&mut self) {
+        let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(self.0.id() as i32), nix::sys::signal::SIGTERM);
+        let t = Instant::now();
+        while t.elapsed() < Duration::from_secs(60) {
+            if let Ok(Some(_)) = self.0.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+struct Ctx {
+    bin: PathBuf,
+    home: PathBuf,
+    fake: FakeAzure,
+    token: PathBuf,
+}
+
+impl Ctx {
+    fn start(&self, agents: usize) -> Mgr {
+        let log = std::fs::File::create(self.home.join(format!("manager-{agents}.log"))).unwrap();
+        Mgr(Command::new(&self.bin)
+            .arg("--home")
+            .arg(&self.home)
+            .args(["run", "--pool", "gpu", "--url", &self.fake.url(), "--token-file"])
+            .arg(&self.token)
+            .args(["--agents", &agents.to_string(), "--gpus-per-agent", "none", "--rootfs", "bb", "--name-prefix", "bench"])
+            .args(["--drain-timeout", "5"])
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .unwrap())
+    }
+}
+
+#[derive(Debug, Clone, Copy, Default)]
+struct Sample {
+    rss_kb: u64,
+    threads: u64,
+    fds: u64,
+    mounts: u64,
+    cgroups: u64,
+    job_dirs: u64,
+}
+
+fn sample(pid: u32, home: &Path) -> Sample {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    let field = |k: &str| status.lines().find(|l| l.starts_with(k)).and_then(|l| l.split_whitespace().nth(1)).and_then(|v| v.parse().ok()).unwrap_or(0);
+    let count = |p: &Path| std::fs::read_dir(p).map(|r| r.count() as u64).unwrap_or(0);
+    let cgroups = std::fs::read_dir("/sys/fs/cgroup")
+        .map(|r| {
+            r.flatten()
+                .map(|e| {
+                    std::fs::read_dir(e.path().join("azp-sandbox"))
+                        .map(|d| d.flatten().filter(|c| c.file_name().to_string_lossy().starts_with("bench-")).count() as u64)
+                        .unwrap_or(0)
+                })
+                .sum()
+        })
+        .unwrap_or(0);
+    Sample {
+        rss_kb: field("VmRSS:"),
+        threads: field("Threads:"),
+        fds: count(Path::new(&format!("/proc/{pid}/fd"))),
+        mounts: std::fs::read_to_string("/proc/self/mountinfo").map(|m| m.lines().count() as u64).unwrap_or(0),
+        cgroups,
+        job_dirs: count(&home.join("jobs")) + count(&home.join("trash")),
+    }
+}
+
+/// Refill latencies: for each agent, time from its result POST to its next
+/// `GET agents?agentName=` (the next config.sh's first request).
+fn refills(fake: &FakeAzure) -> Vec<f64> {
+    let log = fake.requests_log();
+    let mut out = vec![];
+    for (i, r) in log.iter().enumerate() {
+        if r.method == "POST" && r.path.contains("/_fake/jobs/") && r.path.contains("/result") {
+            let agent = r.path.split("agent=").nth(1).unwrap_or("").split('&').next().unwrap_or("").to_string();
+            if let Some(next) = log[i + 1..].iter().find(|n| n.path.contains(&format!("agents?agentName={agent}"))) {
+                out.push((next.at - r.at).as_secs_f64() * 1e3);
+            }
+        }
+    }
+    out
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    if v.is_empty() { f64::NAN } else { v[v.len() / 2] }
+}
+
+fn main() {
+    if !nix::unistd::geteuid().is_root() {
+        eprintln!("SKIPPED: the agent benchmark needs root");
+        return;
+    }
+    if std::env::args().any(|a| a == "--list") {
+        return;
+    }
+    let jobs: usize = std::env::var("AZP_BENCH_JOBS").ok().and_then(|s| s.parse().ok()).unwrap_or(200);
+    let repo = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    let bin = PathBuf::from(env!("CARGO_BIN_EXE_azp-sandbox"));
+    let work = repo.join("target/bench-churn");
+    let _ = std::fs::remove_dir_all(&work);
+    std::fs::create_dir_all(&work).unwrap();
+    let tar = work.join("bb.tar");
+    assert!(Command::new(repo.join("scripts/make-busybox-rootfs.sh")).arg(&tar).status().unwrap().success());
+    let home = work.join("home");
+    assert!(Command::new(&bin).arg("--home").arg(&home).args(["-q", "rootfs", "import"]).arg(&tar).args(["--name", "bb"]).status().unwrap().success());
+    let fake = FakeAzure::start();
+    let token = work.join("pat");
+    std::fs::write(&token, fake.pat()).unwrap();
+    let ctx = Ctx { bin, home: home.clone(), fake, token };
+    let mut md = String::new();
+
+    // 1. Refill after tiny jobs, and after a job that wrote a lot.
+    let mgr = ctx.start(2);
+    let warm = 10.min(jobs);
+    for _ in 0..warm {
+        ctx.fake.enqueue_job("true");
+    }
+    assert_eq!(ctx.fake.wait_results(warm, Duration::from_secs(120)).len(), warm, "warm-up jobs did not run");
+    let before = sample(mgr.0.id(), &home);
+    let t0 = Instant::now();
+    for _ in warm..jobs {
+        ctx.fake.enqueue_job("true");
+    }
+    let done = ctx.fake.wait_results(jobs, Duration::from_secs(3600)).len();
+    let churn_s = t0.elapsed().as_secs_f64();
+    std::thread::sleep(Duration::from_secs(2)); // background deletions
+    let after = sample(mgr.0.id(), &home);
+    let small = refills(&ctx.fake);
+    let (files, mb) = if std::env::var("AZP_BENCH_FULL").is_ok() { (100_000, 2048) } else { (20_000, 512) };
+    ctx.fake.clear_log();
+    let big_jobs = 4;
+    for _ in 0..big_jobs {
+        ctx.fake.enqueue_job(&format!(
+            "mkdir -p /azp/agent/_work/big && cd /azp/agent/_work/big && i=0; while [ $i -lt {files} ]; do : > f$i; i=$((i+1)); done; \
+             dd if=/dev/zero of=blob bs=1M count={mb} 2>/dev/null; echo wrote"
+        ));
+    }
+    assert_eq!(ctx.fake.wait_results(done + big_jobs, Duration::from_secs(1800)).len(), done + big_jobs);
+    ctx.fake.enqueue_job("true");
+    ctx.fake.enqueue_job("true");
+    ctx.fake.wait_results(done + big_jobs + 2, Duration::from_secs(120));
+    let big = refills(&ctx.fake);
+    drop(mgr);
+
+    // 2. Manager memory with 8 idle slots.
+    let mgr8 = ctx.start(8);
+    std::thread::sleep(Duration::from_secs(5));
+    let idle = sample(mgr8.0.id(), &home);
+    drop(mgr8);
+    let end = sample(std::process::id(), &home);
+
+    md.push_str(&format!("### Agent runner (fake Azure DevOps, busybox rootfs, 2 slots)\n\n"));
+    md.push_str(&format!("| measure | value | target |\n|---|---|---|\n"));
+    md.push_str(&format!("| jobs run | {done} in {churn_s:.1} s ({:.1} jobs/s) | |\n", (done - warm) as f64 / churn_s));
+    md.push_str(&format!("| refill latency, median of {} (result -> next agent talking) | {:.1} ms | < 50 ms |\n", small.len(), median(small.clone())));
+    md.push_str(&format!("| refill after jobs that wrote {files} files + {mb} MB, median of {} | {:.1} ms | same as above |\n", big.len(), median(big.clone())));
+    md.push_str(&format!("| manager RSS after {warm} / {done} jobs | {} / {} kB | no growth |\n", before.rss_kb, after.rss_kb));
+    md.push_str(&format!("| manager threads, fds after {warm} / {done} jobs | {}, {} / {}, {} | no growth |\n", before.threads, before.fds, after.threads, after.fds));
+    md.push_str(&format!("| host mounts, job cgroups, job+trash dirs (between jobs) | {}, {}, {} / {}, {}, {} | no growth |\n", before.mounts, before.cgroups, before.job_dirs, after.mounts, after.cgroups, after.job_dirs));
+    md.push_str(&format!("| manager RSS with 8 idle slots | {} kB | < 15 MB |\n", idle.rss_kb));
+    md.push_str(&format!("| after shutdown: job cgroups, job+trash dirs | {}, {} | 0, 0 |\n\n", end.cgroups, end.job_dirs));
+    println!("\n{md}");
+    let out = repo.join("target/bench-results");
+    std::fs::create_dir_all(&out).unwrap();
+    std::fs::write(out.join("agent_churn.md"), md).unwrap();
+}
