@@ -95,15 +95,28 @@ fn main() {
         });
         rows.push(("podman --runtime runc run --rm --rootfs", p));
     }
-    println!("\nsandbox cycle, {runs} runs each (median, p95):");
+    let runc_version = String::from_utf8_lossy(&Command::new("runc").arg("--version").output().map(|o| o.stdout).unwrap_or_default())
+        .lines()
+        .next()
+        .unwrap_or("runc")
+        .to_string();
+    let mut md = format!(
+        "### Sandbox cycle (`/bin/true` on the busybox rootfs, {runs} runs each)\n\nPeer: {runc_version}\n\n| what | median | p95 |\n|---|---|---|\n"
+    );
     for (name, v) in &rows {
-        println!("  {:<42} {:>8.2} ms  {:>8.2} ms", name, median(v.clone()).as_secs_f64() * 1e3, p95(v.clone()).as_secs_f64() * 1e3);
+        md.push_str(&format!("| {name} | {:.2} ms | {:.2} ms |\n", median(v.clone()).as_secs_f64() * 1e3, p95(v.clone()).as_secs_f64() * 1e3));
     }
     let ratio = median(plain.clone()).as_secs_f64() / median(runc).as_secs_f64();
-    println!("  ratio azp-sandbox / runc (median): {ratio:.2}x   (target <= 0.5x)");
+    md.push_str(&format!("\nazp-sandbox / runc (medians): **{ratio:.2}x** (target <= 0.5x)\n"));
     if podman {
         let p = median(rows.last().unwrap().1.clone()).as_secs_f64();
-        println!("  podman / azp-sandbox (median): {:.1}x   (target >= 20x)", p / median(plain).as_secs_f64());
+        md.push_str(&format!("podman / azp-sandbox (medians): **{:.1}x** (target >= 20x)\n", p / median(plain).as_secs_f64()));
+    } else {
+        md.push_str("podman: not installed, not measured\n");
     }
+    md.push('\n');
+    println!("\n{md}");
+    std::fs::create_dir_all(repo.join("target/bench-results")).unwrap();
+    std::fs::write(repo.join("target/bench-results/sandbox_cycle.md"), md).unwrap();
     let _ = std::fs::remove_dir_all(&work);
 }

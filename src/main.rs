@@ -449,6 +449,18 @@ fn exec(home: &Home, driver_root: &std::path::Path, args: ExecArgs) -> Result<i3
     Ok(outcome.code)
 }
 
+/// Ctrl-C / SIGTERM during an import: stop at the next entry and remove the temp dir
+/// (instead of dying and leaving it to gc).
+fn cancel_import_on_signals() {
+    extern "C" fn on_signal(_: libc::c_int) {
+        azp_sandbox::rootfs::CANCEL.store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+    for sig in [libc::SIGINT, libc::SIGTERM] {
+        // SAFETY: the handler only stores to an atomic, which is async-signal-safe.
+        unsafe { libc::signal(sig, on_signal as *const () as libc::sighandler_t) };
+    }
+}
+
 fn rootfs(home: &Home, cmd: RootfsCommand) -> Result<i32> {
     let store = Store::new(home);
     match cmd {
@@ -465,7 +477,9 @@ fn rootfs(home: &Home, cmd: RootfsCommand) -> Result<i32> {
                 Box::new(std::fs::File::open(&file).with_context(|| format!("cannot open {}", file.display()))?)
             };
             let mut progress = azp_sandbox::progress::Progress::new(&format!("importing {name}"));
-            let info = store.import(&mut input, &name, &mut |n| progress.update(n))?;
+            cancel_import_on_signals();
+            let label = if file.as_os_str() == "-" { "stdin".to_string() } else { file.display().to_string() };
+            let info = store.import_labeled(&mut input, &name, &label, &mut |n| progress.update(n))?;
             progress.finish();
             tracing::info!(
                 "imported rootfs '{}': {} entries, {:.1} MB{}",

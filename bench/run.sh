@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Regenerates BENCHMARKS.md: every benchmark in one run, on this machine, against its
+# real peer (runc, podman if installed, GNU tar). Run as root on an otherwise idle machine.
+#   AZP_BENCH_RUNS (sandbox cycles, default 30), AZP_BENCH_JOBS (agent churn, default 200;
+#   the issue's 1000 with AZP_BENCH_JOBS=1000), AZP_BENCH_ROOTFS (archive to unpack).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+rm -rf target/bench-results
+cargo bench --bench sandbox_cycle
+cargo bench --bench unpack
+cargo bench --bench agent_churn
+cgroup=$(stat -fc %T /sys/fs/cgroup/ 2>/dev/null || echo unknown)
+[ "$cgroup" = tmpfs ] && cgroup="v1 (hybrid)" || cgroup="v2"
+{
+  echo "# Benchmarks"
+  echo
+  echo "Regenerate with \`sudo bench/run.sh\`. Medians and ratios from one run on one machine;"
+  echo "the machine is shared and noisy, so compare ratios, not absolute times."
+  echo
+  echo "| machine | value |"
+  echo "|---|---|"
+  echo "| date | $(date -u +%Y-%m-%dT%H:%MZ) |"
+  echo "| CPU | $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //') |"
+  echo "| memory | $(free -g | awk '/Mem:/ {print $2}') GiB |"
+  echo "| kernel | $(uname -r), cgroup $cgroup |"
+  echo "| azp-sandbox | $(git rev-parse --short HEAD 2>/dev/null || echo unknown), release build |"
+  echo
+  cat target/bench-results/sandbox_cycle.md target/bench-results/unpack.md target/bench-results/agent_churn.md
+  if [ -f bench/NOTES.md ]; then cat bench/NOTES.md; fi
+} > BENCHMARKS.md
+echo "wrote BENCHMARKS.md"
