@@ -420,7 +420,8 @@ impl Store {
             Ok(()) => tmp.armed = false,
             Err(e) if matches!(errno(&e), libc::EEXIST | libc::ENOTEMPTY) => return Err(Self::exists_error(name)),
             Err(e) => {
-                return Err(e).with_context(|| format!("cannot rename {} to {}", tmp.path.display(), final_dir.display()))
+                return Err(e)
+                    .with_context(|| format!("cannot rename {} to {}", tmp.path.display(), final_dir.display()))
             }
         }
         sysfs::fsync_dir(&self.dir).with_context(|| format!("cannot fsync {}", self.dir.display()))?;

@@ -40,7 +40,7 @@ pub trait LayerSource {
     fn corrupt(&mut self, _i: usize) {}
 }
 
-/// Progress on a terminal: `pull NAME: 2/5 layers applied, 3/5 fetched: 120.3 MB, ...`.
+/// Progress on a terminal: `pull NAME: fetched 3/5 layers (812.4 MB), applied 2/5: 120.3 MB, 95.1 MB/s, 3s`.
 pub struct PullUi {
     progress: crate::progress::Progress,
     name: String,
@@ -53,7 +53,7 @@ pub struct PullUi {
     /// Bytes of layers read by the unpacker, before the current layer.
     read_before: u64,
     read_now: u64,
-    /// Show network bytes (a pull) or bytes read (a local import).
+    /// A pull (shows downloads) or a local import.
     network: bool,
 }
 
@@ -72,23 +72,25 @@ impl PullUi {
         }
     }
 
-    /// Redraws (at most 10 times a second; nothing when stderr is not a terminal).
+    /// Redraws (at most 10 times a second; nothing when stderr is not a terminal). The
+    /// byte count and rate are of layer data applied; a pull's label adds what was
+    /// downloaded.
     pub fn tick(&mut self) {
         let label = if self.network {
             format!(
-                "pull {}: layers {}/{} fetched, {}/{} applied",
+                "pull {}: fetched {}/{} layers ({:.1} MB), applied {}/{}",
                 self.name,
                 self.fetched.load(Ordering::Relaxed),
                 self.layers,
+                self.downloaded.load(Ordering::Relaxed) as f64 / 1e6,
                 self.applied,
                 self.layers
             )
         } else {
-            format!("import {}: layer {}/{}", self.name, (self.applied + 1).min(self.layers), self.layers)
+            format!("import {}: applied {}/{} layers", self.name, self.applied, self.layers)
         };
         self.progress.set_label(&label);
-        let bytes = if self.network { self.downloaded.load(Ordering::Relaxed) } else { self.read_before + self.read_now };
-        self.progress.update(bytes);
+        self.progress.update(self.read_before + self.read_now);
     }
 
     pub fn finish(&mut self) {
@@ -183,7 +185,11 @@ fn apply_one(
         let want = match &layer.verify {
             Verify::Blob(h) | Verify::DiffId(h) => h,
         };
-        bail!("digest mismatch for {what}: expected sha256:{want}, read sha256:{} ({} bytes); nothing was kept", stream.sha256, stream.bytes_read);
+        bail!(
+            "digest mismatch for {what}: expected sha256:{want}, read sha256:{} ({} bytes); nothing was kept",
+            stream.sha256,
+            stream.bytes_read
+        );
     }
     if stream.bytes_read != layer.size && matches!(layer.verify, Verify::Blob(_)) {
         bail!("size mismatch for {what}: expected {} bytes, read {}", layer.size, stream.bytes_read);

@@ -251,13 +251,16 @@ mod tests {
         let c = Challenge::parse(r#"bearer  realm = "https://nvcr.io/proxy_auth" , scope="a:b\"c,d""#);
         assert_eq!(
             c,
-            Some(Challenge::Bearer { realm: "https://nvcr.io/proxy_auth".into(), service: None, scope: Some("a:b\"c,d".into()) })
+            Some(Challenge::Bearer {
+                realm: "https://nvcr.io/proxy_auth".into(),
+                service: None,
+                scope: Some("a:b\"c,d".into())
+            })
         );
-        assert_eq!(Challenge::parse(r#"Bearer realm=http://127.0.0.1:1/t,service=x"#), Some(Challenge::Bearer {
-            realm: "http://127.0.0.1:1/t".into(),
-            service: Some("x".into()),
-            scope: None
-        }));
+        assert_eq!(
+            Challenge::parse(r#"Bearer realm=http://127.0.0.1:1/t,service=x"#),
+            Some(Challenge::Bearer { realm: "http://127.0.0.1:1/t".into(), service: Some("x".into()), scope: None })
+        );
         assert_eq!(Challenge::parse(r#"Basic realm="basic-realm""#), Some(Challenge::Basic));
         assert_eq!(Challenge::parse("Basic"), Some(Challenge::Basic));
         assert_eq!(Challenge::parse("Negotiate"), Some(Challenge::Other("Negotiate".into())));

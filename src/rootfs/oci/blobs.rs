@@ -22,7 +22,9 @@ pub enum FetchError {
     Registry(#[from] RegistryError),
     #[error("digest mismatch for {what}: expected {expected}, the registry sent sha256:{actual} ({size} bytes); nothing was kept: the registry's copy (or a proxy) is corrupt")]
     DigestMismatch { what: String, expected: String, actual: String, size: u64 },
-    #[error("size mismatch for {what}: the registry sent more than the {size} bytes its manifest gives; nothing was kept")]
+    #[error(
+        "size mismatch for {what}: the registry sent more than the {size} bytes its manifest gives; nothing was kept"
+    )]
     TooLong { what: String, size: u64 },
     #[error("cannot write {path}: {err}")]
     Write { path: String, err: io::Error },
@@ -95,12 +97,10 @@ impl BlobCache {
         }
         let werr = |path: &Path, err: io::Error| FetchError::Write { path: path.display().to_string(), err };
         std::fs::create_dir_all(&self.dir).map_err(|e| werr(&self.dir, e))?;
-        let tmp_path = self.dir.join(format!(".tmp-{hex_want}-{}-{}", std::process::id(), crate::rootfs::fs::random_suffix()));
-        let mut file = std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .open(&tmp_path)
-            .map_err(|e| werr(&tmp_path, e))?;
+        let tmp_path =
+            self.dir.join(format!(".tmp-{hex_want}-{}-{}", std::process::id(), crate::rootfs::fs::random_suffix()));
+        let mut file =
+            std::fs::OpenOptions::new().write(true).create_new(true).open(&tmp_path).map_err(|e| werr(&tmp_path, e))?;
         let mut tmp = TempFile { path: tmp_path, armed: true };
         let mut hasher = Sha256::new();
         let mut written = 0u64;
@@ -157,7 +157,12 @@ impl BlobCache {
         })?;
         let actual = hex(&hasher.finalize());
         if actual != hex_want {
-            return Err(FetchError::DigestMismatch { what: what.to_string(), expected: digest.to_string(), actual, size: written });
+            return Err(FetchError::DigestMismatch {
+                what: what.to_string(),
+                expected: digest.to_string(),
+                actual,
+                size: written,
+            });
         }
         file.sync_all().map_err(|e| werr(&tmp.path, e))?;
         drop(file);

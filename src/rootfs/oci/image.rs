@@ -34,6 +34,7 @@ pub fn sha256_hex<'a>(digest: &'a str, what: &str) -> Result<&'a str> {
 }
 
 #[derive(Debug)]
+#[allow(clippy::large_enum_variant)] // short-lived
 pub enum Manifest {
     Index(ImageIndex),
     Image(ImageManifest),
@@ -42,8 +43,7 @@ pub enum Manifest {
 /// Parses a manifest or index, telling them apart by their `mediaType` field, else
 /// the `Content-Type` the registry sent, else their shape.
 pub fn parse_manifest(bytes: &[u8], content_type: Option<&str>, what: &str) -> Result<Manifest> {
-    let v: serde_json::Value =
-        serde_json::from_slice(bytes).map_err(|e| anyhow!("{what} is not valid JSON ({e})"))?;
+    let v: serde_json::Value = serde_json::from_slice(bytes).map_err(|e| anyhow!("{what} is not valid JSON ({e})"))?;
     let field = v.get("mediaType").and_then(|m| m.as_str()).map(str::to_owned);
     let ct = content_type.map(|c| c.split(';').next().unwrap_or(c).trim().to_owned());
     let mt = field.or(ct).unwrap_or_default();
@@ -56,7 +56,8 @@ pub fn parse_manifest(bytes: &[u8], content_type: Option<&str>, what: &str) -> R
         _ => v.get("manifests").is_some() && v.get("layers").is_none(),
     };
     if is_index {
-        let idx: ImageIndex = serde_json::from_value(v).map_err(|e| anyhow!("{what} is not a valid image index ({e})"))?;
+        let idx: ImageIndex =
+            serde_json::from_value(v).map_err(|e| anyhow!("{what} is not a valid image index ({e})"))?;
         Ok(Manifest::Index(idx))
     } else {
         if v.get("layers").is_none() {
@@ -122,7 +123,11 @@ impl Platform {
             "aarch64" => "arm64",
             a => a,
         };
-        Ok(Platform { os: os.to_ascii_lowercase(), arch: arch.to_ascii_lowercase(), variant: variant.map(str::to_ascii_lowercase) })
+        Ok(Platform {
+            os: os.to_ascii_lowercase(),
+            arch: arch.to_ascii_lowercase(),
+            variant: variant.map(str::to_ascii_lowercase),
+        })
     }
 
     /// The variant, with the defaults the OCI spec implies (`arm64` is `v8`).
@@ -155,7 +160,8 @@ impl Platform {
 pub fn select_platform<'a>(index: &'a ImageIndex, want: &Platform, what: &str) -> Result<&'a Descriptor> {
     let cands: Vec<(&Descriptor, Platform)> =
         index.manifests().iter().filter_map(|d| Platform::of(d).map(|p| (d, p))).collect();
-    let exact = cands.iter().find(|(_, p)| p.os == want.os && p.arch == want.arch && p.norm_variant() == want.norm_variant());
+    let exact =
+        cands.iter().find(|(_, p)| p.os == want.os && p.arch == want.arch && p.norm_variant() == want.norm_variant());
     if let Some((d, _)) = exact.or_else(|| cands.iter().find(|(_, p)| want.matches(p))) {
         return Ok(d);
     }
@@ -163,8 +169,7 @@ pub fn select_platform<'a>(index: &'a ImageIndex, want: &Platform, what: &str) -
     if cands.is_empty() && index.manifests().len() == 1 {
         return Ok(&index.manifests()[0]);
     }
-    let mut avail: Vec<String> =
-        cands.iter().filter(|(_, p)| p.os != "unknown").map(|(_, p)| p.to_string()).collect();
+    let mut avail: Vec<String> = cands.iter().filter(|(_, p)| p.os != "unknown").map(|(_, p)| p.to_string()).collect();
     avail.dedup();
     let avail = if avail.is_empty() { "none".to_string() } else { avail.join(", ") };
     bail!("{what} has no image for platform {want} (available: {avail}); choose one with --platform")
@@ -190,7 +195,9 @@ pub fn check_layer_media_type(mt: &str, what: &str) -> Result<()> {
     } else {
         "a layer format this tool cannot read"
     };
-    bail!("unsupported media type '{mt}' for {what} ({why}): only tar layers (uncompressed, gzip or zstd) can be applied")
+    bail!(
+        "unsupported media type '{mt}' for {what} ({why}): only tar layers (uncompressed, gzip or zstd) can be applied"
+    )
 }
 
 /// Facts of an image config the store records.
@@ -309,7 +316,12 @@ mod tests {
 
     #[test]
     fn platform_selection() {
-        let idx = index(&[("linux", "amd64", None), ("linux", "arm", Some("v7")), ("linux", "arm64", Some("v8")), ("unknown", "unknown", None)]);
+        let idx = index(&[
+            ("linux", "amd64", None),
+            ("linux", "arm", Some("v7")),
+            ("linux", "arm64", Some("v8")),
+            ("unknown", "unknown", None),
+        ]);
         let pick = |s: &str| select_platform(&idx, &Platform::parse(s).unwrap(), "img").map(|d| d.digest().to_string());
         assert!(pick("linux/amd64").unwrap().ends_with("1"));
         assert!(pick("linux/arm64").unwrap().ends_with("3"), "arm64 means arm64/v8");
@@ -321,8 +333,16 @@ mod tests {
         assert!(pick("linux/arm/v6").is_err());
         // Exact variant preferred over a variant-less entry.
         let idx = index(&[("linux", "arm64", None), ("linux", "arm64", Some("v9"))]);
-        assert!(select_platform(&idx, &Platform::parse("linux/arm64/v9").unwrap(), "x").unwrap().digest().to_string().ends_with("2"));
-        assert!(select_platform(&idx, &Platform::parse("linux/arm64").unwrap(), "x").unwrap().digest().to_string().ends_with("1"));
+        assert!(select_platform(&idx, &Platform::parse("linux/arm64/v9").unwrap(), "x")
+            .unwrap()
+            .digest()
+            .to_string()
+            .ends_with("2"));
+        assert!(select_platform(&idx, &Platform::parse("linux/arm64").unwrap(), "x")
+            .unwrap()
+            .digest()
+            .to_string()
+            .ends_with("1"));
         let host = Platform::host();
         assert_eq!(host.os, "linux");
         assert!(Platform::parse("linux/amd64/v2/x").is_err());
@@ -342,7 +362,10 @@ mod tests {
             _ => panic!(),
         }
         let list = serde_json::json!({"schemaVersion": 2, "manifests": []});
-        assert!(matches!(parse_manifest(list.to_string().as_bytes(), Some(DOCKER_LIST), "m").unwrap(), Manifest::Index(_)));
+        assert!(matches!(
+            parse_manifest(list.to_string().as_bytes(), Some(DOCKER_LIST), "m").unwrap(),
+            Manifest::Index(_)
+        ));
         let s1 = serde_json::json!({"schemaVersion": 1, "name": "x", "fsLayers": []});
         assert!(parse_manifest(s1.to_string().as_bytes(), None, "m").unwrap_err().to_string().contains("schema 1"));
         let other = serde_json::json!({"schemaVersion": 2, "mediaType": "application/vnd.cncf.helm.config.v1+json"});
@@ -355,7 +378,8 @@ mod tests {
         for ok in ["application/vnd.oci.image.layer.v1.tar+zstd", "application/vnd.docker.image.rootfs.diff.tar.gzip"] {
             assert!(check_layer_media_type(ok, "layer 1").is_ok());
         }
-        let e = check_layer_media_type("application/vnd.docker.image.rootfs.foreign.diff.tar.gzip", "layer 1 of x").unwrap_err();
+        let e = check_layer_media_type("application/vnd.docker.image.rootfs.foreign.diff.tar.gzip", "layer 1 of x")
+            .unwrap_err();
         assert!(e.to_string().starts_with("unsupported media type 'application/vnd.docker.image.rootfs.foreign.diff.tar.gzip' for layer 1 of x (a non-distributable"), "{e}");
         assert!(check_layer_media_type("application/vnd.oci.image.layer.v1.tar+gzip+encrypted", "l").is_err());
         assert!(check_layer_media_type("application/vnd.oci.image.layer.v1.tar+xz", "l").is_err());

@@ -30,7 +30,10 @@ const CONTAINERD_NAME: &str = "io.containerd.image.name";
 enum Container {
     Dir(PathBuf),
     /// Member path -> (data offset, size).
-    Tar { path: PathBuf, members: HashMap<String, (u64, u64)> },
+    Tar {
+        path: PathBuf,
+        members: HashMap<String, (u64, u64)>,
+    },
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -102,7 +105,8 @@ impl Container {
                 Ok((Box::new(f), len))
             }
             Container::Tar { path, members } => {
-                let &(off, size) = members.get(&rel).ok_or_else(|| anyhow!("{} has no member {rel}", path.display()))?;
+                let &(off, size) =
+                    members.get(&rel).ok_or_else(|| anyhow!("{} has no member {rel}", path.display()))?;
                 let mut f = File::open(path).with_context(|| format!("cannot open {}", path.display()))?;
                 f.seek(SeekFrom::Start(off)).with_context(|| format!("cannot read {}", path.display()))?;
                 Ok((Box::new(f.take(size)), size))
@@ -206,7 +210,7 @@ fn compressed_image_archive(path: &Path, c: Compression) -> bool {
     let Ok(mut entries) = ar.entries() else { return false };
     let Some(Ok(first)) = entries.next() else { return false };
     let p = String::from_utf8_lossy(&first.path_bytes()).into_owned();
-    clean(&p).is_some_and(|p| !p.is_empty() && image_member(&p) && p != "")
+    clean(&p).is_some_and(|p| !p.is_empty() && image_member(&p))
 }
 
 /// Recognises an image at `input` (`PATH` or `PATH:REF`): `Ok(None)` for anything else
@@ -233,7 +237,12 @@ fn detect_at(path: &Path, selector: Option<String>) -> Result<Option<LocalImage>
     let meta = std::fs::metadata(path).with_context(|| format!("cannot open {}", path.display()))?;
     if meta.is_dir() {
         if path.join("oci-layout").is_file() && path.join("index.json").is_file() {
-            return Ok(Some(LocalImage { container: Container::Dir(path.into()), kind: Kind::Layout, path: path.into(), selector }));
+            return Ok(Some(LocalImage {
+                container: Container::Dir(path.into()),
+                kind: Kind::Layout,
+                path: path.into(),
+                selector,
+            }));
         }
         bail!(
             "{} is a directory, not an OCI image layout (it has no oci-layout and index.json): give a rootfs tarball or an image layout",
@@ -359,7 +368,8 @@ fn matches_ref(d: &Descriptor, sel: &str) -> bool {
 fn plan_layout(img: &LocalImage, want: &Platform, shown: &str) -> Result<Plan> {
     let c = &img.container;
     let index_bytes = c.read_small("index.json", image::MAX_MANIFEST, &format!("{shown}: index.json"))?;
-    let top: ImageIndex = serde_json::from_slice(&index_bytes).map_err(|e| anyhow!("{shown}: index.json is not an image index ({e})"))?;
+    let top: ImageIndex =
+        serde_json::from_slice(&index_bytes).map_err(|e| anyhow!("{shown}: index.json is not an image index ({e})"))?;
     let entries: Vec<&Descriptor> = match &img.selector {
         Some(sel) => {
             let m: Vec<&Descriptor> = top.manifests().iter().filter(|d| matches_ref(d, sel)).collect();
@@ -463,8 +473,8 @@ struct RootfsIds {
 fn plan_docker_save(img: &LocalImage, shown: &str) -> Result<Plan> {
     let c = &img.container;
     let b = c.read_small("manifest.json", image::MAX_MANIFEST, &format!("{shown}: manifest.json"))?;
-    let entries: Vec<SaveEntry> =
-        serde_json::from_slice(&b).map_err(|e| anyhow!("{shown}: manifest.json is not a docker save manifest ({e})"))?;
+    let entries: Vec<SaveEntry> = serde_json::from_slice(&b)
+        .map_err(|e| anyhow!("{shown}: manifest.json is not a docker save manifest ({e})"))?;
     let tags = |e: &SaveEntry| e.repo_tags.clone().unwrap_or_default();
     let all_tags = || {
         let t: Vec<String> = entries.iter().flat_map(tags).collect();
@@ -498,7 +508,8 @@ fn plan_docker_save(img: &LocalImage, shown: &str) -> Result<Plan> {
         }
     }
     let facts = ImageFacts::from_config(&config, &format!("the config of {shown}"))?;
-    let diff_ids = serde_json::from_slice::<DiffIds>(&config).ok().and_then(|d| d.rootfs).map(|r| r.diff_ids).unwrap_or_default();
+    let diff_ids =
+        serde_json::from_slice::<DiffIds>(&config).ok().and_then(|d| d.rootfs).map(|r| r.diff_ids).unwrap_or_default();
     let n = entry.layers.len();
     if n == 0 {
         bail!("{shown} has no layers: nothing to import");
@@ -512,7 +523,9 @@ fn plan_docker_save(img: &LocalImage, shown: &str) -> Result<Plan> {
         let member = clean(l).unwrap_or_default();
         let what = format!("layer {}/{n} ({member}) of {shown}", i + 1);
         let &(_, size) = match &c {
-            Container::Tar { members, .. } => members.get(&member).ok_or_else(|| anyhow!("{what} is missing from the archive"))?,
+            Container::Tar { members, .. } => {
+                members.get(&member).ok_or_else(|| anyhow!("{what} is missing from the archive"))?
+            }
             Container::Dir(_) => bail!("{shown}: docker save directories are not supported"),
         };
         let verify = match member.strip_prefix("blobs/sha256/").filter(|h| is_hex64(h)) {
@@ -551,7 +564,18 @@ mod tests {
         assert_eq!(clean("a/../b").as_deref(), Some("b"));
         assert_eq!(clean("../x"), None);
         let h = "a".repeat(64);
-        for ok in ["oci-layout", "index.json", "manifest.json", "repositories", "blobs", "blobs/sha256/x", &h, &format!("{h}/layer.tar"), &format!("{h}.json"), ""] {
+        for ok in [
+            "oci-layout",
+            "index.json",
+            "manifest.json",
+            "repositories",
+            "blobs",
+            "blobs/sha256/x",
+            &h,
+            &format!("{h}/layer.tar"),
+            &format!("{h}.json"),
+            "",
+        ] {
             assert!(image_member(ok), "{ok}");
         }
         for no in ["bin", "etc/passwd", "usr/lib/x.json", "index.html", "aaaa.json"] {

@@ -74,11 +74,12 @@ impl PullReport {
             String::new()
         };
         format!(
-            "{verb} rootfs '{}' from {}@{}: {} layers{net}, {} entries, {:.1} MB{}{}, in {:.1}s",
+            "{verb} rootfs '{}' from {}@{}: {} layer{}{net}, {} entries, {:.1} MB{}{}, in {:.1}s",
             i.name,
             self.reference,
             self.manifest_digest,
             self.layers,
+            if self.layers == 1 { "" } else { "s" },
             i.entries,
             i.size_bytes as f64 / 1e6,
             i.arch.as_deref().map(|a| format!(", {a}")).unwrap_or_default(),
@@ -149,11 +150,18 @@ pub fn pull(store: &Store, cache_dir: &Path, opts: &PullOptions) -> Result<PullR
                     bail!("digest mismatch for the {want} manifest of {r}: expected {d_digest}, the registry sent {got}; nothing was kept");
                 }
                 digest = got;
-                doc = image::parse_manifest(&b, ct.as_deref().or(Some(d.media_type().as_ref())), &format!("the {want} manifest of {r}"))?;
+                doc = image::parse_manifest(
+                    &b,
+                    ct.as_deref().or(Some(d.media_type().as_ref())),
+                    &format!("the {want} manifest of {r}"),
+                )?;
             }
         }
     };
-    let target = format!("{r}@{digest}");
+    // `REGISTRY/REPO[:TAG]@DIGEST`, the digest of the manifest applied.
+    let base =
+        format!("{}/{}{}", r.registry, r.repository, r.tag.as_deref().map(|t| format!(":{t}")).unwrap_or_default());
+    let target = format!("{base}@{digest}");
     let (config_desc, layer_descs) = (manifest.config(), manifest.layers());
     check_config_media_type(config_desc.media_type().as_ref(), &target)?;
     let n = layer_descs.len();
@@ -172,7 +180,13 @@ pub fn pull(store: &Store, cache_dir: &Path, opts: &PullOptions) -> Result<PullR
     let config_digest = config_desc.digest().to_string();
     image::sha256_hex(&config_digest, &format!("the config of {target}"))?;
     let config_cached = cache.has(&config_digest["sha256:".len()..], config_desc.size());
-    let config = cache.fetch_small(&client, &config_digest, config_desc.size(), image::MAX_CONFIG, &format!("the config of {target}"))?;
+    let config = cache.fetch_small(
+        &client,
+        &config_digest,
+        config_desc.size(),
+        image::MAX_CONFIG,
+        &format!("the config of {target}"),
+    )?;
     let facts = ImageFacts::from_config(&config, &format!("the config of {target}"))?;
     if let Some(os) = facts.os.as_deref().filter(|o| !o.is_empty() && *o != "linux") {
         bail!("{target} is an image for '{os}', not linux");
@@ -203,6 +217,7 @@ pub fn pull(store: &Store, cache_dir: &Path, opts: &PullOptions) -> Result<PullR
     }
     let slots = Slots { state: Mutex::new(vec![None; queue.len()]), cv: Condvar::new() };
     let stop = AtomicBool::new(false);
+    let failed_any = AtomicBool::new(false);
     let next = AtomicUsize::new(0);
     let mut ui = PullUi::new("pull", &name, n, true);
     let workers = opts.parallel.unwrap_or(3).clamp(1, 8).min(queue.len());
@@ -221,7 +236,9 @@ pub fn pull(store: &Store, cache_dir: &Path, opts: &PullOptions) -> Result<PullR
         for _ in 0..workers {
             s.spawn(|| loop {
                 let k = next.fetch_add(1, Ordering::SeqCst);
-                if k >= queue.len() || stop.load(Ordering::Relaxed) {
+                // After a failure, no new downloads: the apply stops at the failed layer
+                // (downloads of earlier layers go on).
+                if k >= queue.len() || stop.load(Ordering::Relaxed) || failed_any.load(Ordering::Relaxed) {
                     break;
                 }
                 let (d, size, what) = &queue[k];
@@ -233,6 +250,7 @@ pub fn pull(store: &Store, cache_dir: &Path, opts: &PullOptions) -> Result<PullR
                 slots.state.lock().expect("slots")[k] = Some(r);
                 slots.cv.notify_all();
                 if failed {
+                    failed_any.store(true, Ordering::Relaxed);
                     break;
                 }
             });
@@ -250,14 +268,15 @@ pub fn pull(store: &Store, cache_dir: &Path, opts: &PullOptions) -> Result<PullR
     let cached = queue.len() + 1 - downloaded;
     Ok(PullReport {
         info,
-        reference: r.to_string(),
+        reference: base,
         manifest_digest: digest,
         platform,
         layers: n,
         whiteouts: applied.whiteouts,
         downloaded_blobs: downloaded,
         cached_blobs: cached,
-        downloaded_bytes: downloaded_bytes.load(Ordering::Relaxed) + if config_cached { 0 } else { config.len() as u64 },
+        downloaded_bytes: downloaded_bytes.load(Ordering::Relaxed)
+            + if config_cached { 0 } else { config.len() as u64 },
         requests: client.requests(),
         blob_requests: client.blob_requests(),
         elapsed: started.elapsed(),
@@ -310,7 +329,8 @@ impl LayerSource for RegistrySource<'_> {
         }
         drop(state);
         let hex = &self.queue[k].0["sha256:".len()..];
-        let f = std::fs::File::open(self.cache.path(hex)).map_err(|e| anyhow!("cannot open the cached {}: {e}", self.queue[k].2))?;
+        let f = std::fs::File::open(self.cache.path(hex))
+            .map_err(|e| anyhow!("cannot open the cached {}: {e}", self.queue[k].2))?;
         Ok(Box::new(f))
     }
 

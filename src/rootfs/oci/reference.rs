@@ -67,7 +67,8 @@ impl Reference {
             validate_tag(t).map_err(|w| bad(&w))?;
         }
         validate_repository(repo).map_err(|w| bad(&w))?;
-        let repository = if registry == DOCKER_HUB && !repo.contains('/') { format!("library/{repo}") } else { repo.to_string() };
+        let repository =
+            if registry == DOCKER_HUB && !repo.contains('/') { format!("library/{repo}") } else { repo.to_string() };
         let tag = match (tag, &digest) {
             (Some(t), _) => Some(t.to_string()),
             (None, Some(_)) => None,
@@ -203,7 +204,9 @@ fn validate_repository(repo: &str) -> Result<(), String> {
             let why = if comp.bytes().any(|c| c.is_ascii_uppercase()) {
                 format!("repository '{repo}' must be lowercase")
             } else {
-                format!("repository component '{comp}' must be lowercase letters and digits separated by '.', '_' or '-'")
+                format!(
+                    "repository component '{comp}' must be lowercase letters and digits separated by '.', '_' or '-'"
+                )
             };
             return Err(why);
         }
@@ -237,7 +240,10 @@ mod tests {
     #[test]
     fn docker_hub_defaults() {
         let r = p("ubuntu");
-        assert_eq!((r.registry.as_str(), r.repository.as_str(), r.tag.as_deref()), ("docker.io", "library/ubuntu", Some("latest")));
+        assert_eq!(
+            (r.registry.as_str(), r.repository.as_str(), r.tag.as_deref()),
+            ("docker.io", "library/ubuntu", Some("latest"))
+        );
         assert_eq!(r.to_string(), "docker.io/library/ubuntu:latest");
         assert_eq!(r.api_host(), "registry-1.docker.io");
         let r = p("nvidia/cuda:12.4.1-runtime-ubuntu22.04");
@@ -253,7 +259,10 @@ mod tests {
     #[test]
     fn other_registries() {
         let r = p("nvcr.io/nvidia/pytorch:24.01-py3");
-        assert_eq!((r.registry.as_str(), r.repository.as_str(), r.tag.as_deref()), ("nvcr.io", "nvidia/pytorch", Some("24.01-py3")));
+        assert_eq!(
+            (r.registry.as_str(), r.repository.as_str(), r.tag.as_deref()),
+            ("nvcr.io", "nvidia/pytorch", Some("24.01-py3"))
+        );
         assert_eq!(r.api_host(), "nvcr.io");
         assert!(!r.is_loopback());
         let r = p(&format!("localhost:5000/x/y@{D}"));
@@ -267,7 +276,11 @@ mod tests {
         assert!(r.is_loopback());
         assert_eq!(r.host(), "127.0.0.1");
         let r = p("localhost/foo");
-        assert_eq!((r.registry.as_str(), r.repository.as_str()), ("localhost", "foo"), "no library/ outside Docker Hub");
+        assert_eq!(
+            (r.registry.as_str(), r.repository.as_str()),
+            ("localhost", "foo"),
+            "no library/ outside Docker Hub"
+        );
         assert!(p("[::1]:5000/a/b:c").is_loopback());
         assert_eq!(p("ghcr.io/a/b/c:d").repository, "a/b/c");
         assert_eq!(p("registry.example.com:8443/team/img").tag.as_deref(), Some("latest"));
@@ -300,7 +313,8 @@ mod tests {
 
     #[test]
     fn names_are_valid_rootfs_names() {
-        for r in ["a", "x/y:1", "nvcr.io/nvidia/pytorch:24.01-py3", "a/b__c:_t", &format!("{}:{}", "a".repeat(80), "t")] {
+        for r in ["a", "x/y:1", "nvcr.io/nvidia/pytorch:24.01-py3", "a/b__c:_t", &format!("{}:{}", "a".repeat(80), "t")]
+        {
             let n = p(r).default_name();
             assert!(crate::rootfs::validate_name(&n).is_ok(), "{r} -> {n}");
         }

@@ -11,6 +11,7 @@ use reqwest::blocking::{Client, Response};
 use reqwest::header::{HeaderValue, ACCEPT, AUTHORIZATION, CONTENT_TYPE, RANGE, RETRY_AFTER, WWW_AUTHENTICATE};
 use reqwest::{StatusCode, Url};
 use std::io::Read;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
@@ -20,8 +21,13 @@ const TIMEOUT: Duration = Duration::from_secs(60);
 
 #[derive(Debug, thiserror::Error)]
 pub enum RegistryError {
-    #[error("cannot reach registry {registry}: {cause}; check the registry name, the network and the proxy (HTTPS_PROXY)")]
+    #[error(
+        "cannot reach registry {registry}: {cause}; check the registry name, the network and the proxy (HTTPS_PROXY)"
+    )]
     Unreachable { registry: String, cause: String },
+    /// A certificate problem: not retried.
+    #[error("cannot reach registry {registry}: {cause} (for a registry with a private CA, put its certificate in /etc/docker/certs.d/{registry}/ca.crt or point SSL_CERT_FILE at it)")]
+    Tls { registry: String, cause: String },
     #[error("no answer from registry {registry} within {}s ({what}); the network or the registry is slow, try again", TIMEOUT.as_secs())]
     Timeout { registry: String, what: String },
     #[error("repository '{repo}' not found on {registry} (404 NAME_UNKNOWN): check the name{hint}")]
@@ -31,7 +37,14 @@ pub enum RegistryError {
     #[error("authentication to {registry} failed ({detail}): {fix}")]
     Auth { registry: String, detail: String, fix: String },
     #[error("registry {registry} answered HTTP {status} to {what}{detail}{hint}")]
-    Server { registry: String, status: u16, what: String, detail: String, hint: &'static str, retry_after: Option<Duration> },
+    Server {
+        registry: String,
+        status: u16,
+        what: String,
+        detail: String,
+        hint: &'static str,
+        retry_after: Option<Duration>,
+    },
     #[error("{what}: the download broke off after {got} bytes: {cause}")]
     Broken { what: String, got: u64, cause: String },
     #[error("unexpected answer from registry {registry} to {what}: {detail}")]
@@ -127,6 +140,11 @@ impl RegistryClient {
         if r.is_loopback() {
             b = b.no_proxy();
         }
+        let ssl_cert_file = std::env::var_os("SSL_CERT_FILE").filter(|v| !v.is_empty()).map(PathBuf::from);
+        for (cert, from) in extra_roots(&r.registry, ssl_cert_file.as_deref(), CERTS_D)? {
+            tracing::debug!("trusting a CA certificate from {}", from.display());
+            b = b.add_root_certificate(cert);
+        }
         let http = b.build().map_err(|e| anyhow::anyhow!("cannot set up the HTTP client: {}", chain(&e)))?;
         Ok(RegistryClient {
             http,
@@ -168,7 +186,11 @@ impl RegistryClient {
         if e.is_timeout() {
             RegistryError::Timeout { registry: self.registry.clone(), what: what.into() }
         } else {
-            RegistryError::Unreachable { registry: self.registry.clone(), cause: chain(&e.without_url()) }
+            let cause = chain(&e.without_url());
+            if cause.contains("certificate") {
+                return RegistryError::Tls { registry: self.registry.clone(), cause };
+            }
+            RegistryError::Unreachable { registry: self.registry.clone(), cause }
         }
     }
 
@@ -224,11 +246,14 @@ impl RegistryClient {
     fn authenticate(&self, challenge: Option<Challenge>, what: &str) -> Result<(), RegistryError> {
         match challenge {
             Some(Challenge::Basic) => {
-                let Some(c) = &self.creds else { return Err(self.auth_failed("HTTP 401, Basic authentication required")) };
+                let Some(c) = &self.creds else {
+                    return Err(self.auth_failed("HTTP 401, Basic authentication required"));
+                };
                 if self.base.scheme() != "https" && !is_loopback_url(&self.base) {
                     return Err(self.auth_failed("refusing to send a password over plain http"));
                 }
-                let mut h = HeaderValue::from_str(&c.basic_header()).map_err(|_| self.auth_failed("the credentials are not plain text"))?;
+                let mut h = HeaderValue::from_str(&c.basic_header())
+                    .map_err(|_| self.auth_failed("the credentials are not plain text"))?;
                 h.set_sensitive(true);
                 *self.auth.lock().expect("auth lock") = Some(h);
                 Ok(())
@@ -241,7 +266,9 @@ impl RegistryClient {
                 *self.auth.lock().expect("auth lock") = Some(h);
                 Ok(())
             }
-            Some(Challenge::Other(s)) => Err(self.auth_failed(&format!("HTTP 401 asking for '{s}' authentication, which is not supported"))),
+            Some(Challenge::Other(s)) => {
+                Err(self.auth_failed(&format!("HTTP 401 asking for '{s}' authentication, which is not supported")))
+            }
             None => Err(self.auth_failed("HTTP 401 without a usable WWW-Authenticate challenge")),
         }
     }
@@ -251,7 +278,13 @@ impl RegistryClient {
     }
 
     /// The token flow: GET realm?service=..&scope=.. (with Basic credentials if any).
-    fn fetch_token(&self, realm: &str, service: Option<&str>, scope: Option<&str>, what: &str) -> Result<String, RegistryError> {
+    fn fetch_token(
+        &self,
+        realm: &str,
+        service: Option<&str>,
+        scope: Option<&str>,
+        what: &str,
+    ) -> Result<String, RegistryError> {
         let mut url = Url::parse(realm).map_err(|e| self.protocol(what, &format!("bad token realm '{realm}': {e}")))?;
         if !matches!(url.scheme(), "https" | "http") {
             return Err(self.protocol(what, &format!("bad token realm '{realm}'")));
@@ -267,16 +300,22 @@ impl RegistryClient {
         let mut req = self.http.get(url.clone());
         if let Some(c) = &self.creds {
             if url.scheme() != "https" && !is_loopback_url(&url) {
-                return Err(self.auth_failed(&format!("refusing to send credentials to the plain-http token server {}", url.origin().ascii_serialization())));
+                return Err(self.auth_failed(&format!(
+                    "refusing to send credentials to the plain-http token server {}",
+                    url.origin().ascii_serialization()
+                )));
             }
-            let mut h = HeaderValue::from_str(&c.basic_header()).map_err(|_| self.auth_failed("the credentials are not plain text"))?;
+            let mut h = HeaderValue::from_str(&c.basic_header())
+                .map_err(|_| self.auth_failed("the credentials are not plain text"))?;
             h.set_sensitive(true);
             req = req.header(AUTHORIZATION, h);
         }
         self.requests.fetch_add(1, Ordering::Relaxed);
         let shown = url.origin().ascii_serialization();
         let resp = req.send().map_err(|e| match self.net_error(e, "a token request") {
-            RegistryError::Unreachable { cause, .. } => RegistryError::Unreachable { registry: format!("{} (token server {shown})", self.registry), cause },
+            RegistryError::Unreachable { cause, .. } => {
+                RegistryError::Unreachable { registry: format!("{} (token server {shown})", self.registry), cause }
+            }
             other => other,
         })?;
         let status = resp.status();
@@ -284,7 +323,11 @@ impl RegistryClient {
         match status.as_u16() {
             200 => {}
             401 | 403 => {
-                return Err(self.auth_failed(&format!("the token server {shown} answered HTTP {}{}", status.as_u16(), error_detail(&body))))
+                return Err(self.auth_failed(&format!(
+                    "the token server {shown} answered HTTP {}{}",
+                    status.as_u16(),
+                    error_detail(&body)
+                )))
             }
             s if s >= 500 || s == 429 => {
                 return Err(RegistryError::Server {
@@ -303,8 +346,12 @@ impl RegistryClient {
             token: Option<String>,
             access_token: Option<String>,
         }
-        let t: Tok = serde_json::from_slice(&body).map_err(|e| self.protocol("a token request", &format!("not a token answer ({e})")))?;
-        t.token.or(t.access_token).filter(|t| !t.is_empty()).ok_or_else(|| self.protocol("a token request", "the answer has no token"))
+        let t: Tok = serde_json::from_slice(&body)
+            .map_err(|e| self.protocol("a token request", &format!("not a token answer ({e})")))?;
+        t.token
+            .or(t.access_token)
+            .filter(|t| !t.is_empty())
+            .ok_or_else(|| self.protocol("a token request", "the answer has no token"))
     }
 
     /// An error for a non-success answer to `what`.
@@ -322,7 +369,11 @@ impl RegistryClient {
             (404, Some("NAME_UNKNOWN")) => RegistryError::UnknownRepo {
                 registry: self.registry.clone(),
                 repo: self.repo.clone(),
-                hint: if self.registry == super::reference::DOCKER_HUB { " (Docker Hub's official images are library/NAME)" } else { "" },
+                hint: if self.registry == super::reference::DOCKER_HUB {
+                    " (Docker Hub's official images are library/NAME)"
+                } else {
+                    ""
+                },
             },
             (403, _) => self.auth_failed(&format!("HTTP 403{}", error_detail(&body))),
             (429, _) => RegistryError::Server {
@@ -333,7 +384,14 @@ impl RegistryClient {
                 hint: " (rate limit: retried with backoff; log in with --auth-file for a higher limit, or try later)",
                 retry_after,
             },
-            _ => RegistryError::Server { registry: self.registry.clone(), status, what: what.into(), detail: error_detail(&body), hint: "", retry_after },
+            _ => RegistryError::Server {
+                registry: self.registry.clone(),
+                status,
+                what: what.into(),
+                detail: error_detail(&body),
+                hint: "",
+                retry_after,
+            },
         }
     }
 
@@ -341,7 +399,8 @@ impl RegistryClient {
     pub fn manifest(&self, reference: &str) -> Result<(Vec<u8>, Option<String>), RegistryError> {
         let what = format!("the manifest {}:{reference}", self.image());
         retry(&self.retry, transient, || {
-            let resp = self.get(self.url(&format!("manifests/{reference}")), Some(super::image::MANIFEST_ACCEPT), 0, &what)?;
+            let resp =
+                self.get(self.url(&format!("manifests/{reference}")), Some(super::image::MANIFEST_ACCEPT), 0, &what)?;
             if !resp.status().is_success() {
                 if resp.status() == StatusCode::NOT_FOUND {
                     let body = read_small(resp);
@@ -366,7 +425,11 @@ impl RegistryClient {
         RegistryError::UnknownRepo {
             registry: self.registry.clone(),
             repo: self.repo.clone(),
-            hint: if self.registry == super::reference::DOCKER_HUB { " (Docker Hub's official images are library/NAME)" } else { "" },
+            hint: if self.registry == super::reference::DOCKER_HUB {
+                " (Docker Hub's official images are library/NAME)"
+            } else {
+                ""
+            },
         }
     }
 
@@ -426,19 +489,57 @@ impl RegistryClient {
                 if starts == Some(from) {
                     Ok((resp, true))
                 } else {
-                    Err(RegistryError::Broken { what: what.into(), got: from, cause: "the registry resumed at the wrong offset".into() })
+                    Err(RegistryError::Broken {
+                        what: what.into(),
+                        got: from,
+                        cause: "the registry resumed at the wrong offset".into(),
+                    })
                 }
             }
             StatusCode::NOT_FOUND => {
                 let body = read_small(resp);
                 match error_code(&body).as_deref() {
                     Some("NAME_UNKNOWN") => Err(self.status_error_404_name()),
-                    _ => Err(self.protocol(what, "HTTP 404 (BLOB_UNKNOWN): the registry lost a blob its manifest names")),
+                    _ => {
+                        Err(self.protocol(what, "HTTP 404 (BLOB_UNKNOWN): the registry lost a blob its manifest names"))
+                    }
                 }
             }
             _ => Err(self.status_error(resp, what)),
         }
     }
+}
+
+/// Where Docker and podman look for a registry's CA certificates (`DIR/HOST[:PORT]/*.crt`).
+const CERTS_D: &[&str] = &["/etc/docker/certs.d", "/etc/containers/certs.d"];
+
+/// CA certificates to trust besides the built-in roots: the PEM bundle `ssl_cert_file`
+/// (`$SSL_CERT_FILE`), and `*.crt` in `CERTS_D/<registry>/`.
+fn extra_roots(
+    registry: &str,
+    ssl_cert_file: Option<&Path>,
+    certs_d: &[&str],
+) -> anyhow::Result<Vec<(reqwest::Certificate, PathBuf)>> {
+    let mut files: Vec<PathBuf> = ssl_cert_file.map(Path::to_path_buf).into_iter().collect();
+    for base in certs_d {
+        let Ok(rd) = std::fs::read_dir(Path::new(base).join(registry)) else { continue };
+        let mut found: Vec<PathBuf> =
+            rd.flatten().map(|e| e.path()).filter(|p| p.extension().is_some_and(|x| x == "crt")).collect();
+        found.sort();
+        files.extend(found);
+    }
+    let mut out = Vec::new();
+    for f in files {
+        let pem = std::fs::read(&f)
+            .map_err(|e| anyhow::anyhow!("cannot read the CA certificates in {}: {e}", f.display()))?;
+        let certs = reqwest::Certificate::from_pem_bundle(&pem)
+            .map_err(|e| anyhow::anyhow!("{} is not a PEM certificate bundle: {}", f.display(), chain(&e)))?;
+        if certs.is_empty() {
+            anyhow::bail!("{} is not a PEM certificate bundle: it holds no certificate", f.display());
+        }
+        out.extend(certs.into_iter().map(|c| (c, f.clone())));
+    }
+    Ok(out)
 }
 
 fn is_loopback_url(u: &Url) -> bool {
@@ -526,13 +627,31 @@ mod tests {
     fn insecure_only_for_loopback() {
         let r = Reference::parse("nvcr.io/nvidia/pytorch:24.01-py3").unwrap();
         let e = RegistryClient::new(&r, &AuthFile::default(), true).err().unwrap().to_string();
-        assert!(e.starts_with("--insecure (plain http) is only allowed for localhost / 127.x registries, not 'nvcr.io'"), "{e}");
+        assert!(
+            e.starts_with("--insecure (plain http) is only allowed for localhost / 127.x registries, not 'nvcr.io'"),
+            "{e}"
+        );
         let r = Reference::parse("127.0.0.1:5000/a/b").unwrap();
         let c = RegistryClient::new(&r, &AuthFile::default(), true).unwrap();
         assert_eq!(c.url("manifests/latest").as_str(), "http://127.0.0.1:5000/v2/a/b/manifests/latest");
         let r = Reference::parse("ubuntu").unwrap();
         let c = RegistryClient::new(&r, &AuthFile::default(), false).unwrap();
         assert_eq!(c.url("blobs/x").as_str(), "https://registry-1.docker.io/v2/library/ubuntu/blobs/x");
+    }
+
+    #[test]
+    fn certs_d() {
+        let d = tempfile::tempdir().unwrap();
+        let base = d.path().to_str().unwrap();
+        assert!(extra_roots("reg.example:5000", None, &[base]).unwrap().is_empty());
+        std::fs::create_dir_all(d.path().join("reg.example:5000")).unwrap();
+        std::fs::write(d.path().join("reg.example:5000/ca.crt"), b"not a certificate").unwrap();
+        std::fs::write(d.path().join("reg.example:5000/client.key"), b"ignored").unwrap();
+        let e = extra_roots("reg.example:5000", None, &[base]).err().unwrap().to_string();
+        assert!(e.contains("reg.example:5000/ca.crt is not a PEM certificate bundle"), "{e}");
+        assert!(extra_roots("other.example", None, &[base]).unwrap().is_empty());
+        let e = extra_roots("other.example", Some(Path::new("/nonexistent.pem")), &[base]).err().unwrap().to_string();
+        assert!(e.starts_with("cannot read the CA certificates in /nonexistent.pem"), "{e}");
     }
 
     #[test]
