@@ -16,4 +16,6 @@ pub mod manager;
 pub mod progress;
 pub mod rootfs;
 pub mod sandbox;
+pub mod scaler;
+pub mod slurm;
 pub mod sys;

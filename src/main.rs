@@ -37,11 +37,16 @@ struct Cli {
 enum Command {
     /// Keep N Azure Pipelines agent slots, one job per fresh sandbox (the main job)
     Run(RunArgs),
-    /// What a running `azp-sandbox run` is doing: slots, agents, jobs, GPUs
+    /// What a running `azp-sandbox run` is doing: slots, agents, jobs, GPUs, autoscaling
     Status {
         #[arg(long)]
         json: bool,
+        /// Show the `azp-sandbox slurm` of this home instead
+        #[arg(long)]
+        slurm: bool,
     },
+    /// On a Slurm login node: submit batch jobs running agents while matching jobs wait
+    Slurm(SlurmArgs),
     /// Manage this host's agent records in the pool
     #[command(subcommand)]
     Agents(AgentsCommand),
@@ -163,6 +168,69 @@ struct RunArgs {
     /// Dir with pre-job.d/ and post-job.d/ hooks
     #[arg(long)]
     hooks_dir: Option<PathBuf>,
+    /// Start and stop slots with the pool's queue (README: "Clusters: autoscaling and Slurm")
+    #[arg(long)]
+    autoscale: bool,
+    /// With --autoscale: slots kept running without jobs [default: 0]
+    #[arg(long)]
+    min_agents: Option<usize>,
+    /// With --autoscale: the most slots at once [default: one per GPU]
+    #[arg(long)]
+    max_agents: Option<usize>,
+    /// With --autoscale: seconds an agent waits without a job before it is stopped [default: 300]
+    #[arg(long, value_name = "SECS")]
+    idle_timeout: Option<u64>,
+    /// With --autoscale: seconds between reads of the pool's queue [default: 15]
+    #[arg(long, value_name = "SECS")]
+    poll_interval: Option<u64>,
+    /// Exit when no job ran for this many seconds (what Slurm batch jobs use)
+    #[arg(long, value_name = "SECS")]
+    exit_when_idle: Option<u64>,
+}
+
+#[derive(clap::Args)]
+struct SlurmArgs {
+    #[command(flatten)]
+    pool: PoolArgs,
+    /// Slurm partition of the GPU nodes
+    #[arg(long)]
+    partition: String,
+    /// The most batch jobs (pending + running) at once
+    #[arg(long, default_value_t = 4)]
+    max_jobs: usize,
+    /// GPUs per batch job (--gres=gpu:K), one agent each; 0: one CPU-only agent
+    #[arg(long, default_value_t = 1)]
+    gpus_per_job: usize,
+    /// Extra sbatch argument, e.g. --sbatch-arg=--time=04:00:00 (repeatable)
+    #[arg(long = "sbatch-arg", value_name = "ARG", allow_hyphen_values = true)]
+    sbatch_args: Vec<String>,
+    /// Seconds between reads of the pool's queue and of squeue
+    #[arg(long, value_name = "SECS", default_value_t = 30)]
+    poll_interval: u64,
+    /// A batch job exits when no job came for this many seconds (its run --exit-when-idle)
+    #[arg(long, value_name = "SECS", default_value_t = 300)]
+    idle_timeout: u64,
+    /// Seconds a batch job's running CI jobs get when Slurm stops it (SIGTERM this + 60 s before the time limit)
+    #[arg(long, value_name = "SECS", default_value_t = 240)]
+    drain_timeout: u64,
+    /// Rootfs the batch jobs use [default: the config file's, else auto]
+    #[arg(long)]
+    rootfs: Option<String>,
+    /// How compute nodes start azp-sandbox, e.g. "sudo -n /usr/local/bin/azp-sandbox" [default: this binary's path]
+    #[arg(long)]
+    remote_exe: Option<String>,
+    /// --home on the compute nodes (node-local: the rootfs store and agent package stay cached)
+    #[arg(long)]
+    remote_home: Option<PathBuf>,
+    /// --config for the batch jobs' run
+    #[arg(long)]
+    remote_config: Option<PathBuf>,
+    /// Extra argument for the batch jobs' run, e.g. --run-arg=--memory=64G (repeatable)
+    #[arg(long = "run-arg", value_name = "ARG", allow_hyphen_values = true)]
+    run_args: Vec<String>,
+    /// A capability the compute nodes' agents have that this node cannot see, for matching demands (repeatable)
+    #[arg(long = "capability", value_name = "NAME=VALUE")]
+    capabilities: Vec<String>,
 }
 
 #[derive(Subcommand)]
@@ -233,6 +301,23 @@ enum RootfsCommand {
         /// Plain http (localhost / 127.x registries only)
         #[arg(long)]
         insecure: bool,
+    },
+    /// Build a rootfs from a recipe with debootstrap + apt (no Docker), e.g. debian-trixie-cuda12.4
+    Build {
+        /// Recipe: a .toml file, or a name from rootfs-recipes/ (/etc/azp-sandbox/rootfs-recipes, next to the binary, /usr/share/azp-sandbox/rootfs-recipes, built in)
+        recipe: String,
+        /// Rootfs name [default: the recipe's name]
+        #[arg(long)]
+        name: Option<String>,
+        /// Distribution mirror instead of the recipe's, e.g. http://mirror.example/debian
+        #[arg(long)]
+        mirror: Option<String>,
+        /// Where downloaded .debs are kept for the next build [default: HOME/cache/apt]
+        #[arg(long)]
+        cache_dir: Option<PathBuf>,
+        /// Keep apt's package lists in the rootfs (jobs can apt-get install without apt-get update)
+        #[arg(long)]
+        keep_cache: bool,
     },
 }
 
@@ -322,7 +407,25 @@ fn run(cli: Cli, home: Home) -> Result<i32> {
             azp_sandbox::manager::run(&home, settings, ctx)?;
             Ok(0)
         }
-        Command::Status { json } => {
+        Command::Status { json, slurm: true } => {
+            let path = azp_sandbox::slurm::status_path(&home);
+            let bytes = std::fs::read(&path).with_context(|| format!("no Slurm status at {}: is `azp-sandbox slurm` running with this --home?", path.display()))?;
+            let st: azp_sandbox::slurm::SlurmStatus = serde_json::from_slice(&bytes).with_context(|| format!("corrupt {}", path.display()))?;
+            let alive = nix::sys::signal::kill(nix::unistd::Pid::from_raw(st.pid as i32), None).is_ok();
+            if json {
+                println!("{}", serde_json::to_string_pretty(&st)?);
+            } else {
+                print!("{}", st.render(alive));
+            }
+            Ok(if alive { 0 } else { 3 })
+        }
+        Command::Slurm(args) => {
+            let (settings, env_token) = run_settings(&args.pool, None)?;
+            let s = slurm_settings(args, settings)?;
+            azp_sandbox::slurm::run(&home, s, env_token)?;
+            Ok(0)
+        }
+        Command::Status { json, slurm: false } => {
             let st = azp_sandbox::manager::status::read(&home.root().join("status.json"))?;
             let alive = nix::sys::signal::kill(nix::unistd::Pid::from_raw(st.pid as i32), None).is_ok();
             if json {
@@ -392,9 +495,53 @@ fn run_settings(p: &PoolArgs, run: Option<&RunArgs>) -> Result<(azp_sandbox::man
         flags.agent_package = r.agent_package.clone();
         flags.drain_timeout = r.drain_timeout.map(std::time::Duration::from_secs);
         flags.hooks_dir = r.hooks_dir.clone();
+        flags.autoscale = r.autoscale;
+        flags.min_agents = r.min_agents;
+        flags.max_agents = r.max_agents;
+        flags.idle_timeout = r.idle_timeout.map(std::time::Duration::from_secs);
+        flags.poll_interval = r.poll_interval.map(std::time::Duration::from_secs);
+        flags.exit_when_idle = r.exit_when_idle.map(std::time::Duration::from_secs);
     }
     let s = settings::merge(file, env, flags)?;
     Ok((s, std::env::var("AZP_TOKEN").ok()))
+}
+
+/// `slurm`'s settings: the pool's from flags > env > config file, the rest from its flags.
+fn slurm_settings(a: SlurmArgs, s: azp_sandbox::manager::settings::RunSettings) -> Result<azp_sandbox::slurm::SlurmSettings> {
+    use std::time::Duration;
+    let mut capabilities = Vec::new();
+    for c in &a.capabilities {
+        match c.split_once('=') {
+            Some((k, v)) if !k.is_empty() => capabilities.push((k.to_string(), v.to_string())),
+            _ => bail!("bad --capability '{c}': use NAME=VALUE, e.g. gpu_model=NVIDIA A100-SXM4-80GB"),
+        }
+    }
+    if a.poll_interval == 0 {
+        bail!("--poll-interval must be at least 1 second");
+    }
+    let remote_exe = match a.remote_exe {
+        Some(e) => e,
+        None => std::env::current_exe().context("cannot find the azp-sandbox binary: give --remote-exe")?.display().to_string(),
+    };
+    Ok(azp_sandbox::slurm::SlurmSettings {
+        url: s.url,
+        token_file: s.token_file,
+        pool: s.pool,
+        name_prefix: s.name_prefix,
+        partition: a.partition,
+        max_jobs: a.max_jobs,
+        gpus_per_job: a.gpus_per_job,
+        sbatch_args: a.sbatch_args,
+        poll_interval: Duration::from_secs(a.poll_interval),
+        idle_timeout: Duration::from_secs(a.idle_timeout),
+        drain_timeout: Duration::from_secs(a.drain_timeout),
+        rootfs: a.rootfs.or(Some(s.rootfs)),
+        remote_exe,
+        remote_home: a.remote_home,
+        remote_config: a.remote_config.or(a.pool.config),
+        run_args: a.run_args,
+        capabilities,
+    })
 }
 
 fn log_gc(report: &sandbox::GcReport) {
@@ -516,6 +663,12 @@ fn rootfs(home: &Home, cmd: RootfsCommand) -> Result<i32> {
             let opts = azp_sandbox::rootfs::oci::PullOptions { reference, name, platform, auth_file, insecure, ..Default::default() };
             let report = azp_sandbox::rootfs::oci::pull(&store, &home.cache_dir(), &opts)?;
             tracing::info!("{}", report.summary("pulled"));
+            Ok(0)
+        }
+        RootfsCommand::Build { recipe, name, mirror, cache_dir, keep_cache } => {
+            cancel_import_on_signals();
+            let report = azp_sandbox::rootfs::recipe::build_command(home, &recipe, name, mirror, cache_dir, keep_cache)?;
+            tracing::info!("{}", report.summary());
             Ok(0)
         }
         RootfsCommand::Rm { name } => {

@@ -147,3 +147,59 @@ fn bad_pat_and_unknown_pool_fail_at_start_with_their_message() {
     assert!(err.contains("cannot reach"), "{err}");
     h.assert_no_residue(&[]);
 }
+
+#[test]
+fn update_required_refetches_the_package_and_status_shows_the_slots() {
+    require_root!();
+    let fake = FakeAzure::start();
+    let h = TestHome::with_busybox("runner-update");
+    let tf = token_file(&h, &fake.pat());
+    let log = std::fs::File::create(h.dir.join("manager.log")).unwrap();
+    let child = h
+        .command()
+        .args(["run", "--pool", "gpu", "--url", &fake.url(), "--token-file", tf.to_str().unwrap()])
+        .args(["--agents", "1", "--gpus-per-agent", "none", "--rootfs", "bb", "--name-prefix", "upd"])
+        .stdout(Stdio::null())
+        .stderr(log)
+        .spawn()
+        .unwrap();
+    let mgr = Manager { child };
+    fake.enqueue_job("echo first");
+    assert_eq!(fake.wait_results(1, Duration::from_secs(60)).len(), 1);
+    // The server now offers a newer agent, and the running one asks for an update (exit 4).
+    fake.set_package_version("4.253.1");
+    fake.enqueue_job("#exit-code 4\necho never runs");
+    fake.enqueue_job("echo after-update");
+    let results = fake.wait_results(3, Duration::from_secs(60));
+    assert_eq!(results.len(), 3, "{}", std::fs::read_to_string(h.dir.join("manager.log")).unwrap());
+    assert_eq!(results[1].hook_exit, Some(4));
+    assert!(results[2].output.contains("after-update"));
+    assert_eq!(fake.package_downloads(), 2, "the new version is fetched once");
+    assert!(h.dir.join("cache/agent/4.253.1/azp/agent/run.sh").exists());
+    assert_eq!(fake.agent("upd-0").map(|a| a.version), Some("4.253.1".to_string()));
+
+    let out = h.run(&["status"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}");
+    assert!(text.contains("upd-0") && text.contains("running") && text.contains("pool      gpu"), "{text}");
+    let json: serde_json::Value = serde_json::from_slice(&h.run(&["status", "--json"]).stdout).unwrap();
+    assert_eq!(json["slots"][0]["agent"], "upd-0");
+    assert!(json["slots"][0]["jobs_done"].as_u64().unwrap() >= 2, "{json}");
+
+    assert!(mgr.stop().success());
+    let out = h.run(&["status"]);
+    assert_eq!(out.status.code(), Some(3), "status of a stopped manager exits 3");
+    assert!(String::from_utf8_lossy(&out.stdout).contains("NOT RUNNING"));
+    h.assert_no_residue(&[]);
+}
+
+#[test]
+fn service_install_writes_a_unit() {
+    let h = TestHome::new("service");
+    let units = h.dir.join("units");
+    let out = h.run(&["service", "install", "--unit-dir", units.to_str().unwrap(), "--config", "/etc/azp-sandbox/config.toml"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let unit = std::fs::read_to_string(units.join("azp-sandbox.service")).unwrap();
+    assert!(unit.contains(&format!("ExecStart={} --home {} run --config /etc/azp-sandbox/config.toml", bin().display(), h.dir.display())), "{unit}");
+    assert!(unit.contains("KillMode=mixed") && unit.contains("WantedBy=multi-user.target"), "{unit}");
+}

@@ -290,6 +290,47 @@ impl AzureClient {
         Ok(list.value)
     }
 
+    /// Like [`AzureClient::job_requests`], only the open ones (`completedRequestCount=0`:
+    /// queued or running), which is what a queue reader needs on a pool with a long history.
+    pub fn open_job_requests(&self, pool_id: u64, top: u32) -> Result<Vec<JobRequest>, AzureError> {
+        let top = top.to_string();
+        let url = self.url(
+            &format!("_apis/distributedtask/pools/{pool_id}/jobrequests"),
+            &[("$top", &top), ("completedRequestCount", "0")],
+        );
+        let list: types::List<JobRequest> =
+            self.get_json(url, None, &format!("the job requests of pool {pool_id}"))?;
+        Ok(list.value)
+    }
+
+    /// `POST .../pools/{id}/agents` with `agent` (a TaskAgent: name, version,
+    /// systemCapabilities, authorization.publicKey...): a new agent record. Not retried
+    /// (not idempotent: a retry after a lost answer would meet "already contains").
+    pub fn add_agent(&self, pool_id: u64, agent: &serde_json::Value) -> Result<Agent, AzureError> {
+        let url = self.url(&format!("_apis/distributedtask/pools/{pool_id}/agents"), &[]);
+        let what = format!("the registration of an agent in pool {pool_id}");
+        let (_, body) = self
+            .call_with_body(Method::POST, url, Some(API_VERSION), &what, Some(agent))
+            .map_err(|e| match e {
+                AzureError::Forbidden { .. } => AzureError::Forbidden {
+                    what: format!("register agents in pool {pool_id}"),
+                },
+                e => e,
+            })?;
+        parse_json(&body, &what)
+    }
+
+    /// `PATCH .../pools/{id}/agents/{agentId}` `{"id", "enabled"}`: a disabled agent gets
+    /// no new job (the server's own switch; used before stopping an idle agent).
+    pub fn set_agent_enabled(&self, pool_id: u64, agent_id: u64, enabled: bool) -> Result<(), AzureError> {
+        let url = self.url(&format!("_apis/distributedtask/pools/{pool_id}/agents/{agent_id}"), &[]);
+        let what = format!("the update of agent {agent_id} of pool {pool_id}");
+        let body = serde_json::json!({"id": agent_id, "enabled": enabled});
+        with_retry(&self.inner.retry, || {
+            self.call_with_body(Method::PATCH, url.clone(), Some(API_VERSION), &what, Some(&body)).map(drop)
+        })
+    }
+
     /// Streams `url` into `dest`, calling `progress` with the bytes so far; returns the
     /// byte count. The PAT is sent only when `url` has the organization's own origin.
     /// Not retried here (the caller owns `dest`: retry by starting over).
@@ -353,17 +394,33 @@ impl AzureClient {
         api: Option<&str>,
         what: &str,
     ) -> Result<(StatusCode, Vec<u8>), AzureError> {
+        self.call_with_body(method, url, api, what, None)
+    }
+
+    /// [`AzureClient::call`] with an optional JSON body.
+    fn call_with_body(
+        &self,
+        method: Method,
+        url: Url,
+        api: Option<&str>,
+        what: &str,
+        json: Option<&serde_json::Value>,
+    ) -> Result<(StatusCode, Vec<u8>), AzureError> {
         let accept = match api {
             Some(v) => format!("application/json;api-version={v}"),
             None => "application/json".to_owned(),
         };
-        let resp = self
+        let mut req = self
             .inner
             .http
             .request(method, url)
             .header(AUTHORIZATION, self.inner.auth.clone())
             .header("X-TFS-FedAuthRedirect", "Suppress")
-            .header(ACCEPT, accept)
+            .header(ACCEPT, accept);
+        if let Some(v) = json {
+            req = req.header(CONTENT_TYPE, "application/json").body(v.to_string());
+        }
+        let resp = req
             .send()
             .map_err(|e| net_error(e, &self.inner.org_str, what, self.inner.timeout))?;
         let status = resp.status();

@@ -5,9 +5,10 @@
 //! process (see `sandbox::helper`). Signals are taken synchronously by the main thread
 //! (blocked everywhere, then sigwait), which drains the slots.
 
+pub mod autoscale;
 pub mod hooks;
-pub mod service;
 pub mod phases;
+pub mod service;
 pub mod settings;
 pub mod slot;
 pub mod status;
@@ -68,6 +69,23 @@ impl Shared {
         Ok(())
     }
 
+    /// Changes the scaler's part of the status (and writes the status file).
+    pub fn update_scaler(&self, f: impl FnOnce(&mut crate::scaler::ScalerStatus)) {
+        let mut st = self.status.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(s) = st.scaler.as_mut() {
+            f(s);
+        }
+        if let Err(e) = status::write(&self.home.root().join("status.json"), &st) {
+            tracing::warn!("{e:#}");
+        }
+    }
+
+    /// The slot's state and since when, from the status.
+    pub fn slot_state(&self, index: usize) -> Option<(String, u64)> {
+        let st = self.status.lock().unwrap_or_else(|p| p.into_inner());
+        st.slots.get(index).map(|s| (s.state.clone(), s.since_unix))
+    }
+
     /// Sleeps up to `d`, returning early when a stop was requested.
     pub fn sleep_unless_stopping(&self, d: Duration) {
         let end = Instant::now() + d;
@@ -116,19 +134,42 @@ pub fn run(home: &Home, settings: RunSettings, ctx: RunContext) -> Result<()> {
         cdi_spec: None,
     };
     let inventory = gpu::NvmlInventory::load(&gpu_opts.driver_root, &gpu_opts.extra_lib_dirs);
-    let driver = gpu::discover(&gpu_opts, &inventory)?;
-    let per_agent = if driver.gpus.is_empty() && settings.gpus_per_agent == PerAgent::Count(1) && settings.agents.is_some() {
+    let mut driver = gpu::discover(&gpu_opts, &inventory)?;
+    // In a Slurm batch job, only the GPUs Slurm gave the job (SLURM_JOB_GPUS: indexes).
+    if let (Some(_), Some(ids)) =
+        (std::env::var_os("SLURM_JOB_ID"), std::env::var("SLURM_JOB_GPUS").ok().filter(|v| !v.is_empty()))
+    {
+        let ids: Vec<u32> = ids.split(',').filter_map(|i| i.trim().parse().ok()).collect();
+        driver.gpus.retain(|g| ids.contains(&g.index));
+        tracing::info!("Slurm job: using the GPUs it was given ({ids:?}): {} found", driver.gpus.len());
+    }
+    let agents_given = settings.agents.or(settings.autoscale.as_ref().and_then(|a| a.max_agents));
+    let per_agent = if driver.gpus.is_empty() && settings.gpus_per_agent == PerAgent::Count(1) && agents_given.is_some()
+    {
         // Default split on a host without GPUs: plain CPU agents.
         PerAgent::None
     } else {
         settings.gpus_per_agent
     };
-    let agents = settings.agents.unwrap_or_else(|| gpu::select::default_agents(&driver.gpus));
+    let agents = agents_given.unwrap_or_else(|| gpu::select::default_agents(&driver.gpus));
+    if let Some(a) = &settings.autoscale {
+        if a.min_agents > agents {
+            bail!(
+                "--min-agents {} is more than the {agents} slot(s) this host has: lower it or raise --max-agents",
+                a.min_agents
+            );
+        }
+    }
     let split: Vec<Vec<GpuInfo>> = if per_agent == PerAgent::None {
         vec![vec![]; agents]
     } else {
         if driver.gpus.is_empty() {
-            bail!("{}", driver.unavailable_reason().unwrap_or_else(|| "no NVIDIA GPU found: use --gpus-per-agent none for CPU-only agents".into()));
+            bail!(
+                "{}",
+                driver
+                    .unavailable_reason()
+                    .unwrap_or_else(|| "no NVIDIA GPU found: use --gpus-per-agent none for CPU-only agents".into())
+            );
         }
         gpu::select::split(&driver.gpus, agents, per_agent)?
     };
@@ -139,7 +180,9 @@ pub fn run(home: &Home, settings: RunSettings, ctx: RunContext) -> Result<()> {
     let lease = store.lease(&rootfs_name)?;
     let user = passwd_user(lease.path(), "azp");
     if user.is_none() {
-        tracing::warn!("rootfs '{rootfs_name}' has no 'azp' user: agents run as root in the sandbox (AGENT_ALLOW_RUNASROOT=1)");
+        tracing::warn!(
+            "rootfs '{rootfs_name}' has no 'azp' user: agents run as root in the sandbox (AGENT_ALLOW_RUNASROOT=1)"
+        );
     }
 
     let packages = PackageCache::new(home);
@@ -150,7 +193,9 @@ pub fn run(home: &Home, settings: RunSettings, ctx: RunContext) -> Result<()> {
     tracing::info!("agent package {} at {}", package.version, package.dir.display());
 
     let names: Vec<String> = (0..agents).map(|i| format!("{}-{i}", settings.name_prefix)).collect();
-    prune(&client, pool.id, &settings.name_prefix, |n| names.iter().any(|m| m == n))?;
+    let autoscaling = settings.autoscale.is_some();
+    // Autoscaling re-registers a slot's agent when it starts: no record is kept meanwhile.
+    prune(&client, pool.id, &settings.name_prefix, |n| !autoscaling && names.iter().any(|m| m == n))?;
 
     let status = Status {
         pid: std::process::id(),
@@ -160,8 +205,19 @@ pub fn run(home: &Home, settings: RunSettings, ctx: RunContext) -> Result<()> {
         rootfs: rootfs_name.clone(),
         limits_enforced: true,
         stopping: false,
-        slots: names.iter().enumerate().map(|(i, n)| SlotStatus { slot: i, agent: n.clone(), state: "starting".into(), ..Default::default() }).collect(),
+        slots: names
+            .iter()
+            .enumerate()
+            .map(|(i, n)| SlotStatus {
+                slot: i,
+                agent: n.clone(),
+                state: if autoscaling { "off" } else { "starting" }.into(),
+                ..Default::default()
+            })
+            .collect(),
+        scaler: None,
     };
+    let agent_version = package.version.to_string();
     let shared = Arc::new(Shared {
         home: home.clone(),
         settings: settings.clone(),
@@ -174,8 +230,8 @@ pub fn run(home: &Home, settings: RunSettings, ctx: RunContext) -> Result<()> {
     });
 
     let caps = gpu::Capabilities::default();
-    let mut threads = Vec::new();
-    let mut helper_pids = Vec::new();
+    let mut configs = Vec::new();
+    let mut shapes = Vec::new();
     for (i, gpus) in split.into_iter().enumerate() {
         let edits = if gpus.is_empty() { Default::default() } else { gpu::inject::edits(&driver, &gpus, &caps)? };
         let base_plan = JobPlan {
@@ -210,22 +266,53 @@ pub fn run(home: &Home, settings: RunSettings, ctx: RunContext) -> Result<()> {
             user,
             gpu_names: gpus.iter().map(|g| g.uuid.clone().unwrap_or_else(|| g.index.to_string())).collect(),
             capability_env: phases::capability_env(&facts),
+            stop: Arc::new(AtomicBool::new(false)),
         };
-        let pid = Arc::new(AtomicI32::new(0));
-        helper_pids.push((i, pid.clone()));
-        let sh = shared.clone();
-        threads.push(std::thread::Builder::new().name(format!("slot-{i}")).spawn(move || slot::run_slot(sh, cfg, pid))?);
+        // What this slot's listener will advertise, for matching the queue's demands.
+        let mut listener = cfg.base_plan.clone();
+        let (uid, gid) = user.unwrap_or((0, 0));
+        (listener.uid, listener.gid) = (uid, gid);
+        let job = phases::AgentJob {
+            url: &settings.url,
+            pool: &settings.pool,
+            agent_name: &names[i],
+            as_root: user.is_none(),
+        };
+        listener.env = [phases::agent_env(&job), cfg.capability_env.clone()].concat();
+        shapes.push(phases::advertised_capabilities(&listener, &names[i], &agent_version, lease.path()));
+        configs.push(cfg);
     }
-    tracing::info!("{} slot(s) started: {}", threads.len(), names.join(", "));
+    let mut slots = Slots::new(configs);
+    let mut scaler = match &settings.autoscale {
+        Some(a) => Some(autoscale::Scaler::start(&shared, pool.id, a.clone(), shapes, &agent_version)?),
+        None => {
+            for i in 0..slots.len() {
+                slots.start(i, &shared)?;
+            }
+            tracing::info!("{} slot(s) started: {}", slots.len(), names.join(", "));
+            None
+        }
+    };
 
-    // Wait for a signal (or for every slot to end on its own).
+    // Wait for a signal (or for every slot to end on its own, or --exit-when-idle).
+    let mut last_activity = Instant::now();
     let sig = loop {
         let timeout = Duration::from_millis(500);
         if let Some(s) = wait_signal(&sigs, timeout) {
             break Some(s);
         }
-        if threads.iter().all(|t| t.is_finished()) {
-            break None;
+        match scaler.as_mut() {
+            Some(sc) => sc.tick(&shared, &mut slots),
+            None if slots.all_finished() => break None,
+            None => {}
+        }
+        if let Some(t) = settings.exit_when_idle {
+            if slots.any_busy(&home.jobs_dir()) {
+                last_activity = Instant::now();
+            } else if last_activity.elapsed() >= t {
+                tracing::info!("no job for {}s (--exit-when-idle): stopping", t.as_secs());
+                break None;
+            }
         }
     };
     if let Some(s) = sig {
@@ -239,24 +326,27 @@ pub fn run(home: &Home, settings: RunSettings, ctx: RunContext) -> Result<()> {
     // Idle agents (no job taken) are stopped at once; busy ones get the drain timeout.
     let deadline = Instant::now() + settings.drain_timeout;
     let mut signalled = std::collections::HashSet::new();
-    while !threads.iter().all(|t| t.is_finished()) {
-        for (i, pid) in &helper_pids {
-            let p = pid.load(Ordering::SeqCst);
-            if p <= 0 || signalled.contains(&(*i, p)) {
+    while !slots.all_finished() {
+        for (i, h) in slots.v.iter().enumerate() {
+            let p = h.pid.load(Ordering::SeqCst);
+            if h.thread.is_none() || p <= 0 || signalled.contains(&(i, p)) {
                 continue;
             }
-            let busy = job_in_progress(&home.jobs_dir(), &names[*i]);
+            let busy = job_in_progress(&home.jobs_dir(), &names[i]);
             if !busy || Instant::now() >= deadline || wait_signal(&sigs, Duration::ZERO).is_some() {
-                tracing::info!(slot = i, "stopping agent {} ({})", names[*i], if busy { "drain timeout" } else { "idle" });
+                tracing::info!(
+                    slot = i,
+                    "stopping agent {} ({})",
+                    names[i],
+                    if busy { "drain timeout" } else { "idle" }
+                );
                 let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(p), nix::sys::signal::SIGTERM);
-                signalled.insert((*i, p));
+                signalled.insert((i, p));
             }
         }
         std::thread::sleep(Duration::from_millis(100));
     }
-    for t in threads {
-        let _ = t.join();
-    }
+    slots.reap();
     // Our agents are gone now (whatever the server still shows: a killed listener may
     // not have closed its session): remove their records so the pool has no stale ones.
     for a in client.list_agents(pool.id, None)? {
@@ -265,13 +355,89 @@ pub fn run(home: &Home, settings: RunSettings, ctx: RunContext) -> Result<()> {
             tracing::info!("removed agent record '{}' (id {})", a.name, a.id);
         }
     }
+    if let Some(sc) = scaler {
+        sc.shutdown(&client);
+    }
     drop(lease);
     let gc = crate::sandbox::gc(home)?;
     for r in &gc.removed {
         tracing::info!("gc: removed {r}");
     }
-    tracing::info!("stopped; {} job(s) served", shared.status.lock().map(|s| s.slots.iter().map(|x| x.jobs_done).sum::<u64>()).unwrap_or(0));
+    tracing::info!(
+        "stopped; {} job(s) served",
+        shared.status.lock().map(|s| s.slots.iter().map(|x| x.jobs_done).sum::<u64>()).unwrap_or(0)
+    );
     Ok(())
+}
+
+/// The slot threads: started all at once, or one by one by the autoscaler.
+pub struct Slots {
+    v: Vec<SlotHandle>,
+}
+
+struct SlotHandle {
+    cfg: slot::SlotConfig,
+    thread: Option<std::thread::JoinHandle<()>>,
+    pid: Arc<AtomicI32>,
+}
+
+impl Slots {
+    fn new(configs: Vec<slot::SlotConfig>) -> Slots {
+        Slots {
+            v: configs
+                .into_iter()
+                .map(|cfg| SlotHandle { cfg, thread: None, pid: Arc::new(AtomicI32::new(0)) })
+                .collect(),
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.v.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.v.is_empty()
+    }
+
+    /// Starts slot `i` (a fresh stop flag, a new thread).
+    fn start(&mut self, i: usize, shared: &Arc<Shared>) -> Result<()> {
+        let h = &mut self.v[i];
+        if h.thread.is_some() {
+            return Ok(());
+        }
+        h.cfg.stop = Arc::new(AtomicBool::new(false));
+        h.pid.store(0, Ordering::SeqCst);
+        let (sh, cfg, pid) = (shared.clone(), h.cfg.clone(), h.pid.clone());
+        h.thread =
+            Some(std::thread::Builder::new().name(format!("slot-{i}")).spawn(move || slot::run_slot(sh, cfg, pid))?);
+        Ok(())
+    }
+
+    /// A thread exists for slot `i` (it may be ending).
+    fn alive(&self, i: usize) -> bool {
+        self.v[i].thread.is_some()
+    }
+
+    fn all_finished(&self) -> bool {
+        self.v.iter().all(|h| h.thread.as_ref().is_none_or(|t| t.is_finished()))
+    }
+
+    /// Joins the threads that ended; returns their slot indexes.
+    fn reap(&mut self) -> Vec<usize> {
+        let mut out = Vec::new();
+        for (i, h) in self.v.iter_mut().enumerate() {
+            if h.thread.as_ref().is_some_and(|t| t.is_finished()) {
+                let _ = h.thread.take().map(|t| t.join());
+                out.push(i);
+            }
+        }
+        out
+    }
+
+    /// Some slot's agent is running a job.
+    fn any_busy(&self, jobs_dir: &Path) -> bool {
+        self.v.iter().any(|h| h.thread.is_some() && job_in_progress(jobs_dir, &h.cfg.agent_name))
+    }
 }
 
 /// Is the slot's current job dir showing a job the agent has taken?
@@ -280,7 +446,8 @@ fn job_in_progress(jobs_dir: &Path, agent_name: &str) -> bool {
         .map(|rd| {
             rd.flatten().any(|e| {
                 let n = e.file_name().to_string_lossy().into_owned();
-                n.strip_prefix(agent_name).is_some_and(|rest| rest.starts_with('-') && rest[1..].chars().all(|c| c.is_ascii_digit()))
+                n.strip_prefix(agent_name)
+                    .is_some_and(|rest| rest.starts_with('-') && rest[1..].chars().all(|c| c.is_ascii_digit()))
                     && slot::ran_a_job(&e.path().join("upper"))
             })
         })
@@ -298,7 +465,11 @@ fn wait_signal(set: &nix::sys::signal::SigSet, timeout: Duration) -> Option<nix:
 pub fn prune(client: &AzureClient, pool_id: u64, prefix: &str, keep: impl Fn(&str) -> bool) -> Result<Vec<String>> {
     let mut removed = Vec::new();
     for a in client.list_agents(pool_id, None)? {
-        let ours = a.name.strip_prefix(prefix).and_then(|r| r.strip_prefix('-')).is_some_and(|n| !n.is_empty() && n.chars().all(|c| c.is_ascii_digit()));
+        let ours = a
+            .name
+            .strip_prefix(prefix)
+            .and_then(|r| r.strip_prefix('-'))
+            .is_some_and(|n| !n.is_empty() && n.chars().all(|c| c.is_ascii_digit()));
         if ours && !a.is_online() && !keep(&a.name) {
             client.delete_agent(pool_id, a.id)?;
             tracing::info!("removed offline agent record '{}' (id {})", a.name, a.id);

@@ -28,7 +28,10 @@ pub fn configure_args(job: &AgentJob) -> Vec<String> {
     let script = "IFS= read -r VSTS_AGENT_INPUT_TOKEN || exit 97; export VSTS_AGENT_INPUT_TOKEN; \
                   exec ./config.sh --unattended --url \"$1\" --auth pat --pool \"$2\" --agent \"$3\" \
                   --replace --acceptTeeEula --work \"$4\"";
-    ["/bin/sh", "-c", script, "azp-configure", job.url, job.pool, job.agent_name, WORK_DIR].iter().map(|s| s.to_string()).collect()
+    ["/bin/sh", "-c", script, "azp-configure", job.url, job.pool, job.agent_name, WORK_DIR]
+        .iter()
+        .map(|s| s.to_string())
+        .collect()
 }
 
 pub fn run_args() -> Vec<String> {
@@ -91,6 +94,62 @@ pub fn agent_dir() -> PathBuf {
     PathBuf::from(AGENT_DIR)
 }
 
+/// Tools the real agent looks for on PATH, as (capability, program).
+const TOOLS: &[(&str, &str)] = &[
+    ("sh", "sh"),
+    ("git", "git"),
+    ("make", "make"),
+    ("cmake", "cmake"),
+    ("curl", "curl"),
+    ("clang", "clang"),
+    ("docker", "docker"),
+    ("java", "java"),
+    ("node.js", "node"),
+    ("npm", "npm"),
+    ("python", "python"),
+    ("python3", "python3"),
+];
+
+/// The system capabilities a slot's listener will advertise, for matching the queue's
+/// demands before the agent exists: its whole environment as the sandbox builds it
+/// (PATH/HOME, GPU and dataset variables, [`agent_env`], [`capability_env`]), the
+/// agent's own `Agent.*` entries, and the tools of [`TOOLS`] found in the rootfs on PATH.
+/// The listener drops TERM, SHLVL, LS_COLORS and values of 1024+ characters; so do we.
+pub fn advertised_capabilities(
+    plan: &crate::sandbox::JobPlan,
+    agent_name: &str,
+    agent_version: &str,
+    rootfs: &std::path::Path,
+) -> std::collections::BTreeMap<String, String> {
+    let mut caps = std::collections::BTreeMap::new();
+    let mut path = String::new();
+    for kv in crate::sandbox::spec::environment(plan) {
+        let Some((k, v)) = kv.split_once('=') else { continue };
+        if k == "PATH" {
+            path = v.to_string();
+        }
+        if ["TERM", "SHLVL", "LS_COLORS"].contains(&k) || k.starts_with("VSTS_AGENT_INPUT_") || v.len() >= 1024 {
+            continue;
+        }
+        caps.insert(k.to_string(), v.to_string());
+    }
+    for (cap, prog) in TOOLS {
+        let found = path
+            .split(':')
+            .filter(|d| d.starts_with('/'))
+            .map(|d| format!("{d}/{prog}"))
+            .find(|p| std::fs::symlink_metadata(rootfs.join(p.trim_start_matches('/'))).is_ok());
+        if let Some(p) = found {
+            caps.insert(cap.to_string(), p);
+        }
+    }
+    caps.insert("Agent.Name".into(), agent_name.into());
+    caps.insert("Agent.Version".into(), agent_version.into());
+    caps.insert("Agent.OS".into(), "Linux".into());
+    caps.insert("Agent.HomeDirectory".into(), AGENT_DIR.into());
+    caps
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -105,6 +164,44 @@ mod tests {
         assert!(!agent_env(&job).iter().any(|(k, _)| k == "AGENT_ALLOW_RUNASROOT"));
         let root = AgentJob { as_root: true, ..job };
         assert!(agent_env(&root).contains(&("AGENT_ALLOW_RUNASROOT".into(), "1".into())));
+    }
+
+    #[test]
+    fn advertised_capabilities_are_the_listener_environment() {
+        let root = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(root.path().join("bin")).unwrap();
+        std::fs::write(root.path().join("bin/sh"), "").unwrap();
+        let job = AgentJob { url: "u", pool: "p", agent_name: "h-0", as_root: true };
+        let f = SlotFacts { slot: 0, rootfs: "bb".into(), rootfs_cuda: Some("12.4".into()), ..Default::default() };
+        let plan = crate::sandbox::JobPlan {
+            id: "h-0-1".into(),
+            lower: vec![],
+            args: vec![],
+            env: [agent_env(&job), capability_env(&f)].concat(),
+            cwd: agent_dir(),
+            uid: 0,
+            gid: 0,
+            hostname: "h-0".into(),
+            volumes: vec!["/data:/datasets/d:DATASET".parse().unwrap()],
+            limits: Default::default(),
+            network: crate::config::Network::Host,
+            edits: Default::default(),
+            cgroup_path: PathBuf::new(),
+            owned_dirs: vec![],
+        };
+        let caps = advertised_capabilities(&plan, "h-0", "4.252.0", root.path());
+        for (k, v) in [
+            ("cuda_version", "12.4"),
+            ("azp_sandbox_rootfs", "bb"),
+            ("DATASET", "/datasets/d"),
+            ("AGENT_ALLOW_RUNASROOT", "1"),
+            ("HOME", "/root"),
+            ("sh", "/bin/sh"),
+            ("Agent.Version", "4.252.0"),
+        ] {
+            assert_eq!(caps.get(k).map(String::as_str), Some(v), "{k}: {caps:?}");
+        }
+        assert!(!caps.contains_key("git"), "{caps:?}");
     }
 
     #[test]

@@ -4,6 +4,7 @@
 
 use crate::config::{parse_size, Volume};
 use crate::gpu::PerAgent;
+use crate::scaler::AutoscaleSettings;
 use anyhow::{bail, Context, Result};
 use serde::Deserialize;
 use std::path::{Path, PathBuf};
@@ -33,6 +34,12 @@ pub struct FileSettings {
     pub hook_timeout_secs: Option<u64>,
     #[serde(default)]
     pub extra_lib_dirs: Vec<PathBuf>,
+    /// Queue-driven autoscaling (see `run --autoscale`).
+    pub autoscale: Option<bool>,
+    pub min_agents: Option<usize>,
+    pub max_agents: Option<usize>,
+    pub idle_timeout_secs: Option<u64>,
+    pub poll_interval_secs: Option<u64>,
 }
 
 /// What the command line gave (None = not given).
@@ -54,6 +61,11 @@ pub struct FlagSettings {
     pub hooks_dir: Option<PathBuf>,
     /// Stop after this long without a job (Slurm batch jobs).
     pub exit_when_idle: Option<Duration>,
+    pub autoscale: bool,
+    pub min_agents: Option<usize>,
+    pub max_agents: Option<usize>,
+    pub idle_timeout: Option<Duration>,
+    pub poll_interval: Option<Duration>,
 }
 
 /// The validated settings of one `run`.
@@ -77,6 +89,8 @@ pub struct RunSettings {
     pub hook_timeout: Duration,
     pub extra_lib_dirs: Vec<PathBuf>,
     pub exit_when_idle: Option<Duration>,
+    /// Some: slots start and stop with the queue.
+    pub autoscale: Option<AutoscaleSettings>,
 }
 
 /// Reads the config file: `explicit` must exist; the default path may be absent.
@@ -91,7 +105,8 @@ pub fn read_file(explicit: Option<&Path>) -> Result<FileSettings> {
 }
 
 pub fn parse_file(text: &str) -> Result<FileSettings> {
-    toml::from_str(text).map_err(|e| anyhow::anyhow!("{}", e.to_string().lines().collect::<Vec<_>>().join(" ").trim().to_string()))
+    toml::from_str(text)
+        .map_err(|e| anyhow::anyhow!("{}", e.to_string().lines().collect::<Vec<_>>().join(" ").trim().to_string()))
 }
 
 /// Environment overrides (AZP_URL, AZP_TOKEN_FILE, AZP_POOL, AZP_AGENT_NAME as the prefix).
@@ -106,6 +121,7 @@ pub fn env_settings(get: impl Fn(&str) -> Option<String>) -> FlagSettings {
 }
 
 pub fn merge(file: FileSettings, env: FlagSettings, flags: FlagSettings) -> Result<RunSettings> {
+    let autoscale = autoscale_settings(&file, &flags)?;
     let pick = |f: Option<String>, e: Option<String>, c: Option<String>| f.or(e).or(c);
     let url = pick(flags.url, env.url, file.url)
         .context("no Azure DevOps URL: pass --url https://dev.azure.com/ORG, set AZP_URL, or url in the config file")?;
@@ -113,11 +129,17 @@ pub fn merge(file: FileSettings, env: FlagSettings, flags: FlagSettings) -> Resu
     if !(url.starts_with("https://") || url.starts_with("http://")) {
         bail!("bad URL '{url}': use the organization URL, e.g. https://dev.azure.com/ORG");
     }
-    let pool = pick(flags.pool, env.pool, file.pool).context("no agent pool: pass --pool NAME, set AZP_POOL, or pool in the config file")?;
+    let pool = pick(flags.pool, env.pool, file.pool)
+        .context("no agent pool: pass --pool NAME, set AZP_POOL, or pool in the config file")?;
     let rootfs = flags.rootfs.or(file.rootfs).unwrap_or_else(|| "auto".into());
     let mut volumes = flags.volumes;
     if volumes.is_empty() {
-        volumes = file.volumes.iter().map(|v| v.parse()).collect::<Result<Vec<Volume>>>().context("bad volumes in the config file")?;
+        volumes = file
+            .volumes
+            .iter()
+            .map(|v| v.parse())
+            .collect::<Result<Vec<Volume>>>()
+            .context("bad volumes in the config file")?;
     }
     let gpus_per_agent = match flags.gpus_per_agent.or(file.gpus_per_agent).as_deref() {
         None => PerAgent::Count(1),
@@ -155,12 +177,55 @@ pub fn merge(file: FileSettings, env: FlagSettings, flags: FlagSettings) -> Resu
         cpus_milli,
         agent_package: flags.agent_package.or(file.agent_package),
         name_prefix,
-        drain_timeout: flags.drain_timeout.or(file.drain_timeout_secs.map(Duration::from_secs)).unwrap_or(Duration::from_secs(600)),
+        drain_timeout: flags
+            .drain_timeout
+            .or(file.drain_timeout_secs.map(Duration::from_secs))
+            .unwrap_or(Duration::from_secs(600)),
         hooks_dir: flags.hooks_dir.or(file.hooks_dir),
         hook_timeout: Duration::from_secs(file.hook_timeout_secs.unwrap_or(60)),
         extra_lib_dirs: file.extra_lib_dirs,
         exit_when_idle: flags.exit_when_idle,
+        autoscale,
     })
+}
+
+fn autoscale_settings(file: &FileSettings, flags: &FlagSettings) -> Result<Option<AutoscaleSettings>> {
+    let on = flags.autoscale || file.autoscale == Some(true);
+    if !on {
+        if flags.min_agents.is_some()
+            || flags.max_agents.is_some()
+            || flags.idle_timeout.is_some()
+            || flags.poll_interval.is_some()
+        {
+            bail!("--min-agents, --max-agents, --idle-timeout and --poll-interval need --autoscale");
+        }
+        return Ok(None);
+    }
+    let d = AutoscaleSettings::default();
+    let a = AutoscaleSettings {
+        min_agents: flags.min_agents.or(file.min_agents).unwrap_or(d.min_agents),
+        max_agents: flags.max_agents.or(file.max_agents),
+        idle_timeout: flags.idle_timeout.or(file.idle_timeout_secs.map(Duration::from_secs)).unwrap_or(d.idle_timeout),
+        poll_interval: flags
+            .poll_interval
+            .or(file.poll_interval_secs.map(Duration::from_secs))
+            .unwrap_or(d.poll_interval),
+    };
+    if a.max_agents == Some(0) {
+        bail!("--max-agents must be at least 1");
+    }
+    if let Some(max) = a.max_agents {
+        if a.min_agents > max {
+            bail!("--min-agents {} is more than --max-agents {max}", a.min_agents);
+        }
+    }
+    if a.poll_interval < Duration::from_secs(1) {
+        bail!("--poll-interval must be at least 1 second (the queue call is not free)");
+    }
+    if flags.agents.is_some() && flags.max_agents.is_some() {
+        bail!("with --autoscale, give --max-agents (the most slots), not --agents");
+    }
+    Ok(Some(a))
 }
 
 pub fn parse_per_agent(s: &str) -> Result<PerAgent> {
@@ -177,8 +242,9 @@ pub fn parse_per_agent(s: &str) -> Result<PerAgent> {
 /// The PAT, from the token file (preferred) or AZP_TOKEN (visible in /proc: discouraged).
 pub fn read_token(token_file: Option<&Path>, env_token: Option<String>) -> Result<String> {
     if let Some(path) = token_file {
-        let t = std::fs::read_to_string(path)
-            .with_context(|| format!("cannot read the token file {}: check --token-file / AZP_TOKEN_FILE", path.display()))?;
+        let t = std::fs::read_to_string(path).with_context(|| {
+            format!("cannot read the token file {}: check --token-file / AZP_TOKEN_FILE", path.display())
+        })?;
         let t = t.trim().to_string();
         if t.is_empty() {
             bail!("the token file {} is empty: put the PAT in it", path.display());
@@ -193,7 +259,11 @@ pub fn read_token(token_file: Option<&Path>, env_token: Option<String>) -> Resul
 }
 
 pub fn hostname() -> String {
-    nix::unistd::gethostname().ok().and_then(|h| h.into_string().ok()).map(|h| h.split('.').next().unwrap_or("").to_string()).unwrap_or_else(|| "azp".into())
+    nix::unistd::gethostname()
+        .ok()
+        .and_then(|h| h.into_string().ok())
+        .map(|h| h.split('.').next().unwrap_or("").to_string())
+        .unwrap_or_else(|| "azp".into())
 }
 
 #[cfg(test)]
@@ -206,7 +276,10 @@ mod tests {
 
     #[test]
     fn flags_beat_env_beat_file() {
-        let file = parse_file("url = \"https://file\"\npool = \"filepool\"\nagents = 3\nname_prefix = \"fromfile\"\nmemory = \"2G\"").unwrap();
+        let file = parse_file(
+            "url = \"https://file\"\npool = \"filepool\"\nagents = 3\nname_prefix = \"fromfile\"\nmemory = \"2G\"",
+        )
+        .unwrap();
         let env = env_settings(|k| match k {
             "AZP_POOL" => Some("envpool".into()),
             "AZP_URL" => Some("https://env".into()),
@@ -230,8 +303,51 @@ mod tests {
     }
 
     #[test]
+    fn autoscale_knobs() {
+        let s = merge(FileSettings::default(), FlagSettings::default(), flags()).unwrap();
+        assert!(s.autoscale.is_none());
+        let f = FlagSettings {
+            autoscale: true,
+            max_agents: Some(4),
+            idle_timeout: Some(Duration::from_secs(30)),
+            ..flags()
+        };
+        let a = merge(FileSettings::default(), FlagSettings::default(), f).unwrap().autoscale.unwrap();
+        assert_eq!(
+            (a.min_agents, a.max_agents, a.idle_timeout, a.poll_interval),
+            (0, Some(4), Duration::from_secs(30), Duration::from_secs(15))
+        );
+        let file = parse_file("autoscale = true\nmin_agents = 1\nmax_agents = 2\npoll_interval_secs = 5").unwrap();
+        let a = merge(file, FlagSettings::default(), flags()).unwrap().autoscale.unwrap();
+        assert_eq!((a.min_agents, a.max_agents, a.poll_interval), (1, Some(2), Duration::from_secs(5)));
+        let e =
+            merge(FileSettings::default(), FlagSettings::default(), FlagSettings { max_agents: Some(2), ..flags() })
+                .unwrap_err();
+        assert!(e.to_string().contains("need --autoscale"), "{e}");
+        let e = merge(
+            FileSettings::default(),
+            FlagSettings::default(),
+            FlagSettings { autoscale: true, min_agents: Some(3), max_agents: Some(2), ..flags() },
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("more than --max-agents"), "{e}");
+        let e = merge(
+            FileSettings::default(),
+            FlagSettings::default(),
+            FlagSettings { autoscale: true, poll_interval: Some(Duration::ZERO), ..flags() },
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("--poll-interval"), "{e}");
+    }
+
+    #[test]
     fn errors_say_what_to_fix() {
-        let e = merge(FileSettings::default(), FlagSettings::default(), FlagSettings { pool: Some("p".into()), ..Default::default() }).unwrap_err();
+        let e = merge(
+            FileSettings::default(),
+            FlagSettings::default(),
+            FlagSettings { pool: Some("p".into()), ..Default::default() },
+        )
+        .unwrap_err();
         assert!(e.to_string().contains("--url"), "{e}");
         let e = parse_file("agentz = 3").unwrap_err();
         assert!(e.to_string().contains("agentz"), "{e}");

@@ -7,11 +7,12 @@ use super::status::now_unix;
 use super::Shared;
 use crate::sandbox::{JobPlan, Phase, RunOptions, Sandbox};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::AtomicI32;
+use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// Everything a slot needs, decided once at start (spec inputs are not rebuilt per job).
+#[derive(Clone)]
 pub struct SlotConfig {
     pub index: usize,
     pub agent_name: String,
@@ -21,6 +22,15 @@ pub struct SlotConfig {
     pub user: Option<(u32, u32)>,
     pub gpu_names: Vec<String>,
     pub capability_env: Vec<(String, String)>,
+    /// Set to stop this slot alone (autoscaling): no new agent once the current one ends.
+    pub stop: Arc<AtomicBool>,
+}
+
+impl SlotConfig {
+    /// The whole manager or this slot is stopping.
+    pub fn stopping(&self, shared: &Shared) -> bool {
+        shared.is_stopping() || self.stop.load(Ordering::SeqCst)
+    }
 }
 
 /// Backoff after failures: 1 s doubling to 5 min; reset by a job that ran.
@@ -44,7 +54,7 @@ pub fn run_slot(shared: Arc<Shared>, cfg: SlotConfig, helper_pid: Arc<AtomicI32>
         s.state = "starting".into();
         s.since_unix = now_unix();
     });
-    while !shared.is_stopping() {
+    while !cfg.stopping(&shared) {
         let hook_env = hook_env(&cfg, None, None);
         if let Some(dir) = &shared.settings.hooks_dir {
             if let Err(e) = hooks::run(dir, Stage::PreJob, &hook_env, shared.settings.hook_timeout) {
@@ -85,7 +95,13 @@ enum JobEnd {
     Stopped,
 }
 
-fn one_job(shared: &Shared, cfg: &SlotConfig, seq: u64, helper_pid: &Arc<AtomicI32>, last_exit: &mut Option<Instant>) -> anyhow::Result<JobEnd> {
+fn one_job(
+    shared: &Shared,
+    cfg: &SlotConfig,
+    seq: u64,
+    helper_pid: &Arc<AtomicI32>,
+    last_exit: &mut Option<Instant>,
+) -> anyhow::Result<JobEnd> {
     let mut plan = cfg.base_plan.clone();
     plan.id = format!("{}-{seq}", cfg.agent_name);
     plan.cgroup_path = crate::sandbox::teardown::cgroup_path_for(&plan.id);
@@ -94,9 +110,19 @@ fn one_job(shared: &Shared, cfg: &SlotConfig, seq: u64, helper_pid: &Arc<AtomicI
     plan.uid = uid;
     plan.gid = gid;
     plan.owned_dirs = vec![phases::agent_dir()];
-    let agent = AgentJob { url: &shared.settings.url, pool: &shared.settings.pool, agent_name: &cfg.agent_name, as_root: cfg.user.is_none() };
+    let agent = AgentJob {
+        url: &shared.settings.url,
+        pool: &shared.settings.pool,
+        agent_name: &cfg.agent_name,
+        as_root: cfg.user.is_none(),
+    };
     let output = agent_log(&shared.home, &cfg.agent_name)?;
-    let opts = RunOptions { background_delete: true, forward_signals: false, helper_pid: Some(helper_pid.clone()), output: Some(output) };
+    let opts = RunOptions {
+        background_delete: true,
+        forward_signals: false,
+        helper_pid: Some(helper_pid.clone()),
+        output: Some(output),
+    };
 
     shared.update_slot(cfg.index, |s| {
         s.state = "configuring".into();
@@ -105,7 +131,10 @@ fn one_job(shared: &Shared, cfg: &SlotConfig, seq: u64, helper_pid: &Arc<AtomicI
     let mut sandbox = Sandbox::create(&shared.home, plan)?;
     // Previous agent exit -> this sandbox ready for its first process.
     let refill_ms = last_exit.take().map(|t| t.elapsed().as_secs_f64() * 1e3);
+    // Both phases get the capability env: config.sh registers it with the agent record,
+    // which is what pipelines' demands are matched against before the listener starts.
     let mut env = phases::agent_env(&agent);
+    env.extend(cfg.capability_env.iter().cloned());
     let configure = Phase {
         args: phases::configure_args(&agent),
         env: env.clone(),
@@ -117,23 +146,25 @@ fn one_job(shared: &Shared, cfg: &SlotConfig, seq: u64, helper_pid: &Arc<AtomicI
     if c.code != 0 {
         anyhow::bail!("config.sh failed with exit {} (see the agent's _diag logs; is the PAT allowed to register agents in pool '{}'?)", c.code, shared.settings.pool);
     }
-    if shared.is_stopping() {
-        let _ = sandbox.teardown(true);
+    if cfg.stopping(shared) {
+        // In the foreground: the helper dies with this thread (PDEATHSIG), which is about
+        // to end, so it must finish deleting its container first.
+        let _ = sandbox.teardown(false);
         return Ok(JobEnd::Stopped);
     }
     shared.update_slot(cfg.index, |s| {
         s.state = "waiting-for-job".into();
         s.since_unix = now_unix();
     });
-    env.extend(cfg.capability_env.iter().cloned());
     let run = Phase { args: phases::run_args(), env, cwd: Some(phases::agent_dir()), ..Default::default() };
     let started = Instant::now();
     let r = sandbox.run(&run, &opts);
     *last_exit = Some(Instant::now());
     let upper = sandbox.upper();
     let result = job_result(&upper);
-    let worked = ran_a_job(&upper);
-    let cleanup = sandbox.teardown(true);
+    let worked = ran_a_job(&upper) || result.is_some();
+    // A stopping slot's thread ends next: clean up in the foreground (see above).
+    let cleanup = sandbox.teardown(!cfg.stopping(shared));
     let r = r?;
     let cleanup = cleanup?;
     tracing::info!(
@@ -155,7 +186,8 @@ fn one_job(shared: &Shared, cfg: &SlotConfig, seq: u64, helper_pid: &Arc<AtomicI
     });
     if let Some(dir) = &shared.settings.hooks_dir {
         let env = hook_env(cfg, Some(&upper), Some(r.code));
-        hooks::run(dir, Stage::PostJob, &env, shared.settings.hook_timeout).map_err(|e| anyhow::anyhow!("post-job hook: {e:#}"))?;
+        hooks::run(dir, Stage::PostJob, &env, shared.settings.hook_timeout)
+            .map_err(|e| anyhow::anyhow!("post-job hook: {e:#}"))?;
     }
     match r.code {
         0 => Ok(JobEnd::Ran),
@@ -183,7 +215,10 @@ fn pause(shared: &Shared, cfg: &SlotConfig, backoff: &mut Backoff, reason: Strin
         s.paused_reason = Some(reason.clone());
         s.since_unix = now_unix();
     });
-    shared.sleep_unless_stopping(wait);
+    let end = Instant::now() + wait;
+    while !cfg.stopping(shared) && Instant::now() < end {
+        std::thread::sleep(Duration::from_millis(100).min(end - Instant::now()));
+    }
 }
 
 fn hook_env(cfg: &SlotConfig, job_dir: Option<&Path>, exit: Option<i32>) -> Vec<(String, String)> {
@@ -205,24 +240,47 @@ fn diag_dir(upper: &Path) -> PathBuf {
     upper.join(phases::AGENT_DIR.trim_start_matches('/')).join("_diag")
 }
 
+/// `path` is a real directory (not a symlink the job planted), and so are its parents
+/// up to `upper`. The manager reads the job's upper dir as host root: it must never
+/// follow what the job put there.
+fn real_dir_below(upper: &Path, path: &Path) -> bool {
+    let Ok(rel) = path.strip_prefix(upper) else { return false };
+    let mut at = upper.to_path_buf();
+    for c in rel.components() {
+        at.push(c);
+        match std::fs::symlink_metadata(&at) {
+            Ok(m) if m.file_type().is_dir() => {}
+            _ => return false,
+        }
+    }
+    true
+}
+
 /// Has the agent taken a job? The real agent starts a `_diag/Worker_*.log` and creates
-/// its work folder when a job arrives (heuristic: the agent has no API for it).
+/// its work folder when a job arrives (heuristic: the agent has no API for it). Looks at
+/// names only: safe while the job runs.
 pub fn ran_a_job(upper: &Path) -> bool {
     let diag = diag_dir(upper);
-    let worker_log = std::fs::read_dir(&diag)
-        .map(|rd| rd.flatten().any(|e| e.file_name().to_string_lossy().starts_with("Worker_")))
-        .unwrap_or(false);
-    worker_log || diag.with_file_name(phases::WORK_DIR).is_dir() || job_result(upper).is_some()
+    let worker_log = real_dir_below(upper, &diag)
+        && std::fs::read_dir(&diag)
+            .map(|rd| rd.flatten().any(|e| e.file_name().to_string_lossy().starts_with("Worker_")))
+            .unwrap_or(false);
+    worker_log || real_dir_below(upper, &diag.with_file_name(phases::WORK_DIR))
 }
 
 /// The job's result from the agent's diag logs: the listener logs
-/// "Job <id> completed with result: <Result>" when a job ends.
+/// "Job <id> completed with result: <Result>" when a job ends. Called after the job's
+/// processes are gone; reads only regular files, without following links or blocking,
+/// and only their last 256 KiB.
 pub fn job_result(upper: &Path) -> Option<String> {
     const MARK: &str = "completed with result: ";
-    let rd = std::fs::read_dir(diag_dir(upper)).ok()?;
+    let diag = diag_dir(upper);
+    if !real_dir_below(upper, &diag) {
+        return None;
+    }
     let mut found = None;
-    for e in rd.flatten().filter(|e| e.file_name().to_string_lossy().ends_with(".log")) {
-        let Ok(text) = std::fs::read_to_string(e.path()) else { continue };
+    for e in std::fs::read_dir(&diag).ok()?.flatten().filter(|e| e.file_name().to_string_lossy().ends_with(".log")) {
+        let Some(text) = read_tail_of_regular_file(&e.path(), 256 << 10) else { continue };
         if let Some(pos) = text.rfind(MARK) {
             let word: String = text[pos + MARK.len()..].chars().take_while(|c| c.is_alphanumeric()).collect();
             if !word.is_empty() {
@@ -231,4 +289,18 @@ pub fn job_result(upper: &Path) -> Option<String> {
         }
     }
     found
+}
+
+fn read_tail_of_regular_file(path: &Path, max: u64) -> Option<String> {
+    use std::io::{Read, Seek, SeekFrom};
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut f = std::fs::OpenOptions::new().read(true).custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK).open(path).ok()?;
+    let meta = f.metadata().ok()?;
+    if !meta.file_type().is_file() {
+        return None;
+    }
+    f.seek(SeekFrom::Start(meta.len().saturating_sub(max))).ok()?;
+    let mut buf = Vec::new();
+    f.take(max).read_to_end(&mut buf).ok()?;
+    Some(String::from_utf8_lossy(&buf).into_owned())
 }

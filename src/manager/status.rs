@@ -15,13 +15,16 @@ pub struct Status {
     pub limits_enforced: bool,
     pub stopping: bool,
     pub slots: Vec<SlotStatus>,
+    /// Queue-driven autoscaling: queue, knobs and the latest decisions.
+    #[serde(default)]
+    pub scaler: Option<crate::scaler::ScalerStatus>,
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct SlotStatus {
     pub slot: usize,
     pub agent: String,
-    /// starting | configuring | waiting-for-job | paused | stopped
+    /// off (autoscaling) | starting | configuring | waiting-for-job | busy | paused | stopping | stopped
     pub state: String,
     /// Since when the agent has been up (waiting or running a job).
     pub since_unix: u64,
@@ -38,12 +41,15 @@ pub fn now_unix() -> u64 {
 
 pub fn write(path: &Path, status: &Status) -> Result<()> {
     let tmp = path.with_extension("json.tmp");
-    std::fs::write(&tmp, serde_json::to_vec_pretty(status)?).with_context(|| format!("cannot write {}", tmp.display()))?;
+    std::fs::write(&tmp, serde_json::to_vec_pretty(status)?)
+        .with_context(|| format!("cannot write {}", tmp.display()))?;
     std::fs::rename(&tmp, path).with_context(|| format!("cannot update {}", path.display()))
 }
 
 pub fn read(path: &Path) -> Result<Status> {
-    let bytes = std::fs::read(path).with_context(|| format!("no manager status at {}: is `azp-sandbox run` running with this --home?", path.display()))?;
+    let bytes = std::fs::read(path).with_context(|| {
+        format!("no manager status at {}: is `azp-sandbox run` running with this --home?", path.display())
+    })?;
     serde_json::from_slice(&bytes).with_context(|| format!("corrupt {}", path.display()))
 }
 
@@ -53,17 +59,29 @@ pub fn render(s: &Status, alive: bool) -> String {
     let mut out = format!(
         "manager   pid {} ({})\npool      {} at {}\nrootfs    {}\n",
         s.pid,
-        if !alive { "NOT RUNNING" } else if s.stopping { "stopping" } else { "running" },
+        if !alive {
+            "NOT RUNNING"
+        } else if s.stopping {
+            "stopping"
+        } else {
+            "running"
+        },
         s.pool,
         s.url,
         s.rootfs
     );
+    if let Some(sc) = &s.scaler {
+        out.push_str(&sc.render());
+    }
     if !s.limits_enforced {
         out.push_str("WARNING   cgroup limits are NOT enforced (no delegated cgroup for this user)\n");
     }
-    out.push_str(&format!("{:<5} {:<24} {:<16} {:>8} {:>5} {:<20} {}\n", "SLOT", "AGENT", "STATE", "AGE", "JOBS", "GPUS", "NOTE"));
+    out.push_str(&format!(
+        "{:<5} {:<24} {:<16} {:>8} {:>5} {:<20} {}\n",
+        "SLOT", "AGENT", "STATE", "AGE", "JOBS", "GPUS", "NOTE"
+    ));
     for sl in &s.slots {
-        let age = now.saturating_sub(sl.since_unix);
+        let age = if sl.since_unix == 0 { 0 } else { now.saturating_sub(sl.since_unix) };
         let note = sl
             .paused_reason
             .clone()

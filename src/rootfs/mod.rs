@@ -12,6 +12,7 @@ pub mod archive;
 mod fs;
 pub mod oci;
 mod probe;
+pub mod recipe;
 mod store;
 mod tarstream;
 pub mod unpack;

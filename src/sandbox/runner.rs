@@ -95,7 +95,7 @@ pub struct Sandbox {
     lock: Option<JobLock>,
     created: Instant,
     /// The last phase's helper, still deleting its container after reporting the result.
-    pending: Option<(std::process::Child, Option<Arc<AtomicI32>>)>,
+    pending: Option<(Helper, Option<Arc<AtomicI32>>)>,
 }
 
 impl Sandbox {
@@ -287,7 +287,7 @@ fn spawn_helper(
     job_dir: &std::path::Path,
     stdin: Option<&[u8]>,
     opts: &RunOptions,
-) -> Result<(std::process::Child, Option<HelperResult>)> {
+) -> Result<(Helper, Option<HelperResult>)> {
     use std::os::fd::AsRawFd;
     let (result_rx, result_tx) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).context("cannot create a pipe")?;
     let tx_raw = result_tx.as_raw_fd();
@@ -299,19 +299,8 @@ fn spawn_helper(
     cmd.arg("__sandbox-helper").arg(job_dir);
     cmd.env(super::helper::RESULT_FD_ENV, "3");
     cmd.stdin(if stdin.is_some() { Stdio::piped() } else { Stdio::inherit() });
-    match &opts.output {
-        Some(path) => {
-            let f = std::fs::OpenOptions::new()
-                .create(true)
-                .append(true)
-                .open(path)
-                .with_context(|| format!("cannot open the job log {}", path.display()))?;
-            cmd.stderr(f.try_clone()?).stdout(f);
-        }
-        None => {
-            cmd.stdout(Stdio::inherit()).stderr(Stdio::inherit());
-        }
-    }
+    let output = output_plan(opts)?;
+    cmd.stdout(output.stdout).stderr(output.stderr);
     // SAFETY: the closure runs between fork and exec and only calls prctl(2),
     // sigprocmask(2), dup2(2) and fcntl(2), all async-signal-safe. PDEATHSIG ties the
     // helper to this process (if we die, it dies, and gc, keyed on our lock, removes the
@@ -338,6 +327,8 @@ fn spawn_helper(
         });
     }
     let mut child = cmd.spawn().context("cannot start the sandbox helper (re-exec of /proc/self/exe)")?;
+    // Our copies of the pipes' write ends: the readers see EOF only once they are closed.
+    drop(cmd);
     drop(result_tx);
     if let Some(bytes) = stdin {
         if let Some(mut pipe) = child.stdin.take() {
@@ -361,7 +352,71 @@ fn spawn_helper(
         FORWARD_PID.store(0, Ordering::SeqCst);
     }
     let report = serde_json::from_slice::<HelperResult>(&bytes).ok();
-    Ok((child, report))
+    Ok((Helper { child, copiers: output.copiers }, report))
+}
+
+/// A running helper and the threads copying its job's output.
+pub(crate) struct Helper {
+    child: std::process::Child,
+    copiers: Vec<std::thread::JoinHandle<()>>,
+}
+
+impl Helper {
+    fn wait(&mut self) -> std::io::Result<std::process::ExitStatus> {
+        let st = self.child.wait();
+        // The job's processes are gone with the helper: the copiers see EOF now.
+        for c in self.copiers.drain(..) {
+            let _ = c.join();
+        }
+        st
+    }
+}
+
+struct OutputPlan {
+    stdout: Stdio,
+    stderr: Stdio,
+    copiers: Vec<std::thread::JoinHandle<()>>,
+}
+
+/// Where the job's stdout and stderr go. Never straight into a regular file: the job
+/// could reopen it through /proc/self/fd/1 and read (or, as root, truncate) everything
+/// in it, e.g. earlier jobs' output in the slot's log. A pipe instead, copied into the
+/// file by a thread (as container shims do). Terminals and pipes are passed through.
+fn output_plan(opts: &RunOptions) -> Result<OutputPlan> {
+    if let Some(path) = &opts.output {
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)
+            .with_context(|| format!("cannot open the job log {}", path.display()))?;
+        let (r, w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).context("cannot create a pipe")?;
+        let w2 = w.try_clone()?;
+        return Ok(OutputPlan { stdout: Stdio::from(w), stderr: Stdio::from(w2), copiers: vec![copier(r, file)] });
+    }
+    let mut plan = OutputPlan { stdout: Stdio::inherit(), stderr: Stdio::inherit(), copiers: vec![] };
+    for fd in [1, 2] {
+        let regular = nix::sys::stat::fstat(fd).map(|st| st.st_mode & libc::S_IFMT == libc::S_IFREG).unwrap_or(false);
+        if !regular {
+            continue;
+        }
+        let dup = nix::fcntl::fcntl(fd, nix::fcntl::FcntlArg::F_DUPFD_CLOEXEC(3)).context("cannot dup stdio")?;
+        // SAFETY: `dup` is a new fd we own.
+        let file = unsafe { <std::fs::File as std::os::fd::FromRawFd>::from_raw_fd(dup) };
+        let (r, w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).context("cannot create a pipe")?;
+        plan.copiers.push(copier(r, file));
+        if fd == 1 {
+            plan.stdout = Stdio::from(w);
+        } else {
+            plan.stderr = Stdio::from(w);
+        }
+    }
+    Ok(plan)
+}
+
+fn copier(from: std::os::fd::OwnedFd, mut to: std::fs::File) -> std::thread::JoinHandle<()> {
+    std::thread::spawn(move || {
+        let _ = std::io::copy(&mut std::fs::File::from(from), &mut to);
+    })
 }
 
 fn read_result(job: &JobDir, status: &Result<std::process::ExitStatus>) -> Result<HelperResult> {

@@ -12,7 +12,10 @@
 //! debuggers (gdb, cuda-gdb, strace) are common in CI.
 
 use anyhow::Result;
-use oci_spec::runtime::{Arch, LinuxSeccomp, LinuxSeccompAction, LinuxSeccompBuilder, LinuxSyscallBuilder};
+use oci_spec::runtime::{
+    Arch, LinuxSeccomp, LinuxSeccompAction, LinuxSeccompArgBuilder, LinuxSeccompBuilder, LinuxSeccompOperator,
+    LinuxSyscallBuilder,
+};
 
 pub const DENIED: &[&str] = &[
     // Mounts and root changes (also need CAP_SYS_ADMIN, which jobs lack).
@@ -33,6 +36,24 @@ pub const DENIED: &[&str] = &[
     "open_by_handle_at", "name_to_handle_at",
     // Obsolete or dangerous.
     "uselib", "get_kernel_syms", "query_module", "_sysctl", "ustat", "sysfs",
+    // io_uring: a large, fast-moving kernel surface and the source of many recent local
+    // privilege escalations; denied by Docker's default profile since 25.0. Programs fall
+    // back to ordinary I/O when io_uring_setup fails.
+    "io_uring_setup", "io_uring_enter", "io_uring_register",
+];
+
+/// Namespace flags of clone(2). Denying unshare(2) alone is not enough: clone(2) with
+/// CLONE_NEWUSER makes an unprivileged user namespace just the same (and with it
+/// CLONE_NEWNET, the netfilter attack surface behind many container escapes). Found by
+/// tests/escape_suite.rs (t04, `clone-newuser`).
+const CLONE_NAMESPACE_FLAGS: &[u64] = &[
+    libc::CLONE_NEWUSER as u64,
+    libc::CLONE_NEWNS as u64,
+    libc::CLONE_NEWPID as u64,
+    libc::CLONE_NEWNET as u64,
+    libc::CLONE_NEWUTS as u64,
+    libc::CLONE_NEWIPC as u64,
+    libc::CLONE_NEWCGROUP as u64,
 ];
 
 pub fn default_profile() -> Result<LinuxSeccomp> {
@@ -45,9 +66,38 @@ pub fn default_profile() -> Result<LinuxSeccomp> {
         .action(LinuxSeccompAction::ScmpActErrno)
         .errno_ret(libc::EPERM as u32)
         .build()?;
+    let mut syscalls = vec![deny];
+    // clone(2) with any namespace flag (its flags are argument 0 on x86 and arm): one rule
+    // per flag, as rules are ORed and the conditions within one rule ANDed.
+    for &flag in CLONE_NAMESPACE_FLAGS {
+        let has_flag = LinuxSeccompArgBuilder::default()
+            .index(0usize)
+            .value(flag)
+            .value_two(flag)
+            .op(LinuxSeccompOperator::ScmpCmpMaskedEq)
+            .build()?;
+        syscalls.push(
+            LinuxSyscallBuilder::default()
+                .names(vec!["clone".to_string()])
+                .action(LinuxSeccompAction::ScmpActErrno)
+                .errno_ret(libc::EPERM as u32)
+                .args(vec![has_flag])
+                .build()?,
+        );
+    }
+    // clone3(2) passes its flags in memory, which seccomp cannot inspect: ENOSYS (not
+    // EPERM) makes glibc >= 2.34 and other libcs fall back to clone(2), as Docker's default
+    // profile does.
+    syscalls.push(
+        LinuxSyscallBuilder::default()
+            .names(vec!["clone3".to_string()])
+            .action(LinuxSeccompAction::ScmpActErrno)
+            .errno_ret(libc::ENOSYS as u32)
+            .build()?,
+    );
     Ok(LinuxSeccompBuilder::default()
         .default_action(LinuxSeccompAction::ScmpActAllow)
         .architectures(arches)
-        .syscalls(vec![deny])
+        .syscalls(syscalls)
         .build()?)
 }

@@ -54,8 +54,13 @@ const MASKED_PATHS: &[&str] = &[
 const READONLY_PATHS: &[&str] =
     &["/proc/bus", "/proc/fs", "/proc/irq", "/proc/sys", "/proc/sysrq-trigger"];
 
-/// Options of every bind into the sandbox that is not a device.
-const BIND_RO: &[&str] = &["rbind", "ro", "nosuid", "nodev", "rprivate"];
+/// Options of every bind into the sandbox that is not a device. "ro", "nosuid" and "nodev"
+/// apply to the top mount only: with "rbind" every mount below the source (e.g. /dev/shm,
+/// /sys/fs/cgroup/* and /proc under `--volume /:/host`, or an NFS mount inside a dataset
+/// dir) would stay writable, setuid-capable and with devices. The "r" forms make
+/// libcontainer apply them to the whole tree (mount_setattr AT_RECURSIVE, which its
+/// fd-based mounts need anyway). Found by tests/escape_suite.rs (t15b).
+const BIND_RO: &[&str] = &["rbind", "ro", "nosuid", "nodev", "rro", "rnosuid", "rnodev", "rprivate"];
 
 pub fn build(plan: &JobPlan, rootfs: &Path) -> Result<Spec> {
     let caps: HashSet<Capability> = JOB_CAPABILITIES.iter().copied().collect();
@@ -236,7 +241,14 @@ fn mounts(plan: &JobPlan) -> Result<Vec<Mount>> {
     }
     for b in &plan.edits.mounts {
         let mut opts = b.options.clone();
-        for required in ["nosuid", "nodev"] {
+        // A recursive edit bind (CDI may say "rbind") gets the flags on its submounts too.
+        let recursive = opts.iter().any(|o| o == "rbind");
+        let required: &[&str] =
+            if recursive { &["nosuid", "nodev", "rnosuid", "rnodev"] } else { &["nosuid", "nodev"] };
+        if recursive && opts.iter().any(|o| o == "ro") && !opts.iter().any(|o| o == "rro") {
+            opts.push("rro".into());
+        }
+        for &required in required {
             if !opts.iter().any(|o| o == required) {
                 opts.push(required.into());
             }
@@ -408,6 +420,11 @@ mod tests {
         let spec = build(&p, Path::new("/m")).unwrap();
         let binds: Vec<_> = spec.mounts().as_ref().unwrap().iter().filter(|m| m.typ().as_deref() == Some("bind")).collect();
         assert_eq!(binds.len(), 4); // resolv.conf, hosts, volume, lib
+        // The volume is an rbind: its submounts must be read-only, nosuid, nodev too.
+        let vol = binds.iter().find(|b| b.destination() == Path::new("/datasets/set")).unwrap();
+        for want in ["rbind", "rro", "rnosuid", "rnodev"] {
+            assert!(vol.options().as_ref().unwrap().iter().any(|x| x == want), "volume lacks {want}");
+        }
         for b in binds {
             let o = b.options().as_ref().unwrap();
             for want in ["ro", "nosuid", "nodev"] {

@@ -80,6 +80,8 @@ pub struct FakeAgent {
     pub capabilities: BTreeMap<String, String>,
     /// Its current credential (see the module doc).
     pub client_id: String,
+    /// A disabled agent is handed no job (`PATCH .../agents/{id}` `{"enabled": false}`).
+    pub enabled: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -256,6 +258,7 @@ impl FakeAzure {
             sessions: 0,
             capabilities: BTreeMap::new(),
             client_id,
+            enabled: true,
         });
         id
     }
@@ -332,6 +335,25 @@ impl FakeAzure {
             finished: None,
         });
         id
+    }
+    /// Marks a queued job as served elsewhere (assigned and finished with `result`), as
+    /// if an agent outside the test had run it.
+    pub fn finish_job_elsewhere(&self, id: u64, result: &str) {
+        let mut s = self.st();
+        let t = iso(SystemTime::now());
+        if let Some(j) = s.jobs.iter_mut().find(|j| j.id == id) {
+            j.assigned = Some((0, "elsewhere".into(), t.clone()));
+            j.finished = Some((t, result.into()));
+        }
+    }
+    /// Ids of the jobs not yet handed to an agent.
+    pub fn queued_job_ids(&self) -> Vec<u64> {
+        self.st()
+            .jobs
+            .iter()
+            .filter(|j| j.assigned.is_none())
+            .map(|j| j.id)
+            .collect()
     }
     /// The next `n` API requests (`/_apis/`) answer `status` (e.g. 503) instead.
     pub fn fail_next(&self, n: usize, status: u16) {
@@ -800,7 +822,7 @@ impl State {
             auth["clientId"] = serde_json::Value::String(a.client_id.clone());
         }
         let mut v = serde_json::json!({"id": a.id, "name": a.name, "version": a.version, "osDescription": "Linux (fake)",
-            "enabled": true, "status": a.status, "provisioningState": "Provisioned", "accessPoint": "CodexAccessMapping",
+            "enabled": a.enabled, "status": a.status, "provisioningState": "Provisioned", "accessPoint": "CodexAccessMapping",
             "createdOn": "2025-01-01T00:00:00.000Z", "statusChangedOn": iso(SystemTime::now()), "maxParallelism": 1,
             "authorization": auth});
         if caps {
@@ -960,6 +982,7 @@ impl State {
                         sessions: 0,
                         capabilities: caps,
                         client_id,
+                        enabled: body.get("enabled").and_then(|e| e.as_bool()).unwrap_or(true),
                     });
                     self.agents.len() - 1
                 } else {
@@ -982,10 +1005,42 @@ impl State {
                     a.capabilities = caps;
                     a.client_id = client_id;
                     a.status = "offline".into();
+                    if let Some(e) = body.get("enabled").and_then(|e| e.as_bool()) {
+                        a.enabled = e;
+                    }
                     i
                 };
                 let a = self.agents[idx].clone();
                 Reply::json(200, self.agent_json(&a, true, false, true))
+            }
+            ("PATCH", ["agents", aid]) => {
+                if !self.agents_manage {
+                    return denied("Manage");
+                }
+                let aid: u64 = aid.parse().unwrap_or(0);
+                let Ok(body) = serde_json::from_slice::<serde_json::Value>(&r.body) else {
+                    return Reply::error(
+                        400,
+                        "VssPropertyValidationException",
+                        "The request body is not valid JSON.",
+                    );
+                };
+                let Some(i) = self
+                    .agents
+                    .iter()
+                    .position(|a| a.pool_id == pool_id && a.id == aid)
+                else {
+                    return Reply::error(
+                        404,
+                        "TaskAgentNotFoundException",
+                        &format!("No agent found in pool {pool_name} having identifier {aid}."),
+                    );
+                };
+                if let Some(e) = body.get("enabled").and_then(|e| e.as_bool()) {
+                    self.agents[i].enabled = e;
+                }
+                let a = self.agents[i].clone();
+                Reply::json(200, self.agent_json(&a, true, false, false))
             }
             ("DELETE", ["agents", aid]) => {
                 if !self.agents_manage {
@@ -1072,6 +1127,9 @@ impl State {
             ("GET", ["jobs", "next"]) => {
                 self.agents[ai].status = "online".into();
                 let agent = self.agents[ai].clone();
+                if !agent.enabled {
+                    return Reply::empty(204);
+                }
                 let Some(j) = self
                     .jobs
                     .iter_mut()
@@ -1374,7 +1432,6 @@ configure() {
     head -c 64 /dev/urandom | base64 | tr -d '\n' > .credentials_rsaparams
     umask 022
     chmod 644 .agent
-    mkdir -p "$work"
     echo "Successfully added the agent"
     echo "Settings Saved."
 }
