@@ -213,17 +213,26 @@ impl Store {
         };
         drop(tree_fd);
 
+        self.commit(&mut tmp, name, &final_dir, &info)?;
+        drop(tmp);
+        info.path = final_dir.join(TREE);
+        Ok(info)
+    }
+
+    /// Makes a finished temp import the rootfs `name`: metadata written and synced, then
+    /// an atomic rename (never over an existing rootfs) and a sync of the store dir.
+    fn commit(&self, tmp: &mut TempImport, name: &str, final_dir: &Path, info: &RootfsInfo) -> Result<()> {
         let meta = tmp.path.join(META);
         let write_meta = || -> io::Result<()> {
             let mut f = std::fs::File::create(&meta)?;
-            f.write_all(&serde_json::to_vec_pretty(&info).map_err(io::Error::other)?)?;
+            f.write_all(&serde_json::to_vec_pretty(info).map_err(io::Error::other)?)?;
             f.write_all(b"\n")?;
             f.sync_all()
         };
-        write_meta().map_err(|e| self.io_error(name, e, stats.bytes, "cannot write"))?;
+        write_meta().map_err(|e| self.io_error(name, e, info.size_bytes, "cannot write"))?;
         std::fs::set_permissions(&tmp.path, std::fs::Permissions::from_mode(0o711))
             .with_context(|| format!("cannot chmod {}", tmp.path.display()))?;
-        match sysfs::rename_noreplace(&tmp.path, &final_dir) {
+        match sysfs::rename_noreplace(&tmp.path, final_dir) {
             Ok(()) => tmp.armed = false,
             Err(e) if matches!(errno(&e), libc::EEXIST | libc::ENOTEMPTY) => return Err(Self::exists_error(name)),
             Err(e) => {
@@ -232,9 +241,7 @@ impl Store {
             }
         }
         sysfs::fsync_dir(&self.dir).with_context(|| format!("cannot fsync {}", self.dir.display()))?;
-        drop(tmp);
-        info.path = final_dir.join(TREE);
-        Ok(info)
+        Ok(())
     }
 
     fn io_error(&self, name: &str, e: io::Error, written: u64, what: &str) -> anyhow::Error {
@@ -406,25 +413,7 @@ impl Store {
             cuda_version: facts.cuda_version.or_else(|| probe::cuda_version(tree_fd.as_raw_fd())),
         };
         drop(tree_fd);
-        let meta = tmp.path.join(META);
-        let write_meta = || -> io::Result<()> {
-            let mut f = std::fs::File::create(&meta)?;
-            f.write_all(&serde_json::to_vec_pretty(&info).map_err(io::Error::other)?)?;
-            f.write_all(b"\n")?;
-            f.sync_all()
-        };
-        write_meta().map_err(|e| self.io_error(name, e, info.size_bytes, "cannot write"))?;
-        std::fs::set_permissions(&tmp.path, std::fs::Permissions::from_mode(0o711))
-            .with_context(|| format!("cannot chmod {}", tmp.path.display()))?;
-        match sysfs::rename_noreplace(&tmp.path, &final_dir) {
-            Ok(()) => tmp.armed = false,
-            Err(e) if matches!(errno(&e), libc::EEXIST | libc::ENOTEMPTY) => return Err(Self::exists_error(name)),
-            Err(e) => {
-                return Err(e)
-                    .with_context(|| format!("cannot rename {} to {}", tmp.path.display(), final_dir.display()))
-            }
-        }
-        sysfs::fsync_dir(&self.dir).with_context(|| format!("cannot fsync {}", self.dir.display()))?;
+        self.commit(&mut tmp, name, &final_dir, &info)?;
         Ok(info)
     }
 }
