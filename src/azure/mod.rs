@@ -16,7 +16,7 @@ mod retry;
 mod types;
 
 pub use error::AzureError;
-pub use retry::{with_retry, RetryPolicy};
+pub use retry::{retry, with_retry, RetryPolicy};
 pub use types::{
     Agent, AgentRef, ConnectionInfo, Identity, JobRequest, NamedRef, PackageInfo, PackageVersion,
     Pool,
@@ -634,8 +634,13 @@ fn net_error(e: reqwest::Error, url: &str, what: &str, timeout: Duration) -> Azu
     }
 }
 
-/// "a: b: c" from an error and its sources, repeated parts dropped.
+/// "a: b: c" from an error and its sources, repeated parts dropped, at most 300 chars.
 fn error_chain(e: &dyn std::error::Error) -> String {
+    one_line(&error_chain_full(e), 300)
+}
+
+/// "a: b: c" from an error and its sources, repeated parts dropped, on one line.
+pub(crate) fn error_chain_full(e: &dyn std::error::Error) -> String {
     let mut parts: Vec<String> = vec![];
     let mut cur: Option<&dyn std::error::Error> = Some(e);
     while let Some(err) = cur {
@@ -645,7 +650,7 @@ fn error_chain(e: &dyn std::error::Error) -> String {
         }
         cur = err.source();
     }
-    one_line(&parts.join(": "), 300)
+    parts.join(": ").replace('\n', " ")
 }
 
 fn one_line(s: &str, max: usize) -> String {

@@ -77,10 +77,17 @@ fn random_unit() -> f64 {
 /// Runs `f` until it succeeds, fails with a non-transient error, or `policy` is spent;
 /// returns the last error then. Each retry is logged (warn) with the error's one-line
 /// message (which never contains the PAT).
-pub fn with_retry<T>(
+pub fn with_retry<T>(policy: &RetryPolicy, f: impl FnMut() -> Result<T, AzureError>) -> Result<T, AzureError> {
+    retry(policy, |e: &AzureError| e.is_transient().then(|| e.retry_after()), f)
+}
+
+/// The retry loop for any error type: `transient` says whether an error is worth another
+/// try (`Some`) and how long the server asked us to wait (`Some(Some(d))`, Retry-After).
+pub fn retry<T, E: std::fmt::Display>(
     policy: &RetryPolicy,
-    mut f: impl FnMut() -> Result<T, AzureError>,
-) -> Result<T, AzureError> {
+    transient: impl Fn(&E) -> Option<Option<Duration>>,
+    mut f: impl FnMut() -> Result<T, E>,
+) -> Result<T, E> {
     let start = Instant::now();
     let mut attempt = 1u32;
     loop {
@@ -88,23 +95,17 @@ pub fn with_retry<T>(
             Ok(v) => return Ok(v),
             Err(e) => e,
         };
-        if !err.is_transient() || attempt >= policy.max_attempts {
+        let Some(retry_after) = transient(&err) else { return Err(err) };
+        if attempt >= policy.max_attempts {
             return Err(err);
         }
-        let mut wait = policy.backoff(attempt);
-        if let Some(ra) = err.retry_after() {
-            wait = wait.max(ra);
-        }
+        let wait = policy.backoff(attempt).max(retry_after.unwrap_or_default());
         let elapsed = start.elapsed();
         if elapsed + wait > policy.max_total {
             tracing::debug!("giving up after {attempt} attempts in {elapsed:.1?}: the next retry would pass {:?}", policy.max_total);
             return Err(err);
         }
-        tracing::warn!(
-            "{err} (attempt {attempt}/{}; retrying in {:.1}s)",
-            policy.max_attempts,
-            wait.as_secs_f64()
-        );
+        tracing::warn!("{err} (attempt {attempt}/{}; retrying in {:.1}s)", policy.max_attempts, wait.as_secs_f64());
         std::thread::sleep(wait);
         attempt += 1;
     }

@@ -14,7 +14,7 @@ use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// Connect, header and per-read time limit.
 const TIMEOUT: Duration = Duration::from_secs(60);
@@ -68,32 +68,7 @@ impl RegistryError {
     }
 }
 
-/// Runs `f` until it succeeds, fails with a permanent error, or `policy` is spent.
-pub fn retry<T, E: std::fmt::Display>(
-    policy: &RetryPolicy,
-    transient: impl Fn(&E) -> Option<Option<Duration>>,
-    mut f: impl FnMut() -> Result<T, E>,
-) -> Result<T, E> {
-    let start = Instant::now();
-    let mut attempt = 1u32;
-    loop {
-        let err = match f() {
-            Ok(v) => return Ok(v),
-            Err(e) => e,
-        };
-        let Some(retry_after) = transient(&err) else { return Err(err) };
-        if attempt >= policy.max_attempts {
-            return Err(err);
-        }
-        let wait = policy.backoff(attempt).max(retry_after.unwrap_or_default());
-        if start.elapsed() + wait > policy.max_total {
-            return Err(err);
-        }
-        tracing::warn!("{err} (attempt {attempt}/{}; retrying in {:.1}s)", policy.max_attempts, wait.as_secs_f64());
-        std::thread::sleep(wait);
-        attempt += 1;
-    }
-}
+pub use crate::azure::retry;
 
 /// `Some(retry_after)` for transient registry errors.
 pub fn transient(e: &RegistryError) -> Option<Option<Duration>> {
@@ -598,16 +573,7 @@ fn error_detail(body: &[u8]) -> String {
 
 /// "a: b: c" from an error and its sources, repeated parts dropped.
 pub(crate) fn chain(e: &dyn std::error::Error) -> String {
-    let mut parts: Vec<String> = vec![];
-    let mut cur: Option<&dyn std::error::Error> = Some(e);
-    while let Some(err) = cur {
-        let s = err.to_string();
-        if !s.is_empty() && !parts.iter().any(|p| p.contains(&s)) {
-            parts.push(s);
-        }
-        cur = err.source();
-    }
-    parts.join(": ").replace('\n', " ")
+    crate::azure::error_chain_full(e)
 }
 
 #[cfg(test)]
