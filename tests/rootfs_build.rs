@@ -1,7 +1,7 @@
 //! `rootfs build RECIPE`: the shipped recipes (parsed and checked), recipe errors, and real
 //! builds with debootstrap + apt against a Debian mirror (root; `DEBIAN_MIRROR` overrides
 //! the mirror). The .deb cache lives in `target/fixtures/apt-cache*`, so reruns download
-//! little. The CUDA recipes (runtime ~1 GB, toolkit ~5 GB) run only with
+//! little. The CUDA recipes (runtime ~1 GB, toolkits ~5-6 GB) run only with
 //! `AZP_SANDBOX_HEAVY_TESTS=1`.
 
 mod common;
@@ -416,6 +416,34 @@ fn heavy_trixie_cuda_toolkit_recipe() {
          && nvcc -c /tmp/k.cu -o /tmp/k.o && echo compiled-ok && id azp",
     ]);
     assert!(job.contains("release 12.4"), "{job}");
+    assert!(job.contains("compiled-ok"), "{job}");
+    assert!(job.contains("uid=1000(azp)"), "{job}");
+}
+
+#[test]
+fn heavy_bookworm_cuda_toolkit_recipe() {
+    require_root!();
+    if !heavy() {
+        return;
+    }
+    let home = TestHome::new("recipe-toolkit-11");
+    let (_, info) = build_heavy(&home, "debian-bookworm-cuda11.8");
+    assert_eq!(info["cuda_version"], "11.8");
+    let tree = home.dir.join("rootfs/debian-bookworm-cuda11.8/tree");
+    let drivers = driver_libs(&tree);
+    assert!(drivers.is_empty(), "distro driver libraries in the rootfs: {drivers:?}");
+    // Plain nvcc works: gcc/g++ are GCC 11 (nvcc 11.8 rejects bookworm's GCC 12).
+    let job = home.ok(&[
+        "exec",
+        "--rootfs",
+        "debian-bookworm-cuda11.8",
+        "--",
+        "sh",
+        "-c",
+        "nvcc --version && printf '__global__ void k(float *x) { x[threadIdx.x] *= 2; }\\n' > /tmp/k.cu \
+         && nvcc -c /tmp/k.cu -o /tmp/k.o && echo compiled-ok && id azp",
+    ]);
+    assert!(job.contains("release 11.8"), "{job}");
     assert!(job.contains("compiled-ok"), "{job}");
     assert!(job.contains("uid=1000(azp)"), "{job}");
 }
