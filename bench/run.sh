@@ -6,6 +6,21 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 rm -rf target/bench-results
+# The unpack benchmark's archive: a real CUDA rootfs from rootfs-recipes/ (runtime-only,
+# ~1 GB), built once and cached, unless AZP_BENCH_ROOTFS names another archive.
+if [ -z "${AZP_BENCH_ROOTFS:-}" ]; then
+  cached=target/fixtures/cuda11.8-runtime-rootfs.tar.zst
+  if [ ! -s "$cached" ]; then
+    cargo build --release
+    h=$(mktemp -d /var/tmp/azp-bench-home.XXXXXX)
+    target/release/azp-sandbox --home "$h" rootfs build debian-bookworm-cuda11.8-runtime --name cuda-runtime \
+      --cache-dir target/fixtures/apt-cache
+    tar --numeric-owner -C "$h/rootfs/cuda-runtime/tree" -cf - . | zstd -q -T0 -3 -o "$cached.partial"
+    mv "$cached.partial" "$cached"
+    rm -rf "$h"
+  fi
+  export AZP_BENCH_ROOTFS=$cached
+fi
 cargo bench --bench sandbox_cycle
 cargo bench --bench unpack
 cargo bench --bench agent_churn

@@ -48,6 +48,8 @@ pub fn run_slot(shared: Arc<Shared>, cfg: SlotConfig, helper_pid: Arc<AtomicI32>
     let mut seq: u64 = 0;
     // When the previous agent exited: refill latency is measured from here.
     let mut last_exit: Option<Instant> = None;
+    // The next job's sandbox, built while the current job runs (dropped = cancelled).
+    let mut prepared: Option<Sandbox> = None;
     shared.update_slot(cfg.index, |s| {
         s.agent = cfg.agent_name.clone();
         s.gpus = cfg.gpu_names.clone();
@@ -63,7 +65,7 @@ pub fn run_slot(shared: Arc<Shared>, cfg: SlotConfig, helper_pid: Arc<AtomicI32>
             }
         }
         seq += 1;
-        match one_job(&shared, &cfg, seq, &helper_pid, &mut last_exit) {
+        match one_job(&shared, &cfg, seq, &helper_pid, &mut last_exit, &mut prepared) {
             Ok(JobEnd::Ran) => backoff = Backoff(0),
             Ok(JobEnd::UpdateRequired) => {
                 tracing::info!(slot = cfg.index, agent = %cfg.agent_name, "agent asked for an update (exit 4): refreshing the package");
@@ -101,15 +103,20 @@ fn one_job(
     seq: u64,
     helper_pid: &Arc<AtomicI32>,
     last_exit: &mut Option<Instant>,
+    prepared: &mut Option<Sandbox>,
 ) -> anyhow::Result<JobEnd> {
-    let mut plan = cfg.base_plan.clone();
-    plan.id = format!("{}-{seq}", cfg.agent_name);
-    plan.cgroup_path = crate::sandbox::teardown::cgroup_path_for(&plan.id);
-    plan.lower.insert(0, shared.package_layer());
-    let (uid, gid) = cfg.user.unwrap_or((0, 0));
-    plan.uid = uid;
-    plan.gid = gid;
-    plan.owned_dirs = vec![phases::agent_dir()];
+    let plan_for = |seq: u64| {
+        let mut plan = cfg.base_plan.clone();
+        plan.id = format!("{}-{seq}", cfg.agent_name);
+        plan.cgroup_path = crate::sandbox::teardown::cgroup_path_for(&plan.id);
+        plan.lower.insert(0, shared.package_layer());
+        let (uid, gid) = cfg.user.unwrap_or((0, 0));
+        plan.uid = uid;
+        plan.gid = gid;
+        plan.owned_dirs = vec![phases::agent_dir()];
+        plan
+    };
+    let plan = plan_for(seq);
     let agent = AgentJob {
         url: &shared.settings.url,
         pool: &shared.settings.pool,
@@ -128,9 +135,15 @@ fn one_job(
         s.state = "configuring".into();
         s.since_unix = now_unix();
     });
-    let mut sandbox = Sandbox::create(&shared.home, plan)?;
-    // Previous agent exit -> this sandbox ready for its first process.
-    let refill_ms = last_exit.take().map(|t| t.elapsed().as_secs_f64() * 1e3);
+    // The sandbox built during the previous job, if it still fits (same id, same agent
+    // package); else a fresh one.
+    let mut sandbox = match prepared.take() {
+        Some(s) if s.id() == plan.id && s.lower() == plan.lower.as_slice() => s,
+        stale => {
+            drop(stale);
+            Sandbox::create(&shared.home, plan.clone())?
+        }
+    };
     // Both phases get the capability env: config.sh registers it with the agent record,
     // which is what pipelines' demands are matched against before the listener starts.
     let mut env = phases::agent_env(&agent);
@@ -143,6 +156,8 @@ fn one_job(
         ..Default::default()
     };
     let c = sandbox.run(&configure, &opts)?;
+    // Previous agent's exit -> this agent configured (registration included).
+    let refill_ms = last_exit.take().map(|t| t.elapsed().as_secs_f64() * 1e3);
     if c.code != 0 {
         anyhow::bail!("config.sh failed with exit {} (see the agent's _diag logs; is the PAT allowed to register agents in pool '{}'?)", c.code, shared.settings.pool);
     }
@@ -156,6 +171,17 @@ fn one_job(
         s.state = "waiting-for-job".into();
         s.since_unix = now_unix();
     });
+    // Build the next job's sandbox now, while this agent waits for and runs its job, so
+    // that the refill after it only has to start a container.
+    let next = (|| -> anyhow::Result<Sandbox> {
+        let mut s = Sandbox::create(&shared.home, plan_for(seq + 1))?;
+        s.prepare(&configure, &opts)?;
+        Ok(s)
+    })();
+    match next {
+        Ok(s) => *prepared = Some(s),
+        Err(e) => tracing::warn!(slot = cfg.index, "could not prepare the next sandbox ({e:#}); it will be built on demand"),
+    }
     let run = Phase { args: phases::run_args(), env, cwd: Some(phases::agent_dir()), ..Default::default() };
     let started = Instant::now();
     let r = sandbox.run(&run, &opts);

@@ -56,6 +56,9 @@ pub fn main(home: &Home, job_dir: &Path) -> i32 {
 /// as soon as the job exits, before the container is deleted, so the runner can start
 /// the slot's next job while this helper finishes the clean-up.
 pub const RESULT_FD_ENV: &str = "AZP_SANDBOX_RESULT_FD";
+/// Env var naming the fd of a prepared sandbox: the container is built, then the helper
+/// waits for one byte on it before starting the job (EOF: cancelled).
+pub const GO_FD_ENV: &str = "AZP_SANDBOX_GO_FD";
 
 struct Reporter {
     fd: std::cell::Cell<Option<std::os::fd::OwnedFd>>,
@@ -126,6 +129,11 @@ fn run(home: &Home, job: &JobDir, sys: &dyn Sys, reporter: &Reporter) -> Result<
         .map_err(|e| anyhow::anyhow!("cannot create the sandbox: {}", explain_create_error(&e.to_string(), &plan.args)))?;
 
     tracing::debug!(job = %plan.id, "container created");
+    if !wait_for_go() {
+        let _ = container.delete(true);
+        let _ = sys.unmount(&merged);
+        return Ok(HelperResult::Failed { error: "cancelled before start".into() });
+    }
     // From here on the container exists: whatever happens, delete it.
     let outcome = start_and_wait(&mut container);
     tracing::debug!(job = %plan.id, "job exited");
@@ -207,6 +215,19 @@ fn keep_dev_null_writable() -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// For a prepared sandbox: blocks until the runner says go (true) or cancels (false).
+fn wait_for_go() -> bool {
+    use std::os::fd::FromRawFd;
+    let Some(fd) = std::env::var(GO_FD_ENV).ok().and_then(|v| v.parse::<i32>().ok()).filter(|fd| *fd > 2) else {
+        return true;
+    };
+    std::env::remove_var(GO_FD_ENV);
+    // SAFETY: the runner passes this fd (a pipe's read end) to us; nothing else owns it.
+    let mut f = unsafe { std::fs::File::from_raw_fd(fd) };
+    let mut b = [0u8; 1];
+    matches!(std::io::Read::read(&mut f, &mut b), Ok(1))
 }
 
 /// sigtimedwait on `set`; None on timeout.

@@ -96,6 +96,8 @@ pub struct Sandbox {
     created: Instant,
     /// The last phase's helper, still deleting its container after reporting the result.
     pending: Option<(Helper, Option<Arc<AtomicI32>>)>,
+    /// A phase whose container is already built, waiting for `run` to start it.
+    prepared: Option<(Spawned, String)>,
 }
 
 impl Sandbox {
@@ -122,11 +124,16 @@ impl Sandbox {
             }
         };
         tracing::debug!(job = %plan.id, "job dir recorded");
-        Ok(Sandbox { home: home.clone(), job, plan, lock: Some(lock), created: Instant::now(), pending: None })
+        Ok(Sandbox { home: home.clone(), job, plan, lock: Some(lock), created: Instant::now(), pending: None, prepared: None })
     }
 
     pub fn id(&self) -> &str {
         &self.plan.id
+    }
+
+    /// The read-only layers this sandbox was created over.
+    pub fn lower(&self) -> &[std::path::PathBuf] {
+        &self.plan.lower
     }
 
     /// The job's writable layer on the host (what the job wrote, e.g. agent logs).
@@ -134,8 +141,8 @@ impl Sandbox {
         self.job.upper()
     }
 
-    /// Runs one phase to completion: a container over this sandbox's layers.
-    pub fn run(&mut self, phase: &Phase, opts: &RunOptions) -> Result<JobOutcome> {
+    /// Writes the phase's plan for the next helper; returns the job id.
+    fn write_phase_plan(&mut self, phase: &Phase) -> Result<JobPlan> {
         // Phases share the upper dir and the container id: one at a time.
         self.wait_pending();
         if phase.args.is_empty() && self.plan.args.is_empty() {
@@ -153,8 +160,38 @@ impl Sandbox {
         }
         std::fs::write(self.job.plan_file(), serde_json::to_vec(&plan)?).context("cannot write job plan: disk full?")?;
         let _ = std::fs::remove_file(self.job.result_file());
+        Ok(plan)
+    }
+
+    /// Builds the phase's container now (overlay, spec, namespaces, cgroup; the process
+    /// waits before exec) so that a later [`Sandbox::run`] only has to start it: the
+    /// agent runner prepares a slot's next job while the current one runs.
+    pub fn prepare(&mut self, phase: &Phase, opts: &RunOptions) -> Result<()> {
+        let plan = self.write_phase_plan(phase)?;
+        let quiet = RunOptions { helper_pid: None, forward_signals: false, ..opts.clone() };
+        let spawned = spawn_helper(&self.home, &self.job.root, phase.stdin.as_deref(), &quiet, true)?;
+        self.prepared = Some((spawned, plan.cgroup_path.display().to_string()));
+        Ok(())
+    }
+
+    /// Runs one phase to completion: a container over this sandbox's layers. If the
+    /// sandbox was [prepared](Sandbox::prepare), that phase is started and `phase` is
+    /// not looked at.
+    pub fn run(&mut self, phase: &Phase, opts: &RunOptions) -> Result<JobOutcome> {
+        let (spawned, plan) = match self.prepared.take() {
+            Some((mut s, _)) => {
+                s.go();
+                let mut plan = self.plan.clone();
+                plan.args = phase.args.clone();
+                (s, plan)
+            }
+            None => {
+                let plan = self.write_phase_plan(phase)?;
+                (spawn_helper(&self.home, &self.job.root, phase.stdin.as_deref(), opts, false)?, plan)
+            }
+        };
         let started = Instant::now();
-        let (mut child, report) = spawn_helper(&self.home, &self.job.root, phase.stdin.as_deref(), opts)?;
+        let (mut child, report) = await_result(spawned, opts);
         let result = match report {
             Some(r) => {
                 // The job is over; the helper is still deleting its container.
@@ -178,6 +215,16 @@ impl Sandbox {
                 Ok(JobOutcome { id: plan.id, code, signal, duration, cleanup: Cleanup::default() })
             }
             HelperResult::Failed { error } => bail!("{error}"),
+        }
+    }
+
+    /// A prepared container that will not be started: closing the go pipe makes its
+    /// helper delete it and exit.
+    fn cancel_prepared(&mut self) {
+        if let Some((mut s, _)) = self.prepared.take() {
+            drop(s.go_tx.take());
+            let (mut helper, _) = await_result(s, &RunOptions::default());
+            let _ = helper.wait();
         }
     }
 
@@ -206,6 +253,7 @@ impl Sandbox {
                 lock: self.lock.take(),
                 created: self.created,
                 pending: self.pending.take(),
+                prepared: self.prepared.take(),
             };
             std::thread::spawn(move || {
                 lower_priority_of_this_thread();
@@ -223,6 +271,7 @@ impl Sandbox {
     }
 
     fn finish(mut self, background_delete: bool) -> Result<Cleanup> {
+        self.cancel_prepared();
         self.wait_pending();
         let cleanup = teardown::cleanup_job(&self.home, &self.job, background_delete);
         drop(self.lock.take());
@@ -238,6 +287,7 @@ impl Sandbox {
 
 impl Drop for Sandbox {
     fn drop(&mut self) {
+        self.cancel_prepared();
         self.wait_pending();
         if self.lock.is_some() {
             // Not torn down explicitly (an error path): do it now rather than leave it to gc.
@@ -279,18 +329,42 @@ fn publish_pid(opts: &RunOptions, pid: i32) {
     }
 }
 
-/// Starts the helper and waits for its result (sent when the job exits, before the
-/// container is deleted). Returns the still-running child and the result, or None when
-/// the helper ended without reporting one.
+/// A started helper: the result pipe to wait on, and (when prepared) the pipe that
+/// tells it to start the container.
+pub(crate) struct Spawned {
+    child: std::process::Child,
+    result_rx: std::os::fd::OwnedFd,
+    go_tx: Option<std::os::fd::OwnedFd>,
+    copiers: Vec<std::thread::JoinHandle<()>>,
+}
+
+impl Spawned {
+    fn go(&mut self) {
+        if let Some(tx) = self.go_tx.take() {
+            let _ = std::io::Write::write_all(&mut std::fs::File::from(tx), b"g");
+        }
+    }
+}
+
+/// Starts the helper. With `prepared`, it builds the container and then waits for a
+/// byte on fd 4 before starting it (EOF there cancels).
 fn spawn_helper(
     home: &Home,
     job_dir: &std::path::Path,
     stdin: Option<&[u8]>,
     opts: &RunOptions,
-) -> Result<(Helper, Option<HelperResult>)> {
+    prepared: bool,
+) -> Result<Spawned> {
     use std::os::fd::AsRawFd;
     let (result_rx, result_tx) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).context("cannot create a pipe")?;
     let tx_raw = result_tx.as_raw_fd();
+    let (go_rx, go_tx) = if prepared {
+        let (r, w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).context("cannot create a pipe")?;
+        (Some(r), Some(w))
+    } else {
+        (None, None)
+    };
+    let go_raw = go_rx.as_ref().map(|f| f.as_raw_fd()).unwrap_or(-1);
     let mut cmd = Command::new("/proc/self/exe");
     cmd.arg("--home").arg(home.root());
     if tracing::enabled!(tracing::Level::DEBUG) {
@@ -298,6 +372,9 @@ fn spawn_helper(
     }
     cmd.arg("__sandbox-helper").arg(job_dir);
     cmd.env(super::helper::RESULT_FD_ENV, "3");
+    if prepared {
+        cmd.env(super::helper::GO_FD_ENV, "4");
+    }
     cmd.stdin(if stdin.is_some() { Stdio::piped() } else { Stdio::inherit() });
     let output = output_plan(opts)?;
     cmd.stdout(output.stdout).stderr(output.stderr);
@@ -318,6 +395,15 @@ fn spawn_helper(
             } else if libc::dup2(tx_raw, 3) != 3 {
                 return Err(std::io::Error::last_os_error());
             }
+            if go_raw >= 0 {
+                if go_raw == 4 {
+                    if libc::fcntl(4, libc::F_SETFD, 0) != 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                } else if libc::dup2(go_raw, 4) != 4 {
+                    return Err(std::io::Error::last_os_error());
+                }
+            }
             let mut empty: libc::sigset_t = std::mem::zeroed();
             libc::sigemptyset(&mut empty);
             if libc::sigprocmask(libc::SIG_SETMASK, &empty, std::ptr::null_mut()) != 0 {
@@ -330,12 +416,22 @@ fn spawn_helper(
     // Our copies of the pipes' write ends: the readers see EOF only once they are closed.
     drop(cmd);
     drop(result_tx);
+    drop(go_rx);
     if let Some(bytes) = stdin {
         if let Some(mut pipe) = child.stdin.take() {
             // A job that does not read its stdin must not block us: ignore EPIPE.
             let _ = pipe.write_all(bytes);
         }
     }
+    Ok(Spawned { child, result_rx, go_tx, copiers: output.copiers })
+}
+
+/// Waits for the helper's result (sent when the job exits, before the container is
+/// deleted). Returns the still-running helper and the result, or None when the helper
+/// ended without reporting one.
+fn await_result(s: Spawned, opts: &RunOptions) -> (Helper, Option<HelperResult>) {
+    let Spawned { child, result_rx, go_tx, copiers } = s;
+    drop(go_tx);
     publish_pid(opts, child.id() as i32);
     if opts.forward_signals {
         FORWARD_PID.store(child.id() as i32, Ordering::SeqCst);
@@ -352,7 +448,7 @@ fn spawn_helper(
         FORWARD_PID.store(0, Ordering::SeqCst);
     }
     let report = serde_json::from_slice::<HelperResult>(&bytes).ok();
-    Ok((Helper { child, copiers: output.copiers }, report))
+    (Helper { child, copiers }, report)
 }
 
 /// A running helper and the threads copying its job's output.
