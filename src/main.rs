@@ -70,7 +70,8 @@ enum Command {
 
 #[derive(clap::Args)]
 struct ExecArgs {
-    /// Rootfs name from `azp-sandbox rootfs list`
+    /// Rootfs name from `azp-sandbox rootfs list`, or auto: the newest CUDA the host
+    /// driver supports
     #[arg(long)]
     rootfs: String,
     /// Read-only dataset: HOST:CONTAINER[:ENVVAR] (ENVVAR is set to CONTAINER)
@@ -559,7 +560,14 @@ fn exec(home: &Home, driver_root: &std::path::Path, args: ExecArgs) -> Result<i3
     log_gc(&sandbox::gc(home).context("gc before exec failed")?);
     tracing::debug!("gc done");
     let store = Store::new(home);
-    let lease = store.lease(&args.rootfs)?;
+    let rootfs_name = if args.rootfs == "auto" {
+        use azp_sandbox::gpu::GpuInventory;
+        let inv = gpu::NvmlInventory::load(driver_root, &DiscoverOptions::default().extra_lib_dirs);
+        azp_sandbox::rootfs::select::resolve(&store, "auto", inv.cuda_driver_version().ok())?
+    } else {
+        args.rootfs.clone()
+    };
+    let lease = store.lease(&rootfs_name)?;
     tracing::debug!("rootfs leased");
     let gpu_opts = DiscoverOptions { driver_root: driver_root.to_path_buf(), cdi_spec: args.cdi_spec.clone(), ..Default::default() };
     let edits = gpu::job_edits(&gpu_opts, &args.gpus, &args.gpu_capabilities, Some(lease.path()))?;

@@ -134,6 +134,21 @@ struct Env {
 }
 
 impl Env {
+    /// `Store::remove`, retried for a moment while "in use": the store's locks are flocks
+    /// on directory fds, and a process another test thread forks at that instant holds a
+    /// copy of such an fd until it execs (O_CLOEXEC closes it only then).
+    fn remove_settled(&self, name: &str) -> anyhow::Result<()> {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
+        loop {
+            match self.store.remove(name) {
+                Err(e) if e.to_string().contains("in use") && std::time::Instant::now() < deadline => {
+                    std::thread::sleep(std::time::Duration::from_millis(20))
+                }
+                r => return r,
+            }
+        }
+    }
+
     fn new() -> Env {
         let tmp = tempfile::tempdir().unwrap();
         let home = Home::new(tmp.path().join("home"));
@@ -317,7 +332,7 @@ fn modes_owners_times_and_links_are_preserved() {
         assert_eq!(md(p).mtime(), MTIME as i64, "mtime of '{p}'");
     }
     // The store can still remove it (mode-000 directories included).
-    env.store.remove("meta").unwrap();
+    env.remove_settled("meta").unwrap();
     assert!(!env.store.dir().join("meta").exists());
 }
 
@@ -493,7 +508,7 @@ fn absolute_paths_are_rerooted() {
     env.import(&tar, "abs").unwrap();
     let rel = victim.trim_start_matches('/');
     assert_eq!(std::fs::read(env.tree("abs").join(rel)).unwrap(), b"pwned");
-    env.store.remove("abs").unwrap();
+    env.remove_settled("abs").unwrap();
     env.assert_clean_failure("abs");
 }
 
@@ -535,7 +550,7 @@ fn a_later_file_replaces_a_symlink_instead_of_writing_through_it() {
     let t = env.tree("rep");
     assert!(std::fs::symlink_metadata(t.join("f")).unwrap().is_file());
     assert_eq!(std::fs::read(t.join("f")).unwrap(), b"new");
-    env.store.remove("rep").unwrap();
+    env.remove_settled("rep").unwrap();
     env.assert_clean_failure("rep");
 }
 
@@ -572,7 +587,7 @@ fn hard_links_must_stay_inside_the_tree() {
     let m = std::fs::symlink_metadata(env.tree("hlsym").join("h")).unwrap();
     assert!(m.file_type().is_symlink());
     assert_eq!(m.nlink(), 2);
-    env.store.remove("hlsym").unwrap();
+    env.remove_settled("hlsym").unwrap();
     env.assert_clean_failure("hlsym");
 }
 
@@ -784,7 +799,7 @@ fn a_lease_blocks_remove() {
     drop(lease);
     assert_eq!(format!("{:#}", env.store.remove("base").unwrap_err()), "rootfs 'base' is in use by a running sandbox");
     drop(second);
-    env.store.remove("base").unwrap();
+    env.remove_settled("base").unwrap();
     assert!(env.store.list().unwrap().is_empty());
     assert_eq!(env.leftovers(), Vec::<String>::new());
     assert_eq!(

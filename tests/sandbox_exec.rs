@@ -230,6 +230,10 @@ fn bad_input_gives_one_line_errors() {
     assert_eq!(out.status.code(), Some(125));
     assert!(err.contains("unknown rootfs 'nope'") && err.lines().count() == 1, "{err}");
     h.import(&busybox_tar(), "bb");
+    // No NVIDIA driver on this host: auto cannot choose, and says why.
+    let out = h.command().args(["--driver-root"]).arg(&h.dir).args(["exec", "--rootfs", "auto", "--", "true"]).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("--rootfs auto") && err.contains("no NVIDIA driver") && err.lines().count() == 1, "{err}");
     let out = h.run(&["exec", "--rootfs", "bb", "--volume", "/no/such/dir:/data", "--", "true"]);
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("volume source /no/such/dir does not exist") && err.lines().count() == 1, "{err}");

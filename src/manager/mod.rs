@@ -176,7 +176,7 @@ pub fn run(home: &Home, settings: RunSettings, ctx: RunContext) -> Result<()> {
 
     // Rootfs (held for the manager's lifetime) and its unprivileged user.
     let store = Store::new(home);
-    let rootfs_name = resolve_rootfs(&store, &settings.rootfs, &driver)?;
+    let rootfs_name = crate::rootfs::select::resolve(&store, &settings.rootfs, driver.cuda_version)?;
     let lease = store.lease(&rootfs_name)?;
     let user = passwd_user(lease.path(), "azp");
     if user.is_none() {
@@ -477,31 +477,6 @@ pub fn prune(client: &AzureClient, pool_id: u64, prefix: &str, keep: impl Fn(&st
         }
     }
     Ok(removed)
-}
-
-/// `--rootfs NAME|auto`.
-fn resolve_rootfs(store: &Store, wanted: &str, driver: &gpu::Driver) -> Result<String> {
-    if wanted != "auto" {
-        return Ok(wanted.to_string());
-    }
-    let Some(cuda) = driver.cuda_version.map(|(a, b)| format!("{a}.{b}")) else {
-        bail!("--rootfs auto needs the host's CUDA driver version from NVML, and none was found; name a rootfs with --rootfs NAME");
-    };
-    let list = store.list()?;
-    let host_arch = std::env::consts::ARCH;
-    let mut best: Option<(Vec<u32>, bool, String)> = None;
-    for r in list {
-        let Some(v) = r.cuda_version.as_deref() else { continue };
-        if gpu::inject::compare_versions(v, &cuda) == std::cmp::Ordering::Greater {
-            continue;
-        }
-        let key: Vec<u32> = v.split('.').filter_map(|p| p.parse().ok()).collect();
-        let arch_ok = r.arch.as_deref() == Some(host_arch);
-        if best.as_ref().is_none_or(|(k, a, _)| (arch_ok, &key) > (*a, k)) {
-            best = Some((key, arch_ok, r.name));
-        }
-    }
-    best.map(|b| b.2).with_context(|| format!("--rootfs auto: no imported rootfs has a CUDA version <= {cuda} (the driver's); import one or name it with --rootfs NAME"))
 }
 
 /// uid/gid of `user` from the rootfs's /etc/passwd.

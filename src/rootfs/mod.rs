@@ -13,6 +13,7 @@ mod fs;
 pub mod oci;
 mod probe;
 pub mod recipe;
+pub mod select;
 mod store;
 mod tarstream;
 pub mod unpack;
