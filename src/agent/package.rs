@@ -324,6 +324,7 @@ impl PackageCache {
             .open(&path)
             .with_context(|| format!("cannot open {}", path.display()))?;
         loop {
+            // SAFETY: a plain syscall on fds and NUL-terminated C strings owned by this function and valid for the whole call; its result is checked.
             if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX) } == 0 {
                 return Ok(DirLock(f));
             }

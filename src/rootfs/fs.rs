@@ -104,6 +104,7 @@ pub(crate) fn openat2(dirfd: RawFd, path: &CStr, flags: libc::c_int, resolve: u6
 
 pub(crate) fn fstatat_nofollow(dirfd: RawFd, name: &CStr) -> io::Result<libc::stat> {
     let mut st = std::mem::MaybeUninit::<libc::stat>::uninit();
+    // SAFETY: a plain syscall on fds and NUL-terminated C strings owned by this function and valid for the whole call; its result is checked.
     cvt(unsafe { libc::fstatat(dirfd, name.as_ptr(), st.as_mut_ptr(), libc::AT_SYMLINK_NOFOLLOW) })?;
     // SAFETY: fstatat succeeded and filled the struct.
     Ok(unsafe { st.assume_init() })
@@ -111,6 +112,7 @@ pub(crate) fn fstatat_nofollow(dirfd: RawFd, name: &CStr) -> io::Result<libc::st
 
 pub(crate) fn fstat(fd: RawFd) -> io::Result<libc::stat> {
     let mut st = std::mem::MaybeUninit::<libc::stat>::uninit();
+    // SAFETY: a plain syscall on fds and NUL-terminated C strings owned by this function and valid for the whole call; its result is checked.
     cvt(unsafe { libc::fstat(fd, st.as_mut_ptr()) })?;
     // SAFETY: fstat succeeded and filled the struct.
     Ok(unsafe { st.assume_init() })
@@ -125,15 +127,18 @@ pub(crate) fn is_symlink(st: &libc::stat) -> bool {
 }
 
 pub(crate) fn mkdirat(dirfd: RawFd, name: &CStr, mode: libc::mode_t) -> io::Result<()> {
+    // SAFETY: a plain syscall on fds and NUL-terminated C strings owned by this function and valid for the whole call; its result is checked.
     cvt(unsafe { libc::mkdirat(dirfd, name.as_ptr(), mode) }).map(drop)
 }
 
 pub(crate) fn unlinkat(dirfd: RawFd, name: &CStr, flags: libc::c_int) -> io::Result<()> {
+    // SAFETY: a plain syscall on fds and NUL-terminated C strings owned by this function and valid for the whole call; its result is checked.
     cvt(unsafe { libc::unlinkat(dirfd, name.as_ptr(), flags) }).map(drop)
 }
 
 /// `flock(2)`; `op` is `LOCK_SH`/`LOCK_EX`, optionally `| LOCK_NB`.
 pub(crate) fn flock(fd: BorrowedFd<'_>, op: libc::c_int) -> io::Result<()> {
+    // SAFETY: a plain syscall on fds and NUL-terminated C strings owned by this function and valid for the whole call; its result is checked.
     cvt_r(|| unsafe { libc::flock(fd.as_raw_fd(), op) }).map(drop)
 }
 
@@ -141,6 +146,7 @@ pub(crate) fn flock(fd: BorrowedFd<'_>, op: libc::c_int) -> io::Result<()> {
 pub(crate) fn rename_noreplace(from: &Path, to: &Path) -> io::Result<()> {
     let (f, t) = (path_cstring(from)?, path_cstring(to)?);
     const RENAME_NOREPLACE: libc::c_uint = 1;
+    // SAFETY: both paths are NUL-terminated CStrings that outlive the call; the result is checked below.
     let r = unsafe {
         libc::syscall(libc::SYS_renameat2, libc::AT_FDCWD, f.as_ptr(), libc::AT_FDCWD, t.as_ptr(), RENAME_NOREPLACE)
     };
@@ -178,12 +184,15 @@ pub(crate) fn remove_all_at(dirfd: RawFd, name: &CStr) -> io::Result<()> {
         Err(e) if errno(&e) == libc::EACCES => {
             // Our own tree with a mode-000 directory (non-root): make it listable. The name
             // was just seen as a directory, so fchmodat's symlink following cannot apply.
+            // SAFETY: a plain syscall on fds and NUL-terminated C strings owned by this function and valid for the whole call; its result is checked.
             cvt(unsafe { libc::fchmodat(dirfd, name.as_ptr(), 0o700, 0) })?;
             openat(dirfd, name, libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW, 0)?
         }
         Err(e) => return Err(e),
     };
+    // SAFETY: geteuid(2) has no preconditions and cannot fail.
     if st.st_mode & 0o700 != 0o700 && unsafe { libc::geteuid() } != 0 {
+        // SAFETY: a plain syscall on fds and NUL-terminated C strings owned by this function and valid for the whole call; its result is checked.
         let _ = unsafe { libc::fchmod(dir.as_raw_fd(), 0o700) };
     }
     for child in read_dir_names(dir.as_raw_fd())? {
@@ -198,6 +207,7 @@ pub(crate) fn remove_all_at(dirfd: RawFd, name: &CStr) -> io::Result<()> {
 
 /// Names in a directory (without `.` and `..`), read through a dup of `dir`.
 pub(crate) fn read_dir_names(dir: RawFd) -> io::Result<Vec<CString>> {
+    // SAFETY: a plain syscall on fds and NUL-terminated C strings owned by this function and valid for the whole call; its result is checked.
     let dup = cvt(unsafe { libc::fcntl(dir, libc::F_DUPFD_CLOEXEC, 0) })?;
     // SAFETY: `dup` is a fresh fd that fdopendir takes over (closed by closedir).
     let dp = unsafe { libc::fdopendir(dup) };
@@ -206,6 +216,7 @@ pub(crate) fn read_dir_names(dir: RawFd) -> io::Result<Vec<CString>> {
         unsafe { libc::close(dup) };
         return Err(e);
     }
+    // SAFETY: a plain syscall on fds and NUL-terminated C strings owned by this function and valid for the whole call; its result is checked.
     unsafe { libc::rewinddir(dp) };
     let mut names = Vec::new();
     let result = loop {
@@ -223,6 +234,7 @@ pub(crate) fn read_dir_names(dir: RawFd) -> io::Result<Vec<CString>> {
             names.push(name.to_owned());
         }
     };
+    // SAFETY: a plain syscall on fds and NUL-terminated C strings owned by this function and valid for the whole call; its result is checked.
     unsafe { libc::closedir(dp) };
     result.map(|()| names)
 }
@@ -245,12 +257,14 @@ pub(crate) fn remove_tree(path: &Path) -> io::Result<()> {
 
 pub(crate) fn fsync_dir(path: &Path) -> io::Result<()> {
     let fd = open_dir(path)?;
+    // SAFETY: a plain syscall on fds and NUL-terminated C strings owned by this function and valid for the whole call; its result is checked.
     cvt(unsafe { libc::fsync(fd.as_raw_fd()) }).map(drop)
 }
 
 /// 16 hex chars from getrandom (falls back to time and a counter).
 pub(crate) fn random_suffix() -> String {
     let mut b = [0u8; 8];
+    // SAFETY: a plain syscall on fds and NUL-terminated C strings owned by this function and valid for the whole call; its result is checked.
     let n = unsafe { libc::getrandom(b.as_mut_ptr().cast(), b.len(), libc::GRND_NONBLOCK) };
     if n != b.len() as isize {
         use std::sync::atomic::{AtomicU64, Ordering};

@@ -47,6 +47,7 @@ pub struct UnpackOptions {
 
 impl Default for UnpackOptions {
     fn default() -> Self {
+        // SAFETY: geteuid(2) has no preconditions and cannot fail.
         let root = unsafe { libc::geteuid() } == 0;
         UnpackOptions {
             same_owner: root,
@@ -573,20 +574,24 @@ impl Unpacker<'_> {
     fn apply_fd(&mut self, fd: RawFd, m: &Meta, is_dir: bool) -> io::Result<()> {
         if self.opts.same_owner {
             let (uid, gid) = (id32(m.uid)?, id32(m.gid)?);
+            // SAFETY: a plain syscall on fds and NUL-terminated C strings owned by this function and valid for the whole call; its result is checked.
             sysfs::cvt(unsafe { libc::fchown(fd, uid, gid) })?;
         }
         let mode = m.mode & 0o7777;
         if is_dir || mode & 0o7000 != 0 || mode & self.umask != 0 {
+            // SAFETY: a plain syscall on fds and NUL-terminated C strings owned by this function and valid for the whole call; its result is checked.
             sysfs::cvt(unsafe { libc::fchmod(fd, mode as libc::mode_t) })?;
         }
         for (k, v) in &m.xattrs {
             let r = sysfs::cstring(k)
+                // SAFETY: a plain syscall on fds and NUL-terminated C strings owned by this function and valid for the whole call; its result is checked.
                 .and_then(|k| sysfs::cvt(unsafe { libc::fsetxattr(fd, k.as_ptr(), v.as_ptr().cast(), v.len(), 0) }));
             if let Err(e) = r {
                 self.xattr_failed(k, &e);
             }
         }
         let ts = timespecs(m.mtime);
+        // SAFETY: a plain syscall on fds and NUL-terminated C strings owned by this function and valid for the whole call; its result is checked.
         sysfs::cvt(unsafe { libc::futimens(fd, ts.as_ptr()) })?;
         Ok(())
     }
@@ -625,6 +630,7 @@ impl Unpacker<'_> {
             _ => return Err(self.corrupt("symlink without a target")),
         };
         let target = sysfs::cstring(target).map_err(|_| self.hostile("has a symlink target with a NUL byte"))?;
+        // SAFETY: a plain syscall on fds and NUL-terminated C strings owned by this function and valid for the whole call; its result is checked.
         self.create(pfd, name, || sysfs::cvt(unsafe { libc::symlinkat(target.as_ptr(), pfd, name.as_ptr()) }))
             .map_err(|err| self.write_error(err))?;
         self.lmeta(pfd, name, e, false).map_err(|err| self.write_error(err))?;
@@ -636,13 +642,16 @@ impl Unpacker<'_> {
     fn lmeta(&mut self, pfd: RawFd, name: &CStr, e: &Entry, chmod: bool) -> io::Result<()> {
         if self.opts.same_owner {
             let (uid, gid) = (id32(e.uid)?, id32(e.gid)?);
+            // SAFETY: a plain syscall on fds and NUL-terminated C strings owned by this function and valid for the whole call; its result is checked.
             sysfs::cvt(unsafe { libc::fchownat(pfd, name.as_ptr(), uid, gid, libc::AT_SYMLINK_NOFOLLOW) })?;
         }
         if chmod {
             // Only called for nodes just created under this name in our own tree.
+            // SAFETY: a plain syscall on fds and NUL-terminated C strings owned by this function and valid for the whole call; its result is checked.
             sysfs::cvt(unsafe { libc::fchmodat(pfd, name.as_ptr(), (e.mode & 0o7777) as libc::mode_t, 0) })?;
         }
         let ts = timespecs(e.mtime);
+        // SAFETY: a plain syscall on fds and NUL-terminated C strings owned by this function and valid for the whole call; its result is checked.
         sysfs::cvt(unsafe { libc::utimensat(pfd, name.as_ptr(), ts.as_ptr(), libc::AT_SYMLINK_NOFOLLOW) })?;
         Ok(())
     }
@@ -685,6 +694,7 @@ impl Unpacker<'_> {
             }
         };
         let r =
+            // SAFETY: a plain syscall on fds and NUL-terminated C strings owned by this function and valid for the whole call; its result is checked.
             self.create(pfd, name, || sysfs::cvt(unsafe { libc::linkat(tpfd, tname.as_ptr(), pfd, name.as_ptr(), 0) }));
         match r {
             Ok(_) => {}
@@ -715,6 +725,7 @@ impl Unpacker<'_> {
         };
         let dev = libc::makedev(e.dev.0, e.dev.1);
         let mode = kind | (e.mode & 0o777) as libc::mode_t;
+        // SAFETY: a plain syscall on fds and NUL-terminated C strings owned by this function and valid for the whole call; its result is checked.
         let r = self.create(pfd, name, || sysfs::cvt(unsafe { libc::mknodat(pfd, name.as_ptr(), mode, dev) }));
         match r {
             Ok(_) => {}
@@ -788,6 +799,7 @@ impl Unpacker<'_> {
             };
             let r = match &d.meta {
                 Some(m) => self.apply_fd(fd, m, true),
+                // SAFETY: a plain syscall on fds and NUL-terminated C strings owned by this function and valid for the whole call; its result is checked.
                 None => sysfs::cvt(unsafe { libc::fchmod(fd, 0o755) }).map(drop),
             };
             r.map_err(|err| self.write_error(err))?;
