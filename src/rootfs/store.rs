@@ -168,17 +168,7 @@ impl Store {
         label: Option<&str>,
         progress: &mut dyn FnMut(u64),
     ) -> Result<RootfsInfo> {
-        validate_name(name)?;
-        std::fs::create_dir_all(&self.dir)
-            .with_context(|| format!("cannot create the rootfs store {}", self.dir.display()))?;
-        let final_dir = self.dir.join(name);
-        if final_dir.symlink_metadata().is_ok() {
-            return Err(Self::exists_error(name));
-        }
-        let mut tmp = TempImport::create(&self.dir, name)?;
-        let tree = tmp.path.join(TREE);
-        std::fs::DirBuilder::new().mode(0o755).create(&tree).map_err(|e| self.io_error(name, e, 0, "cannot create"))?;
-        let tree_fd = sysfs::open_dir(&tree).with_context(|| format!("cannot open {}", tree.display()))?;
+        let (final_dir, mut tmp, tree_fd) = self.begin(name)?;
 
         let opts = UnpackOptions { cancel: Some(&CANCEL), ..UnpackOptions::default() };
         let piped = archive::pipeline(src, progress, &CANCEL, |_, r| unpack::unpack_at(r, tree_fd.as_fd(), &opts));
@@ -217,6 +207,24 @@ impl Store {
         drop(tmp);
         info.path = final_dir.join(TREE);
         Ok(info)
+    }
+
+    /// Starts an import of `name`: checks the name is valid and free, and creates the
+    /// locked temp dir with an empty tree. Returns the final dir, the temp import and the
+    /// tree's fd.
+    fn begin(&self, name: &str) -> Result<(PathBuf, TempImport, OwnedFd)> {
+        validate_name(name)?;
+        std::fs::create_dir_all(&self.dir)
+            .with_context(|| format!("cannot create the rootfs store {}", self.dir.display()))?;
+        let final_dir = self.dir.join(name);
+        if final_dir.symlink_metadata().is_ok() {
+            return Err(Self::exists_error(name));
+        }
+        let tmp = TempImport::create(&self.dir, name)?;
+        let tree = tmp.path.join(TREE);
+        std::fs::DirBuilder::new().mode(0o755).create(&tree).map_err(|e| self.io_error(name, e, 0, "cannot create"))?;
+        let tree_fd = sysfs::open_dir(&tree).with_context(|| format!("cannot open {}", tree.display()))?;
+        Ok((final_dir, tmp, tree_fd))
     }
 
     /// Makes a finished temp import the rootfs `name`: metadata written and synced, then
@@ -389,17 +397,7 @@ impl Store {
         name: &str,
         fill: impl FnOnce(std::os::fd::BorrowedFd<'_>) -> Result<ImportFacts>,
     ) -> Result<RootfsInfo> {
-        validate_name(name)?;
-        std::fs::create_dir_all(&self.dir)
-            .with_context(|| format!("cannot create the rootfs store {}", self.dir.display()))?;
-        let final_dir = self.dir.join(name);
-        if final_dir.symlink_metadata().is_ok() {
-            return Err(Self::exists_error(name));
-        }
-        let mut tmp = TempImport::create(&self.dir, name)?;
-        let tree = tmp.path.join(TREE);
-        std::fs::DirBuilder::new().mode(0o755).create(&tree).map_err(|e| self.io_error(name, e, 0, "cannot create"))?;
-        let tree_fd = sysfs::open_dir(&tree).with_context(|| format!("cannot open {}", tree.display()))?;
+        let (final_dir, mut tmp, tree_fd) = self.begin(name)?;
         let facts = fill(tree_fd.as_fd())?;
         let info = RootfsInfo {
             name: name.to_string(),
