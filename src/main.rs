@@ -80,15 +80,8 @@ struct ExecArgs {
     /// Environment variable for the command
     #[arg(long = "env", short = 'e', value_name = "K=V")]
     env: Vec<EnvVar>,
-    /// Memory limit, e.g. 4G (the job is OOM-killed above it)
-    #[arg(long, value_parser = parse_size)]
-    memory: Option<u64>,
-    /// Maximum number of processes/threads
-    #[arg(long, value_parser = parse_pids)]
-    pids: Option<i64>,
-    /// CPU quota in CPUs, e.g. 2 or 0.5
-    #[arg(long, value_parser = parse_cpus)]
-    cpus: Option<u64>,
+    #[command(flatten)]
+    limits: LimitArgs,
     /// host: share the host network (default); none: empty network namespace
     #[arg(long, value_enum, default_value_t = Network::Host)]
     network: Network,
@@ -114,6 +107,26 @@ struct ExecArgs {
     /// Command and arguments
     #[arg(trailing_var_arg = true, required = true, value_name = "CMD")]
     command: Vec<String>,
+}
+
+/// Per-job cgroup limits, the same flags for `exec` and `run`.
+#[derive(clap::Args, Clone, Copy, Default)]
+struct LimitArgs {
+    /// Memory limit per job, e.g. 4G (the job is OOM-killed above it)
+    #[arg(long, value_parser = parse_size)]
+    memory: Option<u64>,
+    /// Maximum number of processes/threads per job
+    #[arg(long, value_parser = parse_pids)]
+    pids: Option<i64>,
+    /// CPU quota per job in CPUs, e.g. 2 or 0.5
+    #[arg(long, value_parser = parse_cpus)]
+    cpus: Option<u64>,
+}
+
+impl LimitArgs {
+    fn limits(self) -> Limits {
+        Limits { memory_bytes: self.memory, pids: self.pids, cpus_milli: self.cpus }
+    }
 }
 
 #[derive(clap::Args, Default)]
@@ -151,15 +164,8 @@ struct RunArgs {
     /// GPUs per agent: N (own GPUs), all (shared) or none
     #[arg(long)]
     gpus_per_agent: Option<String>,
-    /// Memory limit per job, e.g. 64G
-    #[arg(long, value_parser = parse_size)]
-    memory: Option<u64>,
-    /// Process limit per job
-    #[arg(long, value_parser = parse_pids)]
-    pids: Option<i64>,
-    /// CPU quota per job, in CPUs
-    #[arg(long, value_parser = parse_cpus)]
-    cpus: Option<u64>,
+    #[command(flatten)]
+    limits: LimitArgs,
     /// Agent package (FILE or URL) for air-gapped sites [default: the server's newest]
     #[arg(long)]
     agent_package: Option<String>,
@@ -490,9 +496,9 @@ fn run_settings(p: &PoolArgs, run: Option<&RunArgs>) -> Result<(azp_sandbox::man
         flags.rootfs = r.rootfs.clone();
         flags.volumes = r.volumes.clone();
         flags.gpus_per_agent = r.gpus_per_agent.clone();
-        flags.memory = r.memory;
-        flags.pids = r.pids;
-        flags.cpus_milli = r.cpus;
+        flags.memory = r.limits.memory;
+        flags.pids = r.limits.pids;
+        flags.cpus_milli = r.limits.cpus;
         flags.agent_package = r.agent_package.clone();
         flags.drain_timeout = r.drain_timeout.map(std::time::Duration::from_secs);
         flags.hooks_dir = r.hooks_dir.clone();
@@ -557,6 +563,7 @@ fn log_gc(report: &sandbox::GcReport) {
 fn exec(home: &Home, driver_root: &std::path::Path, args: ExecArgs) -> Result<i32> {
     require_root("exec")?;
     tracing::debug!("exec start");
+    home.ensure()?;
     log_gc(&sandbox::gc(home).context("gc before exec failed")?);
     tracing::debug!("gc done");
     let store = Store::new(home);
@@ -585,7 +592,7 @@ fn exec(home: &Home, driver_root: &std::path::Path, args: ExecArgs) -> Result<i3
         gid: args.user.map(|u| u.1).unwrap_or(0),
         hostname: id.clone(),
         volumes: args.volumes,
-        limits: Limits { memory_bytes: args.memory, pids: args.pids, cpus_milli: args.cpus },
+        limits: args.limits.limits(),
         network: args.network,
         edits,
         cgroup_path: sandbox::teardown::cgroup_path_for(&id),

@@ -105,7 +105,7 @@ impl Sandbox {
         validate(&plan)?;
         // Optional mounts whose source is missing are dropped here, never failing the job.
         plan.edits.mounts.retain(|m| !m.optional || m.host_path.exists());
-        home.ensure()?;
+        // The home's dirs exist: `exec` and `run` ensure them once at start, not per job.
         let job = JobDir::new(&home.jobs_dir(), &plan.id);
         let state = JobState {
             id: plan.id.clone(),
