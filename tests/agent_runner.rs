@@ -4,39 +4,8 @@
 mod common;
 use common::fake_azure::FakeAzure;
 use common::*;
-use std::process::{Child, Stdio};
-use std::time::{Duration, Instant};
-
-struct Manager {
-    child: Child,
-}
-
-impl Manager {
-    fn stop(mut self) -> std::process::ExitStatus {
-        nix::sys::signal::kill(nix::unistd::Pid::from_raw(self.child.id() as i32), nix::sys::signal::SIGTERM).unwrap();
-        let deadline = Instant::now() + Duration::from_secs(60);
-        loop {
-            if let Some(st) = self.child.try_wait().unwrap() {
-                return st;
-            }
-            assert!(Instant::now() < deadline, "manager did not stop within 60 s of SIGTERM");
-            std::thread::sleep(Duration::from_millis(100));
-        }
-    }
-}
-
-impl Drop for Manager {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn token_file(h: &TestHome, pat: &str) -> std::path::PathBuf {
-    let p = h.dir.join("pat");
-    std::fs::write(&p, format!("{pat}\n")).unwrap();
-    p
-}
+use std::process::Stdio;
+use std::time::Duration;
 
 #[test]
 fn two_slots_serve_six_jobs_each_in_a_fresh_sandbox() {
@@ -63,7 +32,7 @@ fn two_slots_serve_six_jobs_each_in_a_fresh_sandbox() {
         .stderr(log)
         .spawn()
         .unwrap();
-    let mgr = Manager { child };
+    let mgr = ManagerProc { child, log: h.dir.join("manager.log") };
 
     // The PAT is split so that the job script itself does not contain it.
     let (p1, p2) = pat.split_at(pat.len() / 2);
@@ -163,7 +132,7 @@ fn update_required_refetches_the_package_and_status_shows_the_slots() {
         .stderr(log)
         .spawn()
         .unwrap();
-    let mgr = Manager { child };
+    let mgr = ManagerProc { child, log: h.dir.join("manager.log") };
     fake.enqueue_job("echo first");
     assert_eq!(fake.wait_results(1, Duration::from_secs(60)).len(), 1);
     // The server now offers a newer agent, and the running one asks for an update (exit 4).

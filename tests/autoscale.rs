@@ -8,43 +8,8 @@ mod common;
 use common::fake_azure::FakeAzure;
 use common::*;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Stdio};
+use std::process::Stdio;
 use std::time::{Duration, Instant};
-
-struct Proc {
-    child: Child,
-    log: PathBuf,
-}
-
-impl Proc {
-    fn log(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-    fn stop(mut self) -> std::process::ExitStatus {
-        nix::sys::signal::kill(nix::unistd::Pid::from_raw(self.child.id() as i32), nix::sys::signal::SIGTERM).unwrap();
-        let deadline = Instant::now() + Duration::from_secs(60);
-        loop {
-            if let Some(st) = self.child.try_wait().unwrap() {
-                return st;
-            }
-            assert!(Instant::now() < deadline, "did not stop within 60 s of SIGTERM; log:\n{}", self.log());
-            std::thread::sleep(Duration::from_millis(100));
-        }
-    }
-}
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn token_file(h: &TestHome, pat: &str) -> PathBuf {
-    let p = h.dir.join("pat");
-    std::fs::write(&p, format!("{pat}\n")).unwrap();
-    p
-}
 
 /// Polls `f` every 100 ms until it is Some or `secs` pass.
 fn wait_for<T>(secs: u64, mut f: impl FnMut() -> Option<T>) -> Option<T> {
@@ -86,7 +51,7 @@ fn autoscale_serves_exactly_the_matching_jobs_then_scales_to_zero() {
         .stderr(std::fs::File::create(&log).unwrap())
         .spawn()
         .unwrap();
-    let mgr = Proc { child, log };
+    let mgr = ManagerProc { child, log };
 
     // The placeholder is registered, offline, with what the slots advertise.
     let ph =
@@ -178,7 +143,7 @@ fn exit_when_idle_ends_run_after_its_jobs() {
         .stderr(std::fs::File::create(&log).unwrap())
         .spawn()
         .unwrap();
-    let mut p = Proc { child, log };
+    let mut p = ManagerProc { child, log };
     let st = wait_for(60, || p.child.try_wait().unwrap())
         .unwrap_or_else(|| panic!("run did not exit when idle; log:\n{}", p.log()));
     assert!(st.success(), "exit {st}; log:\n{}", p.log());
@@ -263,7 +228,7 @@ impl Stubs {
     }
 }
 
-fn start_slurm(h: &TestHome, fake: &FakeAzure, stubs: &Stubs, max_jobs: &str) -> Proc {
+fn start_slurm(h: &TestHome, fake: &FakeAzure, stubs: &Stubs, max_jobs: &str) -> ManagerProc {
     let tf = token_file(h, &fake.pat());
     let log = h.dir.join("slurm.log");
     let path = format!("{}:{}", stubs.bin.display(), std::env::var("PATH").unwrap_or_default());
@@ -299,7 +264,7 @@ fn start_slurm(h: &TestHome, fake: &FakeAzure, stubs: &Stubs, max_jobs: &str) ->
         .stderr(std::fs::File::create(&log).unwrap())
         .spawn()
         .unwrap();
-    Proc { child, log }
+    ManagerProc { child, log }
 }
 
 fn queue_five(fake: &FakeAzure) -> (Vec<u64>, Vec<u64>) {
@@ -465,7 +430,7 @@ fn real_slurm_runs_a_batch_job_that_serves_a_job() {
         .stderr(std::fs::File::create(&log).unwrap())
         .spawn()
         .unwrap();
-    let p = Proc { child, log };
+    let p = ManagerProc { child, log };
     let r = fake.wait_results(1, Duration::from_secs(240));
     assert_eq!(r.len(), 1, "log:\n{}", p.log());
     assert_eq!((r[0].job_id, r[0].exit_code), (job, Some(0)));

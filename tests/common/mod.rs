@@ -233,3 +233,49 @@ pub fn driver_tree() -> Option<PathBuf> {
     })
     .clone()
 }
+
+/// A long-running azp-sandbox process (`run`, `slurm`) with its log file: `stop()` sends
+/// SIGTERM and waits (60 s at most); dropping it kills it, so a failed test leaves none.
+pub struct ManagerProc {
+    pub child: std::process::Child,
+    pub log: PathBuf,
+}
+
+impl ManagerProc {
+    /// Spawns `cmd` with stderr into `log` (stdout discarded).
+    pub fn spawn(mut cmd: Command, log: PathBuf) -> ManagerProc {
+        let f = std::fs::File::create(&log).unwrap();
+        let child = cmd.stdout(Stdio::null()).stderr(f).spawn().expect("cannot start azp-sandbox");
+        ManagerProc { child, log }
+    }
+
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    pub fn stop(mut self) -> std::process::ExitStatus {
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(self.child.id() as i32), nix::sys::signal::SIGTERM).unwrap();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        loop {
+            if let Some(st) = self.child.try_wait().unwrap() {
+                return st;
+            }
+            assert!(std::time::Instant::now() < deadline, "did not stop within 60 s of SIGTERM; log:\n{}", self.log());
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+    }
+}
+
+impl Drop for ManagerProc {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Writes the PAT to `<home>/pat` (as a sysadmin's token file) and returns its path.
+pub fn token_file(h: &TestHome, pat: &str) -> PathBuf {
+    let p = h.dir.join("pat");
+    std::fs::write(&p, format!("{pat}\n")).unwrap();
+    p
+}
