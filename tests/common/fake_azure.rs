@@ -611,6 +611,17 @@ fn handle(state: &Mutex<State>, mut req: Request) {
 }
 
 impl State {
+    /// Index of agent `aid` in pool `pool_id`, or the real service's 404.
+    fn agent_index(&self, pool_id: u64, pool_name: &str, aid: u64) -> Result<usize, Reply> {
+        self.agents.iter().position(|a| a.pool_id == pool_id && a.id == aid).ok_or_else(|| {
+            Reply::error(
+                404,
+                "TaskAgentNotFoundException",
+                &format!("No agent found in pool {pool_name} having identifier {aid}."),
+            )
+        })
+    }
+
     fn new_client_id(&mut self) -> String {
         self.next_client += 1;
         format!("client-{:04}-{:016x}", self.next_client, random_u64())
@@ -987,16 +998,9 @@ impl State {
                     self.agents.len() - 1
                 } else {
                     let aid: u64 = rest[1].parse().unwrap_or(0);
-                    let Some(i) = self
-                        .agents
-                        .iter()
-                        .position(|a| a.pool_id == pool_id && a.id == aid)
-                    else {
-                        return Reply::error(
-                            404,
-                            "TaskAgentNotFoundException",
-                            &format!("No agent found in pool {pool_name} having identifier {aid}."),
-                        );
+                    let i = match self.agent_index(pool_id, &pool_name, aid) {
+                        Ok(i) => i,
+                        Err(reply) => return reply,
                     };
                     let a = &mut self.agents[i];
                     a.name = name;
@@ -1025,16 +1029,9 @@ impl State {
                         "The request body is not valid JSON.",
                     );
                 };
-                let Some(i) = self
-                    .agents
-                    .iter()
-                    .position(|a| a.pool_id == pool_id && a.id == aid)
-                else {
-                    return Reply::error(
-                        404,
-                        "TaskAgentNotFoundException",
-                        &format!("No agent found in pool {pool_name} having identifier {aid}."),
-                    );
+                let i = match self.agent_index(pool_id, &pool_name, aid) {
+                    Ok(i) => i,
+                    Err(reply) => return reply,
                 };
                 if let Some(e) = body.get("enabled").and_then(|e| e.as_bool()) {
                     self.agents[i].enabled = e;
@@ -1047,20 +1044,12 @@ impl State {
                     return denied("Manage");
                 }
                 let aid: u64 = aid.parse().unwrap_or(0);
-                match self
-                    .agents
-                    .iter()
-                    .position(|a| a.pool_id == pool_id && a.id == aid)
-                {
-                    Some(i) => {
+                match self.agent_index(pool_id, &pool_name, aid) {
+                    Ok(i) => {
                         self.agents.remove(i);
                         Reply::empty(204)
                     }
-                    None => Reply::error(
-                        404,
-                        "TaskAgentNotFoundException",
-                        &format!("No agent found in pool {pool_name} having identifier {aid}."),
-                    ),
+                    Err(reply) => reply,
                 }
             }
             ("GET", ["jobrequests"]) => {
