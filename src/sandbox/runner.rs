@@ -199,8 +199,9 @@ impl Sandbox {
                 Ok(r)
             }
             None => {
+                let helper_pid = child.child.id() as i32;
                 let status = child.wait().context("lost the sandbox helper");
-                publish_pid(opts, 0);
+                unpublish_pid(opts.helper_pid.as_ref(), helper_pid);
                 tracing::debug!(job = %plan.id, "helper exited without a result");
                 if status.as_ref().map(|s| s.signal().is_some()).unwrap_or(true) {
                     // The helper died: its container may live on. Kill it first.
@@ -231,10 +232,9 @@ impl Sandbox {
     /// Waits for the last helper to finish deleting its container.
     fn wait_pending(&mut self) {
         if let Some((mut child, pid)) = self.pending.take() {
+            let helper_pid = child.child.id() as i32;
             let _ = child.wait();
-            if let Some(p) = pid {
-                p.store(0, Ordering::SeqCst);
-            }
+            unpublish_pid(pid.as_ref(), helper_pid);
         }
     }
 
@@ -320,6 +320,15 @@ fn lower_priority_of_this_thread() {
         const IOPRIO_WHO_PROCESS: libc::c_int = 1;
         const IOPRIO_CLASS_IDLE: libc::c_int = 3;
         libc::syscall(libc::SYS_ioprio_set, IOPRIO_WHO_PROCESS, tid as libc::c_int, IOPRIO_CLASS_IDLE << 13);
+    }
+}
+
+/// Clears the published pid, but only if it is still `pid`: a background teardown
+/// finishing the previous job must not hide the helper of the job that runs now (a
+/// supervisor would then never signal it).
+fn unpublish_pid(slot: Option<&Arc<AtomicI32>>, pid: i32) {
+    if let Some(p) = slot {
+        let _ = p.compare_exchange(pid, 0, Ordering::SeqCst, Ordering::SeqCst);
     }
 }
 
