@@ -46,7 +46,16 @@ impl Ctx {
             .arg(&self.home)
             .args(["run", "--pool", "gpu", "--url", &self.fake.url(), "--token-file"])
             .arg(&self.token)
-            .args(["--agents", &agents.to_string(), "--gpus-per-agent", "none", "--rootfs", "bb", "--name-prefix", "bench"])
+            .args([
+                "--agents",
+                &agents.to_string(),
+                "--gpus-per-agent",
+                "none",
+                "--rootfs",
+                "bb",
+                "--name-prefix",
+                "bench",
+            ])
             .args(["--drain-timeout", "5"])
             .stdout(Stdio::null())
             .stderr(log)
@@ -67,14 +76,23 @@ struct Sample {
 
 fn sample(pid: u32, home: &Path) -> Sample {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    let field = |k: &str| status.lines().find(|l| l.starts_with(k)).and_then(|l| l.split_whitespace().nth(1)).and_then(|v| v.parse().ok()).unwrap_or(0);
+    let field = |k: &str| {
+        status
+            .lines()
+            .find(|l| l.starts_with(k))
+            .and_then(|l| l.split_whitespace().nth(1))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0)
+    };
     let count = |p: &Path| std::fs::read_dir(p).map(|r| r.count() as u64).unwrap_or(0);
     let cgroups = std::fs::read_dir("/sys/fs/cgroup")
         .map(|r| {
             r.flatten()
                 .map(|e| {
                     std::fs::read_dir(e.path().join("azp-sandbox"))
-                        .map(|d| d.flatten().filter(|c| c.file_name().to_string_lossy().starts_with("bench-")).count() as u64)
+                        .map(|d| {
+                            d.flatten().filter(|c| c.file_name().to_string_lossy().starts_with("bench-")).count() as u64
+                        })
                         .unwrap_or(0)
                 })
                 .sum()
@@ -108,7 +126,11 @@ fn refills(fake: &FakeAzure) -> Vec<f64> {
 
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(|a, b| a.partial_cmp(b).unwrap());
-    if v.is_empty() { f64::NAN } else { v[v.len() / 2] }
+    if v.is_empty() {
+        f64::NAN
+    } else {
+        v[v.len() / 2]
+    }
 }
 
 fn main() {
@@ -128,7 +150,15 @@ fn main() {
     let tar = work.join("bb.tar");
     assert!(Command::new(repo.join("scripts/make-busybox-rootfs.sh")).arg(&tar).status().unwrap().success());
     let home = work.join("home");
-    assert!(Command::new(&bin).arg("--home").arg(&home).args(["-q", "rootfs", "import"]).arg(&tar).args(["--name", "bb"]).status().unwrap().success());
+    assert!(Command::new(&bin)
+        .arg("--home")
+        .arg(&home)
+        .args(["-q", "rootfs", "import"])
+        .arg(&tar)
+        .args(["--name", "bb"])
+        .status()
+        .unwrap()
+        .success());
     let fake = FakeAzure::start();
     let token = work.join("pat");
     std::fs::write(&token, fake.pat()).unwrap();
@@ -178,13 +208,33 @@ fn main() {
     md.push_str(&format!("### Agent runner (fake Azure DevOps, busybox rootfs, 2 slots)\n\n"));
     md.push_str(&format!("| measure | value | target |\n|---|---|---|\n"));
     md.push_str(&format!("| jobs run | {done} in {churn_s:.1} s ({:.1} jobs/s) | |\n", (done - warm) as f64 / churn_s));
-    md.push_str(&format!("| refill latency, median of {} (result -> next agent talking) | {:.1} ms | < 50 ms |\n", small.len(), median(small.clone())));
-    md.push_str(&format!("| refill after jobs that wrote {files} files + {mb} MB, median of {} | {:.1} ms | same as above |\n", big.len(), median(big.clone())));
-    md.push_str(&format!("| manager RSS after {warm} / {done} jobs | {} / {} kB | no growth |\n", before.rss_kb, after.rss_kb));
-    md.push_str(&format!("| manager threads, fds after {warm} / {done} jobs | {}, {} / {}, {} | no growth |\n", before.threads, before.fds, after.threads, after.fds));
-    md.push_str(&format!("| host mounts, job cgroups, job+trash dirs (between jobs) | {}, {}, {} / {}, {}, {} | no growth |\n", before.mounts, before.cgroups, before.job_dirs, after.mounts, after.cgroups, after.job_dirs));
+    md.push_str(&format!(
+        "| refill latency, median of {} (result -> next agent talking) | {:.1} ms | < 50 ms |\n",
+        small.len(),
+        median(small.clone())
+    ));
+    md.push_str(&format!(
+        "| refill after jobs that wrote {files} files + {mb} MB, median of {} | {:.1} ms | same as above |\n",
+        big.len(),
+        median(big.clone())
+    ));
+    md.push_str(&format!(
+        "| manager RSS after {warm} / {done} jobs | {} / {} kB | no growth |\n",
+        before.rss_kb, after.rss_kb
+    ));
+    md.push_str(&format!(
+        "| manager threads, fds after {warm} / {done} jobs | {}, {} / {}, {} | no growth |\n",
+        before.threads, before.fds, after.threads, after.fds
+    ));
+    md.push_str(&format!(
+        "| host mounts, job cgroups, job+trash dirs (between jobs) | {}, {}, {} / {}, {}, {} | no growth |\n",
+        before.mounts, before.cgroups, before.job_dirs, after.mounts, after.cgroups, after.job_dirs
+    ));
     md.push_str(&format!("| manager RSS with 8 idle slots | {} kB | < 15 MB |\n", idle.rss_kb));
-    md.push_str(&format!("| after shutdown: job cgroups, job+trash dirs | {}, {} | 0, 0 |\n\n", end.cgroups, end.job_dirs));
+    md.push_str(&format!(
+        "| after shutdown: job cgroups, job+trash dirs | {}, {} | 0, 0 |\n\n",
+        end.cgroups, end.job_dirs
+    ));
     println!("\n{md}");
     let out = repo.join("target/bench-results");
     std::fs::create_dir_all(&out).unwrap();

@@ -78,7 +78,12 @@ fn main() {
     std::fs::write(&cfg_path, serde_json::to_vec_pretty(&cfg).unwrap()).unwrap();
     let runc_root = work.join("runc-state");
     let runc = time_runs(runs, |i| {
-        ok(Command::new("runc").arg("--root").arg(&runc_root).args(["run", "--bundle"]).arg(&bundle).arg(format!("bench-{i}")));
+        ok(Command::new("runc")
+            .arg("--root")
+            .arg(&runc_root)
+            .args(["run", "--bundle"])
+            .arg(&bundle)
+            .arg(format!("bench-{i}")));
     });
 
     let mut rows = vec![
@@ -89,28 +94,47 @@ fn main() {
     let podman = Path::new("/usr/bin/podman").exists();
     if podman {
         let p = time_runs(runs.min(10), |_| {
-            ok(Command::new("podman").args(["--runtime", "runc", "run", "--rm", "--ulimit", "nofile=1024:1024", "--ulimit", "nproc=4096:4096", "--rootfs"])
+            ok(Command::new("podman")
+                .args([
+                    "--runtime",
+                    "runc",
+                    "run",
+                    "--rm",
+                    "--ulimit",
+                    "nofile=1024:1024",
+                    "--ulimit",
+                    "nproc=4096:4096",
+                    "--rootfs",
+                ])
                 .arg(home.join("rootfs/bb/tree"))
                 .arg("/bin/true"));
         });
         rows.push(("podman --runtime runc run --rm --rootfs", p));
     }
-    let runc_version = String::from_utf8_lossy(&Command::new("runc").arg("--version").output().map(|o| o.stdout).unwrap_or_default())
-        .lines()
-        .next()
-        .unwrap_or("runc")
-        .to_string();
+    let runc_version =
+        String::from_utf8_lossy(&Command::new("runc").arg("--version").output().map(|o| o.stdout).unwrap_or_default())
+            .lines()
+            .next()
+            .unwrap_or("runc")
+            .to_string();
     let mut md = format!(
         "### Sandbox cycle (`/bin/true` on the busybox rootfs, {runs} runs each)\n\nPeer: {runc_version}\n\n| what | median | p95 |\n|---|---|---|\n"
     );
     for (name, v) in &rows {
-        md.push_str(&format!("| {name} | {:.2} ms | {:.2} ms |\n", median(v.clone()).as_secs_f64() * 1e3, p95(v.clone()).as_secs_f64() * 1e3));
+        md.push_str(&format!(
+            "| {name} | {:.2} ms | {:.2} ms |\n",
+            median(v.clone()).as_secs_f64() * 1e3,
+            p95(v.clone()).as_secs_f64() * 1e3
+        ));
     }
     let ratio = median(plain.clone()).as_secs_f64() / median(runc).as_secs_f64();
     md.push_str(&format!("\nazp-sandbox / runc (medians): **{ratio:.2}x** (target <= 0.5x)\n"));
     if podman {
         let p = median(rows.last().unwrap().1.clone()).as_secs_f64();
-        md.push_str(&format!("podman / azp-sandbox (medians): **{:.1}x** (target >= 20x)\n", p / median(plain).as_secs_f64()));
+        md.push_str(&format!(
+            "podman / azp-sandbox (medians): **{:.1}x** (target >= 20x)\n",
+            p / median(plain).as_secs_f64()
+        ));
     } else {
         md.push_str("podman: not installed, not measured\n");
     }

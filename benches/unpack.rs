@@ -70,7 +70,8 @@ fn main() {
     sh(&format!("gzip -6 -c {} > {}", tar.display(), gz.display()));
     sh(&format!("zstd -q -3 -T0 -c {} > {}", tar.display(), zst.display()));
     let size = std::fs::metadata(&tar).unwrap().len() as f64 / 1e6;
-    let entries = String::from_utf8(Command::new("tar").arg("-tf").arg(&tar).output().unwrap().stdout).unwrap().lines().count();
+    let entries =
+        String::from_utf8(Command::new("tar").arg("-tf").arg(&tar).output().unwrap().stdout).unwrap().lines().count();
 
     let home = work.join("home");
     let out = work.join("out");
@@ -80,21 +81,29 @@ fn main() {
     };
     let mut rows = vec![];
     for (label, archive, tar_flag) in [("gzip", &gz, "-z"), ("zstd", &zst, "-I zstd")] {
-        let ours = time(runs, || reset(&home), || {
-            let st = Command::new(&bin)
-                .arg("--home")
-                .arg(&home)
-                .args(["-q", "rootfs", "import"])
-                .arg(archive)
-                .args(["--name", "bench"])
-                .stderr(Stdio::null())
-                .status()
-                .unwrap();
-            assert!(st.success());
-        });
-        let gnu = time(runs, || reset(&out), || {
-            sh(&format!("tar --numeric-owner {tar_flag} -xf {} -C {}", archive.display(), out.display()));
-        });
+        let ours = time(
+            runs,
+            || reset(&home),
+            || {
+                let st = Command::new(&bin)
+                    .arg("--home")
+                    .arg(&home)
+                    .args(["-q", "rootfs", "import"])
+                    .arg(archive)
+                    .args(["--name", "bench"])
+                    .stderr(Stdio::null())
+                    .status()
+                    .unwrap();
+                assert!(st.success());
+            },
+        );
+        let gnu = time(
+            runs,
+            || reset(&out),
+            || {
+                sh(&format!("tar --numeric-owner {tar_flag} -xf {} -C {}", archive.display(), out.display()));
+            },
+        );
         rows.push((label, ours, gnu));
     }
     let tar_version = String::from_utf8(Command::new("tar").arg("--version").output().unwrap().stdout).unwrap();

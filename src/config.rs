@@ -72,8 +72,9 @@ impl Home {
             self.runtime_dir(),
             self.cache_dir(),
         ] {
-            std::fs::create_dir_all(&dir)
-                .with_context(|| format!("cannot create {}: check --home / AZP_SANDBOX_HOME and free space", dir.display()))?;
+            std::fs::create_dir_all(&dir).with_context(|| {
+                format!("cannot create {}: check --home / AZP_SANDBOX_HOME and free space", dir.display())
+            })?;
             std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o711))
                 .with_context(|| format!("cannot set permissions on {}", dir.display()))?;
         }

@@ -15,6 +15,7 @@ pub mod logging;
 pub mod manager;
 pub mod progress;
 pub mod rootfs;
+pub mod rootless;
 pub mod sandbox;
 pub mod scaler;
 pub mod slurm;

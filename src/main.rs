@@ -29,6 +29,10 @@ struct Cli {
     /// Only warnings and errors
     #[arg(short, long, global = true)]
     quiet: bool,
+    /// Parent of the jobs' cgroups [default: /azp-sandbox as root; rootless: the delegated
+    /// /azp-sandbox/user-UID (cgroup v1) or user@UID.service/azp-sandbox (cgroup v2)]
+    #[arg(long, global = true, env = "AZP_SANDBOX_CGROUP_PARENT")]
+    cgroup_parent: Option<PathBuf>,
     #[command(subcommand)]
     command: Command,
 }
@@ -373,6 +377,10 @@ fn main() {
         std::process::exit(sandbox::helper::main(&home, job_dir));
     }
     azp_sandbox::logging::init(if cli.quiet { -1 } else { cli.verbose as i8 });
+    if let Err(e) = enter_mode(&cli, &home) {
+        eprintln!("azp-sandbox: error: {}", one_line(&e));
+        std::process::exit(EXIT_SANDBOX_ERROR);
+    }
     match run(cli, home) {
         Ok(code) => std::process::exit(code),
         Err(e) => {
@@ -398,9 +406,19 @@ fn one_line(e: &anyhow::Error) -> String {
     out.replace('\n', " ")
 }
 
-fn require_root(what: &str) -> Result<()> {
-    if !nix::unistd::geteuid().is_root() {
-        bail!("{what} needs root for now: rootless mode (user namespaces) is not implemented yet; run it as root (sudo)");
+/// Root or rootless (see azp_sandbox::rootless). Commands that create sandboxes or touch
+/// the store run inside the user namespace when started by an ordinary user; this must
+/// happen before any thread exists.
+fn enter_mode(cli: &Cli, home: &Home) -> Result<()> {
+    let needs_namespace = matches!(cli.command, Command::Run(_) | Command::Exec(_) | Command::Rootfs(_) | Command::Gc);
+    if needs_namespace && !nix::unistd::geteuid().is_root() {
+        // Jobs of a crashed rootless run live in a user namespace that is a child of ours
+        // only from out here: kill them before entering a new one (gc does the rest).
+        sandbox::teardown::kill_abandoned_inits(home);
+    }
+    let mode = azp_sandbox::rootless::init(cli.cgroup_parent.as_deref(), needs_namespace)?;
+    if let (Some(warning), Command::Run(_) | Command::Exec(_)) = (mode.limits_warning(), &cli.command) {
+        tracing::warn!("{warning}");
     }
     Ok(())
 }
@@ -408,7 +426,6 @@ fn require_root(what: &str) -> Result<()> {
 fn run(cli: Cli, home: Home) -> Result<i32> {
     match cli.command {
         Command::Run(args) => {
-            require_root("run")?;
             let (settings, env_token) = run_settings(&args.pool, Some(&args))?;
             let ctx = azp_sandbox::manager::RunContext { driver_root: cli.driver_root, env_token };
             azp_sandbox::manager::run(&home, settings, ctx)?;
@@ -416,8 +433,11 @@ fn run(cli: Cli, home: Home) -> Result<i32> {
         }
         Command::Status { json, slurm: true } => {
             let path = azp_sandbox::slurm::status_path(&home);
-            let bytes = std::fs::read(&path).with_context(|| format!("no Slurm status at {}: is `azp-sandbox slurm` running with this --home?", path.display()))?;
-            let st: azp_sandbox::slurm::SlurmStatus = serde_json::from_slice(&bytes).with_context(|| format!("corrupt {}", path.display()))?;
+            let bytes = std::fs::read(&path).with_context(|| {
+                format!("no Slurm status at {}: is `azp-sandbox slurm` running with this --home?", path.display())
+            })?;
+            let st: azp_sandbox::slurm::SlurmStatus =
+                serde_json::from_slice(&bytes).with_context(|| format!("corrupt {}", path.display()))?;
             let alive = nix::sys::signal::kill(nix::unistd::Pid::from_raw(st.pid as i32), None).is_ok();
             if json {
                 println!("{}", serde_json::to_string_pretty(&st)?);
@@ -445,7 +465,11 @@ fn run(cli: Cli, home: Home) -> Result<i32> {
         Command::Agents(AgentsCommand::Prune(pool)) => {
             let (settings, env_token) = run_settings(&pool, None)?;
             let removed = azp_sandbox::manager::prune_command(&settings, env_token)?;
-            tracing::info!("removed {} offline agent record(s){}", removed.len(), if removed.is_empty() { String::new() } else { format!(": {}", removed.join(", ")) });
+            tracing::info!(
+                "removed {} offline agent record(s){}",
+                removed.len(),
+                if removed.is_empty() { String::new() } else { format!(": {}", removed.join(", ")) }
+            );
             Ok(0)
         }
         Command::Service(ServiceCommand::Install { unit_dir, name, config }) => {
@@ -466,7 +490,6 @@ fn run(cli: Cli, home: Home) -> Result<i32> {
         }
         Command::Rootfs(cmd) => rootfs(&home, cmd),
         Command::Gc => {
-            require_root("gc")?;
             let report = sandbox::gc(&home)?;
             log_gc(&report);
             if !report.failed.is_empty() {
@@ -480,7 +503,10 @@ fn run(cli: Cli, home: Home) -> Result<i32> {
 }
 
 /// Settings of `run` / `agents prune`: flags > AZP_* env > config file.
-fn run_settings(p: &PoolArgs, run: Option<&RunArgs>) -> Result<(azp_sandbox::manager::settings::RunSettings, Option<String>)> {
+fn run_settings(
+    p: &PoolArgs,
+    run: Option<&RunArgs>,
+) -> Result<(azp_sandbox::manager::settings::RunSettings, Option<String>)> {
     use azp_sandbox::manager::settings::{self, FlagSettings};
     let file = settings::read_file(p.config.as_deref())?;
     let env = settings::env_settings(|k| std::env::var(k).ok().filter(|v| !v.is_empty()));
@@ -514,7 +540,10 @@ fn run_settings(p: &PoolArgs, run: Option<&RunArgs>) -> Result<(azp_sandbox::man
 }
 
 /// `slurm`'s settings: the pool's from flags > env > config file, the rest from its flags.
-fn slurm_settings(a: SlurmArgs, s: azp_sandbox::manager::settings::RunSettings) -> Result<azp_sandbox::slurm::SlurmSettings> {
+fn slurm_settings(
+    a: SlurmArgs,
+    s: azp_sandbox::manager::settings::RunSettings,
+) -> Result<azp_sandbox::slurm::SlurmSettings> {
     use std::time::Duration;
     let mut capabilities = Vec::new();
     for c in &a.capabilities {
@@ -528,7 +557,10 @@ fn slurm_settings(a: SlurmArgs, s: azp_sandbox::manager::settings::RunSettings) 
     }
     let remote_exe = match a.remote_exe {
         Some(e) => e,
-        None => std::env::current_exe().context("cannot find the azp-sandbox binary: give --remote-exe")?.display().to_string(),
+        None => std::env::current_exe()
+            .context("cannot find the azp-sandbox binary: give --remote-exe")?
+            .display()
+            .to_string(),
     };
     Ok(azp_sandbox::slurm::SlurmSettings {
         url: s.url,
@@ -561,7 +593,6 @@ fn log_gc(report: &sandbox::GcReport) {
 }
 
 fn exec(home: &Home, driver_root: &std::path::Path, args: ExecArgs) -> Result<i32> {
-    require_root("exec")?;
     tracing::debug!("exec start");
     home.ensure()?;
     log_gc(&sandbox::gc(home).context("gc before exec failed")?);
@@ -576,7 +607,11 @@ fn exec(home: &Home, driver_root: &std::path::Path, args: ExecArgs) -> Result<i3
     };
     let lease = store.lease(&rootfs_name)?;
     tracing::debug!("rootfs leased");
-    let gpu_opts = DiscoverOptions { driver_root: driver_root.to_path_buf(), cdi_spec: args.cdi_spec.clone(), ..Default::default() };
+    let gpu_opts = DiscoverOptions {
+        driver_root: driver_root.to_path_buf(),
+        cdi_spec: args.cdi_spec.clone(),
+        ..Default::default()
+    };
     let edits = gpu::job_edits(&gpu_opts, &args.gpus, &args.gpu_capabilities, Some(lease.path()))?;
     let id = args.name.clone().unwrap_or_else(|| sandbox::jobdir::new_job_id("exec"));
     if home.jobs_dir().join(&id).exists() {
@@ -597,6 +632,7 @@ fn exec(home: &Home, driver_root: &std::path::Path, args: ExecArgs) -> Result<i3
         edits,
         cgroup_path: sandbox::teardown::cgroup_path_for(&id),
         owned_dirs: vec![],
+        rootless: false,
     };
     let outcome = sandbox::run_job(home, plan, &RunOptions { forward_signals: true, ..Default::default() })?;
     tracing::debug!(
@@ -657,7 +693,10 @@ fn rootfs(home: &Home, cmd: RootfsCommand) -> Result<i32> {
             if json {
                 println!("{}", serde_json::to_string_pretty(&list)?);
             } else {
-                println!("{:<24} {:>10} {:>9} {:<8} {:<6} {:<20} SOURCE", "NAME", "SIZE", "ENTRIES", "ARCH", "CUDA", "IMPORTED");
+                println!(
+                    "{:<24} {:>10} {:>9} {:<8} {:<6} {:<20} SOURCE",
+                    "NAME", "SIZE", "ENTRIES", "ARCH", "CUDA", "IMPORTED"
+                );
                 for r in list {
                     println!(
                         "{:<24} {:>9.1}M {:>9} {:<8} {:<6} {:<20} {}",
@@ -675,14 +714,22 @@ fn rootfs(home: &Home, cmd: RootfsCommand) -> Result<i32> {
         }
         RootfsCommand::Pull { reference, name, platform, auth_file, insecure } => {
             home.ensure()?;
-            let opts = azp_sandbox::rootfs::oci::PullOptions { reference, name, platform, auth_file, insecure, ..Default::default() };
+            let opts = azp_sandbox::rootfs::oci::PullOptions {
+                reference,
+                name,
+                platform,
+                auth_file,
+                insecure,
+                ..Default::default()
+            };
             let report = azp_sandbox::rootfs::oci::pull(&store, &home.cache_dir(), &opts)?;
             tracing::info!("{}", report.summary("pulled"));
             Ok(0)
         }
         RootfsCommand::Build { recipe, name, mirror, cache_dir, keep_cache } => {
             cancel_import_on_signals();
-            let report = azp_sandbox::rootfs::recipe::build_command(home, &recipe, name, mirror, cache_dir, keep_cache)?;
+            let report =
+                azp_sandbox::rootfs::recipe::build_command(home, &recipe, name, mirror, cache_dir, keep_cache)?;
             tracing::info!("{}", report.summary());
             Ok(0)
         }

@@ -15,7 +15,13 @@ pub struct Progress {
 
 impl Progress {
     pub fn new(label: &str) -> Progress {
-        Progress { label: label.into(), started: Instant::now(), last_draw: None, bytes: 0, enabled: std::io::stderr().is_terminal() }
+        Progress {
+            label: label.into(),
+            started: Instant::now(),
+            last_draw: None,
+            bytes: 0,
+            enabled: std::io::stderr().is_terminal(),
+        }
     }
 
     /// Replaces the label (e.g. to show which layer is being worked on).

@@ -53,7 +53,13 @@ fn two_slots_serve_six_jobs_each_in_a_fresh_sandbox() {
         ));
     }
     let results = fake.wait_results(6, Duration::from_secs(240));
-    assert_eq!(results.len(), 6, "only {} of 6 jobs ran; manager log:\n{}", results.len(), std::fs::read_to_string(h.dir.join("manager.log")).unwrap());
+    assert_eq!(
+        results.len(),
+        6,
+        "only {} of 6 jobs ran; manager log:\n{}",
+        results.len(),
+        std::fs::read_to_string(h.dir.join("manager.log")).unwrap()
+    );
     let mut names = std::collections::BTreeSet::new();
     for r in &results {
         let out = &r.output;
@@ -79,7 +85,10 @@ fn two_slots_serve_six_jobs_each_in_a_fresh_sandbox() {
     let agents = fake.agents();
     assert_eq!(agents.len(), 2, "{agents:?}");
     assert!(agents.iter().map(|a| a.registrations).sum::<u32>() >= 6, "{agents:?}");
-    assert!(agents.iter().all(|a| a.capabilities.get("azp_sandbox_rootfs").map(String::as_str) == Some("bb")), "{agents:?}");
+    assert!(
+        agents.iter().all(|a| a.capabilities.get("azp_sandbox_rootfs").map(String::as_str) == Some("bb")),
+        "{agents:?}"
+    );
 
     let st = mgr.stop();
     assert!(st.success(), "manager exit {st}; log:\n{}", std::fs::read_to_string(h.dir.join("manager.log")).unwrap());
@@ -99,7 +108,19 @@ fn bad_pat_and_unknown_pool_fail_at_start_with_their_message() {
         let tf = token_file(&h, pat);
         let out = h
             .command()
-            .args(["run", "--pool", pool, "--url", &fake.url(), "--token-file", tf.to_str().unwrap(), "--agents", "1", "--rootfs", "bb"])
+            .args([
+                "run",
+                "--pool",
+                pool,
+                "--url",
+                &fake.url(),
+                "--token-file",
+                tf.to_str().unwrap(),
+                "--agents",
+                "1",
+                "--rootfs",
+                "bb",
+            ])
             .args(["--gpus-per-agent", "none"])
             .output()
             .unwrap();
@@ -111,7 +132,13 @@ fn bad_pat_and_unknown_pool_fail_at_start_with_their_message() {
     let (code, err) = run(&fake.pat(), "nope");
     assert_eq!(code, Some(125));
     assert!(err.contains("agent pool 'nope' not found"), "{err}");
-    let out = h.command().args(["run", "--pool", "gpu", "--url", "http://127.0.0.1:9/x", "--token-file"]).arg(token_file(&h, "x")).args(["--rootfs", "bb"]).output().unwrap();
+    let out = h
+        .command()
+        .args(["run", "--pool", "gpu", "--url", "http://127.0.0.1:9/x", "--token-file"])
+        .arg(token_file(&h, "x"))
+        .args(["--rootfs", "bb"])
+        .output()
+        .unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("cannot reach"), "{err}");
     h.assert_no_residue(&[]);
@@ -166,9 +193,23 @@ fn update_required_refetches_the_package_and_status_shows_the_slots() {
 fn service_install_writes_a_unit() {
     let h = TestHome::new("service");
     let units = h.dir.join("units");
-    let out = h.run(&["service", "install", "--unit-dir", units.to_str().unwrap(), "--config", "/etc/azp-sandbox/config.toml"]);
+    let out = h.run(&[
+        "service",
+        "install",
+        "--unit-dir",
+        units.to_str().unwrap(),
+        "--config",
+        "/etc/azp-sandbox/config.toml",
+    ]);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let unit = std::fs::read_to_string(units.join("azp-sandbox.service")).unwrap();
-    assert!(unit.contains(&format!("ExecStart={} --home {} run --config /etc/azp-sandbox/config.toml", bin().display(), h.dir.display())), "{unit}");
+    assert!(
+        unit.contains(&format!(
+            "ExecStart={} --home {} run --config /etc/azp-sandbox/config.toml",
+            bin().display(),
+            h.dir.display()
+        )),
+        "{unit}"
+    );
     assert!(unit.contains("KillMode=mixed") && unit.contains("WantedBy=multi-user.target"), "{unit}");
 }

@@ -13,28 +13,23 @@ use std::process::{Command, Output, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-const PAT_ADVICE: &str = "it is wrong or expired; create a new one with Agent Pools (read, manage) scope and update the token file";
+const PAT_ADVICE: &str =
+    "it is wrong or expired; create a new one with Agent Pools (read, manage) scope and update the token file";
 
 fn client(f: &FakeAzure) -> AzureClient {
-    AzureClient::new(&f.url(), &f.pat())
-        .unwrap()
-        .with_retry_policy(RetryPolicy::fast(3))
+    AzureClient::new(&f.url(), &f.pat()).unwrap().with_retry_policy(RetryPolicy::fast(3))
 }
 
 fn tmpdir(name: &str) -> PathBuf {
-    let d =
-        PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(common::unique(&format!("azure-{name}")));
+    let d = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(common::unique(&format!("azure-{name}")));
     let _ = std::fs::remove_dir_all(&d);
     std::fs::create_dir_all(&d).unwrap();
     d
 }
 
 fn entries(dir: &Path) -> Vec<String> {
-    let mut v: Vec<String> = std::fs::read_dir(dir)
-        .unwrap()
-        .flatten()
-        .map(|e| e.file_name().to_string_lossy().into_owned())
-        .collect();
+    let mut v: Vec<String> =
+        std::fs::read_dir(dir).unwrap().flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect();
     v.sort();
     v
 }
@@ -49,46 +44,28 @@ fn connection_pool_and_headers() {
     assert_eq!(info.user(), "Fake Admin");
     assert_eq!(info.deployment_type.as_deref(), Some("hosted"));
     let pool = c.find_pool("gpu").unwrap();
-    assert_eq!(
-        (pool.id, pool.name.as_str(), pool.is_hosted),
-        (10, "gpu", false)
-    );
-    assert_eq!(
-        c.find_pool("DEFAULT").unwrap().id,
-        1,
-        "pool names are case-insensitive"
-    );
+    assert_eq!((pool.id, pool.name.as_str(), pool.is_hosted), (10, "gpu", false));
+    assert_eq!(c.find_pool("DEFAULT").unwrap().id, 1, "pool names are case-insensitive");
 
     let log = f.requests_log();
     assert_eq!(log.len(), 3, "{log:?}");
     for r in &log {
         assert_eq!(r.auth, AuthSeen::Ok, "{r:?}");
-        assert!(
-            r.suppress_redirect,
-            "X-TFS-FedAuthRedirect: Suppress missing: {r:?}"
-        );
+        assert!(r.suppress_redirect, "X-TFS-FedAuthRedirect: Suppress missing: {r:?}");
     }
     assert_eq!(log[0].path, "/fakeorg/_apis/connectionData");
     assert_eq!(log[0].accept, "application/json;api-version=7.1-preview");
-    assert_eq!(
-        log[1].path,
-        "/fakeorg/_apis/distributedtask/pools?poolName=gpu"
-    );
+    assert_eq!(log[1].path, "/fakeorg/_apis/distributedtask/pools?poolName=gpu");
     assert_eq!(log[1].accept, "application/json;api-version=7.1");
 }
 
 #[test]
 fn bad_pat_is_401_and_not_retried() {
     let f = FakeAzure::start();
-    let c = AzureClient::new(&f.url(), "not-the-pat")
-        .unwrap()
-        .with_retry_policy(RetryPolicy::fast(3));
+    let c = AzureClient::new(&f.url(), "not-the-pat").unwrap().with_retry_policy(RetryPolicy::fast(3));
     let e = c.check_connection().unwrap_err();
     assert!(matches!(e, AzureError::BadToken { .. }), "{e:?}");
-    assert_eq!(
-        e.to_string(),
-        format!("the PAT was rejected (HTTP 401): {PAT_ADVICE}")
-    );
+    assert_eq!(e.to_string(), format!("the PAT was rejected (HTTP 401): {PAT_ADVICE}"));
     assert!(!e.is_transient());
     let log = f.requests_log();
     assert_eq!(log.len(), 1, "a rejected PAT must not be retried: {log:?}");
@@ -101,45 +78,29 @@ fn sign_in_page_is_a_bad_pat() {
     f.set_sign_in_page(true);
     let c = AzureClient::new(&f.url(), "expired").unwrap();
     let e = c.find_pool("gpu").unwrap_err();
-    assert_eq!(
-        e.to_string(),
-        format!("the PAT was rejected (HTTP 203 with a sign-in page): {PAT_ADVICE}")
-    );
+    assert_eq!(e.to_string(), format!("the PAT was rejected (HTTP 203 with a sign-in page): {PAT_ADVICE}"));
 
     // A 200 with an HTML page, or with something that is not JSON at all.
     let f = FakeAzure::start();
     let c = client(&f);
-    f.override_response(
-        "connectionData",
-        200,
-        "text/html; charset=utf-8",
-        b"<!DOCTYPE html><html>Sign in</html>",
-    );
-    let e = c.check_connection().unwrap_err();
-    assert_eq!(e.to_string(), format!("the PAT was rejected (HTTP 200 with an HTML sign-in page instead of JSON): {PAT_ADVICE}"));
-    f.clear_overrides();
-    f.override_response("connectionData", 200, "text/plain", b"hello");
+    f.override_response("connectionData", 200, "text/html; charset=utf-8", b"<!DOCTYPE html><html>Sign in</html>");
     let e = c.check_connection().unwrap_err();
     assert_eq!(
         e.to_string(),
-        format!("the PAT was rejected (HTTP 200 with a non-JSON answer): {PAT_ADVICE}")
+        format!("the PAT was rejected (HTTP 200 with an HTML sign-in page instead of JSON): {PAT_ADVICE}")
     );
+    f.clear_overrides();
+    f.override_response("connectionData", 200, "text/plain", b"hello");
+    let e = c.check_connection().unwrap_err();
+    assert_eq!(e.to_string(), format!("the PAT was rejected (HTTP 200 with a non-JSON answer): {PAT_ADVICE}"));
     // JSON of the wrong shape is a protocol error, not a PAT problem.
     f.clear_overrides();
-    f.override_response(
-        "distributedtask/pools",
-        200,
-        "application/json",
-        br#"{"count":1,"value":[{"name":"gpu"}]}"#,
-    );
+    f.override_response("distributedtask/pools", 200, "application/json", br#"{"count":1,"value":[{"name":"gpu"}]}"#);
     let e = c.find_pool("gpu").unwrap_err();
     assert!(matches!(e, AzureError::Protocol { .. }), "{e:?}");
     let msg = e.to_string();
     assert!(msg.starts_with("unexpected answer from Azure DevOps to the lookup of agent pool 'gpu': unexpected JSON (missing field `id`"), "{msg}");
-    assert!(
-        msg.ends_with("; is --url the organization URL (https://dev.azure.com/ORG)?"),
-        "{msg}"
-    );
+    assert!(msg.ends_with("; is --url the organization URL (https://dev.azure.com/ORG)?"), "{msg}");
 }
 
 #[test]
@@ -148,7 +109,10 @@ fn pool_not_found() {
     let e = client(&f).find_pool("nope").unwrap_err();
     assert_eq!(
         e.to_string(),
-        format!("agent pool 'nope' not found in {}: create it in Organization settings > Agent pools, or fix --pool", f.url())
+        format!(
+            "agent pool 'nope' not found in {}: create it in Organization settings > Agent pools, or fix --pool",
+            f.url()
+        )
     );
 }
 
@@ -159,22 +123,14 @@ fn unreachable_url() {
         l.local_addr().unwrap().port()
     }; // closed again: connections are refused
     let url = format!("http://127.0.0.1:{port}/org");
-    let c = AzureClient::new(&url, "pat")
-        .unwrap()
-        .with_retry_policy(RetryPolicy::fast(2));
+    let c = AzureClient::new(&url, "pat").unwrap().with_retry_policy(RetryPolicy::fast(2));
     let e = c.check_connection().unwrap_err();
     assert!(matches!(e, AzureError::Unreachable { .. }), "{e:?}");
     assert!(e.is_transient());
     let msg = e.to_string();
     assert!(msg.starts_with(&format!("cannot reach {url}: ")), "{msg}");
-    assert!(
-        msg.ends_with("; check --url / AZP_URL and the proxy"),
-        "{msg}"
-    );
-    assert!(
-        msg.to_lowercase().contains("refused"),
-        "the cause should be said: {msg}"
-    );
+    assert!(msg.ends_with("; check --url / AZP_URL and the proxy"), "{msg}");
+    assert!(msg.to_lowercase().contains("refused"), "the cause should be said: {msg}");
     assert_eq!(msg.lines().count(), 1);
 }
 
@@ -192,11 +148,7 @@ fn no_permission_to_manage_agents() {
     );
     let id = f.add_agent(10, "x");
     let e = c.delete_agent(10, id).unwrap_err();
-    assert!(
-        e.to_string()
-            .starts_with("no permission to delete agents of pool 10 (HTTP 403)"),
-        "{e}"
-    );
+    assert!(e.to_string().starts_with("no permission to delete agents of pool 10 (HTTP 403)"), "{e}");
     assert_eq!(f.agents().len(), 1);
 }
 
@@ -206,11 +158,7 @@ fn server_errors_are_retried_then_succeed_or_give_up() {
     let c = client(&f); // 3 attempts
     f.fail_next(2, 503);
     assert_eq!(c.find_pool("gpu").unwrap().id, 10);
-    assert_eq!(
-        f.requests_to("pools?poolName=gpu").len(),
-        3,
-        "two 503s, then the answer"
-    );
+    assert_eq!(f.requests_to("pools?poolName=gpu").len(), 3, "two 503s, then the answer");
 
     f.clear_log();
     f.fail_next(5, 500);
@@ -231,11 +179,7 @@ fn retry_after_is_honoured() {
     f.fail_next_with_retry_after(1, 429, 1);
     let t = Instant::now();
     c.find_pool("gpu").unwrap();
-    assert!(
-        t.elapsed() >= Duration::from_millis(950),
-        "waited only {:?}",
-        t.elapsed()
-    );
+    assert!(t.elapsed() >= Duration::from_millis(950), "waited only {:?}", t.elapsed());
     assert_eq!(f.requests_to("pools?").len(), 2);
 }
 
@@ -243,17 +187,10 @@ fn retry_after_is_honoured() {
 fn slow_server_times_out() {
     let f = FakeAzure::start();
     f.set_delay(Duration::from_millis(1500));
-    let c = client(&f)
-        .with_retry_policy(RetryPolicy::none())
-        .with_timeout(Duration::from_millis(300))
-        .unwrap();
+    let c = client(&f).with_retry_policy(RetryPolicy::none()).with_timeout(Duration::from_millis(300)).unwrap();
     let t = Instant::now();
     let e = c.check_connection().unwrap_err();
-    assert!(
-        t.elapsed() < Duration::from_millis(1400),
-        "{:?}",
-        t.elapsed()
-    );
+    assert!(t.elapsed() < Duration::from_millis(1400), "{:?}", t.elapsed());
     assert!(matches!(e, AzureError::Timeout { .. }), "{e:?}");
     assert!(e.is_transient());
     assert_eq!(
@@ -270,27 +207,15 @@ fn agents_list_and_delete() {
     let a1 = f.add_agent(10, "host-1");
     f.add_agent(1, "elsewhere");
     let all = c.list_agents(10, None).unwrap();
-    assert_eq!(
-        all.iter().map(|a| a.name.as_str()).collect::<Vec<_>>(),
-        ["host-0", "host-1"]
-    );
+    assert_eq!(all.iter().map(|a| a.name.as_str()).collect::<Vec<_>>(), ["host-0", "host-1"]);
     assert!(all.iter().all(|a| !a.is_online()));
     let one = c.list_agents(10, Some("host-1")).unwrap();
     assert_eq!(one.len(), 1);
     assert_eq!(one[0].id, a1);
-    assert!(f
-        .requests_to("agentName=host-1")
-        .iter()
-        .all(|r| r.path.contains("includeCapabilities=true")));
+    assert!(f.requests_to("agentName=host-1").iter().all(|r| r.path.contains("includeCapabilities=true")));
 
     c.delete_agent(10, a0).unwrap();
-    assert_eq!(
-        f.agents()
-            .iter()
-            .map(|a| a.name.as_str())
-            .collect::<Vec<_>>(),
-        ["host-1", "elsewhere"]
-    );
+    assert_eq!(f.agents().iter().map(|a| a.name.as_str()).collect::<Vec<_>>(), ["host-1", "elsewhere"]);
     c.delete_agent(10, a0).unwrap(); // already gone: fine
     assert!(f.requests_log().iter().any(|r| r.method == "DELETE"));
 
@@ -308,14 +233,8 @@ fn job_requests_have_the_real_fields() {
     let j1 = f.enqueue_job("echo 1");
     let j2 = f.enqueue_job_with_demands("echo 2", &["cuda_version -equals 12.4"]);
     let reqs = c.job_requests(10, 50).unwrap();
-    assert_eq!(
-        reqs.iter().map(|r| r.request_id).collect::<Vec<_>>(),
-        [j2, j1],
-        "newest first"
-    );
-    assert!(reqs
-        .iter()
-        .all(|r| r.is_queued() && r.queue_time.is_some() && r.plan_id.is_some()));
+    assert_eq!(reqs.iter().map(|r| r.request_id).collect::<Vec<_>>(), [j2, j1], "newest first");
+    assert!(reqs.iter().all(|r| r.is_queued() && r.queue_time.is_some() && r.plan_id.is_some()));
     assert_eq!(reqs[0].demands, ["cuda_version -equals 12.4"]);
     assert_eq!(c.job_requests(10, 1).unwrap().len(), 1, "$top is sent");
 }
@@ -358,28 +277,17 @@ fn the_pat_never_shows() {
     let e = c.check_manage_permission(10).unwrap_err();
     seen.push(format!("{e} {e:?}"));
     let dir = tmpdir("redact");
-    PackageCache::at(&dir)
-        .ensure_latest(&c, "linux-x64")
-        .unwrap();
+    PackageCache::at(&dir).ensure_latest(&c, "linux-x64").unwrap();
 
     let logs = String::from_utf8_lossy(&cap.0.lock().unwrap()).into_owned();
-    assert!(
-        logs.contains("retrying in"),
-        "the capture must see the retry warning: {logs}"
-    );
+    assert!(logs.contains("retrying in"), "the capture must see the retry warning: {logs}");
     assert!(logs.contains("agent package 4.252.0 ready"), "{logs}");
     seen.push(logs);
     for s in &seen {
-        assert!(
-            !s.contains(&pat) && !s.contains(&b64),
-            "the PAT leaked into: {s}"
-        );
+        assert!(!s.contains(&pat) && !s.contains(&b64), "the PAT leaked into: {s}");
     }
     assert!(seen[0].contains("<redacted>"), "{}", seen[0]);
-    assert!(f
-        .requests_log()
-        .iter()
-        .all(|r| !format!("{r:?}").contains(&pat)));
+    assert!(f.requests_log().iter().all(|r| !format!("{r:?}").contains(&pat)));
 }
 
 // ---------------------------------------------------------------- the package cache
@@ -391,10 +299,7 @@ fn assert_agent_dir(dir: &Path, version: &str) {
         assert!(m.permissions().mode() & 0o111 != 0, "{f} is not executable");
     }
     let listener = std::fs::read_to_string(dir.join("bin/Agent.Listener")).unwrap();
-    assert!(
-        listener.contains(&format!("AGENT_VERSION={version}\n")),
-        "wrong package content"
-    );
+    assert!(listener.contains(&format!("AGENT_VERSION={version}\n")), "wrong package content");
 }
 
 #[test]
@@ -410,11 +315,7 @@ fn package_is_downloaded_verified_and_unpacked_once() {
     assert_agent_dir(&p.dir, FAKE_AGENT_VERSION);
     assert_eq!(f.package_downloads(), 1);
     let dl = f.requests_to("/_fake/package/");
-    assert_eq!(
-        dl[0].auth,
-        AuthSeen::Ok,
-        "same origin as the org: the PAT is sent"
-    );
+    assert_eq!(dl[0].auth, AuthSeen::Ok, "same origin as the org: the PAT is sent");
 
     // Exit code 4 path: ask again; nothing changed: one GET, no download.
     f.clear_log();
@@ -423,15 +324,8 @@ fn package_is_downloaded_verified_and_unpacked_once() {
     assert_eq!(f.package_downloads(), 1);
     let log = f.requests_log();
     assert_eq!(log.len(), 1, "{log:?}");
-    assert_eq!(
-        log[0].path,
-        "/fakeorg/_apis/distributedtask/packages/agent?platform=linux-x64&top=1"
-    );
-    assert_eq!(
-        entries(&dir),
-        [".lock", FAKE_AGENT_VERSION],
-        "no temp files left"
-    );
+    assert_eq!(log[0].path, "/fakeorg/_apis/distributedtask/packages/agent?platform=linux-x64&top=1");
+    assert_eq!(entries(&dir), [".lock", FAKE_AGENT_VERSION], "no temp files left");
 
     // A new version is published: fetched, the old one stays for running slots.
     f.set_package_version("4.253.1");
@@ -470,26 +364,23 @@ fn hash_mismatch_keeps_nothing() {
     let dir = tmpdir("pkg-badhash");
     let wrong = "0".repeat(64);
     f.set_hash_mode(HashMode::Wrong(wrong.clone()));
-    let e = PackageCache::at(&dir)
-        .ensure_latest(&c, "linux-x64")
-        .unwrap_err();
+    let e = PackageCache::at(&dir).ensure_latest(&c, "linux-x64").unwrap_err();
     assert_eq!(
         e.to_string(),
-        format!("agent package hash mismatch (expected {wrong}, got sha256 {}): download corrupted; nothing was kept", f.package_sha256())
+        format!(
+            "agent package hash mismatch (expected {wrong}, got sha256 {}): download corrupted; nothing was kept",
+            f.package_sha256()
+        )
     );
     assert_eq!(entries(&dir), [".lock"]);
     assert!(PackageCache::at(&dir).cached_versions().is_empty());
 
     // MD5 base64 (the spec's form) is accepted too, and so is no hash at all.
     f.set_hash_mode(HashMode::Md5Base64);
-    PackageCache::at(&dir)
-        .ensure_latest(&c, "linux-x64")
-        .unwrap();
+    PackageCache::at(&dir).ensure_latest(&c, "linux-x64").unwrap();
     let dir2 = tmpdir("pkg-nohash");
     f.set_hash_mode(HashMode::Absent);
-    PackageCache::at(&dir2)
-        .ensure_latest(&c, "linux-x64")
-        .unwrap();
+    PackageCache::at(&dir2).ensure_latest(&c, "linux-x64").unwrap();
 }
 
 #[test]
@@ -498,18 +389,12 @@ fn the_pat_is_not_sent_to_another_download_host() {
     let cdn = FakeAzure::start(); // serves the same bytes (the package is built deterministically)
     org.set_download_url(Some(cdn.package_url()));
     let dir = tmpdir("pkg-cdn");
-    let p = PackageCache::at(&dir)
-        .ensure_latest(&client(&org), "linux-x64")
-        .unwrap();
+    let p = PackageCache::at(&dir).ensure_latest(&client(&org), "linux-x64").unwrap();
     assert_agent_dir(&p.dir, FAKE_AGENT_VERSION);
     assert_eq!((org.package_downloads(), cdn.package_downloads()), (0, 1));
     let dl = cdn.requests_log();
     assert_eq!(dl.len(), 1);
-    assert_eq!(
-        dl[0].auth,
-        AuthSeen::None,
-        "the PAT went to another host: {dl:?}"
-    );
+    assert_eq!(dl[0].auth, AuthSeen::None, "the PAT went to another host: {dl:?}");
 }
 
 #[test]
@@ -526,32 +411,19 @@ fn package_from_a_file_or_url() {
     assert_eq!(p.version, "4.260.3");
     assert_agent_dir(&p.dir, "4.260.3");
     let p2 = cache.ensure_from(plain.to_str().unwrap()).unwrap();
-    assert!(
-        p2.version.starts_with("sha256-") && p2.version.len() == 19,
-        "{}",
-        p2.version
-    );
-    assert_eq!(
-        cache.ensure_from(plain.to_str().unwrap()).unwrap(),
-        p2,
-        "same content, same version"
-    );
+    assert!(p2.version.starts_with("sha256-") && p2.version.len() == 19, "{}", p2.version);
+    assert_eq!(cache.ensure_from(plain.to_str().unwrap()).unwrap(), p2, "same content, same version");
 
     let e = cache.ensure_from("/nonexistent/agent.tar.gz").unwrap_err();
     assert!(
-        format!("{e:#}").starts_with(
-            "cannot read agent package /nonexistent/agent.tar.gz: check --agent-package"
-        ),
+        format!("{e:#}").starts_with("cannot read agent package /nonexistent/agent.tar.gz: check --agent-package"),
         "{e:#}"
     );
 
     // A tar.gz that is not an agent: refused, nothing kept.
     let junk = src.join("junk-1.2.3.tar.gz");
     {
-        let gz = flate2::write::GzEncoder::new(
-            std::fs::File::create(&junk).unwrap(),
-            flate2::Compression::fast(),
-        );
+        let gz = flate2::write::GzEncoder::new(std::fs::File::create(&junk).unwrap(), flate2::Compression::fast());
         let mut t = tar::Builder::new(gz);
         let mut h = tar::Header::new_gnu();
         h.set_size(3);
@@ -560,15 +432,12 @@ fn package_from_a_file_or_url() {
         t.into_inner().unwrap().finish().unwrap();
     }
     let e = cache.ensure_from(junk.to_str().unwrap()).unwrap_err();
-    assert_eq!(e.to_string(), "agent package 1.2.3 has no config.sh and run.sh at its top: not an Azure Pipelines agent package");
-    assert!(!dir.join("1.2.3").exists());
-    assert!(
-        entries(&dir)
-            .iter()
-            .all(|n| !n.contains(".tmp-") && !n.contains(".download-")),
-        "{:?}",
-        entries(&dir)
+    assert_eq!(
+        e.to_string(),
+        "agent package 1.2.3 has no config.sh and run.sh at its top: not an Azure Pipelines agent package"
     );
+    assert!(!dir.join("1.2.3").exists());
+    assert!(entries(&dir).iter().all(|n| !n.contains(".tmp-") && !n.contains(".download-")), "{:?}", entries(&dir));
 
     // From a URL (an internal mirror): no credentials sent, version from the name.
     let f = FakeAzure::start();
@@ -577,11 +446,7 @@ fn package_from_a_file_or_url() {
     assert_eq!(f.package_downloads(), 1);
     assert_eq!(f.requests_log()[0].auth, AuthSeen::None);
     cache.ensure_from(&f.package_url()).unwrap();
-    assert_eq!(
-        f.package_downloads(),
-        1,
-        "cached by the version in its name"
-    );
+    assert_eq!(f.package_downloads(), 1, "cached by the version in its name");
     assert_eq!(cache.cached_versions().len(), 3);
 }
 
@@ -597,10 +462,7 @@ impl FakeAgentHost {
     /// A dir of busybox applet links (the only PATH) and a fresh unpacked fake agent.
     fn new(f: &FakeAzure, name: &str) -> FakeAgentHost {
         let busybox = Path::new("/bin/busybox");
-        assert!(
-            busybox.exists(),
-            "/bin/busybox is missing: install busybox-static (scripts/setup.sh)"
-        );
+        assert!(busybox.exists(), "/bin/busybox is missing: install busybox-static (scripts/setup.sh)");
         let root = tmpdir(name);
         let path = root.join("bb");
         std::fs::create_dir(&path).unwrap();
@@ -608,11 +470,7 @@ impl FakeAgentHost {
         for applet in String::from_utf8_lossy(&list.stdout).split_whitespace() {
             std::os::unix::fs::symlink(busybox, path.join(applet)).unwrap();
         }
-        let h = FakeAgentHost {
-            root,
-            path,
-            url: f.url(),
-        };
+        let h = FakeAgentHost { root, path, url: f.url() };
         h.fresh_agent_dir("agent");
         h
     }
@@ -621,11 +479,7 @@ impl FakeAgentHost {
         let d = self.root.join(sub);
         let _ = std::fs::remove_dir_all(&d);
         std::fs::create_dir_all(&d).unwrap();
-        tar::Archive::new(flate2::read::GzDecoder::new(
-            &FakeAzure::agent_package_targz()[..],
-        ))
-        .unpack(&d)
-        .unwrap();
+        tar::Archive::new(flate2::read::GzDecoder::new(&FakeAzure::agent_package_targz()[..])).unpack(&d).unwrap();
         d
     }
 
@@ -633,20 +487,12 @@ impl FakeAgentHost {
     /// run-as-root permission), killed after 30 s.
     fn sh(&self, dir: &str, script: &str, args: &[&str], env: &[(&str, &str)]) -> Output {
         let mut c = Command::new("/bin/busybox");
-        c.arg("sh")
-            .arg(script)
-            .args(args)
-            .current_dir(self.root.join(dir))
-            .env_clear();
-        c.env("PATH", &self.path)
-            .env("HOME", &self.root)
-            .env("AGENT_ALLOW_RUNASROOT", "1");
+        c.arg("sh").arg(script).args(args).current_dir(self.root.join(dir)).env_clear();
+        c.env("PATH", &self.path).env("HOME", &self.root).env("AGENT_ALLOW_RUNASROOT", "1");
         for (k, v) in env {
             c.env(k, v);
         }
-        c.stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
+        c.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
         let mut child = c.spawn().unwrap();
         let t = Instant::now();
         while child.try_wait().unwrap().is_none() {
@@ -716,37 +562,13 @@ fn fake_agent_configures_and_runs_one_job() {
 
     let o = h.configure("agent", "smoke-0", &["--replace"], &env);
     assert!(o.status.success(), "{}", text(&o));
-    assert!(
-        String::from_utf8_lossy(&o.stdout).contains("Settings Saved."),
-        "{}",
-        text(&o)
-    );
+    assert!(String::from_utf8_lossy(&o.stdout).contains("Settings Saved."), "{}", text(&o));
     let agent = f.agent("smoke-0").expect("agent record");
-    assert_eq!(
-        (agent.pool_id, agent.registrations, agent.status.as_str()),
-        (10, 1, "offline")
-    );
-    assert_eq!(
-        agent.capabilities.get("AZP_TEST").map(String::as_str),
-        Some("world")
-    );
-    assert_eq!(
-        agent.capabilities.get("GPU_MODEL").map(String::as_str),
-        Some("Fake \"GPU\" \\ 80GB"),
-        "JSON escaping"
-    );
-    assert_eq!(
-        agent.capabilities.get("Agent.Name").map(String::as_str),
-        Some("smoke-0")
-    );
-    assert!(
-        !agent
-            .capabilities
-            .keys()
-            .any(|k| k.starts_with("VSTS_AGENT_INPUT_")),
-        "{:?}",
-        agent.capabilities
-    );
+    assert_eq!((agent.pool_id, agent.registrations, agent.status.as_str()), (10, 1, "offline"));
+    assert_eq!(agent.capabilities.get("AZP_TEST").map(String::as_str), Some("world"));
+    assert_eq!(agent.capabilities.get("GPU_MODEL").map(String::as_str), Some("Fake \"GPU\" \\ 80GB"), "JSON escaping");
+    assert_eq!(agent.capabilities.get("Agent.Name").map(String::as_str), Some("smoke-0"));
+    assert!(!agent.capabilities.keys().any(|k| k.starts_with("VSTS_AGENT_INPUT_")), "{:?}", agent.capabilities);
     assert!(!agent.capabilities.values().any(|v| v.contains(&pat)));
 
     let dot_agent = std::fs::read_to_string(h.root.join("agent/.agent")).unwrap();
@@ -757,53 +579,31 @@ fn fake_agent_configures_and_runs_one_job() {
     assert_eq!(v["serverUrl"], f.url());
     assert_eq!(v["workFolder"], "_work");
     let creds: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(h.root.join("agent/.credentials")).unwrap())
-            .unwrap();
+        serde_json::from_str(&std::fs::read_to_string(h.root.join("agent/.credentials")).unwrap()).unwrap();
     assert_eq!(creds["data"]["clientId"], agent.client_id.as_str());
     for (p, b) in all_files(&h.root.join("agent")) {
-        assert!(
-            !String::from_utf8_lossy(&b).contains(&pat),
-            "the PAT is stored in {}",
-            p.display()
-        );
+        assert!(!String::from_utf8_lossy(&b).contains(&pat), "the PAT is stored in {}", p.display());
     }
 
     // Configuring the same directory twice fails.
     let o = h.configure("agent", "smoke-0", &["--replace"], &env);
     assert_eq!(o.status.code(), Some(1), "{}", text(&o));
-    assert!(
-        String::from_utf8_lossy(&o.stderr).contains("already configured"),
-        "{}",
-        text(&o)
-    );
+    assert!(String::from_utf8_lossy(&o.stderr).contains("already configured"), "{}", text(&o));
 
     // One job: its output comes back; run.sh exits 0.
     let job = f.enqueue_job("echo hello $AZP_TEST");
-    let run_env = [
-        ("AZP_TEST", "world"),
-        ("FAKE_AGENT_MAX_WAIT", "20"),
-        ("CUDA_VERSION", "12.4"),
-    ];
+    let run_env = [("AZP_TEST", "world"), ("FAKE_AGENT_MAX_WAIT", "20"), ("CUDA_VERSION", "12.4")];
     let o = h.sh("agent", "run.sh", &["--once"], &run_env);
     assert_eq!(o.status.code(), Some(0), "{}", text(&o));
     let out = String::from_utf8_lossy(&o.stdout);
     assert!(
-        out.contains(&format!("Running job: Job {job}"))
-            && out.contains("completed with result: Succeeded"),
+        out.contains(&format!("Running job: Job {job}")) && out.contains("completed with result: Succeeded"),
         "{}",
         text(&o)
     );
     let r = f.results();
     assert_eq!(r.len(), 1);
-    assert_eq!(
-        (
-            r[0].job_id,
-            r[0].agent.as_str(),
-            r[0].exit_code,
-            r[0].hook_exit
-        ),
-        (job, "smoke-0", Some(0), None)
-    );
+    assert_eq!((r[0].job_id, r[0].agent.as_str(), r[0].exit_code, r[0].hook_exit), (job, "smoke-0", Some(0), None));
     assert_eq!(r[0].output, "hello world\n");
     let agent = f.agent("smoke-0").unwrap();
     assert_eq!((agent.sessions, agent.status.as_str()), (1, "offline"));
@@ -819,37 +619,20 @@ fn fake_agent_configures_and_runs_one_job() {
     assert_eq!(o.status.code(), Some(0), "{}", text(&o));
     let r = f.results().pop().unwrap();
     assert_eq!((r.job_id, r.exit_code), (job, Some(3)));
-    assert!(
-        r.output.contains("/agent/_work\n") && r.output.contains("oops\n"),
-        "{:?}",
-        r.output
-    );
+    assert!(r.output.contains("/agent/_work\n") && r.output.contains("oops\n"), "{:?}", r.output);
     let diag: String = all_files(&h.root.join("agent/_diag"))
         .into_iter()
-        .filter(|(p, _)| {
-            p.file_name()
-                .unwrap()
-                .to_string_lossy()
-                .starts_with("Agent_")
-        })
+        .filter(|(p, _)| p.file_name().unwrap().to_string_lossy().starts_with("Agent_"))
         .map(|(_, b)| String::from_utf8_lossy(&b).into_owned())
         .collect();
-    assert!(
-        diag.contains(&format!(
-            "Job {job} completed with result: Failed (exit code 3)"
-        )),
-        "{diag}"
-    );
+    assert!(diag.contains(&format!("Job {job} completed with result: Failed (exit code 3)")), "{diag}");
 
     // The update hook: run.sh exits 4 without running the job.
     let job = f.enqueue_job("#exit-code 4\necho never");
     let o = h.sh("agent", "run.sh", &["--once"], &run_env);
     assert_eq!(o.status.code(), Some(4), "{}", text(&o));
     let r = f.results().pop().unwrap();
-    assert_eq!(
-        (r.job_id, r.exit_code, r.hook_exit, r.output.as_str()),
-        (job, None, Some(4), "")
-    );
+    assert_eq!((r.job_id, r.exit_code, r.hook_exit, r.output.as_str()), (job, None, Some(4), ""));
 }
 
 #[test]
@@ -862,11 +645,7 @@ fn fake_agent_follows_the_real_contract() {
     // run.sh before configuring: exit 1.
     let o = h.sh("agent", "run.sh", &["--once"], &[]);
     assert_eq!(o.status.code(), Some(1), "{}", text(&o));
-    assert!(
-        String::from_utf8_lossy(&o.stderr).contains("Not configured"),
-        "{}",
-        text(&o)
-    );
+    assert!(String::from_utf8_lossy(&o.stderr).contains("Not configured"), "{}", text(&o));
     // No token, a bad token, a missing value, an unknown pool: exit 1, nothing written.
     for (args, env, why) in [
         (vec![], vec![], "no PAT"),
@@ -880,15 +659,7 @@ fn fake_agent_follows_the_real_contract() {
     let o = h.sh(
         "agent",
         "config.sh",
-        &[
-            "--unattended",
-            "--url",
-            h.url.as_str(),
-            "--pool",
-            "nope",
-            "--agent",
-            "c-0",
-        ],
+        &["--unattended", "--url", h.url.as_str(), "--pool", "nope", "--agent", "c-0"],
         &tok,
     );
     assert_eq!(o.status.code(), Some(1), "{}", text(&o));
@@ -904,11 +675,7 @@ fn fake_agent_follows_the_real_contract() {
             .output()
             .unwrap();
         assert_eq!(o.status.code(), Some(1), "{}", text(&o));
-        assert!(
-            String::from_utf8_lossy(&o.stderr).contains("Must not run with sudo"),
-            "{}",
-            text(&o)
-        );
+        assert!(String::from_utf8_lossy(&o.stderr).contains("Must not run with sudo"), "{}", text(&o));
     }
 
     // --token works like the env var.
@@ -922,8 +689,7 @@ fn fake_agent_follows_the_real_contract() {
     let o = h.configure("agent2", "c-0", &[], &tok);
     assert_eq!(o.status.code(), Some(1), "{}", text(&o));
     assert!(
-        String::from_utf8_lossy(&o.stderr)
-            .contains("Pool gpu already contains an agent with name c-0."),
+        String::from_utf8_lossy(&o.stderr).contains("Pool gpu already contains an agent with name c-0."),
         "{}",
         text(&o)
     );
@@ -936,27 +702,12 @@ fn fake_agent_follows_the_real_contract() {
     assert_eq!(f.agents().len(), 1);
     std::fs::write(h.root.join("agent2/.credentials"), &old_creds).unwrap();
     f.enqueue_job("echo stolen");
-    let o = h.sh(
-        "agent2",
-        "run.sh",
-        &["--once"],
-        &[("FAKE_AGENT_MAX_WAIT", "5")],
-    );
-    assert_eq!(
-        o.status.code(),
-        Some(1),
-        "a replaced agent's old key must not work: {}",
-        text(&o)
-    );
+    let o = h.sh("agent2", "run.sh", &["--once"], &[("FAKE_AGENT_MAX_WAIT", "5")]);
+    assert_eq!(o.status.code(), Some(1), "a replaced agent's old key must not work: {}", text(&o));
     assert_eq!(f.queued_jobs(), 1, "the job was not handed out");
 
     // `config.sh remove` deletes the record and the files.
-    let o = h.sh(
-        "agent",
-        "config.sh",
-        &["remove", "--unattended", "--auth", "pat"],
-        &tok,
-    );
+    let o = h.sh("agent", "config.sh", &["remove", "--unattended", "--auth", "pat"], &tok);
     assert!(o.status.success(), "{}", text(&o));
     assert!(f.agents().is_empty());
     assert!(!h.root.join("agent/.agent").exists() && !h.root.join("agent/.credentials").exists());

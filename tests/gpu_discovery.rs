@@ -10,8 +10,8 @@ use azp_sandbox::gpu::ldcache::{CacheEntry, LdCache};
 use azp_sandbox::gpu::report::Report;
 use azp_sandbox::gpu::select::{self, split};
 use azp_sandbox::gpu::{
-    discover, edits_for, Capabilities, DiscoverOptions, Driver, FakeInventory, GpuRequest,
-    GpuSource, NoInventory, PerAgent,
+    discover, edits_for, Capabilities, DiscoverOptions, Driver, FakeInventory, GpuRequest, GpuSource, NoInventory,
+    PerAgent,
 };
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -28,11 +28,7 @@ fn fixtures_dir() -> PathBuf {
     let target = std::env::var_os("CARGO_TARGET_DIR")
         .map(PathBuf::from)
         .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("target"));
-    let target = if target.is_absolute() {
-        target
-    } else {
-        Path::new(env!("CARGO_MANIFEST_DIR")).join(target)
-    };
+    let target = if target.is_absolute() { target } else { Path::new(env!("CARGO_MANIFEST_DIR")).join(target) };
     target.join("fixtures")
 }
 
@@ -54,11 +50,8 @@ fn tree() -> Option<&'static Tree> {
         }
         let root = root.canonicalize().unwrap();
         let manifest = std::fs::read_to_string(root.join(".azp-driver-tree.manifest")).unwrap();
-        let full = manifest
-            .lines()
-            .find_map(|l| l.strip_prefix("libcuda1 "))
-            .expect("libcuda1 in the manifest")
-            .to_string();
+        let full =
+            manifest.lines().find_map(|l| l.strip_prefix("libcuda1 ")).expect("libcuda1 in the manifest").to_string();
         let version = full.split('-').next().unwrap().to_string();
         Some(Tree { root, version })
     })
@@ -75,18 +68,11 @@ macro_rules! tree_or_skip {
 }
 
 fn opts(root: &Path) -> DiscoverOptions {
-    DiscoverOptions {
-        driver_root: root.to_path_buf(),
-        extra_lib_dirs: Vec::new(),
-        cdi_spec: None,
-    }
+    DiscoverOptions { driver_root: root.to_path_buf(), extra_lib_dirs: Vec::new(), cdi_spec: None }
 }
 
 fn no_nvml() -> NoInventory {
-    NoInventory {
-        reason: "libnvidia-ml.so.1: cannot open shared object file: No such file or directory"
-            .into(),
-    }
+    NoInventory { reason: "libnvidia-ml.so.1: cannot open shared object file: No such file or directory".into() }
 }
 
 fn discover_tree(t: &Tree) -> Driver {
@@ -94,31 +80,18 @@ fn discover_tree(t: &Tree) -> Driver {
 }
 
 fn node_list(e: &ContainerEdits) -> Vec<(String, i64, i64)> {
-    e.device_nodes
-        .iter()
-        .map(|n| (n.path.display().to_string(), n.major, n.minor))
-        .collect()
+    e.device_nodes.iter().map(|n| (n.path.display().to_string(), n.major, n.minor)).collect()
 }
 
 fn mount_set(e: &ContainerEdits) -> BTreeSet<(String, String, bool)> {
     e.mounts
         .iter()
-        .map(|m| {
-            (
-                m.container_path.display().to_string(),
-                m.host_path.display().to_string(),
-                m.optional,
-            )
-        })
+        .map(|m| (m.container_path.display().to_string(), m.host_path.display().to_string(), m.optional))
         .collect()
 }
 
 fn env(e: &ContainerEdits, k: &str) -> Option<String> {
-    e.env
-        .iter()
-        .rev()
-        .find(|(key, _)| key == k)
-        .map(|(_, v)| v.clone())
+    e.env.iter().rev().find(|(key, _)| key == k).map(|(_, v)| v.clone())
 }
 
 /// A unique scratch dir on the fixtures' filesystem (hard links to the tree work).
@@ -163,12 +136,7 @@ fn ld_cache_of_the_tree() {
         assert_eq!(e[0].flags, 0x0303);
     }
     // Same view as glibc's own reader.
-    let out = Command::new("ldconfig")
-        .arg("-p")
-        .arg("-C")
-        .arg(t.root.join("etc/ld.so.cache"))
-        .output()
-        .unwrap();
+    let out = Command::new("ldconfig").arg("-p").arg("-C").arg(t.root.join("etc/ld.so.cache")).output().unwrap();
     let theirs: BTreeSet<String> = String::from_utf8_lossy(&out.stdout)
         .lines()
         .filter(|l| l.starts_with('\t'))
@@ -183,14 +151,7 @@ fn discovers_the_exact_driver_files() {
     let d = discover_tree(t);
     let v = &t.version;
     assert_eq!(d.version.as_deref(), Some(v.as_str()));
-    assert!(
-        d.version_source
-            .as_deref()
-            .unwrap()
-            .contains(&format!("libnvidia-ml.so.{v}")),
-        "{:?}",
-        d.version_source
-    );
+    assert!(d.version_source.as_deref().unwrap().contains(&format!("libnvidia-ml.so.{v}")), "{:?}", d.version_source);
     assert!(!d.nvml.loaded);
     assert_eq!(d.cuda_version, None);
 
@@ -198,37 +159,17 @@ fn discovers_the_exact_driver_files() {
     let libs: BTreeSet<(String, String, String, PathBuf)> = d
         .libraries
         .iter()
-        .map(|l| {
-            (
-                l.name.clone(),
-                l.file_name.clone(),
-                l.soname.clone(),
-                l.host_path.clone(),
-            )
-        })
+        .map(|l| (l.name.clone(), l.file_name.clone(), l.soname.clone(), l.host_path.clone()))
         .collect();
     let lib = |name: &str, soname: &str, dir: &str| {
         let file = format!("{name}.so.{v}");
-        let soname = if soname.is_empty() {
-            file.clone()
-        } else {
-            soname.to_string()
-        };
-        (
-            name.to_string(),
-            file.clone(),
-            soname,
-            t.root.join(dir).join(&file),
-        )
+        let soname = if soname.is_empty() { file.clone() } else { soname.to_string() };
+        (name.to_string(), file.clone(), soname, t.root.join(dir).join(&file))
     };
     let want: BTreeSet<_> = [
         lib("libcuda", "libcuda.so.1", nv),
         lib("libnvidia-ml", "libnvidia-ml.so.1", nv),
-        lib(
-            "libnvidia-ptxjitcompiler",
-            "libnvidia-ptxjitcompiler.so.1",
-            nv,
-        ),
+        lib("libnvidia-ptxjitcompiler", "libnvidia-ptxjitcompiler.so.1", nv),
         lib("libnvidia-cfg", "libnvidia-cfg.so.1", nv),
         lib("libnvidia-allocator", "libnvidia-allocator.so.1", nv),
         lib("libnvcuvid", "libnvcuvid.so.1", nv),
@@ -241,92 +182,45 @@ fn discovers_the_exact_driver_files() {
         assert!(l.found_via.starts_with("ld.so.cache"), "{l:?}");
     }
 
-    let bins: BTreeSet<(String, PathBuf)> = d
-        .binaries
-        .iter()
-        .map(|b| (b.name.clone(), b.host_path.clone()))
-        .collect();
+    let bins: BTreeSet<(String, PathBuf)> = d.binaries.iter().map(|b| (b.name.clone(), b.host_path.clone())).collect();
     assert_eq!(
         bins,
         [
-            (
-                "nvidia-smi".to_string(),
-                t.root.join("usr/lib/nvidia/current/nvidia-smi")
-            ),
-            (
-                "nvidia-cuda-mps-control".to_string(),
-                t.root.join("usr/bin/nvidia-cuda-mps-control")
-            ),
-            (
-                "nvidia-cuda-mps-server".to_string(),
-                t.root.join("usr/sbin/nvidia-cuda-mps-server")
-            ),
+            ("nvidia-smi".to_string(), t.root.join("usr/lib/nvidia/current/nvidia-smi")),
+            ("nvidia-cuda-mps-control".to_string(), t.root.join("usr/bin/nvidia-cuda-mps-control")),
+            ("nvidia-cuda-mps-server".to_string(), t.root.join("usr/sbin/nvidia-cuda-mps-server")),
         ]
         .into()
     );
     let smi = d.binaries.iter().find(|b| b.name == "nvidia-smi").unwrap();
     assert_eq!(smi.found_at, Path::new("/usr/bin/nvidia-smi"));
-    for absent in [
-        "nvidia-debugdump (utility)",
-        "nvidia-persistenced (utility)",
-    ] {
-        assert!(
-            d.missing.iter().any(|m| m.item == absent),
-            "{absent} not reported missing"
-        );
+    for absent in ["nvidia-debugdump (utility)", "nvidia-persistenced (utility)"] {
+        assert!(d.missing.iter().any(|m| m.item == absent), "{absent} not reported missing");
     }
 
-    let fw: BTreeSet<String> = d
-        .firmware
-        .iter()
-        .map(|f| f.container_path.display().to_string())
-        .collect();
+    let fw: BTreeSet<String> = d.firmware.iter().map(|f| f.container_path.display().to_string()).collect();
     assert_eq!(
         fw,
-        [
-            format!("/lib/firmware/nvidia/{v}/gsp_ga10x.bin"),
-            format!("/lib/firmware/nvidia/{v}/gsp_tu10x.bin")
-        ]
-        .into()
+        [format!("/lib/firmware/nvidia/{v}/gsp_ga10x.bin"), format!("/lib/firmware/nvidia/{v}/gsp_tu10x.bin")].into()
     );
     assert!(d.sockets.is_empty());
-    assert!(d
-        .missing
-        .iter()
-        .any(|m| m.item.starts_with("/run/nvidia-persistenced/socket")));
+    assert!(d.missing.iter().any(|m| m.item.starts_with("/run/nvidia-persistenced/socket")));
 
     let dev = &d.devices;
-    let mm = |n: &Option<azp_sandbox::gpu::devices::DeviceFile>| {
-        n.as_ref().map(|n| (n.kind, n.major, n.minor))
-    };
+    let mm = |n: &Option<azp_sandbox::gpu::devices::DeviceFile>| n.as_ref().map(|n| (n.kind, n.major, n.minor));
     assert_eq!(mm(&dev.ctl), Some((DeviceKind::Char, 195, 255)));
     assert_eq!(mm(&dev.uvm), Some((DeviceKind::Char, 511, 0)));
     assert_eq!(mm(&dev.uvm_tools), Some((DeviceKind::Char, 511, 1)));
     assert_eq!(mm(&dev.modeset), Some((DeviceKind::Char, 195, 254)));
-    assert_eq!(
-        dev.gpus
-            .iter()
-            .map(|n| (n.major, n.minor))
-            .collect::<Vec<_>>(),
-        vec![(195, 0), (195, 1)]
-    );
-    assert_eq!(
-        dev.caps
-            .iter()
-            .map(|n| (n.major, n.minor))
-            .collect::<Vec<_>>(),
-        vec![(508, 1), (508, 2)]
-    );
+    assert_eq!(dev.gpus.iter().map(|n| (n.major, n.minor)).collect::<Vec<_>>(), vec![(195, 0), (195, 1)]);
+    assert_eq!(dev.caps.iter().map(|n| (n.major, n.minor)).collect::<Vec<_>>(), vec![(508, 1), (508, 2)]);
     assert_eq!(dev.gdrdrv, None);
     assert!(dev.stale.is_empty(), "{:?}", dev.stale);
 
     // No NVML: the GPUs come from the nodes, and say so.
     assert_eq!(d.gpu_source, Some(GpuSource::DeviceNodes));
     assert_eq!(
-        d.gpus
-            .iter()
-            .map(|g| (g.index, g.minor, g.uuid.clone()))
-            .collect::<Vec<_>>(),
+        d.gpus.iter().map(|g| (g.index, g.minor, g.uuid.clone())).collect::<Vec<_>>(),
         vec![(0, 0, None), (1, 1, None)]
     );
     assert!(d.unavailable_reason().is_none());
@@ -358,11 +252,7 @@ fn default_injection_is_exact() {
     let nv = t.root.join("usr/lib/x86_64-linux-gnu/nvidia/current");
     let lib = |name: &str, dir: &Path| {
         let f = format!("{name}.so.{v}");
-        (
-            format!("{LIB_DIR}/{f}"),
-            dir.join(&f).display().to_string(),
-            false,
-        )
+        (format!("{LIB_DIR}/{f}"), dir.join(&f).display().to_string(), false)
     };
     let mut want: BTreeSet<(String, String, bool)> = [
         lib("libcuda", &nv),
@@ -370,32 +260,16 @@ fn default_injection_is_exact() {
         lib("libnvidia-ptxjitcompiler", &nv),
         lib("libnvidia-cfg", &nv),
         lib("libnvidia-allocator", &nv),
-        lib(
-            "libnvidia-pkcs11-openssl3",
-            &t.root.join("usr/lib/x86_64-linux-gnu"),
-        ),
-        (
-            "/usr/bin/nvidia-smi".into(),
-            t.root
-                .join("usr/lib/nvidia/current/nvidia-smi")
-                .display()
-                .to_string(),
-            false,
-        ),
+        lib("libnvidia-pkcs11-openssl3", &t.root.join("usr/lib/x86_64-linux-gnu")),
+        ("/usr/bin/nvidia-smi".into(), t.root.join("usr/lib/nvidia/current/nvidia-smi").display().to_string(), false),
         (
             "/usr/bin/nvidia-cuda-mps-control".into(),
-            t.root
-                .join("usr/bin/nvidia-cuda-mps-control")
-                .display()
-                .to_string(),
+            t.root.join("usr/bin/nvidia-cuda-mps-control").display().to_string(),
             false,
         ),
         (
             "/usr/bin/nvidia-cuda-mps-server".into(),
-            t.root
-                .join("usr/sbin/nvidia-cuda-mps-server")
-                .display()
-                .to_string(),
+            t.root.join("usr/sbin/nvidia-cuda-mps-server").display().to_string(),
             false,
         ),
     ]
@@ -403,10 +277,7 @@ fn default_injection_is_exact() {
     for fw in ["gsp_ga10x.bin", "gsp_tu10x.bin"] {
         want.insert((
             format!("/lib/firmware/nvidia/{v}/{fw}"),
-            t.root
-                .join(format!("lib/firmware/nvidia/{v}/{fw}"))
-                .display()
-                .to_string(),
+            t.root.join(format!("lib/firmware/nvidia/{v}/{fw}")).display().to_string(),
             true,
         ));
     }
@@ -414,11 +285,8 @@ fn default_injection_is_exact() {
     for m in &e.mounts {
         assert_eq!(m.options, vec!["ro", "nosuid", "nodev", "bind"], "{m:?}");
     }
-    let links: BTreeSet<(String, String)> = e
-        .symlinks
-        .iter()
-        .map(|(l, t)| (l.display().to_string(), t.display().to_string()))
-        .collect();
+    let links: BTreeSet<(String, String)> =
+        e.symlinks.iter().map(|(l, t)| (l.display().to_string(), t.display().to_string())).collect();
     let so1 = |n: &str| (format!("{LIB_DIR}/{n}.so.1"), format!("{n}.so.{v}"));
     assert_eq!(
         links,
@@ -429,10 +297,7 @@ fn default_injection_is_exact() {
             so1("libnvidia-cfg"),
             so1("libnvidia-allocator"),
             (format!("{LIB_DIR}/libcuda.so"), "libcuda.so.1".to_string()),
-            (
-                format!("{LIB_DIR}/libnvidia-ml.so"),
-                "libnvidia-ml.so.1".to_string()
-            ),
+            (format!("{LIB_DIR}/libnvidia-ml.so"), "libnvidia-ml.so.1".to_string()),
         ]
         .into()
     );
@@ -440,33 +305,20 @@ fn default_injection_is_exact() {
     assert_eq!(e.ld_library_dirs, vec![PathBuf::from(LIB_DIR)]);
     assert_eq!(env(&e, "NVIDIA_VISIBLE_DEVICES").as_deref(), Some("0,1"));
     assert_eq!(env(&e, "CUDA_VISIBLE_DEVICES").as_deref(), Some("0,1"));
-    assert_eq!(
-        env(&e, "NVIDIA_DRIVER_CAPABILITIES").as_deref(),
-        Some("compute,utility")
-    );
+    assert_eq!(env(&e, "NVIDIA_DRIVER_CAPABILITIES").as_deref(), Some("compute,utility"));
     assert!(e.hooks.is_empty());
 
     // video adds the video libraries (and their -l links).
     let caps: Capabilities = "compute,utility,video".parse().unwrap();
     let ev = inject::edits(&d, &gpus, &caps).unwrap();
     let added: BTreeSet<_> = mount_set(&ev).difference(&mount_set(&e)).cloned().collect();
-    assert_eq!(
-        added,
-        [lib("libnvcuvid", &nv), lib("libnvidia-encode", &nv)].into()
-    );
-    assert!(ev.symlinks.contains(&(
-        PathBuf::from(LIB_DIR).join("libnvcuvid.so"),
-        PathBuf::from("libnvcuvid.so.1")
-    )));
+    assert_eq!(added, [lib("libnvcuvid", &nv), lib("libnvidia-encode", &nv)].into());
+    assert!(ev.symlinks.contains(&(PathBuf::from(LIB_DIR).join("libnvcuvid.so"), PathBuf::from("libnvcuvid.so.1"))));
 
     // utility only: NVML and nvidia-smi, no CUDA.
     let eu = inject::edits(&d, &gpus, &"utility".parse().unwrap()).unwrap();
-    let targets: BTreeSet<String> = eu
-        .mounts
-        .iter()
-        .filter(|m| !m.optional)
-        .map(|m| m.container_path.display().to_string())
-        .collect();
+    let targets: BTreeSet<String> =
+        eu.mounts.iter().filter(|m| !m.optional).map(|m| m.container_path.display().to_string()).collect();
     assert_eq!(
         targets,
         [
@@ -482,40 +334,21 @@ fn default_injection_is_exact() {
 fn gpu_1_gets_only_its_own_node() {
     let t = tree_or_skip!();
     let d = discover_tree(t);
-    let e = edits_for(
-        Some(&d),
-        None,
-        &GpuRequest::parse("1").unwrap(),
-        &Capabilities::default(),
-    )
-    .unwrap();
+    let e = edits_for(Some(&d), None, &GpuRequest::parse("1").unwrap(), &Capabilities::default()).unwrap();
     let paths: Vec<String> = node_list(&e).into_iter().map(|(p, _, _)| p).collect();
     assert!(paths.contains(&"/dev/nvidia1".to_string()), "{paths:?}");
     assert!(!paths.contains(&"/dev/nvidia0".to_string()), "{paths:?}");
     assert_eq!(env(&e, "NVIDIA_VISIBLE_DEVICES").as_deref(), Some("1"));
     assert_eq!(env(&e, "CUDA_VISIBLE_DEVICES").as_deref(), Some("0"));
 
-    let err = edits_for(
-        Some(&d),
-        None,
-        &GpuRequest::parse("5").unwrap(),
-        &Capabilities::default(),
-    )
-    .unwrap_err()
-    .to_string();
-    assert!(
-        err.contains("no GPU '5'") && err.contains("available: 0 (/dev/nvidia0"),
-        "{err}"
-    );
+    let err =
+        edits_for(Some(&d), None, &GpuRequest::parse("5").unwrap(), &Capabilities::default()).unwrap_err().to_string();
+    assert!(err.contains("no GPU '5'") && err.contains("available: 0 (/dev/nvidia0"), "{err}");
     // The one-call path with the real NVML loader (no kernel module here: the GPUs come
     // from the tree's nodes).
-    let e2 = azp_sandbox::gpu::job_edits(
-        &opts(&t.root),
-        &GpuRequest::parse("1").unwrap(),
-        &Capabilities::default(),
-        None,
-    )
-    .unwrap();
+    let e2 =
+        azp_sandbox::gpu::job_edits(&opts(&t.root), &GpuRequest::parse("1").unwrap(), &Capabilities::default(), None)
+            .unwrap();
     assert_eq!(node_list(&e2), node_list(&e));
     assert_eq!(mount_set(&e2), mount_set(&e));
     // --gpus none never needs a driver.
@@ -527,11 +360,7 @@ fn gpu_1_gets_only_its_own_node() {
     )
     .unwrap()
     .is_empty());
-    assert!(
-        edits_for(None, None, &GpuRequest::None, &Capabilities::default())
-            .unwrap()
-            .is_empty()
-    );
+    assert!(edits_for(None, None, &GpuRequest::None, &Capabilities::default()).unwrap().is_empty());
 }
 
 #[test]
@@ -545,24 +374,15 @@ fn fake_nvml_with_four_gpus() {
     assert_eq!(d.gpus.len(), 4);
     assert_eq!(d.libraries.len(), 8);
     // The tree has nodes for GPUs 0 and 1 only.
-    assert!(d
-        .missing
-        .iter()
-        .any(|m| m.item.starts_with("/dev/nvidia2 (GPU 2)")));
+    assert!(d.missing.iter().any(|m| m.item.starts_with("/dev/nvidia2 (GPU 2)")));
 
     let slots = split(&d.gpus, 2, PerAgent::Count(2)).unwrap();
     assert_eq!(
-        slots
-            .iter()
-            .map(|s| s.iter().map(|g| g.index).collect::<Vec<_>>())
-            .collect::<Vec<_>>(),
+        slots.iter().map(|s| s.iter().map(|g| g.index).collect::<Vec<_>>()).collect::<Vec<_>>(),
         vec![vec![0, 1], vec![2, 3]]
     );
     let slots = split(&d.gpus, 4, PerAgent::default()).unwrap();
-    assert_eq!(
-        slots.iter().map(|s| s[0].index).collect::<Vec<_>>(),
-        vec![0, 1, 2, 3]
-    );
+    assert_eq!(slots.iter().map(|s| s[0].index).collect::<Vec<_>>(), vec![0, 1, 2, 3]);
     assert_eq!(
         split(&d.gpus, 3, PerAgent::Count(2)).unwrap_err().to_string(),
         "cannot give 3 agents 2 GPUs each: this host has 4 GPUs; lower the agent count or --gpus-per-agent"
@@ -576,34 +396,18 @@ fn fake_nvml_with_four_gpus() {
     );
     let e1 = inject::edits(&d, &slots[1], &Capabilities::default()).unwrap();
     let paths: Vec<String> = node_list(&e1).into_iter().map(|(p, _, _)| p).collect();
-    assert!(
-        paths.contains(&"/dev/nvidia1".into()) && !paths.contains(&"/dev/nvidia0".into()),
-        "{paths:?}"
-    );
+    assert!(paths.contains(&"/dev/nvidia1".into()) && !paths.contains(&"/dev/nvidia0".into()), "{paths:?}");
     // GPU 2 has no node in the tree: a clear error.
-    let err = inject::edits(&d, &slots[2], &Capabilities::default())
-        .unwrap_err()
-        .to_string();
+    let err = inject::edits(&d, &slots[2], &Capabilities::default()).unwrap_err().to_string();
     assert!(err.starts_with("GPU 2 needs /dev/nvidia2 but"), "{err}");
 
     // NVML reporting another driver version than the files: nothing of the wrong version.
     let other = FakeInventory::with_gpus("550.54.15", 2);
     let d = discover(&opts(&t.root), &other).unwrap();
     assert!(d.libraries.is_empty());
-    assert!(
-        d.notes
-            .iter()
-            .any(|n| n.contains(&format!("version {}", t.version))),
-        "{:?}",
-        d.notes
-    );
-    let err = inject::edits(&d, &d.gpus, &Capabilities::default())
-        .unwrap_err()
-        .to_string();
-    assert!(
-        err.starts_with("libnvidia-ml.so.550.54.15 not found"),
-        "{err}"
-    );
+    assert!(d.notes.iter().any(|n| n.contains(&format!("version {}", t.version))), "{:?}", d.notes);
+    let err = inject::edits(&d, &d.gpus, &Capabilities::default()).unwrap_err().to_string();
+    assert!(err.starts_with("libnvidia-ml.so.550.54.15 not found"), "{err}");
 }
 
 #[test]
@@ -612,53 +416,23 @@ fn no_driver_found() {
     let d = discover(&opts(empty.path()), &no_nvml()).unwrap();
     assert!(d.gpus.is_empty());
     assert_eq!(d.version, None);
-    let err = select::select(&d, &GpuRequest::All)
-        .unwrap_err()
-        .to_string();
+    let err = select::select(&d, &GpuRequest::All).unwrap_err().to_string();
     assert!(
         err.starts_with("no NVIDIA driver found: libnvidia-ml.so.1 could not be loaded (libnvidia-ml.so.1: cannot open shared object file"),
         "{err}"
     );
-    assert!(
-        err.ends_with("install the driver or use --gpus none"),
-        "{err}"
-    );
-    let err = edits_for(
-        Some(&d),
-        None,
-        &GpuRequest::parse("0").unwrap(),
-        &Capabilities::default(),
-    )
-    .unwrap_err();
-    assert!(
-        err.to_string().starts_with("no NVIDIA driver found"),
-        "{err}"
-    );
+    assert!(err.ends_with("install the driver or use --gpus none"), "{err}");
+    let err = edits_for(Some(&d), None, &GpuRequest::parse("0").unwrap(), &Capabilities::default()).unwrap_err();
+    assert!(err.to_string().starts_with("no NVIDIA driver found"), "{err}");
     // --gpus none is unaffected.
-    assert!(edits_for(
-        Some(&d),
-        None,
-        &GpuRequest::parse("none").unwrap(),
-        &Capabilities::default()
-    )
-    .unwrap()
-    .is_empty());
-    // NVML present but no GPU.
-    let d = discover(
-        &opts(empty.path()),
-        &FakeInventory::with_gpus("550.54.15", 0),
-    )
-    .unwrap();
-    assert!(select::select(&d, &GpuRequest::All)
-        .unwrap_err()
-        .to_string()
-        .starts_with("no NVIDIA GPU found"));
-    let r = Report::build(&d, &Capabilities::default(), None);
-    assert!(r
-        .error
-        .as_deref()
+    assert!(edits_for(Some(&d), None, &GpuRequest::parse("none").unwrap(), &Capabilities::default())
         .unwrap()
-        .starts_with("no NVIDIA GPU found"));
+        .is_empty());
+    // NVML present but no GPU.
+    let d = discover(&opts(empty.path()), &FakeInventory::with_gpus("550.54.15", 0)).unwrap();
+    assert!(select::select(&d, &GpuRequest::All).unwrap_err().to_string().starts_with("no NVIDIA GPU found"));
+    let r = Report::build(&d, &Capabilities::default(), None);
+    assert!(r.error.as_deref().unwrap().starts_with("no NVIDIA GPU found"));
     assert!(discover(&opts(&empty.path().join("absent")), &no_nvml())
         .unwrap_err()
         .to_string()
@@ -676,60 +450,32 @@ fn driver_outside_the_linker_cache() {
     let lib64 = root.join("usr/local/nvidia/lib64");
     let nv = t.root.join("usr/lib/x86_64-linux-gnu/nvidia/current");
     for name in ["libcuda", "libnvidia-ml", "libnvidia-ptxjitcompiler"] {
-        link_or_copy(
-            &nv.join(format!("{name}.so.{v}")),
-            &lib64.join(format!("{name}.so.{v}")),
-        );
-        std::os::unix::fs::symlink(format!("{name}.so.{v}"), lib64.join(format!("{name}.so.1")))
-            .unwrap();
+        link_or_copy(&nv.join(format!("{name}.so.{v}")), &lib64.join(format!("{name}.so.{v}")));
+        std::os::unix::fs::symlink(format!("{name}.so.{v}"), lib64.join(format!("{name}.so.1"))).unwrap();
     }
-    link_or_copy(
-        &t.root.join("usr/lib/nvidia/current/nvidia-smi"),
-        &root.join("usr/local/nvidia/bin/nvidia-smi"),
-    );
+    link_or_copy(&t.root.join("usr/lib/nvidia/current/nvidia-smi"), &root.join("usr/local/nvidia/bin/nvidia-smi"));
     let lib32 = root.join("usr/local/nvidia/lib");
     std::fs::create_dir_all(&lib32).unwrap();
-    std::fs::write(
-        lib32.join(format!("libcuda.so.{v}")),
-        azp_sandbox::gpu::elf::fake_elf32_header(3),
-    )
-    .unwrap();
+    std::fs::write(lib32.join(format!("libcuda.so.{v}")), azp_sandbox::gpu::elf::fake_elf32_header(3)).unwrap();
 
     let o = DiscoverOptions {
         driver_root: root.clone(),
-        extra_lib_dirs: vec![
-            "/usr/local/nvidia/lib".into(),
-            "/usr/local/nvidia/lib64".into(),
-        ],
+        extra_lib_dirs: vec!["/usr/local/nvidia/lib".into(), "/usr/local/nvidia/lib64".into()],
         cdi_spec: None,
     };
     let d = discover(&o, &no_nvml()).unwrap();
     assert_eq!(d.version.as_deref(), Some(v.as_str()));
-    let libs: BTreeSet<(String, PathBuf, String)> = d
-        .libraries
-        .iter()
-        .map(|l| (l.name.clone(), l.host_path.clone(), l.soname.clone()))
-        .collect();
+    let libs: BTreeSet<(String, PathBuf, String)> =
+        d.libraries.iter().map(|l| (l.name.clone(), l.host_path.clone(), l.soname.clone())).collect();
     assert_eq!(
         libs,
         ["libcuda", "libnvidia-ml", "libnvidia-ptxjitcompiler"]
-            .map(|n| (
-                n.to_string(),
-                lib64.join(format!("{n}.so.{v}")),
-                format!("{n}.so.1")
-            ))
+            .map(|n| (n.to_string(), lib64.join(format!("{n}.so.{v}")), format!("{n}.so.1")))
             .into()
     );
-    assert!(
-        d.notes.iter().any(|n| n.contains("32-bit i386")),
-        "{:?}",
-        d.notes
-    );
+    assert!(d.notes.iter().any(|n| n.contains("32-bit i386")), "{:?}", d.notes);
     assert_eq!(
-        d.binaries
-            .iter()
-            .map(|b| (b.name.as_str(), b.host_path.clone()))
-            .collect::<Vec<_>>(),
+        d.binaries.iter().map(|b| (b.name.as_str(), b.host_path.clone())).collect::<Vec<_>>(),
         vec![("nvidia-smi", root.join("usr/local/nvidia/bin/nvidia-smi"))]
     );
 
@@ -738,13 +484,7 @@ fn driver_outside_the_linker_cache() {
     inv.lib_dir = Some(lib64.clone());
     let d = discover(&opts(&root), &inv).unwrap();
     assert_eq!(d.libraries.len(), 3);
-    assert!(
-        d.libraries
-            .iter()
-            .all(|l| l.found_via.starts_with("NVML library dir")),
-        "{:?}",
-        d.libraries
-    );
+    assert!(d.libraries.iter().all(|l| l.found_via.starts_with("NVML library dir")), "{:?}", d.libraries);
     std::fs::remove_dir_all(&root).unwrap();
 }
 
@@ -755,56 +495,27 @@ fn ldconfig_keeps_the_first_scanned_directory_first() {
     let t = tree_or_skip!();
     let v = &t.version;
     let base = scratch("ldprec");
-    let real = t.root.join(format!(
-        "usr/lib/x86_64-linux-gnu/nvidia/current/libnvidia-ml.so.{v}"
-    ));
+    let real = t.root.join(format!("usr/lib/x86_64-linux-gnu/nvidia/current/libnvidia-ml.so.{v}"));
     for d in ["ours", "rootfs"] {
         link_or_copy(&real, &base.join(d).join(format!("libnvidia-ml.so.{v}")));
-        std::os::unix::fs::symlink(
-            format!("libnvidia-ml.so.{v}"),
-            base.join(d).join("libnvidia-ml.so.1"),
-        )
-        .unwrap();
+        std::os::unix::fs::symlink(format!("libnvidia-ml.so.{v}"), base.join(d).join("libnvidia-ml.so.1")).unwrap();
     }
     let first_dir = |our_conf: &str| -> PathBuf {
         let conf_d = base.join(format!("conf.d-{our_conf}"));
         std::fs::create_dir_all(&conf_d).unwrap();
-        std::fs::write(
-            conf_d.join(our_conf),
-            format!("{}\n", base.join("ours").display()),
-        )
-        .unwrap();
-        std::fs::write(
-            conf_d.join("x86_64-linux-gnu.conf"),
-            format!("{}\n", base.join("rootfs").display()),
-        )
-        .unwrap();
+        std::fs::write(conf_d.join(our_conf), format!("{}\n", base.join("ours").display())).unwrap();
+        std::fs::write(conf_d.join("x86_64-linux-gnu.conf"), format!("{}\n", base.join("rootfs").display())).unwrap();
         let conf = base.join(format!("{our_conf}.ld.so.conf"));
         std::fs::write(&conf, format!("include {}/*.conf\n", conf_d.display())).unwrap();
         let cache = base.join(format!("{our_conf}.cache"));
-        let st = Command::new("ldconfig")
-            .arg("-X")
-            .arg("-f")
-            .arg(&conf)
-            .arg("-C")
-            .arg(&cache)
-            .status()
-            .unwrap();
+        let st = Command::new("ldconfig").arg("-X").arg("-f").arg(&conf).arg("-C").arg(&cache).status().unwrap();
         assert!(st.success());
         let c = LdCache::load_file(&cache).unwrap();
-        let first = c
-            .lookup("libnvidia-ml.so.1")
-            .next()
-            .expect("libnvidia-ml.so.1 in cache")
-            .path
-            .clone();
+        let first = c.lookup("libnvidia-ml.so.1").next().expect("libnvidia-ml.so.1 in cache").path.clone();
         first.parent().unwrap().to_path_buf()
     };
     assert_eq!(first_dir("000-azp-sandbox-nvidia.conf"), base.join("ours"));
-    assert_eq!(
-        first_dir("zzz-azp-sandbox-nvidia.conf"),
-        base.join("rootfs")
-    );
+    assert_eq!(first_dir("zzz-azp-sandbox-nvidia.conf"), base.join("rootfs"));
     std::fs::remove_dir_all(&base).unwrap();
 }
 
@@ -815,9 +526,7 @@ fn rootfs_driver_copies_are_shadowed() {
     let v = &t.version;
     let d = discover_tree(t);
     let rootfs = scratch("rootfs");
-    let real = t.root.join(format!(
-        "usr/lib/x86_64-linux-gnu/nvidia/current/libcuda.so.{v}"
-    ));
+    let real = t.root.join(format!("usr/lib/x86_64-linux-gnu/nvidia/current/libcuda.so.{v}"));
     let old = "usr/lib/x86_64-linux-gnu/nvidia/current/libcuda.so.530.30.02";
     link_or_copy(&real, &rootfs.join(old));
     std::os::unix::fs::symlink(
@@ -827,46 +536,24 @@ fn rootfs_driver_copies_are_shadowed() {
     .unwrap();
     std::fs::create_dir_all(rootfs.join("etc")).unwrap();
     std::fs::write(rootfs.join("etc/ld.so.conf"), "/usr/lib/x86_64-linux-gnu\n").unwrap();
-    assert!(Command::new("ldconfig")
-        .arg("-X")
-        .arg("-r")
-        .arg(&rootfs)
-        .status()
-        .unwrap()
-        .success());
-    link_or_copy(
-        &real,
-        &rootfs.join("usr/local/cuda-11.8/compat/libcuda.so.520.61.05"),
-    );
-    link_or_copy(
-        &real,
-        &rootfs.join("usr/local/cuda-12.4/compat/libcuda.so.999.1.1"),
-    );
+    assert!(Command::new("ldconfig").arg("-X").arg("-r").arg(&rootfs).status().unwrap().success());
+    link_or_copy(&real, &rootfs.join("usr/local/cuda-11.8/compat/libcuda.so.520.61.05"));
+    link_or_copy(&real, &rootfs.join("usr/local/cuda-12.4/compat/libcuda.so.999.1.1"));
 
     let (mounts, notes) = inject::rootfs_overrides(&d, &Capabilities::default(), &rootfs).unwrap();
-    let got: BTreeSet<(String, PathBuf)> = mounts
-        .iter()
-        .map(|m: &BindMount| (m.container_path.display().to_string(), m.host_path.clone()))
-        .collect();
+    let got: BTreeSet<(String, PathBuf)> =
+        mounts.iter().map(|m: &BindMount| (m.container_path.display().to_string(), m.host_path.clone())).collect();
     assert_eq!(
         got,
         [
             (format!("/{old}"), real.clone()),
-            (
-                "/usr/local/cuda-11.8/compat/libcuda.so.520.61.05".to_string(),
-                real.clone()
-            ),
+            ("/usr/local/cuda-11.8/compat/libcuda.so.520.61.05".to_string(), real.clone()),
         ]
         .into()
     );
-    assert!(mounts
-        .iter()
-        .all(|m| m.options == ["ro", "nosuid", "nodev", "bind"] && !m.optional));
+    assert!(mounts.iter().all(|m| m.options == ["ro", "nosuid", "nodev", "bind"] && !m.optional));
     assert!(
-        notes
-            .iter()
-            .any(|n| n.contains("cuda-12.4/compat/libcuda.so.999.1.1")
-                && n.contains("left in place")),
+        notes.iter().any(|n| n.contains("cuda-12.4/compat/libcuda.so.999.1.1") && n.contains("left in place")),
         "{notes:?}"
     );
     std::fs::remove_dir_all(&rootfs).unwrap();
@@ -982,23 +669,11 @@ fn cdi_spec_is_applied_and_stale_majors_refused() {
     assert!(reg.errors.is_empty(), "{:?}", reg.errors);
     assert_eq!(reg.specs.len(), 2);
     assert!(!reg.explicit);
-    assert_eq!(
-        reg.device_names(),
-        vec!["nvidia.com/gpu=0", "nvidia.com/gpu=1", "nvidia.com/gpu=all"]
-    );
-    assert_eq!(
-        reg.resolve("0").unwrap().0.file,
-        json,
-        "/var/run/cdi must win over /etc/cdi"
-    );
+    assert_eq!(reg.device_names(), vec!["nvidia.com/gpu=0", "nvidia.com/gpu=1", "nvidia.com/gpu=all"]);
+    assert_eq!(reg.resolve("0").unwrap().0.file, json, "/var/run/cdi must win over /etc/cdi");
 
-    let e = edits_for(
-        None,
-        Some(&reg),
-        &GpuRequest::parse("nvidia.com/gpu=0").unwrap(),
-        &Capabilities::default(),
-    )
-    .unwrap();
+    let e =
+        edits_for(None, Some(&reg), &GpuRequest::parse("nvidia.com/gpu=0").unwrap(), &Capabilities::default()).unwrap();
     assert_eq!(
         node_list(&e),
         vec![
@@ -1016,51 +691,32 @@ fn cdi_spec_is_applied_and_stale_majors_refused() {
         [
             (
                 format!("/usr/lib/x86_64-linux-gnu/libcuda.so.{v}"),
-                t.root
-                    .join(format!(
-                        "usr/lib/x86_64-linux-gnu/nvidia/current/libcuda.so.{v}"
-                    ))
-                    .display()
-                    .to_string(),
+                t.root.join(format!("usr/lib/x86_64-linux-gnu/nvidia/current/libcuda.so.{v}")).display().to_string(),
                 false
             ),
             (
                 format!("/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.{v}"),
                 t.root
-                    .join(format!(
-                        "usr/lib/x86_64-linux-gnu/nvidia/current/libnvidia-ml.so.{v}"
-                    ))
+                    .join(format!("usr/lib/x86_64-linux-gnu/nvidia/current/libnvidia-ml.so.{v}"))
                     .display()
                     .to_string(),
                 false
             ),
             (
                 "/usr/bin/nvidia-smi".into(),
-                t.root
-                    .join("usr/lib/nvidia/current/nvidia-smi")
-                    .display()
-                    .to_string(),
+                t.root.join("usr/lib/nvidia/current/nvidia-smi").display().to_string(),
                 false
             ),
         ]
         .into()
     );
-    assert!(e
-        .mounts
-        .iter()
-        .all(|m| m.options == ["ro", "nosuid", "nodev", "bind"]));
+    assert!(e.mounts.iter().all(|m| m.options == ["ro", "nosuid", "nodev", "bind"]));
     assert_eq!(
         e.symlinks,
-        vec![(
-            PathBuf::from("/usr/lib/x86_64-linux-gnu/libcuda.so"),
-            PathBuf::from("libcuda.so.1")
-        )]
+        vec![(PathBuf::from("/usr/lib/x86_64-linux-gnu/libcuda.so"), PathBuf::from("libcuda.so.1"))]
     );
     assert!(e.update_ldcache);
-    assert_eq!(
-        e.ld_library_dirs,
-        vec![PathBuf::from("/usr/lib/x86_64-linux-gnu")]
-    );
+    assert_eq!(e.ld_library_dirs, vec![PathBuf::from("/usr/lib/x86_64-linux-gnu")]);
     assert_eq!(e.hooks.len(), 1, "only the chmod hook is passed through");
     assert_eq!(e.hooks[0].args[1], "chmod");
     assert_eq!(env(&e, "NVIDIA_VISIBLE_DEVICES").as_deref(), Some("void"));
@@ -1073,32 +729,18 @@ fn cdi_spec_is_applied_and_stale_majors_refused() {
         .filter(|p| p.starts_with("/dev/nvidia") && p[11..].parse::<u32>().is_ok())
         .collect();
     assert_eq!(gpu_nodes, vec!["/dev/nvidia0", "/dev/nvidia1"]);
-    let err = cdi::edits(&reg, &["nvidia.com/gpu=7".into()])
-        .unwrap_err()
-        .to_string();
-    assert!(
-        err.contains("unknown CDI device 'nvidia.com/gpu=7'; available: nvidia.com/gpu=0"),
-        "{err}"
-    );
+    let err = cdi::edits(&reg, &["nvidia.com/gpu=7".into()]).unwrap_err().to_string();
+    assert!(err.contains("unknown CDI device 'nvidia.com/gpu=7'; available: nvidia.com/gpu=0"), "{err}");
 
     // --cdi-spec with a stale nvidia-uvm major: refused, with the fix.
     let stale = root.join("stale.yaml");
     std::fs::write(&stale, nvidia_ctk_spec(t, 235)).unwrap();
-    let reg = Registry::load(&DiscoverOptions {
-        cdi_spec: Some(stale.clone()),
-        ..opts(&root)
-    })
-    .unwrap();
+    let reg = Registry::load(&DiscoverOptions { cdi_spec: Some(stale.clone()), ..opts(&root) }).unwrap();
     assert!(reg.explicit);
     // With --cdi-spec, a plain `--gpus 0` goes through CDI too.
-    let err = edits_for(
-        None,
-        Some(&reg),
-        &GpuRequest::parse("0").unwrap(),
-        &Capabilities::default(),
-    )
-    .unwrap_err()
-    .to_string();
+    let err = edits_for(None, Some(&reg), &GpuRequest::parse("0").unwrap(), &Capabilities::default())
+        .unwrap_err()
+        .to_string();
     assert_eq!(
         err,
         format!(
@@ -1108,18 +750,10 @@ fn cdi_spec_is_applied_and_stale_majors_refused() {
         )
     );
     // A broken file in a spec dir is reported, not fatal.
-    std::fs::write(
-        root.join("etc/cdi/broken.yaml"),
-        "cdiVersion: 9.9.9\nkind: nvidia.com/gpu\n",
-    )
-    .unwrap();
+    std::fs::write(root.join("etc/cdi/broken.yaml"), "cdiVersion: 9.9.9\nkind: nvidia.com/gpu\n").unwrap();
     let reg = Registry::load(&o).unwrap();
     assert_eq!(reg.specs.len(), 2);
-    assert!(
-        reg.errors[0].contains("unsupported cdiVersion '9.9.9'"),
-        "{:?}",
-        reg.errors
-    );
+    assert!(reg.errors[0].contains("unsupported cdiVersion '9.9.9'"), "{:?}", reg.errors);
     std::fs::remove_dir_all(&root).unwrap();
 }
 
@@ -1151,19 +785,11 @@ fn report_table_and_json() {
         .iter()
         .find(|i| {
             i["kind"] == "library"
-                && i["container_path"]
-                    .as_str()
-                    .unwrap()
-                    .ends_with(&format!("libcuda.so.{}", t.version))
+                && i["container_path"].as_str().unwrap().ends_with(&format!("libcuda.so.{}", t.version))
         })
         .expect("libcuda item");
-    assert!(cuda["source"]
-        .as_str()
-        .unwrap()
-        .starts_with(t.root.to_str().unwrap()));
-    assert!(items
-        .iter()
-        .any(|i| i["kind"] == "device" && i["container_path"] == "/dev/nvidia1"));
+    assert!(cuda["source"].as_str().unwrap().starts_with(t.root.to_str().unwrap()));
+    assert!(items.iter().any(|i| i["kind"] == "device" && i["container_path"] == "/dev/nvidia1"));
 
     let listed = azp_sandbox::gpu::list(&opts(&t.root), &Capabilities::default()).unwrap();
     assert_eq!(listed.items, r.items);
@@ -1173,12 +799,6 @@ fn report_table_and_json() {
     let empty = tempfile::tempdir().unwrap();
     let d = discover(&opts(empty.path()), &no_nvml()).unwrap();
     let r = Report::build(&d, &Capabilities::default(), None);
-    assert!(r
-        .error
-        .as_deref()
-        .unwrap()
-        .starts_with("no NVIDIA driver found"));
-    assert!(r
-        .to_string()
-        .contains("A GPU job would fail now: no NVIDIA driver found"));
+    assert!(r.error.as_deref().unwrap().starts_with("no NVIDIA driver found"));
+    assert!(r.to_string().contains("A GPU job would fail now: no NVIDIA driver found"));
 }

@@ -16,7 +16,11 @@ fn gpu_exec(h: &TestHome, tree: &std::path::Path, gpus: &str, script: &str) -> (
         .args(["exec", "--rootfs", "deb", "--gpus", gpus, "--", "bash", "-c", script])
         .output()
         .unwrap();
-    (out.status.code().unwrap_or(-1), String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned())
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
 }
 
 #[test]
@@ -50,7 +54,10 @@ fn gpu_job_gets_its_gpu_the_host_driver_and_nvidia_smi() {
     assert_eq!(code, 0, "{err}");
     let lines: Vec<&str> = out.lines().collect();
     assert_eq!(lines[0].trim(), "nvidia-modeset nvidia-uvm nvidia-uvm-tools nvidia1 nvidiactl", "{out}");
-    assert!(lines[1].contains(&format!("libcuda.so.1 (libc6,x86-64) => {LIB_DIR}/libcuda.so.1")), "host libcuda must win: {out}");
+    assert!(
+        lines[1].contains(&format!("libcuda.so.1 (libc6,x86-64) => {LIB_DIR}/libcuda.so.1")),
+        "host libcuda must win: {out}"
+    );
     assert!(lines[2].contains(&format!("libnvidia-ml.so.1 (libc6,x86-64) => {LIB_DIR}/libnvidia-ml.so.1")), "{out}");
     // The library inside is the host's file (same inode), bound read-only.
     let meta = std::fs::metadata(&host_libcuda).unwrap();
@@ -70,7 +77,12 @@ fn no_gpus_means_no_driver_files_and_no_driver_needed() {
     let Some(tree) = driver_tree() else { return };
     let h = TestHome::new("gpu-none");
     h.import(&debian_tar(), "deb");
-    let (code, out, err) = gpu_exec(&h, &tree, "none", "ls /dev | grep -c nvidia; ldconfig -p | grep -c libcuda; command -v nvidia-smi || echo no-smi");
+    let (code, out, err) = gpu_exec(
+        &h,
+        &tree,
+        "none",
+        "ls /dev | grep -c nvidia; ldconfig -p | grep -c libcuda; command -v nvidia-smi || echo no-smi",
+    );
     assert_eq!(code, 0, "{err}");
     assert_eq!(out, "0\n0\nno-smi\n");
     // A GPU request on a host without a driver fails before anything is created.

@@ -8,7 +8,11 @@ use std::process::Command;
 
 fn stub(dir: &Path, output: &str, code: i32) {
     let p = dir.join("nvidia-smi");
-    std::fs::write(&p, format!("#!/bin/sh\necho \"$@\" >> {}/args\nprintf '%s' '{output}'\nexit {code}\n", dir.display())).unwrap();
+    std::fs::write(
+        &p,
+        format!("#!/bin/sh\necho \"$@\" >> {}/args\nprintf '%s' '{output}'\nexit {code}\n", dir.display()),
+    )
+    .unwrap();
     std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).unwrap();
 }
 

@@ -51,7 +51,14 @@ fn dataset_is_read_only_and_announced() {
     let vol = format!("{}:/datasets/animals:ANIMALS", data.display());
     let (code, out, err) = exec_out(
         &h,
-        &["--volume", &vol, "--", "sh", "-c", "cat $ANIMALS/labels.txt; touch $ANIMALS/x && echo WROTE || echo readonly"],
+        &[
+            "--volume",
+            &vol,
+            "--",
+            "sh",
+            "-c",
+            "cat $ANIMALS/labels.txt; touch $ANIMALS/x && echo WROTE || echo readonly",
+        ],
     );
     assert_eq!(code, 0, "{err}");
     assert_eq!(out, "cat\ndog\nreadonly\n");
@@ -62,7 +69,8 @@ fn dataset_is_read_only_and_announced() {
 fn writes_do_not_reach_the_next_job_or_the_rootfs() {
     require_root!();
     let h = TestHome::with_busybox("isolation");
-    let (code, _, err) = exec_out(&h, &["--", "sh", "-c", "echo secret > /etc/leak; echo x > /root/leak; test -f /etc/leak"]);
+    let (code, _, err) =
+        exec_out(&h, &["--", "sh", "-c", "echo secret > /etc/leak; echo x > /root/leak; test -f /etc/leak"]);
     assert_eq!(code, 0, "{err}");
     let (code, out, _) = exec_out(&h, &["--", "sh", "-c", "ls /etc/leak /root/leak 2>&1; echo done"]);
     assert_eq!(code, 0);
@@ -86,7 +94,8 @@ fn resolv_conf_and_hosts_come_from_the_host() {
 fn network_none_has_only_loopback() {
     require_root!();
     let h = TestHome::with_busybox("netns");
-    let (code, out, err) = exec_out(&h, &["--network", "none", "--", "sh", "-c", "tail -n +3 /proc/net/dev | cut -d: -f1"]);
+    let (code, out, err) =
+        exec_out(&h, &["--network", "none", "--", "sh", "-c", "tail -n +3 /proc/net/dev | cut -d: -f1"]);
     assert_eq!(code, 0, "{err}");
     assert_eq!(out.split_whitespace().collect::<Vec<_>>(), vec!["lo"]);
     let (_, out, _) = exec_out(&h, &["--", "sh", "-c", "tail -n +3 /proc/net/dev | wc -l"]);
@@ -231,7 +240,13 @@ fn bad_input_gives_one_line_errors() {
     assert!(err.contains("unknown rootfs 'nope'") && err.lines().count() == 1, "{err}");
     h.import(&busybox_tar(), "bb");
     // No NVIDIA driver on this host: auto cannot choose, and says why.
-    let out = h.command().args(["--driver-root"]).arg(&h.dir).args(["exec", "--rootfs", "auto", "--", "true"]).output().unwrap();
+    let out = h
+        .command()
+        .args(["--driver-root"])
+        .arg(&h.dir)
+        .args(["exec", "--rootfs", "auto", "--", "true"])
+        .output()
+        .unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("--rootfs auto") && err.contains("no NVIDIA driver") && err.lines().count() == 1, "{err}");
     let out = h.run(&["exec", "--rootfs", "bb", "--volume", "/no/such/dir:/data", "--", "true"]);
@@ -267,9 +282,14 @@ fn debian_minbase_rootfs() {
     h.import(&debian_tar(), "deb");
     let run = |cmd: &str| {
         let out = h.run(&["exec", "--rootfs", "deb", "--memory", "512M", "--pids", "256", "--", "bash", "-c", cmd]);
-        (out.status.code().unwrap_or(-1), String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned())
+        (
+            out.status.code().unwrap_or(-1),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
     };
-    let (code, out, err) = run("echo pid=$$; cat /etc/debian_version; id -u; dpkg -s coreutils | grep -c '^Status: install ok installed'");
+    let (code, out, err) =
+        run("echo pid=$$; cat /etc/debian_version; id -u; dpkg -s coreutils | grep -c '^Status: install ok installed'");
     assert_eq!(code, 0, "{err}");
     let lines: Vec<_> = out.lines().collect();
     assert_eq!(lines[0], "pid=1");
@@ -300,7 +320,8 @@ fn seccomp_profile_is_enforced() {
     require_root!();
     let h = TestHome::with_busybox("seccomp");
     // An unprivileged user namespace needs no capability: only seccomp stops it.
-    let (code, out, err) = exec_out(&h, &["--", "sh", "-c", "unshare -U true 2>&1 && echo UNSHARED; grep Seccomp: /proc/self/status"]);
+    let (code, out, err) =
+        exec_out(&h, &["--", "sh", "-c", "unshare -U true 2>&1 && echo UNSHARED; grep Seccomp: /proc/self/status"]);
     assert_eq!(code, 0, "{err}");
     assert!(!out.contains("UNSHARED"), "{out}");
     assert!(out.contains("Seccomp:\t2"), "filter mode expected: {out}");

@@ -50,9 +50,7 @@ pub struct PackageCache {
 impl PackageCache {
     /// The cache of `home`: `home.cache_dir()/agent`.
     pub fn new(home: &crate::config::Home) -> PackageCache {
-        PackageCache {
-            dir: home.cache_dir().join("agent"),
-        }
+        PackageCache { dir: home.cache_dir().join("agent") }
     }
 
     /// A cache in `dir` (tests).
@@ -68,21 +66,13 @@ impl PackageCache {
     pub fn cached(&self, version: &str) -> Option<AgentPackage> {
         let layer = self.dir.join(version);
         let dir = layer.join(AGENT_SUBDIR);
-        is_agent_dir(&dir).then(|| AgentPackage {
-            version: version.to_owned(),
-            dir,
-            layer,
-        })
+        is_agent_dir(&dir).then(|| AgentPackage { version: version.to_owned(), dir, layer })
     }
 
     /// Versions present, oldest first (numeric order; hash-named ones first).
     pub fn cached_versions(&self) -> Vec<String> {
         let mut v: Vec<String> = std::fs::read_dir(&self.dir)
-            .map(|r| {
-                r.flatten()
-                    .filter_map(|e| e.file_name().into_string().ok())
-                    .collect()
-            })
+            .map(|r| r.flatten().filter_map(|e| e.file_name().into_string().ok()).collect())
             .unwrap_or_default();
         v.retain(|n| {
             !n.starts_with('.')
@@ -100,10 +90,7 @@ impl PackageCache {
         let info = client.agent_package(platform)?;
         let version = info.version.to_string();
         if let Some(p) = self.cached(&version) {
-            tracing::debug!(
-                "agent package {version} is up to date in {}",
-                p.dir.display()
-            );
+            tracing::debug!("agent package {version} is up to date in {}", p.dir.display());
             return Ok(p);
         }
         let _lock = self.lock()?;
@@ -111,29 +98,19 @@ impl PackageCache {
             return Ok(p); // another slot or process got it while we waited
         }
         self.clean_stale();
-        let dl = TempFile(
-            self.dir
-                .join(format!("{version}.download-{}", std::process::id())),
-        );
+        let dl = TempFile(self.dir.join(format!("{version}.download-{}", std::process::id())));
         let started = Instant::now();
         let mut progress = Progress::new(&format!("downloading agent package {version}"));
         let digests = azure::with_retry(client.retry_policy(), || {
-            let f = File::create(&dl.0).map_err(|e| AzureError::Write {
-                url: dl.0.display().to_string(),
-                cause: e.to_string(),
-            })?;
+            let f = File::create(&dl.0)
+                .map_err(|e| AzureError::Write { url: dl.0.display().to_string(), cause: e.to_string() })?;
             let mut w = HashingWriter::new(f);
             client.download(&info.download_url, &mut w, &mut |n| progress.update(n))?;
             Ok(w.finish())
         })
         .map_err(|e| anyhow::anyhow!("cannot download agent package {version}: {e}"))?;
         progress.finish();
-        let verified = match info
-            .hash_value
-            .as_deref()
-            .map(str::trim)
-            .filter(|h| !h.is_empty())
-        {
+        let verified = match info.hash_value.as_deref().map(str::trim).filter(|h| !h.is_empty()) {
             Some(expected) => {
                 verify_hash(expected, &digests)?;
                 "hash verified"
@@ -163,27 +140,17 @@ impl PackageCache {
             return self.ensure_from_url(source);
         }
         let path = Path::new(source.strip_prefix("file://").unwrap_or(source));
-        let meta = std::fs::metadata(path).with_context(|| {
-            format!(
-                "cannot read agent package {}: check --agent-package",
-                path.display()
-            )
-        })?;
+        let meta = std::fs::metadata(path)
+            .with_context(|| format!("cannot read agent package {}: check --agent-package", path.display()))?;
         if !meta.is_file() {
-            bail!(
-                "agent package {} is not a file: give the .tar.gz of the agent to --agent-package",
-                path.display()
-            );
+            bail!("agent package {} is not a file: give the .tar.gz of the agent to --agent-package", path.display());
         }
-        let name_version = path
-            .file_name()
-            .and_then(|n| n.to_str())
-            .and_then(version_from_filename);
+        let name_version = path.file_name().and_then(|n| n.to_str()).and_then(version_from_filename);
         let version = match name_version {
             Some(v) => v,
             None => {
-                let mut f = File::open(path)
-                    .with_context(|| format!("cannot read agent package {}", path.display()))?;
+                let mut f =
+                    File::open(path).with_context(|| format!("cannot read agent package {}", path.display()))?;
                 let mut w = HashingWriter::new(std::io::sink());
                 std::io::copy(&mut f, &mut w)
                     .with_context(|| format!("cannot read agent package {}", path.display()))?;
@@ -199,22 +166,12 @@ impl PackageCache {
         }
         self.clean_stale();
         let pkg = self.install(&version, path)?;
-        tracing::info!(
-            "agent package {version} ready in {} (from {})",
-            pkg.dir.display(),
-            path.display()
-        );
+        tracing::info!("agent package {version} ready in {} (from {})", pkg.dir.display(), path.display());
         Ok(pkg)
     }
 
     fn ensure_from_url(&self, url: &str) -> Result<AgentPackage> {
-        let name = url
-            .split(['?', '#'])
-            .next()
-            .unwrap_or("")
-            .rsplit('/')
-            .next()
-            .unwrap_or("");
+        let name = url.split(['?', '#']).next().unwrap_or("").rsplit('/').next().unwrap_or("");
         let name_version = version_from_filename(name);
         if let Some(p) = name_version.as_deref().and_then(|v| self.cached(v)) {
             return Ok(p);
@@ -224,24 +181,17 @@ impl PackageCache {
             return Ok(p);
         }
         self.clean_stale();
-        let dl = TempFile(
-            self.dir
-                .join(format!(".url.download-{}", std::process::id())),
-        );
+        let dl = TempFile(self.dir.join(format!(".url.download-{}", std::process::id())));
         let started = Instant::now();
         let mut progress = Progress::new("downloading agent package");
         let digests = azure::with_retry(&azure::RetryPolicy::default(), || {
-            let f = File::create(&dl.0).map_err(|e| AzureError::Write {
-                url: dl.0.display().to_string(),
-                cause: e.to_string(),
-            })?;
+            let f = File::create(&dl.0)
+                .map_err(|e| AzureError::Write { url: dl.0.display().to_string(), cause: e.to_string() })?;
             let mut w = HashingWriter::new(f);
             azure::download_public(url, &mut w, &mut |n| progress.update(n))?;
             Ok(w.finish())
         })
-        .map_err(|e| {
-            anyhow::anyhow!("cannot download the agent package given with --agent-package: {e}")
-        })?;
+        .map_err(|e| anyhow::anyhow!("cannot download the agent package given with --agent-package: {e}"))?;
         progress.finish();
         let version = name_version.unwrap_or_else(|| hash_version(&digests));
         if let Some(p) = self.cached(&version) {
@@ -261,59 +211,43 @@ impl PackageCache {
     /// Unpacks `archive` as `version` (the lock is held): into `<version>.tmp-<pid>`,
     /// checked, then renamed into place.
     fn install(&self, version: &str, archive: &Path) -> Result<AgentPackage> {
-        let tmp = TempDir(
-            self.dir
-                .join(format!("{version}.tmp-{}", std::process::id())),
-        );
+        let tmp = TempDir(self.dir.join(format!("{version}.tmp-{}", std::process::id())));
         let _ = std::fs::remove_dir_all(&tmp.0);
         std::fs::create_dir(&tmp.0).with_context(|| {
-            format!(
-                "cannot create {}: check free space and permissions of the home",
-                tmp.0.display()
-            )
+            format!("cannot create {}: check free space and permissions of the home", tmp.0.display())
         })?;
         set_mode(&tmp.0, 0o755)?;
         let target = tmp.0.join(AGENT_SUBDIR);
         std::fs::create_dir_all(&target).with_context(|| format!("cannot create {}", target.display()))?;
         set_mode(&tmp.0.join("azp"), 0o755)?;
-        let f =
-            File::open(archive).with_context(|| format!("cannot read {}", archive.display()))?;
+        let f = File::open(archive).with_context(|| format!("cannot read {}", archive.display()))?;
         let gz = flate2::read::MultiGzDecoder::new(BufReader::with_capacity(1 << 20, f));
-        let opts = crate::rootfs::UnpackOptions {
-            same_owner: false,
-            create_devices: false,
-            ..Default::default()
-        };
-        crate::rootfs::unpack(BufReader::with_capacity(1 << 20, gz), &target, &opts)
-            .with_context(|| format!("cannot unpack agent package {version}: is it a .tar.gz of the Azure Pipelines agent?"))?;
+        let opts = crate::rootfs::UnpackOptions { same_owner: false, create_devices: false, ..Default::default() };
+        crate::rootfs::unpack(BufReader::with_capacity(1 << 20, gz), &target, &opts).with_context(|| {
+            format!("cannot unpack agent package {version}: is it a .tar.gz of the Azure Pipelines agent?")
+        })?;
         // The archive may have given its top dir other modes; slots must traverse it.
         set_mode(&target, 0o755)?;
         if !is_agent_dir(&target) {
-            bail!("agent package {version} has no config.sh and run.sh at its top: not an Azure Pipelines agent package");
+            bail!(
+                "agent package {version} has no config.sh and run.sh at its top: not an Azure Pipelines agent package"
+            );
         }
         let dest = self.dir.join(version);
         if dest.exists() {
             // Incomplete (a version dir without the scripts): replace it.
-            std::fs::remove_dir_all(&dest)
-                .with_context(|| format!("cannot remove the broken {}", dest.display()))?;
+            std::fs::remove_dir_all(&dest).with_context(|| format!("cannot remove the broken {}", dest.display()))?;
         }
         std::fs::rename(&tmp.0, &dest)
             .with_context(|| format!("cannot rename {} to {}", tmp.0.display(), dest.display()))?;
         std::mem::forget(tmp);
-        Ok(AgentPackage {
-            version: version.to_owned(),
-            dir: dest.join(AGENT_SUBDIR),
-            layer: dest,
-        })
+        Ok(AgentPackage { version: version.to_owned(), dir: dest.join(AGENT_SUBDIR), layer: dest })
     }
 
     /// Creates the cache dir and takes its lock (blocking).
     fn lock(&self) -> Result<DirLock> {
         std::fs::create_dir_all(&self.dir).with_context(|| {
-            format!(
-                "cannot create {}: check --home / AZP_SANDBOX_HOME and free space",
-                self.dir.display()
-            )
+            format!("cannot create {}: check --home / AZP_SANDBOX_HOME and free space", self.dir.display())
         })?;
         set_mode(&self.dir, 0o755)?;
         let path = self.dir.join(".lock");
@@ -345,11 +279,8 @@ impl PackageCache {
             let name = e.file_name().to_string_lossy().into_owned();
             if name.contains(".tmp-") || name.contains(".download-") {
                 tracing::debug!("removing stale {}", e.path().display());
-                let _ = if e.path().is_dir() {
-                    std::fs::remove_dir_all(e.path())
-                } else {
-                    std::fs::remove_file(e.path())
-                };
+                let _ =
+                    if e.path().is_dir() { std::fs::remove_dir_all(e.path()) } else { std::fs::remove_file(e.path()) };
             }
         }
     }
@@ -368,14 +299,11 @@ fn set_mode(p: &Path, mode: u32) -> Result<()> {
 /// `vsts-agent-linux-x64-4.252.0.tar.gz` -> `4.252.0`: the last `-`-separated part of
 /// the name, when it is dotted digits.
 pub fn version_from_filename(name: &str) -> Option<String> {
-    let stem = name
-        .strip_suffix(".tar.gz")
-        .or_else(|| name.strip_suffix(".tgz"))?;
+    let stem = name.strip_suffix(".tar.gz").or_else(|| name.strip_suffix(".tgz"))?;
     let v = stem.rsplit('-').next()?;
     let ok = !v.is_empty()
         && v.split('.').count() >= 2
-        && v.split('.')
-            .all(|p| !p.is_empty() && p.len() <= 9 && p.bytes().all(|b| b.is_ascii_digit()));
+        && v.split('.').all(|p| !p.is_empty() && p.len() <= 9 && p.bytes().all(|b| b.is_ascii_digit()));
     ok.then(|| v.to_owned())
 }
 
@@ -409,19 +337,10 @@ struct HashingWriter<W: Write> {
 
 impl<W: Write> HashingWriter<W> {
     fn new(inner: W) -> Self {
-        HashingWriter {
-            inner,
-            sha: Sha256::new(),
-            md5: Md5::new(),
-            bytes: 0,
-        }
+        HashingWriter { inner, sha: Sha256::new(), md5: Md5::new(), bytes: 0 }
     }
     fn finish(self) -> Digests {
-        Digests {
-            sha256: self.sha.finalize().into(),
-            md5: self.md5.finalize().into(),
-            bytes: self.bytes,
-        }
+        Digests { sha256: self.sha.finalize().into(), md5: self.md5.finalize().into(), bytes: self.bytes }
     }
 }
 
@@ -449,11 +368,7 @@ pub(crate) fn verify_hash(expected: &str, d: &Digests) -> Result<()> {
     let (sha_hex, md5_hex) = (hex(&d.sha256), hex(&d.md5));
     let (sha_b64, md5_b64) = (b64.encode(d.sha256), b64.encode(d.md5));
     let e = expected.trim();
-    if e.eq_ignore_ascii_case(&sha_hex)
-        || e.eq_ignore_ascii_case(&md5_hex)
-        || e == sha_b64
-        || e == md5_b64
-    {
+    if e.eq_ignore_ascii_case(&sha_hex) || e.eq_ignore_ascii_case(&md5_hex) || e == sha_b64 || e == md5_b64 {
         return Ok(());
     }
     // Show ours in the form theirs seems to be.
@@ -512,23 +427,21 @@ mod tests {
             verify_hash(ok, &d).unwrap_or_else(|e| panic!("{ok}: {e}"));
         }
         let e = verify_hash(&"0".repeat(64), &d).unwrap_err().to_string();
-        assert_eq!(e, format!("agent package hash mismatch (expected {}, got sha256 {sha}): download corrupted; nothing was kept", "0".repeat(64)));
-        let e = verify_hash("AAAAAAAAAAAAAAAAAAAAAA==", &d)
-            .unwrap_err()
-            .to_string();
+        assert_eq!(
+            e,
+            format!(
+                "agent package hash mismatch (expected {}, got sha256 {sha}): download corrupted; nothing was kept",
+                "0".repeat(64)
+            )
+        );
+        let e = verify_hash("AAAAAAAAAAAAAAAAAAAAAA==", &d).unwrap_err().to_string();
         assert!(e.contains(&format!("got md5 {md5_b64}")), "{e}");
     }
 
     #[test]
     fn versions_from_names() {
-        assert_eq!(
-            version_from_filename("vsts-agent-linux-x64-4.252.0.tar.gz").as_deref(),
-            Some("4.252.0")
-        );
-        assert_eq!(
-            version_from_filename("pipelines-agent-linux-arm64-3.248.0.tgz").as_deref(),
-            Some("3.248.0")
-        );
+        assert_eq!(version_from_filename("vsts-agent-linux-x64-4.252.0.tar.gz").as_deref(), Some("4.252.0"));
+        assert_eq!(version_from_filename("pipelines-agent-linux-arm64-3.248.0.tgz").as_deref(), Some("3.248.0"));
         for none in [
             "agent.tar.gz",
             "vsts-agent-linux-x64-4.252.0.zip",

@@ -29,19 +29,10 @@ pub enum AzureError {
     NotFound { what: String, detail: String },
     /// 5xx and 429: transient, retried.
     #[error("Azure DevOps answered HTTP {status} to {what}{detail} (a service problem or rate limit: retried with backoff; see https://status.dev.azure.com if it lasts)")]
-    Server {
-        status: u16,
-        what: String,
-        detail: String,
-        retry_after: Option<Duration>,
-    },
+    Server { status: u16, what: String, detail: String, retry_after: Option<Duration> },
     /// No answer in time.
     #[error("no answer from {url} within {}s ({what}): the server or the network is slow; check the proxy, or try later", .after.as_secs_f64())]
-    Timeout {
-        url: String,
-        what: String,
-        after: Duration,
-    },
+    Timeout { url: String, what: String, after: Duration },
     /// An answer of an unexpected shape (or an unexpected 4xx).
     #[error("unexpected answer from Azure DevOps to {what}: {detail}; is --url the organization URL (https://dev.azure.com/ORG)?")]
     Protocol { what: String, detail: String },
@@ -70,11 +61,6 @@ impl AzureError {
 
     /// The PAT itself must be fixed (for callers that stop instead of retrying).
     pub fn is_auth(&self) -> bool {
-        matches!(
-            self,
-            AzureError::BadToken { .. }
-                | AzureError::BadTokenFormat { .. }
-                | AzureError::Forbidden { .. }
-        )
+        matches!(self, AzureError::BadToken { .. } | AzureError::BadTokenFormat { .. } | AzureError::Forbidden { .. })
     }
 }

@@ -17,10 +17,7 @@ mod types;
 
 pub use error::AzureError;
 pub use retry::{retry, with_retry, RetryPolicy};
-pub use types::{
-    Agent, AgentRef, ConnectionInfo, Identity, JobRequest, NamedRef, PackageInfo, PackageVersion,
-    Pool,
-};
+pub use types::{Agent, AgentRef, ConnectionInfo, Identity, JobRequest, NamedRef, PackageInfo, PackageVersion, Pool};
 
 use base64::Engine as _;
 use reqwest::blocking::{Client, Response};
@@ -94,11 +91,8 @@ impl AzureClient {
             });
         }
         let token = base64::engine::general_purpose::STANDARD.encode(format!(":{pat}"));
-        let mut auth = HeaderValue::from_str(&format!("Basic {token}")).map_err(|_| {
-            AzureError::BadTokenFormat {
-                why: "not plain text",
-            }
-        })?;
+        let mut auth = HeaderValue::from_str(&format!("Basic {token}"))
+            .map_err(|_| AzureError::BadTokenFormat { why: "not plain text" })?;
         auth.set_sensitive(true);
         let org_str = org.as_str().trim_end_matches('/').to_owned();
         let http = build_http(&org, DEFAULT_TIMEOUT)?;
@@ -158,17 +152,13 @@ impl AzureClient {
     /// `GET {org}/_apis/connectionData`: the URL answers and the PAT is accepted.
     pub fn check_connection(&self) -> Result<ConnectionInfo, AzureError> {
         let url = self.url("_apis/connectionData", &[]);
-        self.get_json(
-            url,
-            Some(API_VERSION_CONNECTION_DATA),
-            "the connection check (connectionData)",
-        )
-        .map_err(|e| match e {
-            AzureError::NotFound { detail, .. } => AzureError::NotFound {
-                what: format!("{}/_apis/connectionData", self.inner.org_str),
-                detail,
-            },
-            e => e,
+        self.get_json(url, Some(API_VERSION_CONNECTION_DATA), "the connection check (connectionData)").map_err(|e| {
+            match e {
+                AzureError::NotFound { detail, .. } => {
+                    AzureError::NotFound { what: format!("{}/_apis/connectionData", self.inner.org_str), detail }
+                }
+                e => e,
+            }
         })
     }
 
@@ -176,68 +166,52 @@ impl AzureClient {
     /// count 0: [`AzureError::PoolNotFound`].
     pub fn find_pool(&self, name: &str) -> Result<Pool, AzureError> {
         let url = self.url("_apis/distributedtask/pools", &[("poolName", name)]);
-        let list: types::List<Pool> = self.get_json(
-            url,
-            Some(API_VERSION),
-            &format!("the lookup of agent pool '{name}'"),
-        )?;
+        let list: types::List<Pool> =
+            self.get_json(url, Some(API_VERSION), &format!("the lookup of agent pool '{name}'"))?;
         let mut pools = list.value;
         match pools.iter().position(|p| p.name.eq_ignore_ascii_case(name)) {
             Some(i) => Ok(pools.swap_remove(i)),
-            None => Err(AzureError::PoolNotFound {
-                name: name.to_owned(),
-                org: self.inner.org_str.clone(),
-            }),
+            None => Err(AzureError::PoolNotFound { name: name.to_owned(), org: self.inner.org_str.clone() }),
         }
     }
 
     /// `GET .../pools/{id}/agents` with capabilities and assigned requests; `name`
     /// filters on the exact agent name.
     pub fn list_agents(&self, pool_id: u64, name: Option<&str>) -> Result<Vec<Agent>, AzureError> {
-        let mut q = vec![
-            ("includeCapabilities", "true"),
-            ("includeAssignedRequest", "true"),
-        ];
+        let mut q = vec![("includeCapabilities", "true"), ("includeAssignedRequest", "true")];
         if let Some(n) = name {
             q.push(("agentName", n));
         }
         let url = self.url(&format!("_apis/distributedtask/pools/{pool_id}/agents"), &q);
         let what = format!("the agent list of pool {pool_id}");
-        let list: types::List<Agent> =
-            self.get_json(url, Some(API_VERSION), &what)
-                .map_err(|e| match e {
-                    AzureError::Forbidden { .. } => AzureError::Forbidden {
-                        what: format!("read the agents of pool {pool_id}"),
-                    },
-                    AzureError::NotFound { detail, .. } => AzureError::NotFound {
-                        what: format!("agent pool {pool_id}"),
-                        detail,
-                    },
-                    e => e,
-                })?;
+        let list: types::List<Agent> = self.get_json(url, Some(API_VERSION), &what).map_err(|e| match e {
+            AzureError::Forbidden { .. } => {
+                AzureError::Forbidden { what: format!("read the agents of pool {pool_id}") }
+            }
+            AzureError::NotFound { detail, .. } => {
+                AzureError::NotFound { what: format!("agent pool {pool_id}"), detail }
+            }
+            e => e,
+        })?;
         Ok(list.value)
     }
 
     /// `DELETE .../pools/{id}/agents/{agentId}`. An agent that is already gone is not an
     /// error (the call is idempotent, so it is retried like a GET).
     pub fn delete_agent(&self, pool_id: u64, agent_id: u64) -> Result<(), AzureError> {
-        let url = self.url(
-            &format!("_apis/distributedtask/pools/{pool_id}/agents/{agent_id}"),
-            &[],
-        );
+        let url = self.url(&format!("_apis/distributedtask/pools/{pool_id}/agents/{agent_id}"), &[]);
         let what = format!("the deletion of agent {agent_id} of pool {pool_id}");
         let r = with_retry(&self.inner.retry, || {
-            self.call(Method::DELETE, url.clone(), Some(API_VERSION), &what)
-                .map(drop)
+            self.call(Method::DELETE, url.clone(), Some(API_VERSION), &what).map(drop)
         });
         match r {
             Err(AzureError::NotFound { .. }) => {
                 tracing::debug!("agent {agent_id} of pool {pool_id} was already deleted");
                 Ok(())
             }
-            Err(AzureError::Forbidden { .. }) => Err(AzureError::Forbidden {
-                what: format!("delete agents of pool {pool_id}"),
-            }),
+            Err(AzureError::Forbidden { .. }) => {
+                Err(AzureError::Forbidden { what: format!("delete agents of pool {pool_id}") })
+            }
             r => r,
         }
     }
@@ -251,9 +225,9 @@ impl AzureClient {
     pub fn check_manage_permission(&self, pool_id: u64) -> Result<(), AzureError> {
         match self.list_agents(pool_id, None) {
             Ok(_) => Ok(()),
-            Err(AzureError::Forbidden { .. }) => Err(AzureError::Forbidden {
-                what: format!("manage the agents of pool {pool_id}"),
-            }),
+            Err(AzureError::Forbidden { .. }) => {
+                Err(AzureError::Forbidden { what: format!("manage the agents of pool {pool_id}") })
+            }
             Err(e) => Err(e),
         }
     }
@@ -262,31 +236,21 @@ impl AzureClient {
     /// `GET _apis/distributedtask/packages/agent?platform=&top=1`. Sent without an
     /// api-version, as Microsoft's own container start script does.
     pub fn agent_package(&self, platform: &str) -> Result<PackageInfo, AzureError> {
-        let url = self.url(
-            "_apis/distributedtask/packages/agent",
-            &[("platform", platform), ("top", "1")],
-        );
+        let url = self.url("_apis/distributedtask/packages/agent", &[("platform", platform), ("top", "1")]);
         let what = format!("the agent package list for {platform}");
         let list: types::List<PackageInfo> = self.get_json(url, None, &what)?;
         list.value
             .into_iter()
             .max_by_key(|p| p.version)
-            .ok_or_else(|| AzureError::Protocol {
-                what,
-                detail: format!("no agent package for platform '{platform}'"),
-            })
+            .ok_or_else(|| AzureError::Protocol { what, detail: format!("no agent package for platform '{platform}'") })
     }
 
     /// The pool's job requests, newest first, at most `top` (`GET .../jobrequests?$top=`;
     /// undocumented, the call KEDA's scaler uses). Queued ones: [`JobRequest::is_queued`].
     pub fn job_requests(&self, pool_id: u64, top: u32) -> Result<Vec<JobRequest>, AzureError> {
         let top = top.to_string();
-        let url = self.url(
-            &format!("_apis/distributedtask/pools/{pool_id}/jobrequests"),
-            &[("$top", &top)],
-        );
-        let list: types::List<JobRequest> =
-            self.get_json(url, None, &format!("the job requests of pool {pool_id}"))?;
+        let url = self.url(&format!("_apis/distributedtask/pools/{pool_id}/jobrequests"), &[("$top", &top)]);
+        let list: types::List<JobRequest> = self.get_json(url, None, &format!("the job requests of pool {pool_id}"))?;
         Ok(list.value)
     }
 
@@ -298,8 +262,7 @@ impl AzureClient {
             &format!("_apis/distributedtask/pools/{pool_id}/jobrequests"),
             &[("$top", &top), ("completedRequestCount", "0")],
         );
-        let list: types::List<JobRequest> =
-            self.get_json(url, None, &format!("the job requests of pool {pool_id}"))?;
+        let list: types::List<JobRequest> = self.get_json(url, None, &format!("the job requests of pool {pool_id}"))?;
         Ok(list.value)
     }
 
@@ -309,12 +272,11 @@ impl AzureClient {
     pub fn add_agent(&self, pool_id: u64, agent: &serde_json::Value) -> Result<Agent, AzureError> {
         let url = self.url(&format!("_apis/distributedtask/pools/{pool_id}/agents"), &[]);
         let what = format!("the registration of an agent in pool {pool_id}");
-        let (_, body) = self
-            .call_with_body(Method::POST, url, Some(API_VERSION), &what, Some(agent))
-            .map_err(|e| match e {
-                AzureError::Forbidden { .. } => AzureError::Forbidden {
-                    what: format!("register agents in pool {pool_id}"),
-                },
+        let (_, body) =
+            self.call_with_body(Method::POST, url, Some(API_VERSION), &what, Some(agent)).map_err(|e| match e {
+                AzureError::Forbidden { .. } => {
+                    AzureError::Forbidden { what: format!("register agents in pool {pool_id}") }
+                }
                 e => e,
             })?;
         parse_json(&body, &what)
@@ -334,29 +296,13 @@ impl AzureClient {
     /// Streams `url` into `dest`, calling `progress` with the bytes so far; returns the
     /// byte count. The PAT is sent only when `url` has the organization's own origin.
     /// Not retried here (the caller owns `dest`: retry by starting over).
-    pub fn download(
-        &self,
-        url: &str,
-        dest: &mut dyn Write,
-        progress: &mut dyn FnMut(u64),
-    ) -> Result<u64, AzureError> {
+    pub fn download(&self, url: &str, dest: &mut dyn Write, progress: &mut dyn FnMut(u64)) -> Result<u64, AzureError> {
         let u = parse_download_url(url)?;
         let same_origin = u.scheme() == self.inner.org.scheme()
             && u.host_str() == self.inner.org.host_str()
             && u.port_or_known_default() == self.inner.org.port_or_known_default();
-        let auth = if same_origin {
-            Some(&self.inner.auth)
-        } else {
-            None
-        };
-        fetch(
-            &self.inner.http,
-            auth,
-            u,
-            self.inner.timeout,
-            dest,
-            progress,
-        )
+        let auth = if same_origin { Some(&self.inner.auth) } else { None };
+        fetch(&self.inner.http, auth, u, self.inner.timeout, dest, progress)
     }
 
     // --- plumbing ---
@@ -374,12 +320,7 @@ impl AzureClient {
         u
     }
 
-    fn get_json<T: DeserializeOwned>(
-        &self,
-        url: Url,
-        api: Option<&str>,
-        what: &str,
-    ) -> Result<T, AzureError> {
+    fn get_json<T: DeserializeOwned>(&self, url: Url, api: Option<&str>, what: &str) -> Result<T, AzureError> {
         with_retry(&self.inner.retry, || {
             let (_, body) = self.call(Method::GET, url.clone(), api, what)?;
             parse_json(&body, what)
@@ -420,21 +361,14 @@ impl AzureClient {
         if let Some(v) = json {
             req = req.header(CONTENT_TYPE, "application/json").body(v.to_string());
         }
-        let resp = req
-            .send()
-            .map_err(|e| net_error(e, &self.inner.org_str, what, self.inner.timeout))?;
+        let resp = req.send().map_err(|e| net_error(e, &self.inner.org_str, what, self.inner.timeout))?;
         let status = resp.status();
         let headers = resp.headers().clone();
-        let body = read_body(resp)
-            .map_err(|e| net_error(e, &self.inner.org_str, what, self.inner.timeout))?;
+        let body = read_body(resp).map_err(|e| net_error(e, &self.inner.org_str, what, self.inner.timeout))?;
         check_status(status, &headers, &body, &self.inner.org_str, what)?;
-        if status != StatusCode::NO_CONTENT && !body.is_empty() && looks_like_html(&headers, &body)
-        {
+        if status != StatusCode::NO_CONTENT && !body.is_empty() && looks_like_html(&headers, &body) {
             return Err(AzureError::BadToken {
-                how: format!(
-                    "HTTP {} with an HTML sign-in page instead of JSON",
-                    status.as_u16()
-                ),
+                how: format!("HTTP {} with an HTML sign-in page instead of JSON", status.as_u16()),
             });
         }
         Ok((status, body))
@@ -459,17 +393,12 @@ fn build_http(org: &Url, timeout: Duration) -> Result<Client, AzureError> {
 fn is_loopback(u: &Url) -> bool {
     let Some(h) = u.host_str() else { return false };
     let h = h.trim_start_matches('[').trim_end_matches(']');
-    h.eq_ignore_ascii_case("localhost")
-        || h.parse::<std::net::IpAddr>()
-            .is_ok_and(|ip| ip.is_loopback())
+    h.eq_ignore_ascii_case("localhost") || h.parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_loopback())
 }
 
 fn parse_org_url(s: &str) -> Result<Url, AzureError> {
     let s = s.trim();
-    let bad = |why: &str| AzureError::BadUrl {
-        url: s.to_owned(),
-        why: why.to_owned(),
-    };
+    let bad = |why: &str| AzureError::BadUrl { url: s.to_owned(), why: why.to_owned() };
     let mut u = Url::parse(s).map_err(|e| bad(&format!("not a URL ({e})")))?;
     if !u.username().is_empty() || u.password().is_some() {
         // Do not echo it: it may contain the PAT.
@@ -539,22 +468,15 @@ fn fetch(
     let what = format!("the download of {shown}");
     let mut req = http.get(url);
     if let Some(a) = auth {
-        req = req
-            .header(AUTHORIZATION, a.clone())
-            .header("X-TFS-FedAuthRedirect", "Suppress");
+        req = req.header(AUTHORIZATION, a.clone()).header("X-TFS-FedAuthRedirect", "Suppress");
     }
-    let mut resp = req
-        .send()
-        .map_err(|e| net_error(e, &shown, &what, timeout))?;
+    let mut resp = req.send().map_err(|e| net_error(e, &shown, &what, timeout))?;
     let status = resp.status();
     if !status.is_success() || status == StatusCode::NON_AUTHORITATIVE_INFORMATION {
         let headers = resp.headers().clone();
         let body = read_body(resp).unwrap_or_default();
         check_status(status, &headers, &body, &shown, &what)?;
-        return Err(AzureError::Protocol {
-            what,
-            detail: format!("HTTP {}", status.as_u16()),
-        });
+        return Err(AzureError::Protocol { what, detail: format!("HTTP {}", status.as_u16()) });
     }
     let expected = resp.content_length();
     let mut buf = vec![0u8; 256 * 1024];
@@ -565,33 +487,20 @@ fn fetch(
             Ok(n) => n,
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
             Err(e) if e.kind() == std::io::ErrorKind::TimedOut => {
-                return Err(AzureError::Timeout {
-                    url: shown,
-                    what,
-                    after: timeout,
-                });
+                return Err(AzureError::Timeout { url: shown, what, after: timeout });
             }
             Err(e) => {
                 return Err(AzureError::Unreachable {
                     url: shown,
-                    cause: format!(
-                        "the download broke off after {total} bytes: {}",
-                        error_chain(&e)
-                    ),
+                    cause: format!("the download broke off after {total} bytes: {}", error_chain(&e)),
                 })
             }
         };
-        dest.write_all(&buf[..n]).map_err(|e| AzureError::Write {
-            url: shown.clone(),
-            cause: e.to_string(),
-        })?;
+        dest.write_all(&buf[..n]).map_err(|e| AzureError::Write { url: shown.clone(), cause: e.to_string() })?;
         total += n as u64;
         progress(total);
     }
-    dest.flush().map_err(|e| AzureError::Write {
-        url: shown.clone(),
-        cause: e.to_string(),
-    })?;
+    dest.flush().map_err(|e| AzureError::Write { url: shown.clone(), cause: e.to_string() })?;
     if let Some(len) = expected {
         if len != total {
             return Err(AzureError::Unreachable {
@@ -605,11 +514,7 @@ fn fetch(
 
 /// Downloads a URL without any credentials (an air-gapped mirror given with
 /// `--agent-package URL`).
-pub fn download_public(
-    url: &str,
-    dest: &mut dyn Write,
-    progress: &mut dyn FnMut(u64),
-) -> Result<u64, AzureError> {
+pub fn download_public(url: &str, dest: &mut dyn Write, progress: &mut dyn FnMut(u64)) -> Result<u64, AzureError> {
     let u = parse_download_url(url)?;
     let http = build_http(&u, DEFAULT_TIMEOUT)?;
     fetch(&http, None, u, DEFAULT_TIMEOUT, dest, progress)
@@ -621,16 +526,9 @@ fn read_body(resp: Response) -> Result<Vec<u8>, reqwest::Error> {
 
 fn net_error(e: reqwest::Error, url: &str, what: &str, timeout: Duration) -> AzureError {
     if e.is_timeout() {
-        AzureError::Timeout {
-            url: url.to_owned(),
-            what: what.to_owned(),
-            after: timeout,
-        }
+        AzureError::Timeout { url: url.to_owned(), what: what.to_owned(), after: timeout }
     } else {
-        AzureError::Unreachable {
-            url: url.to_owned(),
-            cause: error_chain(&e.without_url()),
-        }
+        AzureError::Unreachable { url: url.to_owned(), cause: error_chain(&e.without_url()) }
     }
 }
 
@@ -667,55 +565,28 @@ fn one_line(s: &str, max: usize) -> String {
 fn server_message(body: &[u8]) -> String {
     serde_json::from_slice::<serde_json::Value>(body)
         .ok()
-        .and_then(|v| {
-            v.get("message")
-                .and_then(|m| m.as_str())
-                .map(|m| format!(": {}", one_line(m, 200)))
-        })
+        .and_then(|v| v.get("message").and_then(|m| m.as_str()).map(|m| format!(": {}", one_line(m, 200))))
         .unwrap_or_default()
 }
 
 fn looks_like_html(headers: &HeaderMap, body: &[u8]) -> bool {
-    let ct = headers
-        .get(CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or("")
-        .to_ascii_lowercase();
+    let ct = headers.get(CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or("").to_ascii_lowercase();
     if ct.contains("text/html") {
         return true;
     }
-    let start = body
-        .iter()
-        .position(|b| !b.is_ascii_whitespace())
-        .map(|i| &body[i..])
-        .unwrap_or(&[]);
+    let start = body.iter().position(|b| !b.is_ascii_whitespace()).map(|i| &body[i..]).unwrap_or(&[]);
     start.first() == Some(&b'<')
 }
 
 /// Maps a status to its error; `url` names the server (for a proxy refusal).
-fn check_status(
-    status: StatusCode,
-    headers: &HeaderMap,
-    body: &[u8],
-    url: &str,
-    what: &str,
-) -> Result<(), AzureError> {
+fn check_status(status: StatusCode, headers: &HeaderMap, body: &[u8], url: &str, what: &str) -> Result<(), AzureError> {
     let code = status.as_u16();
     match code {
-        203 => Err(AzureError::BadToken {
-            how: "HTTP 203 with a sign-in page".into(),
-        }),
+        203 => Err(AzureError::BadToken { how: "HTTP 203 with a sign-in page".into() }),
         200..=299 => Ok(()),
-        401 => Err(AzureError::BadToken {
-            how: "HTTP 401".into(),
-        }),
-        403 => Err(AzureError::Forbidden {
-            what: format!("access {what}"),
-        }),
-        404 => Err(AzureError::NotFound {
-            what: what.to_owned(),
-            detail: server_message(body),
-        }),
+        401 => Err(AzureError::BadToken { how: "HTTP 401".into() }),
+        403 => Err(AzureError::Forbidden { what: format!("access {what}") }),
+        404 => Err(AzureError::NotFound { what: what.to_owned(), detail: server_message(body) }),
         407 => Err(AzureError::Unreachable {
             url: url.to_owned(),
             cause: "the proxy requires authentication (HTTP 407)".into(),
@@ -726,17 +597,11 @@ fn check_status(
                 .and_then(|v| v.to_str().ok())
                 .and_then(|v| v.trim().parse::<u64>().ok())
                 .map(|s| Duration::from_secs(s.min(600)));
-            Err(AzureError::Server {
-                status: code,
-                what: what.to_owned(),
-                detail: server_message(body),
-                retry_after,
-            })
+            Err(AzureError::Server { status: code, what: what.to_owned(), detail: server_message(body), retry_after })
         }
-        _ => Err(AzureError::Protocol {
-            what: what.to_owned(),
-            detail: format!("HTTP {code}{}", server_message(body)),
-        }),
+        _ => {
+            Err(AzureError::Protocol { what: what.to_owned(), detail: format!("HTTP {code}{}", server_message(body)) })
+        }
     }
 }
 
@@ -746,14 +611,9 @@ fn parse_json<T: DeserializeOwned>(body: &[u8], what: &str) -> Result<T, AzureEr
         Err(e) => {
             if serde_json::from_slice::<serde_json::Value>(body).is_err() {
                 // Not JSON at all: a sign-in or proxy page answered instead of the API.
-                Err(AzureError::BadToken {
-                    how: "HTTP 200 with a non-JSON answer".into(),
-                })
+                Err(AzureError::BadToken { how: "HTTP 200 with a non-JSON answer".into() })
             } else {
-                Err(AzureError::Protocol {
-                    what: what.to_owned(),
-                    detail: format!("unexpected JSON ({e})"),
-                })
+                Err(AzureError::Protocol { what: what.to_owned(), detail: format!("unexpected JSON ({e})") })
             }
         }
     }
@@ -767,14 +627,8 @@ mod tests {
     fn org_urls() {
         let ok = |s: &str| AzureClient::new(s, "pat").unwrap().org_url().to_owned();
         assert_eq!(ok("https://dev.azure.com/org"), "https://dev.azure.com/org");
-        assert_eq!(
-            ok("https://dev.azure.com/org/"),
-            "https://dev.azure.com/org"
-        );
-        assert_eq!(
-            ok(" https://org.visualstudio.com "),
-            "https://org.visualstudio.com"
-        );
+        assert_eq!(ok("https://dev.azure.com/org/"), "https://dev.azure.com/org");
+        assert_eq!(ok(" https://org.visualstudio.com "), "https://org.visualstudio.com");
         assert_eq!(
             ok("https://tfs.example.com/tfs/DefaultCollection"),
             "https://tfs.example.com/tfs/DefaultCollection"
@@ -791,14 +645,9 @@ mod tests {
         ] {
             let e = AzureClient::new(bad, "pat").unwrap_err().to_string();
             assert!(e.starts_with("invalid Azure DevOps URL"), "{bad}: {e}");
-            assert!(
-                e.ends_with("fix --url / AZP_URL (e.g. https://dev.azure.com/ORG)"),
-                "{bad}: {e}"
-            );
+            assert!(e.ends_with("fix --url / AZP_URL (e.g. https://dev.azure.com/ORG)"), "{bad}: {e}");
         }
-        let e = AzureClient::new("https://user:SECRETPAT@dev.azure.com/org", "pat")
-            .unwrap_err()
-            .to_string();
+        let e = AzureClient::new("https://user:SECRETPAT@dev.azure.com/org", "pat").unwrap_err().to_string();
         assert!(!e.contains("SECRETPAT"), "{e}");
         assert!(e.contains("put the PAT in the token file"), "{e}");
     }
@@ -807,9 +656,7 @@ mod tests {
     fn tokens() {
         assert!(AzureClient::new("https://dev.azure.com/o", "abc\n").is_ok());
         for bad in ["", "  \n", "a b", "a\u{7}b"] {
-            let e = AzureClient::new("https://dev.azure.com/o", bad)
-                .unwrap_err()
-                .to_string();
+            let e = AzureClient::new("https://dev.azure.com/o", bad).unwrap_err().to_string();
             assert!(e.starts_with("the PAT is "), "{e}");
         }
     }
@@ -827,29 +674,16 @@ mod tests {
     fn urls_are_built_under_the_org() {
         let c = AzureClient::new("https://dev.azure.com/my%20org/", "p").unwrap();
         let u = c.url("_apis/distributedtask/pools", &[("poolName", "gpu pool&x")]);
-        assert_eq!(
-            u.as_str(),
-            "https://dev.azure.com/my%20org/_apis/distributedtask/pools?poolName=gpu+pool%26x"
-        );
+        assert_eq!(u.as_str(), "https://dev.azure.com/my%20org/_apis/distributedtask/pools?poolName=gpu+pool%26x");
         let c = AzureClient::new("https://org.visualstudio.com", "p").unwrap();
-        assert_eq!(
-            c.url("_apis/connectionData", &[]).as_str(),
-            "https://org.visualstudio.com/_apis/connectionData"
-        );
+        assert_eq!(c.url("_apis/connectionData", &[]).as_str(), "https://org.visualstudio.com/_apis/connectionData");
     }
 
     #[test]
     fn statuses() {
         let h = HeaderMap::new();
-        let st = |c: u16| {
-            check_status(
-                StatusCode::from_u16(c).unwrap(),
-                &h,
-                b"{\"message\":\"boom\\nline\"}",
-                "u",
-                "the x",
-            )
-        };
+        let st =
+            |c: u16| check_status(StatusCode::from_u16(c).unwrap(), &h, b"{\"message\":\"boom\\nline\"}", "u", "the x");
         assert!(matches!(st(200), Ok(())));
         assert!(matches!(st(203), Err(AzureError::BadToken { .. })));
         assert!(matches!(st(401), Err(AzureError::BadToken { .. })));
@@ -869,19 +703,10 @@ mod tests {
 
     #[test]
     fn json_or_sign_in_page() {
-        assert!(matches!(
-            parse_json::<Pool>(b"<html>sign in</html>", "x"),
-            Err(AzureError::BadToken { .. })
-        ));
-        assert!(matches!(
-            parse_json::<Pool>(b"{\"nope\":1}", "x"),
-            Err(AzureError::Protocol { .. })
-        ));
-        let p: Pool = parse_json(
-            br#"{"id":3,"name":"gpu","isHosted":false,"poolType":"automation","size":2}"#,
-            "x",
-        )
-        .unwrap();
+        assert!(matches!(parse_json::<Pool>(b"<html>sign in</html>", "x"), Err(AzureError::BadToken { .. })));
+        assert!(matches!(parse_json::<Pool>(b"{\"nope\":1}", "x"), Err(AzureError::Protocol { .. })));
+        let p: Pool =
+            parse_json(br#"{"id":3,"name":"gpu","isHosted":false,"poolType":"automation","size":2}"#, "x").unwrap();
         assert_eq!((p.id, p.name.as_str(), p.size), (3, "gpu", Some(2)));
     }
 
@@ -894,9 +719,6 @@ mod tests {
 
     #[test]
     fn url_redaction() {
-        assert_eq!(
-            redact_url_str("https://u:p@host/a/b.tar.gz?sig=SECRET#x"),
-            "https://host/a/b.tar.gz"
-        );
+        assert_eq!(redact_url_str("https://u:p@host/a/b.tar.gz?sig=SECRET#x"), "https://host/a/b.tar.gz");
     }
 }

@@ -31,10 +31,7 @@ impl Default for RetryPolicy {
 impl RetryPolicy {
     /// One attempt only.
     pub fn none() -> RetryPolicy {
-        RetryPolicy {
-            max_attempts: 1,
-            ..RetryPolicy::default()
-        }
+        RetryPolicy { max_attempts: 1, ..RetryPolicy::default() }
     }
 
     /// `attempts` attempts a few milliseconds apart (tests).
@@ -51,9 +48,7 @@ impl RetryPolicy {
     /// point in the upper half of the exponential delay, so slots that failed together
     /// do not retry together.
     pub fn backoff(&self, retry: u32) -> Duration {
-        let exp = self
-            .initial_delay
-            .saturating_mul(1u32 << retry.saturating_sub(1).min(20));
+        let exp = self.initial_delay.saturating_mul(1u32 << retry.saturating_sub(1).min(20));
         let full = exp.min(self.max_delay);
         let half = full / 2;
         half + half.mul_f64(random_unit())
@@ -66,10 +61,7 @@ fn random_unit() -> f64 {
     let mut h = std::collections::hash_map::RandomState::new().build_hasher();
     h.write_u128(
         Instant::now().elapsed().as_nanos()
-            ^ std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .unwrap_or_default()
-                .as_nanos(),
+            ^ std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_nanos(),
     );
     (h.finish() >> 11) as f64 / (1u64 << 53) as f64
 }
@@ -102,7 +94,10 @@ pub fn retry<T, E: std::fmt::Display>(
         let wait = policy.backoff(attempt).max(retry_after.unwrap_or_default());
         let elapsed = start.elapsed();
         if elapsed + wait > policy.max_total {
-            tracing::debug!("giving up after {attempt} attempts in {elapsed:.1?}: the next retry would pass {:?}", policy.max_total);
+            tracing::debug!(
+                "giving up after {attempt} attempts in {elapsed:.1?}: the next retry would pass {:?}",
+                policy.max_total
+            );
             return Err(err);
         }
         tracing::warn!("{err} (attempt {attempt}/{}; retrying in {:.1}s)", policy.max_attempts, wait.as_secs_f64());
@@ -116,12 +111,7 @@ mod tests {
     use super::*;
 
     fn server(status: u16, retry_after: Option<Duration>) -> AzureError {
-        AzureError::Server {
-            status,
-            what: "x".into(),
-            detail: String::new(),
-            retry_after,
-        }
+        AzureError::Server { status, what: "x".into(), detail: String::new(), retry_after }
     }
 
     #[test]
@@ -154,9 +144,7 @@ mod tests {
         let mut n = 0;
         let r: Result<(), _> = with_retry(&RetryPolicy::fast(5), || {
             n += 1;
-            Err(AzureError::BadToken {
-                how: "HTTP 401".into(),
-            })
+            Err(AzureError::BadToken { how: "HTTP 401".into() })
         });
         assert!(r.is_err());
         assert_eq!(n, 1);
@@ -170,10 +158,7 @@ mod tests {
 
     #[test]
     fn honours_retry_after_and_total_budget() {
-        let p = RetryPolicy {
-            max_total: Duration::from_millis(500),
-            ..RetryPolicy::fast(5)
-        };
+        let p = RetryPolicy { max_total: Duration::from_millis(500), ..RetryPolicy::fast(5) };
         let t = Instant::now();
         let mut n = 0;
         let r = with_retry(&p, || {
@@ -185,11 +170,7 @@ mod tests {
             }
         });
         assert!(r.is_ok());
-        assert!(
-            t.elapsed() >= Duration::from_millis(200),
-            "{:?}",
-            t.elapsed()
-        );
+        assert!(t.elapsed() >= Duration::from_millis(200), "{:?}", t.elapsed());
         // A Retry-After past the budget ends the retries at once.
         let t = Instant::now();
         let mut n = 0;
@@ -208,11 +189,7 @@ mod tests {
         for retry in 1..8 {
             let d = p.backoff(retry);
             let full = (p.initial_delay * (1 << (retry - 1))).min(p.max_delay);
-            assert!(
-                d >= full / 2 && d <= full,
-                "retry {retry}: {d:?} not in [{:?}, {full:?}]",
-                full / 2
-            );
+            assert!(d >= full / 2 && d <= full, "retry {retry}: {d:?} not in [{:?}, {full:?}]", full / 2);
         }
         let samples: std::collections::HashSet<_> = (0..20).map(|_| p.backoff(3)).collect();
         assert!(samples.len() > 1, "no jitter");

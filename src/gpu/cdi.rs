@@ -100,12 +100,10 @@ pub struct SpecFile {
 
 impl SpecFile {
     pub fn load(file: &Path) -> Result<SpecFile> {
-        let text = std::fs::read_to_string(file)
-            .with_context(|| format!("cannot read CDI spec {}", file.display()))?;
+        let text = std::fs::read_to_string(file).with_context(|| format!("cannot read CDI spec {}", file.display()))?;
         let ext = file.extension().and_then(|e| e.to_str()).unwrap_or("");
         let spec: Spec = if ext == "json" {
-            serde_json::from_str(&text)
-                .map_err(|e| anyhow!("CDI spec {} is not valid JSON: {e}", file.display()))?
+            serde_json::from_str(&text).map_err(|e| anyhow!("CDI spec {} is not valid JSON: {e}", file.display()))?
         } else {
             // YAML is a superset of JSON: covers .yaml, .yml and extension-less files.
             serde_yaml::from_str(&text)
@@ -113,25 +111,14 @@ impl SpecFile {
         };
         check_version(&spec.cdi_version).with_context(|| format!("CDI spec {}", file.display()))?;
         if !spec.kind.contains('/') {
-            bail!(
-                "CDI spec {}: kind '{}' is not vendor.com/class",
-                file.display(),
-                spec.kind
-            );
+            bail!("CDI spec {}: kind '{}' is not vendor.com/class", file.display(), spec.kind);
         }
-        Ok(SpecFile {
-            file: file.to_path_buf(),
-            spec,
-        })
+        Ok(SpecFile { file: file.to_path_buf(), spec })
     }
 }
 
 fn check_version(v: &str) -> Result<()> {
-    let nums: Vec<u32> = v
-        .trim_start_matches('v')
-        .split('.')
-        .map(|p| p.parse().unwrap_or(u32::MAX))
-        .collect();
+    let nums: Vec<u32> = v.trim_start_matches('v').split('.').map(|p| p.parse().unwrap_or(u32::MAX)).collect();
     let ok = match nums.as_slice() {
         [0, minor, _] => (3..=8).contains(minor),
         [1, minor, _] => *minor <= 1,
@@ -159,16 +146,10 @@ impl Registry {
     /// driver root (bad files are recorded in `errors`).
     pub fn load(opts: &DiscoverOptions) -> Result<Registry> {
         if let Some(f) = &opts.cdi_spec {
-            return Ok(Registry {
-                specs: vec![SpecFile::load(f)?],
-                explicit: true,
-                errors: Vec::new(),
-            });
+            return Ok(Registry { specs: vec![SpecFile::load(f)?], explicit: true, errors: Vec::new() });
         }
-        let dirs: Vec<PathBuf> = SPEC_DIRS
-            .iter()
-            .map(|d| super::paths::host_path(&opts.driver_root, Path::new(d)))
-            .collect();
+        let dirs: Vec<PathBuf> =
+            SPEC_DIRS.iter().map(|d| super::paths::host_path(&opts.driver_root, Path::new(d))).collect();
         Ok(Registry::from_dirs(&dirs))
     }
 
@@ -180,12 +161,7 @@ impl Registry {
             };
             let mut files: Vec<PathBuf> = rd
                 .filter_map(|e| e.ok().map(|e| e.path()))
-                .filter(|p| {
-                    matches!(
-                        p.extension().and_then(|e| e.to_str()),
-                        Some("json" | "yaml" | "yml")
-                    )
-                })
+                .filter(|p| matches!(p.extension().and_then(|e| e.to_str()), Some("json" | "yaml" | "yml")))
                 .collect();
             files.sort();
             for f in files {
@@ -203,12 +179,7 @@ impl Registry {
         let mut v: Vec<String> = self
             .specs
             .iter()
-            .flat_map(|s| {
-                s.spec
-                    .devices
-                    .iter()
-                    .map(move |d| format!("{}={}", s.spec.kind, d.name))
-            })
+            .flat_map(|s| s.spec.devices.iter().map(move |d| format!("{}={}", s.spec.kind, d.name)))
             .collect();
         v.sort();
         v.dedup();
@@ -222,22 +193,12 @@ impl Registry {
             .iter()
             .rev()
             .filter(|s| s.spec.kind == kind)
-            .find_map(|s| {
-                s.spec
-                    .devices
-                    .iter()
-                    .find(|d| d.name == dev)
-                    .map(|d| (s, d))
-            })
+            .find_map(|s| s.spec.devices.iter().find(|d| d.name == dev).map(|d| (s, d)))
             .ok_or_else(|| {
                 let known = self.device_names();
                 anyhow!(
                     "unknown CDI device '{kind}={dev}'; available: {}",
-                    if known.is_empty() {
-                        "none (no CDI specs loaded)".to_string()
-                    } else {
-                        known.join(", ")
-                    }
+                    if known.is_empty() { "none (no CDI specs loaded)".to_string() } else { known.join(", ") }
                 )
             })
     }
@@ -280,12 +241,9 @@ pub fn edits(reg: &Registry, names: &[String]) -> Result<ContainerEdits> {
 pub fn convert(file: &Path, e: &SpecEdits) -> Result<ContainerEdits> {
     let mut out = ContainerEdits::default();
     for kv in &e.env {
-        let (k, v) = kv.split_once('=').ok_or_else(|| {
-            anyhow!(
-                "CDI spec {}: env entry '{kv}' is not KEY=VALUE",
-                file.display()
-            )
-        })?;
+        let (k, v) = kv
+            .split_once('=')
+            .ok_or_else(|| anyhow!("CDI spec {}: env entry '{kv}' is not KEY=VALUE", file.display()))?;
         out.env.push((k.to_string(), v.to_string()));
     }
     for n in &e.device_nodes {
@@ -323,29 +281,19 @@ pub fn convert(file: &Path, e: &SpecEdits) -> Result<ContainerEdits> {
 fn check_node(file: &Path, n: &SpecNode) -> Result<DeviceNode> {
     let host = n.host_path.clone().unwrap_or_else(|| n.path.clone());
     let regen = "regenerate it with `nvidia-ctk cdi generate`";
-    let where_ = if host != n.path {
-        format!(" (host node {})", host.display())
-    } else {
-        String::new()
-    };
+    let where_ = if host != n.path { format!(" (host node {})", host.display()) } else { String::new() };
     let actual = stat_node(Path::new("/"), &host)
         .map_err(|e| anyhow!("CDI spec {} is stale: {e}; {regen}", file.display()))?
         .ok_or_else(|| {
-            anyhow!(
-                "CDI spec {} is stale: {} does not exist on the host; {regen}",
-                file.display(),
-                host.display()
-            )
+            anyhow!("CDI spec {} is stale: {} does not exist on the host; {regen}", file.display(), host.display())
         })?;
     let want_kind = match n.kind.as_deref() {
         None => actual.kind,
         Some("c") | Some("u") => DeviceKind::Char,
         Some("b") => DeviceKind::Block,
-        Some(other) => bail!(
-            "CDI spec {}: device node {} has unsupported type '{other}'",
-            file.display(),
-            n.path.display()
-        ),
+        Some(other) => {
+            bail!("CDI spec {}: device node {} has unsupported type '{other}'", file.display(), n.path.display())
+        }
     };
     if want_kind != actual.kind {
         bail!(
@@ -356,10 +304,7 @@ fn check_node(file: &Path, n: &SpecNode) -> Result<DeviceNode> {
             actual.kind
         );
     }
-    let (maj, min) = (
-        n.major.unwrap_or(actual.major),
-        n.minor.unwrap_or(actual.minor),
-    );
+    let (maj, min) = (n.major.unwrap_or(actual.major), n.minor.unwrap_or(actual.minor));
     if (maj, min) != (actual.major, actual.minor) {
         bail!(
             "CDI spec {} is stale: {}{where_} is {maj}:{min} in the spec but {}:{} on the host; {regen}",
@@ -422,22 +367,14 @@ fn translate_hook(file: &Path, h: &SpecHook, out: &mut ContainerEdits) -> Result
         Some("create-symlinks") => {
             for l in flag_values(&h.args, "--link") {
                 let (target, link) = l.split_once("::").ok_or_else(|| {
-                    anyhow!(
-                        "CDI spec {}: create-symlinks --link '{l}' is not TARGET::LINK",
-                        file.display()
-                    )
+                    anyhow!("CDI spec {}: create-symlinks --link '{l}' is not TARGET::LINK", file.display())
                 })?;
-                out.symlinks
-                    .push((PathBuf::from(link), PathBuf::from(target)));
+                out.symlinks.push((PathBuf::from(link), PathBuf::from(target)));
             }
         }
         Some("update-ldcache") => {
             out.update_ldcache = true;
-            out.ld_library_dirs.extend(
-                flag_values(&h.args, "--folder")
-                    .into_iter()
-                    .map(PathBuf::from),
-            );
+            out.ld_library_dirs.extend(flag_values(&h.args, "--folder").into_iter().map(PathBuf::from));
         }
         _ => out.hooks.push(Hook {
             stage,
@@ -483,48 +420,31 @@ mod tests {
         assert_eq!(
             out.symlinks,
             vec![
-                (
-                    PathBuf::from("/usr/lib/x86_64-linux-gnu/libcuda.so"),
-                    PathBuf::from("libcuda.so.1")
-                ),
+                (PathBuf::from("/usr/lib/x86_64-linux-gnu/libcuda.so"), PathBuf::from("libcuda.so.1")),
                 (PathBuf::from("/y"), PathBuf::from("../x"))
             ]
         );
         let h = SpecHook {
             hook_name: "createContainer".into(),
             path: "/usr/bin/nvidia-ctk".into(),
-            args: [
-                "nvidia-ctk",
-                "hook",
-                "update-ldcache",
-                "--folder",
-                "/usr/lib/x86_64-linux-gnu",
-            ]
-            .map(String::from)
-            .to_vec(),
-            ..Default::default()
-        };
-        translate_hook(Path::new("s.json"), &h, &mut out).unwrap();
-        assert!(out.update_ldcache);
-        assert_eq!(
-            out.ld_library_dirs,
-            vec![PathBuf::from("/usr/lib/x86_64-linux-gnu")]
-        );
-        let h = SpecHook {
-            hook_name: "createContainer".into(),
-            path: "/usr/bin/nvidia-cdi-hook".into(),
-            args: ["nvidia-cdi-hook", "chmod", "--mode", "755"]
+            args: ["nvidia-ctk", "hook", "update-ldcache", "--folder", "/usr/lib/x86_64-linux-gnu"]
                 .map(String::from)
                 .to_vec(),
             ..Default::default()
         };
         translate_hook(Path::new("s.json"), &h, &mut out).unwrap();
-        assert_eq!(out.hooks.len(), 1);
-        assert_eq!(out.hooks[0].stage, HookStage::CreateContainer);
-        let bad = SpecHook {
-            hook_name: "later".into(),
+        assert!(out.update_ldcache);
+        assert_eq!(out.ld_library_dirs, vec![PathBuf::from("/usr/lib/x86_64-linux-gnu")]);
+        let h = SpecHook {
+            hook_name: "createContainer".into(),
+            path: "/usr/bin/nvidia-cdi-hook".into(),
+            args: ["nvidia-cdi-hook", "chmod", "--mode", "755"].map(String::from).to_vec(),
             ..Default::default()
         };
+        translate_hook(Path::new("s.json"), &h, &mut out).unwrap();
+        assert_eq!(out.hooks.len(), 1);
+        assert_eq!(out.hooks[0].stage, HookStage::CreateContainer);
+        let bad = SpecHook { hook_name: "later".into(), ..Default::default() };
         assert!(translate_hook(Path::new("s.json"), &bad, &mut out).is_err());
     }
 
@@ -539,36 +459,17 @@ mod tests {
         };
         let n = check_node(Path::new("/etc/cdi/x.yaml"), &ok).unwrap();
         assert_eq!((n.major, n.minor, n.access.as_str()), (1, 3, "rwm"));
-        let stale = SpecNode {
-            major: Some(511),
-            minor: Some(0),
-            ..ok.clone()
-        };
+        let stale = SpecNode { major: Some(511), minor: Some(0), ..ok.clone() };
         assert_eq!(
             check_node(Path::new("/etc/cdi/x.yaml"), &stale).unwrap_err().to_string(),
             "CDI spec /etc/cdi/x.yaml is stale: /dev/null is 511:0 in the spec but 1:3 on the host; regenerate it with `nvidia-ctk cdi generate`"
         );
-        let block = SpecNode {
-            kind: Some("b".into()),
-            ..ok.clone()
-        };
-        assert!(check_node(Path::new("x"), &block)
-            .unwrap_err()
-            .to_string()
-            .contains("Block device in the spec"));
-        let gone = SpecNode {
-            path: "/dev/nvidia-absent-xyz".into(),
-            ..Default::default()
-        };
-        assert!(check_node(Path::new("x"), &gone)
-            .unwrap_err()
-            .to_string()
-            .contains("does not exist"));
+        let block = SpecNode { kind: Some("b".into()), ..ok.clone() };
+        assert!(check_node(Path::new("x"), &block).unwrap_err().to_string().contains("Block device in the spec"));
+        let gone = SpecNode { path: "/dev/nvidia-absent-xyz".into(), ..Default::default() };
+        assert!(check_node(Path::new("x"), &gone).unwrap_err().to_string().contains("does not exist"));
         // Missing major/minor are filled from the host.
-        let bare = SpecNode {
-            path: "/dev/null".into(),
-            ..Default::default()
-        };
+        let bare = SpecNode { path: "/dev/null".into(), ..Default::default() };
         assert_eq!(check_node(Path::new("x"), &bare).unwrap().minor, 3);
     }
 }

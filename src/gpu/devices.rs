@@ -46,10 +46,7 @@ impl Devices {
 
     /// The nodes every GPU job gets (present ones only).
     pub fn control_nodes(&self) -> Vec<&DeviceFile> {
-        [&self.ctl, &self.uvm, &self.uvm_tools, &self.modeset]
-            .into_iter()
-            .flatten()
-            .collect()
+        [&self.ctl, &self.uvm, &self.uvm_tools, &self.modeset].into_iter().flatten().collect()
     }
 
     pub(crate) fn missing_caps_reason(&self) -> Vec<Missing> {
@@ -57,7 +54,8 @@ impl Devices {
             .iter()
             .map(|c| Missing {
                 item: format!("{} (optional)", c.path.display()),
-                why: "MIG capability nodes are not injected: MIG instances are not selectable yet (whole GPUs only)".into(),
+                why: "MIG capability nodes are not injected: MIG instances are not selectable yet (whole GPUs only)"
+                    .into(),
             })
             .collect()
     }
@@ -77,10 +75,7 @@ pub fn stat_node(root: &Path, path: &Path) -> Result<Option<DeviceFile>, String>
     } else if ft.is_block_device() {
         DeviceKind::Block
     } else {
-        return Err(format!(
-            "{} exists but is not a device node",
-            host.display()
-        ));
+        return Err(format!("{} exists but is not a device node", host.display()));
     };
     let rdev = meta.rdev();
     Ok(Some(DeviceFile {
@@ -115,21 +110,13 @@ pub fn scan(root: &Path) -> Devices {
     if let Ok(rd) = std::fs::read_dir(root.join("dev")) {
         let mut names: Vec<(u32, String)> = rd
             .filter_map(|e| e.ok()?.file_name().into_string().ok())
-            .filter_map(|n| {
-                n.strip_prefix("nvidia")?
-                    .parse::<u32>()
-                    .ok()
-                    .map(|i| (i, n.clone()))
-            })
+            .filter_map(|n| n.strip_prefix("nvidia")?.parse::<u32>().ok().map(|i| (i, n.clone())))
             .collect();
         names.sort();
         for (n, name) in names {
             if let Some(node) = one(&mut d, &name) {
                 if node.minor != n as i64 {
-                    d.notes.push(format!(
-                        "/dev/{name} has minor {} (expected {n})",
-                        node.minor
-                    ));
+                    d.notes.push(format!("/dev/{name} has minor {} (expected {n})", node.minor));
                 }
                 d.gpus.push(node);
             }
@@ -137,9 +124,7 @@ pub fn scan(root: &Path) -> Devices {
     }
     d.gpus.sort_by_key(|n| n.minor);
     if let Ok(rd) = std::fs::read_dir(root.join("dev/nvidia-caps")) {
-        let mut names: Vec<String> = rd
-            .filter_map(|e| e.ok()?.file_name().into_string().ok())
-            .collect();
+        let mut names: Vec<String> = rd.filter_map(|e| e.ok()?.file_name().into_string().ok()).collect();
         names.sort();
         for name in names {
             if let Some(node) = one(&mut d, &format!("nvidia-caps/{name}")) {
@@ -151,14 +136,10 @@ pub fn scan(root: &Path) -> Devices {
     // Cross-check the dynamic majors with /proc/devices when the root has one.
     if let Ok(text) = std::fs::read_to_string(root.join("proc/devices")) {
         let majors = parse_proc_devices(&text);
-        let checks: Vec<(&Option<DeviceFile>, &str)> =
-            vec![(&d.uvm, "nvidia-uvm"), (&d.uvm_tools, "nvidia-uvm")];
+        let checks: Vec<(&Option<DeviceFile>, &str)> = vec![(&d.uvm, "nvidia-uvm"), (&d.uvm_tools, "nvidia-uvm")];
         let mut stale = Vec::new();
         for (node, driver) in checks {
-            if let (Some(node), Some(m)) = (
-                node,
-                majors.iter().find(|(_, n)| n == driver).map(|(m, _)| *m),
-            ) {
+            if let (Some(node), Some(m)) = (node, majors.iter().find(|(_, n)| n == driver).map(|(m, _)| *m)) {
                 if node.major != m {
                     stale.push(format!(
                         "{} is {}:{} but {} says {driver} has major {m}: the node is stale, recreate it (`rm {}; nvidia-modprobe -u -c=0`)",
@@ -218,20 +199,13 @@ mod tests {
     #[test]
     fn host_dev_null_and_non_devices() {
         // /dev/null is 1:3 everywhere.
-        let n = stat_node(Path::new("/"), Path::new("/dev/null"))
-            .unwrap()
-            .unwrap();
+        let n = stat_node(Path::new("/"), Path::new("/dev/null")).unwrap().unwrap();
         assert_eq!((n.kind, n.major, n.minor), (DeviceKind::Char, 1, 3));
-        assert_eq!(
-            stat_node(Path::new("/"), Path::new("/dev/definitely-absent")).unwrap(),
-            None
-        );
+        assert_eq!(stat_node(Path::new("/"), Path::new("/dev/definitely-absent")).unwrap(), None);
         let t = tempfile::tempdir().unwrap();
         std::fs::create_dir(t.path().join("dev")).unwrap();
         std::fs::write(t.path().join("dev/nvidia0"), b"").unwrap();
-        assert!(stat_node(t.path(), Path::new("/dev/nvidia0"))
-            .unwrap_err()
-            .contains("not a device node"));
+        assert!(stat_node(t.path(), Path::new("/dev/nvidia0")).unwrap_err().contains("not a device node"));
         let d = scan(t.path());
         assert!(d.gpus.is_empty());
         assert_eq!(d.notes.len(), 1, "{:?}", d.notes);

@@ -7,9 +7,7 @@ use super::elf;
 use super::ldcache::LdCache;
 use super::nvml::GpuInventory;
 use super::paths::{host_path, in_root, resolve_host, resolve_in_root};
-use super::{
-    is_driver_version, lib_group, split_so_name, Driver, GpuInfo, GpuSource, Missing, NvmlStatus,
-};
+use super::{is_driver_version, lib_group, split_so_name, Driver, GpuInfo, GpuSource, Missing, NvmlStatus};
 use anyhow::{bail, Result};
 use serde::Serialize;
 use std::collections::BTreeSet;
@@ -38,10 +36,7 @@ impl fmt::Display for LibGroup {
 
 /// Library base names (before `.so`) per group.
 pub const LIBRARIES: &[(LibGroup, &[&str])] = &[
-    (
-        LibGroup::Utility,
-        &["libnvidia-ml", "libnvidia-cfg", "libnvidia-nscq"],
-    ),
+    (LibGroup::Utility, &["libnvidia-ml", "libnvidia-cfg", "libnvidia-nscq"]),
     (
         LibGroup::Compute,
         &[
@@ -58,15 +53,7 @@ pub const LIBRARIES: &[(LibGroup, &[&str])] = &[
             "libnvidia-nvvm",
         ],
     ),
-    (
-        LibGroup::Video,
-        &[
-            "libvdpau_nvidia",
-            "libnvidia-encode",
-            "libnvidia-opticalflow",
-            "libnvcuvid",
-        ],
-    ),
+    (LibGroup::Video, &["libvdpau_nvidia", "libnvidia-encode", "libnvidia-opticalflow", "libnvcuvid"]),
     (
         LibGroup::Graphics,
         &[
@@ -97,29 +84,11 @@ pub const BINARIES: &[(LibGroup, &str)] = &[
 ];
 
 /// Where binaries are looked for, inside the driver root, in this order.
-pub const BIN_DIRS: &[&str] = &[
-    "/usr/bin",
-    "/usr/sbin",
-    "/bin",
-    "/sbin",
-    "/usr/local/nvidia/bin",
-];
+pub const BIN_DIRS: &[&str] = &["/usr/bin", "/usr/sbin", "/bin", "/sbin", "/usr/local/nvidia/bin"];
 
 const SOCKETS: &[(&str, &[&str])] = &[
-    (
-        "nvidia-persistenced",
-        &[
-            "/run/nvidia-persistenced/socket",
-            "/var/run/nvidia-persistenced/socket",
-        ],
-    ),
-    (
-        "nvidia-fabricmanager",
-        &[
-            "/run/nvidia-fabricmanager/socket",
-            "/var/run/nvidia-fabricmanager/socket",
-        ],
-    ),
+    ("nvidia-persistenced", &["/run/nvidia-persistenced/socket", "/var/run/nvidia-persistenced/socket"]),
+    ("nvidia-fabricmanager", &["/run/nvidia-fabricmanager/socket", "/var/run/nvidia-fabricmanager/socket"]),
 ];
 pub const MPS_PIPE_DIR: &str = "/tmp/nvidia-mps";
 
@@ -136,25 +105,13 @@ pub struct Capabilities {
 impl Default for Capabilities {
     /// `compute,utility`, as nvidia-container-runtime.
     fn default() -> Self {
-        Capabilities {
-            compute: true,
-            utility: true,
-            video: false,
-            graphics: false,
-            display: false,
-        }
+        Capabilities { compute: true, utility: true, video: false, graphics: false, display: false }
     }
 }
 
 impl Capabilities {
     pub fn all() -> Self {
-        Capabilities {
-            compute: true,
-            utility: true,
-            video: true,
-            graphics: true,
-            display: true,
-        }
+        Capabilities { compute: true, utility: true, video: true, graphics: true, display: true }
     }
 
     /// Library/binary groups these capabilities bring (`display` uses the graphics libraries).
@@ -180,13 +137,7 @@ impl std::str::FromStr for Capabilities {
     type Err = anyhow::Error;
     /// `compute,utility`, `all`, ...; empty means the default.
     fn from_str(s: &str) -> Result<Self> {
-        let mut c = Capabilities {
-            compute: false,
-            utility: false,
-            video: false,
-            graphics: false,
-            display: false,
-        };
+        let mut c = Capabilities { compute: false, utility: false, video: false, graphics: false, display: false };
         let mut any = false;
         for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
             any = true;
@@ -274,11 +225,7 @@ struct Candidate {
     cache_name: Option<String>,
 }
 
-pub(crate) fn discover(
-    root: &Path,
-    extra_lib_dirs: &[PathBuf],
-    inv: &dyn GpuInventory,
-) -> Result<Driver> {
+pub(crate) fn discover(root: &Path, extra_lib_dirs: &[PathBuf], inv: &dyn GpuInventory) -> Result<Driver> {
     let mut missing = Vec::new();
     let mut notes = Vec::new();
 
@@ -289,11 +236,7 @@ pub(crate) fn discover(
         error: nvml_version.as_ref().err().map(|e| format!("{e:#}")),
         library_dir: inv.library_dir(),
     };
-    let cuda_version = if nvml.loaded {
-        inv.cuda_driver_version().ok()
-    } else {
-        None
-    };
+    let cuda_version = if nvml.loaded { inv.cuda_driver_version().ok() } else { None };
 
     let cache = match LdCache::load(root) {
         Ok(c) => Some(c),
@@ -322,10 +265,7 @@ pub(crate) fn discover(
             }
         }
     }
-    let mut dirs: Vec<(PathBuf, &str)> = extra_lib_dirs
-        .iter()
-        .map(|d| (d.clone(), "extra lib dir"))
-        .collect();
+    let mut dirs: Vec<(PathBuf, &str)> = extra_lib_dirs.iter().map(|d| (d.clone(), "extra lib dir")).collect();
     if let Some(d) = &nvml.library_dir {
         match in_root(root, d) {
             Some(p) => dirs.push((p, "NVML library dir")),
@@ -344,10 +284,8 @@ pub(crate) fn discover(
         let Ok(rd) = std::fs::read_dir(&host) else {
             continue;
         };
-        let mut names: Vec<String> = rd
-            .filter_map(|e| e.ok())
-            .filter_map(|e| e.file_name().into_string().ok())
-            .collect();
+        let mut names: Vec<String> =
+            rd.filter_map(|e| e.ok()).filter_map(|e| e.file_name().into_string().ok()).collect();
         names.sort();
         for name in names {
             if let Some((base, suffix)) = split_so_name(&name) {
@@ -375,15 +313,11 @@ pub(crate) fn discover(
         'outer: for base in ["libnvidia-ml", "libcuda"] {
             for c in cands.iter().filter(|c| c.base == base) {
                 if let Ok(real) = resolve_in_root(root, &c.path) {
-                    let file = real
-                        .file_name()
-                        .and_then(|f| f.to_str())
-                        .unwrap_or_default();
+                    let file = real.file_name().and_then(|f| f.to_str()).unwrap_or_default();
                     if let Some((b, v)) = split_so_name(file) {
                         if b == base && is_driver_version(v) {
                             version = Some(v.to_string());
-                            version_source =
-                                Some(format!("file name of {} (via {})", real.display(), c.via));
+                            version_source = Some(format!("file name of {} (via {})", real.display(), c.via));
                             break 'outer;
                         }
                     }
@@ -410,27 +344,14 @@ pub(crate) fn discover(
                 continue;
             }
             let Ok(real) = resolve_in_root(root, &c.path) else {
-                notes.push(format!(
-                    "{} ({}) is a dangling link inside {}",
-                    c.path.display(),
-                    c.via,
-                    root.display()
-                ));
+                notes.push(format!("{} ({}) is a dangling link inside {}", c.path.display(), c.via, root.display()));
                 continue;
             };
-            let file_name = real
-                .file_name()
-                .and_then(|f| f.to_str())
-                .unwrap_or_default()
-                .to_string();
+            let file_name = real.file_name().and_then(|f| f.to_str()).unwrap_or_default().to_string();
             match split_so_name(&file_name) {
                 Some((b, fv)) if b == c.base && fv == v => {}
                 Some((b, fv)) if b == c.base && is_driver_version(fv) => {
-                    ignored_versions.insert(format!(
-                        "{} (version {fv}, via {})",
-                        real.display(),
-                        c.via
-                    ));
+                    ignored_versions.insert(format!("{} (version {fv}, via {})", real.display(), c.via));
                     continue;
                 }
                 _ => continue,
@@ -464,10 +385,7 @@ pub(crate) fn discover(
         }
     }
     for i in ignored_versions {
-        notes.push(format!(
-            "ignored {i}: not the driver version {}",
-            version.as_deref().unwrap_or("?")
-        ));
+        notes.push(format!("ignored {i}: not the driver version {}", version.as_deref().unwrap_or("?")));
     }
     libraries.sort_by(|a, b| (a.group, &a.name).cmp(&(b.group, &b.name)));
     if version.is_some() {
@@ -476,7 +394,8 @@ pub(crate) fn discover(
                 if !libraries.iter().any(|l| l.name == *n) {
                     missing.push(Missing {
                         item: format!("{n}.so ({group})"),
-                        why: "not in ld.so.cache, the extra lib dirs or the NVML dir (not shipped by every driver)".into(),
+                        why: "not in ld.so.cache, the extra lib dirs or the NVML dir (not shipped by every driver)"
+                            .into(),
                     });
                 }
             }
@@ -512,19 +431,12 @@ pub(crate) fn discover(
             (meta.is_file() && meta.permissions().mode() & 0o111 != 0).then_some((at, host))
         });
         match found {
-            Some((at, host)) => binaries.push(Binary {
-                group: *group,
-                name: name.to_string(),
-                host_path: host,
-                found_at: at,
-            }),
+            Some((at, host)) => {
+                binaries.push(Binary { group: *group, name: name.to_string(), host_path: host, found_at: at })
+            }
             None => missing.push(Missing {
                 item: format!("{name} ({group})"),
-                why: format!(
-                    "not found in {} under {}",
-                    BIN_DIRS.join(", "),
-                    root.display()
-                ),
+                why: format!("not found in {} under {}", BIN_DIRS.join(", "), root.display()),
             }),
         }
     }
@@ -532,10 +444,7 @@ pub(crate) fn discover(
     // Firmware (GSP), optional.
     let mut firmware: Vec<FirmwareFile> = Vec::new();
     if let Some(v) = &version {
-        for dir in [
-            format!("/lib/firmware/nvidia/{v}"),
-            format!("/usr/lib/firmware/nvidia/{v}"),
-        ] {
+        for dir in [format!("/lib/firmware/nvidia/{v}"), format!("/usr/lib/firmware/nvidia/{v}")] {
             let Ok(host) = resolve_host(root, Path::new(&dir)) else {
                 continue;
             };
@@ -546,9 +455,7 @@ pub(crate) fn discover(
             files.sort();
             for f in files {
                 let name = f.file_name().unwrap().to_string_lossy().to_string();
-                if name.ends_with(".bin")
-                    && f.is_file()
-                    && !firmware.iter().any(|x| x.container_path.ends_with(&name))
+                if name.ends_with(".bin") && f.is_file() && !firmware.iter().any(|x| x.container_path.ends_with(&name))
                 {
                     firmware.push(FirmwareFile {
                         host_path: f.clone(),
@@ -571,11 +478,7 @@ pub(crate) fn discover(
         let found = candidates.iter().find_map(|c| {
             let real = resolve_in_root(root, Path::new(c)).ok()?;
             let host = host_path(root, &real);
-            std::fs::metadata(&host)
-                .ok()?
-                .file_type()
-                .is_socket()
-                .then_some(host)
+            std::fs::metadata(&host).ok()?.file_type().is_socket().then_some(host)
         });
         match found {
             Some(host) => sockets.push(Socket {
@@ -589,9 +492,7 @@ pub(crate) fn discover(
             }),
         }
     }
-    let mps_pipe_dir = resolve_host(root, Path::new(MPS_PIPE_DIR))
-        .ok()
-        .filter(|p| p.is_dir());
+    let mps_pipe_dir = resolve_host(root, Path::new(MPS_PIPE_DIR)).ok().filter(|p| p.is_dir());
 
     // Devices and GPUs.
     let devices = devices::scan(root);
@@ -637,21 +538,16 @@ pub(crate) fn discover(
             });
         }
     }
-    for (name, node) in [
-        ("nvidiactl", &devices.ctl),
-        ("nvidia-uvm", &devices.uvm),
-        ("nvidia-uvm-tools", &devices.uvm_tools),
-    ] {
+    for (name, node) in
+        [("nvidiactl", &devices.ctl), ("nvidia-uvm", &devices.uvm), ("nvidia-uvm-tools", &devices.uvm_tools)]
+    {
         if node.is_none() {
             let fix = if name == "nvidiactl" {
                 "load the nvidia module"
             } else {
                 "run `nvidia-modprobe -u -c=0` (loads nvidia-uvm and creates the nodes)"
             };
-            missing.push(Missing {
-                item: format!("/dev/{name}"),
-                why: format!("node absent: {fix}"),
-            });
+            missing.push(Missing { item: format!("/dev/{name}"), why: format!("node absent: {fix}") });
         }
     }
     missing.extend(devices.missing_caps_reason());
@@ -680,9 +576,7 @@ pub(crate) fn discover(
 /// `NVRM version: NVIDIA UNIX x86_64 Kernel Module  535.309.01  Thu ...` -> `535.309.01`.
 pub fn parse_proc_version(text: &str) -> Option<String> {
     let line = text.lines().find(|l| l.starts_with("NVRM version:"))?;
-    line.split_whitespace()
-        .find(|w| is_driver_version(w))
-        .map(str::to_owned)
+    line.split_whitespace().find(|w| is_driver_version(w)).map(str::to_owned)
 }
 
 #[cfg(test)]
@@ -703,10 +597,7 @@ mod tests {
         assert_eq!(a.groups().len(), 4);
         let disp: Capabilities = "display".parse().unwrap();
         assert_eq!(disp.groups(), vec![LibGroup::Graphics]);
-        let e = "compute,gpu"
-            .parse::<Capabilities>()
-            .unwrap_err()
-            .to_string();
+        let e = "compute,gpu".parse::<Capabilities>().unwrap_err().to_string();
         assert!(e.contains("unknown driver capability 'gpu'"), "{e}");
     }
 

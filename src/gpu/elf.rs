@@ -77,11 +77,7 @@ pub fn read(path: &Path) -> io::Result<Option<ElfInfo>> {
     let r = Reader { f: &f, le, class64 };
     let machine = r.u16_from(&ident, 18);
     let soname = r.soname(&ident).unwrap_or(None);
-    Ok(Some(ElfInfo {
-        class64,
-        machine,
-        soname,
-    }))
+    Ok(Some(ElfInfo { class64, machine, soname }))
 }
 
 struct Reader<'a> {
@@ -126,17 +122,9 @@ impl Reader<'_> {
 
     fn soname(&self, hdr: &[u8]) -> io::Result<Option<String>> {
         let (phoff, phentsize, phnum) = if self.class64 {
-            (
-                self.u64_from(hdr, 0x20),
-                self.u16_from(hdr, 0x36),
-                self.u16_from(hdr, 0x38),
-            )
+            (self.u64_from(hdr, 0x20), self.u16_from(hdr, 0x36), self.u16_from(hdr, 0x38))
         } else {
-            (
-                self.u32_from(hdr, 0x1c) as u64,
-                self.u16_from(hdr, 0x2a),
-                self.u16_from(hdr, 0x2c),
-            )
+            (self.u32_from(hdr, 0x1c) as u64, self.u16_from(hdr, 0x2a), self.u16_from(hdr, 0x2c))
         };
         let min = if self.class64 { 56 } else { 32 };
         if (phentsize as usize) < min || phnum == 0 || phnum > 4096 {
@@ -151,17 +139,9 @@ impl Reader<'_> {
             let p = &ph[i * phentsize as usize..];
             let p_type = self.u32_from(p, 0);
             let (offset, vaddr, filesz) = if self.class64 {
-                (
-                    self.u64_from(p, 8),
-                    self.u64_from(p, 16),
-                    self.u64_from(p, 32),
-                )
+                (self.u64_from(p, 8), self.u64_from(p, 16), self.u64_from(p, 32))
             } else {
-                (
-                    self.u32_from(p, 4) as u64,
-                    self.u32_from(p, 8) as u64,
-                    self.u32_from(p, 16) as u64,
-                )
+                (self.u32_from(p, 4) as u64, self.u32_from(p, 8) as u64, self.u32_from(p, 16) as u64)
             };
             match p_type {
                 PT_LOAD => loads.push((vaddr, filesz, offset)),
@@ -194,20 +174,15 @@ impl Reader<'_> {
             return Ok(None);
         };
         // DT_STRTAB is a virtual address: map it to a file offset through the PT_LOADs.
-        let Some(file_off) = loads
-            .iter()
-            .find(|(va, sz, _)| strtab >= *va && strtab < va + sz)
-            .map(|(va, _, off)| strtab - va + off)
+        let Some(file_off) =
+            loads.iter().find(|(va, sz, _)| strtab >= *va && strtab < va + sz).map(|(va, _, off)| strtab - va + off)
         else {
             return Ok(None);
         };
         let mut s = [0u8; 256];
         let n = read_at_most(self.f, &mut s, file_off + soname)?;
         let end = s[..n].iter().position(|&c| c == 0).unwrap_or(n);
-        Ok(std::str::from_utf8(&s[..end])
-            .ok()
-            .filter(|s| !s.is_empty())
-            .map(str::to_owned))
+        Ok(std::str::from_utf8(&s[..end]).ok().filter(|s| !s.is_empty()).map(str::to_owned))
     }
 }
 
@@ -244,17 +219,11 @@ mod tests {
     #[test]
     fn reads_class_machine_and_soname_of_a_real_library() {
         // libc is on every glibc host; its SONAME is libc.so.6.
-        let out = std::process::Command::new("ldconfig")
-            .args(["-p"])
-            .output()
-            .unwrap();
+        let out = std::process::Command::new("ldconfig").args(["-p"]).output().unwrap();
         let text = String::from_utf8_lossy(&out.stdout);
         let path = text
             .lines()
-            .filter(|l| {
-                l.trim_start().starts_with("libc.so.6 (")
-                    && (l.contains("x86-64") || l.contains("AArch64"))
-            })
+            .filter(|l| l.trim_start().starts_with("libc.so.6 (") && (l.contains("x86-64") || l.contains("AArch64")))
             .filter_map(|l| l.split(" => ").nth(1))
             .find(|p| p.contains("libc.so.6"))
             .expect("libc.so.6 in ldconfig -p");
@@ -267,22 +236,11 @@ mod tests {
     fn non_elf_and_elf32() {
         let t = tempfile::tempdir().unwrap();
         let p = t.path().join("x");
-        std::fs::write(
-            &p,
-            b"#!/bin/sh\necho not elf, but long enough to pass the size check....\n",
-        )
-        .unwrap();
+        std::fs::write(&p, b"#!/bin/sh\necho not elf, but long enough to pass the size check....\n").unwrap();
         assert_eq!(read(&p).unwrap(), None);
         std::fs::write(&p, fake_elf32_header(EM_386)).unwrap();
         let info = read(&p).unwrap().unwrap();
-        assert_eq!(
-            info,
-            ElfInfo {
-                class64: false,
-                machine: EM_386,
-                soname: None
-            }
-        );
+        assert_eq!(info, ElfInfo { class64: false, machine: EM_386, soname: None });
         assert!(!info.is_host_native());
     }
 }

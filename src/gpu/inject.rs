@@ -72,11 +72,7 @@ fn node(d: &super::devices::DeviceFile) -> DeviceNode {
 /// Libraries of `driver` that `caps` brings.
 pub fn libraries_for<'a>(driver: &'a Driver, caps: &Capabilities) -> Vec<&'a Library> {
     let groups = caps.groups();
-    driver
-        .libraries
-        .iter()
-        .filter(|l| groups.contains(&l.group))
-        .collect()
+    driver.libraries.iter().filter(|l| groups.contains(&l.group)).collect()
 }
 
 /// The edits giving a sandbox exactly `selected` (nodes of those GPUs only) with the
@@ -103,7 +99,10 @@ pub fn edits(driver: &Driver, selected: &[GpuInfo], caps: &Capabilities) -> Resu
         e.device_nodes.push(node(n));
     }
     let ctl = dev.ctl.as_ref().ok_or_else(|| {
-        anyhow!("no /dev/nvidiactl under {}: load the nvidia kernel module (modprobe nvidia) on the host", root_dev.display())
+        anyhow!(
+            "no /dev/nvidiactl under {}: load the nvidia kernel module (modprobe nvidia) on the host",
+            root_dev.display()
+        )
     })?;
     e.device_nodes.push(node(ctl));
     if caps.compute {
@@ -117,10 +116,7 @@ pub fn edits(driver: &Driver, selected: &[GpuInfo], caps: &Capabilities) -> Resu
             bail!("{s}");
         }
     }
-    for n in [&dev.uvm, &dev.uvm_tools, &dev.modeset, &dev.gdrdrv]
-        .into_iter()
-        .flatten()
-    {
+    for n in [&dev.uvm, &dev.uvm_tools, &dev.modeset, &dev.gdrdrv].into_iter().flatten() {
         e.device_nodes.push(node(n));
     }
 
@@ -137,10 +133,7 @@ pub fn edits(driver: &Driver, selected: &[GpuInfo], caps: &Capabilities) -> Resu
                 .unwrap_or("unknown driver version")
         );
     };
-    for (needed, cap_on, cap) in [
-        ("libnvidia-ml", caps.utility, "utility"),
-        ("libcuda", caps.compute, "compute"),
-    ] {
+    for (needed, cap_on, cap) in [("libnvidia-ml", caps.utility, "utility"), ("libcuda", caps.compute, "compute")] {
         if cap_on && driver.library(needed).is_none() {
             bail!(
                 "{needed}.so.{version} not found (needed for the {cap} capability): it is neither in {}/etc/ld.so.cache nor in the extra lib dirs; add the driver's library dir to the configuration",
@@ -151,11 +144,9 @@ pub fn edits(driver: &Driver, selected: &[GpuInfo], caps: &Capabilities) -> Resu
     let libs = libraries_for(driver, caps);
     let dir = Path::new(LIB_DIR);
     for l in &libs {
-        e.mounts
-            .push(ro_bind(&l.host_path, dir.join(&l.file_name), false));
+        e.mounts.push(ro_bind(&l.host_path, dir.join(&l.file_name), false));
         if l.soname != l.file_name {
-            e.symlinks
-                .push((dir.join(&l.soname), PathBuf::from(&l.file_name)));
+            e.symlinks.push((dir.join(&l.soname), PathBuf::from(&l.file_name)));
         }
         if let Some((_, link)) = DEV_LINKS.iter().find(|(n, _)| *n == l.name) {
             e.symlinks.push((dir.join(link), PathBuf::from(&l.soname)));
@@ -169,21 +160,15 @@ pub fn edits(driver: &Driver, selected: &[GpuInfo], caps: &Capabilities) -> Resu
     // Binaries.
     let groups = caps.groups();
     for b in driver.binaries.iter().filter(|b| groups.contains(&b.group)) {
-        e.mounts.push(ro_bind(
-            &b.host_path,
-            Path::new(BIN_DIR).join(&b.name),
-            false,
-        ));
+        e.mounts.push(ro_bind(&b.host_path, Path::new(BIN_DIR).join(&b.name), false));
     }
 
     // Optional: firmware, sockets, MPS pipe dir.
     for f in &driver.firmware {
-        e.mounts
-            .push(ro_bind(&f.host_path, f.container_path.clone(), true));
+        e.mounts.push(ro_bind(&f.host_path, f.container_path.clone(), true));
     }
     for s in &driver.sockets {
-        e.mounts
-            .push(ro_bind(&s.host_path, s.container_path.clone(), true));
+        e.mounts.push(ro_bind(&s.host_path, s.container_path.clone(), true));
     }
     if let (true, Some(d)) = (caps.compute, &driver.mps_pipe_dir) {
         e.mounts.push(BindMount {
@@ -196,39 +181,23 @@ pub fn edits(driver: &Driver, selected: &[GpuInfo], caps: &Capabilities) -> Resu
 
     // Environment.
     let visible = if selected.iter().all(|g| g.uuid.is_some()) {
-        selected
-            .iter()
-            .map(|g| g.uuid.clone().unwrap())
-            .collect::<Vec<_>>()
-            .join(",")
+        selected.iter().map(|g| g.uuid.clone().unwrap()).collect::<Vec<_>>().join(",")
     } else {
-        selected
-            .iter()
-            .map(|g| g.index.to_string())
-            .collect::<Vec<_>>()
-            .join(",")
+        selected.iter().map(|g| g.index.to_string()).collect::<Vec<_>>().join(",")
     };
     e.env.push(("NVIDIA_VISIBLE_DEVICES".into(), visible));
     e.env.push((
         "CUDA_VISIBLE_DEVICES".into(),
-        (0..selected.len())
-            .map(|i| i.to_string())
-            .collect::<Vec<_>>()
-            .join(","),
+        (0..selected.len()).map(|i| i.to_string()).collect::<Vec<_>>().join(","),
     ));
-    e.env
-        .push(("NVIDIA_DRIVER_CAPABILITIES".into(), caps.to_string()));
+    e.env.push(("NVIDIA_DRIVER_CAPABILITIES".into(), caps.to_string()));
     Ok(e)
 }
 
 /// Extra read-only binds of the host libraries over the driver libraries a rootfs ships
 /// (`rootfs` is the host path of the sandbox's lower layer). Returns the mounts and notes
 /// about what was left alone. See the module doc for why.
-pub fn rootfs_overrides(
-    driver: &Driver,
-    caps: &Capabilities,
-    rootfs: &Path,
-) -> Result<(Vec<BindMount>, Vec<String>)> {
+pub fn rootfs_overrides(driver: &Driver, caps: &Capabilities, rootfs: &Path) -> Result<(Vec<BindMount>, Vec<String>)> {
     let mut mounts: Vec<BindMount> = Vec::new();
     let mut notes = Vec::new();
     let Some(version) = &driver.version else {
@@ -261,11 +230,7 @@ pub fn rootfs_overrides(
         let mut dirs: Vec<_> = rd
             .filter_map(|e| e.ok())
             .filter(|e| e.file_name().to_string_lossy().starts_with("cuda"))
-            .map(|e| {
-                PathBuf::from("/usr/local")
-                    .join(e.file_name())
-                    .join("compat")
-            })
+            .map(|e| PathBuf::from("/usr/local").join(e.file_name()).join("compat"))
             .collect();
         dirs.sort();
         for d in dirs {
@@ -275,9 +240,7 @@ pub fn rootfs_overrides(
             let Ok(rd) = std::fs::read_dir(host_path(rootfs, &real_dir)) else {
                 continue;
             };
-            let mut names: Vec<String> = rd
-                .filter_map(|e| e.ok()?.file_name().into_string().ok())
-                .collect();
+            let mut names: Vec<String> = rd.filter_map(|e| e.ok()?.file_name().into_string().ok()).collect();
             names.sort();
             for name in names {
                 let Some((base, v)) = split_so_name(&name) else {

@@ -107,26 +107,16 @@ impl LdCache {
     }
 
     pub fn load_file(file: &Path) -> Result<LdCache> {
-        let bytes = std::fs::read(file)
-            .with_context(|| format!("cannot read the dynamic linker cache {}", file.display()))?;
-        let (format, entries) = parse(&bytes).with_context(|| {
-            format!(
-                "{} is not a valid ld.so.cache (run ldconfig to rebuild it)",
-                file.display()
-            )
-        })?;
-        Ok(LdCache {
-            file: file.to_path_buf(),
-            format,
-            entries,
-        })
+        let bytes =
+            std::fs::read(file).with_context(|| format!("cannot read the dynamic linker cache {}", file.display()))?;
+        let (format, entries) = parse(&bytes)
+            .with_context(|| format!("{} is not a valid ld.so.cache (run ldconfig to rebuild it)", file.display()))?;
+        Ok(LdCache { file: file.to_path_buf(), format, entries })
     }
 
     /// Entries for `name` usable by this architecture, in ld.so's preference order.
     pub fn lookup<'a>(&'a self, name: &'a str) -> impl Iterator<Item = &'a CacheEntry> + 'a {
-        self.entries
-            .iter()
-            .filter(move |e| e.name == name && e.is_host_native())
+        self.entries.iter().filter(move |e| e.name == name && e.is_host_native())
     }
 }
 
@@ -160,12 +150,7 @@ pub fn parse(bytes: &[u8]) -> Result<(CacheFormat, Vec<CacheEntry>)> {
         let flags = u32_le(bytes, e) as i32;
         let name = c_str(strings, u32_le(bytes, e + 4) as usize)?;
         let path = c_str(strings, u32_le(bytes, e + 8) as usize)?;
-        entries.push(CacheEntry {
-            name,
-            path: PathBuf::from(path),
-            flags,
-            hwcap: 0,
-        });
+        entries.push(CacheEntry { name, path: PathBuf::from(path), flags, hwcap: 0 });
     }
     Ok((CacheFormat::Old, entries))
 }
@@ -193,12 +178,7 @@ fn parse_new(bytes: &[u8]) -> Result<Vec<CacheEntry>> {
         let name = c_str(bytes, u32_le(bytes, e + 4) as usize)?;
         let path = c_str(bytes, u32_le(bytes, e + 8) as usize)?;
         let hwcap = u64::from_le_bytes(bytes[e + 16..e + 24].try_into().unwrap());
-        entries.push(CacheEntry {
-            name,
-            path: PathBuf::from(path),
-            flags,
-            hwcap,
-        });
+        entries.push(CacheEntry { name, path: PathBuf::from(path), flags, hwcap });
     }
     Ok(entries)
 }
@@ -213,13 +193,8 @@ fn u32_le(b: &[u8], off: usize) -> u32 {
 }
 
 fn c_str(b: &[u8], off: usize) -> Result<String> {
-    let tail = b
-        .get(off..)
-        .context("string offset past the end of the file")?;
-    let len = tail
-        .iter()
-        .position(|&c| c == 0)
-        .context("unterminated string")?;
+    let tail = b.get(off..).context("string offset past the end of the file")?;
+    let len = tail.iter().position(|&c| c == 0).context("unterminated string")?;
     Ok(String::from_utf8_lossy(&tail[..len]).into_owned())
 }
 
@@ -256,17 +231,8 @@ mod tests {
 
     /// `(name, path)` pairs as `ldconfig -p -C FILE` prints them.
     fn ldconfig_p(cache: &Path) -> BTreeSet<(String, String)> {
-        let out = Command::new("ldconfig")
-            .arg("-p")
-            .arg("-C")
-            .arg(cache)
-            .output()
-            .expect("run ldconfig -p");
-        assert!(
-            out.status.success(),
-            "ldconfig -p failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        let out = Command::new("ldconfig").arg("-p").arg("-C").arg(cache).output().expect("run ldconfig -p");
+        assert!(out.status.success(), "ldconfig -p failed: {}", String::from_utf8_lossy(&out.stderr));
         String::from_utf8(out.stdout)
             .unwrap()
             .lines()
@@ -280,11 +246,7 @@ mod tests {
     }
 
     fn ours(cache: &LdCache) -> BTreeSet<(String, String)> {
-        cache
-            .entries
-            .iter()
-            .map(|e| (e.name.clone(), e.path.display().to_string()))
-            .collect()
+        cache.entries.iter().map(|e| (e.name.clone(), e.path.display().to_string())).collect()
     }
 
     #[test]
@@ -293,10 +255,7 @@ mod tests {
         assert!(cache.entries.len() > 10, "suspiciously small host cache");
         assert_eq!(ours(&cache), ldconfig_p(Path::new("/etc/ld.so.cache")));
         let libc: Vec<_> = cache.lookup("libc.so.6").collect();
-        assert!(
-            !libc.is_empty(),
-            "libc.so.6 not found for this architecture"
-        );
+        assert!(!libc.is_empty(), "libc.so.6 not found for this architecture");
         assert_eq!(libc[0].flags, CacheEntry::host_flags());
         assert!(libc[0].describe_flags().starts_with("libc6,"));
     }
@@ -305,18 +264,10 @@ mod tests {
     #[test]
     fn old_and_compat_formats_written_by_ldconfig() {
         let t = tempfile::tempdir().unwrap();
-        for (fmt, want) in [
-            ("old", CacheFormat::Old),
-            ("compat", CacheFormat::Compat),
-            ("new", CacheFormat::New),
-        ] {
+        for (fmt, want) in [("old", CacheFormat::Old), ("compat", CacheFormat::Compat), ("new", CacheFormat::New)] {
             let file = t.path().join(format!("{fmt}.cache"));
             // -X: do not touch symlinks in the scanned dirs.
-            let st = Command::new("ldconfig")
-                .args(["-X", "-c", fmt, "-C"])
-                .arg(&file)
-                .status()
-                .unwrap();
+            let st = Command::new("ldconfig").args(["-X", "-c", fmt, "-C"]).arg(&file).status().unwrap();
             assert!(st.success(), "ldconfig -c {fmt}");
             let cache = LdCache::load_file(&file).unwrap();
             assert_eq!(cache.format, want, "{fmt}");
@@ -327,37 +278,19 @@ mod tests {
     #[test]
     fn synthetic_old_format() {
         let img = build_old_format(&[
-            (
-                "libcuda.so.1",
-                "/usr/lib/x86_64-linux-gnu/libcuda.so.1",
-                0x0303,
-            ),
-            (
-                "libcuda.so.1",
-                "/usr/lib/i386-linux-gnu/libcuda.so.1",
-                0x0003,
-            ),
-            (
-                "libnvidia-ml.so.1",
-                "/usr/lib/aarch64-linux-gnu/libnvidia-ml.so.1",
-                0x0a03,
-            ),
+            ("libcuda.so.1", "/usr/lib/x86_64-linux-gnu/libcuda.so.1", 0x0303),
+            ("libcuda.so.1", "/usr/lib/i386-linux-gnu/libcuda.so.1", 0x0003),
+            ("libnvidia-ml.so.1", "/usr/lib/aarch64-linux-gnu/libnvidia-ml.so.1", 0x0a03),
         ]);
         let (fmt, e) = parse(&img).unwrap();
         assert_eq!(fmt, CacheFormat::Old);
         assert_eq!(e.len(), 3);
         assert_eq!(e[0].name, "libcuda.so.1");
-        assert_eq!(
-            e[0].path,
-            PathBuf::from("/usr/lib/x86_64-linux-gnu/libcuda.so.1")
-        );
+        assert_eq!(e[0].path, PathBuf::from("/usr/lib/x86_64-linux-gnu/libcuda.so.1"));
         assert_eq!(e[0].describe_flags(), "libc6,x86-64");
         assert_eq!(e[1].describe_flags(), "libc6");
         assert_eq!(e[2].describe_flags(), "libc6,AArch64");
-        assert_eq!(
-            e[2].path,
-            PathBuf::from("/usr/lib/aarch64-linux-gnu/libnvidia-ml.so.1")
-        );
+        assert_eq!(e[2].path, PathBuf::from("/usr/lib/aarch64-linux-gnu/libnvidia-ml.so.1"));
         // Corruption is an error, never a panic.
         assert!(parse(&img[..20]).is_err());
         assert!(parse(b"garbage").is_err());

@@ -168,14 +168,9 @@ impl Driver {
 pub fn discover(opts: &DiscoverOptions, inventory: &dyn GpuInventory) -> Result<Driver> {
     let root = &opts.driver_root;
     if !root.is_dir() {
-        bail!(
-            "driver root {} is not a directory: fix --driver-root",
-            root.display()
-        );
+        bail!("driver root {} is not a directory: fix --driver-root", root.display());
     }
-    let root = root
-        .canonicalize()
-        .with_context(|| format!("cannot resolve driver root {}", root.display()))?;
+    let root = root.canonicalize().with_context(|| format!("cannot resolve driver root {}", root.display()))?;
     driver::discover(&root, &opts.extra_lib_dirs, inventory)
 }
 
@@ -193,7 +188,9 @@ pub fn edits_for(
     }
     let use_cdi = matches!(request, GpuRequest::Cdi(_)) || cdi.is_some_and(|r| r.explicit);
     if use_cdi {
-        let reg = cdi.context("CDI devices were requested but no CDI specs were loaded: pass --cdi-spec FILE or put specs in /etc/cdi")?;
+        let reg = cdi.context(
+            "CDI devices were requested but no CDI specs were loaded: pass --cdi-spec FILE or put specs in /etc/cdi",
+        )?;
         return cdi::edits(reg, &request.cdi_names());
     }
     let driver = driver.context("GPU requested but the NVIDIA driver was not discovered")?;
@@ -243,10 +240,7 @@ pub fn list(opts: &DiscoverOptions, caps: &Capabilities) -> Result<report::Repor
 
 /// Is `name` a library base name of one of the known groups (`libcuda`)?
 pub fn lib_group(name: &str) -> Option<LibGroup> {
-    driver::LIBRARIES
-        .iter()
-        .find(|(_, names)| names.contains(&name))
-        .map(|(g, _)| *g)
+    driver::LIBRARIES.iter().find(|(_, names)| names.contains(&name)).map(|(g, _)| *g)
 }
 
 /// `libcuda.so.535.54.15` -> (`libcuda`, `535.54.15`); `libcuda.so` -> (`libcuda`, ``).
@@ -261,10 +255,7 @@ pub fn split_so_name(file: &str) -> Option<(&str, &str)> {
 
 pub(crate) fn is_driver_version(v: &str) -> bool {
     let parts: Vec<&str> = v.split('.').collect();
-    (2..=3).contains(&parts.len())
-        && parts
-            .iter()
-            .all(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()))
+    (2..=3).contains(&parts.len()) && parts.iter().all(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()))
 }
 
 #[cfg(test)]
@@ -273,19 +264,13 @@ mod tests {
 
     #[test]
     fn so_names() {
-        assert_eq!(
-            split_so_name("libcuda.so.535.54.15"),
-            Some(("libcuda", "535.54.15"))
-        );
+        assert_eq!(split_so_name("libcuda.so.535.54.15"), Some(("libcuda", "535.54.15")));
         assert_eq!(split_so_name("libcuda.so.1"), Some(("libcuda", "1")));
         assert_eq!(split_so_name("libcuda.so"), Some(("libcuda", "")));
         assert_eq!(split_so_name("libcuda.sox"), None);
         assert_eq!(lib_group("libcuda"), Some(LibGroup::Compute));
         assert_eq!(lib_group("libnvidia-ml"), Some(LibGroup::Utility));
-        assert_eq!(
-            lib_group("libnvidia-pkcs11-openssl3"),
-            Some(LibGroup::Compute)
-        );
+        assert_eq!(lib_group("libnvidia-pkcs11-openssl3"), Some(LibGroup::Compute));
         assert_eq!(lib_group("libnvidia"), None);
         assert!(is_driver_version("535.309.01"));
         assert!(is_driver_version("550.54"));

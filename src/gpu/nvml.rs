@@ -40,17 +40,10 @@ impl NvmlInventory {
     }
 
     /// [`NvmlInventory::load`] with the kernel-module marker file given (tests).
-    pub fn load_with_module_check(
-        driver_root: &Path,
-        extra_lib_dirs: &[PathBuf],
-        module_file: &Path,
-    ) -> NvmlInventory {
+    pub fn load_with_module_check(driver_root: &Path, extra_lib_dirs: &[PathBuf], module_file: &Path) -> NvmlInventory {
         if !module_file.exists() {
             return NvmlInventory {
-                nvml: Err(format!(
-                    "the NVIDIA kernel module is not loaded on this host: no {}",
-                    module_file.display()
-                )),
+                nvml: Err(format!("the NVIDIA kernel module is not loaded on this host: no {}", module_file.display())),
                 lib_dir: None,
             };
         }
@@ -74,28 +67,14 @@ impl NvmlInventory {
         }
         let mut errors = Vec::new();
         for lib in &tries {
-            match nvml_wrapper::Nvml::builder()
-                .lib_path(OsStr::new(lib))
-                .init()
-            {
-                Ok(nvml) => {
-                    return NvmlInventory {
-                        nvml: Ok(nvml),
-                        lib_dir: loaded_nvml_dir(),
-                    }
-                }
+            match nvml_wrapper::Nvml::builder().lib_path(OsStr::new(lib)).init() {
+                Ok(nvml) => return NvmlInventory { nvml: Ok(nvml), lib_dir: loaded_nvml_dir() },
                 Err(e) => errors.push(format!("{}: {}", lib.display(), describe(&e))),
             }
         }
-        let why = if errors.is_empty() {
-            format!("not found under {}", driver_root.display())
-        } else {
-            errors.join("; ")
-        };
-        NvmlInventory {
-            nvml: Err(why),
-            lib_dir: None,
-        }
+        let why =
+            if errors.is_empty() { format!("not found under {}", driver_root.display()) } else { errors.join("; ") };
+        NvmlInventory { nvml: Err(why), lib_dir: None }
     }
 
     fn nvml(&self) -> Result<&nvml_wrapper::Nvml> {
@@ -144,10 +123,7 @@ impl GpuInventory for NvmlInventory {
                 name: d.name().unwrap_or_else(|_| "unknown".into()),
                 minor: d.minor_number()?,
                 memory_total_bytes: d.memory_info().ok().map(|m| m.total),
-                compute_capability: d
-                    .cuda_compute_capability()
-                    .ok()
-                    .map(|c| (c.major as u32, c.minor as u32)),
+                compute_capability: d.cuda_compute_capability().ok().map(|c| (c.major as u32, c.minor as u32)),
                 mig_enabled: d.mig_mode().ok().map(|m| m.current == 1),
                 pci_bus_id: d.pci_info().ok().map(|p| p.bus_id),
                 source: GpuSource::Nvml,
@@ -277,26 +253,17 @@ mod tests {
         let root = tempfile::tempdir().unwrap();
         let marker = root.path().join("version");
         std::fs::write(&marker, "NVRM version: fake").unwrap();
-        let inv = NvmlInventory::load_with_module_check(
-            root.path(),
-            &[PathBuf::from("/usr/local/nvidia/lib64")],
-            &marker,
-        );
+        let inv =
+            NvmlInventory::load_with_module_check(root.path(), &[PathBuf::from("/usr/local/nvidia/lib64")], &marker);
         let e = inv.driver_version().unwrap_err().to_string();
         assert!(e.contains("not found under"), "{e}");
         // A root with an unloadable libnvidia-ml.so.1: the loader's reason is kept.
         let lib = root.path().join("usr/local/nvidia/lib64");
         std::fs::create_dir_all(&lib).unwrap();
         std::fs::write(lib.join("libnvidia-ml.so.1"), b"not an ELF file").unwrap();
-        let inv = NvmlInventory::load_with_module_check(
-            root.path(),
-            &[PathBuf::from("/usr/local/nvidia/lib64")],
-            &marker,
-        );
+        let inv =
+            NvmlInventory::load_with_module_check(root.path(), &[PathBuf::from("/usr/local/nvidia/lib64")], &marker);
         let e = inv.driver_version().unwrap_err().to_string();
-        assert!(
-            e.contains("libnvidia-ml.so.1: cannot load the library"),
-            "{e}"
-        );
+        assert!(e.contains("libnvidia-ml.so.1: cannot load the library"), "{e}");
     }
 }

@@ -29,10 +29,7 @@ pub fn resolve_in_root(root: &Path, path: &Path) -> io::Result<PathBuf> {
         if meta.file_type().is_symlink() {
             hops += 1;
             if hops > MAX_SYMLINKS {
-                return Err(io::Error::other(format!(
-                    "too many levels of symbolic links at {}",
-                    host.display()
-                )));
+                return Err(io::Error::other(format!("too many levels of symbolic links at {}", host.display())));
             }
             let target = std::fs::read_link(&host)?;
             if target.is_absolute() {
@@ -65,9 +62,7 @@ pub fn resolve_host(root: &Path, path: &Path) -> io::Result<PathBuf> {
 
 /// Maps a host path back to its in-root path, when it lies under `root`.
 pub fn in_root(root: &Path, host: &Path) -> Option<PathBuf> {
-    host.strip_prefix(root)
-        .ok()
-        .map(|rel| Path::new("/").join(rel))
+    host.strip_prefix(root).ok().map(|rel| Path::new("/").join(rel))
 }
 
 fn components(path: &Path) -> Vec<OsString> {
@@ -93,11 +88,7 @@ mod tests {
         std::fs::create_dir_all(r.join("etc/alternatives")).unwrap();
         std::fs::write(r.join("usr/lib/nv/current/libx.so.1.2"), b"x").unwrap();
         symlink("libx.so.1.2", r.join("usr/lib/nv/current/libx.so.1")).unwrap();
-        symlink(
-            "/usr/lib/nv/current/libx.so.1",
-            r.join("etc/alternatives/libx"),
-        )
-        .unwrap();
+        symlink("/usr/lib/nv/current/libx.so.1", r.join("etc/alternatives/libx")).unwrap();
         symlink("/etc/alternatives/libx", r.join("usr/lib/libx.so.1")).unwrap();
         // `..` past the root is clamped, as in a chroot.
         symlink("../../../../../usr/lib/libx.so.1", r.join("etc/escape")).unwrap();
@@ -109,26 +100,12 @@ mod tests {
             resolve_in_root(r, Path::new("/etc/escape")).unwrap(),
             PathBuf::from("/usr/lib/nv/current/libx.so.1.2")
         );
-        assert_eq!(
-            resolve_host(r, Path::new("usr/lib/libx.so.1")).unwrap(),
-            r.join("usr/lib/nv/current/libx.so.1.2")
-        );
+        assert_eq!(resolve_host(r, Path::new("usr/lib/libx.so.1")).unwrap(), r.join("usr/lib/nv/current/libx.so.1.2"));
         symlink("/missing", r.join("dangling")).unwrap();
-        assert_eq!(
-            resolve_in_root(r, Path::new("/dangling"))
-                .unwrap_err()
-                .kind(),
-            io::ErrorKind::NotFound
-        );
+        assert_eq!(resolve_in_root(r, Path::new("/dangling")).unwrap_err().kind(), io::ErrorKind::NotFound);
         symlink("/loop", r.join("loop")).unwrap();
         assert!(resolve_in_root(r, Path::new("/loop")).is_err());
-        assert_eq!(
-            in_root(r, &r.join("dev/nvidia0")),
-            Some(PathBuf::from("/dev/nvidia0"))
-        );
-        assert_eq!(
-            host_path(Path::new("/"), Path::new("/dev/x")),
-            PathBuf::from("/dev/x")
-        );
+        assert_eq!(in_root(r, &r.join("dev/nvidia0")), Some(PathBuf::from("/dev/nvidia0")));
+        assert_eq!(host_path(Path::new("/"), Path::new("/dev/x")), PathBuf::from("/dev/x"));
     }
 }

@@ -81,12 +81,7 @@ impl Report {
     pub fn build(driver: &Driver, caps: &Capabilities, cdi: Option<&Registry>) -> Report {
         let mut items = Vec::new();
         let dev = &driver.devices;
-        for n in dev
-            .gpus
-            .iter()
-            .chain(dev.control_nodes())
-            .chain(dev.gdrdrv.iter())
-        {
+        for n in dev.gpus.iter().chain(dev.control_nodes()).chain(dev.gdrdrv.iter()) {
             items.push(Item {
                 kind: ItemKind::Device,
                 container_path: n.path.clone(),
@@ -209,15 +204,8 @@ fn human_bytes(b: u64) -> String {
 
 fn table(f: &mut fmt::Formatter<'_>, rows: &[Vec<String>]) -> fmt::Result {
     let cols = rows.iter().map(Vec::len).max().unwrap_or(0);
-    let widths: Vec<usize> = (0..cols)
-        .map(|c| {
-            rows.iter()
-                .filter_map(|r| r.get(c))
-                .map(|s| s.chars().count())
-                .max()
-                .unwrap_or(0)
-        })
-        .collect();
+    let widths: Vec<usize> =
+        (0..cols).map(|c| rows.iter().filter_map(|r| r.get(c)).map(|s| s.chars().count()).max().unwrap_or(0)).collect();
     for r in rows {
         let mut line = String::from("  ");
         for (c, cell) in r.iter().enumerate() {
@@ -237,20 +225,10 @@ impl fmt::Display for Report {
         let dash = "-".to_string();
         writeln!(f, "driver root     {}", self.driver_root.display())?;
         match &self.driver_version {
-            Some(v) => writeln!(
-                f,
-                "NVIDIA driver   {v} (from {})",
-                self.version_source.as_deref().unwrap_or("?")
-            )?,
+            Some(v) => writeln!(f, "NVIDIA driver   {v} (from {})", self.version_source.as_deref().unwrap_or("?"))?,
             None => writeln!(f, "NVIDIA driver   not found")?,
         }
-        writeln!(
-            f,
-            "CUDA driver     {}",
-            self.cuda_driver_version
-                .as_deref()
-                .unwrap_or("unknown (needs NVML)")
-        )?;
+        writeln!(f, "CUDA driver     {}", self.cuda_driver_version.as_deref().unwrap_or("unknown (needs NVML)"))?;
         match (&self.nvml.loaded, &self.nvml.library_dir, &self.nvml.error) {
             (true, Some(d), _) => writeln!(f, "NVML            loaded from {}", d.display())?,
             (true, None, _) => writeln!(f, "NVML            loaded")?,
@@ -263,26 +241,17 @@ impl fmt::Display for Report {
             None => writeln!(f, "GPUs: none")?,
             Some(src) => {
                 writeln!(f, "GPUs (from {src}):")?;
-                let mut rows = vec![[
-                    "INDEX", "NODE", "UUID", "NAME", "MEMORY", "CC", "MIG", "PCI",
-                ]
-                .map(String::from)
-                .to_vec()];
+                let mut rows =
+                    vec![["INDEX", "NODE", "UUID", "NAME", "MEMORY", "CC", "MIG", "PCI"].map(String::from).to_vec()];
                 for g in &self.gpus {
                     rows.push(vec![
                         g.index.to_string(),
                         format!("/dev/nvidia{}", g.minor),
                         g.uuid.clone().unwrap_or_else(|| dash.clone()),
                         g.name.clone(),
-                        g.memory_total_bytes
-                            .map(human_bytes)
-                            .unwrap_or_else(|| dash.clone()),
-                        g.compute_capability
-                            .map(|(a, b)| format!("{a}.{b}"))
-                            .unwrap_or_else(|| dash.clone()),
-                        g.mig_enabled
-                            .map(|m| if m { "on" } else { "off" }.to_string())
-                            .unwrap_or_else(|| dash.clone()),
+                        g.memory_total_bytes.map(human_bytes).unwrap_or_else(|| dash.clone()),
+                        g.compute_capability.map(|(a, b)| format!("{a}.{b}")).unwrap_or_else(|| dash.clone()),
+                        g.mig_enabled.map(|m| if m { "on" } else { "off" }.to_string()).unwrap_or_else(|| dash.clone()),
                         g.pci_bus_id.clone().unwrap_or_else(|| dash.clone()),
                     ]);
                 }
@@ -295,9 +264,7 @@ impl fmt::Display for Report {
             None => writeln!(f, "A GPU job (--gpus all) would get:")?,
         }
         if !self.items.is_empty() {
-            let mut rows = vec![["KIND", "CONTAINER PATH", "SOURCE", "DETAIL"]
-                .map(String::from)
-                .to_vec()];
+            let mut rows = vec![["KIND", "CONTAINER PATH", "SOURCE", "DETAIL"].map(String::from).to_vec()];
             for i in &self.items {
                 let src = if i.kind == ItemKind::Symlink {
                     format!("-> {}", i.source.display())
@@ -309,12 +276,7 @@ impl fmt::Display for Report {
                 } else {
                     i.detail.clone()
                 };
-                rows.push(vec![
-                    i.kind.to_string(),
-                    i.container_path.display().to_string(),
-                    src,
-                    detail,
-                ]);
+                rows.push(vec![i.kind.to_string(), i.container_path.display().to_string(), src, detail]);
             }
             table(f, &rows)?;
         }
@@ -322,21 +284,13 @@ impl fmt::Display for Report {
             writeln!(
                 f,
                 "  environment: {}",
-                self.env
-                    .iter()
-                    .map(|(k, v)| format!("{k}={v}"))
-                    .collect::<Vec<_>>()
-                    .join(" ")
+                self.env.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join(" ")
             )?;
         }
         if !self.missing.is_empty() {
             writeln!(f)?;
             writeln!(f, "Not available:")?;
-            let rows: Vec<Vec<String>> = self
-                .missing
-                .iter()
-                .map(|m| vec![m.item.clone(), m.why.clone()])
-                .collect();
+            let rows: Vec<Vec<String>> = self.missing.iter().map(|m| vec![m.item.clone(), m.why.clone()]).collect();
             table(f, &rows)?;
         }
         if !self.notes.is_empty() {
@@ -354,11 +308,7 @@ impl fmt::Display for Report {
                 writeln!(
                     f,
                     "CDI specs: {}",
-                    c.specs
-                        .iter()
-                        .map(|p| p.display().to_string())
-                        .collect::<Vec<_>>()
-                        .join(", ")
+                    c.specs.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(", ")
                 )?;
                 writeln!(f, "CDI devices: {}", c.devices.join(", "))?;
             }

@@ -42,18 +42,12 @@ impl GpuRequest {
             "all" => return Ok(GpuRequest::All),
             _ => {}
         }
-        let items: Vec<&str> = t
-            .split(',')
-            .map(str::trim)
-            .filter(|i| !i.is_empty())
-            .collect();
+        let items: Vec<&str> = t.split(',').map(str::trim).filter(|i| !i.is_empty()).collect();
         if items.iter().any(|i| i.contains('=')) {
             if let Some(bad) = items.iter().find(|i| !i.contains('=')) {
                 bail!("malformed --gpus '{s}': '{bad}' mixes a plain GPU id with CDI names; write every item as vendor.com/class=name");
             }
-            return Ok(GpuRequest::Cdi(
-                items.iter().map(|i| i.to_string()).collect(),
-            ));
+            return Ok(GpuRequest::Cdi(items.iter().map(|i| i.to_string()).collect()));
         }
         let mut ids = Vec::new();
         for i in items {
@@ -127,10 +121,7 @@ pub fn select_from(gpus: &[GpuInfo], request: &GpuRequest) -> Result<Vec<GpuInfo
                 match found {
                     Some(g) if !v.contains(g) => v.push(g.clone()),
                     Some(_) => {}
-                    None => bail!(
-                        "--gpus: no GPU '{id}' on this host; available: {}",
-                        available(gpus)
-                    ),
+                    None => bail!("--gpus: no GPU '{id}' on this host; available: {}", available(gpus)),
                 }
             }
             v
@@ -147,10 +138,7 @@ fn available(gpus: &[GpuInfo]) -> String {
     gpus.iter()
         .map(|g| match &g.uuid {
             Some(u) => format!("{} ({u})", g.index),
-            None => format!(
-                "{} (/dev/nvidia{}, UUID unknown without NVML)",
-                g.index, g.minor
-            ),
+            None => format!("{} (/dev/nvidia{}, UUID unknown without NVML)", g.index, g.minor),
         })
         .collect::<Vec<_>>()
         .join(", ")
@@ -204,9 +192,7 @@ pub fn split(gpus: &[GpuInfo], agents: usize, per_agent: PerAgent) -> Result<Vec
         PerAgent::None | PerAgent::Count(0) => Ok(vec![Vec::new(); agents]),
         PerAgent::All => {
             if sorted.is_empty() {
-                bail!(
-                    "--gpus-per-agent all: this host has no NVIDIA GPU; use --gpus-per-agent none"
-                );
+                bail!("--gpus-per-agent all: this host has no NVIDIA GPU; use --gpus-per-agent none");
             }
             Ok(vec![sorted; agents])
         }
@@ -221,11 +207,7 @@ pub fn split(gpus: &[GpuInfo], agents: usize, per_agent: PerAgent) -> Result<Vec
                     plural(sorted.len())
                 );
             }
-            Ok(sorted
-                .chunks(n)
-                .take(agents)
-                .map(<[GpuInfo]>::to_vec)
-                .collect())
+            Ok(sorted.chunks(n).take(agents).map(<[GpuInfo]>::to_vec).collect())
         }
     }
 }
@@ -261,40 +243,20 @@ mod tests {
             GpuRequest::parse("nvidia.com/gpu=0,nvidia.com/gpu=all").unwrap(),
             GpuRequest::Cdi(vec!["nvidia.com/gpu=0".into(), "nvidia.com/gpu=all".into()])
         );
-        assert!(GpuRequest::parse("0,nvidia.com/gpu=1")
-            .unwrap_err()
-            .to_string()
-            .contains("mixes"));
-        assert!(GpuRequest::parse("MIG-1234")
-            .unwrap_err()
-            .to_string()
-            .contains("MIG"));
-        assert!(GpuRequest::parse("first")
-            .unwrap_err()
-            .to_string()
-            .contains("not an index"));
+        assert!(GpuRequest::parse("0,nvidia.com/gpu=1").unwrap_err().to_string().contains("mixes"));
+        assert!(GpuRequest::parse("MIG-1234").unwrap_err().to_string().contains("MIG"));
+        assert!(GpuRequest::parse("first").unwrap_err().to_string().contains("not an index"));
     }
 
     #[test]
     fn select_by_index_and_uuid() {
         let g = gpus(4);
-        let s = select_from(
-            &g,
-            &GpuRequest::parse("2,GPU-00000000-0000-0000-0000-000000000000,2").unwrap(),
-        )
-        .unwrap();
+        let s = select_from(&g, &GpuRequest::parse("2,GPU-00000000-0000-0000-0000-000000000000,2").unwrap()).unwrap();
         assert_eq!(s.iter().map(|g| g.index).collect::<Vec<_>>(), vec![0, 2]);
         assert_eq!(select_from(&g, &GpuRequest::All).unwrap().len(), 4);
-        let e = select_from(&g, &GpuRequest::parse("7").unwrap())
-            .unwrap_err()
-            .to_string();
-        assert!(
-            e.contains("no GPU '7'") && e.contains("available: 0 (GPU-"),
-            "{e}"
-        );
-        let e = select_from(&g, &GpuRequest::parse("GPU-deadbeef").unwrap())
-            .unwrap_err()
-            .to_string();
+        let e = select_from(&g, &GpuRequest::parse("7").unwrap()).unwrap_err().to_string();
+        assert!(e.contains("no GPU '7'") && e.contains("available: 0 (GPU-"), "{e}");
+        let e = select_from(&g, &GpuRequest::parse("GPU-deadbeef").unwrap()).unwrap_err().to_string();
         assert!(e.contains("GPU-deadbeef"), "{e}");
         assert!(select_from(&[], &GpuRequest::All).is_err());
         assert!(select_from(&[], &GpuRequest::None).unwrap().is_empty());
@@ -303,27 +265,12 @@ mod tests {
     #[test]
     fn splits() {
         let g = gpus(4);
-        let idx = |v: &Vec<Vec<GpuInfo>>| {
-            v.iter()
-                .map(|s| s.iter().map(|g| g.index).collect())
-                .collect::<Vec<Vec<u32>>>()
-        };
-        assert_eq!(
-            idx(&split(&g, 4, PerAgent::default()).unwrap()),
-            vec![vec![0], vec![1], vec![2], vec![3]]
-        );
-        assert_eq!(
-            idx(&split(&g, 2, PerAgent::Count(2)).unwrap()),
-            vec![vec![0, 1], vec![2, 3]]
-        );
-        assert_eq!(
-            idx(&split(&g, 1, PerAgent::Count(3)).unwrap()),
-            vec![vec![0, 1, 2]]
-        );
-        assert_eq!(
-            idx(&split(&g, 3, PerAgent::None).unwrap()),
-            vec![Vec::<u32>::new(); 3]
-        );
+        let idx =
+            |v: &Vec<Vec<GpuInfo>>| v.iter().map(|s| s.iter().map(|g| g.index).collect()).collect::<Vec<Vec<u32>>>();
+        assert_eq!(idx(&split(&g, 4, PerAgent::default()).unwrap()), vec![vec![0], vec![1], vec![2], vec![3]]);
+        assert_eq!(idx(&split(&g, 2, PerAgent::Count(2)).unwrap()), vec![vec![0, 1], vec![2, 3]]);
+        assert_eq!(idx(&split(&g, 1, PerAgent::Count(3)).unwrap()), vec![vec![0, 1, 2]]);
+        assert_eq!(idx(&split(&g, 3, PerAgent::None).unwrap()), vec![Vec::<u32>::new(); 3]);
         assert_eq!(split(&g, 2, PerAgent::All).unwrap()[1].len(), 4);
         assert_eq!(
             split(&g, 3, PerAgent::Count(2)).unwrap_err().to_string(),

@@ -70,7 +70,11 @@ fn run_one(hook: &Path, env: &[(String, String)], timeout: Duration) -> Result<(
     let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
     let last = text.lines().rev().find(|l| !l.trim().is_empty()).unwrap_or("").trim().to_string();
     if !status.success() {
-        bail!("hook {} failed ({status}){}", hook.display(), if last.is_empty() { String::new() } else { format!(": {last}") });
+        bail!(
+            "hook {} failed ({status}){}",
+            hook.display(),
+            if last.is_empty() { String::new() } else { format!(": {last}") }
+        );
     }
     if !last.is_empty() {
         tracing::debug!("hook {}: {last}", hook.display());

@@ -249,6 +249,7 @@ pub fn run(home: &Home, settings: RunSettings, ctx: RunContext) -> Result<()> {
             edits,
             cgroup_path: PathBuf::new(),
             owned_dirs: vec![],
+            rootless: false,
         };
         crate::sandbox::runner::validate(&base_plan)?;
         let facts = phases::SlotFacts {

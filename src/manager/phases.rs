@@ -188,6 +188,7 @@ mod tests {
             edits: Default::default(),
             cgroup_path: PathBuf::new(),
             owned_dirs: vec![],
+            rootless: false,
         };
         let caps = advertised_capabilities(&plan, "h-0", "4.252.0", root.path());
         for (k, v) in [

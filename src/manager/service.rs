@@ -38,7 +38,10 @@ pub fn install(unit_dir: &Path, name: &str, config: &Path, home: &Home) -> Resul
     let path = unit_dir.join(format!("{name}.service"));
     std::fs::write(&path, unit_text(&exe, config, home)).with_context(|| format!("cannot write {}", path.display()))?;
     if !config.exists() {
-        tracing::warn!("{} does not exist yet: write it (url, pool, token_file, ...) before starting the service", config.display());
+        tracing::warn!(
+            "{} does not exist yet: write it (url, pool, token_file, ...) before starting the service",
+            config.display()
+        );
     }
     Ok(path)
 }

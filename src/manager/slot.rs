@@ -180,7 +180,9 @@ fn one_job(
     })();
     match next {
         Ok(s) => *prepared = Some(s),
-        Err(e) => tracing::warn!(slot = cfg.index, "could not prepare the next sandbox ({e:#}); it will be built on demand"),
+        Err(e) => {
+            tracing::warn!(slot = cfg.index, "could not prepare the next sandbox ({e:#}); it will be built on demand")
+        }
     }
     let run = Phase { args: phases::run_args(), env, cwd: Some(phases::agent_dir()), ..Default::default() };
     let started = Instant::now();
@@ -320,7 +322,8 @@ pub fn job_result(upper: &Path) -> Option<String> {
 fn read_tail_of_regular_file(path: &Path, max: u64) -> Option<String> {
     use std::io::{Read, Seek, SeekFrom};
     use std::os::unix::fs::OpenOptionsExt;
-    let mut f = std::fs::OpenOptions::new().read(true).custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK).open(path).ok()?;
+    let mut f =
+        std::fs::OpenOptions::new().read(true).custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK).open(path).ok()?;
     let meta = f.metadata().ok()?;
     if !meta.file_type().is_file() {
         return None;

@@ -96,7 +96,22 @@ fn run(home: &Home, job: &JobDir, sys: &dyn Sys, reporter: &Reporter) -> Result<
     let merged = job.merged();
     keep_dev_null_writable()?;
     sys.private_mount_namespace()?;
-    sys.mount_overlay(&Overlay { lower: plan.lower.clone(), upper: job.upper(), work: job.work(), target: merged.clone() })?;
+    if plan.rootless {
+        // libcontainer cannot manage cgroups without host root (see rootless::join): the
+        // helper joins the delegated job cgroup itself (none without delegation; the
+        // warning was printed at start), then hides the host's cgroup tree from it.
+        if !plan.cgroup_path.as_os_str().is_empty() {
+            crate::rootless::join::join_job_cgroup(&plan.cgroup_path, &plan.limits)?;
+        }
+        sys.hide_cgroupfs()?;
+    }
+    sys.mount_overlay(&Overlay {
+        lower: plan.lower.clone(),
+        upper: job.upper(),
+        work: job.work(),
+        target: merged.clone(),
+        userxattr: plan.rootless,
+    })?;
     prepare_rootfs(&merged, &plan.edits)?;
     for dir in &plan.owned_dirs {
         let at = merged.join(dir.strip_prefix("/").unwrap_or(dir));
@@ -116,9 +131,12 @@ fn run(home: &Home, job: &JobDir, sys: &dyn Sys, reporter: &Reporter) -> Result<
         .with_systemd(false)
         .with_detach(false)
         .build()
-        .map_err(|e| anyhow::anyhow!("cannot create the sandbox: {}", explain_create_error(&e.to_string(), &plan.args)))?;
+        .map_err(|e| {
+            anyhow::anyhow!("cannot create the sandbox: {}", explain_create_error(&e.to_string(), &plan.args))
+        })?;
 
     tracing::debug!(job = %plan.id, "container created");
+    record_init(job, &container)?;
     if !wait_for_go() {
         let _ = container.delete(true);
         let _ = sys.unmount(&merged);
@@ -198,13 +216,21 @@ fn keep_dev_null_writable() -> Result<()> {
         let Ok(st) = nix::sys::stat::fstat(fd) else { continue };
         if st.st_mode & libc::S_IFMT == libc::S_IFCHR && st.st_rdev == null.st_rdev {
             if zero.is_none() {
-                zero = Some(std::fs::OpenOptions::new().write(true).open("/dev/zero").context("cannot open /dev/zero")?);
+                zero =
+                    Some(std::fs::OpenOptions::new().write(true).open("/dev/zero").context("cannot open /dev/zero")?);
             }
             let z = zero.as_ref().map(|f| f.as_raw_fd()).unwrap_or(-1);
             nix::unistd::dup2(z, fd).context("cannot redirect stdio from /dev/null to /dev/zero")?;
         }
     }
     Ok(())
+}
+
+/// Writes `init.pid` (see [`JobDir::init_file`]) so `gc` can kill the job if this helper dies.
+fn record_init(job: &JobDir, container: &libcontainer::container::Container) -> Result<()> {
+    let pid = container.pid().context("sandbox created but has no init pid")?.as_raw();
+    let start = super::teardown::process_start_time(pid).context("cannot read the job init's start time")?;
+    std::fs::write(job.init_file(), format!("{pid} {start}\n")).context("cannot record the job's init pid: disk full?")
 }
 
 /// For a prepared sandbox: blocks until the runner says go (true) or cancels (false).
@@ -250,11 +276,13 @@ fn prepare_rootfs(merged: &Path, edits: &crate::edits::ContainerEdits) -> Result
         let rel = link.strip_prefix("/").unwrap_or(link);
         let at = merged.join(rel);
         if let Some(parent) = at.parent() {
-            std::fs::create_dir_all(parent).with_context(|| format!("cannot create {} in the sandbox", parent.display()))?;
+            std::fs::create_dir_all(parent)
+                .with_context(|| format!("cannot create {} in the sandbox", parent.display()))?;
         }
         let _ = std::fs::remove_file(&at);
-        std::os::unix::fs::symlink(target, &at)
-            .with_context(|| format!("cannot create symlink {} -> {} in the sandbox", link.display(), target.display()))?;
+        std::os::unix::fs::symlink(target, &at).with_context(|| {
+            format!("cannot create symlink {} -> {} in the sandbox", link.display(), target.display())
+        })?;
     }
     Ok(())
 }

@@ -58,6 +58,12 @@ impl JobDir {
     pub fn lock_file(&self) -> PathBuf {
         self.root.join("lock")
     }
+    /// `PID STARTTIME` of the job's init, written by the helper once the container exists:
+    /// how `gc` finds a job whose helper died when the job has no cgroup (rootless without
+    /// delegation). Killing pid 1 of the job's pid namespace kills every process in it.
+    pub fn init_file(&self) -> PathBuf {
+        self.root.join("init.pid")
+    }
     /// Where the helper reports the job's exit status (or its own failure).
     pub fn result_file(&self) -> PathBuf {
         self.root.join("result.json")
@@ -73,9 +79,9 @@ impl JobDir {
         let staging = JobDir { root: self.root.with_file_name(format!(".new-{name}")) };
         // 0700 from the start: a root job can leave setuid-root files in its upper dir,
         // which lives on the host's disk; no host user may reach them.
-        std::os::unix::fs::DirBuilderExt::mode(&mut fs::DirBuilder::new(), 0o700)
-            .create(&staging.root)
-            .with_context(|| format!("cannot create job dir {}: check free space under the home dir", staging.root.display()))?;
+        std::os::unix::fs::DirBuilderExt::mode(&mut fs::DirBuilder::new(), 0o700).create(&staging.root).with_context(
+            || format!("cannot create job dir {}: check free space under the home dir", staging.root.display()),
+        )?;
         let file = File::create(staging.lock_file()).context("cannot create job lock file")?;
         let lock = nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusiveNonblock)
             .map_err(|(_, e)| anyhow::anyhow!("cannot lock new job dir {}: {e}", staging.root.display()))?;
@@ -100,12 +106,14 @@ impl JobDir {
     }
 
     pub fn read_state(&self) -> Result<JobState> {
-        let bytes = fs::read(self.state_file()).with_context(|| format!("cannot read {}", self.state_file().display()))?;
+        let bytes =
+            fs::read(self.state_file()).with_context(|| format!("cannot read {}", self.state_file().display()))?;
         serde_json::from_slice(&bytes).with_context(|| format!("corrupt job record {}", self.state_file().display()))
     }
 
     pub fn read_plan(&self) -> Result<JobPlan> {
-        let bytes = fs::read(self.plan_file()).with_context(|| format!("cannot read {}", self.plan_file().display()))?;
+        let bytes =
+            fs::read(self.plan_file()).with_context(|| format!("cannot read {}", self.plan_file().display()))?;
         serde_json::from_slice(&bytes).with_context(|| format!("corrupt job plan {}", self.plan_file().display()))
     }
 

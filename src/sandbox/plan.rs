@@ -38,6 +38,10 @@ pub struct JobPlan {
     /// agent's root: chowned in the job's upper layer (a metadata-only copy-up) before start.
     #[serde(default)]
     pub owned_dirs: Vec<PathBuf>,
+    /// Created inside a user namespace (rootless mode): set by `Sandbox::create` from
+    /// [`crate::rootless::mode`]. Changes the overlay options and the spec (see spec.rs).
+    #[serde(default)]
+    pub rootless: bool,
 }
 
 /// Default PATH, as Docker sets it.

@@ -71,7 +71,12 @@ extern "C" fn forward_to_helper(sig: libc::c_int) {
 pub fn validate(plan: &JobPlan) -> Result<()> {
     for v in &plan.volumes {
         if !v.host.exists() {
-            bail!("volume source {} does not exist: fix --volume {}:{}", v.host.display(), v.host.display(), v.container.display());
+            bail!(
+                "volume source {} does not exist: fix --volume {}:{}",
+                v.host.display(),
+                v.host.display(),
+                v.container.display()
+            );
         }
     }
     for l in &plan.lower {
@@ -81,7 +86,11 @@ pub fn validate(plan: &JobPlan) -> Result<()> {
     }
     for m in plan.edits.mounts.iter().filter(|m| !m.optional) {
         if !m.host_path.exists() {
-            bail!("{} is missing on the host (needed at {} in the sandbox)", m.host_path.display(), m.container_path.display());
+            bail!(
+                "{} is missing on the host (needed at {} in the sandbox)",
+                m.host_path.display(),
+                m.container_path.display()
+            );
         }
     }
     Ok(())
@@ -103,6 +112,7 @@ pub struct Sandbox {
 impl Sandbox {
     pub fn create(home: &Home, mut plan: JobPlan) -> Result<Sandbox> {
         validate(&plan)?;
+        plan.rootless = crate::rootless::mode().rootless;
         // Optional mounts whose source is missing are dropped here, never failing the job.
         plan.edits.mounts.retain(|m| !m.optional || m.host_path.exists());
         // The home's dirs exist: `exec` and `run` ensure them once at start, not per job.
@@ -124,7 +134,15 @@ impl Sandbox {
             }
         };
         tracing::debug!(job = %plan.id, "job dir recorded");
-        Ok(Sandbox { home: home.clone(), job, plan, lock: Some(lock), created: Instant::now(), pending: None, prepared: None })
+        Ok(Sandbox {
+            home: home.clone(),
+            job,
+            plan,
+            lock: Some(lock),
+            created: Instant::now(),
+            pending: None,
+            prepared: None,
+        })
     }
 
     pub fn id(&self) -> &str {
@@ -158,7 +176,8 @@ impl Sandbox {
         if let Some(cwd) = &phase.cwd {
             plan.cwd = cwd.clone();
         }
-        std::fs::write(self.job.plan_file(), serde_json::to_vec(&plan)?).context("cannot write job plan: disk full?")?;
+        std::fs::write(self.job.plan_file(), serde_json::to_vec(&plan)?)
+            .context("cannot write job plan: disk full?")?;
         let _ = std::fs::remove_file(self.job.result_file());
         Ok(plan)
     }
@@ -527,7 +546,9 @@ fn copier(from: std::os::fd::OwnedFd, mut to: std::fs::File) -> std::thread::Joi
 fn read_result(job: &JobDir, status: &Result<std::process::ExitStatus>) -> Result<HelperResult> {
     let path = job.result_file();
     match std::fs::read(&path) {
-        Ok(bytes) => serde_json::from_slice(&bytes).with_context(|| format!("corrupt helper result {}", path.display())),
+        Ok(bytes) => {
+            serde_json::from_slice(&bytes).with_context(|| format!("corrupt helper result {}", path.display()))
+        }
         Err(_) => match status {
             Ok(s) if s.signal().is_some() => bail!("sandbox helper was killed by signal {}", s.signal().unwrap_or(0)),
             Ok(s) => bail!("sandbox helper exited with {s} without reporting; run with -vv for details"),

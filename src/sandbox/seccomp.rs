@@ -19,27 +19,68 @@ use oci_spec::runtime::{
 
 pub const DENIED: &[&str] = &[
     // Mounts and root changes (also need CAP_SYS_ADMIN, which jobs lack).
-    "mount", "umount", "umount2", "pivot_root", "mount_setattr", "move_mount", "open_tree",
-    "fsopen", "fsconfig", "fsmount", "fspick",
+    "mount",
+    "umount",
+    "umount2",
+    "pivot_root",
+    "mount_setattr",
+    "move_mount",
+    "open_tree",
+    "fsopen",
+    "fsconfig",
+    "fsmount",
+    "fspick",
     // New namespaces, including unprivileged user namespaces (a large kernel attack surface).
-    "unshare", "setns",
+    "unshare",
+    "setns",
     // Kernel code and kernel state.
-    "kexec_load", "kexec_file_load", "init_module", "finit_module", "delete_module",
-    "create_module", "bpf", "perf_event_open", "iopl", "ioperm", "reboot", "swapon",
-    "swapoff", "syslog", "acct", "quotactl", "quotactl_fd", "lookup_dcookie", "nfsservctl",
-    "settimeofday", "clock_settime", "clock_adjtime", "adjtimex", "stime", "vhangup",
+    "kexec_load",
+    "kexec_file_load",
+    "init_module",
+    "finit_module",
+    "delete_module",
+    "create_module",
+    "bpf",
+    "perf_event_open",
+    "iopl",
+    "ioperm",
+    "reboot",
+    "swapon",
+    "swapoff",
+    "syslog",
+    "acct",
+    "quotactl",
+    "quotactl_fd",
+    "lookup_dcookie",
+    "nfsservctl",
+    "settimeofday",
+    "clock_settime",
+    "clock_adjtime",
+    "adjtimex",
+    "stime",
+    "vhangup",
     // Keyrings are not namespaced.
-    "add_key", "request_key", "keyctl",
+    "add_key",
+    "request_key",
+    "keyctl",
     // userfaultfd: a favourite of kernel exploits.
     "userfaultfd",
     // File handles bypass path-based confinement (the "shocker" escape).
-    "open_by_handle_at", "name_to_handle_at",
+    "open_by_handle_at",
+    "name_to_handle_at",
     // Obsolete or dangerous.
-    "uselib", "get_kernel_syms", "query_module", "_sysctl", "ustat", "sysfs",
+    "uselib",
+    "get_kernel_syms",
+    "query_module",
+    "_sysctl",
+    "ustat",
+    "sysfs",
     // io_uring: a large, fast-moving kernel surface and the source of many recent local
     // privilege escalations; denied by Docker's default profile since 25.0. Programs fall
     // back to ordinary I/O when io_uring_setup fails.
-    "io_uring_setup", "io_uring_enter", "io_uring_register",
+    "io_uring_setup",
+    "io_uring_enter",
+    "io_uring_register",
 ];
 
 /// Namespace flags of clone(2). Denying unshare(2) alone is not enough: clone(2) with

@@ -10,10 +10,10 @@ use crate::config::Network;
 use crate::edits::{DeviceKind, HookStage};
 use anyhow::{Context, Result};
 use oci_spec::runtime::{
-    Capability, HookBuilder, HooksBuilder, LinuxBuilder, LinuxCapabilitiesBuilder, LinuxCpuBuilder,
-    LinuxDeviceBuilder, LinuxDeviceCgroup, LinuxDeviceCgroupBuilder, LinuxDeviceType, LinuxMemoryBuilder,
-    LinuxNamespaceBuilder, LinuxNamespaceType, LinuxPidsBuilder, LinuxResourcesBuilder, Mount, MountBuilder,
-    PosixRlimitBuilder, PosixRlimitType, ProcessBuilder, RootBuilder, Spec, SpecBuilder, UserBuilder,
+    Capability, HookBuilder, HooksBuilder, LinuxBuilder, LinuxCapabilitiesBuilder, LinuxCpuBuilder, LinuxDeviceBuilder,
+    LinuxDeviceCgroup, LinuxDeviceCgroupBuilder, LinuxDeviceType, LinuxMemoryBuilder, LinuxNamespaceBuilder,
+    LinuxNamespaceType, LinuxPidsBuilder, LinuxResourcesBuilder, Mount, MountBuilder, PosixRlimitBuilder,
+    PosixRlimitType, ProcessBuilder, RootBuilder, Spec, SpecBuilder, UserBuilder,
 };
 use std::collections::HashSet;
 use std::path::Path;
@@ -51,8 +51,7 @@ const MASKED_PATHS: &[&str] = &[
     "/sys/firmware",
     "/sys/devices/virtual/powercap",
 ];
-const READONLY_PATHS: &[&str] =
-    &["/proc/bus", "/proc/fs", "/proc/irq", "/proc/sys", "/proc/sysrq-trigger"];
+const READONLY_PATHS: &[&str] = &["/proc/bus", "/proc/fs", "/proc/irq", "/proc/sys", "/proc/sysrq-trigger"];
 
 /// Options of every bind into the sandbox that is not a device. "ro", "nosuid" and "nodev"
 /// apply to the top mount only: with "rbind" every mount below the source (e.g. /dev/shm,
@@ -101,7 +100,9 @@ pub fn build(plan: &JobPlan, rootfs: &Path) -> Result<Spec> {
         .collect::<Result<Vec<_>, _>>()?;
 
     let mut devices = Vec::new();
-    let mut device_rules = default_device_rules()?;
+    // Rootless: the devices cgroup cannot be written without host root; device access is
+    // limited by what is bound in (a user namespace cannot mknod), so no rules at all.
+    let mut device_rules = if plan.rootless { vec![] } else { default_device_rules()? };
     for node in &plan.edits.device_nodes {
         let typ = match node.kind {
             DeviceKind::Char => LinuxDeviceType::C,
@@ -118,6 +119,9 @@ pub fn build(plan: &JobPlan, rootfs: &Path) -> Result<Spec> {
                 .gid(node.gid)
                 .build()?,
         );
+        if plan.rootless {
+            continue;
+        }
         device_rules.push(
             LinuxDeviceCgroupBuilder::default()
                 .allow(true)
@@ -142,11 +146,12 @@ pub fn build(plan: &JobPlan, rootfs: &Path) -> Result<Spec> {
         resources = resources.cpu(LinuxCpuBuilder::default().quota(quota).period(PERIOD).build()?);
     }
 
-    let linux = LinuxBuilder::default()
-        .namespaces(namespaces)
-        .devices(devices)
-        .resources(resources.build()?)
-        .cgroups_path(plan.cgroup_path.clone())
+    let mut linux = LinuxBuilder::default().namespaces(namespaces).devices(devices);
+    // Rootless: the helper puts the job in its cgroup itself (rootless::join).
+    if !plan.rootless && !plan.cgroup_path.as_os_str().is_empty() {
+        linux = linux.resources(resources.build()?).cgroups_path(plan.cgroup_path.clone());
+    }
+    let linux = linux
         .masked_paths(MASKED_PATHS.iter().map(|s| s.to_string()).collect::<Vec<_>>())
         .readonly_paths(READONLY_PATHS.iter().map(|s| s.to_string()).collect::<Vec<_>>())
         .seccomp(super::seccomp::default_profile()?)
@@ -211,12 +216,22 @@ fn mount(dst: &str, typ: &str, src: &str, opts: &[&str]) -> Result<Mount> {
 }
 
 fn bind(src: &Path, dst: &Path, opts: &[String]) -> Result<Mount> {
-    Ok(MountBuilder::default()
-        .destination(dst)
-        .typ("bind")
-        .source(src)
-        .options(opts.to_vec())
-        .build()?)
+    Ok(MountBuilder::default().destination(dst).typ("bind").source(src).options(opts.to_vec()).build()?)
+}
+
+/// Read-only /sys. In a user namespace a fresh sysfs needs a network namespace owned by
+/// it, which `--network host` does not have; as runc does rootless, bind the host's /sys
+/// read-only (recursively) instead.
+fn sysfs(plan: &JobPlan) -> Result<Mount> {
+    if plan.rootless {
+        return bind(
+            Path::new("/sys"),
+            Path::new("/sys"),
+            &["rbind", "ro", "rro", "nosuid", "rnosuid", "nodev", "rnodev", "noexec", "rnoexec", "rprivate"]
+                .map(String::from),
+        );
+    }
+    mount("/sys", "sysfs", "sysfs", &["nosuid", "noexec", "nodev", "ro"])
 }
 
 fn mounts(plan: &JobPlan) -> Result<Vec<Mount>> {
@@ -227,7 +242,7 @@ fn mounts(plan: &JobPlan) -> Result<Vec<Mount>> {
         mount("/dev/pts", "devpts", "devpts", &["nosuid", "noexec", "newinstance", "ptmxmode=0666", "mode=0620"])?,
         mount("/dev/shm", "tmpfs", "shm", &["nosuid", "noexec", "nodev", "mode=1777", "size=1g"])?,
         mount("/dev/mqueue", "mqueue", "mqueue", &["nosuid", "noexec", "nodev"])?,
-        mount("/sys", "sysfs", "sysfs", &["nosuid", "noexec", "nodev", "ro"])?,
+        sysfs(plan)?,
         // No /sys/fs/cgroup: libcontainer 0.7 mounts the v1 hierarchies read-write despite
         // "ro", which would let a root job raise its own limits. /sys is read-only sysfs,
         // so nothing can be mounted there either.
@@ -329,15 +344,15 @@ fn default_device_rules() -> Result<Vec<LinuxDeviceCgroup>> {
     use LinuxDeviceType::C;
     Ok(vec![
         rule(LinuxDeviceType::A, None, None, "rwm", false)?,
-        rule(C, Some(1), Some(3), "rwm", true)?,   // null
-        rule(C, Some(1), Some(5), "rwm", true)?,   // zero
-        rule(C, Some(1), Some(7), "rwm", true)?,   // full
-        rule(C, Some(1), Some(8), "rwm", true)?,   // random
-        rule(C, Some(1), Some(9), "rwm", true)?,   // urandom
-        rule(C, Some(5), Some(0), "rwm", true)?,   // tty
-        rule(C, Some(5), Some(1), "rwm", true)?,   // console
-        rule(C, Some(5), Some(2), "rwm", true)?,   // ptmx
-        rule(C, Some(136), None, "rwm", true)?,    // pts/*
+        rule(C, Some(1), Some(3), "rwm", true)?, // null
+        rule(C, Some(1), Some(5), "rwm", true)?, // zero
+        rule(C, Some(1), Some(7), "rwm", true)?, // full
+        rule(C, Some(1), Some(8), "rwm", true)?, // random
+        rule(C, Some(1), Some(9), "rwm", true)?, // urandom
+        rule(C, Some(5), Some(0), "rwm", true)?, // tty
+        rule(C, Some(5), Some(1), "rwm", true)?, // console
+        rule(C, Some(5), Some(2), "rwm", true)?, // ptmx
+        rule(C, Some(136), None, "rwm", true)?,  // pts/*
     ])
 }
 
@@ -359,12 +374,17 @@ mod tests {
             uid: 0,
             gid: 0,
             hostname: "azp-t-1".into(),
-            volumes: vec![Volume { host: "/data/set".into(), container: "/datasets/set".into(), env: Some("DATASET".into()) }],
+            volumes: vec![Volume {
+                host: "/data/set".into(),
+                container: "/datasets/set".into(),
+                env: Some("DATASET".into()),
+            }],
             limits: Limits { memory_bytes: Some(64 << 20), pids: Some(100), cpus_milli: Some(1500) },
             network: Network::Host,
             edits: ContainerEdits::default(),
             cgroup_path: "/azp-sandbox/t-1".into(),
             owned_dirs: vec![],
+            rootless: false,
         }
     }
 
@@ -404,7 +424,8 @@ mod tests {
         let mut p = plan();
         p.network = Network::None;
         let spec = build(&p, Path::new("/m")).unwrap();
-        let ns: Vec<_> = spec.linux().as_ref().unwrap().namespaces().as_ref().unwrap().iter().map(|n| n.typ()).collect();
+        let ns: Vec<_> =
+            spec.linux().as_ref().unwrap().namespaces().as_ref().unwrap().iter().map(|n| n.typ()).collect();
         assert!(ns.contains(&LinuxNamespaceType::Network));
     }
 
@@ -418,9 +439,10 @@ mod tests {
             optional: false,
         });
         let spec = build(&p, Path::new("/m")).unwrap();
-        let binds: Vec<_> = spec.mounts().as_ref().unwrap().iter().filter(|m| m.typ().as_deref() == Some("bind")).collect();
+        let binds: Vec<_> =
+            spec.mounts().as_ref().unwrap().iter().filter(|m| m.typ().as_deref() == Some("bind")).collect();
         assert_eq!(binds.len(), 4); // resolv.conf, hosts, volume, lib
-        // The volume is an rbind: its submounts must be read-only, nosuid, nodev too.
+                                    // The volume is an rbind: its submounts must be read-only, nosuid, nodev too.
         let vol = binds.iter().find(|b| b.destination() == Path::new("/datasets/set")).unwrap();
         for want in ["rbind", "rro", "rnosuid", "rnodev"] {
             assert!(vol.options().as_ref().unwrap().iter().any(|x| x == want), "volume lacks {want}");
@@ -461,5 +483,23 @@ mod tests {
         let hooks = spec.hooks().as_ref().unwrap();
         let cc = hooks.create_container().as_ref().unwrap();
         assert_eq!(cc[0].args().as_ref().unwrap(), &vec!["ldconfig".to_string(), "-r".into(), "/m".into()]);
+    }
+
+    #[test]
+    fn rootless_binds_sys_and_leaves_cgroups_to_the_helper() {
+        let mut p = plan();
+        p.rootless = true;
+        let spec = build(&p, Path::new("/m")).unwrap();
+        let linux = spec.linux().as_ref().unwrap();
+        // The helper joins the cgroup (rootless::join): libcontainer gets neither.
+        assert!(linux.cgroups_path().is_none(), "{:?}", linux.cgroups_path());
+        assert!(linux.resources().as_ref().is_none_or(|r| r.memory().is_none() && r.pids().is_none()));
+        let sys = spec.mounts().as_ref().unwrap().iter().find(|m| m.destination() == Path::new("/sys")).unwrap();
+        assert_eq!(sys.typ().as_deref(), Some("bind"));
+        for o in ["rro", "rnosuid", "rnodev", "rnoexec"] {
+            assert!(sys.options().as_ref().unwrap().iter().any(|x| x == o), "{o}");
+        }
+        // The GPU node is still created (bound, in a user namespace) without a rule.
+        assert!(linux.devices().is_some());
     }
 }

@@ -37,11 +37,18 @@ pub fn cleanup_job(home: &Home, job: &JobDir, background_delete: bool) -> Result
     let mut out = Cleanup::default();
     let id = job.root.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
     let state = job.read_state().ok();
+    if let Some(pid) = kill_recorded_init(job) {
+        out.leftovers.push(format!("job init pid {pid} (its pid namespace killed)"));
+    }
     let cgroup = state.as_ref().map(|s| s.cgroup_path.clone()).unwrap_or_else(|| cgroup_path_for(&id));
     if let Some(n) = remove_cgroup(&cgroup)? {
-        out.leftovers.push(format!("cgroup {} ({n} processes killed)", cgroup.display()));
+        // Rootless, removing the job's cgroup is our routine job (libcontainer never had it).
+        if n > 0 || !crate::rootless::mode().rootless {
+            out.leftovers.push(format!("cgroup {} ({n} processes killed)", cgroup.display()));
+        }
     }
-    let container_state = state.as_ref().map(|s| s.container_state.clone()).unwrap_or_else(|| home.runtime_dir().join(&id));
+    let container_state =
+        state.as_ref().map(|s| s.container_state.clone()).unwrap_or_else(|| home.runtime_dir().join(&id));
     if container_state.exists() {
         std::fs::remove_dir_all(&container_state)
             .with_context(|| format!("cannot remove {}", container_state.display()))?;
@@ -59,15 +66,54 @@ pub fn cleanup_job(home: &Home, job: &JobDir, background_delete: bool) -> Result
     Ok(out)
 }
 
-/// The cgroup (relative to the cgroup root) of job `id`.
-pub fn cgroup_path_for(id: &str) -> PathBuf {
-    PathBuf::from(format!("/{CGROUP_PARENT}/{id}"))
+/// Kills the job's init recorded in `init.pid` if that very process (same pid and start
+/// time) still runs; returns its pid then. It is pid 1 of the job's pid namespace, so the
+/// kernel kills every other job process with it.
+pub fn kill_recorded_init(job: &JobDir) -> Option<i32> {
+    let text = std::fs::read_to_string(job.init_file()).ok()?;
+    let (pid, start) = text.trim().split_once(' ')?;
+    let (pid, start): (i32, u64) = (pid.parse().ok()?, start.parse().ok()?);
+    if pid <= 1 || process_start_time(pid)? != start {
+        return None;
+    }
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL).ok()?;
+    Some(pid)
 }
-pub const CGROUP_PARENT: &str = "azp-sandbox";
+
+/// [`kill_recorded_init`] for every job dir whose runner is gone (its lock is free).
+pub fn kill_abandoned_inits(home: &Home) {
+    for entry in read_dir_or_empty(&home.jobs_dir()) {
+        let job = JobDir { root: entry };
+        if !job.is_live() {
+            if let Some(pid) = kill_recorded_init(&job) {
+                tracing::info!("killed pid {pid}, the init of abandoned job {}", job.root.display());
+            }
+        }
+    }
+}
+
+/// Field 22 of /proc/PID/stat (start time in clock ticks since boot): with the pid, it
+/// names one process, never a later one that reused the pid.
+pub fn process_start_time(pid: i32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name (field 2) may contain spaces and parentheses: split after the last ')'.
+    let rest = &stat[stat.rfind(')')? + 2..];
+    rest.split(' ').nth(19)?.parse().ok()
+}
+
+/// The cgroup (relative to the cgroup root) of job `id`; empty when jobs get none
+/// (rootless without a delegated cgroup).
+pub fn cgroup_path_for(id: &str) -> PathBuf {
+    crate::rootless::mode().cgroup_path_for(id)
+}
 
 /// Kills every process in the cgroup and removes it (all v1 controllers, or the v2 dir).
 /// Returns the number of processes found when the cgroup still existed.
 pub fn remove_cgroup(path: &Path) -> Result<Option<usize>> {
+    // An empty path means "no cgroup"; it must never become the cgroup root.
+    if path.as_os_str().is_empty() || path == Path::new("/") {
+        return Ok(None);
+    }
     let dirs = cgroup_dirs(path);
     if dirs.is_empty() {
         return Ok(None);
@@ -189,7 +235,10 @@ pub fn gc(home: &Home) -> Result<GcReport> {
     // Cgroups are not scanned for orphans: the parent is shared by every home on the
     // host, and a job's cgroup is always removed before its record (cleanup_job).
     if live.is_empty() && read_dir_or_empty(&jobs_dir).is_empty() {
-        for parent in cgroup_dirs(Path::new(CGROUP_PARENT)) {
+        // Only our own default parent: a delegated or --cgroup-parent dir belongs to the admin.
+        let mode = crate::rootless::mode();
+        let ours = !mode.rootless && mode.cgroups.parent() == Some(Path::new(crate::rootless::cgroups::ROOT_PARENT));
+        for parent in if ours { cgroup_dirs(Path::new(crate::rootless::cgroups::ROOT_PARENT)) } else { vec![] } {
             let _ = std::fs::remove_dir(&parent); // only succeeds when empty
         }
     }
@@ -228,13 +277,31 @@ mod tests {
     use super::*;
 
     #[test]
+    fn start_time_of_this_process_and_a_stale_record() {
+        let me = std::process::id() as i32;
+        let t = process_start_time(me).expect("own start time");
+        assert!(t > 0);
+        let dir = tempfile::tempdir().unwrap();
+        let job = JobDir { root: dir.path().into() };
+        // A record naming us with another start time is stale: nothing is killed.
+        std::fs::write(job.init_file(), format!("{me} {}", t + 1)).unwrap();
+        assert_eq!(kill_recorded_init(&job), None);
+        std::fs::write(job.init_file(), "garbage").unwrap();
+        assert_eq!(kill_recorded_init(&job), None);
+    }
+
+    #[test]
     fn mountinfo_unescape() {
         assert_eq!(unescape_mountinfo("/a\\040b"), "/a b");
     }
 
     #[test]
     fn cleanup_display() {
-        let c = Cleanup { leftovers: vec!["cgroup /azp-sandbox/x (2 processes killed)".into()], job_dir_removed: true, background: false };
+        let c = Cleanup {
+            leftovers: vec!["cgroup /azp-sandbox/x (2 processes killed)".into()],
+            job_dir_removed: true,
+            background: false,
+        };
         assert_eq!(c.to_string(), "job dir removed; also removed: cgroup /azp-sandbox/x (2 processes killed)");
     }
 }

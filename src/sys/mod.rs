@@ -13,6 +13,8 @@ pub struct Overlay {
     pub upper: PathBuf,
     pub work: PathBuf,
     pub target: PathBuf,
+    /// Inside a user namespace overlayfs must keep its metadata in `user.` xattrs.
+    pub userxattr: bool,
 }
 
 impl Overlay {
@@ -32,13 +34,12 @@ impl Overlay {
             bail!("overlay needs at least one lower layer");
         }
         let lower: Vec<&str> = self.lower.iter().filter_map(|p| p.to_str()).collect();
-        // index=off,xino=off: no inode index files in the upper, nothing to clean but the dir;
-        // userxattr is added by callers inside a user namespace (rootless).
         Ok(format!(
-            "lowerdir={},upperdir={},workdir={}",
+            "lowerdir={},upperdir={},workdir={}{}",
             lower.join(":"),
             self.upper.display(),
-            self.work.display()
+            self.work.display(),
+            if self.userxattr { ",userxattr" } else { "" }
         ))
     }
 }
@@ -50,6 +51,9 @@ pub trait Sys {
     fn mount_overlay(&self, overlay: &Overlay) -> Result<()>;
     /// Lazy unmount (MNT_DETACH).
     fn unmount(&self, target: &Path) -> Result<()>;
+    /// For a job without a cgroup: covers the host's cgroup tree in this (private) mount
+    /// namespace with a view that libcontainer's cgroup manager cannot change anything in.
+    fn hide_cgroupfs(&self) -> Result<()>;
 }
 
 /// The real thing.
@@ -78,6 +82,23 @@ impl Sys for Real {
         nix::mount::umount2(target, nix::mount::MntFlags::MNT_DETACH)
             .with_context(|| format!("cannot unmount {}", target.display()))
     }
+
+    fn hide_cgroupfs(&self) -> Result<()> {
+        use nix::mount::{mount, MsFlags};
+        use nix::sched::{unshare, CloneFlags};
+        // A cgroup namespace of our own and a cgroup2 view of it over /sys/fs/cgroup: the
+        // host's v1 hierarchies are covered (libcontainer's v1 manager would fail on them),
+        // and its v2 manager, seeing a user namespace, skips the dirs it may not create.
+        unshare(CloneFlags::CLONE_NEWCGROUP).context("cannot create a cgroup namespace for the helper")?;
+        mount(
+            Some("cgroup2"),
+            "/sys/fs/cgroup",
+            Some("cgroup2"),
+            MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC,
+            None::<&str>,
+        )
+        .context("cannot mount a private cgroup2 view on /sys/fs/cgroup in the helper")
+    }
 }
 
 /// Records calls instead of making them; for unit tests of the logic around mounts.
@@ -104,6 +125,10 @@ impl Sys for Recorder {
         self.calls.borrow_mut().push(format!("unmount {}", target.display()));
         Ok(())
     }
+    fn hide_cgroupfs(&self) -> Result<()> {
+        self.calls.borrow_mut().push("hide_cgroupfs".into());
+        Ok(())
+    }
 }
 
 #[cfg(test)]
@@ -116,6 +141,7 @@ mod tests {
             upper: "/h/jobs/j1/upper".into(),
             work: "/h/jobs/j1/work".into(),
             target: "/h/jobs/j1/merged".into(),
+            userxattr: false,
         }
     }
 
@@ -125,6 +151,8 @@ mod tests {
             ov("/cache/agent").options().unwrap(),
             "lowerdir=/cache/agent:/store/base,upperdir=/h/jobs/j1/upper,workdir=/h/jobs/j1/work"
         );
+        let rootless = Overlay { userxattr: true, ..ov("/c") };
+        assert!(rootless.options().unwrap().ends_with(",workdir=/h/jobs/j1/work,userxattr"));
         assert!(ov("/a,b").options().unwrap_err().to_string().contains("contains ','"));
         assert!(ov("/a:b").options().is_err());
     }

@@ -176,10 +176,7 @@ impl FakeAzure {
             results: vec![],
             log: vec![],
             package_downloads: 0,
-            package: Package {
-                version: FAKE_AGENT_VERSION.into(),
-                bytes: Self::agent_package_targz(),
-            },
+            package: Package { version: FAKE_AGENT_VERSION.into(), bytes: Self::agent_package_targz() },
             hash_mode: HashMode::Sha256Hex,
             download_url: None,
             fail_next: VecDeque::new(),
@@ -206,12 +203,7 @@ impl FakeAzure {
                 })
                 .unwrap()
         };
-        FakeAzure {
-            state,
-            port,
-            stop,
-            thread: Some(thread),
-        }
+        FakeAzure { state, port, stop, thread: Some(thread) }
     }
 
     fn st(&self) -> MutexGuard<'_, State> {
@@ -230,11 +222,7 @@ impl FakeAzure {
         self.st().pat.clone()
     }
     pub fn pool_id(&self, name: &str) -> Option<u64> {
-        self.st()
-            .pools
-            .iter()
-            .find(|(_, n)| n.eq_ignore_ascii_case(name))
-            .map(|(id, _)| *id)
+        self.st().pools.iter().find(|(_, n)| n.eq_ignore_ascii_case(name)).map(|(id, _)| *id)
     }
     pub fn add_pool(&self, name: &str) -> u64 {
         let mut s = self.st();
@@ -293,12 +281,7 @@ impl FakeAzure {
     }
     /// Requests whose path contains `needle`.
     pub fn requests_to(&self, needle: &str) -> Vec<LoggedRequest> {
-        self.st()
-            .log
-            .iter()
-            .filter(|r| r.path.contains(needle))
-            .cloned()
-            .collect()
+        self.st().log.iter().filter(|r| r.path.contains(needle)).cloned().collect()
     }
     /// Times the package file was served.
     pub fn package_downloads(&self) -> u32 {
@@ -306,11 +289,7 @@ impl FakeAzure {
     }
     /// Jobs not yet handed to an agent.
     pub fn queued_jobs(&self) -> usize {
-        self.st()
-            .jobs
-            .iter()
-            .filter(|j| j.assigned.is_none())
-            .count()
+        self.st().jobs.iter().filter(|j| j.assigned.is_none()).count()
     }
 
     // --- test controls ---
@@ -348,12 +327,7 @@ impl FakeAzure {
     }
     /// Ids of the jobs not yet handed to an agent.
     pub fn queued_job_ids(&self) -> Vec<u64> {
-        self.st()
-            .jobs
-            .iter()
-            .filter(|j| j.assigned.is_none())
-            .map(|j| j.id)
-            .collect()
+        self.st().jobs.iter().filter(|j| j.assigned.is_none()).map(|j| j.id).collect()
     }
     /// The next `n` API requests (`/_apis/`) answer `status` (e.g. 503) instead.
     pub fn fail_next(&self, n: usize, status: u16) {
@@ -363,8 +337,7 @@ impl FakeAzure {
     /// Like [`fail_next`](Self::fail_next) with a `Retry-After: secs` header.
     pub fn fail_next_with_retry_after(&self, n: usize, status: u16, secs: u64) {
         let mut s = self.st();
-        s.fail_next
-            .extend(std::iter::repeat_n((status, Some(secs)), n));
+        s.fail_next.extend(std::iter::repeat_n((status, Some(secs)), n));
     }
     /// API requests are answered after `d` (slow mode).
     pub fn set_delay(&self, d: Duration) {
@@ -386,23 +359,14 @@ impl FakeAzure {
     /// Publishes a new agent package version (what an update looks like).
     pub fn set_package_version(&self, version: &str) {
         let bytes = Self::agent_package_targz_version(version);
-        self.st().package = Package {
-            version: version.into(),
-            bytes,
-        };
+        self.st().package = Package { version: version.into(), bytes };
     }
     /// The package list's `downloadUrl` points here instead of at this server.
     pub fn set_download_url(&self, url: Option<String>) {
         self.st().download_url = url;
     }
     /// Requests whose path contains `path_contains` get this answer (until cleared).
-    pub fn override_response(
-        &self,
-        path_contains: &str,
-        status: u16,
-        content_type: &str,
-        body: &[u8],
-    ) {
+    pub fn override_response(&self, path_contains: &str, status: u16, content_type: &str, body: &[u8]) {
         self.st().overrides.push(Override {
             path_contains: path_contains.into(),
             status,
@@ -416,11 +380,7 @@ impl FakeAzure {
     /// The URL this server serves its package at.
     pub fn package_url(&self) -> String {
         let s = self.st();
-        format!(
-            "{}/_fake/package/{}",
-            s.base,
-            package_filename(&s.package.version)
-        )
+        format!("{}/_fake/package/{}", s.base, package_filename(&s.package.version))
     }
     pub fn package_version(&self) -> String {
         self.st().package.version.clone()
@@ -499,10 +459,7 @@ impl Reply {
         }
     }
     fn list(items: Vec<serde_json::Value>) -> Reply {
-        Reply::json(
-            200,
-            serde_json::json!({"count": items.len(), "value": items}),
-        )
+        Reply::json(200, serde_json::json!({"count": items.len(), "value": items}))
     }
     fn error(status: u16, type_key: &str, message: &str) -> Reply {
         Reply::json(
@@ -513,12 +470,7 @@ impl Reply {
         )
     }
     fn empty(status: u16) -> Reply {
-        Reply {
-            status,
-            content_type: "text/plain",
-            body: vec![],
-            headers: vec![],
-        }
+        Reply { status, content_type: "text/plain", body: vec![], headers: vec![] }
     }
 }
 
@@ -533,18 +485,12 @@ struct Req {
 
 impl Req {
     fn q(&self, k: &str) -> Option<&str> {
-        self.query
-            .iter()
-            .find(|(key, _)| key.eq_ignore_ascii_case(k))
-            .map(|(_, v)| v.as_str())
+        self.query.iter().find(|(key, _)| key.eq_ignore_ascii_case(k)).map(|(_, v)| v.as_str())
     }
 }
 
 fn header<'a>(req: &'a Request, name: &'static str) -> Option<&'a str> {
-    req.headers()
-        .iter()
-        .find(|h| h.field.equiv(name))
-        .map(|h| h.value.as_str())
+    req.headers().iter().find(|h| h.field.equiv(name)).map(|h| h.value.as_str())
 }
 
 fn handle(state: &Mutex<State>, mut req: Request) {
@@ -565,26 +511,18 @@ fn handle(state: &Mutex<State>, mut req: Request) {
         .collect();
     let r = Req {
         method: method.clone(),
-        path: path
-            .strip_prefix(&format!("/{ORG}/"))
-            .unwrap_or("")
-            .to_owned(),
+        path: path.strip_prefix(&format!("/{ORG}/")).unwrap_or("").to_owned(),
         query,
         body,
         auth: header(&req, "Authorization").map(str::to_owned),
     };
-    let suppress =
-        header(&req, "X-TFS-FedAuthRedirect").is_some_and(|v| v.eq_ignore_ascii_case("Suppress"));
+    let suppress = header(&req, "X-TFS-FedAuthRedirect").is_some_and(|v| v.eq_ignore_ascii_case("Suppress"));
     let accept = header(&req, "Accept").unwrap_or("").to_owned();
 
     let (reply, auth_seen, delay) = {
         let mut s = state.lock().unwrap_or_else(|e| e.into_inner());
         let auth_seen = s.auth_seen(&r);
-        let delay = if r.path.starts_with("_apis/") {
-            s.delay
-        } else {
-            Duration::ZERO
-        };
+        let delay = if r.path.starts_with("_apis/") { s.delay } else { Duration::ZERO };
         s.log.push(LoggedRequest {
             method,
             path: url.clone(),
@@ -636,11 +574,7 @@ impl State {
                 return AuthSeen::Bad;
             };
             let name = r.q("agent").unwrap_or("");
-            return if self
-                .agents
-                .iter()
-                .any(|ag| ag.name == name && ag.client_id == token.trim())
-            {
+            return if self.agents.iter().any(|ag| ag.name == name && ag.client_id == token.trim()) {
                 AuthSeen::Ok
             } else {
                 AuthSeen::Bad
@@ -660,11 +594,7 @@ impl State {
     }
 
     fn route(&mut self, r: &Req, auth: AuthSeen, suppress: bool) -> Reply {
-        if let Some(o) = self
-            .overrides
-            .iter()
-            .find(|o| r.path.contains(&o.path_contains))
-        {
+        if let Some(o) = self.overrides.iter().find(|o| r.path.contains(&o.path_contains)) {
             return Reply {
                 status: o.status,
                 content_type: leak(&o.content_type),
@@ -688,10 +618,7 @@ impl State {
         }
         if segs.first() == Some(&"_fake") {
             if auth != AuthSeen::Ok {
-                return Reply::json(
-                    401,
-                    serde_json::json!({"message": "bad or stale agent credentials"}),
-                );
+                return Reply::json(401, serde_json::json!({"message": "bad or stale agent credentials"}));
             }
             return self.fake_protocol(r, &segs);
         }
@@ -704,11 +631,8 @@ impl State {
             };
         }
         if let Some((status, retry_after)) = self.fail_next.pop_front() {
-            let mut rep = Reply::error(
-                status,
-                "ServiceUnavailableException",
-                "The service is temporarily unavailable (fake).",
-            );
+            let mut rep =
+                Reply::error(status, "ServiceUnavailableException", "The service is temporarily unavailable (fake).");
             if let Some(s) = retry_after {
                 rep.headers.push(("Retry-After", s.to_string()));
             }
@@ -766,11 +690,7 @@ impl State {
                 Reply::list(vec![self.package_json(platform)])
             }
             (m, ["distributedtask", "pools", pool, rest @ ..]) => {
-                let Some(pool_id) = pool
-                    .parse::<u64>()
-                    .ok()
-                    .filter(|id| self.pools.iter().any(|p| p.0 == *id))
-                else {
+                let Some(pool_id) = pool.parse::<u64>().ok().filter(|id| self.pools.iter().any(|p| p.0 == *id)) else {
                     return Reply::error(
                         404,
                         "TaskAgentPoolNotFoundException",
@@ -782,10 +702,7 @@ impl State {
             _ => Reply::error(
                 404,
                 "ApiResourceNotFoundException",
-                &format!(
-                    "API resource location not found for {} {}.",
-                    r.method, r.path
-                ),
+                &format!("API resource location not found for {} {}.", r.method, r.path),
             ),
         }
     }
@@ -803,30 +720,20 @@ impl State {
         let parts: Vec<u32> = v.split('.').map(|p| p.parse().unwrap_or(0)).collect();
         let hash = match &self.hash_mode {
             HashMode::Sha256Hex => Some(hex(&sha2::Sha256::digest(&self.package.bytes))),
-            HashMode::Md5Base64 => Some(
-                base64::engine::general_purpose::STANDARD
-                    .encode(md5::Md5::digest(&self.package.bytes)),
-            ),
+            HashMode::Md5Base64 => {
+                Some(base64::engine::general_purpose::STANDARD.encode(md5::Md5::digest(&self.package.bytes)))
+            }
             HashMode::Absent => None,
             HashMode::Wrong(h) => Some(h.clone()),
         };
         let file = package_filename(v);
-        let url = self
-            .download_url
-            .clone()
-            .unwrap_or_else(|| format!("{}/_fake/package/{file}", self.base));
+        let url = self.download_url.clone().unwrap_or_else(|| format!("{}/_fake/package/{file}", self.base));
         serde_json::json!({"type": "agent", "platform": platform, "createdOn": "2025-01-01T00:00:00Z",
             "version": {"major": parts.first().copied().unwrap_or(0), "minor": parts.get(1).copied().unwrap_or(0), "patch": parts.get(2).copied().unwrap_or(0)},
             "downloadUrl": url, "hashValue": hash, "infoUrl": "https://go.microsoft.com/fwlink/?LinkId=798199", "filename": file})
     }
 
-    fn agent_json(
-        &self,
-        a: &FakeAgent,
-        caps: bool,
-        assigned: bool,
-        with_client_id: bool,
-    ) -> serde_json::Value {
+    fn agent_json(&self, a: &FakeAgent, caps: bool, assigned: bool, with_client_id: bool) -> serde_json::Value {
         let mut auth = serde_json::json!({"authorizationUrl": format!("{}/_fake/oauth2/token", self.base),
             "publicKey": {"exponent": "AQAB", "modulus": "ZmFrZQ=="}});
         if with_client_id {
@@ -841,10 +748,8 @@ impl State {
             v["userCapabilities"] = serde_json::json!({});
         }
         if assigned {
-            if let Some(j) = self
-                .jobs
-                .iter()
-                .find(|j| j.finished.is_none() && j.assigned.as_ref().is_some_and(|x| x.0 == a.id))
+            if let Some(j) =
+                self.jobs.iter().find(|j| j.finished.is_none() && j.assigned.as_ref().is_some_and(|x| x.0 == a.id))
             {
                 v["assignedRequest"] = self.job_json(j);
             }
@@ -875,12 +780,7 @@ impl State {
         if let Some((aid, name, t)) = &j.assigned {
             v["assignTime"] = t.clone().into();
             v["receiveTime"] = t.clone().into();
-            let status = self
-                .agents
-                .iter()
-                .find(|a| a.id == *aid)
-                .map(|a| a.status.clone())
-                .unwrap_or_default();
+            let status = self.agents.iter().find(|a| a.id == *aid).map(|a| a.status.clone()).unwrap_or_default();
             v["reservedAgent"] = serde_json::json!({"id": aid, "name": name, "version": FAKE_AGENT_VERSION, "status": status, "enabled": true});
         }
         if let Some((t, result)) = &j.finished {
@@ -891,12 +791,7 @@ impl State {
     }
 
     fn pool_route(&mut self, method: &str, pool_id: u64, rest: &[&str], r: &Req) -> Reply {
-        let pool_name = self
-            .pools
-            .iter()
-            .find(|p| p.0 == pool_id)
-            .map(|p| p.1.clone())
-            .unwrap_or_default();
+        let pool_name = self.pools.iter().find(|p| p.0 == pool_id).map(|p| p.1.clone()).unwrap_or_default();
         let denied = |what: &str| {
             Reply::error(
                 403,
@@ -915,9 +810,7 @@ impl State {
                 let items = self
                     .agents
                     .iter()
-                    .filter(|a| {
-                        a.pool_id == pool_id && name.is_none_or(|n| a.name.eq_ignore_ascii_case(n))
-                    })
+                    .filter(|a| a.pool_id == pool_id && name.is_none_or(|n| a.name.eq_ignore_ascii_case(n)))
                     .map(|a| self.agent_json(a, caps, assigned, false))
                     .collect();
                 Reply::list(items)
@@ -927,17 +820,9 @@ impl State {
                     return denied("Manage");
                 }
                 let Ok(body) = serde_json::from_slice::<serde_json::Value>(&r.body) else {
-                    return Reply::error(
-                        400,
-                        "VssPropertyValidationException",
-                        "The request body is not valid JSON.",
-                    );
+                    return Reply::error(400, "VssPropertyValidationException", "The request body is not valid JSON.");
                 };
-                let Some(name) = body
-                    .get("name")
-                    .and_then(|n| n.as_str())
-                    .filter(|n| !n.is_empty())
-                    .map(str::to_owned)
+                let Some(name) = body.get("name").and_then(|n| n.as_str()).filter(|n| !n.is_empty()).map(str::to_owned)
                 else {
                     return Reply::error(
                         400,
@@ -950,35 +835,18 @@ impl State {
                     .and_then(|c| c.as_object())
                     .map(|o| {
                         o.iter()
-                            .map(|(k, v)| {
-                                (
-                                    k.clone(),
-                                    v.as_str()
-                                        .map(str::to_owned)
-                                        .unwrap_or_else(|| v.to_string()),
-                                )
-                            })
+                            .map(|(k, v)| (k.clone(), v.as_str().map(str::to_owned).unwrap_or_else(|| v.to_string())))
                             .collect()
                     })
                     .unwrap_or_default();
-                let version = body
-                    .get("version")
-                    .and_then(|v| v.as_str())
-                    .unwrap_or(FAKE_AGENT_VERSION)
-                    .to_owned();
+                let version = body.get("version").and_then(|v| v.as_str()).unwrap_or(FAKE_AGENT_VERSION).to_owned();
                 let client_id = self.new_client_id();
                 let idx = if method == "POST" {
-                    if self
-                        .agents
-                        .iter()
-                        .any(|a| a.pool_id == pool_id && a.name.eq_ignore_ascii_case(&name))
-                    {
+                    if self.agents.iter().any(|a| a.pool_id == pool_id && a.name.eq_ignore_ascii_case(&name)) {
                         return Reply::error(
                             409,
                             "TaskAgentExistsException",
-                            &format!(
-                                "Pool {pool_name} already contains an agent with name {name}."
-                            ),
+                            &format!("Pool {pool_name} already contains an agent with name {name}."),
                         );
                     }
                     let id = self.next_agent_id;
@@ -1023,11 +891,7 @@ impl State {
                 }
                 let aid: u64 = aid.parse().unwrap_or(0);
                 let Ok(body) = serde_json::from_slice::<serde_json::Value>(&r.body) else {
-                    return Reply::error(
-                        400,
-                        "VssPropertyValidationException",
-                        "The request body is not valid JSON.",
-                    );
+                    return Reply::error(400, "VssPropertyValidationException", "The request body is not valid JSON.");
                 };
                 let i = match self.agent_index(pool_id, &pool_name, aid) {
                     Ok(i) => i,
@@ -1053,10 +917,7 @@ impl State {
                 }
             }
             ("GET", ["jobrequests"]) => {
-                let top: usize = r
-                    .q("$top")
-                    .and_then(|t| t.parse().ok())
-                    .unwrap_or(usize::MAX);
+                let top: usize = r.q("$top").and_then(|t| t.parse().ok()).unwrap_or(usize::MAX);
                 let only_open = r.q("completedRequestCount") == Some("0");
                 let items = self
                     .jobs
@@ -1064,10 +925,7 @@ impl State {
                     .rev()
                     .filter(|j| !only_open || j.finished.is_none())
                     .filter(|j| match &j.assigned {
-                        Some((aid, ..)) => self
-                            .agents
-                            .iter()
-                            .any(|a| a.id == *aid && a.pool_id == pool_id),
+                        Some((aid, ..)) => self.agents.iter().any(|a| a.id == *aid && a.pool_id == pool_id),
                         None => true,
                     })
                     .take(top)
@@ -1091,19 +949,10 @@ impl State {
         };
         match (r.method.as_str(), &segs[1..]) {
             ("POST", ["sessions"]) => {
-                if let Ok(serde_json::Value::Object(o)) =
-                    serde_json::from_slice::<serde_json::Value>(&r.body)
-                {
+                if let Ok(serde_json::Value::Object(o)) = serde_json::from_slice::<serde_json::Value>(&r.body) {
                     self.agents[ai].capabilities = o
                         .iter()
-                        .map(|(k, v)| {
-                            (
-                                k.clone(),
-                                v.as_str()
-                                    .map(str::to_owned)
-                                    .unwrap_or_else(|| v.to_string()),
-                            )
-                        })
+                        .map(|(k, v)| (k.clone(), v.as_str().map(str::to_owned).unwrap_or_else(|| v.to_string())))
                         .collect();
                 }
                 self.agents[ai].sessions += 1;
@@ -1119,10 +968,8 @@ impl State {
                 if !agent.enabled {
                     return Reply::empty(204);
                 }
-                let Some(j) = self
-                    .jobs
-                    .iter_mut()
-                    .find(|j| j.assigned.is_none() && demands_met(&j.demands, &agent.capabilities))
+                let Some(j) =
+                    self.jobs.iter_mut().find(|j| j.assigned.is_none() && demands_met(&j.demands, &agent.capabilities))
                 else {
                     return Reply::empty(204);
                 };
@@ -1136,10 +983,8 @@ impl State {
             ("POST", ["jobs", id, "result"]) => {
                 let id: u64 = id.parse().unwrap_or(0);
                 let agent_id = self.agents[ai].id;
-                let Some(j) = self
-                    .jobs
-                    .iter_mut()
-                    .find(|j| j.id == id && j.assigned.as_ref().is_some_and(|x| x.0 == agent_id))
+                let Some(j) =
+                    self.jobs.iter_mut().find(|j| j.id == id && j.assigned.as_ref().is_some_and(|x| x.0 == agent_id))
                 else {
                     return Reply::json(
                         404,
@@ -1193,9 +1038,7 @@ fn pct_decode(s: &str) -> String {
     let mut i = 0;
     while i < b.len() {
         let hexval = |j: usize| {
-            b.get(j..j + 2)
-                .and_then(|h| std::str::from_utf8(h).ok())
-                .and_then(|h| u8::from_str_radix(h, 16).ok())
+            b.get(j..j + 2).and_then(|h| std::str::from_utf8(h).ok()).and_then(|h| u8::from_str_radix(h, 16).ok())
         };
         match b[i] {
             b'+' => out.push(b' '),
@@ -1217,12 +1060,7 @@ fn hex(b: &[u8]) -> String {
 fn random_u64() -> u64 {
     use std::hash::{BuildHasher, Hasher};
     let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-    h.write_u128(
-        SystemTime::now()
-            .duration_since(SystemTime::UNIX_EPOCH)
-            .unwrap()
-            .as_nanos(),
-    );
+    h.write_u128(SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).unwrap().as_nanos());
     h.finish()
 }
 

@@ -24,9 +24,7 @@ pub fn is_root() -> bool {
 macro_rules! require_root {
     () => {
         if !common::is_root() {
-            eprintln!(
-                "SKIPPED: this test creates real sandboxes and needs root (CI runs it as root)"
-            );
+            eprintln!("SKIPPED: this test creates real sandboxes and needs root (CI runs it as root)");
             return;
         }
     };
@@ -44,10 +42,7 @@ pub fn busybox_tar() -> PathBuf {
     P.get_or_init(|| {
         let out = fixtures().join("busybox-rootfs.tar");
         if !out.exists() {
-            let st = Command::new(repo().join("scripts/make-busybox-rootfs.sh"))
-                .arg(&out)
-                .status()
-                .unwrap();
+            let st = Command::new(repo().join("scripts/make-busybox-rootfs.sh")).arg(&out).status().unwrap();
             assert!(st.success(), "make-busybox-rootfs.sh failed");
         }
         out
@@ -59,10 +54,7 @@ pub fn debian_tar() -> PathBuf {
     static P: OnceLock<PathBuf> = OnceLock::new();
     P.get_or_init(|| {
         let out = fixtures().join("debian-bookworm-minbase.tar.zst");
-        let st = Command::new(repo().join("scripts/make-debian-rootfs.sh"))
-            .arg(&out)
-            .status()
-            .unwrap();
+        let st = Command::new(repo().join("scripts/make-debian-rootfs.sh")).arg(&out).status().unwrap();
         assert!(st.success(), "make-debian-rootfs.sh failed");
         out
     })
@@ -76,8 +68,7 @@ pub struct TestHome {
 
 impl TestHome {
     pub fn new(name: &str) -> TestHome {
-        let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
-            .join(format!("home-{name}-{}", std::process::id()));
+        let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("home-{name}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
         TestHome { dir }
@@ -85,18 +76,12 @@ impl TestHome {
 
     pub fn command(&self) -> Command {
         let mut c = Command::new(bin());
-        c.arg("--home")
-            .arg(&self.dir)
-            .env_remove("AZP_SANDBOX_HOME")
-            .stdin(Stdio::null());
+        c.arg("--home").arg(&self.dir).env_remove("AZP_SANDBOX_HOME").stdin(Stdio::null());
         c
     }
 
     pub fn run(&self, args: &[&str]) -> Output {
-        self.command()
-            .args(args)
-            .output()
-            .expect("cannot run azp-sandbox")
+        self.command().args(args).output().expect("cannot run azp-sandbox")
     }
 
     /// Runs and asserts success; returns stdout.
@@ -126,9 +111,8 @@ impl TestHome {
     pub fn assert_no_residue(&self, job_names: &[&str]) {
         for sub in ["jobs", "run", "trash"] {
             let d = self.dir.join(sub);
-            let left: Vec<_> = std::fs::read_dir(&d)
-                .map(|r| r.flatten().map(|e| e.path()).collect())
-                .unwrap_or_default();
+            let left: Vec<_> =
+                std::fs::read_dir(&d).map(|r| r.flatten().map(|e| e.path()).collect()).unwrap_or_default();
             assert!(left.is_empty(), "residue in {}: {left:?}", d.display());
         }
         let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
@@ -167,13 +151,10 @@ pub fn cgroup_dirs_of(name: &str) -> Vec<PathBuf> {
 
 /// The pids.current file of a running job, v1 or v2.
 pub fn pids_current(name: &str) -> Option<PathBuf> {
-    [
-        "/sys/fs/cgroup/pids/azp-sandbox",
-        "/sys/fs/cgroup/azp-sandbox",
-    ]
-    .iter()
-    .map(|d| Path::new(d).join(name).join("pids.current"))
-    .find(|p| p.exists())
+    ["/sys/fs/cgroup/pids/azp-sandbox", "/sys/fs/cgroup/azp-sandbox"]
+        .iter()
+        .map(|d| Path::new(d).join(name).join("pids.current"))
+        .find(|p| p.exists())
 }
 
 /// Processes whose command line contains `needle`.
@@ -197,11 +178,7 @@ pub fn processes_matching(needle: &str) -> Vec<(i32, String)> {
 pub fn unique(prefix: &str) -> String {
     use std::sync::atomic::{AtomicU32, Ordering};
     static N: AtomicU32 = AtomicU32::new(0);
-    format!(
-        "{prefix}-{}-{}",
-        std::process::id(),
-        N.fetch_add(1, Ordering::SeqCst)
-    )
+    format!("{prefix}-{}-{}", std::process::id(), N.fetch_add(1, Ordering::SeqCst))
 }
 
 /// The NVIDIA driver tree from Debian's packages, with fake device nodes
@@ -211,11 +188,7 @@ pub fn driver_tree() -> Option<PathBuf> {
     static P: OnceLock<Option<PathBuf>> = OnceLock::new();
     P.get_or_init(|| {
         let root = fixtures().join("driver-tree");
-        let out = Command::new("bash")
-            .arg(repo().join("scripts/make-driver-tree.sh"))
-            .arg(&root)
-            .output()
-            .unwrap();
+        let out = Command::new("bash").arg(repo().join("scripts/make-driver-tree.sh")).arg(&root).output().unwrap();
         match out.status.code() {
             Some(0) => Some(root),
             Some(75) => {
@@ -225,10 +198,7 @@ pub fn driver_tree() -> Option<PathBuf> {
                 );
                 None
             }
-            _ => panic!(
-                "make-driver-tree.sh failed: {}",
-                String::from_utf8_lossy(&out.stderr)
-            ),
+            _ => panic!("make-driver-tree.sh failed: {}", String::from_utf8_lossy(&out.stderr)),
         }
     })
     .clone()

@@ -1,0 +1,245 @@
+//! Where a sandbox's cgroup goes, and whether its limits can be enforced.
+//!
+//! As root: below `/azp-sandbox` (or `--cgroup-parent`). Rootless: only where an
+//! administrator delegated a subtree to the user:
+//! - cgroup v2 (systemd): the user's `user@UID.service` is delegated; jobs go below
+//!   `<that>/azp-sandbox` when it offers the memory and pids controllers;
+//! - cgroup v1: nothing is delegated by default; `scripts/delegate-cgroups.sh USER`
+//!   pre-creates `/azp-sandbox/user-UID` in every controller hierarchy, owned by the user
+//!   (libcontainer joins every mounted v1 hierarchy, so every one must be delegated).
+//!
+//! Without delegation the sandbox still runs (the pid namespace still kills every job
+//! process at the end) but memory/pids/cpu limits are NOT enforced, and we say so loudly
+//! at start and in `status` (youki would silently skip them).
+
+use std::path::{Path, PathBuf};
+
+/// The cgroup decision for this process's sandboxes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CgroupPlacement {
+    /// Jobs get `<parent>/<job id>` with their limits.
+    Enforced { parent: PathBuf },
+    /// Jobs get no cgroup; `why` says what is missing and how to fix it.
+    NotEnforced { why: String },
+}
+
+impl CgroupPlacement {
+    pub fn parent(&self) -> Option<&Path> {
+        match self {
+            CgroupPlacement::Enforced { parent } => Some(parent),
+            CgroupPlacement::NotEnforced { .. } => None,
+        }
+    }
+}
+
+/// The default parent as root.
+pub const ROOT_PARENT: &str = "/azp-sandbox";
+
+/// The v1 parent an administrator delegates to `uid` (scripts/delegate-cgroups.sh).
+pub fn v1_delegated_parent(uid: u32) -> PathBuf {
+    PathBuf::from(format!("{ROOT_PARENT}/user-{uid}"))
+}
+
+/// What the host looks like, read once (a trait-free struct so tests build fake trees).
+#[derive(Debug, Clone)]
+pub struct CgroupHost {
+    /// cgroup v2 only (mounted at `root`).
+    pub unified: bool,
+    /// v1: the mount point of every mounted controller hierarchy.
+    pub v1_mounts: Vec<PathBuf>,
+    /// The cgroup fs root (`/sys/fs/cgroup`).
+    pub root: PathBuf,
+    /// This process's v2 cgroup path (the `0::` line of /proc/self/cgroup).
+    pub own_v2: Option<PathBuf>,
+}
+
+impl CgroupHost {
+    pub fn detect() -> CgroupHost {
+        use libcgroups::common::CgroupSetup;
+        let root = PathBuf::from(libcgroups::common::DEFAULT_CGROUP_ROOT);
+        let unified = matches!(libcgroups::common::get_cgroup_setup(), Ok(CgroupSetup::Unified));
+        let mut v1_mounts: Vec<PathBuf> = if unified {
+            vec![]
+        } else {
+            libcgroups::v1::util::list_supported_mount_points().map(|m| m.into_values().collect()).unwrap_or_default()
+        };
+        v1_mounts.sort();
+        v1_mounts.dedup();
+        let own_v2 = std::fs::read_to_string("/proc/self/cgroup")
+            .ok()
+            .and_then(|t| t.lines().find_map(|l| l.strip_prefix("0::").map(PathBuf::from)));
+        CgroupHost { unified, v1_mounts, root, own_v2 }
+    }
+}
+
+/// Decides where jobs' cgroups go. `requested` is `--cgroup-parent`; `rootless` says
+/// whether we depend on delegation; `writable` tells whether a directory can be written
+/// by us (injected for tests).
+pub fn place(
+    host: &CgroupHost,
+    requested: Option<&Path>,
+    rootless: bool,
+    uid: u32,
+    writable: &dyn Fn(&Path) -> bool,
+) -> CgroupPlacement {
+    if !rootless {
+        return CgroupPlacement::Enforced {
+            parent: requested.map(Path::to_path_buf).unwrap_or_else(|| ROOT_PARENT.into()),
+        };
+    }
+    if host.unified {
+        place_v2(host, requested, writable)
+    } else {
+        let parent = requested.map(Path::to_path_buf).unwrap_or_else(|| v1_delegated_parent(uid));
+        let rel = parent.strip_prefix("/").unwrap_or(&parent).to_path_buf();
+        let missing: Vec<String> = host
+            .v1_mounts
+            .iter()
+            .map(|m| m.join(&rel))
+            .filter(|d| !(d.is_dir() && writable(d)))
+            .map(|d| d.display().to_string())
+            .collect();
+        if host.v1_mounts.is_empty() {
+            return CgroupPlacement::NotEnforced { why: "no cgroup v1 controller is mounted".into() };
+        }
+        if missing.is_empty() {
+            CgroupPlacement::Enforced { parent }
+        } else {
+            CgroupPlacement::NotEnforced {
+                why: format!(
+                    "no delegated cgroup ({}{} missing or not writable): an administrator runs \
+                     `scripts/delegate-cgroups.sh {uid}` (cgroup v1) or enables systemd delegation (cgroup v2)",
+                    missing[0],
+                    if missing.len() > 1 { format!(" and {} more", missing.len() - 1) } else { String::new() }
+                ),
+            }
+        }
+    }
+}
+
+fn place_v2(host: &CgroupHost, requested: Option<&Path>, writable: &dyn Fn(&Path) -> bool) -> CgroupPlacement {
+    let abs = |p: &Path| host.root.join(p.strip_prefix("/").unwrap_or(p));
+    let delegated = match requested {
+        Some(p) => {
+            // The requested parent, or its nearest existing ancestor, must be ours.
+            let mut at = p.to_path_buf();
+            while !abs(&at).is_dir() && at.pop() {}
+            (writable(&abs(&at)) && at != Path::new("/")).then(|| (at, p.to_path_buf()))
+        }
+        None => {
+            // The topmost ancestor of our own cgroup that we may write: systemd's
+            // user@UID.service when it delegates to the user.
+            let own = host.own_v2.clone().unwrap_or_default();
+            let mut best = None;
+            let mut at = own.clone();
+            loop {
+                if at.as_os_str().is_empty() || at == Path::new("/") {
+                    break;
+                }
+                if writable(&abs(&at)) {
+                    best = Some(at.clone());
+                } else if best.is_some() {
+                    break;
+                }
+                if !at.pop() {
+                    break;
+                }
+            }
+            best.map(|b| (b.clone(), b.join("azp-sandbox")))
+        }
+    };
+    let Some((owned, parent)) = delegated else {
+        return CgroupPlacement::NotEnforced {
+            why: "no delegated cgroup v2 subtree (none of this process's cgroup ancestors is writable): \
+                  run under a systemd user service with Delegate=yes, or pass --cgroup-parent"
+                .into(),
+        };
+    };
+    let controllers = std::fs::read_to_string(abs(&owned).join("cgroup.controllers")).unwrap_or_default();
+    let have: Vec<&str> = controllers.split_whitespace().collect();
+    let lacking: Vec<&str> = ["memory", "pids", "cpu"].into_iter().filter(|c| !have.contains(c)).collect();
+    if lacking.is_empty() {
+        CgroupPlacement::Enforced { parent }
+    } else {
+        CgroupPlacement::NotEnforced {
+            why: format!(
+                "the delegated cgroup {} lacks the {} controller(s): set Delegate=memory pids cpu for user@.service",
+                owned.display(),
+                lacking.join(", ")
+            ),
+        }
+    }
+}
+
+/// `access(W_OK)` for the real process.
+pub fn writable(p: &Path) -> bool {
+    nix::unistd::access(p, nix::unistd::AccessFlags::W_OK).is_ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn v1_host(root: &Path) -> CgroupHost {
+        let mounts = ["memory", "pids", "cpu,cpuacct"].map(|c| root.join(c)).to_vec();
+        for m in &mounts {
+            std::fs::create_dir_all(m).unwrap();
+        }
+        CgroupHost { unified: false, v1_mounts: mounts, root: root.into(), own_v2: None }
+    }
+
+    #[test]
+    fn root_mode_uses_the_default_or_requested_parent() {
+        let h = CgroupHost { unified: false, v1_mounts: vec![], root: "/x".into(), own_v2: None };
+        assert_eq!(place(&h, None, false, 0, &|_| false).parent(), Some(Path::new("/azp-sandbox")));
+        assert_eq!(
+            place(&h, Some(Path::new("/slurm/job1")), false, 0, &|_| false).parent(),
+            Some(Path::new("/slurm/job1"))
+        );
+    }
+
+    #[test]
+    fn rootless_v1_needs_every_hierarchy_delegated() {
+        let t = tempfile::tempdir().unwrap();
+        let h = v1_host(t.path());
+        let p = place(&h, None, true, 1001, &|_| true);
+        let CgroupPlacement::NotEnforced { why } = p else { panic!("{p:?}") };
+        assert!(
+            why.contains("memory/azp-sandbox/user-1001 and 2 more") && why.contains("delegate-cgroups.sh 1001"),
+            "{why}"
+        );
+        for m in &h.v1_mounts[..2] {
+            std::fs::create_dir_all(m.join("azp-sandbox/user-1001")).unwrap();
+        }
+        let CgroupPlacement::NotEnforced { why } = place(&h, None, true, 1001, &|_| true) else { panic!() };
+        assert!(why.contains("cpu,cpuacct/azp-sandbox/user-1001 missing") && !why.contains("more"), "{why}");
+        std::fs::create_dir_all(h.v1_mounts[2].join("azp-sandbox/user-1001")).unwrap();
+        assert_eq!(place(&h, None, true, 1001, &|_| true).parent(), Some(Path::new("/azp-sandbox/user-1001")));
+        // Present but not ours: not delegated.
+        assert!(place(&h, None, true, 1001, &|p| !p.ends_with("user-1001")).parent().is_none());
+    }
+
+    #[test]
+    fn rootless_v2_uses_the_topmost_writable_ancestor() {
+        let t = tempfile::tempdir().unwrap();
+        let svc = t.path().join("user.slice/user-1001.slice/user@1001.service");
+        std::fs::create_dir_all(svc.join("app.slice/term.scope")).unwrap();
+        std::fs::write(svc.join("cgroup.controllers"), "cpuset cpu io memory pids\n").unwrap();
+        let h = CgroupHost {
+            unified: true,
+            v1_mounts: vec![],
+            root: t.path().into(),
+            own_v2: Some("/user.slice/user-1001.slice/user@1001.service/app.slice/term.scope".into()),
+        };
+        let ours = |p: &Path| p.starts_with(&svc);
+        assert_eq!(
+            place(&h, None, true, 1001, &ours).parent(),
+            Some(Path::new("/user.slice/user-1001.slice/user@1001.service/azp-sandbox"))
+        );
+        std::fs::write(svc.join("cgroup.controllers"), "cpu\n").unwrap();
+        let CgroupPlacement::NotEnforced { why } = place(&h, None, true, 1001, &ours) else { panic!() };
+        assert!(why.contains("memory, pids"), "{why}");
+        let CgroupPlacement::NotEnforced { why } = place(&h, None, true, 1001, &|_| false) else { panic!() };
+        assert!(why.contains("Delegate=yes"), "{why}");
+    }
+}
