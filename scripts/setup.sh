@@ -24,4 +24,12 @@ if ! command -v cargo >/dev/null; then
   echo "setup: Rust (cargo >= 1.85) is required: install it with rustup (https://rustup.rs), then re-run" >&2
   exit 1
 fi
+# The ordinary user the rootless and setuid test passes run as (scripts/test.sh), with
+# subordinate ids for its user namespace.
+if ! id azp-rootless >/dev/null 2>&1; then
+  useradd --create-home --shell /bin/sh azp-rootless
+fi
+if ! grep -qE '^(azp-rootless|'"$(id -u azp-rootless)"'):' /etc/subuid 2>/dev/null; then
+  usermod --add-subuids 200000-265535 --add-subgids 200000-265535 azp-rootless
+fi
 echo "setup: ok ($(cargo --version))"

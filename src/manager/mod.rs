@@ -203,7 +203,8 @@ pub fn run(home: &Home, settings: RunSettings, ctx: RunContext) -> Result<()> {
         pool: settings.pool.clone(),
         started_unix: now_unix(),
         rootfs: rootfs_name.clone(),
-        limits_enforced: true,
+        limits_enforced: crate::rootless::mode().cgroups.parent().is_some(),
+        limits_warning: crate::rootless::mode().limits_warning(),
         stopping: false,
         slots: names
             .iter()

@@ -13,6 +13,9 @@ pub struct Status {
     pub started_unix: u64,
     pub rootfs: String,
     pub limits_enforced: bool,
+    /// Why limits are not enforced and how to fix it (rootless without delegation).
+    #[serde(default)]
+    pub limits_warning: Option<String>,
     pub stopping: bool,
     pub slots: Vec<SlotStatus>,
     /// Queue-driven autoscaling: queue, knobs and the latest decisions.
@@ -74,7 +77,8 @@ pub fn render(s: &Status, alive: bool) -> String {
         out.push_str(&sc.render());
     }
     if !s.limits_enforced {
-        out.push_str("WARNING   cgroup limits are NOT enforced (no delegated cgroup for this user)\n");
+        let why = s.limits_warning.as_deref().unwrap_or("WARNING: memory/pids/cpu limits are NOT enforced for jobs");
+        out.push_str(&format!("{why}\n"));
     }
     out.push_str(&format!(
         "{:<5} {:<24} {:<16} {:>8} {:>5} {:<20} {}\n",

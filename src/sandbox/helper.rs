@@ -138,6 +138,7 @@ fn run(home: &Home, job: &JobDir, sys: &dyn Sys, reporter: &Reporter) -> Result<
     tracing::debug!(job = %plan.id, "container created");
     record_init(job, &container)?;
     if !wait_for_go() {
+        kill_unreaped_init(&container);
         let _ = container.delete(true);
         let _ = sys.unmount(&merged);
         return Ok(HelperResult::Failed { error: "cancelled before start".into() });
@@ -165,7 +166,10 @@ fn start_and_wait(container: &mut libcontainer::container::Container) -> Result<
     }
     set.thread_block().context("cannot block signals in the helper")?;
 
-    container.start().map_err(|e| anyhow::anyhow!("cannot start the sandbox: {e}"))?;
+    if let Err(e) = container.start() {
+        kill_unreaped_init(container);
+        anyhow::bail!("cannot start the sandbox: {e}");
+    }
     let init = container.pid().context("sandbox started but has no init pid")?;
 
     let mut kill_at: Option<Instant> = None;
@@ -231,6 +235,18 @@ fn record_init(job: &JobDir, container: &libcontainer::container::Container) -> 
     let pid = container.pid().context("sandbox created but has no init pid")?.as_raw();
     let start = super::teardown::process_start_time(pid).context("cannot read the job init's start time")?;
     std::fs::write(job.init_file(), format!("{pid} {start}\n")).context("cannot record the job's init pid: disk full?")
+}
+
+/// SIGKILLs the container's init when it was never started (cancelled, or start failed).
+/// libcontainer's forced delete kills through the cgroup, and a rootless job's processes
+/// are not in one libcontainer knows; init still holds our pipes, so without this the
+/// runner would wait for it forever. Init is pid 1 of the job's pid namespace: the kernel
+/// kills the rest. Only for an init not yet reaped, whose pid cannot have been reused.
+fn kill_unreaped_init(container: &libcontainer::container::Container) {
+    if let Some(pid) = container.pid() {
+        let _ = kill(pid, Signal::SIGKILL);
+        let _ = waitpid(pid, None);
+    }
 }
 
 /// For a prepared sandbox: blocks until the runner says go (true) or cancels (false).

@@ -103,7 +103,7 @@ pub fn build(plan: &JobPlan, rootfs: &Path) -> Result<Spec> {
     // Rootless: the devices cgroup cannot be written without host root; device access is
     // limited by what is bound in (a user namespace cannot mknod), so no rules at all.
     let mut device_rules = if plan.rootless { vec![] } else { default_device_rules()? };
-    for node in &plan.edits.device_nodes {
+    for node in plan.edits.device_nodes.iter().filter(|_| !plan.rootless) {
         let typ = match node.kind {
             DeviceKind::Char => LinuxDeviceType::C,
             DeviceKind::Block => LinuxDeviceType::B,
@@ -119,9 +119,6 @@ pub fn build(plan: &JobPlan, rootfs: &Path) -> Result<Spec> {
                 .gid(node.gid)
                 .build()?,
         );
-        if plan.rootless {
-            continue;
-        }
         device_rules.push(
             LinuxDeviceCgroupBuilder::default()
                 .allow(true)
@@ -253,6 +250,14 @@ fn mounts(plan: &JobPlan) -> Result<Vec<Mount>> {
     ];
     for v in &plan.volumes {
         m.push(bind(&v.host, &v.container, &ro)?);
+    }
+    if plan.rootless {
+        // A user namespace cannot mknod: bind the host's node (its mode decides who may
+        // open it). libcontainer would bind the node's *container* path from the host,
+        // which is wrong when the host node lives elsewhere (--driver-root, CDI).
+        for node in &plan.edits.device_nodes {
+            m.push(bind(&node.host_path, &node.path, &["bind", "nosuid", "noexec", "rprivate"].map(String::from))?);
+        }
     }
     for b in &plan.edits.mounts {
         let mut opts = b.options.clone();
@@ -499,7 +504,22 @@ mod tests {
         for o in ["rro", "rnosuid", "rnodev", "rnoexec"] {
             assert!(sys.options().as_ref().unwrap().iter().any(|x| x == o), "{o}");
         }
-        // The GPU node is still created (bound, in a user namespace) without a rule.
-        assert!(linux.devices().is_some());
+        // GPU nodes become binds of the host node (a user namespace cannot mknod).
+        p.edits.device_nodes.push(DeviceNode {
+            path: "/dev/nvidia1".into(),
+            host_path: "/drv/dev/nvidia1".into(),
+            kind: DeviceKind::Char,
+            major: 195,
+            minor: 1,
+            file_mode: 0o666,
+            uid: 0,
+            gid: 0,
+            access: "rwm".into(),
+        });
+        let spec = build(&p, Path::new("/m")).unwrap();
+        assert!(spec.linux().as_ref().unwrap().devices().as_ref().is_none_or(|d| d.is_empty()));
+        let nv = spec.mounts().as_ref().unwrap().iter().find(|m| m.destination() == Path::new("/dev/nvidia1")).unwrap();
+        assert_eq!(nv.source().as_deref(), Some(Path::new("/drv/dev/nvidia1")));
+        assert!(!nv.options().as_ref().unwrap().iter().any(|o| o == "nodev"));
     }
 }

@@ -61,6 +61,34 @@ pub fn debian_tar() -> PathBuf {
     .clone()
 }
 
+/// Rootless runs of the suites: with `AZP_SANDBOX_TEST_USER=NAME` (and the tests running
+/// as root) every azp-sandbox command runs as that ordinary user, which must have
+/// subordinate ids (scripts/setup.sh creates `azp-rootless`); test homes belong to it.
+pub fn test_user() -> Option<nix::unistd::User> {
+    static U: OnceLock<Option<nix::unistd::User>> = OnceLock::new();
+    U.get_or_init(|| {
+        let name = std::env::var("AZP_SANDBOX_TEST_USER").ok().filter(|n| !n.is_empty())?;
+        let user = nix::unistd::User::from_name(&name).unwrap().unwrap_or_else(|| panic!("AZP_SANDBOX_TEST_USER={name}: no such user"));
+        assert!(is_root(), "AZP_SANDBOX_TEST_USER needs the tests to run as root (they switch to the user)");
+        Some(user)
+    })
+    .clone()
+}
+
+/// True when the suites run azp-sandbox rootless (see [`test_user`]).
+pub fn rootless() -> bool {
+    test_user().is_some()
+}
+
+/// Makes `cmd` run as the test user (if any), with that user's environment basics.
+pub fn as_test_user(cmd: &mut Command) {
+    use std::os::unix::process::CommandExt;
+    if let Some(u) = test_user() {
+        // std drops supplementary groups when uid() is set by root.
+        cmd.uid(u.uid.as_raw()).gid(u.gid.as_raw()).env("HOME", &u.dir).env("USER", &u.name).env("LOGNAME", &u.name);
+    }
+}
+
 /// A private azp-sandbox home for one test.
 pub struct TestHome {
     pub dir: PathBuf,
@@ -71,12 +99,16 @@ impl TestHome {
         let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("home-{name}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
+        if let Some(u) = test_user() {
+            nix::unistd::chown(&dir, Some(u.uid), Some(u.gid)).unwrap();
+        }
         TestHome { dir }
     }
 
     pub fn command(&self) -> Command {
         let mut c = Command::new(bin());
         c.arg("--home").arg(&self.dir).env_remove("AZP_SANDBOX_HOME").stdin(Stdio::null());
+        as_test_user(&mut c);
         c
     }
 
@@ -137,9 +169,14 @@ impl Drop for TestHome {
 pub fn cgroup_dirs_of(name: &str) -> Vec<PathBuf> {
     let mut out = vec![];
     for e in std::fs::read_dir("/sys/fs/cgroup").unwrap().flatten() {
-        let p = e.path().join("azp-sandbox").join(name);
-        if p.exists() {
-            out.push(p);
+        let base = e.path().join("azp-sandbox");
+        // Root mode: azp-sandbox/<name>; rootless: azp-sandbox/user-UID/<name>.
+        let nested: Vec<PathBuf> =
+            std::fs::read_dir(&base).map(|r| r.flatten().map(|d| d.path().join(name)).collect()).unwrap_or_default();
+        for p in std::iter::once(base.join(name)).chain(nested) {
+            if p.is_dir() {
+                out.push(p);
+            }
         }
     }
     let v2 = Path::new("/sys/fs/cgroup/azp-sandbox").join(name);
@@ -151,10 +188,7 @@ pub fn cgroup_dirs_of(name: &str) -> Vec<PathBuf> {
 
 /// The pids.current file of a running job, v1 or v2.
 pub fn pids_current(name: &str) -> Option<PathBuf> {
-    ["/sys/fs/cgroup/pids/azp-sandbox", "/sys/fs/cgroup/azp-sandbox"]
-        .iter()
-        .map(|d| Path::new(d).join(name).join("pids.current"))
-        .find(|p| p.exists())
+    cgroup_dirs_of(name).into_iter().map(|d| d.join("pids.current")).find(|p| p.exists())
 }
 
 /// Processes whose command line contains `needle`.

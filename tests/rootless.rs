@@ -1,0 +1,217 @@
+//! Rootless mode (issue 6): azp-sandbox run by an ordinary user with user namespaces.
+//!
+//! These tests run the binary as `AZP_SANDBOX_TEST_USER` (scripts/setup.sh creates
+//! `azp-rootless` with subordinate ids; scripts/test.sh sets the variable and delegates a
+//! cgroup v1 subtree to it with scripts/delegate-cgroups.sh). Without the variable they
+//! skip, saying so. The escape suite also runs rootless (scripts/test.sh).
+
+mod common;
+use common::*;
+use std::fs;
+use std::io::BufRead;
+use std::os::unix::fs::MetadataExt;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+macro_rules! require_rootless {
+    () => {
+        if !common::rootless() {
+            eprintln!("SKIPPED: set AZP_SANDBOX_TEST_USER to an ordinary user with subordinate ids (scripts/test.sh does)");
+            return;
+        }
+    };
+}
+
+fn user() -> nix::unistd::User {
+    test_user().unwrap()
+}
+
+/// The first subordinate uid of the test user (from /etc/subuid).
+fn subuid_start() -> u32 {
+    let u = user();
+    let text = fs::read_to_string("/etc/subuid").unwrap();
+    text.lines()
+        .find_map(|l| {
+            let f: Vec<&str> = l.split(':').collect();
+            (f.len() == 3 && (f[0] == u.name || f[0] == u.uid.to_string())).then(|| f[1].parse().unwrap())
+        })
+        .expect("the test user has subordinate uids")
+}
+
+fn delegated() -> bool {
+    Path::new(&format!("/sys/fs/cgroup/memory/azp-sandbox/user-{}", user().uid)).is_dir()
+        || Path::new("/sys/fs/cgroup/cgroup.controllers").exists()
+}
+
+/// Starts `exec --rootfs bb ARGS -- sh -c "SCRIPT; echo ready; sleep 1000"` and waits
+/// for `ready`; returns the child (stdout drained).
+fn start_waiting(h: &TestHome, args: &[&str], script: &str) -> std::process::Child {
+    let mut child = h
+        .command()
+        .args(["exec", "--rootfs", "bb"])
+        .args(args)
+        .args(["--", "sh", "-c", &format!("trap 'exit 143' TERM\n{script}\necho ready\nsleep 1000 & wait")])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut r = std::io::BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    while line != "ready\n" {
+        line.clear();
+        if r.read_line(&mut line).unwrap() == 0 {
+            let mut err = String::new();
+            std::io::Read::read_to_string(child.stderr.as_mut().unwrap(), &mut err).unwrap();
+            panic!("job ended before ready: {err}");
+        }
+    }
+    std::thread::spawn(move || std::io::copy(&mut r, &mut std::io::sink()));
+    child
+}
+
+fn wait_until(what: &str, timeout: Duration, mut f: impl FnMut() -> bool) {
+    let t = Instant::now();
+    while !f() {
+        assert!(t.elapsed() < timeout, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn job_runs_in_a_user_namespace_over_a_shifted_store() {
+    require_rootless!();
+    let h = TestHome::with_busybox("rl-shift");
+    let u = user();
+    let sub = subuid_start();
+    // The store is a shifted copy: the tarball's root-owned files belong to the user.
+    let tree = h.dir.join("rootfs/bb/tree");
+    assert_eq!(fs::metadata(tree.join("bin/busybox")).unwrap().uid(), u.uid.as_raw());
+    // Inside: root of a namespace mapping 0 -> the user, 1.. -> the subordinate range.
+    let out = h.ok(&["exec", "--rootfs", "bb", "--", "sh", "-c", "id -u; cat /proc/self/uid_map"]);
+    let lines: Vec<Vec<String>> = out.lines().map(|l| l.split_whitespace().map(String::from).collect()).collect();
+    assert_eq!(lines[0], ["0"]);
+    assert_eq!(lines[1], ["0".to_string(), u.uid.to_string(), "1".into()]);
+    assert_eq!(lines[2], ["1".to_string(), sub.to_string(), "65536".into()]);
+    // A file written by container uid 1000 is owned by subuid start + 999 on the host.
+    let name = unique("rl-owner");
+    let mut job = start_waiting(&h, &["--name", &name, "--user", "1000:1000"], "echo x > /tmp/../home/f 2>/dev/null; echo x > /var/tmp/f");
+    let f = h.dir.join("jobs").join(&name).join("upper/var/tmp/f");
+    assert_eq!(fs::metadata(&f).unwrap().uid(), sub + 999, "{}", f.display());
+    // No host process runs as host root on the job's behalf: the job's and the helper's
+    // processes belong to the user or its range.
+    for (pid, cmd) in processes_matching(&name) {
+        let uid = fs::metadata(format!("/proc/{pid}")).map(|m| m.uid()).unwrap_or(u.uid.as_raw());
+        assert!(uid == u.uid.as_raw() || uid >= sub, "pid {pid} ({cmd}) runs as host uid {uid}");
+    }
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(job.id() as i32), nix::sys::signal::SIGTERM).unwrap();
+    let st = job.wait().unwrap();
+    assert_eq!(st.code(), Some(143), "SIGTERM reaches the job: {st}");
+    h.assert_no_residue(&[&name]);
+}
+
+#[test]
+fn limits_are_enforced_in_the_delegated_cgroup() {
+    require_rootless!();
+    if !delegated() {
+        eprintln!("SKIPPED: no delegated cgroup for the test user (scripts/delegate-cgroups.sh)");
+        return;
+    }
+    let h = TestHome::with_busybox("rl-limits");
+    let name = unique("rl-mem");
+    let out = h.ok(&[
+        "exec", "--rootfs", "bb", "--name", &name, "--memory", "48m", "--pids", "30", "--",
+        "sh", "-c", "head -c 200m /dev/zero | tail >/dev/null; echo rc=$?; sh -c 'for i in $(seq 40); do sleep 3 & done' 2>/dev/null; echo forks=$?",
+    ]);
+    assert!(out.contains("rc=137"), "the allocation over 48m was not killed: {out}");
+    assert!(out.contains("forks=2"), "40 forks under --pids 30 did not fail: {out}");
+    // The cgroup was below the user's delegated dir while the job ran, and is gone now.
+    let name2 = unique("rl-cg");
+    let mut job = start_waiting(&h, &["--name", &name2, "--pids", "25"], "true");
+    let dirs = cgroup_dirs_of(&name2);
+    assert!(!dirs.is_empty(), "no cgroup for the running job");
+    for d in &dirs {
+        assert!(d.to_string_lossy().contains(&format!("azp-sandbox/user-{}/", user().uid)), "{}", d.display());
+    }
+    let max = fs::read_to_string(pids_current(&name2).unwrap().with_file_name("pids.max")).unwrap();
+    assert_eq!(max.trim(), "25");
+    job.kill().unwrap();
+    job.wait().unwrap();
+    h.ok(&["gc"]);
+    h.assert_no_residue(&[&name, &name2]);
+}
+
+#[test]
+fn without_delegation_limits_are_not_enforced_and_say_so_loudly() {
+    require_rootless!();
+    let h = TestHome::with_busybox("rl-nodeleg");
+    let parent = format!("/azp-sandbox/not-delegated-{}", std::process::id());
+    let o = h.run(&["--cgroup-parent", &parent, "exec", "--rootfs", "bb", "--memory", "32m", "--", "sh", "-c", "exit 7"]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(7), "{err}");
+    let warning: Vec<&str> = err.lines().filter(|l| l.contains("NOT enforced")).collect();
+    assert_eq!(warning.len(), 1, "{err}");
+    assert!(warning[0].contains("WARNING: memory/pids/cpu limits are NOT enforced") && warning[0].contains("delegate-cgroups.sh"), "{err}");
+    // Without a cgroup, a job whose exec and helper are SIGKILLed is still found and
+    // killed by gc (pid 1 of its pid namespace, recorded with its start time).
+    let marker = unique("rl-orphan-marker");
+    let name = unique("rl-orphan");
+    let mut job = start_waiting(&h, &["--cgroup-parent", &parent, "--name", &name], &format!("sh -c 'sleep 1000; echo {marker}' &"));
+    let job_procs = processes_matching(&marker);
+    assert!(!job_procs.is_empty(), "the job's process is visible on the host");
+    let helpers: Vec<i32> = processes_matching("__sandbox-helper").into_iter().filter(|(_, c)| c.contains(&name)).map(|(p, _)| p).collect();
+    assert_eq!(helpers.len(), 1, "one helper for the job");
+    job.kill().unwrap();
+    job.wait().unwrap();
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(helpers[0]), nix::sys::signal::SIGKILL).unwrap();
+    std::thread::sleep(Duration::from_millis(200));
+    assert!(!processes_matching(&marker).is_empty(), "the job outlived its helper (the case gc must handle)");
+    let gc = h.run(&["gc"]);
+    assert!(gc.status.success(), "{}", String::from_utf8_lossy(&gc.stderr));
+    wait_until("the orphaned job to die", Duration::from_secs(10), || processes_matching(&marker).is_empty());
+    h.assert_no_residue(&[&name]);
+}
+
+#[test]
+fn home_defaults_to_xdg_data_home() {
+    require_rootless!();
+    let u = user();
+    let xdg = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("rl-xdg-{}", std::process::id()));
+    let _ = fs::remove_dir_all(&xdg);
+    fs::create_dir_all(&xdg).unwrap();
+    nix::unistd::chown(&xdg, Some(u.uid), Some(u.gid)).unwrap();
+    let mut c = Command::new(bin());
+    as_test_user(&mut c);
+    let o = c
+        .env_remove("AZP_SANDBOX_HOME")
+        .env("XDG_DATA_HOME", &xdg)
+        .args(["rootfs", "import", busybox_tar().to_str().unwrap(), "--name", "bb"])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(xdg.join("azp-sandbox/rootfs/bb/tree/bin/busybox").is_file());
+    fs::remove_dir_all(&xdg).unwrap();
+}
+
+#[test]
+fn a_user_without_subordinate_ids_gets_a_one_line_fix() {
+    require_rootless!();
+    // nobody has no /etc/subuid entry.
+    let home = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("rl-nobody-{}", std::process::id()));
+    fs::create_dir_all(&home).unwrap();
+    nix::unistd::chown(&home, Some(65534.into()), Some(65534.into())).unwrap();
+    let o = Command::new(bin())
+        .uid(65534)
+        .gid(65534)
+        .arg("--home")
+        .arg(&home)
+        .args(["exec", "--rootfs", "bb", "--", "true"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(125), "{err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(err.contains("rootless mode needs subordinate ids for nobody") && err.contains("usermod --add-subuids"), "{err}");
+    fs::remove_dir_all(&home).unwrap();
+}
