@@ -32,7 +32,9 @@ macro_rules! require_root {
 
 /// Fixture dir shared by all test runs (cached across runs).
 pub fn fixtures() -> PathBuf {
-    let d = repo().join("target/fixtures");
+    // Next to the test temp dir, so a CARGO_TARGET_DIR elsewhere (the rootless pass of
+    // scripts/test.sh, for a checkout other users cannot reach) gets its own fixtures.
+    let d = Path::new(env!("CARGO_TARGET_TMPDIR")).parent().unwrap().join("fixtures");
     std::fs::create_dir_all(&d).unwrap();
     d
 }
