@@ -7,11 +7,12 @@
 #   runc                        the peer in the sandbox benchmark
 #   zstd                        .tar.zst rootfs archives (tests and benchmarks)
 #   uidmap                      newuidmap/newgidmap for rootless mode
+#   libcap2-bin                 setcap (the setuid tests refuse a binary with file capabilities)
 #   ca-certificates, curl       downloads (agent package, registries) in recipes
 set -euo pipefail
 if [ "$(id -u)" != 0 ]; then exec sudo -E "$0" "$@"; fi
 export DEBIAN_FRONTEND=noninteractive
-pkgs=(build-essential pkg-config libseccomp-dev busybox-static debootstrap runc zstd uidmap
+pkgs=(build-essential pkg-config libseccomp-dev busybox-static debootstrap runc zstd uidmap libcap2-bin
       ca-certificates curl git iproute2 procps psmisc docker-registry skopeo apache2-utils)
 missing=()
 for p in "${pkgs[@]}"; do dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'ok installed' || missing+=("$p"); done

@@ -18,5 +18,6 @@ pub mod rootfs;
 pub mod rootless;
 pub mod sandbox;
 pub mod scaler;
+pub mod setuid;
 pub mod slurm;
 pub mod sys;

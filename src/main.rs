@@ -6,7 +6,7 @@ use anyhow::{bail, Context, Result};
 use azp_sandbox::config::{parse_size, EnvVar, Home, Network, Volume};
 use azp_sandbox::gpu::{self, Capabilities, DiscoverOptions, GpuRequest};
 use azp_sandbox::rootfs::Store;
-use azp_sandbox::sandbox::{self, JobPlan, Limits, RunOptions};
+use azp_sandbox::sandbox::{self, Limits, RunOptions};
 use clap::{Parser, Subcommand};
 use std::path::PathBuf;
 
@@ -91,11 +91,11 @@ struct ExecArgs {
     network: Network,
     /// GPUs for the job: all, none, or a comma list of indexes or UUIDs (as
     /// NVIDIA_VISIBLE_DEVICES), or CDI names like nvidia.com/gpu=0
-    #[arg(long, default_value = "none", value_parser = GpuRequest::parse)]
-    gpus: GpuRequest,
+    #[arg(long, default_value = "none", value_parser = checked::<GpuRequest>)]
+    gpus: String,
     /// Driver capabilities to inject: compute,utility,video,graphics,display or all
-    #[arg(long, default_value = "compute,utility")]
-    gpu_capabilities: Capabilities,
+    #[arg(long, default_value = "compute,utility", value_parser = checked::<Capabilities>)]
+    gpu_capabilities: String,
     /// Use this CDI spec for the GPUs instead of native discovery
     #[arg(long)]
     cdi_spec: Option<PathBuf>,
@@ -125,6 +125,33 @@ struct LimitArgs {
     /// CPU quota per job in CPUs, e.g. 2 or 0.5
     #[arg(long, value_parser = parse_cpus)]
     cpus: Option<u64>,
+}
+
+impl ExecArgs {
+    fn request(self) -> sandbox::exec::ExecRequest {
+        sandbox::exec::ExecRequest {
+            rootfs: self.rootfs,
+            volumes: self.volumes,
+            env: self.env.into_iter().map(|e| (e.key, e.value)).collect(),
+            limits: self.limits.limits(),
+            network: self.network,
+            gpus: self.gpus,
+            gpu_capabilities: self.gpu_capabilities,
+            cdi_spec: self.cdi_spec,
+            name: self.name,
+            workdir: self.workdir,
+            user: self.user,
+            command: self.command,
+        }
+    }
+}
+
+/// A clap value parser that checks the value parses as `T` but keeps the text.
+fn checked<T: std::str::FromStr>(s: &str) -> Result<String, String>
+where
+    T::Err: std::fmt::Display,
+{
+    s.parse::<T>().map(|_| s.to_string()).map_err(|e| e.to_string())
 }
 
 impl LimitArgs {
@@ -370,7 +397,42 @@ fn main() {
     // SAFETY: restoring the default SIGPIPE disposition before any thread or I/O exists,
     // so `azp-sandbox gpu list | head` ends quietly instead of panicking.
     unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
-    let cli = Cli::parse();
+    if azp_sandbox::setuid::invoked_setuid() {
+        std::process::exit(setuid_main());
+    }
+    main_with(Cli::parse());
+}
+
+/// Installed setuid-root and run by an ordinary user (see azp_sandbox::setuid): `exec` goes
+/// to the privileged side as a request checked against site policy; any other command
+/// runs right here, with the caller's ids only.
+fn setuid_main() -> i32 {
+    use azp_sandbox::setuid::{split, Side};
+    match split() {
+        Ok(Side::Privileged(monitor)) => monitor.serve(),
+        Ok(Side::Unprivileged(sender)) => {
+            let cli = Cli::parse();
+            if let Command::Exec(args) = cli.command {
+                return match sender.send(&args.request()) {
+                    Ok(()) => 0,
+                    Err(e) => {
+                        eprintln!("azp-sandbox: error: {}", one_line(&e));
+                        EXIT_SANDBOX_ERROR
+                    }
+                };
+            }
+            drop(sender);
+            main_with(cli);
+            0
+        }
+        Err(e) => {
+            eprintln!("azp-sandbox: error: {}", one_line(&e));
+            EXIT_SANDBOX_ERROR
+        }
+    }
+}
+
+fn main_with(cli: Cli) {
     let home = Home::resolve(cli.home.clone());
     if let Command::SandboxHelper { job_dir } = &cli.command {
         azp_sandbox::logging::init(if cli.quiet { -1 } else { cli.verbose as i8 });
@@ -597,48 +659,13 @@ fn exec(home: &Home, driver_root: &std::path::Path, args: ExecArgs) -> Result<i3
     home.ensure()?;
     log_gc(&sandbox::gc(home).context("gc before exec failed")?);
     tracing::debug!("gc done");
-    let store = Store::new(home);
-    let rootfs_name = if args.rootfs == "auto" {
-        use azp_sandbox::gpu::GpuInventory;
-        let inv = gpu::NvmlInventory::load(driver_root, &DiscoverOptions::default().extra_lib_dirs);
-        azp_sandbox::rootfs::select::resolve(&store, "auto", inv.cuda_driver_version().ok())?
-    } else {
-        args.rootfs.clone()
-    };
-    let lease = store.lease(&rootfs_name)?;
-    tracing::debug!("rootfs leased");
-    let gpu_opts = DiscoverOptions {
-        driver_root: driver_root.to_path_buf(),
-        cdi_spec: args.cdi_spec.clone(),
-        ..Default::default()
-    };
-    let edits = gpu::job_edits(&gpu_opts, &args.gpus, &args.gpu_capabilities, Some(lease.path()))?;
-    let id = args.name.clone().unwrap_or_else(|| sandbox::jobdir::new_job_id("exec"));
-    if home.jobs_dir().join(&id).exists() {
-        bail!("a job named '{id}' is already running: choose another --name");
-    }
-    let plan = JobPlan {
-        id: id.clone(),
-        lower: vec![lease.path().to_path_buf()],
-        args: args.command,
-        env: args.env.into_iter().map(|e| (e.key, e.value)).collect(),
-        cwd: args.workdir,
-        uid: args.user.map(|u| u.0).unwrap_or(0),
-        gid: args.user.map(|u| u.1).unwrap_or(0),
-        hostname: id.clone(),
-        volumes: args.volumes,
-        limits: args.limits.limits(),
-        network: args.network,
-        edits,
-        cgroup_path: sandbox::teardown::cgroup_path_for(&id),
-        owned_dirs: vec![],
-        rootless: false,
-    };
+    let request = args.request();
+    let (plan, lease) = sandbox::exec::prepare(home, driver_root, &request)?;
     let outcome = sandbox::run_job(home, plan, &RunOptions { forward_signals: true, ..Default::default() })?;
     tracing::debug!(
         "job {} rootfs={} exit={} duration={:.3}s cleanup: {}",
         outcome.id,
-        args.rootfs,
+        request.rootfs,
         outcome.code,
         outcome.duration.as_secs_f64(),
         outcome.cleanup

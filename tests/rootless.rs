@@ -18,7 +18,9 @@ use std::time::{Duration, Instant};
 macro_rules! require_rootless {
     () => {
         if !common::rootless() {
-            eprintln!("SKIPPED: set AZP_SANDBOX_TEST_USER to an ordinary user with subordinate ids (scripts/test.sh does)");
+            eprintln!(
+                "SKIPPED: set AZP_SANDBOX_TEST_USER to an ordinary user with subordinate ids (scripts/test.sh does)"
+            );
             return;
         }
     };
@@ -96,7 +98,11 @@ fn job_runs_in_a_user_namespace_over_a_shifted_store() {
     assert_eq!(lines[2], ["1".to_string(), sub.to_string(), "65536".into()]);
     // A file written by container uid 1000 is owned by subuid start + 999 on the host.
     let name = unique("rl-owner");
-    let mut job = start_waiting(&h, &["--name", &name, "--user", "1000:1000"], "echo x > /tmp/../home/f 2>/dev/null; echo x > /var/tmp/f");
+    let mut job = start_waiting(
+        &h,
+        &["--name", &name, "--user", "1000:1000"],
+        "echo x > /tmp/../home/f 2>/dev/null; echo x > /var/tmp/f",
+    );
     let f = h.dir.join("jobs").join(&name).join("upper/var/tmp/f");
     assert_eq!(fs::metadata(&f).unwrap().uid(), sub + 999, "{}", f.display());
     // No host process runs as host root on the job's behalf: the job's and the helper's
@@ -147,20 +153,30 @@ fn without_delegation_limits_are_not_enforced_and_say_so_loudly() {
     require_rootless!();
     let h = TestHome::with_busybox("rl-nodeleg");
     let parent = format!("/azp-sandbox/not-delegated-{}", std::process::id());
-    let o = h.run(&["--cgroup-parent", &parent, "exec", "--rootfs", "bb", "--memory", "32m", "--", "sh", "-c", "exit 7"]);
+    let o =
+        h.run(&["--cgroup-parent", &parent, "exec", "--rootfs", "bb", "--memory", "32m", "--", "sh", "-c", "exit 7"]);
     let err = String::from_utf8_lossy(&o.stderr);
     assert_eq!(o.status.code(), Some(7), "{err}");
     let warning: Vec<&str> = err.lines().filter(|l| l.contains("NOT enforced")).collect();
     assert_eq!(warning.len(), 1, "{err}");
-    assert!(warning[0].contains("WARNING: memory/pids/cpu limits are NOT enforced") && warning[0].contains("delegate-cgroups.sh"), "{err}");
+    assert!(
+        warning[0].contains("WARNING: memory/pids/cpu limits are NOT enforced")
+            && warning[0].contains("delegate-cgroups.sh"),
+        "{err}"
+    );
     // Without a cgroup, a job whose exec and helper are SIGKILLed is still found and
     // killed by gc (pid 1 of its pid namespace, recorded with its start time).
     let marker = unique("rl-orphan-marker");
     let name = unique("rl-orphan");
-    let mut job = start_waiting(&h, &["--cgroup-parent", &parent, "--name", &name], &format!("sh -c 'sleep 1000; echo {marker}' &"));
+    let mut job = start_waiting(
+        &h,
+        &["--cgroup-parent", &parent, "--name", &name],
+        &format!("sh -c 'sleep 1000; echo {marker}' &"),
+    );
     let job_procs = processes_matching(&marker);
     assert!(!job_procs.is_empty(), "the job's process is visible on the host");
-    let helpers: Vec<i32> = processes_matching("__sandbox-helper").into_iter().filter(|(_, c)| c.contains(&name)).map(|(p, _)| p).collect();
+    let helpers: Vec<i32> =
+        processes_matching("__sandbox-helper").into_iter().filter(|(_, c)| c.contains(&name)).map(|(p, _)| p).collect();
     assert_eq!(helpers.len(), 1, "one helper for the job");
     job.kill().unwrap();
     job.wait().unwrap();
@@ -212,6 +228,9 @@ fn a_user_without_subordinate_ids_gets_a_one_line_fix() {
     let err = String::from_utf8_lossy(&o.stderr);
     assert_eq!(o.status.code(), Some(125), "{err}");
     assert_eq!(err.lines().count(), 1, "{err}");
-    assert!(err.contains("rootless mode needs subordinate ids for nobody") && err.contains("usermod --add-subuids"), "{err}");
+    assert!(
+        err.contains("rootless mode needs subordinate ids for nobody") && err.contains("usermod --add-subuids"),
+        "{err}"
+    );
     fs::remove_dir_all(&home).unwrap();
 }

@@ -40,6 +40,8 @@ pub struct FileSettings {
     pub max_agents: Option<usize>,
     pub idle_timeout_secs: Option<u64>,
     pub poll_interval_secs: Option<u64>,
+    /// Setuid mode's site policy (read by `setuid::policy`, not by `run`).
+    pub setuid: Option<toml::Value>,
 }
 
 /// What the command line gave (None = not given).

@@ -70,7 +70,9 @@ pub fn test_user() -> Option<nix::unistd::User> {
     static U: OnceLock<Option<nix::unistd::User>> = OnceLock::new();
     U.get_or_init(|| {
         let name = std::env::var("AZP_SANDBOX_TEST_USER").ok().filter(|n| !n.is_empty())?;
-        let user = nix::unistd::User::from_name(&name).unwrap().unwrap_or_else(|| panic!("AZP_SANDBOX_TEST_USER={name}: no such user"));
+        let user = nix::unistd::User::from_name(&name)
+            .unwrap()
+            .unwrap_or_else(|| panic!("AZP_SANDBOX_TEST_USER={name}: no such user"));
         assert!(is_root(), "AZP_SANDBOX_TEST_USER needs the tests to run as root (they switch to the user)");
         Some(user)
     })

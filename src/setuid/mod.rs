@@ -1,0 +1,243 @@
+//! Setuid mode: the binary installed setuid-root lets ordinary users run `exec` under the
+//! site policy in the root-owned `/etc/azp-sandbox/config.toml` (see [`policy`]).
+//!
+//! Privilege separation, as a short straight line (each step its own function and error):
+//! 1. `harden`: non-dumpable (no ptrace, no /proc/PID/mem or environ for the caller),
+//!    refuse file capabilities on the binary, snapshot then clear the environment;
+//! 2. `split`: fork. The child drops to the caller's uid/gid for good, gets the caller's
+//!    environment back and does everything else: parses the command line and, for `exec`,
+//!    sends the request (JSON) through a pipe and exits. Any other command simply runs in
+//!    the child as the ordinary user (rootless mode);
+//! 3. the privileged parent (`Monitor::serve`) reads one bounded request, loads the
+//!    policy (refusing a config that is not root-owned or is writable by others), checks
+//!    the caller and the request (paths resolved with the caller's filesystem identity),
+//!    becomes root entirely (so the caller can no longer signal it) and runs the job as
+//!    the caller, with no capabilities, in a sandbox from the site store.
+//!
+//! Nothing user-controlled is parsed with privileges except that one JSON request, into a
+//! closed struct (`deny_unknown_fields`).
+
+pub mod policy;
+
+use crate::config::Home;
+use crate::sandbox::exec::ExecRequest;
+use anyhow::{bail, Context, Result};
+use nix::unistd::{ForkResult, Gid, Pid, Uid};
+use policy::{Caller, Policy};
+use std::ffi::OsString;
+use std::io::Read;
+use std::os::fd::OwnedFd;
+use std::path::{Path, PathBuf};
+
+/// The site policy (and `run`'s settings): root-owned, not writable by others.
+pub const POLICY_FILE: &str = "/etc/azp-sandbox/config.toml";
+/// Largest request accepted from the unprivileged side.
+const MAX_REQUEST: u64 = 1 << 20;
+
+/// True when this process is a setuid-root binary run by an ordinary user.
+pub fn invoked_setuid() -> bool {
+    !nix::unistd::getuid().is_root() && nix::unistd::geteuid().is_root()
+}
+
+/// The two sides after [`split`].
+pub enum Side {
+    /// The caller's side (no privileges): parse, then [`RequestSender::send`] for `exec`.
+    Unprivileged(RequestSender),
+    Privileged(Monitor),
+}
+
+/// Steps 1 and 2. Call first thing in main, before threads or anything reads the env.
+pub fn split() -> Result<Side> {
+    let env = harden()?;
+    let (read, write) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).context("cannot create a pipe")?;
+    let caller = (nix::unistd::getuid(), nix::unistd::getgid());
+    // SAFETY: called first thing in main: the process is single-threaded, so the child
+    // may do anything (it continues as an ordinary program).
+    match unsafe { nix::unistd::fork() }.context("cannot fork the unprivileged side")? {
+        ForkResult::Child => {
+            drop(read);
+            drop_privileges_for_good(caller.0, caller.1)?;
+            for (k, v) in env {
+                std::env::set_var(k, v);
+            }
+            Ok(Side::Unprivileged(RequestSender { pipe: write }))
+        }
+        ForkResult::Parent { child } => {
+            drop(write);
+            Ok(Side::Privileged(Monitor { pipe: read, child, caller }))
+        }
+    }
+}
+
+/// Step 1. Returns the environment it cleared (for the unprivileged side only).
+fn harden() -> Result<Vec<(OsString, OsString)>> {
+    // SAFETY: prctl(PR_SET_DUMPABLE, 0) takes no pointers; its result is checked.
+    if unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0) } != 0 {
+        bail!("cannot make the setuid process non-dumpable: {}", std::io::Error::last_os_error());
+    }
+    if has_file_capabilities(Path::new("/proc/self/exe")) {
+        bail!("refusing to run: the setuid binary also carries file capabilities; install it with mode 4755 and no capabilities (setcap -r)");
+    }
+    let env: Vec<(OsString, OsString)> = std::env::vars_os().collect();
+    for (k, _) in &env {
+        std::env::remove_var(k);
+    }
+    std::env::set_var("PATH", crate::sandbox::plan::DEFAULT_PATH);
+    Ok(env)
+}
+
+fn has_file_capabilities(path: &Path) -> bool {
+    use std::os::unix::ffi::OsStrExt;
+    let Ok(p) = std::ffi::CString::new(path.as_os_str().as_bytes()) else { return true };
+    let name = c"security.capability";
+    // SAFETY: both strings are NUL-terminated and live for the call; a null buffer with
+    // size 0 only asks for the attribute's size.
+    let r = unsafe { libc::getxattr(p.as_ptr(), name.as_ptr(), std::ptr::null_mut(), 0) };
+    r >= 0 || std::io::Error::last_os_error().raw_os_error() != Some(libc::ENODATA)
+}
+
+/// The caller's side: real, effective and saved ids all become the caller's; then check
+/// that root cannot be regained.
+fn drop_privileges_for_good(uid: Uid, gid: Gid) -> Result<()> {
+    nix::unistd::setresgid(gid, gid, gid).context("cannot drop the group privileges")?;
+    nix::unistd::setresuid(uid, uid, uid).context("cannot drop root")?;
+    if nix::unistd::setuid(Uid::from_raw(0)).is_ok() || nix::unistd::geteuid().is_root() {
+        bail!("could regain root after dropping it: refusing to continue");
+    }
+    Ok(())
+}
+
+pub struct RequestSender {
+    pipe: OwnedFd,
+}
+
+impl RequestSender {
+    pub fn send(self, req: &ExecRequest) -> Result<()> {
+        let bytes = serde_json::to_vec(req)?;
+        let mut f = std::fs::File::from(self.pipe);
+        std::io::Write::write_all(&mut f, &bytes).context("the privileged side is gone")
+    }
+}
+
+pub struct Monitor {
+    pipe: OwnedFd,
+    child: Pid,
+    caller: (Uid, Gid),
+}
+
+impl Monitor {
+    /// Step 3. Returns the process exit code.
+    pub fn serve(self) -> i32 {
+        match self.serve_inner() {
+            Ok(code) => code,
+            Err(e) => {
+                eprintln!("azp-sandbox: error: {}", format!("{e:#}").replace('\n', " "));
+                125
+            }
+        }
+    }
+
+    fn serve_inner(self) -> Result<i32> {
+        let mut bytes = Vec::new();
+        std::fs::File::from(self.pipe)
+            .take(MAX_REQUEST + 1)
+            .read_to_end(&mut bytes)
+            .context("cannot read the request")?;
+        let code = match nix::sys::wait::waitpid(self.child, None).context("lost the unprivileged side")? {
+            nix::sys::wait::WaitStatus::Exited(_, c) => c,
+            nix::sys::wait::WaitStatus::Signaled(_, s, _) => 128 + s as i32,
+            _ => 125,
+        };
+        if bytes.is_empty() || code != 0 {
+            // Not an exec (it ran unprivileged in the child), or the child failed (it said why).
+            return Ok(code);
+        }
+        if bytes.len() as u64 > MAX_REQUEST {
+            bail!("request too large");
+        }
+        let request: ExecRequest =
+            serde_json::from_slice(&bytes).context("malformed request from the unprivileged side")?;
+        let policy = load_policy(Path::new(POLICY_FILE))?;
+        let caller = caller(self.caller.0, self.caller.1)?;
+        policy.allows_caller(&caller)?;
+        let request = policy.authorize(request, &caller, &|p| resolve_as(self.caller, p))?;
+        become_root()?;
+        run(&policy, request)
+    }
+}
+
+/// Loads the policy, refusing a file or directory that someone other than root could change.
+pub fn load_policy(file: &Path) -> Result<Policy> {
+    use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+    let dir = file.parent().context("policy file has no directory")?;
+    let d = std::fs::symlink_metadata(dir)
+        .with_context(|| format!("setuid mode is not configured: {} is missing", dir.display()))?;
+    if !d.is_dir() || d.uid() != 0 || d.mode() & 0o022 != 0 {
+        bail!("refusing {}: it must be a root-owned directory not writable by group or others", dir.display());
+    }
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(file)
+        .with_context(|| format!("setuid mode is not configured: cannot open {}", file.display()))?;
+    let m = f.metadata()?;
+    if !m.is_file() || m.uid() != 0 || m.mode() & 0o022 != 0 {
+        bail!(
+            "refusing {}: it must be a root-owned file not writable by group or others (chown root:root, chmod 644)",
+            file.display()
+        );
+    }
+    let mut text = String::new();
+    f.take(MAX_REQUEST).read_to_string(&mut text).with_context(|| format!("cannot read {}", file.display()))?;
+    policy::parse(&text, file)
+}
+
+fn caller(uid: Uid, gid: Gid) -> Result<Caller> {
+    let user =
+        nix::unistd::User::from_uid(uid).ok().flatten().with_context(|| format!("uid {uid} has no user name"))?;
+    let mut gids = nix::unistd::getgroups().unwrap_or_default();
+    gids.push(gid);
+    let groups =
+        gids.into_iter().filter_map(|g| nix::unistd::Group::from_gid(g).ok().flatten()).map(|g| g.name).collect();
+    Ok(Caller { uid: uid.as_raw(), gid: gid.as_raw(), name: user.name, groups })
+}
+
+/// Canonicalizes `p` with the caller's filesystem identity: what the caller cannot reach
+/// on the host cannot be named in a request either.
+fn resolve_as(caller: (Uid, Gid), p: &Path) -> std::io::Result<PathBuf> {
+    // SAFETY: setfsuid/setfsgid take plain ids and only change this thread's filesystem
+    // identity; both are restored right after.
+    unsafe {
+        libc::setfsgid(caller.1.as_raw());
+        libc::setfsuid(caller.0.as_raw());
+    }
+    let r = std::fs::canonicalize(p);
+    // SAFETY: as above, back to root.
+    unsafe {
+        libc::setfsuid(0);
+        libc::setfsgid(0);
+    }
+    r
+}
+
+/// Real, effective and saved ids 0 and no supplementary groups: the caller can no longer
+/// signal or trace any process from here on.
+fn become_root() -> Result<()> {
+    nix::unistd::setgroups(&[]).context("cannot clear supplementary groups")?;
+    nix::unistd::setresgid(Gid::from_raw(0), Gid::from_raw(0), Gid::from_raw(0)).context("cannot become gid 0")?;
+    nix::unistd::setresuid(Uid::from_raw(0), Uid::from_raw(0), Uid::from_raw(0)).context("cannot become uid 0")?;
+    Ok(())
+}
+
+fn run(policy: &Policy, request: ExecRequest) -> Result<i32> {
+    crate::logging::init(0);
+    let home = Home::new(&policy.home);
+    home.ensure()?;
+    crate::sandbox::gc(&home).context("gc before exec failed")?;
+    let (plan, lease) = crate::sandbox::exec::prepare(&home, &policy.driver_root, &request)?;
+    let opts = crate::sandbox::RunOptions { forward_signals: true, ..Default::default() };
+    let outcome = crate::sandbox::run_job(&home, plan, &opts)?;
+    tracing::info!("setuid job {} exit={} duration={:.3}s", outcome.id, outcome.code, outcome.duration.as_secs_f64());
+    drop(lease);
+    Ok(outcome.code)
+}

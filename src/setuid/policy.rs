@@ -1,0 +1,330 @@
+//! Site policy for setuid mode: the `[setuid]` table of the root-owned
+//! `/etc/azp-sandbox/config.toml`, and the check of one request against it. Pure (the
+//! file's trust checks are in `mod.rs`), so every rule has a unit test without root.
+//!
+//! ```toml
+//! [setuid]
+//! users = ["alice"]            # who may run sandboxes (names), and/or
+//! groups = ["gpu-users"]       # members of these groups
+//! rootfs = ["cuda12", "bb"]    # rootfs names from the site store ("*": any)
+//! volumes = ["/datasets"]      # host dirs that may be bound (read-only), with what is below
+//! gpus = ["0", "1"]            # GPU indexes users may request ("all" = every GPU)
+//! max_memory = "32G"           # per job; also the default when a job asks for none
+//! max_pids = 4096
+//! max_cpus = 8
+//! network = ["host", "none"]   # network modes users may choose
+//! home = "/var/lib/azp-sandbox"  # the site store and job dirs
+//! ```
+
+use crate::config::{parse_size, Network};
+use crate::sandbox::exec::ExecRequest;
+use crate::sandbox::plan::Limits;
+use anyhow::{bail, Context, Result};
+use serde::Deserialize;
+use std::path::{Component, Path, PathBuf};
+
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct Policy {
+    #[serde(default)]
+    pub users: Vec<String>,
+    #[serde(default)]
+    pub groups: Vec<String>,
+    #[serde(default)]
+    pub rootfs: Vec<String>,
+    #[serde(default)]
+    pub volumes: Vec<PathBuf>,
+    #[serde(default)]
+    pub gpus: Vec<String>,
+    pub max_memory: Option<String>,
+    pub max_pids: Option<i64>,
+    pub max_cpus: Option<f64>,
+    #[serde(default = "default_network")]
+    pub network: Vec<String>,
+    #[serde(default = "default_home")]
+    pub home: PathBuf,
+    #[serde(default = "default_driver_root")]
+    pub driver_root: PathBuf,
+}
+
+fn default_network() -> Vec<String> {
+    vec!["host".into()]
+}
+fn default_home() -> PathBuf {
+    PathBuf::from("/var/lib/azp-sandbox")
+}
+fn default_driver_root() -> PathBuf {
+    PathBuf::from("/")
+}
+
+/// The `[setuid]` table of the config file's text (other tables belong to `run`).
+pub fn parse(text: &str, file: &Path) -> Result<Policy> {
+    #[derive(Deserialize)]
+    struct File {
+        setuid: Option<toml::Value>,
+    }
+    let f: File =
+        toml::from_str(text).map_err(|e| anyhow::anyhow!("bad config file {}: {}", file.display(), one_line(&e)))?;
+    let table = f.setuid.with_context(|| {
+        format!("{} has no [setuid] table: setuid mode is not enabled on this host (see SECURITY.md)", file.display())
+    })?;
+    let p: Policy = table
+        .try_into()
+        .map_err(|e: toml::de::Error| anyhow::anyhow!("bad [setuid] table in {}: {}", file.display(), one_line(&e)))?;
+    for v in &p.volumes {
+        if !v.is_absolute() || v.components().any(|c| c == Component::ParentDir) || v == Path::new("/") {
+            bail!("bad [setuid] volumes entry {} in {}: use absolute dataset dirs, not /", v.display(), file.display());
+        }
+    }
+    for n in &p.network {
+        if n != "host" && n != "none" {
+            bail!("bad [setuid] network entry '{n}' in {}: use \"host\" and/or \"none\"", file.display());
+        }
+    }
+    p.memory_cap()?;
+    Ok(p)
+}
+
+fn one_line(e: &toml::de::Error) -> String {
+    e.to_string().lines().next().unwrap_or_default().to_string()
+}
+
+/// Who is asking: the real ids of the process that ran the setuid binary.
+#[derive(Debug, Clone)]
+pub struct Caller {
+    pub uid: u32,
+    pub gid: u32,
+    pub name: String,
+    /// Names of the caller's groups (primary and supplementary).
+    pub groups: Vec<String>,
+}
+
+impl Policy {
+    fn memory_cap(&self) -> Result<Option<u64>> {
+        self.max_memory
+            .as_deref()
+            .map(|m| parse_size(m).map_err(|e| anyhow::anyhow!("bad [setuid] max_memory: {e}")))
+            .transpose()
+    }
+
+    pub fn allows_caller(&self, c: &Caller) -> Result<()> {
+        if self.users.iter().any(|u| u == &c.name) || self.groups.iter().any(|g| c.groups.contains(g)) {
+            return Ok(());
+        }
+        bail!(
+            "user {} may not run sandboxes on this host: ask an administrator to add it to [setuid] users or groups",
+            c.name
+        )
+    }
+
+    /// Checks `req` and returns it as it will run: volumes canonicalised, limits capped or
+    /// defaulted, the job's user forced to the caller. `canonical` resolves a host path
+    /// (std::fs::canonicalize in production).
+    pub fn authorize(
+        &self,
+        mut req: ExecRequest,
+        caller: &Caller,
+        canonical: &dyn Fn(&Path) -> std::io::Result<PathBuf>,
+    ) -> Result<ExecRequest> {
+        if !self.rootfs.iter().any(|r| r == "*" || r == &req.rootfs) {
+            bail!("rootfs '{}' is not allowed by site policy (allowed: {})", req.rootfs, self.rootfs.join(", "));
+        }
+        for v in &mut req.volumes {
+            let real =
+                canonical(&v.host).with_context(|| format!("volume source {} does not exist", v.host.display()))?;
+            let allowed = self.volumes.iter().filter_map(|p| canonical(p).ok()).any(|p| real.starts_with(&p));
+            if !allowed {
+                bail!(
+                    "--volume {} is not allowed by site policy (allowed under: {})",
+                    v.host.display(),
+                    self.volumes.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(", ")
+                );
+            }
+            v.host = real;
+        }
+        self.check_gpus(&req.gpus)?;
+        if req.cdi_spec.is_some() {
+            bail!("--cdi-spec is not allowed in setuid mode: the site's GPUs come from the policy");
+        }
+        let net = match req.network {
+            Network::Host => "host",
+            Network::None => "none",
+        };
+        if !self.network.iter().any(|n| n == net) {
+            bail!("--network {net} is not allowed by site policy (allowed: {})", self.network.join(", "));
+        }
+        req.limits = self.cap_limits(&req.limits)?;
+        if let Some((u, g)) = req.user {
+            if (u, g) != (caller.uid, caller.gid) {
+                bail!("--user is not allowed in setuid mode: jobs run as you ({}:{})", caller.uid, caller.gid);
+            }
+        }
+        req.user = Some((caller.uid, caller.gid));
+        Ok(req)
+    }
+
+    fn check_gpus(&self, gpus: &str) -> Result<()> {
+        if gpus == "none" || gpus.is_empty() {
+            return Ok(());
+        }
+        if self.gpus.iter().any(|g| g == "all") {
+            return Ok(());
+        }
+        let asked: Vec<&str> = if gpus == "all" { vec!["all"] } else { gpus.split(',').map(str::trim).collect() };
+        for g in asked {
+            if !self.gpus.iter().any(|a| a == g) {
+                bail!(
+                    "--gpus {g} is not allowed by site policy (allowed: {})",
+                    if self.gpus.is_empty() { "none".into() } else { self.gpus.join(",") }
+                );
+            }
+        }
+        Ok(())
+    }
+
+    fn cap_limits(&self, asked: &Limits) -> Result<Limits> {
+        fn cap<T: PartialOrd + Copy + std::fmt::Display>(
+            what: &str,
+            asked: Option<T>,
+            max: Option<T>,
+        ) -> Result<Option<T>> {
+            match (asked, max) {
+                (Some(a), Some(m)) if a > m => bail!("{what} {a} is above the site maximum {m}"),
+                (None, m) => Ok(m),
+                (a, _) => Ok(a),
+            }
+        }
+        let cpus_max = self.max_cpus.map(|c| (c * 1000.0).round() as u64);
+        Ok(Limits {
+            memory_bytes: cap("--memory", asked.memory_bytes, self.memory_cap()?)?,
+            pids: cap("--pids", asked.pids, self.max_pids)?,
+            cpus_milli: cap("--cpus (milli-CPUs)", asked.cpus_milli, cpus_max)?,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Volume;
+
+    const GOOD: &str = r#"
+url = "https://dev.azure.com/org"   # run's settings live beside [setuid]
+[setuid]
+users = ["alice"]
+groups = ["gpu"]
+rootfs = ["cuda"]
+volumes = ["/data"]
+gpus = ["0", "1"]
+max_memory = "1G"
+max_pids = 100
+network = ["host", "none"]
+"#;
+
+    fn policy() -> Policy {
+        parse(GOOD, Path::new("/etc/azp-sandbox/config.toml")).unwrap()
+    }
+
+    fn caller(name: &str, groups: &[&str]) -> Caller {
+        Caller { uid: 1001, gid: 1001, name: name.into(), groups: groups.iter().map(|g| g.to_string()).collect() }
+    }
+
+    fn req() -> ExecRequest {
+        ExecRequest {
+            rootfs: "cuda".into(),
+            volumes: vec![],
+            env: vec![],
+            limits: Limits::default(),
+            network: Network::Host,
+            gpus: "none".into(),
+            gpu_capabilities: "compute,utility".into(),
+            cdi_spec: None,
+            name: None,
+            workdir: "/".into(),
+            user: None,
+            command: vec!["true".into()],
+        }
+    }
+
+    /// A fake filesystem: /data/x is real, /data/link points to /etc.
+    fn canon(p: &Path) -> std::io::Result<PathBuf> {
+        match p.to_str().unwrap() {
+            "/data" | "/data/x" | "/etc" | "/etc/shadow" | "/" => Ok(p.into()),
+            "/data/link" => Ok("/etc".into()),
+            "/data/../etc" => Ok("/etc".into()),
+            _ => Err(std::io::ErrorKind::NotFound.into()),
+        }
+    }
+
+    #[test]
+    fn parse_errors_are_one_line_and_name_the_fix() {
+        let f = Path::new("/etc/azp-sandbox/config.toml");
+        let e = parse("url = 1\n", f).unwrap_err().to_string();
+        assert!(e.contains("no [setuid] table"), "{e}");
+        let e = parse("[setuid]\nusers = [\"a\"]\nallow_everything = true\n", f).unwrap_err().to_string();
+        assert!(e.contains("bad [setuid] table") && !e.contains('\n'), "{e}");
+        let e = parse("[setuid]\nvolumes = [\"/\"]\n", f).unwrap_err().to_string();
+        assert!(e.contains("not /"), "{e}");
+        let e = parse("[setuid]\nnetwork = [\"bridge\"]\n", f).unwrap_err().to_string();
+        assert!(e.contains("bridge"), "{e}");
+        let e = parse("[setuid]\nmax_memory = \"lots\"\n", f).unwrap_err().to_string();
+        assert!(e.contains("max_memory"), "{e}");
+        let e = parse("[setuid\n", f).unwrap_err().to_string();
+        assert!(e.contains("bad config file") && !e.contains('\n'), "{e}");
+    }
+
+    #[test]
+    fn callers_by_name_or_group() {
+        let p = policy();
+        assert!(p.allows_caller(&caller("alice", &[])).is_ok());
+        assert!(p.allows_caller(&caller("bob", &["users", "gpu"])).is_ok());
+        let e = p.allows_caller(&caller("mallory", &["users"])).unwrap_err().to_string();
+        assert!(e.contains("mallory may not run sandboxes"), "{e}");
+    }
+
+    #[test]
+    fn requests_outside_policy_are_refused() {
+        let p = policy();
+        let c = caller("alice", &[]);
+        let refuse = |r: ExecRequest, want: &str| {
+            let e = p.authorize(r, &c, &canon).unwrap_err().to_string();
+            assert!(e.contains(want), "{want}: {e}");
+        };
+        refuse(ExecRequest { rootfs: "other".into(), ..req() }, "rootfs 'other' is not allowed");
+        let vol = |h: &str| Volume { host: h.into(), container: "/d".into(), env: None };
+        refuse(ExecRequest { volumes: vec![vol("/")], ..req() }, "--volume / is not allowed");
+        refuse(ExecRequest { volumes: vec![vol("/etc/shadow")], ..req() }, "--volume /etc/shadow is not allowed");
+        refuse(ExecRequest { volumes: vec![vol("/data/link")], ..req() }, "--volume /data/link is not allowed");
+        refuse(ExecRequest { volumes: vec![vol("/data/../etc")], ..req() }, "is not allowed");
+        refuse(ExecRequest { volumes: vec![vol("/data/missing")], ..req() }, "does not exist");
+        refuse(ExecRequest { gpus: "2".into(), ..req() }, "--gpus 2 is not allowed");
+        refuse(ExecRequest { gpus: "all".into(), ..req() }, "--gpus all is not allowed");
+        refuse(
+            ExecRequest { limits: Limits { memory_bytes: Some(2 << 30), ..Default::default() }, ..req() },
+            "above the site maximum",
+        );
+        refuse(ExecRequest { limits: Limits { pids: Some(101), ..Default::default() }, ..req() }, "--pids 101");
+        refuse(ExecRequest { user: Some((0, 0)), ..req() }, "--user is not allowed");
+        refuse(ExecRequest { cdi_spec: Some("/tmp/x.json".into()), ..req() }, "--cdi-spec");
+        let p2 = Policy { network: vec!["none".into()], ..policy() };
+        let e = p2.authorize(req(), &c, &canon).unwrap_err().to_string();
+        assert!(e.contains("--network host is not allowed"), "{e}");
+    }
+
+    #[test]
+    fn allowed_requests_run_as_the_caller_with_capped_limits() {
+        let p = policy();
+        let c = caller("alice", &[]);
+        let r = ExecRequest {
+            volumes: vec![Volume { host: "/data/x".into(), container: "/d".into(), env: Some("D".into()) }],
+            gpus: "0,1".into(),
+            limits: Limits { pids: Some(50), ..Default::default() },
+            ..req()
+        };
+        let ok = p.authorize(r, &c, &canon).unwrap();
+        assert_eq!(ok.user, Some((1001, 1001)));
+        assert_eq!(ok.limits.memory_bytes, Some(1 << 30), "the site maximum is the default");
+        assert_eq!(ok.limits.pids, Some(50));
+        assert_eq!(ok.volumes[0].host, PathBuf::from("/data/x"));
+    }
+}

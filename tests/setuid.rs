@@ -1,0 +1,302 @@
+//! Setuid mode (issue 6): the binary installed setuid-root, run by an ordinary user under
+//! a root-owned site policy in /etc/azp-sandbox/config.toml.
+//!
+//! Needs root (to install the setuid copy and write the policy) and an ordinary user:
+//! `AZP_SANDBOX_TEST_USER`, else `azp-rootless` (scripts/setup.sh creates it). The tests
+//! share the one policy file, so they run one at a time (a lock), and put back whatever
+//! was there before.
+
+mod common;
+use common::*;
+use std::fs;
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::sync::{Mutex, MutexGuard};
+
+const POLICY: &str = "/etc/azp-sandbox/config.toml";
+static LOCK: Mutex<()> = Mutex::new(());
+
+fn user() -> Option<nix::unistd::User> {
+    test_user().or_else(|| nix::unistd::User::from_name("azp-rootless").ok().flatten())
+}
+
+/// One setuid install: a root-owned 04755 copy of the binary, a site home with the
+/// busybox rootfs as `bb`, a dataset dir, and the policy (restored on drop).
+struct Site {
+    dir: PathBuf,
+    user: nix::unistd::User,
+    saved: Option<Vec<u8>>,
+    _lock: MutexGuard<'static, ()>,
+}
+
+impl Site {
+    fn new(name: &str) -> Option<Site> {
+        if !is_root() {
+            eprintln!("SKIPPED: installing a setuid binary and a site policy needs root (CI runs as root)");
+            return None;
+        }
+        let Some(user) = user() else {
+            eprintln!("SKIPPED: no ordinary test user (run scripts/setup.sh, which creates azp-rootless)");
+            return None;
+        };
+        let lock = LOCK.lock().unwrap_or_else(|e| e.into_inner());
+        // /var/tmp: every user can reach it (a checkout under /root could not be).
+        let dir = PathBuf::from(format!("/var/tmp/azp-sandbox-setuid-{name}-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&dir);
+        fs::create_dir_all(dir.join("data/sub")).unwrap();
+        fs::write(dir.join("data/sub/f"), "hello\n").unwrap();
+        std::os::unix::fs::symlink("/etc", dir.join("data/etclink")).unwrap();
+        fs::set_permissions(&dir, fs::Permissions::from_mode(0o755)).unwrap();
+        let st = Command::new("install")
+            .args(["-o", "root", "-g", "root", "-m", "4755"])
+            .arg(bin())
+            .arg(dir.join("azp-sandbox"))
+            .status()
+            .unwrap();
+        assert!(st.success());
+        let out = Command::new(bin())
+            .arg("--home")
+            .arg(dir.join("home"))
+            .args(["rootfs", "import"])
+            .arg(busybox_tar())
+            .args(["--name", "bb"])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        fs::create_dir_all("/etc/azp-sandbox").unwrap();
+        let saved = fs::read(POLICY).ok();
+        let site = Site { dir, user, saved, _lock: lock };
+        site.policy(&site.default_policy());
+        Some(site)
+    }
+
+    fn default_policy(&self) -> String {
+        format!(
+            "[setuid]\nusers = [\"{}\"]\nrootfs = [\"bb\"]\nvolumes = [\"{}\"]\nmax_memory = \"64m\"\nmax_pids = 50\nhome = \"{}\"\n",
+            self.user.name,
+            self.dir.join("data").display(),
+            self.dir.join("home").display()
+        )
+    }
+
+    fn policy(&self, text: &str) {
+        fs::write(POLICY, text).unwrap();
+        nix::unistd::chown(POLICY, Some(0.into()), Some(0.into())).unwrap();
+        fs::set_permissions(POLICY, fs::Permissions::from_mode(0o644)).unwrap();
+    }
+
+    /// The setuid binary run as the test user (or `as_uid`), with a user environment.
+    fn cmd(&self, as_uid: Option<u32>) -> Command {
+        let mut c = Command::new(self.dir.join("azp-sandbox"));
+        let (uid, gid) = as_uid.map(|u| (u, u)).unwrap_or((self.user.uid.as_raw(), self.user.gid.as_raw()));
+        c.uid(uid).gid(gid).current_dir("/").env("HOME", &self.user.dir).stdin(Stdio::null());
+        c
+    }
+
+    fn exec(&self, opts: &[&str], script: &str) -> Output {
+        self.cmd(None).args(["exec", "--rootfs", "bb"]).args(opts).args(["--", "sh", "-c", script]).output().unwrap()
+    }
+
+    fn data(&self) -> String {
+        self.dir.join("data").display().to_string()
+    }
+}
+
+impl Drop for Site {
+    fn drop(&mut self) {
+        match &self.saved {
+            Some(b) => fs::write(POLICY, b).unwrap(),
+            None => {
+                let _ = fs::remove_file(POLICY);
+            }
+        }
+        if !std::thread::panicking() {
+            let _ = fs::remove_dir_all(&self.dir);
+        }
+    }
+}
+
+fn one_line_error(o: &Output) -> String {
+    let err = String::from_utf8_lossy(&o.stderr).into_owned();
+    assert_eq!(o.status.code(), Some(125), "stdout: {} stderr: {err}", String::from_utf8_lossy(&o.stdout));
+    assert_eq!(err.lines().count(), 1, "{err}");
+    err
+}
+
+#[test]
+fn a_permitted_user_runs_as_itself_with_no_capabilities_under_the_site_limits() {
+    let Some(site) = Site::new("ok") else { return };
+    let vol = format!("{}:/data:DATA", site.data());
+    let o = site
+        .cmd(None)
+        .env("FOO", "from-the-caller")
+        .env("LD_PRELOAD", "/nonexistent.so")
+        .env("AZP_SANDBOX_HOME", "/tmp/elsewhere")
+        .args(["exec", "--rootfs", "bb", "--volume", &vol, "--", "sh", "-c"])
+        .arg(
+            "id -u; id -g; echo $DATA; cat /data/sub/f; echo x > /data/new 2>/dev/null || echo ro; \
+              grep -E '^Cap(Prm|Eff|Amb)' /proc/self/status; env | grep -c -E 'FOO|LD_PRELOAD' ; \
+              head -c 200m /dev/zero | tail >/dev/null; echo mem=$?; exit 3",
+        )
+        .output()
+        .unwrap();
+    let out = String::from_utf8_lossy(&o.stdout);
+    let uid = site.user.uid.as_raw();
+    assert_eq!(o.status.code(), Some(3), "{out}\n{}", String::from_utf8_lossy(&o.stderr));
+    assert_eq!(
+        out,
+        format!(
+            "{uid}\n{}\n/data\nhello\nro\nCapPrm:\t0000000000000000\nCapEff:\t0000000000000000\nCapAmb:\t0000000000000000\n0\nmem=137\n",
+            site.user.gid
+        ),
+        "the job runs as the caller, sees the dataset read-only, has no capabilities, none of the caller's env, and the site's 64m memory cap"
+    );
+    // The site home was used (not AZP_SANDBOX_HOME from the caller's environment), and
+    // nothing is left there.
+    assert!(!Path::new("/tmp/elsewhere").exists());
+    for sub in ["jobs", "run", "trash"] {
+        assert_eq!(fs::read_dir(site.dir.join("home").join(sub)).unwrap().count(), 0, "{sub}");
+    }
+}
+
+#[test]
+fn requests_outside_the_policy_are_refused_with_one_line() {
+    let Some(site) = Site::new("refuse") else { return };
+    let link = format!("{}/etclink:/x", site.data());
+    let cases: Vec<(Vec<String>, &str)> = vec![
+        (vec!["--volume".into(), "/:/host".into()], "--volume / is not allowed"),
+        (vec!["--volume".into(), "/etc/shadow:/x".into()], "--volume /etc/shadow is not allowed"),
+        (vec!["--volume".into(), link], "etclink is not allowed"),
+        (vec!["--user".into(), "0:0".into()], "--user is not allowed"),
+        (vec!["--pids".into(), "1000".into()], "--pids 1000 is above the site maximum 50"),
+        (vec!["--memory".into(), "1g".into()], "above the site maximum"),
+        (vec!["--network".into(), "none".into()], "--network none is not allowed"),
+        (vec!["--gpus".into(), "0".into()], "--gpus 0 is not allowed"),
+    ];
+    for (opts, want) in cases {
+        let opts: Vec<&str> = opts.iter().map(String::as_str).collect();
+        let err = one_line_error(&site.exec(&opts, "echo ran"));
+        assert!(err.contains(want), "{opts:?}: {err}");
+    }
+    // A rootfs the policy does not list, even if it is in the store.
+    let out = Command::new(bin())
+        .arg("--home")
+        .arg(site.dir.join("home"))
+        .args(["rootfs", "import"])
+        .arg(busybox_tar())
+        .args(["--name", "other"])
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let o = site.cmd(None).args(["exec", "--rootfs", "other", "--", "true"]).output().unwrap();
+    assert!(one_line_error(&o).contains("rootfs 'other' is not allowed by site policy"));
+    // A user the policy does not name.
+    let o = site.cmd(Some(65534)).args(["exec", "--rootfs", "bb", "--", "true"]).output().unwrap();
+    assert!(one_line_error(&o).contains("user nobody may not run sandboxes"));
+}
+
+#[test]
+fn a_policy_that_is_not_root_owned_or_is_writable_or_malformed_is_refused() {
+    let Some(site) = Site::new("tamper") else { return };
+    let run = || site.exec(&[], "echo ran");
+    // Owned by the user.
+    nix::unistd::chown(POLICY, Some(site.user.uid), None).unwrap();
+    assert!(one_line_error(&run()).contains("must be a root-owned file"));
+    // Root-owned but group-writable.
+    site.policy(&site.default_policy());
+    fs::set_permissions(POLICY, fs::Permissions::from_mode(0o664)).unwrap();
+    assert!(one_line_error(&run()).contains("not writable by group or others"));
+    // A symlink to a policy elsewhere.
+    fs::remove_file(POLICY).unwrap();
+    let elsewhere = site.dir.join("policy.toml");
+    fs::write(&elsewhere, site.default_policy()).unwrap();
+    std::os::unix::fs::symlink(&elsewhere, POLICY).unwrap();
+    assert!(one_line_error(&run()).contains("cannot open"));
+    fs::remove_file(POLICY).unwrap();
+    // Malformed TOML, unknown keys, no [setuid] table.
+    site.policy("[setuid\nusers = [");
+    assert!(one_line_error(&run()).contains("bad config file"));
+    site.policy(&format!("{}allow_root = true\n", site.default_policy()));
+    assert!(one_line_error(&run()).contains("bad [setuid] table"));
+    site.policy("pool = \"gpu\"\n");
+    assert!(one_line_error(&run()).contains("no [setuid] table"));
+    // Back to good: it runs.
+    site.policy(&site.default_policy());
+    let o = run();
+    assert_eq!(String::from_utf8_lossy(&o.stdout), "ran\n", "{}", String::from_utf8_lossy(&o.stderr));
+}
+
+#[test]
+fn a_binary_with_file_capabilities_is_refused() {
+    let Some(site) = Site::new("fcaps") else { return };
+    let setcap = ["/usr/sbin/setcap", "/sbin/setcap"].into_iter().find(|p| Path::new(p).exists());
+    let Some(setcap) = setcap else {
+        eprintln!("SKIPPED: setcap not installed (libcap2-bin; scripts/setup.sh installs it)");
+        return;
+    };
+    let st = Command::new(setcap).arg("cap_net_raw+ep").arg(site.dir.join("azp-sandbox")).status().unwrap();
+    assert!(st.success());
+    // setcap clears the setuid bit on some systems: set it again.
+    fs::set_permissions(site.dir.join("azp-sandbox"), fs::Permissions::from_mode(0o4755)).unwrap();
+    let err = one_line_error(&site.exec(&[], "echo ran"));
+    assert!(err.contains("carries file capabilities"), "{err}");
+}
+
+#[test]
+fn the_privileged_side_cannot_be_inspected_by_the_caller_and_other_commands_run_unprivileged() {
+    let Some(site) = Site::new("ptrace") else { return };
+    // A running job: its privileged parent (the process we started) is root-owned and
+    // non-dumpable, so the caller cannot read its memory or environment.
+    let mut child = site
+        .cmd(None)
+        .args(["exec", "--rootfs", "bb", "--", "sh", "-c", "echo ready; sleep 30"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    std::io::BufRead::read_line(&mut std::io::BufReader::new(child.stdout.as_mut().unwrap()), &mut line).unwrap();
+    assert_eq!(line, "ready\n");
+    let pid = child.id();
+    for what in ["environ", "mem", "maps"] {
+        let o = Command::new("cat")
+            .arg(format!("/proc/{pid}/{what}"))
+            .uid(site.user.uid.as_raw())
+            .gid(site.user.gid.as_raw())
+            .output()
+            .unwrap();
+        assert!(!o.status.success(), "the caller could read /proc/{pid}/{what}");
+    }
+    // Nor signal it (it is root through and through now).
+    let o = Command::new("kill")
+        .args(["-STOP", &pid.to_string()])
+        .uid(site.user.uid.as_raw())
+        .gid(site.user.gid.as_raw())
+        .output()
+        .unwrap();
+    assert!(!o.status.success(), "the caller could stop the privileged side");
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), nix::sys::signal::SIGTERM).unwrap();
+    let _ = child.wait();
+    // Any other command runs with the caller's ids only (here: rootless, in its own home).
+    let home = site.dir.join("user-home");
+    fs::create_dir_all(&home).unwrap();
+    nix::unistd::chown(&home, Some(site.user.uid), Some(site.user.gid)).unwrap();
+    let o = site
+        .cmd(None)
+        .arg("--home")
+        .arg(&home)
+        .args(["rootfs", "import"])
+        .arg(busybox_tar())
+        .args(["--name", "mine"])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    use std::os::unix::fs::MetadataExt;
+    assert_eq!(
+        fs::metadata(home.join("rootfs")).unwrap().uid(),
+        site.user.uid.as_raw(),
+        "written as the caller, not root"
+    );
+}
