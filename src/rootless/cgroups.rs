@@ -54,22 +54,61 @@ pub struct CgroupHost {
 }
 
 impl CgroupHost {
+    /// One read of /proc/self/mountinfo (libcgroups' helpers re-read it per controller,
+    /// which shows up on the job start path).
     pub fn detect() -> CgroupHost {
         use libcgroups::common::CgroupSetup;
         let root = PathBuf::from(libcgroups::common::DEFAULT_CGROUP_ROOT);
         let unified = matches!(libcgroups::common::get_cgroup_setup(), Ok(CgroupSetup::Unified));
-        let mut v1_mounts: Vec<PathBuf> = if unified {
+        let v1_mounts = if unified {
             vec![]
         } else {
-            libcgroups::v1::util::list_supported_mount_points().map(|m| m.into_values().collect()).unwrap_or_default()
+            v1_controller_mounts(&std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default())
         };
-        v1_mounts.sort();
-        v1_mounts.dedup();
         let own_v2 = std::fs::read_to_string("/proc/self/cgroup")
             .ok()
             .and_then(|t| t.lines().find_map(|l| l.strip_prefix("0::").map(PathBuf::from)));
         CgroupHost { unified, v1_mounts, root, own_v2 }
     }
+}
+
+/// cgroup v1 controllers a job's cgroup can use (named hierarchies like `name=systemd`
+/// have none and are skipped).
+const V1_CONTROLLERS: &[&str] = &[
+    "cpu",
+    "cpuacct",
+    "cpuset",
+    "devices",
+    "hugetlb",
+    "memory",
+    "pids",
+    "perf_event",
+    "blkio",
+    "net_cls",
+    "net_prio",
+    "freezer",
+    "rdma",
+    "misc",
+];
+
+/// Mount points of the v1 controller hierarchies in a mountinfo text, sorted.
+pub fn v1_controller_mounts(mountinfo: &str) -> Vec<PathBuf> {
+    let mut out: Vec<PathBuf> = mountinfo
+        .lines()
+        .filter_map(|l| {
+            let (pre, post) = l.split_once(" - ")?;
+            let mut post = post.split(' ');
+            if post.next()? != "cgroup" {
+                return None;
+            }
+            let opts = post.nth(1)?;
+            let at = pre.split(' ').nth(4)?;
+            opts.split(',').any(|o| V1_CONTROLLERS.contains(&o)).then(|| PathBuf::from(at))
+        })
+        .collect();
+    out.sort();
+    out.dedup();
+    out
 }
 
 /// Decides where jobs' cgroups go. `requested` is `--cgroup-parent`; `rootless` says
@@ -186,6 +225,19 @@ mod tests {
             std::fs::create_dir_all(m).unwrap();
         }
         CgroupHost { unified: false, v1_mounts: mounts, root: root.into(), own_v2: None }
+    }
+
+    #[test]
+    fn v1_mounts_from_mountinfo() {
+        let mi = "35 25 0:30 / /sys/fs/cgroup/systemd rw,nosuid - cgroup cgroup rw,xattr,name=systemd\n\
+                  36 25 0:31 / /sys/fs/cgroup/memory rw,nosuid - cgroup cgroup rw,memory\n\
+                  37 25 0:32 / /sys/fs/cgroup/cpu,cpuacct rw,nosuid - cgroup cgroup rw,cpu,cpuacct\n\
+                  38 25 0:33 / /sys/fs/cgroup/unified rw,nosuid - cgroup2 cgroup2 rw\n\
+                  39 25 0:34 / /tmp rw - tmpfs tmpfs rw,memory\n";
+        assert_eq!(
+            v1_controller_mounts(mi),
+            [PathBuf::from("/sys/fs/cgroup/cpu,cpuacct"), "/sys/fs/cgroup/memory".into()]
+        );
     }
 
     #[test]

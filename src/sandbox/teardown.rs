@@ -5,7 +5,7 @@
 use super::jobdir::JobDir;
 use crate::config::Home;
 use anyhow::{Context, Result};
-use libcgroups::common::{CgroupManager, CgroupSetup};
+use libcgroups::common::CgroupSetup;
 use std::path::{Path, PathBuf};
 
 /// What a clean-up removed, for the job log line.
@@ -109,6 +109,9 @@ pub fn cgroup_path_for(id: &str) -> PathBuf {
 
 /// Kills every process in the cgroup and removes it (all v1 controllers, or the v2 dir).
 /// Returns the number of processes found when the cgroup still existed.
+///
+/// Done here rather than through libcgroups' manager, which re-reads mountinfo once per
+/// controller (24 reads per job in the profile of the start/stop path).
 pub fn remove_cgroup(path: &Path) -> Result<Option<usize>> {
     // An empty path means "no cgroup"; it must never become the cgroup root.
     if path.as_os_str().is_empty() || path == Path::new("/") {
@@ -118,15 +121,62 @@ pub fn remove_cgroup(path: &Path) -> Result<Option<usize>> {
     if dirs.is_empty() {
         return Ok(None);
     }
-    let manager = libcgroups::common::create_cgroup_manager(libcgroups::common::CgroupConfig {
-        cgroup_path: path.to_path_buf(),
-        systemd_cgroup: false,
-        container_name: String::new(),
-    })
-    .map_err(|e| anyhow::anyhow!("cannot open cgroup {}: {e}", path.display()))?;
-    let procs = manager.get_all_pids().map(|p| p.len()).unwrap_or(0);
-    manager.remove().map_err(|e| anyhow::anyhow!("cannot remove cgroup {}: {e}", path.display()))?;
-    Ok(Some(procs))
+    // Every dir of the subtree, deepest first (jobs cannot make cgroups, but be thorough).
+    let mut all: Vec<PathBuf> = dirs.iter().flat_map(|d| subdirs(d)).collect();
+    all.sort_by_key(|p| std::cmp::Reverse(p.components().count()));
+    let mut killed = std::collections::HashSet::new();
+    // Repeat: a process may fork while we kill (the pids limit bounds it).
+    for _ in 0..100 {
+        let pids: Vec<i32> = all.iter().flat_map(|d| procs_of(d)).collect();
+        if pids.is_empty() {
+            break;
+        }
+        for pid in pids {
+            let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL);
+            killed.insert(pid);
+        }
+        std::thread::sleep(std::time::Duration::from_millis(2));
+    }
+    for dir in &all {
+        rmdir_when_empty(dir).with_context(|| format!("cannot remove cgroup {}", dir.display()))?;
+    }
+    Ok(Some(killed.len()))
+}
+
+fn subdirs(dir: &Path) -> Vec<PathBuf> {
+    let mut out = vec![dir.to_path_buf()];
+    for e in read_dir_or_empty(dir) {
+        if e.is_dir() {
+            out.extend(subdirs(&e));
+        }
+    }
+    out
+}
+
+fn procs_of(dir: &Path) -> Vec<i32> {
+    std::fs::read_to_string(dir.join("cgroup.procs"))
+        .map(|t| t.lines().filter_map(|l| l.trim().parse().ok()).collect())
+        .unwrap_or_default()
+}
+
+/// rmdir, retried while the kernel still counts exiting tasks (EBUSY), for up to ~1 s.
+fn rmdir_when_empty(dir: &Path) -> std::io::Result<()> {
+    let mut last = None;
+    for i in 0..200 {
+        match std::fs::remove_dir(dir) {
+            Ok(()) => return Ok(()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+            Err(e) if e.raw_os_error() == Some(libc::EBUSY) => {
+                for pid in procs_of(dir) {
+                    let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL);
+                }
+                last = Some(e);
+                std::thread::sleep(std::time::Duration::from_millis(if i < 20 { 1 } else { 5 }));
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    Err(last.unwrap_or_else(|| std::io::Error::other("cgroup stayed busy")))
 }
 
 /// Existing directories of a cgroup path on this host (v1: one per controller).
