@@ -528,8 +528,11 @@ fn find_tool(name: &str) -> Option<PathBuf> {
 pub fn build(store: &Store, recipe: &Recipe, opts: &BuildOptions) -> Result<BuildReport> {
     let name = opts.name.clone().unwrap_or_else(|| recipe.name.clone());
     validate_name(&name)?;
-    if !nix::unistd::geteuid().is_root() {
-        bail!("rootfs build needs root (debootstrap, chroot, mounts): run it with sudo");
+    if !nix::unistd::geteuid().is_root() || crate::rootless::mode().rootless {
+        bail!(
+            "rootfs build needs real root (debootstrap, chroot, mounts): run it with sudo, then `rootfs import` the \
+             tarball as this user, or `rootfs pull` an image"
+        );
     }
     let debootstrap = find_tool("debootstrap")
         .ok_or_else(|| anyhow!("debootstrap not found: apt-get install debootstrap (scripts/setup.sh installs it)"))?;
