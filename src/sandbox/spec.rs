@@ -460,12 +460,11 @@ mod tests {
         }
     }
 
-    #[test]
-    fn gpu_nodes_are_created_and_allowed_exactly() {
-        let mut p = plan();
-        p.edits.device_nodes.push(DeviceNode {
+    /// GPU 1's node as discovery reports it, found on the host at `host`.
+    fn nvidia1(host: &str) -> DeviceNode {
+        DeviceNode {
             path: "/dev/nvidia1".into(),
-            host_path: "/dev/nvidia1".into(),
+            host_path: host.into(),
             kind: DeviceKind::Char,
             major: 195,
             minor: 1,
@@ -473,7 +472,13 @@ mod tests {
             uid: 0,
             gid: 0,
             access: "rwm".into(),
-        });
+        }
+    }
+
+    #[test]
+    fn gpu_nodes_are_created_and_allowed_exactly() {
+        let mut p = plan();
+        p.edits.device_nodes.push(nvidia1("/dev/nvidia1"));
         p.edits.update_ldcache = true;
         let spec = build(&p, Path::new("/m")).unwrap();
         let linux = spec.linux().as_ref().unwrap();
@@ -505,17 +510,7 @@ mod tests {
             assert!(sys.options().as_ref().unwrap().iter().any(|x| x == o), "{o}");
         }
         // GPU nodes become binds of the host node (a user namespace cannot mknod).
-        p.edits.device_nodes.push(DeviceNode {
-            path: "/dev/nvidia1".into(),
-            host_path: "/drv/dev/nvidia1".into(),
-            kind: DeviceKind::Char,
-            major: 195,
-            minor: 1,
-            file_mode: 0o666,
-            uid: 0,
-            gid: 0,
-            access: "rwm".into(),
-        });
+        p.edits.device_nodes.push(nvidia1("/drv/dev/nvidia1"));
         let spec = build(&p, Path::new("/m")).unwrap();
         assert!(spec.linux().as_ref().unwrap().devices().as_ref().is_none_or(|d| d.is_empty()));
         let nv = spec.mounts().as_ref().unwrap().iter().find(|m| m.destination() == Path::new("/dev/nvidia1")).unwrap();
