@@ -3,7 +3,7 @@
 # say so). Heavy cases are opt-in: AZP_SANDBOX_HEAVY_TESTS=1 (see README).
 #
 # Two passes: everything as root, then the rootless pass: the escape suite, the rootless
-# tests and the agent runner as the ordinary user azp-rootless (made by scripts/setup.sh),
+# tests, the agent runner and the GPU sandbox tests as the ordinary user azp-rootless (made by scripts/setup.sh),
 # with a cgroup subtree delegated to it (scripts/delegate-cgroups.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -25,4 +25,4 @@ if ! runuser -u "$rootless_user" -- test -x target/debug/azp-sandbox; then
 fi
 scripts/delegate-cgroups.sh "$rootless_user" >/dev/null
 AZP_SANDBOX_TEST_USER="$rootless_user" cargo test --locked \
-  --test escape_suite --test rootless --test agent_runner -- --test-threads="$threads"
+  --test escape_suite --test rootless --test agent_runner --test gpu_sandbox -- --test-threads="$threads"
