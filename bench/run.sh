@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
 # Regenerates BENCHMARKS.md: every benchmark in one run, on this machine, against its
-# real peer (runc, podman if installed, GNU tar). Run as root on an otherwise idle machine.
+# real peer (runc, podman if installed, GNU tar, skopeo + umoci). Run as root on an
+# otherwise idle machine.
 #   AZP_BENCH_RUNS (sandbox cycles, default 30), AZP_BENCH_JOBS (agent churn, default 200;
-#   the issue's 1000 with AZP_BENCH_JOBS=1000), AZP_BENCH_ROOTFS (archive to unpack).
+#   the issue's 1000 with AZP_BENCH_JOBS=1000), AZP_BENCH_ROOTFS (archive to unpack and
+#   to pull as a 1-layer image), AZP_BENCH_PULL_RUNS (pulls, default 5).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 rm -rf target/bench-results
-# The unpack benchmark's archive: a real CUDA rootfs from rootfs-recipes/ (runtime-only,
-# ~1 GB), built once and cached, unless AZP_BENCH_ROOTFS names another archive.
+# The unpack and pull benchmarks' archive: a real CUDA rootfs from rootfs-recipes/
+# (runtime-only, ~1 GB), built once and cached, unless AZP_BENCH_ROOTFS names another.
 if [ -z "${AZP_BENCH_ROOTFS:-}" ]; then
   cached=target/fixtures/cuda11.8-runtime-rootfs.tar.zst
   if [ ! -s "$cached" ]; then
@@ -23,6 +25,7 @@ if [ -z "${AZP_BENCH_ROOTFS:-}" ]; then
 fi
 cargo bench --bench sandbox_cycle
 cargo bench --bench unpack
+cargo bench --bench pull
 cargo bench --bench agent_churn
 cgroup=$(stat -fc %T /sys/fs/cgroup/ 2>/dev/null || echo unknown)
 [ "$cgroup" = tmpfs ] && cgroup="v1 (hybrid)" || cgroup="v2"
@@ -40,7 +43,8 @@ cgroup=$(stat -fc %T /sys/fs/cgroup/ 2>/dev/null || echo unknown)
   echo "| kernel | $(uname -r), cgroup $cgroup |"
   echo "| azp-sandbox | $(git rev-parse --short HEAD 2>/dev/null || echo unknown), release build |"
   echo
-  cat target/bench-results/sandbox_cycle.md target/bench-results/unpack.md target/bench-results/agent_churn.md
+  cat target/bench-results/sandbox_cycle.md target/bench-results/unpack.md target/bench-results/pull.md \
+    target/bench-results/agent_churn.md
   if [ -f bench/NOTES.md ]; then cat bench/NOTES.md; fi
 } > BENCHMARKS.md
 echo "wrote BENCHMARKS.md"

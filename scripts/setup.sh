@@ -5,6 +5,7 @@
 #   busybox-static              the small test rootfs
 #   debootstrap                 the real Debian rootfs test, and rootfs recipes
 #   runc                        the peer in the sandbox benchmark
+#   umoci                       the peer in the pull benchmark (with skopeo)
 #   zstd                        .tar.zst rootfs archives (tests and benchmarks)
 #   uidmap                      newuidmap/newgidmap for rootless mode
 #   libcap2-bin                 setcap (the setuid tests refuse a binary with file capabilities)
@@ -13,7 +14,7 @@ set -euo pipefail
 if [ "$(id -u)" != 0 ]; then exec sudo -E "$0" "$@"; fi
 export DEBIAN_FRONTEND=noninteractive
 pkgs=(build-essential pkg-config libseccomp-dev busybox-static debootstrap runc zstd uidmap libcap2-bin
-      ca-certificates curl git iproute2 procps psmisc docker-registry skopeo apache2-utils)
+      ca-certificates curl git iproute2 procps psmisc docker-registry skopeo apache2-utils umoci)
 missing=()
 for p in "${pkgs[@]}"; do dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'ok installed' || missing+=("$p"); done
 if [ ${#missing[@]} -gt 0 ]; then
