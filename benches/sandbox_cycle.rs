@@ -19,15 +19,10 @@ fn p95(mut v: Vec<Duration>) -> Duration {
     v[(v.len() * 95 / 100).min(v.len() - 1)]
 }
 
-fn time_runs(n: usize, mut f: impl FnMut(usize)) -> Vec<Duration> {
-    f(usize::MAX); // warm-up
-    (0..n)
-        .map(|i| {
-            let t = Instant::now();
-            f(i);
-            t.elapsed()
-        })
-        .collect()
+fn timed(f: impl FnOnce()) -> Duration {
+    let t = Instant::now();
+    f();
+    t.elapsed()
 }
 
 fn ok(cmd: &mut Command) {
@@ -56,17 +51,18 @@ fn main() {
     let dataset = work.join("dataset");
     std::fs::create_dir_all(&dataset).unwrap();
 
-    let exec = |extra: &[&str]| {
+    let exec_global = |global: &[&str], extra: &[&str]| {
         let mut c = Command::new(&bin);
-        c.arg("--home").arg(&home).args(["-q", "exec", "--rootfs", "bb"]).args(extra).args(["--", "/bin/true"]);
+        c.arg("--home")
+            .arg(&home)
+            .args(global)
+            .args(["-q", "exec", "--rootfs", "bb"])
+            .args(extra)
+            .args(["--", "/bin/true"]);
         ok(&mut c);
     };
-    let plain = time_runs(runs, |_| exec(&[]));
+    let exec = |extra: &[&str]| exec_global(&[], extra);
     let vol = format!("{}:/data:DATA", dataset.display());
-    let limited = time_runs(runs, |_| exec(&["--memory", "256M", "--pids", "100", "--cpus", "1", "--volume", &vol]));
-
-    // runc on the same tree (a bundle whose rootfs is the imported dir, read-only so it
-    // is not modified: runc has no overlay of its own).
     let bundle = work.join("runc-bundle");
     std::fs::create_dir_all(&bundle).unwrap();
     ok(Command::new("runc").args(["spec", "--bundle"]).arg(&bundle));
@@ -77,39 +73,66 @@ fn main() {
     cfg["process"]["terminal"] = false.into();
     std::fs::write(&cfg_path, serde_json::to_vec_pretty(&cfg).unwrap()).unwrap();
     let runc_root = work.join("runc-state");
-    let runc = time_runs(runs, |i| {
+    let runc_run = |i: usize| {
         ok(Command::new("runc")
             .arg("--root")
             .arg(&runc_root)
             .args(["run", "--bundle"])
             .arg(&bundle)
             .arg(format!("bench-{i}")));
-    });
+    };
+    let podman = Path::new("/usr/bin/podman").exists();
+    let podman_run = || {
+        ok(Command::new("podman")
+            .args([
+                "--runtime",
+                "runc",
+                "run",
+                "--rm",
+                "--ulimit",
+                "nofile=1024:1024",
+                "--ulimit",
+                "nproc=4096:4096",
+                "--rootfs",
+            ])
+            .arg(home.join("rootfs/bb/tree"))
+            .arg("/bin/true"));
+    };
+    // The NVIDIA driver tree of the GPU tests (real Debian driver files, fake nodes), when
+    // it has been built: a GPU job's binds and linker-cache refresh, as the issue asks.
+    let driver_tree = repo.join("target/fixtures/driver-tree");
+    let gpu = driver_tree.join("dev/nvidia0").exists();
+    let driver_root = driver_tree.display().to_string();
+    let gpu_args = ["--driver-root", driver_root.as_str()];
+
+    // Interleaved: one of each per round, so a shared machine's drift hits every row alike
+    // (runs of one kind back to back gave ratios that moved with the neighbours' load).
+    let warm = |f: &dyn Fn()| f();
+    warm(&|| exec(&[]));
+    warm(&|| runc_run(usize::MAX));
+    let (mut plain, mut limited, mut runc, mut gpu_t, mut pod) = (vec![], vec![], vec![], vec![], vec![]);
+    for i in 0..runs {
+        plain.push(timed(|| exec(&[])));
+        limited.push(timed(|| exec(&["--memory", "256M", "--pids", "100", "--cpus", "1", "--volume", &vol])));
+        runc.push(timed(|| runc_run(i)));
+        if gpu {
+            gpu_t.push(timed(|| exec_global(&gpu_args, &["--gpus", "all", "--memory", "256M", "--volume", &vol])));
+        }
+        if podman && i < 10 {
+            pod.push(timed(podman_run));
+        }
+    }
 
     let mut rows = vec![
         ("azp-sandbox exec -- /bin/true", plain.clone()),
         ("azp-sandbox exec (limits + volume)", limited),
         ("runc run (same rootfs)", runc.clone()),
     ];
-    let podman = Path::new("/usr/bin/podman").exists();
+    if gpu {
+        rows.push(("azp-sandbox exec --gpus all (driver tree binds + ldconfig, limits, volume)", gpu_t));
+    }
     if podman {
-        let p = time_runs(runs.min(10), |_| {
-            ok(Command::new("podman")
-                .args([
-                    "--runtime",
-                    "runc",
-                    "run",
-                    "--rm",
-                    "--ulimit",
-                    "nofile=1024:1024",
-                    "--ulimit",
-                    "nproc=4096:4096",
-                    "--rootfs",
-                ])
-                .arg(home.join("rootfs/bb/tree"))
-                .arg("/bin/true"));
-        });
-        rows.push(("podman --runtime runc run --rm --rootfs", p));
+        rows.push(("podman --runtime runc run --rm --rootfs", pod));
     }
     let runc_version =
         String::from_utf8_lossy(&Command::new("runc").arg("--version").output().map(|o| o.stdout).unwrap_or_default())
@@ -118,7 +141,7 @@ fn main() {
             .unwrap_or("runc")
             .to_string();
     let mut md = format!(
-        "### Sandbox cycle (`/bin/true` on the busybox rootfs, {runs} runs each)\n\nPeer: {runc_version}\n\n| what | median | p95 |\n|---|---|---|\n"
+        "### Sandbox cycle (`/bin/true` on the busybox rootfs, {runs} interleaved rounds)\n\nPeer: {runc_version}\n\n| what | median | p95 |\n|---|---|---|\n"
     );
     for (name, v) in &rows {
         md.push_str(&format!(
@@ -131,6 +154,7 @@ fn main() {
     md.push_str(&format!("\nazp-sandbox / runc (medians): **{ratio:.2}x** (target <= 0.5x)\n"));
     if podman {
         let p = median(rows.last().unwrap().1.clone()).as_secs_f64();
+        md.push_str(&format!("(podman: {} runs, interleaved with the others)\n", rows.last().unwrap().1.len()));
         md.push_str(&format!(
             "podman / azp-sandbox (medians): **{:.1}x** (target >= 20x)\n",
             p / median(plain).as_secs_f64()

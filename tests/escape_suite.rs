@@ -1585,3 +1585,41 @@ fn t11b_setuid_binary_left_in_the_upper_dir_is_unreachable_for_host_users() {
     }
     h.assert_no_residue(&[&name]);
 }
+
+// ---------------------------------------------------------------------------------------
+// 19. A hostile rootfs: symlinks that point out of the tree, followed by the host side
+// ---------------------------------------------------------------------------------------
+
+#[test]
+fn t19_rootfs_symlinks_do_not_redirect_the_helpers_writes_to_the_host() {
+    require_root!();
+    let Some(tree) = driver_tree() else { return };
+    let h = home("symlinked-etc");
+    // An image whose /etc is an absolute symlink to a host dir (as a pulled layer could
+    // carry): a GPU job makes the helper, host root, write the linker config and library
+    // links into the job's tree before the container exists.
+    let sentinel = h.dir.join("host-etc");
+    fs::create_dir_all(&sentinel).unwrap();
+    let etc = lower(&h).join("etc");
+    fs::remove_dir_all(&etc).unwrap();
+    std::os::unix::fs::symlink(&sentinel, &etc).unwrap();
+    let usr_lib = lower(&h).join("usr/lib");
+    let _ = fs::remove_dir_all(&usr_lib);
+    fs::create_dir_all(lower(&h).join("usr")).unwrap();
+    std::os::unix::fs::symlink(&sentinel, &usr_lib).unwrap();
+    let o = h
+        .command()
+        .args(["--driver-root", tree.to_str().unwrap(), "exec", "--rootfs", "esc", "--gpus", "1", "--", "true"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    // Refused (the path does not exist inside the tree) or done inside the tree; never
+    // on the host.
+    let left: Vec<PathBuf> = walk(&sentinel);
+    assert!(left.is_empty(), "the helper wrote through the rootfs's symlink onto the host: {left:?} ({err})");
+    if !o.status.success() {
+        assert_eq!(o.status.code(), Some(125), "{err}");
+        assert_eq!(err.lines().filter(|l| l.contains("error")).count(), 1, "{err}");
+    }
+    h.assert_no_residue(&[]);
+}

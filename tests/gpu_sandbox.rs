@@ -68,6 +68,18 @@ fn gpu_job_gets_its_gpu_the_host_driver_and_nvidia_smi() {
     assert!(!out.contains("MKNOD-OK"), "CAP_MKNOD must be dropped");
     assert!(out.contains("couldn't communicate with the NVIDIA driver"), "{out}\n{err}");
     assert!(out.ends_with("smi=9\n"), "{out}");
+    // The linker cache the hook built was kept, and the next GPU job gets a copy (no
+    // ldconfig run) with the same result.
+    let cached: Vec<_> = std::fs::read_dir(h.dir.join("cache/ldcache")).unwrap().flatten().collect();
+    assert_eq!(cached.len(), 1, "{cached:?}");
+    let (code, again, err) = gpu_exec(&h, &tree, "1", &script);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(again, out, "a job on the cached linker cache sees the same libraries");
+    // Proof that the second job really got the copy: with the kept file replaced by
+    // garbage, a job's linker cache is that garbage (ldconfig -p finds no libcuda).
+    std::fs::write(cached[0].path(), b"not a linker cache").unwrap();
+    let (code, garbage, err) = gpu_exec(&h, &tree, "1", "ldconfig -p | grep -c libcuda.so.1; true");
+    assert_eq!((code, garbage.trim()), (0, "0"), "{err}");
     h.assert_no_residue(&[]);
 }
 

@@ -9,7 +9,7 @@
 //! * [`Store`]: atomic imports, leases, removal, gc of dead imports.
 
 pub mod archive;
-mod fs;
+pub(crate) mod fs;
 pub mod oci;
 mod probe;
 pub mod recipe;

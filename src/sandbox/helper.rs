@@ -10,6 +10,7 @@
 //! mount namespace, so the kernel unmounts it when the job's last process is gone, even
 //! if everything is SIGKILLed.
 
+use super::inroot;
 use super::jobdir::JobDir;
 use super::spec;
 use crate::config::Home;
@@ -113,10 +114,20 @@ fn run(home: &Home, job: &JobDir, sys: &dyn Sys, reporter: &Reporter) -> Result<
         userxattr: plan.rootless,
     })?;
     prepare_rootfs(&merged, &plan.edits)?;
+    // A GPU job's linker cache: reuse the one an earlier job with the same inputs got.
+    let mut plan = plan;
+    let ldcache = super::ldcache::cache_file(home, &plan);
+    let reused = ldcache
+        .as_deref()
+        .and_then(super::ldcache::load)
+        .map(|bytes| install_ldcache(&merged, &bytes))
+        .transpose()?
+        .is_some();
+    if reused {
+        plan.edits.update_ldcache = false;
+    }
     for dir in &plan.owned_dirs {
-        let at = merged.join(dir.strip_prefix("/").unwrap_or(dir));
-        std::fs::create_dir_all(&at).with_context(|| format!("cannot create {} in the sandbox", dir.display()))?;
-        std::os::unix::fs::lchown(&at, Some(plan.uid), Some(plan.gid))
+        inroot::create_owned_dir(&merged, dir, plan.uid, plan.gid)
             .with_context(|| format!("cannot give {} to uid {} in the sandbox", dir.display(), plan.uid))?;
     }
     tracing::debug!(job = %plan.id, "overlay mounted");
@@ -137,6 +148,12 @@ fn run(home: &Home, job: &JobDir, sys: &dyn Sys, reporter: &Reporter) -> Result<
 
     tracing::debug!(job = %plan.id, "container created");
     record_init(job, &container)?;
+    if let (Some(file), false) = (&ldcache, reused) {
+        // The hook has run and the job's command has not: this is ldconfig's output.
+        if let Err(e) = super::ldcache::store(&job.upper(), file) {
+            tracing::debug!("cannot keep the linker cache ({e}); the next GPU job rebuilds it");
+        }
+    }
     if !wait_for_go() {
         kill_unreaped_init(&container);
         let _ = container.delete(true);
@@ -276,31 +293,28 @@ fn wait_signal(set: &SigSet, timeout: Duration) -> Option<Signal> {
 }
 
 /// Writes into the job's writable layer what the edits need before the container exists:
-/// library symlinks and the linker search path entry.
+/// library symlinks and the linker search path entry. Paths resolve inside the tree
+/// (see [`inroot`]): the rootfs is image content and may hold hostile symlinks.
 fn prepare_rootfs(merged: &Path, edits: &crate::edits::ContainerEdits) -> Result<()> {
     if !edits.ld_library_dirs.is_empty() {
         // "000-" sorts first: ldconfig scans these dirs before the rootfs's own, and for
         // one soname the first dir scanned wins (verified in the gpu tests).
-        let conf = merged.join(crate::gpu::inject::LDCONF_D_FILE.trim_start_matches('/'));
-        if let Some(dir) = conf.parent() {
-            std::fs::create_dir_all(dir).context("cannot create /etc/ld.so.conf.d in the sandbox")?;
-        }
         let body: String = edits.ld_library_dirs.iter().map(|d| format!("{}\n", d.display())).collect();
-        std::fs::write(&conf, body).context("cannot write the sandbox's ld.so.conf.d entry")?;
+        inroot::write_file(merged, Path::new(crate::gpu::inject::LDCONF_D_FILE), body.as_bytes(), 0o644)
+            .context("cannot write the sandbox's ld.so.conf.d entry")?;
     }
     for (link, target) in &edits.symlinks {
-        let rel = link.strip_prefix("/").unwrap_or(link);
-        let at = merged.join(rel);
-        if let Some(parent) = at.parent() {
-            std::fs::create_dir_all(parent)
-                .with_context(|| format!("cannot create {} in the sandbox", parent.display()))?;
-        }
-        let _ = std::fs::remove_file(&at);
-        std::os::unix::fs::symlink(target, &at).with_context(|| {
+        inroot::symlink(merged, link, target).with_context(|| {
             format!("cannot create symlink {} -> {} in the sandbox", link.display(), target.display())
         })?;
     }
     Ok(())
+}
+
+/// Writes a cached linker cache into the job's writable layer (replacing the rootfs's).
+fn install_ldcache(merged: &Path, bytes: &[u8]) -> Result<()> {
+    inroot::write_file(merged, Path::new("/etc/ld.so.cache"), bytes, 0o644)
+        .context("cannot write the sandbox's /etc/ld.so.cache")
 }
 
 /// libcontainer's errors are precise but not always actionable; translate the common ones.

@@ -3,7 +3,9 @@
 
 pub mod exec;
 pub mod helper;
+pub mod inroot;
 pub mod jobdir;
+pub mod ldcache;
 pub mod plan;
 pub mod runner;
 pub mod seccomp;

@@ -1,0 +1,139 @@
+//! Writing into a job's merged tree from the host side (the helper runs as root there),
+//! resolving every path *inside* that tree: a rootfs is image content, and a symlink in it
+//! such as `/etc -> /root` or `lib -> /` must lead to the tree's `/root` or `/`, never to
+//! the host's. `openat2(RESOLVE_IN_ROOT)` does the resolution; the final component is
+//! never followed.
+
+use crate::rootfs::fs as sysfs;
+use std::ffi::CString;
+use std::io;
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Component, Path};
+
+const RESOLVE: u64 = sysfs::RESOLVE_IN_ROOT | sysfs::RESOLVE_NO_MAGICLINKS;
+
+fn rel_cstring(p: &Path) -> io::Result<CString> {
+    let rel: Vec<&std::ffi::OsStr> = p
+        .components()
+        .filter_map(|c| match c {
+            Component::Normal(n) => Some(n),
+            _ => None,
+        })
+        .collect();
+    let joined = rel.iter().map(|c| c.as_bytes()).collect::<Vec<_>>().join(&b'/');
+    sysfs::cstring(if joined.is_empty() { b"." } else { &joined })
+}
+
+/// The directory `dir` (a container path) of the tree at `root`, created (0755, root-owned
+/// like mkdir -p) where missing when `create`. A symlink on the way whose target does not
+/// exist inside the tree is an error (ENOENT): it is not followed out, nor created through.
+pub fn open_dir(root: &Path, dir: &Path, create: bool) -> io::Result<OwnedFd> {
+    let rootfd = sysfs::open_dir(root)?;
+    let mut at = std::path::PathBuf::new();
+    let mut fd = sysfs::openat2(rootfd.as_raw_fd(), c".", libc::O_PATH | libc::O_DIRECTORY, RESOLVE)?;
+    for c in dir.components() {
+        let Component::Normal(name) = c else { continue };
+        at.push(name);
+        let path = rel_cstring(&at)?;
+        fd = match sysfs::openat2(rootfd.as_raw_fd(), &path, libc::O_PATH | libc::O_DIRECTORY, RESOLVE) {
+            Err(e) if create && sysfs::errno(&e) == libc::ENOENT => {
+                let n = sysfs::cstring(name.as_bytes())?;
+                // SAFETY: `fd` is an open directory fd and `n` a NUL-terminated name, both
+                // valid for the call; the result is checked.
+                let r = sysfs::cvt(unsafe { libc::mkdirat(fd.as_raw_fd(), n.as_ptr(), 0o755) });
+                if let Err(e) = r {
+                    if sysfs::errno(&e) != libc::EEXIST {
+                        return Err(e);
+                    }
+                }
+                sysfs::openat2(rootfd.as_raw_fd(), &path, libc::O_PATH | libc::O_DIRECTORY, RESOLVE)?
+            }
+            r => r?,
+        };
+    }
+    Ok(fd)
+}
+
+fn split(path: &Path) -> io::Result<(&Path, CString)> {
+    let name = path.file_name().ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "path has no file name"))?;
+    Ok((path.parent().unwrap_or(Path::new("/")), sysfs::cstring(name.as_bytes())?))
+}
+
+/// Replaces whatever is at `path` (not following it) with a new regular file.
+pub fn write_file(root: &Path, path: &Path, bytes: &[u8], mode: libc::mode_t) -> io::Result<()> {
+    let (parent, name) = split(path)?;
+    let dir = open_dir(root, parent, true)?;
+    let dirfd = reopen(&dir)?;
+    // SAFETY: valid dir fd and NUL-terminated name for the call; ENOENT is fine.
+    let _ = unsafe { libc::unlinkat(dirfd.as_raw_fd(), name.as_ptr(), 0) };
+    let fd = sysfs::openat(
+        dirfd.as_raw_fd(),
+        &name,
+        libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW,
+        mode,
+    )?;
+    io::Write::write_all(&mut std::fs::File::from(fd), bytes)
+}
+
+/// Replaces whatever is at `path` (not following it) with a symlink to `target`.
+pub fn symlink(root: &Path, path: &Path, target: &Path) -> io::Result<()> {
+    let (parent, name) = split(path)?;
+    let dirfd = reopen(&open_dir(root, parent, true)?)?;
+    let t = sysfs::path_cstring(target)?;
+    // SAFETY: valid dir fd and NUL-terminated names for the calls; results checked (ENOENT
+    // of the unlink is fine).
+    unsafe {
+        let _ = libc::unlinkat(dirfd.as_raw_fd(), name.as_ptr(), 0);
+        sysfs::cvt(libc::symlinkat(t.as_ptr(), dirfd.as_raw_fd(), name.as_ptr()))?;
+    }
+    Ok(())
+}
+
+/// mkdir -p `dir` inside the tree, then gives it to uid:gid (not following a symlink).
+pub fn create_owned_dir(root: &Path, dir: &Path, uid: u32, gid: u32) -> io::Result<()> {
+    let fd = open_dir(root, dir, true)?;
+    let empty = c"";
+    // SAFETY: an O_PATH fd of the directory with AT_EMPTY_PATH: changes that very inode.
+    sysfs::cvt(unsafe { libc::fchownat(fd.as_raw_fd(), empty.as_ptr(), uid, gid, libc::AT_EMPTY_PATH) })?;
+    Ok(())
+}
+
+/// An O_PATH directory fd cannot be used for *at writes everywhere; reopen it for real.
+fn reopen(fd: &OwnedFd) -> io::Result<OwnedFd> {
+    sysfs::openat(fd.as_raw_fd(), c".", libc::O_RDONLY | libc::O_DIRECTORY, 0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn absolute_symlinks_in_the_tree_resolve_inside_it() {
+        let t = tempfile::tempdir().unwrap();
+        let (root, outside) = (t.path().join("root"), t.path().join("outside"));
+        std::fs::create_dir_all(root.join("real")).unwrap();
+        std::fs::create_dir_all(&outside).unwrap();
+        // /etc -> <host path outside the tree>, /lib -> /real (absolute, meant inside).
+        std::os::unix::fs::symlink(&outside, root.join("etc")).unwrap();
+        std::os::unix::fs::symlink("/real", root.join("lib")).unwrap();
+        // /etc leads to a path that does not exist inside the tree: refused, not created
+        // on the host.
+        let e = write_file(&root, Path::new("/etc/ld.so.conf.d/000-x.conf"), b"/usr/lib\n", 0o644).unwrap_err();
+        assert_eq!(e.raw_os_error(), Some(libc::ENOENT), "{e}");
+        assert_eq!(std::fs::read_dir(&outside).unwrap().count(), 0, "nothing written outside the tree");
+        // Once that path exists inside the tree, the write lands there.
+        let inside = root.join(outside.strip_prefix("/").unwrap());
+        std::fs::create_dir_all(&inside).unwrap();
+        write_file(&root, Path::new("/etc/ld.so.conf.d/000-x.conf"), b"/usr/lib\n", 0o644).unwrap();
+        assert_eq!(std::fs::read(inside.join("ld.so.conf.d/000-x.conf")).unwrap(), b"/usr/lib\n");
+        assert_eq!(std::fs::read_dir(&outside).unwrap().count(), 0, "nothing written outside the tree");
+        symlink(&root, Path::new("/lib/libcuda.so"), Path::new("libcuda.so.1")).unwrap();
+        assert_eq!(std::fs::read_link(root.join("real/libcuda.so")).unwrap(), Path::new("libcuda.so.1"));
+        // A symlink at the final component is replaced, not followed.
+        std::os::unix::fs::symlink(&outside, root.join("real/f")).unwrap();
+        write_file(&root, Path::new("/real/f"), b"x", 0o644).unwrap();
+        assert!(std::fs::symlink_metadata(root.join("real/f")).unwrap().is_file());
+        assert_eq!(std::fs::read_dir(&outside).unwrap().count(), 0);
+    }
+}
