@@ -360,14 +360,7 @@ enum RootfsCommand {
 }
 
 fn parse_job_name(s: &str) -> Result<String> {
-    let ok = !s.is_empty()
-        && s.len() <= 64
-        && s.starts_with(|c: char| c.is_ascii_alphanumeric())
-        && s.chars().all(|c| c.is_ascii_alphanumeric() || "._-".contains(c));
-    if !ok {
-        bail!("bad --name '{s}': use 1-64 letters, digits, '.', '_' or '-', starting with a letter or digit");
-    }
-    Ok(s.to_string())
+    sandbox::exec::parse_job_name(s)
 }
 
 fn parse_user(s: &str) -> Result<(u32, u32)> {

@@ -29,6 +29,46 @@ pub struct ExecRequest {
     pub command: Vec<String>,
 }
 
+/// `--name`: it becomes a directory name, the container id and the hostname.
+pub fn parse_job_name(s: &str) -> Result<String> {
+    let ok = !s.is_empty()
+        && s.len() <= 64
+        && s.starts_with(|c: char| c.is_ascii_alphanumeric())
+        && s.chars().all(|c| c.is_ascii_alphanumeric() || "._-".contains(c));
+    if !ok {
+        bail!("bad --name '{s}': use 1-64 letters, digits, '.', '_' or '-', starting with a letter or digit");
+    }
+    Ok(s.to_string())
+}
+
+impl ExecRequest {
+    /// The checks the command line makes, again: a request that arrives as JSON (setuid
+    /// mode) did not go through the parsers.
+    pub fn validate(&self) -> Result<()> {
+        if let Some(n) = &self.name {
+            parse_job_name(n)?;
+        }
+        for v in &self.volumes {
+            let text = format!(
+                "{}:{}{}",
+                v.host.display(),
+                v.container.display(),
+                v.env.as_deref().map(|e| format!(":{e}")).unwrap_or_default()
+            );
+            if text.parse::<Volume>().ok().as_ref() != Some(v) {
+                bail!("malformed volume in the request: {text}");
+            }
+        }
+        if let Some((k, _)) = self.env.iter().find(|(k, _)| !crate::config::is_env_name(k)) {
+            bail!("malformed environment variable name in the request: '{k}'");
+        }
+        if self.command.is_empty() {
+            bail!("no command given: use `azp-sandbox exec [OPTIONS] -- CMD [ARGS...]`");
+        }
+        Ok(())
+    }
+}
+
 /// Resolves the rootfs (leased for the job's life), discovers the GPUs' edits and builds
 /// the job plan.
 pub fn prepare(home: &Home, driver_root: &Path, req: &ExecRequest) -> Result<(JobPlan, RootfsLease)> {
@@ -71,4 +111,33 @@ pub fn prepare(home: &Home, driver_root: &Path, req: &ExecRequest) -> Result<(Jo
         rootless: false,
     };
     Ok((plan, lease))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn req() -> ExecRequest {
+        serde_json::from_str(
+            r#"{"rootfs":"bb","volumes":[],"env":[],"limits":{"memory_bytes":null,"pids":null,"cpus_milli":null},
+               "network":"Host","gpus":"none","gpu_capabilities":"compute","cdi_spec":null,"name":null,
+               "workdir":"/","user":null,"command":["true"]}"#,
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn a_request_that_skipped_the_parsers_is_checked_again() {
+        assert!(req().validate().is_ok());
+        let bad_name = ExecRequest { name: Some("../../etc".into()), ..req() };
+        assert!(bad_name.validate().unwrap_err().to_string().contains("bad --name"));
+        let vol = Volume { host: "/data".into(), container: "/a/../../x".into(), env: None };
+        let bad_vol = ExecRequest { volumes: vec![vol], ..req() };
+        assert!(bad_vol.validate().unwrap_err().to_string().contains("malformed volume"));
+        let bad_env = ExecRequest { env: vec![("A=B".into(), "x".into())], ..req() };
+        assert!(bad_env.validate().unwrap_err().to_string().contains("malformed environment"));
+        assert!(ExecRequest { command: vec![], ..req() }.validate().is_err());
+        let extra = r#"{"rootfs":"bb","privileged":true}"#;
+        assert!(serde_json::from_str::<ExecRequest>(extra).is_err(), "unknown fields are refused");
+    }
 }

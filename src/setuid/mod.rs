@@ -157,6 +157,7 @@ impl Monitor {
         }
         let request: ExecRequest =
             serde_json::from_slice(&bytes).context("malformed request from the unprivileged side")?;
+        request.validate()?;
         let policy = load_policy(Path::new(POLICY_FILE))?;
         let caller = caller(self.caller.0, self.caller.1)?;
         policy.allows_caller(&caller)?;
