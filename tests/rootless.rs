@@ -6,6 +6,7 @@
 //! skip, saying so. The escape suite also runs rootless (scripts/test.sh).
 
 mod common;
+use common::fake_azure::FakeAzure;
 use common::*;
 use std::fs;
 use std::io::BufRead;
@@ -233,4 +234,51 @@ fn a_user_without_subordinate_ids_gets_a_one_line_fix() {
         "{err}"
     );
     fs::remove_dir_all(&home).unwrap();
+}
+
+#[test]
+fn the_agent_runner_without_delegation_warns_at_start_and_in_status() {
+    require_rootless!();
+    let fake = FakeAzure::start();
+    let h = TestHome::with_busybox("rl-run-warn");
+    let tf = token_file(&h, &fake.pat());
+    as_test_user_owns(&tf);
+    let parent = format!("/azp-sandbox/not-delegated-{}", std::process::id());
+    let mut cmd = h.command();
+    cmd.args([
+        "--cgroup-parent",
+        &parent,
+        "run",
+        "--pool",
+        "gpu",
+        "--url",
+        &fake.url(),
+        "--token-file",
+        tf.to_str().unwrap(),
+    ])
+    .args(["--agents", "1", "--gpus-per-agent", "none", "--rootfs", "bb", "--name-prefix", "rlw"]);
+    let mgr = ManagerProc::spawn(cmd, h.dir.join("manager.log"));
+    fake.enqueue_job("id -u; echo done");
+    let results = fake.wait_results(1, Duration::from_secs(60));
+    assert_eq!(results.len(), 1, "{}", mgr.log());
+    assert!(results[0].output.contains("done"), "{results:?}");
+    let warned: Vec<String> = mgr.log().lines().filter(|l| l.contains("NOT enforced")).map(String::from).collect();
+    assert_eq!(warned.len(), 1, "one loud line at start: {}", mgr.log());
+    let status = String::from_utf8_lossy(&h.run(&["status"]).stdout).into_owned();
+    assert!(
+        status.contains("WARNING: memory/pids/cpu limits are NOT enforced for jobs")
+            && status.contains("delegate-cgroups.sh"),
+        "{status}"
+    );
+    let json: serde_json::Value = serde_json::from_slice(&h.run(&["status", "--json"]).stdout).unwrap();
+    assert_eq!(json["limits_enforced"], false);
+    let st = mgr.stop();
+    assert!(st.success(), "{st}");
+    h.assert_no_residue(&[]);
+}
+
+/// The token file must be readable by the user running the manager.
+fn as_test_user_owns(p: &Path) {
+    let u = user();
+    nix::unistd::chown(p, Some(u.uid), Some(u.gid)).unwrap();
 }
