@@ -405,18 +405,27 @@ fn setuid_main() -> i32 {
         Ok(Side::Privileged(monitor)) => monitor.serve(),
         Ok(Side::Unprivileged(sender)) => {
             let cli = Cli::parse();
-            if let Command::Exec(args) = cli.command {
-                return match sender.send(&args.request()) {
-                    Ok(()) => 0,
-                    Err(e) => {
-                        eprintln!("azp-sandbox: error: {}", one_line(&e));
-                        EXIT_SANDBOX_ERROR
-                    }
-                };
+            let request = match cli.command {
+                Command::Exec(args) => Ok(azp_sandbox::setuid::Request::Exec(args.request())),
+                Command::Run(args) => run_settings(&args.pool, Some(&args)).and_then(|(settings, env_token)| {
+                    let token = azp_sandbox::manager::settings::read_token(settings.token_file.as_deref(), env_token)?;
+                    Ok(azp_sandbox::setuid::Request::Run(azp_sandbox::setuid::RunRequest::from_settings(
+                        &settings, token,
+                    )))
+                }),
+                other => {
+                    drop(sender);
+                    main_with(Cli { command: other, ..cli });
+                    return 0;
+                }
+            };
+            match request.and_then(|r| sender.send(&r)) {
+                Ok(()) => 0,
+                Err(e) => {
+                    eprintln!("azp-sandbox: error: {}", one_line(&e));
+                    EXIT_SANDBOX_ERROR
+                }
             }
-            drop(sender);
-            main_with(cli);
-            0
         }
         Err(e) => {
             eprintln!("azp-sandbox: error: {}", one_line(&e));
@@ -482,7 +491,7 @@ fn run(cli: Cli, home: Home) -> Result<i32> {
     match cli.command {
         Command::Run(args) => {
             let (settings, env_token) = run_settings(&args.pool, Some(&args))?;
-            let ctx = azp_sandbox::manager::RunContext { driver_root: cli.driver_root, env_token };
+            let ctx = azp_sandbox::manager::RunContext { driver_root: cli.driver_root, env_token, job_user: None };
             azp_sandbox::manager::run(&home, settings, ctx)?;
             Ok(0)
         }

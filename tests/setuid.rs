@@ -7,6 +7,7 @@
 //! was there before.
 
 mod common;
+use common::fake_azure::FakeAzure;
 use common::*;
 use std::fs;
 use std::os::unix::fs::PermissionsExt;
@@ -299,4 +300,48 @@ fn the_privileged_side_cannot_be_inspected_by_the_caller_and_other_commands_run_
         site.user.uid.as_raw(),
         "written as the caller, not root"
     );
+}
+
+#[test]
+fn a_permitted_user_runs_agents_as_itself_under_the_policy() {
+    let Some(site) = Site::new("run") else { return };
+    let fake = FakeAzure::start();
+    // The caller's own token file, readable by the caller only.
+    let tf = site.dir.join("pat");
+    fs::write(&tf, format!("{}\n", fake.pat())).unwrap();
+    nix::unistd::chown(&tf, Some(site.user.uid), Some(site.user.gid)).unwrap();
+    fs::set_permissions(&tf, fs::Permissions::from_mode(0o600)).unwrap();
+    let run_args = |extra: &[&str]| {
+        let mut c = site.cmd(None);
+        c.args(["run", "--pool", "gpu", "--url", &fake.url(), "--token-file", tf.to_str().unwrap()])
+            .args(["--gpus-per-agent", "none", "--rootfs", "bb", "--name-prefix", "suid"])
+            .args(extra);
+        c
+    };
+    // Not enabled until the policy says how many agents a caller may keep.
+    let o = run_args(&["--agents", "1"]).output().unwrap();
+    assert!(one_line_error(&o).contains("set [setuid] max_agents"));
+    site.policy(&format!("{}max_agents = 1\n", site.default_policy()));
+    for (extra, want) in [
+        (vec!["--agents", "2"], "--agents 2 is not allowed by site policy (at most 1)"),
+        (vec!["--hooks-dir", "/tmp"], "--hooks-dir is not allowed"),
+        (vec!["--agent-package", "/tmp/x.tar.gz"], "--agent-package is not allowed"),
+    ] {
+        let o = run_args(&extra).output().unwrap();
+        assert!(one_line_error(&o).contains(want), "{extra:?}");
+    }
+    // A permitted run: the agent (and so the job) runs as the caller, with no capabilities.
+    let mgr = ManagerProc::spawn(run_args(&["--agents", "1"]), site.dir.join("manager.log"));
+    fake.enqueue_job("id -u; id -g; grep -E '^CapEff' /proc/self/status; echo done");
+    let results = fake.wait_results(1, std::time::Duration::from_secs(90));
+    assert_eq!(results.len(), 1, "{}", mgr.log());
+    let want = format!("{}\n{}\nCapEff:\t0000000000000000\ndone", site.user.uid, site.user.gid);
+    assert!(results[0].output.contains(&want), "{:?}\n{}", results[0].output, mgr.log());
+    // Its home is the caller's own below the site's; the PAT is in no file there.
+    let home = site.dir.join("home/users").join(site.user.uid.to_string());
+    assert!(home.join("status.json").is_file(), "{}", mgr.log());
+    let st = mgr.stop();
+    assert!(st.success(), "{st}: {}", fs::read_to_string(site.dir.join("manager.log")).unwrap_or_default());
+    let out = Command::new("grep").args(["-rl", &fake.pat()]).arg(&home).output().unwrap();
+    assert!(out.stdout.is_empty(), "the PAT is in {}", String::from_utf8_lossy(&out.stdout));
 }

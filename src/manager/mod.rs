@@ -102,8 +102,12 @@ fn layer_of(pkg: &AgentPackage) -> PathBuf {
 /// Everything `run` needs from the command line besides the settings.
 pub struct RunContext {
     pub driver_root: PathBuf,
-    /// AZP_TOKEN (discouraged; the token file is preferred).
+    /// AZP_TOKEN (discouraged; the token file is preferred), or the PAT setuid mode's
+    /// unprivileged side read from the caller's token file.
     pub env_token: Option<String>,
+    /// Run the agents as this uid:gid instead of the rootfs's `azp` user (setuid mode:
+    /// the caller).
+    pub job_user: Option<(u32, u32)>,
 }
 
 pub fn run(home: &Home, settings: RunSettings, ctx: RunContext) -> Result<()> {
@@ -178,7 +182,7 @@ pub fn run(home: &Home, settings: RunSettings, ctx: RunContext) -> Result<()> {
     let store = Store::new(home);
     let rootfs_name = crate::rootfs::select::resolve(&store, &settings.rootfs, driver.cuda_version)?;
     let lease = store.lease(&rootfs_name)?;
-    let user = passwd_user(lease.path(), "azp");
+    let user = ctx.job_user.or_else(|| passwd_user(lease.path(), "azp"));
     if user.is_none() {
         tracing::warn!(
             "rootfs '{rootfs_name}' has no 'azp' user: agents run as root in the sandbox (AGENT_ALLOW_RUNASROOT=1)"

@@ -107,12 +107,72 @@ fn drop_privileges_for_good(uid: Uid, gid: Gid) -> Result<()> {
     Ok(())
 }
 
+/// What the unprivileged side asks for.
+#[derive(serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub enum Request {
+    Exec(ExecRequest),
+    Run(RunRequest),
+}
+
+/// `run` as data: the settings the caller gave (flags, AZP_* env, the site config file),
+/// resolved by the unprivileged side, and the PAT it read from the caller's token file.
+/// (No Debug: it holds the PAT.)
+#[derive(Clone, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RunRequest {
+    pub url: String,
+    pub pool: String,
+    pub token: String,
+    pub agents: Option<usize>,
+    pub rootfs: String,
+    pub volumes: Vec<crate::config::Volume>,
+    /// `--gpus-per-agent`: none, all or N.
+    pub gpus_per_agent: String,
+    pub limits: crate::sandbox::Limits,
+    pub name_prefix: String,
+    pub drain_timeout_secs: u64,
+    pub exit_when_idle_secs: Option<u64>,
+    /// Not allowed in setuid mode (the privileged side refuses them when set): a package
+    /// the caller chose, hooks (they run as root on the host), autoscaling.
+    pub agent_package: Option<String>,
+    pub hooks_dir: Option<PathBuf>,
+    pub autoscale: bool,
+}
+
+impl RunRequest {
+    /// From `run`'s merged settings, read on the unprivileged side.
+    pub fn from_settings(s: &crate::manager::settings::RunSettings, token: String) -> RunRequest {
+        use crate::gpu::PerAgent;
+        RunRequest {
+            url: s.url.clone(),
+            pool: s.pool.clone(),
+            token,
+            agents: s.agents,
+            rootfs: s.rootfs.clone(),
+            volumes: s.volumes.clone(),
+            gpus_per_agent: match s.gpus_per_agent {
+                PerAgent::None => "none".into(),
+                PerAgent::All => "all".into(),
+                PerAgent::Count(n) => n.to_string(),
+            },
+            limits: crate::sandbox::Limits { memory_bytes: s.memory, pids: s.pids, cpus_milli: s.cpus_milli },
+            name_prefix: s.name_prefix.clone(),
+            drain_timeout_secs: s.drain_timeout.as_secs(),
+            exit_when_idle_secs: s.exit_when_idle.map(|d| d.as_secs()),
+            agent_package: s.agent_package.clone(),
+            hooks_dir: s.hooks_dir.clone(),
+            autoscale: s.autoscale.is_some(),
+        }
+    }
+}
+
 pub struct RequestSender {
     pipe: OwnedFd,
 }
 
 impl RequestSender {
-    pub fn send(self, req: &ExecRequest) -> Result<()> {
+    pub fn send(self, req: &Request) -> Result<()> {
         let bytes = serde_json::to_vec(req)?;
         let mut f = std::fs::File::from(self.pipe);
         std::io::Write::write_all(&mut f, &bytes).context("the privileged side is gone")
@@ -155,15 +215,25 @@ impl Monitor {
         if bytes.len() as u64 > MAX_REQUEST {
             bail!("request too large");
         }
-        let request: ExecRequest =
+        let request: Request =
             serde_json::from_slice(&bytes).context("malformed request from the unprivileged side")?;
-        request.validate()?;
         let policy = load_policy(Path::new(POLICY_FILE))?;
         let caller = caller(self.caller.0, self.caller.1)?;
         policy.allows_caller(&caller)?;
-        let request = policy.authorize(request, &caller, &|p| resolve_as(self.caller, p))?;
-        become_root()?;
-        run(&policy, request)
+        let resolve = |p: &Path| resolve_as(self.caller, p);
+        match request {
+            Request::Exec(request) => {
+                request.validate()?;
+                let request = policy.authorize(request, &caller, &resolve)?;
+                become_root()?;
+                run_exec(&policy, request)
+            }
+            Request::Run(request) => {
+                let settings = policy.authorize_run(&request, &caller, &resolve)?;
+                become_root()?;
+                run_agents(&policy, &caller, settings, request.token)
+            }
+        }
     }
 }
 
@@ -230,7 +300,7 @@ fn become_root() -> Result<()> {
     Ok(())
 }
 
-fn run(policy: &Policy, request: ExecRequest) -> Result<i32> {
+fn run_exec(policy: &Policy, request: ExecRequest) -> Result<i32> {
     crate::logging::init(0);
     let home = Home::new(&policy.home);
     home.ensure()?;
@@ -241,4 +311,35 @@ fn run(policy: &Policy, request: ExecRequest) -> Result<i32> {
     tracing::info!("setuid job {} exit={} duration={:.3}s", outcome.id, outcome.code, outcome.duration.as_secs_f64());
     drop(lease);
     Ok(outcome.code)
+}
+
+/// The caller's agents, run by root under the policy: in the caller's own home below the
+/// site's (`<home>/users/<uid>`: job dirs, status, logs, agent package cache), over the
+/// site's rootfs store, the agents running as the caller.
+fn run_agents(
+    policy: &Policy,
+    caller: &Caller,
+    settings: crate::manager::settings::RunSettings,
+    token: String,
+) -> Result<i32> {
+    crate::logging::init(0);
+    let site = Home::new(&policy.home);
+    site.ensure()?;
+    let home = Home::new(site.root().join("users").join(caller.uid.to_string()));
+    home.ensure()?;
+    // The store is the site's: a link the caller cannot change (the dirs are root's).
+    let store_link = home.rootfs_dir();
+    if std::fs::symlink_metadata(&store_link).map(|m| !m.file_type().is_symlink()).unwrap_or(true) {
+        let _ = std::fs::remove_dir(&store_link);
+        std::os::unix::fs::symlink(site.rootfs_dir(), &store_link)
+            .with_context(|| format!("cannot link {} to the site store", store_link.display()))?;
+    }
+    tracing::info!("setuid run for {} (uid {}): home {}", caller.name, caller.uid, home.root().display());
+    let ctx = crate::manager::RunContext {
+        driver_root: policy.driver_root.clone(),
+        env_token: Some(token),
+        job_user: Some((caller.uid, caller.gid)),
+    };
+    crate::manager::run(&home, settings, ctx)?;
+    Ok(0)
 }

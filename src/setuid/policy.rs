@@ -45,6 +45,8 @@ pub struct Policy {
     pub home: PathBuf,
     #[serde(default = "default_driver_root")]
     pub driver_root: PathBuf,
+    /// Agent slots one caller's `run` may keep; absent: `run` is not allowed in setuid mode.
+    pub max_agents: Option<usize>,
 }
 
 fn default_network() -> Vec<String> {
@@ -161,6 +163,74 @@ impl Policy {
         }
         req.user = Some((caller.uid, caller.gid));
         Ok(req)
+    }
+
+    /// Checks a `run` request and returns the settings it runs with: the same rules as
+    /// `exec` for rootfs, volumes and limits, at most `max_agents` slots, GPUs only when the
+    /// policy allows all of them, and nothing that would run the caller's code or files as
+    /// root on the host (hooks, a chosen agent package).
+    pub fn authorize_run(
+        &self,
+        req: &super::RunRequest,
+        caller: &Caller,
+        canonical: &dyn Fn(&Path) -> std::io::Result<PathBuf>,
+    ) -> Result<crate::manager::settings::RunSettings> {
+        let Some(max) = self.max_agents else {
+            bail!("`run` is not enabled for setuid use on this host: ask an administrator to set [setuid] max_agents");
+        };
+        let agents = req.agents.unwrap_or(1);
+        if agents == 0 || agents > max {
+            bail!("--agents {agents} is not allowed by site policy (at most {max})");
+        }
+        if req.agent_package.is_some() {
+            bail!("--agent-package is not allowed in setuid mode: the agent comes from the organization's server");
+        }
+        if req.hooks_dir.is_some() {
+            bail!("--hooks-dir is not allowed in setuid mode: hooks run as root on the host");
+        }
+        if req.autoscale {
+            bail!("--autoscale is not allowed in setuid mode");
+        }
+        let per_agent: crate::gpu::PerAgent = req.gpus_per_agent.parse()?;
+        if per_agent != crate::gpu::PerAgent::None && !self.gpus.iter().any(|g| g == "all") {
+            bail!(
+                "--gpus-per-agent {} is not allowed by site policy: GPUs for `run` need [setuid] gpus = [\"all\"]",
+                req.gpus_per_agent
+            );
+        }
+        // Rootfs, volumes and limits: exactly the exec rules.
+        let as_exec = ExecRequest {
+            rootfs: req.rootfs.clone(),
+            volumes: req.volumes.clone(),
+            env: vec![],
+            limits: req.limits.clone(),
+            network: Network::Host,
+            gpus: "none".into(),
+            gpu_capabilities: "compute,utility".into(),
+            cdi_spec: None,
+            name: None,
+            workdir: "/".into(),
+            user: None,
+            command: vec!["run.sh".into()],
+        };
+        let checked = self.authorize(as_exec, caller, canonical)?;
+        let flags = crate::manager::settings::FlagSettings {
+            url: Some(req.url.clone()),
+            pool: Some(req.pool.clone()),
+            agents: Some(agents),
+            rootfs: Some(checked.rootfs),
+            volumes: checked.volumes,
+            gpus_per_agent: Some(req.gpus_per_agent.clone()),
+            memory: checked.limits.memory_bytes,
+            pids: checked.limits.pids,
+            cpus_milli: checked.limits.cpus_milli,
+            name_prefix: Some(req.name_prefix.clone()),
+            drain_timeout: Some(std::time::Duration::from_secs(req.drain_timeout_secs)),
+            exit_when_idle: req.exit_when_idle_secs.map(std::time::Duration::from_secs),
+            ..Default::default()
+        };
+        // No config file and no environment here: only what was checked.
+        crate::manager::settings::merge(Default::default(), Default::default(), flags)
     }
 
     fn check_gpus(&self, gpus: &str) -> Result<()> {
@@ -326,5 +396,50 @@ network = ["host", "none"]
         assert_eq!(ok.limits.memory_bytes, Some(1 << 30), "the site maximum is the default");
         assert_eq!(ok.limits.pids, Some(50));
         assert_eq!(ok.volumes[0].host, PathBuf::from("/data/x"));
+    }
+
+    fn run_req() -> super::super::RunRequest {
+        super::super::RunRequest {
+            url: "https://dev.azure.com/org".into(),
+            pool: "gpu".into(),
+            token: "pat".into(),
+            agents: Some(1),
+            rootfs: "cuda".into(),
+            volumes: vec![],
+            gpus_per_agent: "none".into(),
+            limits: Limits::default(),
+            name_prefix: "alice".into(),
+            drain_timeout_secs: 60,
+            exit_when_idle_secs: None,
+            agent_package: None,
+            hooks_dir: None,
+            autoscale: false,
+        }
+    }
+
+    #[test]
+    fn run_requests_follow_the_exec_rules_and_the_agent_cap() {
+        let c = caller("alice", &[]);
+        let e = policy().authorize_run(&run_req(), &c, &canon).unwrap_err().to_string();
+        assert!(e.contains("set [setuid] max_agents"), "{e}");
+        let p = Policy { max_agents: Some(2), ..policy() };
+        let s = p.authorize_run(&run_req(), &c, &canon).unwrap();
+        assert_eq!(
+            (s.agents, s.memory, s.rootfs.as_str()),
+            (Some(1), Some(1 << 30), "cuda"),
+            "site memory cap applied"
+        );
+        assert!(s.hooks_dir.is_none() && s.agent_package.is_none() && s.token_file.is_none());
+        let refuse = |r: super::super::RunRequest, want: &str| {
+            let e = p.authorize_run(&r, &c, &canon).unwrap_err().to_string();
+            assert!(e.contains(want), "{want}: {e}");
+        };
+        refuse(super::super::RunRequest { agents: Some(3), ..run_req() }, "at most 2");
+        refuse(super::super::RunRequest { rootfs: "other".into(), ..run_req() }, "rootfs 'other'");
+        refuse(super::super::RunRequest { gpus_per_agent: "1".into(), ..run_req() }, "gpus = [\"all\"]");
+        refuse(super::super::RunRequest { hooks_dir: Some("/h".into()), ..run_req() }, "--hooks-dir");
+        refuse(super::super::RunRequest { autoscale: true, ..run_req() }, "--autoscale");
+        let vol = Volume { host: "/etc".into(), container: "/e".into(), env: None };
+        refuse(super::super::RunRequest { volumes: vec![vol], ..run_req() }, "--volume /etc is not allowed");
     }
 }
