@@ -89,9 +89,21 @@ fn sample(pid: u32, home: &Path) -> Sample {
         .map(|r| {
             r.flatten()
                 .map(|e| {
+                    // azp-sandbox/h-<home>/bench-*: the jobs of any home on this host.
                     std::fs::read_dir(e.path().join("azp-sandbox"))
-                        .map(|d| {
-                            d.flatten().filter(|c| c.file_name().to_string_lossy().starts_with("bench-")).count() as u64
+                        .map(|homes| {
+                            homes
+                                .flatten()
+                                .map(|h| {
+                                    std::fs::read_dir(h.path())
+                                        .map(|d| {
+                                            d.flatten()
+                                                .filter(|c| c.file_name().to_string_lossy().starts_with("bench-"))
+                                                .count() as u64
+                                        })
+                                        .unwrap_or(0)
+                                })
+                                .sum()
                         })
                         .unwrap_or(0)
                 })

@@ -369,6 +369,9 @@ pub fn run(home: &Home, settings: RunSettings, ctx: RunContext) -> Result<()> {
     for r in &gc.removed {
         tracing::info!("gc: removed {r}");
     }
+    for f in &gc.failed {
+        tracing::warn!("gc: could not remove {f}");
+    }
     tracing::info!(
         "stopped; {} job(s) served",
         shared.status.lock().map(|s| s.slots.iter().map(|x| x.jobs_done).sum::<u64>()).unwrap_or(0)

@@ -108,7 +108,7 @@ fn one_job(
     let plan_for = |seq: u64| {
         let mut plan = cfg.base_plan.clone();
         plan.id = format!("{}-{seq}", cfg.agent_name);
-        plan.cgroup_path = crate::sandbox::teardown::cgroup_path_for(&plan.id);
+        plan.cgroup_path = crate::sandbox::teardown::cgroup_path_for(&shared.home, &plan.id);
         plan.lower.insert(0, shared.package_layer());
         let (uid, gid) = cfg.user.unwrap_or((0, 0));
         plan.uid = uid;
@@ -164,7 +164,9 @@ fn one_job(
     if cfg.stopping(shared) {
         // In the foreground: the helper dies with this thread (PDEATHSIG), which is about
         // to end, so it must finish deleting its container first.
-        let _ = sandbox.teardown(false);
+        if let Err(e) = sandbox.teardown(false) {
+            tracing::warn!(slot = cfg.index, "clean-up failed ({e:#}); `azp-sandbox gc` will retry");
+        }
         return Ok(JobEnd::Stopped);
     }
     shared.update_slot(cfg.index, |s| {

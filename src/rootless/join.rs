@@ -69,10 +69,7 @@ pub fn join_job_cgroup(cgroup: &Path, limits: &Limits) -> Result<()> {
         }
     }
     for (dir, hierarchy) in &dirs {
-        std::fs::create_dir_all(dir).with_context(|| format!("cannot create the job's cgroup {}", dir.display()))?;
-        if hierarchy.contains("cpuset") {
-            inherit_cpuset(dir)?;
-        }
+        create_levels(dir, hierarchy.contains("cpuset"))?;
         for (file, value) in limit_writes(limits, host.unified, hierarchy) {
             let path = dir.join(file);
             if file == "memory.swap.max" && !path.exists() {
@@ -85,6 +82,26 @@ pub fn join_job_cgroup(cgroup: &Path, limits: &Limits) -> Result<()> {
     for (dir, _) in &dirs {
         let procs = dir.join("cgroup.procs");
         std::fs::write(&procs, &me).with_context(|| format!("cannot move the helper into {}", procs.display()))?;
+    }
+    Ok(())
+}
+
+/// mkdir -p of a job's cgroup; every new v1 cpuset level gets its parent's cpus/mems.
+fn create_levels(dir: &Path, cpuset: bool) -> Result<()> {
+    if dir.is_dir() {
+        return Ok(());
+    }
+    if let Some(parent) = dir.parent() {
+        create_levels(parent, cpuset)?;
+    }
+    match std::fs::create_dir(dir) {
+        Err(e) if e.kind() != std::io::ErrorKind::AlreadyExists => {
+            return Err(e).with_context(|| format!("cannot create the job's cgroup {}", dir.display()));
+        }
+        _ => {}
+    }
+    if cpuset {
+        inherit_cpuset(dir)?;
     }
     Ok(())
 }

@@ -106,7 +106,7 @@ pub fn prepare(home: &Home, driver_root: &Path, req: &ExecRequest) -> Result<(Jo
         limits: req.limits.clone(),
         network: req.network,
         edits,
-        cgroup_path: super::teardown::cgroup_path_for(&id),
+        cgroup_path: super::teardown::cgroup_path_for(home, &id),
         owned_dirs: vec![],
         rootless: false,
     };

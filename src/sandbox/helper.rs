@@ -37,8 +37,24 @@ pub enum HelperResult {
 /// Time a job gets after SIGTERM/SIGINT before it is SIGKILLed.
 const STOP_GRACE: Duration = Duration::from_secs(10);
 
+/// A stop signal that arrived before the job was started (while the helper was still
+/// setting up): forwarded to the job as soon as it runs. Without this, a SIGTERM in that
+/// window killed the helper outright and orphaned the container's init, which kept our
+/// pipes open and hung the supervisor's shutdown.
+static EARLY_SIGNAL: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(0);
+
+extern "C" fn note_early_signal(sig: libc::c_int) {
+    EARLY_SIGNAL.store(sig, std::sync::atomic::Ordering::SeqCst);
+}
+
 /// Entry point of the hidden subcommand. Returns the process exit code.
 pub fn main(home: &Home, job_dir: &Path) -> i32 {
+    for sig in [libc::SIGTERM, libc::SIGINT, libc::SIGHUP, libc::SIGQUIT] {
+        // SAFETY: the handler only stores to an atomic (async-signal-safe). glibc's
+        // signal() sets SA_RESTART, so the setup's syscalls are not interrupted; the
+        // job's init gets default handlers back at execve.
+        unsafe { libc::signal(sig, note_early_signal as *const () as libc::sighandler_t) };
+    }
     let job = JobDir { root: job_dir.to_path_buf() };
     let reporter = Reporter::from_env();
     let result = match run(home, &job, &crate::sys::Real, &reporter) {
@@ -190,6 +206,13 @@ fn start_and_wait(container: &mut libcontainer::container::Container) -> Result<
     let init = container.pid().context("sandbox started but has no init pid")?;
 
     let mut kill_at: Option<Instant> = None;
+    // Signals are blocked now (sigtimedwait below takes them); one that came earlier is
+    // the job's too.
+    if let Ok(sig) = Signal::try_from(EARLY_SIGNAL.swap(0, std::sync::atomic::Ordering::SeqCst)) {
+        tracing::info!("received {sig} while starting: forwarding to the job, SIGKILL in {}s", STOP_GRACE.as_secs());
+        let _ = kill(init, sig);
+        kill_at = Some(Instant::now() + STOP_GRACE);
+    }
     loop {
         // Reap everything (libcontainer's intermediate too); stop when init is gone.
         loop {

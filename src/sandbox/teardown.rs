@@ -40,7 +40,7 @@ pub fn cleanup_job(home: &Home, job: &JobDir, background_delete: bool) -> Result
     if let Some(pid) = kill_recorded_init(job) {
         out.leftovers.push(format!("job init pid {pid} (its pid namespace killed)"));
     }
-    let cgroup = state.as_ref().map(|s| s.cgroup_path.clone()).unwrap_or_else(|| cgroup_path_for(&id));
+    let cgroup = state.as_ref().map(|s| s.cgroup_path.clone()).unwrap_or_else(|| cgroup_path_for(home, &id));
     if let Some(n) = remove_cgroup(&cgroup)? {
         // Rootless, removing the job's cgroup is our routine job (libcontainer never had it).
         if n > 0 || !crate::rootless::mode().rootless {
@@ -103,8 +103,17 @@ pub fn process_start_time(pid: i32) -> Option<u64> {
 
 /// The cgroup (relative to the cgroup root) of job `id`; empty when jobs get none
 /// (rootless without a delegated cgroup).
-pub fn cgroup_path_for(id: &str) -> PathBuf {
-    crate::rootless::mode().cgroup_path_for(id)
+pub fn cgroup_path_for(home: &Home, id: &str) -> PathBuf {
+    crate::rootless::mode().cgroup_path_for(&home_tag(home), id)
+}
+
+/// `h-` and 8 hex digits of the sha256 of the home's absolute path: the home's own level
+/// in the cgroup tree.
+pub fn home_tag(home: &Home) -> String {
+    use sha2::Digest;
+    let path = std::fs::canonicalize(home.root()).unwrap_or_else(|_| home.root().to_path_buf());
+    let digest = sha2::Sha256::digest(path.as_os_str().as_encoded_bytes());
+    format!("h-{}", digest.iter().take(4).map(|b| format!("{b:02x}")).collect::<String>())
 }
 
 /// Kills every process in the cgroup and removes it (all v1 controllers, or the v2 dir).
@@ -285,11 +294,17 @@ pub fn gc(home: &Home) -> Result<GcReport> {
     // Cgroups are not scanned for orphans: the parent is shared by every home on the
     // host, and a job's cgroup is always removed before its record (cleanup_job).
     if live.is_empty() && read_dir_or_empty(&jobs_dir).is_empty() {
-        // Only our own default parent: a delegated or --cgroup-parent dir belongs to the admin.
+        // This home's own level, then our default parent (a delegated or --cgroup-parent
+        // dir belongs to the admin); remove_dir only succeeds when empty.
         let mode = crate::rootless::mode();
+        if let Some(parent) = mode.cgroups.parent() {
+            for dir in cgroup_dirs(&parent.join(home_tag(home))) {
+                let _ = std::fs::remove_dir(&dir);
+            }
+        }
         let ours = !mode.rootless && mode.cgroups.parent() == Some(Path::new(crate::rootless::cgroups::ROOT_PARENT));
         for parent in if ours { cgroup_dirs(Path::new(crate::rootless::cgroups::ROOT_PARENT)) } else { vec![] } {
-            let _ = std::fs::remove_dir(&parent); // only succeeds when empty
+            let _ = std::fs::remove_dir(&parent);
         }
     }
     for entry in read_dir_or_empty(&home.trash_dir()) {

@@ -174,12 +174,17 @@ pub fn cgroup_dirs_of(name: &str) -> Vec<PathBuf> {
     let mut out = vec![];
     for e in std::fs::read_dir("/sys/fs/cgroup").unwrap().flatten() {
         let base = e.path().join("azp-sandbox");
-        // Root mode: azp-sandbox/<name>; rootless: azp-sandbox/user-UID/<name>.
-        let nested: Vec<PathBuf> =
-            std::fs::read_dir(&base).map(|r| r.flatten().map(|d| d.path().join(name)).collect()).unwrap_or_default();
-        for p in std::iter::once(base.join(name)).chain(nested) {
-            if p.is_dir() {
-                out.push(p);
+        // Root mode: azp-sandbox/h-HOME/<name>; rootless: azp-sandbox/user-UID/h-HOME/<name>.
+        let subdirs = |d: &Path| -> Vec<PathBuf> {
+            std::fs::read_dir(d)
+                .map(|r| r.flatten().map(|x| x.path()).filter(|p| p.is_dir()).collect())
+                .unwrap_or_default()
+        };
+        for level1 in subdirs(&base) {
+            for p in std::iter::once(level1.join(name)).chain(subdirs(&level1).into_iter().map(|l2| l2.join(name))) {
+                if p.is_dir() {
+                    out.push(p);
+                }
             }
         }
     }
