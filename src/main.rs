@@ -6,7 +6,7 @@ use anyhow::{bail, Context, Result};
 use azp_sandbox::config::{parse_size, EnvVar, Home, Network, Volume};
 use azp_sandbox::gpu::{self, Capabilities, DiscoverOptions, GpuRequest};
 use azp_sandbox::rootfs::Store;
-use azp_sandbox::sandbox::{self, Limits, RunOptions};
+use azp_sandbox::sandbox::{self, Limits};
 use clap::{Parser, Subcommand};
 use std::path::PathBuf;
 
@@ -555,7 +555,7 @@ fn run(cli: Cli, home: Home) -> Result<i32> {
         Command::Rootfs(cmd) => rootfs(&home, cmd),
         Command::Gc => {
             let report = sandbox::gc(&home)?;
-            log_gc(&report);
+            report.log();
             if !report.failed.is_empty() {
                 bail!("gc could not remove {} item(s) (see warnings above)", report.failed.len());
             }
@@ -647,23 +647,9 @@ fn slurm_settings(
     })
 }
 
-fn log_gc(report: &sandbox::GcReport) {
-    for r in &report.removed {
-        tracing::info!("gc: removed {r}");
-    }
-    for f in &report.failed {
-        tracing::warn!("gc: could not remove {f}");
-    }
-}
-
 fn exec(home: &Home, driver_root: &std::path::Path, args: ExecArgs) -> Result<i32> {
-    tracing::debug!("exec start");
-    home.ensure()?;
-    log_gc(&sandbox::gc(home).context("gc before exec failed")?);
-    tracing::debug!("gc done");
     let request = args.request();
-    let (plan, lease) = sandbox::exec::prepare(home, driver_root, &request)?;
-    let outcome = sandbox::run_job(home, plan, &RunOptions { forward_signals: true, ..Default::default() })?;
+    let outcome = sandbox::exec::run(home, driver_root, &request)?;
     tracing::debug!(
         "job {} rootfs={} exit={} duration={:.3}s cleanup: {}",
         outcome.id,
@@ -672,7 +658,6 @@ fn exec(home: &Home, driver_root: &std::path::Path, args: ExecArgs) -> Result<i3
         outcome.duration.as_secs_f64(),
         outcome.cleanup
     );
-    drop(lease);
     Ok(outcome.code)
 }
 

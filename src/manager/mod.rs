@@ -119,10 +119,7 @@ pub fn run(home: &Home, settings: RunSettings, ctx: RunContext) -> Result<()> {
     sigs.thread_block().context("cannot block signals")?;
 
     home.ensure()?;
-    let gc = crate::sandbox::gc(home)?;
-    for r in &gc.removed {
-        tracing::info!("gc: removed {r}");
-    }
+    crate::sandbox::gc(home)?.log();
 
     let token = settings::read_token(settings.token_file.as_deref(), ctx.env_token)?;
     let client = AzureClient::new(&settings.url, &token)?;
@@ -365,13 +362,7 @@ pub fn run(home: &Home, settings: RunSettings, ctx: RunContext) -> Result<()> {
         sc.shutdown(&client);
     }
     drop(lease);
-    let gc = crate::sandbox::gc(home)?;
-    for r in &gc.removed {
-        tracing::info!("gc: removed {r}");
-    }
-    for f in &gc.failed {
-        tracing::warn!("gc: could not remove {f}");
-    }
+    crate::sandbox::gc(home)?.log();
     tracing::info!(
         "stopped; {} job(s) served",
         shared.status.lock().map(|s| s.slots.iter().map(|x| x.jobs_done).sum::<u64>()).unwrap_or(0)

@@ -6,7 +6,7 @@ use super::plan::{JobPlan, Limits};
 use crate::config::{Home, Network, Volume};
 use crate::gpu::{self, Capabilities, DiscoverOptions, GpuRequest};
 use crate::rootfs::{RootfsLease, Store};
-use anyhow::{bail, Result};
+use anyhow::{bail, Context, Result};
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 
@@ -67,6 +67,17 @@ impl ExecRequest {
         }
         Ok(())
     }
+}
+
+/// The whole `exec`: gc of what crashed runs left, the plan, the job (signals to this
+/// process forwarded to it), its clean-up. The rootfs stays leased until the job is gone.
+pub fn run(home: &Home, driver_root: &Path, req: &ExecRequest) -> Result<super::JobOutcome> {
+    home.ensure()?;
+    super::gc(home).context("gc before exec failed")?.log();
+    let (plan, lease) = prepare(home, driver_root, req)?;
+    let outcome = super::run_job(home, plan, &super::RunOptions { forward_signals: true, ..Default::default() });
+    drop(lease);
+    outcome
 }
 
 /// Resolves the rootfs (leased for the job's life), discovers the GPUs' edits and builds

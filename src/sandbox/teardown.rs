@@ -250,6 +250,18 @@ pub struct GcReport {
     pub live_jobs: usize,
 }
 
+impl GcReport {
+    /// One log line per item removed (info) and per item that could not be (warning).
+    pub fn log(&self) {
+        for r in &self.removed {
+            tracing::info!("gc: removed {r}");
+        }
+        for f in &self.failed {
+            tracing::warn!("gc: could not remove {f}");
+        }
+    }
+}
+
 /// Removes everything that crashed runs left: abandoned jobs (with their cgroups and
 /// container state), orphan cgroups and state dirs, the trash, interrupted imports.
 pub fn gc(home: &Home) -> Result<GcReport> {

@@ -302,14 +302,8 @@ fn become_root() -> Result<()> {
 
 fn run_exec(policy: &Policy, request: ExecRequest) -> Result<i32> {
     crate::logging::init(0);
-    let home = Home::new(&policy.home);
-    home.ensure()?;
-    crate::sandbox::gc(&home).context("gc before exec failed")?;
-    let (plan, lease) = crate::sandbox::exec::prepare(&home, &policy.driver_root, &request)?;
-    let opts = crate::sandbox::RunOptions { forward_signals: true, ..Default::default() };
-    let outcome = crate::sandbox::run_job(&home, plan, &opts)?;
+    let outcome = crate::sandbox::exec::run(&Home::new(&policy.home), &policy.driver_root, &request)?;
     tracing::info!("setuid job {} exit={} duration={:.3}s", outcome.id, outcome.code, outcome.duration.as_secs_f64());
-    drop(lease);
     Ok(outcome.code)
 }
 
