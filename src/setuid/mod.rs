@@ -229,7 +229,7 @@ impl Monitor {
                 run_exec(&policy, request)
             }
             Request::Run(request) => {
-                let settings = policy.authorize_run(&request, &caller, &resolve)?;
+                let settings = policy.authorize_run(&request, &resolve)?;
                 become_root()?;
                 run_agents(&policy, &caller, settings, request.token)
             }

@@ -128,22 +128,8 @@ impl Policy {
         caller: &Caller,
         canonical: &dyn Fn(&Path) -> std::io::Result<PathBuf>,
     ) -> Result<ExecRequest> {
-        if !self.rootfs.iter().any(|r| r == "*" || r == &req.rootfs) {
-            bail!("rootfs '{}' is not allowed by site policy (allowed: {})", req.rootfs, self.rootfs.join(", "));
-        }
-        for v in &mut req.volumes {
-            let real =
-                canonical(&v.host).with_context(|| format!("volume source {} does not exist", v.host.display()))?;
-            let allowed = self.volumes.iter().filter_map(|p| canonical(p).ok()).any(|p| real.starts_with(&p));
-            if !allowed {
-                bail!(
-                    "--volume {} is not allowed by site policy (allowed under: {})",
-                    v.host.display(),
-                    self.volumes.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(", ")
-                );
-            }
-            v.host = real;
-        }
+        self.check_rootfs(&req.rootfs)?;
+        req.volumes = self.resolve_volumes(&req.volumes, canonical)?;
         self.check_gpus(&req.gpus)?;
         if req.cdi_spec.is_some() {
             bail!("--cdi-spec is not allowed in setuid mode: the site's GPUs come from the policy");
@@ -165,6 +151,37 @@ impl Policy {
         Ok(req)
     }
 
+    fn check_rootfs(&self, name: &str) -> Result<()> {
+        if !self.rootfs.iter().any(|r| r == "*" || r == name) {
+            bail!("rootfs '{name}' is not allowed by site policy (allowed: {})", self.rootfs.join(", "));
+        }
+        Ok(())
+    }
+
+    /// Every volume's source, canonicalised by `canonical` and under an allowed dir; the
+    /// volumes with their canonical sources (what gets bound).
+    fn resolve_volumes(
+        &self,
+        volumes: &[crate::config::Volume],
+        canonical: &dyn Fn(&Path) -> std::io::Result<PathBuf>,
+    ) -> Result<Vec<crate::config::Volume>> {
+        volumes
+            .iter()
+            .map(|v| {
+                let real =
+                    canonical(&v.host).with_context(|| format!("volume source {} does not exist", v.host.display()))?;
+                if !self.volumes.iter().filter_map(|p| canonical(p).ok()).any(|p| real.starts_with(&p)) {
+                    bail!(
+                        "--volume {} is not allowed by site policy (allowed under: {})",
+                        v.host.display(),
+                        self.volumes.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(", ")
+                    );
+                }
+                Ok(crate::config::Volume { host: real, ..v.clone() })
+            })
+            .collect()
+    }
+
     /// Checks a `run` request and returns the settings it runs with: the same rules as
     /// `exec` for rootfs, volumes and limits, at most `max_agents` slots, GPUs only when the
     /// policy allows all of them, and nothing that would run the caller's code or files as
@@ -172,7 +189,6 @@ impl Policy {
     pub fn authorize_run(
         &self,
         req: &super::RunRequest,
-        caller: &Caller,
         canonical: &dyn Fn(&Path) -> std::io::Result<PathBuf>,
     ) -> Result<crate::manager::settings::RunSettings> {
         let Some(max) = self.max_agents else {
@@ -198,32 +214,20 @@ impl Policy {
                 req.gpus_per_agent
             );
         }
-        // Rootfs, volumes and limits: exactly the exec rules.
-        let as_exec = ExecRequest {
-            rootfs: req.rootfs.clone(),
-            volumes: req.volumes.clone(),
-            env: vec![],
-            limits: req.limits.clone(),
-            network: Network::Host,
-            gpus: "none".into(),
-            gpu_capabilities: "compute,utility".into(),
-            cdi_spec: None,
-            name: None,
-            workdir: "/".into(),
-            user: None,
-            command: vec!["run.sh".into()],
-        };
-        let checked = self.authorize(as_exec, caller, canonical)?;
+        // Rootfs, volumes and limits: the exec rules.
+        self.check_rootfs(&req.rootfs)?;
+        let volumes = self.resolve_volumes(&req.volumes, canonical)?;
+        let limits = self.cap_limits(&req.limits)?;
         let flags = crate::manager::settings::FlagSettings {
             url: Some(req.url.clone()),
             pool: Some(req.pool.clone()),
             agents: Some(agents),
-            rootfs: Some(checked.rootfs),
-            volumes: checked.volumes,
+            rootfs: Some(req.rootfs.clone()),
+            volumes,
             gpus_per_agent: Some(req.gpus_per_agent.clone()),
-            memory: checked.limits.memory_bytes,
-            pids: checked.limits.pids,
-            cpus_milli: checked.limits.cpus_milli,
+            memory: limits.memory_bytes,
+            pids: limits.pids,
+            cpus_milli: limits.cpus_milli,
             name_prefix: Some(req.name_prefix.clone()),
             drain_timeout: Some(std::time::Duration::from_secs(req.drain_timeout_secs)),
             exit_when_idle: req.exit_when_idle_secs.map(std::time::Duration::from_secs),
@@ -419,11 +423,10 @@ network = ["host", "none"]
 
     #[test]
     fn run_requests_follow_the_exec_rules_and_the_agent_cap() {
-        let c = caller("alice", &[]);
-        let e = policy().authorize_run(&run_req(), &c, &canon).unwrap_err().to_string();
+        let e = policy().authorize_run(&run_req(), &canon).unwrap_err().to_string();
         assert!(e.contains("set [setuid] max_agents"), "{e}");
         let p = Policy { max_agents: Some(2), ..policy() };
-        let s = p.authorize_run(&run_req(), &c, &canon).unwrap();
+        let s = p.authorize_run(&run_req(), &canon).unwrap();
         assert_eq!(
             (s.agents, s.memory, s.rootfs.as_str()),
             (Some(1), Some(1 << 30), "cuda"),
@@ -431,7 +434,7 @@ network = ["host", "none"]
         );
         assert!(s.hooks_dir.is_none() && s.agent_package.is_none() && s.token_file.is_none());
         let refuse = |r: super::super::RunRequest, want: &str| {
-            let e = p.authorize_run(&r, &c, &canon).unwrap_err().to_string();
+            let e = p.authorize_run(&r, &canon).unwrap_err().to_string();
             assert!(e.contains(want), "{want}: {e}");
         };
         refuse(super::super::RunRequest { agents: Some(3), ..run_req() }, "at most 2");
