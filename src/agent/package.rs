@@ -121,13 +121,7 @@ impl PackageCache {
             }
         };
         let pkg = self.install(&version, &dl.0)?;
-        tracing::info!(
-            "agent package {version} ready in {}: {:.1} MB downloaded in {:.1}s, {verified} (sha256 {})",
-            pkg.dir.display(),
-            digests.bytes as f64 / 1e6,
-            started.elapsed().as_secs_f64(),
-            hex(&digests.sha256)
-        );
+        log_ready(&pkg, &digests, started, Some(verified));
         Ok(pkg)
     }
 
@@ -198,13 +192,7 @@ impl PackageCache {
             return Ok(p);
         }
         let pkg = self.install(&version, &dl.0)?;
-        tracing::info!(
-            "agent package {version} ready in {}: {:.1} MB downloaded in {:.1}s (sha256 {})",
-            pkg.dir.display(),
-            digests.bytes as f64 / 1e6,
-            started.elapsed().as_secs_f64(),
-            hex(&digests.sha256)
-        );
+        log_ready(&pkg, &digests, started, None);
         Ok(pkg)
     }
 
@@ -355,6 +343,19 @@ impl<W: Write> Write for HashingWriter<W> {
     fn flush(&mut self) -> std::io::Result<()> {
         self.inner.flush()
     }
+}
+
+/// "agent package V ready in DIR: N MB downloaded in T s[, how it was verified] (sha256 H)".
+fn log_ready(pkg: &AgentPackage, digests: &Digests, started: Instant, verified: Option<&str>) {
+    tracing::info!(
+        "agent package {} ready in {}: {:.1} MB downloaded in {:.1}s{} (sha256 {})",
+        pkg.version,
+        pkg.dir.display(),
+        digests.bytes as f64 / 1e6,
+        started.elapsed().as_secs_f64(),
+        verified.map(|v| format!(", {v}")).unwrap_or_default(),
+        hex(&digests.sha256)
+    );
 }
 
 fn hex(b: &[u8]) -> String {

@@ -180,10 +180,10 @@ pub fn edits(driver: &Driver, selected: &[GpuInfo], caps: &Capabilities) -> Resu
     }
 
     // Environment.
-    let visible = if selected.iter().all(|g| g.uuid.is_some()) {
-        selected.iter().map(|g| g.uuid.clone().unwrap()).collect::<Vec<_>>().join(",")
-    } else {
-        selected.iter().map(|g| g.index.to_string()).collect::<Vec<_>>().join(",")
+    // UUIDs when every GPU has one (stable across reboots), else indexes.
+    let visible = match selected.iter().map(|g| g.uuid.clone()).collect::<Option<Vec<_>>>() {
+        Some(uuids) => uuids.join(","),
+        None => selected.iter().map(|g| g.index.to_string()).collect::<Vec<_>>().join(","),
     };
     e.env.push(("NVIDIA_VISIBLE_DEVICES".into(), visible));
     e.env.push((

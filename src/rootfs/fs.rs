@@ -45,6 +45,8 @@ fn owned(fd: libc::c_int) -> OwnedFd {
 }
 
 pub(crate) fn openat(dirfd: RawFd, name: &CStr, flags: libc::c_int, mode: libc::mode_t) -> io::Result<OwnedFd> {
+    // SAFETY: `name` is a NUL-terminated string borrowed for the call; `dirfd` is the
+    // caller's fd (or AT_FDCWD); the result is checked and the new fd owned below.
     let fd = cvt_r(|| unsafe { libc::openat(dirfd, name.as_ptr(), flags | libc::O_CLOEXEC, mode as libc::c_uint) })?;
     Ok(owned(fd))
 }

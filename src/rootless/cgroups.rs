@@ -112,10 +112,11 @@ pub fn v1_controller_mounts(mountinfo: &str) -> Vec<PathBuf> {
 }
 
 /// Decides where jobs' cgroups go. `requested` is `--cgroup-parent`; `rootless` says
-/// whether we depend on delegation; `writable` tells whether a directory can be written
-/// by us (injected for tests).
+/// whether we depend on delegation; `host` is looked at only then (root mode needs no
+/// look at the host's cgroups, and this runs before every exec); `writable` tells
+/// whether a directory can be written by us (both injected for tests).
 pub fn place(
-    host: &CgroupHost,
+    host: &dyn Fn() -> CgroupHost,
     requested: Option<&Path>,
     rootless: bool,
     uid: u32,
@@ -126,6 +127,7 @@ pub fn place(
             parent: requested.map(Path::to_path_buf).unwrap_or_else(|| ROOT_PARENT.into()),
         };
     }
+    let host = &host();
     if host.unified {
         place_v2(host, requested, writable)
     } else {
@@ -243,9 +245,9 @@ mod tests {
     #[test]
     fn root_mode_uses_the_default_or_requested_parent() {
         let h = CgroupHost { unified: false, v1_mounts: vec![], root: "/x".into(), own_v2: None };
-        assert_eq!(place(&h, None, false, 0, &|_| false).parent(), Some(Path::new("/azp-sandbox")));
+        assert_eq!(place(&|| h.clone(), None, false, 0, &|_| false).parent(), Some(Path::new("/azp-sandbox")));
         assert_eq!(
-            place(&h, Some(Path::new("/slurm/job1")), false, 0, &|_| false).parent(),
+            place(&|| h.clone(), Some(Path::new("/slurm/job1")), false, 0, &|_| false).parent(),
             Some(Path::new("/slurm/job1"))
         );
     }
@@ -254,7 +256,7 @@ mod tests {
     fn rootless_v1_needs_every_hierarchy_delegated() {
         let t = tempfile::tempdir().unwrap();
         let h = v1_host(t.path());
-        let p = place(&h, None, true, 1001, &|_| true);
+        let p = place(&|| h.clone(), None, true, 1001, &|_| true);
         let CgroupPlacement::NotEnforced { why } = p else { panic!("{p:?}") };
         assert!(
             why.contains("memory/azp-sandbox/user-1001 and 2 more") && why.contains("delegate-cgroups.sh 1001"),
@@ -263,12 +265,15 @@ mod tests {
         for m in &h.v1_mounts[..2] {
             std::fs::create_dir_all(m.join("azp-sandbox/user-1001")).unwrap();
         }
-        let CgroupPlacement::NotEnforced { why } = place(&h, None, true, 1001, &|_| true) else { panic!() };
+        let CgroupPlacement::NotEnforced { why } = place(&|| h.clone(), None, true, 1001, &|_| true) else { panic!() };
         assert!(why.contains("cpu,cpuacct/azp-sandbox/user-1001 missing") && !why.contains("more"), "{why}");
         std::fs::create_dir_all(h.v1_mounts[2].join("azp-sandbox/user-1001")).unwrap();
-        assert_eq!(place(&h, None, true, 1001, &|_| true).parent(), Some(Path::new("/azp-sandbox/user-1001")));
+        assert_eq!(
+            place(&|| h.clone(), None, true, 1001, &|_| true).parent(),
+            Some(Path::new("/azp-sandbox/user-1001"))
+        );
         // Present but not ours: not delegated.
-        assert!(place(&h, None, true, 1001, &|p| !p.ends_with("user-1001")).parent().is_none());
+        assert!(place(&|| h.clone(), None, true, 1001, &|p| !p.ends_with("user-1001")).parent().is_none());
     }
 
     #[test]
@@ -285,13 +290,13 @@ mod tests {
         };
         let ours = |p: &Path| p.starts_with(&svc);
         assert_eq!(
-            place(&h, None, true, 1001, &ours).parent(),
+            place(&|| h.clone(), None, true, 1001, &ours).parent(),
             Some(Path::new("/user.slice/user-1001.slice/user@1001.service/azp-sandbox"))
         );
         std::fs::write(svc.join("cgroup.controllers"), "cpu\n").unwrap();
-        let CgroupPlacement::NotEnforced { why } = place(&h, None, true, 1001, &ours) else { panic!() };
+        let CgroupPlacement::NotEnforced { why } = place(&|| h.clone(), None, true, 1001, &ours) else { panic!() };
         assert!(why.contains("memory, pids"), "{why}");
-        let CgroupPlacement::NotEnforced { why } = place(&h, None, true, 1001, &|_| false) else { panic!() };
+        let CgroupPlacement::NotEnforced { why } = place(&|| h.clone(), None, true, 1001, &|_| false) else { panic!() };
         assert!(why.contains("Delegate=yes"), "{why}");
     }
 }

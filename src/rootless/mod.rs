@@ -95,14 +95,7 @@ pub fn init(cgroup_parent: Option<&Path>, enter_namespace: bool) -> Result<&'sta
     let in_ns = userns::in_child_user_namespace();
     let rootless = in_ns || !nix::unistd::geteuid().is_root();
     let host_uid = if in_ns { host_uid_of_root() } else { nix::unistd::getuid().as_raw() };
-    // Root mode needs no look at the host's cgroups (and this runs before every exec).
-    let placement = if rootless {
-        cgroups::place(&CgroupHost::detect(), cgroup_parent, true, host_uid, &cgroups::writable)
-    } else {
-        CgroupPlacement::Enforced {
-            parent: cgroup_parent.map(Path::to_path_buf).unwrap_or_else(|| cgroups::ROOT_PARENT.into()),
-        }
-    };
+    let placement = cgroups::place(&CgroupHost::detect, cgroup_parent, rootless, host_uid, &cgroups::writable);
     Ok(MODE.get_or_init(|| Mode { rootless, host_uid, cgroups: placement }))
 }
 
