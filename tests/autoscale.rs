@@ -228,25 +228,30 @@ impl Stubs {
     }
 }
 
-fn start_slurm(h: &TestHome, fake: &FakeAzure, stubs: &Stubs, max_jobs: &str) -> ManagerProc {
+/// `azp-sandbox slurm` for pool gpu of `fake`, agents named `<prefix>-...`.
+fn slurm_command(h: &TestHome, fake: &FakeAzure, prefix: &str) -> std::process::Command {
     let tf = token_file(h, &fake.pat());
+    let mut c = h.command();
+    c.args([
+        "slurm",
+        "--pool",
+        "gpu",
+        "--url",
+        &fake.url(),
+        "--token-file",
+        tf.to_str().unwrap(),
+        "--name-prefix",
+        prefix,
+    ]);
+    c
+}
+
+fn start_slurm(h: &TestHome, fake: &FakeAzure, stubs: &Stubs, max_jobs: &str) -> ManagerProc {
     let log = h.dir.join("slurm.log");
     let path = format!("{}:{}", stubs.bin.display(), std::env::var("PATH").unwrap_or_default());
-    let child = h
-        .command()
+    let child = slurm_command(h, fake, "login")
         .env("PATH", path)
         .env("STUB_STATE", &stubs.state)
-        .args([
-            "slurm",
-            "--pool",
-            "gpu",
-            "--url",
-            &fake.url(),
-            "--token-file",
-            tf.to_str().unwrap(),
-            "--name-prefix",
-            "login",
-        ])
         .args([
             "--partition",
             "gpu",
@@ -395,22 +400,9 @@ fn real_slurm_runs_a_batch_job_that_serves_a_job() {
     assert!(out.status.success(), "setup-slurm.sh failed: {}", String::from_utf8_lossy(&out.stderr));
     let fake = FakeAzure::start();
     let h = TestHome::with_busybox("slurm-real");
-    let tf = token_file(&h, &fake.pat());
     let job = fake.enqueue_job_with_demands("echo served by $AGENT_NAME", OURS);
     let log = h.dir.join("slurm.log");
-    let child = h
-        .command()
-        .args([
-            "slurm",
-            "--pool",
-            "gpu",
-            "--url",
-            &fake.url(),
-            "--token-file",
-            tf.to_str().unwrap(),
-            "--name-prefix",
-            "real",
-        ])
+    let child = slurm_command(&h, &fake, "real")
         .args([
             "--partition",
             "debug",
