@@ -276,13 +276,20 @@ fn caller(uid: Uid, gid: Gid) -> Result<Caller> {
 /// Canonicalizes `p` with the caller's filesystem identity: what the caller cannot reach
 /// on the host cannot be named in a request either.
 fn resolve_as(caller: (Uid, Gid), p: &Path) -> std::io::Result<PathBuf> {
+    let (uid, gid) = (caller.0.as_raw(), caller.1.as_raw());
     // SAFETY: setfsuid/setfsgid take plain ids and only change this thread's filesystem
-    // identity; both are restored right after.
-    unsafe {
-        libc::setfsgid(caller.1.as_raw());
-        libc::setfsuid(caller.0.as_raw());
-    }
-    let r = std::fs::canonicalize(p);
+    // identity; both are restored right after. They cannot report failure: calling them
+    // again with an invalid id (-1) returns the current one, which is checked.
+    let switched = unsafe {
+        libc::setfsgid(gid);
+        libc::setfsuid(uid);
+        libc::setfsuid(u32::MAX) as u32 == uid && libc::setfsgid(u32::MAX) as u32 == gid
+    };
+    let r = if switched {
+        std::fs::canonicalize(p)
+    } else {
+        Err(std::io::Error::new(std::io::ErrorKind::PermissionDenied, "cannot take the caller's filesystem identity"))
+    };
     // SAFETY: as above, back to root.
     unsafe {
         libc::setfsuid(0);
