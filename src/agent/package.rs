@@ -17,6 +17,7 @@
 
 use crate::azure::{self, AzureClient, AzureError};
 use crate::progress::Progress;
+use crate::rootfs::archive::hex;
 use anyhow::{bail, Context, Result};
 use base64::Engine as _;
 use md5::Md5;
@@ -356,10 +357,6 @@ fn log_ready(pkg: &AgentPackage, digests: &Digests, started: Instant, verified: 
         verified.map(|v| format!(", {v}")).unwrap_or_default(),
         hex(&digests.sha256)
     );
-}
-
-fn hex(b: &[u8]) -> String {
-    b.iter().map(|x| format!("{x:02x}")).collect()
 }
 
 /// Checks `expected` (the server's `hashValue`) against the digests: SHA-256 or MD5, hex

@@ -165,7 +165,7 @@ pub fn deb_arch(arch: &str) -> Option<&'static str> {
 
 fn sha256_hex(bytes: &[u8]) -> String {
     use sha2::Digest;
-    sha2::Sha256::digest(bytes).iter().map(|b| format!("{b:02x}")).collect()
+    super::archive::hex(&sha2::Sha256::digest(bytes))
 }
 
 /// The key a toml error at byte `at` belongs to: the nearest `key =` at or above it,

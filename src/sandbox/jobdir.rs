@@ -134,6 +134,6 @@ pub fn new_job_id(prefix: &str) -> String {
         use std::io::Read;
         let _ = f.read_exact(&mut bytes);
     }
-    let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+    let hex = crate::rootfs::archive::hex(&bytes);
     format!("{prefix}-{hex}")
 }

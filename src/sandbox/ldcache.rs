@@ -50,7 +50,7 @@ pub fn cache_file(home: &Home, plan: &JobPlan) -> Option<PathBuf> {
     for (link, target) in &plan.edits.symlinks {
         h.update(format!("link {} {}\n", link.display(), target.display()));
     }
-    let key: String = h.finalize().iter().take(16).map(|b| format!("{b:02x}")).collect();
+    let key = crate::rootfs::archive::hex(&h.finalize()[..16]);
     Some(home.cache_dir().join("ldcache").join(format!("{key}.ld.so.cache")))
 }
 

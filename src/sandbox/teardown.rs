@@ -113,7 +113,7 @@ pub fn home_tag(home: &Home) -> String {
     use sha2::Digest;
     let path = std::fs::canonicalize(home.root()).unwrap_or_else(|_| home.root().to_path_buf());
     let digest = sha2::Sha256::digest(path.as_os_str().as_encoded_bytes());
-    format!("h-{}", digest.iter().take(4).map(|b| format!("{b:02x}")).collect::<String>())
+    format!("h-{}", crate::rootfs::archive::hex(&digest[..4]))
 }
 
 /// Kills every process in the cgroup and removes it (all v1 controllers, or the v2 dir).
