@@ -402,14 +402,6 @@ impl Drop for HostProc {
     }
 }
 
-fn wait_until(what: &str, timeout: Duration, mut f: impl FnMut() -> bool) {
-    let deadline = Instant::now() + timeout;
-    while !f() {
-        assert!(Instant::now() < deadline, "timed out waiting for: {what}");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
 /// A running `exec` whose job printed `ready` and now waits until the host creates
 /// `<ctl>/go` (the job sees `ctl` read-only at /ctl). Dropping it (a failed assertion
 /// included) releases the job, and kills `exec` if it does not end.

@@ -14,7 +14,7 @@ use std::os::unix::fs::MetadataExt;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 macro_rules! require_rootless {
     () => {
@@ -72,14 +72,6 @@ fn start_waiting(h: &TestHome, args: &[&str], script: &str) -> std::process::Chi
     }
     std::thread::spawn(move || std::io::copy(&mut r, &mut std::io::sink()));
     child
-}
-
-fn wait_until(what: &str, timeout: Duration, mut f: impl FnMut() -> bool) {
-    let t = Instant::now();
-    while !f() {
-        assert!(t.elapsed() < timeout, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(50));
-    }
 }
 
 #[test]

@@ -218,6 +218,15 @@ pub fn processes_matching(needle: &str) -> Vec<(i32, String)> {
     out
 }
 
+/// Polls `f` every 20 ms until it holds; fails the test after `timeout`.
+pub fn wait_until(what: &str, timeout: std::time::Duration, mut f: impl FnMut() -> bool) {
+    let deadline = std::time::Instant::now() + timeout;
+    while !f() {
+        assert!(std::time::Instant::now() < deadline, "timed out waiting for: {what}");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
+
 pub fn unique(prefix: &str) -> String {
     use std::sync::atomic::{AtomicU32, Ordering};
     static N: AtomicU32 = AtomicU32::new(0);
