@@ -130,18 +130,8 @@ fn run(home: &Home, job: &JobDir, sys: &dyn Sys, reporter: &Reporter) -> Result<
         userxattr: plan.rootless,
     })?;
     prepare_rootfs(&merged, &plan.edits)?;
-    // A GPU job's linker cache: reuse the one an earlier job with the same inputs got.
     let mut plan = plan;
-    let ldcache = super::ldcache::cache_file(home, &plan);
-    let reused = ldcache
-        .as_deref()
-        .and_then(super::ldcache::load)
-        .map(|bytes| install_ldcache(&merged, &bytes))
-        .transpose()?
-        .is_some();
-    if reused {
-        plan.edits.update_ldcache = false;
-    }
+    let keep_ldcache = reuse_ldcache(home, &mut plan, &merged)?;
     for dir in &plan.owned_dirs {
         inroot::create_owned_dir(&merged, dir, plan.uid, plan.gid)
             .with_context(|| format!("cannot give {} to uid {} in the sandbox", dir.display(), plan.uid))?;
@@ -164,7 +154,7 @@ fn run(home: &Home, job: &JobDir, sys: &dyn Sys, reporter: &Reporter) -> Result<
 
     tracing::debug!(job = %plan.id, "container created");
     record_init(job, &container)?;
-    if let (Some(file), false) = (&ldcache, reused) {
+    if let Some(file) = &keep_ldcache {
         // The hook has run and the job's command has not: this is ldconfig's output.
         if let Err(e) = super::ldcache::store(&job.upper(), file) {
             tracing::debug!("cannot keep the linker cache ({e}); the next GPU job rebuilds it");
@@ -334,10 +324,16 @@ fn prepare_rootfs(merged: &Path, edits: &crate::edits::ContainerEdits) -> Result
     Ok(())
 }
 
-/// Writes a cached linker cache into the job's writable layer (replacing the rootfs's).
-fn install_ldcache(merged: &Path, bytes: &[u8]) -> Result<()> {
-    inroot::write_file(merged, Path::new("/etc/ld.so.cache"), bytes, 0o644)
-        .context("cannot write the sandbox's /etc/ld.so.cache")
+/// A GPU job's linker cache (see [`super::ldcache`]): when an earlier job with the same
+/// inputs left one, it is written into this job's tree and the ldconfig hook dropped from
+/// the plan. Otherwise returns where to keep the one the hook is about to build.
+fn reuse_ldcache(home: &Home, plan: &mut super::JobPlan, merged: &Path) -> Result<Option<std::path::PathBuf>> {
+    let Some(file) = super::ldcache::cache_file(home, plan) else { return Ok(None) };
+    let Some(bytes) = super::ldcache::load(&file) else { return Ok(Some(file)) };
+    inroot::write_file(merged, Path::new("/etc/ld.so.cache"), &bytes, 0o644)
+        .context("cannot write the sandbox's /etc/ld.so.cache")?;
+    plan.edits.update_ldcache = false;
+    Ok(None)
 }
 
 /// libcontainer's errors are precise but not always actionable; translate the common ones.
