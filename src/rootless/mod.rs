@@ -31,19 +31,13 @@ use std::sync::OnceLock;
 pub struct Mode {
     /// In a user namespace (ids mapped to the user's subordinate range).
     pub rootless: bool,
-    /// The host uid behind this process (the user's uid when rootless).
-    pub host_uid: u32,
     pub cgroups: CgroupPlacement,
 }
 
 impl Mode {
     /// Root mode with the default cgroup parent (library use, tests).
     fn root() -> Mode {
-        Mode {
-            rootless: false,
-            host_uid: 0,
-            cgroups: CgroupPlacement::Enforced { parent: cgroups::ROOT_PARENT.into() },
-        }
+        Mode { rootless: false, cgroups: CgroupPlacement::Enforced { parent: cgroups::ROOT_PARENT.into() } }
     }
 
     /// The cgroup of job `id` of the home tagged `home_tag` (relative to the cgroup
@@ -96,7 +90,7 @@ pub fn init(cgroup_parent: Option<&Path>, enter_namespace: bool) -> Result<&'sta
     let rootless = in_ns || !nix::unistd::geteuid().is_root();
     let host_uid = if in_ns { host_uid_of_root() } else { nix::unistd::getuid().as_raw() };
     let placement = cgroups::place(&CgroupHost::detect, cgroup_parent, rootless, host_uid, &cgroups::writable);
-    Ok(MODE.get_or_init(|| Mode { rootless, host_uid, cgroups: placement }))
+    Ok(MODE.get_or_init(|| Mode { rootless, cgroups: placement }))
 }
 
 /// The host uid that uid 0 of this user namespace maps to.
