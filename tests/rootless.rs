@@ -168,8 +168,8 @@ fn without_delegation_limits_are_not_enforced_and_say_so_loudly() {
     );
     let job_procs = processes_matching(&marker);
     assert!(!job_procs.is_empty(), "the job's process is visible on the host");
-    let helpers: Vec<i32> =
-        processes_matching("__sandbox-helper").into_iter().filter(|(_, c)| c.contains(&name)).map(|(p, _)| p).collect();
+    // The helper is exec's child (forked, or re-executed by a threaded runner).
+    let helpers = children_of(job.id() as i32);
     assert_eq!(helpers.len(), 1, "one helper for the job");
     job.kill().unwrap();
     job.wait().unwrap();

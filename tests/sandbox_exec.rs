@@ -193,9 +193,10 @@ fn sigkill_of_exec_and_helper_then_gc_leaves_nothing() {
         std::thread::sleep(Duration::from_millis(20));
     }
     let job_dir = h.dir.join("jobs").join(&name);
-    let helpers = processes_matching(job_dir.to_str().unwrap());
+    // The helper is exec's child (forked, or re-executed by a threaded runner).
+    let helpers = children_of(child.id() as i32);
     assert!(!helpers.is_empty(), "no helper process found");
-    for (pid, _) in helpers {
+    for pid in helpers {
         let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::SIGKILL);
     }
     child.kill().unwrap();

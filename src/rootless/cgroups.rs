@@ -51,6 +51,9 @@ pub struct CgroupHost {
     pub root: PathBuf,
     /// This process's v2 cgroup path (the `0::` line of /proc/self/cgroup).
     pub own_v2: Option<PathBuf>,
+    /// Where the cgroup2 hierarchy is mounted: `root` on a v2 host, `<root>/unified` on a
+    /// hybrid one, None on a v1-only host.
+    pub v2_mount: Option<PathBuf>,
 }
 
 impl CgroupHost {
@@ -60,15 +63,16 @@ impl CgroupHost {
         use libcgroups::common::CgroupSetup;
         let root = PathBuf::from(libcgroups::common::DEFAULT_CGROUP_ROOT);
         let unified = matches!(libcgroups::common::get_cgroup_setup(), Ok(CgroupSetup::Unified));
-        let v1_mounts = if unified {
-            vec![]
+        let (v1_mounts, v2_mount) = if unified {
+            (vec![], Some(root.clone()))
         } else {
-            v1_controller_mounts(&std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default())
+            let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+            (v1_controller_mounts(&info), cgroup2_mount(&info))
         };
         let own_v2 = std::fs::read_to_string("/proc/self/cgroup")
             .ok()
             .and_then(|t| t.lines().find_map(|l| l.strip_prefix("0::").map(PathBuf::from)));
-        CgroupHost { unified, v1_mounts, root, own_v2 }
+        CgroupHost { unified, v1_mounts, root, own_v2, v2_mount }
     }
 }
 
@@ -109,6 +113,17 @@ pub fn v1_controller_mounts(mountinfo: &str) -> Vec<PathBuf> {
     out.sort();
     out.dedup();
     out
+}
+
+/// The first mount point of the cgroup2 hierarchy in a mountinfo text.
+pub fn cgroup2_mount(mountinfo: &str) -> Option<PathBuf> {
+    mountinfo.lines().find_map(|l| {
+        let (pre, post) = l.split_once(" - ")?;
+        if post.split(' ').next()? != "cgroup2" {
+            return None;
+        }
+        pre.split(' ').nth(4).map(PathBuf::from)
+    })
 }
 
 /// Decides where jobs' cgroups go. `requested` is `--cgroup-parent`; `rootless` says
@@ -226,7 +241,7 @@ mod tests {
         for m in &mounts {
             std::fs::create_dir_all(m).unwrap();
         }
-        CgroupHost { unified: false, v1_mounts: mounts, root: root.into(), own_v2: None }
+        CgroupHost { unified: false, v1_mounts: mounts, root: root.into(), own_v2: None, v2_mount: None }
     }
 
     #[test]
@@ -240,11 +255,13 @@ mod tests {
             v1_controller_mounts(mi),
             [PathBuf::from("/sys/fs/cgroup/cpu,cpuacct"), "/sys/fs/cgroup/memory".into()]
         );
+        assert_eq!(cgroup2_mount(mi), Some(PathBuf::from("/sys/fs/cgroup/unified")));
+        assert_eq!(cgroup2_mount(&mi.replace("cgroup2", "tmpfs")), None);
     }
 
     #[test]
     fn root_mode_uses_the_default_or_requested_parent() {
-        let h = CgroupHost { unified: false, v1_mounts: vec![], root: "/x".into(), own_v2: None };
+        let h = CgroupHost { unified: false, v1_mounts: vec![], root: "/x".into(), own_v2: None, v2_mount: None };
         assert_eq!(place(&|| h.clone(), None, false, 0, &|_| false).parent(), Some(Path::new("/azp-sandbox")));
         assert_eq!(
             place(&|| h.clone(), Some(Path::new("/slurm/job1")), false, 0, &|_| false).parent(),
@@ -287,6 +304,7 @@ mod tests {
             v1_mounts: vec![],
             root: t.path().into(),
             own_v2: Some("/user.slice/user-1001.slice/user@1001.service/app.slice/term.scope".into()),
+            v2_mount: Some(t.path().into()),
         };
         let ours = |p: &Path| p.starts_with(&svc);
         assert_eq!(

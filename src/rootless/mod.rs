@@ -17,7 +17,6 @@
 //! lets the user open them.
 
 pub mod cgroups;
-pub mod join;
 pub mod subid;
 pub mod userns;
 

@@ -1,11 +1,12 @@
-//! The sandbox helper: a fresh, single-threaded process (this binary re-executed as
-//! `azp-sandbox __sandbox-helper JOB_DIR`) that owns one job's container.
+//! The sandbox helper: a fresh, single-threaded process that owns one job's container:
+//! forked by a single-threaded runner (`exec`), or this binary re-executed as
+//! `azp-sandbox __sandbox-helper JOB_DIR` by a multi-threaded one (the agent manager).
 //!
 //! Why a separate process: libcontainer forks, and forking a multi-threaded process can
 //! deadlock (measured); it also writes oom_score_adj and clears "dumpable" on its caller.
 //! Here those side effects stay in a process that lives exactly as long as the job.
 //!
-//! The straight line: private mount namespace -> overlay -> spec -> create -> start ->
+//! The straight line: private mount namespace -> job cgroup -> overlay -> spec -> create -> start ->
 //! wait (forwarding signals) -> delete -> report. The overlay exists only in the helper's
 //! mount namespace, so the kernel unmounts it when the job's last process is gone, even
 //! if everything is SIGKILLed.
@@ -22,6 +23,7 @@ use nix::sys::signal::{kill, SigSet, Signal};
 use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
 use nix::unistd::Pid;
 use serde::{Deserialize, Serialize};
+use std::os::fd::{FromRawFd, OwnedFd};
 use std::path::Path;
 use std::time::{Duration, Instant};
 
@@ -47,8 +49,43 @@ extern "C" fn note_early_signal(sig: libc::c_int) {
     EARLY_SIGNAL.store(sig, std::sync::atomic::Ordering::SeqCst);
 }
 
-/// Entry point of the hidden subcommand. Returns the process exit code.
+/// The helper's two pipes to its runner.
+#[derive(Debug, Default)]
+pub struct Pipes {
+    /// Where the result goes as soon as the job exits, before the container is deleted,
+    /// so the runner can start the slot's next job while this helper cleans up.
+    pub result: Option<OwnedFd>,
+    /// A prepared sandbox: the container is built, then the helper waits for one byte
+    /// here before starting the job (EOF: cancelled).
+    pub go: Option<OwnedFd>,
+}
+
+impl Pipes {
+    /// The pipes of a re-executed helper, named by [`RESULT_FD_ENV`] and [`GO_FD_ENV`].
+    fn from_env() -> Pipes {
+        let take = |var: &str| {
+            let fd = std::env::var(var).ok().and_then(|v| v.parse::<i32>().ok()).filter(|fd| *fd > 2);
+            std::env::remove_var(var);
+            fd.map(|fd| {
+                // Never inherited by the job (libcontainer also closes fds >= 3 before exec).
+                let _ = nix::fcntl::fcntl(fd, nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::FD_CLOEXEC));
+                // SAFETY: the runner passes this fd (a pipe end) to us and nothing else in
+                // this process owns it.
+                unsafe { OwnedFd::from_raw_fd(fd) }
+            })
+        };
+        Pipes { result: take(RESULT_FD_ENV), go: take(GO_FD_ENV) }
+    }
+}
+
+/// Entry point of the hidden subcommand (a re-executed helper). Returns the exit code.
 pub fn main(home: &Home, job_dir: &Path) -> i32 {
+    run_helper(home, job_dir, Pipes::from_env())
+}
+
+/// The helper's whole life, in a fresh process (re-executed, or forked from a
+/// single-threaded runner). Returns the process exit code.
+pub fn run_helper(home: &Home, job_dir: &Path, pipes: Pipes) -> i32 {
     for sig in [libc::SIGTERM, libc::SIGINT, libc::SIGHUP, libc::SIGQUIT] {
         // SAFETY: the handler only stores to an atomic (async-signal-safe). glibc's
         // signal() sets SA_RESTART, so the setup's syscalls are not interrupted; the
@@ -56,8 +93,8 @@ pub fn main(home: &Home, job_dir: &Path) -> i32 {
         unsafe { libc::signal(sig, note_early_signal as *const () as libc::sighandler_t) };
     }
     let job = JobDir { root: job_dir.to_path_buf() };
-    let reporter = Reporter::from_env();
-    let result = match run(home, &job, &crate::sys::Real, &reporter) {
+    let reporter = Reporter { fd: std::cell::Cell::new(pipes.result) };
+    let result = match run(home, &job, &crate::sys::Real, &reporter, pipes.go) {
         Ok(r) => r,
         Err(e) => HelperResult::Failed { error: format!("{e:#}") },
     };
@@ -69,32 +106,16 @@ pub fn main(home: &Home, job_dir: &Path) -> i32 {
     code
 }
 
-/// Env var naming the fd on which the runner waits for the result. The result is sent
-/// as soon as the job exits, before the container is deleted, so the runner can start
-/// the slot's next job while this helper finishes the clean-up.
+/// Env var naming a re-executed helper's result pipe (see [`Pipes::result`]).
 pub const RESULT_FD_ENV: &str = "AZP_SANDBOX_RESULT_FD";
-/// Env var naming the fd of a prepared sandbox: the container is built, then the helper
-/// waits for one byte on it before starting the job (EOF: cancelled).
+/// Env var naming a re-executed helper's go pipe (see [`Pipes::go`]).
 pub const GO_FD_ENV: &str = "AZP_SANDBOX_GO_FD";
 
 struct Reporter {
-    fd: std::cell::Cell<Option<std::os::fd::OwnedFd>>,
+    fd: std::cell::Cell<Option<OwnedFd>>,
 }
 
 impl Reporter {
-    fn from_env() -> Reporter {
-        use std::os::fd::FromRawFd;
-        let fd = std::env::var(RESULT_FD_ENV).ok().and_then(|v| v.parse::<i32>().ok()).filter(|fd| *fd > 2).map(|fd| {
-            // Never inherited by the job (libcontainer also closes fds >= 3 before exec).
-            let _ = nix::fcntl::fcntl(fd, nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::FD_CLOEXEC));
-            // SAFETY: the runner passes this fd (a pipe's write end) to us and nothing
-            // else in this process owns it.
-            unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) }
-        });
-        std::env::remove_var(RESULT_FD_ENV);
-        Reporter { fd: std::cell::Cell::new(fd) }
-    }
-
     /// Writes the result file, then sends it on the pipe (once).
     fn report(&self, job: &JobDir, result: &HelperResult) {
         let bytes = serde_json::to_vec(result).unwrap_or_default();
@@ -108,20 +129,17 @@ impl Reporter {
     }
 }
 
-fn run(home: &Home, job: &JobDir, sys: &dyn Sys, reporter: &Reporter) -> Result<HelperResult> {
+fn run(home: &Home, job: &JobDir, sys: &dyn Sys, reporter: &Reporter, go: Option<OwnedFd>) -> Result<HelperResult> {
     let plan = job.read_plan()?;
     let merged = job.merged();
     keep_dev_null_writable()?;
     sys.private_mount_namespace()?;
-    if plan.rootless {
-        // libcontainer cannot manage cgroups without host root (see rootless::join): the
-        // helper joins the delegated job cgroup itself (none without delegation; the
-        // warning was printed at start), then hides the host's cgroup tree from it.
-        if !plan.cgroup_path.as_os_str().is_empty() {
-            crate::rootless::join::join_job_cgroup(&plan.cgroup_path, &plan.limits)?;
-        }
-        sys.hide_cgroupfs()?;
-    }
+    let cgroup_owner = enter_job_cgroup(&plan, sys)?;
+    // An earlier phase of this sandbox mounted the same upper layer "volatile" (see
+    // Sys::mount_overlay); overlayfs refuses to mount it again until its marker is gone.
+    // That is for upper layers that may have lost writes in a crash; this one is being
+    // handed from one phase to the next of a live job (a crash kills the job: gc).
+    let _ = std::fs::remove_dir_all(job.work().join("work/incompat/volatile"));
     sys.mount_overlay(&Overlay {
         lower: plan.lower.clone(),
         upper: job.upper(),
@@ -138,9 +156,11 @@ fn run(home: &Home, job: &JobDir, sys: &dyn Sys, reporter: &Reporter) -> Result<
     }
     tracing::debug!(job = %plan.id, "overlay mounted");
 
-    let spec = spec::build(&plan, &merged)?;
+    let spec = spec::build(&plan, &merged, &cgroup_owner)?;
     spec.save(job.bundle().join("config.json")).context("cannot write the OCI spec")?;
 
+    // libcontainer gives its caller the job's oom_score_adj; ours goes back after build().
+    let own_oom_score_adj = std::fs::read_to_string("/proc/self/oom_score_adj").ok();
     let mut container = ContainerBuilder::new(plan.id.clone(), SyscallType::default())
         .with_root_path(home.runtime_dir())
         .context("bad libcontainer state dir")?
@@ -153,6 +173,11 @@ fn run(home: &Home, job: &JobDir, sys: &dyn Sys, reporter: &Reporter) -> Result<
         })?;
 
     tracing::debug!(job = %plan.id, "container created");
+    if let Some(v) = own_oom_score_adj {
+        // In the job's cgroup (see sandbox::cgroup), a memory-limit OOM must pick the
+        // job's processes, not the helper. Lowering needs root; rootless it stays.
+        let _ = std::fs::write("/proc/self/oom_score_adj", v.trim());
+    }
     record_init(job, &container)?;
     if let Some(file) = &keep_ldcache {
         // The hook has run and the job's command has not: this is ldconfig's output.
@@ -160,7 +185,7 @@ fn run(home: &Home, job: &JobDir, sys: &dyn Sys, reporter: &Reporter) -> Result<
             tracing::debug!("cannot keep the linker cache ({e}); the next GPU job rebuilds it");
         }
     }
-    if !wait_for_go() {
+    if !wait_for_go(go) {
         kill_unreaped_init(&container);
         let _ = container.delete(true);
         let _ = sys.unmount(&merged);
@@ -179,6 +204,34 @@ fn run(home: &Home, job: &JobDir, sys: &dyn Sys, reporter: &Reporter) -> Result<
     tracing::debug!(job = %plan.id, "container deleted");
     outcome
 }
+
+/// Puts the helper into the job's cgroup (see [`super::cgroup`]), so the job is born there,
+/// and hides the host's cgroup tree from libcontainer. Root mode on a host without a
+/// cgroup2 hierarchy leaves it all to libcontainer's v1 manager instead. Rootless without
+/// delegation, the job gets no cgroup (the warning was printed at start).
+fn enter_job_cgroup(plan: &super::JobPlan, sys: &dyn Sys) -> Result<spec::CgroupOwner> {
+    let host = || crate::rootless::cgroups::CgroupHost::detect();
+    if plan.rootless {
+        if !plan.cgroup_path.as_os_str().is_empty() {
+            super::cgroup::join_job_cgroup(&host(), &plan.cgroup_path, &plan.limits, &Default::default())?;
+        }
+        sys.hide_cgroupfs()?;
+        return Ok(spec::CgroupOwner::Helper { leaf: None });
+    }
+    let host = host();
+    if host.v2_mount.is_none() || plan.cgroup_path.as_os_str().is_empty() {
+        return Ok(spec::CgroupOwner::Libcontainer);
+    }
+    let setup = super::cgroup::Setup { device_rules: Some(spec::v1_device_allow_lines(plan)?), hybrid_v2: true };
+    super::cgroup::join_job_cgroup(&host, &plan.cgroup_path, &plan.limits, &setup)?;
+    sys.hide_cgroupfs()?;
+    Ok(spec::CgroupOwner::Helper { leaf: Some(JOB_CGROUP_LEAF.into()) })
+}
+
+/// Where libcontainer puts the job's init, in the helper's private cgroup2 view (root
+/// mode): a leaf of the job's cgroup, removed by libcontainer's delete (or with the job's
+/// cgroup by the teardown).
+const JOB_CGROUP_LEAF: &str = "/job";
 
 fn start_and_wait(container: &mut libcontainer::container::Container) -> Result<HelperResult> {
     // Block the signals we handle before the job starts, so none is lost; the job's
@@ -280,16 +333,10 @@ fn kill_unreaped_init(container: &libcontainer::container::Container) {
 }
 
 /// For a prepared sandbox: blocks until the runner says go (true) or cancels (false).
-fn wait_for_go() -> bool {
-    use std::os::fd::FromRawFd;
-    let Some(fd) = std::env::var(GO_FD_ENV).ok().and_then(|v| v.parse::<i32>().ok()).filter(|fd| *fd > 2) else {
-        return true;
-    };
-    std::env::remove_var(GO_FD_ENV);
-    // SAFETY: the runner passes this fd (a pipe's read end) to us; nothing else owns it.
-    let mut f = unsafe { std::fs::File::from_raw_fd(fd) };
+fn wait_for_go(go: Option<OwnedFd>) -> bool {
+    let Some(fd) = go else { return true };
     let mut b = [0u8; 1];
-    matches!(std::io::Read::read(&mut f, &mut b), Ok(1))
+    matches!(std::io::Read::read(&mut std::fs::File::from(fd), &mut b), Ok(1))
 }
 
 /// sigtimedwait on `set`; None on timeout.

@@ -11,6 +11,7 @@ use super::teardown::{self, Cleanup};
 use crate::config::Home;
 use anyhow::{bail, Context, Result};
 use std::io::Write;
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicI32, Ordering};
@@ -218,7 +219,7 @@ impl Sandbox {
                 Ok(r)
             }
             None => {
-                let helper_pid = child.child.id() as i32;
+                let helper_pid = child.child.pid;
                 let status = child.wait().context("lost the sandbox helper");
                 unpublish_pid(opts.helper_pid.as_ref(), helper_pid);
                 tracing::debug!(job = %plan.id, "helper exited without a result");
@@ -251,7 +252,7 @@ impl Sandbox {
     /// Waits for the last helper to finish deleting its container.
     fn wait_pending(&mut self) {
         if let Some((mut child, pid)) = self.pending.take() {
-            let helper_pid = child.child.id() as i32;
+            let helper_pid = child.child.pid;
             let _ = child.wait();
             unpublish_pid(pid.as_ref(), helper_pid);
         }
@@ -360,9 +361,9 @@ fn publish_pid(opts: &RunOptions, pid: i32) {
 /// A started helper: the result pipe to wait on, and (when prepared) the pipe that
 /// tells it to start the container.
 pub(crate) struct Spawned {
-    child: std::process::Child,
-    result_rx: std::os::fd::OwnedFd,
-    go_tx: Option<std::os::fd::OwnedFd>,
+    child: HelperProcess,
+    result_rx: OwnedFd,
+    go_tx: Option<OwnedFd>,
     copiers: Vec<std::thread::JoinHandle<()>>,
 }
 
@@ -374,8 +375,24 @@ impl Spawned {
     }
 }
 
+/// The helper's fds as the runner hands them over (the helper's ends of its pipes).
+struct HelperFds {
+    result_tx: OwnedFd,
+    go_rx: Option<OwnedFd>,
+    /// None: inherit ours.
+    stdin: Option<OwnedFd>,
+    stdout: Option<OwnedFd>,
+    stderr: Option<OwnedFd>,
+}
+
 /// Starts the helper. With `prepared`, it builds the container and then waits for a
-/// byte on fd 4 before starting it (EOF there cancels).
+/// byte on its go pipe before starting it (EOF there cancels).
+///
+/// A single-threaded runner (`exec`) forks the helper, which runs at once; a
+/// multi-threaded one (the agent manager) must re-execute this binary, because a forked
+/// child of a threaded process can inherit locks held by other threads and libcontainer
+/// deadlocks there (measured). The fork saves the helper's exec and start-up, about a
+/// tenth of an `exec` cycle.
 fn spawn_helper(
     home: &Home,
     job_dir: &std::path::Path,
@@ -383,16 +400,52 @@ fn spawn_helper(
     opts: &RunOptions,
     prepared: bool,
 ) -> Result<Spawned> {
-    use std::os::fd::AsRawFd;
     let (result_rx, result_tx) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).context("cannot create a pipe")?;
-    let tx_raw = result_tx.as_raw_fd();
     let (go_rx, go_tx) = if prepared {
         let (r, w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).context("cannot create a pipe")?;
         (Some(r), Some(w))
     } else {
         (None, None)
     };
-    let go_raw = go_rx.as_ref().map(|f| f.as_raw_fd()).unwrap_or(-1);
+    let (stdin_rx, stdin_tx) = match stdin {
+        Some(_) => {
+            let (r, w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).context("cannot create a pipe")?;
+            (Some(r), Some(w))
+        }
+        None => (None, None),
+    };
+    let output = output_plan(opts)?;
+    let fds = HelperFds { result_tx, go_rx, stdin: stdin_rx, stdout: output.stdout, stderr: output.stderr };
+    let child = if single_threaded() {
+        // Nothing of ours may leak into the helper: close our ends of the pipes there.
+        let ours: Vec<i32> = [Some(&result_rx), go_tx.as_ref(), stdin_tx.as_ref()]
+            .into_iter()
+            .flatten()
+            .chain(output.copy.iter().map(|(r, _)| r))
+            .map(|fd| fd.as_raw_fd())
+            .collect();
+        fork_helper(home, job_dir, fds, &ours)?
+    } else {
+        exec_helper(home, job_dir, fds, prepared)?
+    };
+    // Only now: a forked helper must be forked while this process has one thread.
+    let copiers = output.copy.into_iter().map(|(r, f)| copier(r, f)).collect();
+    if let (Some(bytes), Some(tx)) = (stdin, stdin_tx) {
+        // A job that does not read its stdin must not block us: ignore EPIPE.
+        let _ = std::fs::File::from(tx).write_all(bytes);
+    }
+    Ok(Spawned { child, result_rx, go_tx, copiers })
+}
+
+/// Whether this process has exactly one thread (then fork is safe).
+fn single_threaded() -> bool {
+    std::fs::read_dir("/proc/self/task").map(|d| d.count() == 1).unwrap_or(false)
+}
+
+/// Re-executes this binary as `__sandbox-helper JOB_DIR`, the pipes as fds 3 and 4.
+fn exec_helper(home: &Home, job_dir: &std::path::Path, fds: HelperFds, prepared: bool) -> Result<HelperProcess> {
+    let tx_raw = fds.result_tx.as_raw_fd();
+    let go_raw = fds.go_rx.as_ref().map(|f| f.as_raw_fd()).unwrap_or(-1);
     let mut cmd = Command::new("/proc/self/exe");
     cmd.arg("--home").arg(home.root());
     if tracing::enabled!(tracing::Level::DEBUG) {
@@ -403,55 +456,90 @@ fn spawn_helper(
     if prepared {
         cmd.env(super::helper::GO_FD_ENV, "4");
     }
-    cmd.stdin(if stdin.is_some() { Stdio::piped() } else { Stdio::inherit() });
-    let output = output_plan(opts)?;
-    cmd.stdout(output.stdout).stderr(output.stderr);
-    // SAFETY: the closure runs between fork and exec and only calls prctl(2),
-    // sigprocmask(2), dup2(2) and fcntl(2), all async-signal-safe. PDEATHSIG ties the
-    // helper to this process (if we die, it dies, and gc, keyed on our lock, removes the
-    // rest). The signal mask is cleared because a supervisor may block signals and masks
-    // survive execve: the job must receive its SIGTERM. The result pipe becomes fd 3.
+    let stdio = |fd: Option<OwnedFd>| fd.map(Stdio::from).unwrap_or_else(Stdio::inherit);
+    cmd.stdin(stdio(fds.stdin)).stdout(stdio(fds.stdout)).stderr(stdio(fds.stderr));
+    // SAFETY: the closure runs between fork and exec and only calls async-signal-safe
+    // functions (see child_setup).
     unsafe {
-        cmd.pre_exec(move || {
-            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            if tx_raw == 3 {
-                if libc::fcntl(3, libc::F_SETFD, 0) != 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-            } else if libc::dup2(tx_raw, 3) != 3 {
-                return Err(std::io::Error::last_os_error());
-            }
-            if go_raw >= 0 {
-                if go_raw == 4 {
-                    if libc::fcntl(4, libc::F_SETFD, 0) != 0 {
-                        return Err(std::io::Error::last_os_error());
-                    }
-                } else if libc::dup2(go_raw, 4) != 4 {
-                    return Err(std::io::Error::last_os_error());
-                }
-            }
-            let mut empty: libc::sigset_t = std::mem::zeroed();
-            libc::sigemptyset(&mut empty);
-            if libc::sigprocmask(libc::SIG_SETMASK, &empty, std::ptr::null_mut()) != 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            Ok(())
-        });
+        cmd.pre_exec(move || child_setup(tx_raw, go_raw));
     }
-    let mut child = cmd.spawn().context("cannot start the sandbox helper (re-exec of /proc/self/exe)")?;
-    // Our copies of the pipes' write ends: the readers see EOF only once they are closed.
-    drop(cmd);
-    drop(result_tx);
-    drop(go_rx);
-    if let Some(bytes) = stdin {
-        if let Some(mut pipe) = child.stdin.take() {
-            // A job that does not read its stdin must not block us: ignore EPIPE.
-            let _ = pipe.write_all(bytes);
+    let child = cmd.spawn().context("cannot start the sandbox helper (re-exec of /proc/self/exe)")?;
+    // Our copies of the helper's pipe ends go with `fds` and `cmd`: the readers see EOF
+    // only once they are closed.
+    Ok(HelperProcess { pid: child.id() as i32 })
+}
+
+/// In the helper, before it runs: PDEATHSIG ties it to this process (if we die, it dies,
+/// and gc, keyed on our lock, removes the rest); the result pipe becomes fd 3 and the go
+/// pipe fd 4, both kept across exec; the signal mask is cleared, because a supervisor may
+/// block signals and masks survive execve: the job must receive its SIGTERM. Only
+/// async-signal-safe calls: prctl(2), dup2(2), fcntl(2), sigprocmask(2).
+fn child_setup(tx_raw: i32, go_raw: i32) -> std::io::Result<()> {
+    let check = |r: libc::c_int| if r < 0 { Err(std::io::Error::last_os_error()) } else { Ok(()) };
+    // SAFETY: plain syscalls on integers and a zeroed, initialised sigset_t on our stack.
+    unsafe {
+        check(libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL))?;
+        for (fd, to) in [(tx_raw, 3), (go_raw, 4)] {
+            if fd < 0 {
+                continue;
+            }
+            if fd == to {
+                check(libc::fcntl(to, libc::F_SETFD, 0))?;
+            } else {
+                check(libc::dup2(fd, to))?;
+            }
+        }
+        let mut empty: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut empty);
+        check(libc::sigprocmask(libc::SIG_SETMASK, &empty, std::ptr::null_mut()))?;
+    }
+    Ok(())
+}
+
+/// Forks the helper (this process must be single-threaded): the child sets up its fds as
+/// a re-executed helper would and runs it to the end, never returning here.
+fn fork_helper(home: &Home, job_dir: &std::path::Path, fds: HelperFds, ours: &[i32]) -> Result<HelperProcess> {
+    let parent = std::process::id() as i32;
+    // SAFETY: this process has a single thread (checked by the caller), so no lock can
+    // be held by a thread that does not exist in the child. The child never returns from
+    // this function: it ends in _exit.
+    match unsafe { nix::unistd::fork() }.context("cannot fork the sandbox helper")? {
+        nix::unistd::ForkResult::Parent { child } => Ok(HelperProcess { pid: child.as_raw() }),
+        nix::unistd::ForkResult::Child => {
+            let code = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                forked_helper(home, job_dir, fds, ours, parent)
+            }))
+            .unwrap_or(125);
+            // SAFETY: ends the child without running the parent's exit handlers or
+            // destructors (they belong to the runner).
+            unsafe { libc::_exit(code) }
         }
     }
-    Ok(Spawned { child, result_rx, go_tx, copiers: output.copiers })
+}
+
+fn forked_helper(home: &Home, job_dir: &std::path::Path, fds: HelperFds, ours: &[i32], parent: i32) -> i32 {
+    // Its command line is the runner's: the name tells them apart in `ps -o comm`/top.
+    // SAFETY: PR_SET_NAME reads a NUL-terminated string of at most 16 bytes.
+    unsafe { libc::prctl(libc::PR_SET_NAME, c"azp-sbx-helper".as_ptr()) };
+    for fd in ours {
+        // SAFETY: closes the child's copies of the runner's pipe ends; nothing in the
+        // child uses them.
+        unsafe { libc::close(*fd) };
+    }
+    let HelperFds { result_tx, go_rx, stdin, stdout, stderr } = fds;
+    for (fd, to) in [(stdin, 0), (stdout, 1), (stderr, 2)] {
+        if let Some(fd) = fd {
+            // SAFETY: dup2 onto a standard fd; `fd` stays owned (and closed on drop).
+            if unsafe { libc::dup2(fd.as_raw_fd(), to) } < 0 {
+                return 125;
+            }
+        }
+    }
+    if child_setup(-1, -1).is_err() || nix::unistd::getppid().as_raw() != parent {
+        // The runner died before PDEATHSIG was set: nobody would wait for us.
+        return 125;
+    }
+    super::helper::run_helper(home, job_dir, super::helper::Pipes { result: Some(result_tx), go: go_rx })
 }
 
 /// Waits for the helper's result (sent when the job exits, before the container is
@@ -460,9 +548,9 @@ fn spawn_helper(
 fn await_result(s: Spawned, opts: &RunOptions) -> (Helper, Option<HelperResult>) {
     let Spawned { child, result_rx, go_tx, copiers } = s;
     drop(go_tx);
-    publish_pid(opts, child.id() as i32);
+    publish_pid(opts, child.pid);
     if opts.forward_signals {
-        FORWARD_PID.store(child.id() as i32, Ordering::SeqCst);
+        FORWARD_PID.store(child.pid, Ordering::SeqCst);
         for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP, libc::SIGQUIT] {
             // SAFETY: installs a handler that only does an atomic load and kill(2).
             unsafe { libc::signal(sig, forward_to_helper as *const () as libc::sighandler_t) };
@@ -479,9 +567,31 @@ fn await_result(s: Spawned, opts: &RunOptions) -> (Helper, Option<HelperResult>)
     (Helper { child, copiers }, report)
 }
 
+/// A helper process of ours (forked or re-executed), reaped by [`HelperProcess::wait`].
+pub(crate) struct HelperProcess {
+    pid: i32,
+}
+
+impl HelperProcess {
+    fn wait(&mut self) -> std::io::Result<std::process::ExitStatus> {
+        loop {
+            match nix::sys::wait::waitpid(nix::unistd::Pid::from_raw(self.pid), None) {
+                Ok(nix::sys::wait::WaitStatus::Exited(_, code)) => {
+                    return Ok(std::process::ExitStatus::from_raw(code << 8))
+                }
+                Ok(nix::sys::wait::WaitStatus::Signaled(_, sig, core)) => {
+                    return Ok(std::process::ExitStatus::from_raw(sig as i32 | if core { 0x80 } else { 0 }))
+                }
+                Ok(_) | Err(nix::errno::Errno::EINTR) => continue,
+                Err(e) => return Err(e.into()),
+            }
+        }
+    }
+}
+
 /// A running helper and the threads copying its job's output.
 pub(crate) struct Helper {
-    child: std::process::Child,
+    child: HelperProcess,
     copiers: Vec<std::thread::JoinHandle<()>>,
 }
 
@@ -496,10 +606,12 @@ impl Helper {
     }
 }
 
+/// Where the job's stdout and stderr go (None: inherit ours), and the pipes to copy into
+/// files once the helper runs.
 struct OutputPlan {
-    stdout: Stdio,
-    stderr: Stdio,
-    copiers: Vec<std::thread::JoinHandle<()>>,
+    stdout: Option<OwnedFd>,
+    stderr: Option<OwnedFd>,
+    copy: Vec<(OwnedFd, std::fs::File)>,
 }
 
 /// Where the job's stdout and stderr go. Never straight into a regular file: the job
@@ -515,9 +627,9 @@ fn output_plan(opts: &RunOptions) -> Result<OutputPlan> {
             .with_context(|| format!("cannot open the job log {}", path.display()))?;
         let (r, w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).context("cannot create a pipe")?;
         let w2 = w.try_clone()?;
-        return Ok(OutputPlan { stdout: Stdio::from(w), stderr: Stdio::from(w2), copiers: vec![copier(r, file)] });
+        return Ok(OutputPlan { stdout: Some(w), stderr: Some(w2), copy: vec![(r, file)] });
     }
-    let mut plan = OutputPlan { stdout: Stdio::inherit(), stderr: Stdio::inherit(), copiers: vec![] };
+    let mut plan = OutputPlan { stdout: None, stderr: None, copy: vec![] };
     for fd in [1, 2] {
         let regular = nix::sys::stat::fstat(fd).map(|st| st.st_mode & libc::S_IFMT == libc::S_IFREG).unwrap_or(false);
         if !regular {
@@ -527,17 +639,17 @@ fn output_plan(opts: &RunOptions) -> Result<OutputPlan> {
         // SAFETY: `dup` is a new fd we own.
         let file = unsafe { <std::fs::File as std::os::fd::FromRawFd>::from_raw_fd(dup) };
         let (r, w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).context("cannot create a pipe")?;
-        plan.copiers.push(copier(r, file));
+        plan.copy.push((r, file));
         if fd == 1 {
-            plan.stdout = Stdio::from(w);
+            plan.stdout = Some(w);
         } else {
-            plan.stderr = Stdio::from(w);
+            plan.stderr = Some(w);
         }
     }
     Ok(plan)
 }
 
-fn copier(from: std::os::fd::OwnedFd, mut to: std::fs::File) -> std::thread::JoinHandle<()> {
+fn copier(from: OwnedFd, mut to: std::fs::File) -> std::thread::JoinHandle<()> {
     std::thread::spawn(move || {
         let _ = std::io::copy(&mut std::fs::File::from(from), &mut to);
     })

@@ -16,7 +16,7 @@ use oci_spec::runtime::{
     PosixRlimitType, ProcessBuilder, RootBuilder, Spec, SpecBuilder, UserBuilder,
 };
 use std::collections::HashSet;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 /// oom_score_adj for every job process: the kernel's OOM killer picks jobs first.
 pub const JOB_OOM_SCORE_ADJ: i32 = 1000;
@@ -61,7 +61,19 @@ const READONLY_PATHS: &[&str] = &["/proc/bus", "/proc/fs", "/proc/irq", "/proc/s
 /// fd-based mounts need anyway). Found by tests/escape_suite.rs (t15b).
 const BIND_RO: &[&str] = &["rbind", "ro", "nosuid", "nodev", "rro", "rnosuid", "rnodev", "rprivate"];
 
-pub fn build(plan: &JobPlan, rootfs: &Path) -> Result<Spec> {
+/// Who puts the job's processes into its cgroup (see [`super::cgroup`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CgroupOwner {
+    /// libcontainer's v1 manager, from the spec's cgroupsPath and resources: root mode on
+    /// a host with no cgroup2 hierarchy mounted.
+    Libcontainer,
+    /// The helper has joined the job's cgroup and applied its limits; libcontainer sees a
+    /// private cgroup2 view rooted there and moves the job's init into `leaf` below it
+    /// (root mode), or nowhere (rootless: it may not create one).
+    Helper { leaf: Option<PathBuf> },
+}
+
+pub fn build(plan: &JobPlan, rootfs: &Path, cgroup: &CgroupOwner) -> Result<Spec> {
     let caps: HashSet<Capability> = JOB_CAPABILITIES.iter().copied().collect();
     let capabilities = LinuxCapabilitiesBuilder::default()
         .bounding(caps.clone())
@@ -100,18 +112,11 @@ pub fn build(plan: &JobPlan, rootfs: &Path) -> Result<Spec> {
         .collect::<Result<Vec<_>, _>>()?;
 
     let mut devices = Vec::new();
-    // Rootless: the devices cgroup cannot be written without host root; device access is
-    // limited by what is bound in (a user namespace cannot mknod), so no rules at all.
-    let mut device_rules = if plan.rootless { vec![] } else { default_device_rules()? };
     for node in plan.edits.device_nodes.iter().filter(|_| !plan.rootless) {
-        let typ = match node.kind {
-            DeviceKind::Char => LinuxDeviceType::C,
-            DeviceKind::Block => LinuxDeviceType::B,
-        };
         devices.push(
             LinuxDeviceBuilder::default()
                 .path(node.path.clone())
-                .typ(typ)
+                .typ(device_type(node.kind))
                 .major(node.major)
                 .minor(node.minor)
                 .file_mode(node.file_mode)
@@ -119,34 +124,14 @@ pub fn build(plan: &JobPlan, rootfs: &Path) -> Result<Spec> {
                 .gid(node.gid)
                 .build()?,
         );
-        device_rules.push(
-            LinuxDeviceCgroupBuilder::default()
-                .allow(true)
-                .typ(typ)
-                .major(node.major)
-                .minor(node.minor)
-                .access(node.access.clone())
-                .build()?,
-        );
     }
-
-    let mut resources = LinuxResourcesBuilder::default().devices(device_rules);
-    if let Some(bytes) = plan.limits.memory_bytes {
-        resources = resources.memory(LinuxMemoryBuilder::default().limit(bytes as i64).build()?);
-    }
-    if let Some(pids) = plan.limits.pids {
-        resources = resources.pids(LinuxPidsBuilder::default().limit(pids).build()?);
-    }
-    if let Some(milli) = plan.limits.cpus_milli {
-        const PERIOD: u64 = 100_000;
-        let quota = (milli * PERIOD / 1000).max(1000) as i64;
-        resources = resources.cpu(LinuxCpuBuilder::default().quota(quota).period(PERIOD).build()?);
-    }
-
     let mut linux = LinuxBuilder::default().namespaces(namespaces).devices(devices);
-    // Rootless: the helper puts the job in its cgroup itself (rootless::join).
-    if !plan.rootless && !plan.cgroup_path.as_os_str().is_empty() {
-        linux = linux.resources(resources.build()?).cgroups_path(plan.cgroup_path.clone());
+    match cgroup {
+        CgroupOwner::Libcontainer if !plan.cgroup_path.as_os_str().is_empty() => {
+            linux = linux.resources(resources(plan)?).cgroups_path(plan.cgroup_path.clone());
+        }
+        CgroupOwner::Helper { leaf: Some(leaf) } => linux = linux.cgroups_path(leaf.clone()),
+        _ => {}
     }
     let linux = linux
         .masked_paths(MASKED_PATHS.iter().map(|s| s.to_string()).collect::<Vec<_>>())
@@ -166,6 +151,69 @@ pub fn build(plan: &JobPlan, rootfs: &Path) -> Result<Spec> {
         spec.set_hooks(Some(hooks));
     }
     Ok(spec)
+}
+
+fn device_type(kind: DeviceKind) -> LinuxDeviceType {
+    match kind {
+        DeviceKind::Char => LinuxDeviceType::C,
+        DeviceKind::Block => LinuxDeviceType::B,
+    }
+}
+
+/// The job's device cgroup rules: deny all, the defaults, the GPU nodes it owns. None
+/// rootless: the devices cgroup cannot be written without host root; device access is
+/// limited by what is bound in (a user namespace cannot mknod).
+pub fn device_rules(plan: &JobPlan) -> Result<Vec<LinuxDeviceCgroup>> {
+    if plan.rootless {
+        return Ok(vec![]);
+    }
+    let mut rules = default_device_rules()?;
+    for node in &plan.edits.device_nodes {
+        rules.push(
+            LinuxDeviceCgroupBuilder::default()
+                .allow(true)
+                .typ(device_type(node.kind))
+                .major(node.major)
+                .minor(node.minor)
+                .access(node.access.clone())
+                .build()?,
+        );
+    }
+    Ok(rules)
+}
+
+/// The allow rules of [`device_rules`] as cgroup v1 `devices.allow` lines ("c 195:1 rw").
+pub fn v1_device_allow_lines(plan: &JobPlan) -> Result<Vec<String>> {
+    let num = |n: Option<i64>| n.map(|n| n.to_string()).unwrap_or_else(|| "*".into());
+    Ok(device_rules(plan)?
+        .iter()
+        .filter(|r| r.allow())
+        .map(|r| {
+            let typ = match r.typ() {
+                Some(LinuxDeviceType::B) => "b",
+                Some(LinuxDeviceType::A) | None => "a",
+                _ => "c",
+            };
+            format!("{typ} {}:{} {}", num(r.major()), num(r.minor()), r.access().as_deref().unwrap_or("rwm"))
+        })
+        .collect())
+}
+
+/// The spec's resources, for libcontainer's own cgroup manager.
+fn resources(plan: &JobPlan) -> Result<oci_spec::runtime::LinuxResources> {
+    let mut resources = LinuxResourcesBuilder::default().devices(device_rules(plan)?);
+    if let Some(bytes) = plan.limits.memory_bytes {
+        resources = resources.memory(LinuxMemoryBuilder::default().limit(bytes as i64).build()?);
+    }
+    if let Some(pids) = plan.limits.pids {
+        resources = resources.pids(LinuxPidsBuilder::default().limit(pids).build()?);
+    }
+    if let Some(milli) = plan.limits.cpus_milli {
+        const PERIOD: u64 = 100_000;
+        let quota = (milli * PERIOD / 1000).max(1000) as i64;
+        resources = resources.cpu(LinuxCpuBuilder::default().quota(quota).period(PERIOD).build()?);
+    }
+    Ok(resources.build()?)
 }
 
 /// Open files for jobs: 65536 (builds and the .NET agent open many), but never above the
@@ -367,7 +415,6 @@ mod tests {
     use crate::config::Volume;
     use crate::edits::{BindMount, ContainerEdits, DeviceNode};
     use crate::sandbox::plan::Limits;
-    use std::path::PathBuf;
 
     fn plan() -> JobPlan {
         JobPlan {
@@ -401,7 +448,7 @@ mod tests {
 
     #[test]
     fn limits_namespaces_and_security() {
-        let spec = build(&plan(), Path::new("/jobs/t-1/merged")).unwrap();
+        let spec = build(&plan(), Path::new("/jobs/t-1/merged"), &CgroupOwner::Libcontainer).unwrap();
         let linux = spec.linux().as_ref().unwrap();
         let res = linux.resources().as_ref().unwrap();
         assert_eq!(res.memory().as_ref().unwrap().limit(), Some(64 << 20));
@@ -428,7 +475,7 @@ mod tests {
     fn network_none_gets_own_namespace() {
         let mut p = plan();
         p.network = Network::None;
-        let spec = build(&p, Path::new("/m")).unwrap();
+        let spec = build(&p, Path::new("/m"), &CgroupOwner::Libcontainer).unwrap();
         let ns: Vec<_> =
             spec.linux().as_ref().unwrap().namespaces().as_ref().unwrap().iter().map(|n| n.typ()).collect();
         assert!(ns.contains(&LinuxNamespaceType::Network));
@@ -443,7 +490,7 @@ mod tests {
             options: vec!["ro".into(), "bind".into()],
             optional: false,
         });
-        let spec = build(&p, Path::new("/m")).unwrap();
+        let spec = build(&p, Path::new("/m"), &CgroupOwner::Libcontainer).unwrap();
         let binds: Vec<_> =
             spec.mounts().as_ref().unwrap().iter().filter(|m| m.typ().as_deref() == Some("bind")).collect();
         assert_eq!(binds.len(), 4); // resolv.conf, hosts, volume, lib
@@ -480,7 +527,7 @@ mod tests {
         let mut p = plan();
         p.edits.device_nodes.push(nvidia1("/dev/nvidia1"));
         p.edits.update_ldcache = true;
-        let spec = build(&p, Path::new("/m")).unwrap();
+        let spec = build(&p, Path::new("/m"), &CgroupOwner::Libcontainer).unwrap();
         let linux = spec.linux().as_ref().unwrap();
         let devs = linux.devices().as_ref().unwrap();
         assert_eq!(devs.len(), 1);
@@ -499,9 +546,9 @@ mod tests {
     fn rootless_binds_sys_and_leaves_cgroups_to_the_helper() {
         let mut p = plan();
         p.rootless = true;
-        let spec = build(&p, Path::new("/m")).unwrap();
+        let spec = build(&p, Path::new("/m"), &CgroupOwner::Helper { leaf: None }).unwrap();
         let linux = spec.linux().as_ref().unwrap();
-        // The helper joins the cgroup (rootless::join): libcontainer gets neither.
+        // The helper joins the cgroup (sandbox::cgroup): libcontainer gets neither.
         assert!(linux.cgroups_path().is_none(), "{:?}", linux.cgroups_path());
         assert!(linux.resources().as_ref().is_none_or(|r| r.memory().is_none() && r.pids().is_none()));
         let sys = spec.mounts().as_ref().unwrap().iter().find(|m| m.destination() == Path::new("/sys")).unwrap();
@@ -511,10 +558,34 @@ mod tests {
         }
         // GPU nodes become binds of the host node (a user namespace cannot mknod).
         p.edits.device_nodes.push(nvidia1("/drv/dev/nvidia1"));
-        let spec = build(&p, Path::new("/m")).unwrap();
+        let spec = build(&p, Path::new("/m"), &CgroupOwner::Helper { leaf: None }).unwrap();
+        assert!(v1_device_allow_lines(&p).unwrap().is_empty(), "rootless writes no device rules");
         assert!(spec.linux().as_ref().unwrap().devices().as_ref().is_none_or(|d| d.is_empty()));
         let nv = spec.mounts().as_ref().unwrap().iter().find(|m| m.destination() == Path::new("/dev/nvidia1")).unwrap();
         assert_eq!(nv.source().as_deref(), Some(Path::new("/drv/dev/nvidia1")));
         assert!(!nv.options().as_ref().unwrap().iter().any(|o| o == "nodev"));
+    }
+
+    #[test]
+    fn root_with_helper_cgroups_gives_libcontainer_only_the_leaf() {
+        let mut p = plan();
+        p.edits.device_nodes.push(nvidia1("/dev/nvidia1"));
+        let spec = build(&p, Path::new("/m"), &CgroupOwner::Helper { leaf: Some("/job".into()) }).unwrap();
+        let linux = spec.linux().as_ref().unwrap();
+        assert_eq!(linux.cgroups_path().as_deref(), Some(Path::new("/job")));
+        // (oci-spec's builder fills in empty resources.)
+        let empty = |r: &oci_spec::runtime::LinuxResources| {
+            r.memory().is_none()
+                && r.pids().is_none()
+                && r.cpu().is_none()
+                && r.devices().as_ref().is_none_or(|d| d.is_empty())
+        };
+        assert!(linux.resources().as_ref().is_none_or(empty), "limits and device rules are the helper's");
+        assert_eq!(linux.devices().as_ref().unwrap().len(), 1, "the GPU node is still created");
+        let lines = v1_device_allow_lines(&p).unwrap();
+        assert_eq!(lines[0], "c 1:3 rwm");
+        assert!(lines.contains(&"c 136:* rwm".to_string()));
+        assert_eq!(lines.last().unwrap(), "c 195:1 rwm");
+        assert!(!lines.iter().any(|l| l.starts_with('a')), "deny-all is written separately: {lines:?}");
     }
 }

@@ -42,10 +42,12 @@ pub fn cleanup_job(home: &Home, job: &JobDir, background_delete: bool) -> Result
     }
     let cgroup = state.as_ref().map(|s| s.cgroup_path.clone()).unwrap_or_else(|| cgroup_path_for(home, &id));
     if let Some(n) = remove_cgroup(&cgroup)? {
-        // Rootless, removing the job's cgroup is our routine job (libcontainer never had it).
-        if n > 0 || !crate::rootless::mode().rootless {
+        // Removing the job's cgroup is routine (the helper made it; see sandbox::cgroup);
+        // processes still in it are leftovers.
+        if n > 0 {
             out.leftovers.push(format!("cgroup {} ({n} processes killed)", cgroup.display()));
         }
+        remove_home_level(&cgroup);
     }
     let container_state =
         state.as_ref().map(|s| s.container_state.clone()).unwrap_or_else(|| home.runtime_dir().join(&id));
@@ -64,6 +66,17 @@ pub fn cleanup_job(home: &Home, job: &JobDir, background_delete: bool) -> Result
     }
     out.job_dir_removed = true;
     Ok(out)
+}
+
+/// The home's own cgroup level above a job (`.../h-<hash>`), once its last job is gone, so
+/// that homes leave nothing behind. Busy (another job of the home runs): left alone.
+fn remove_home_level(job_cgroup: &Path) {
+    let Some(level) = job_cgroup.parent() else { return };
+    if level.file_name().is_some_and(|n| n.to_string_lossy().starts_with("h-")) {
+        for dir in cgroup_dirs(level) {
+            let _ = std::fs::remove_dir(&dir);
+        }
+    }
 }
 
 /// Kills the job's init recorded in `init.pid` if that very process (same pid and start
@@ -188,19 +201,15 @@ fn rmdir_when_empty(dir: &Path) -> std::io::Result<()> {
     Err(last.unwrap_or_else(|| std::io::Error::other("cgroup stayed busy")))
 }
 
-/// Existing directories of a cgroup path on this host (v1: one per controller).
+/// Existing directories of a cgroup path on this host (v1: one per hierarchy, the
+/// hybrid host's cgroup2 tree included).
 pub fn cgroup_dirs(path: &Path) -> Vec<PathBuf> {
     let rel = path.strip_prefix("/").unwrap_or(path);
     let root = Path::new(libcgroups::common::DEFAULT_CGROUP_ROOT);
     match libcgroups::common::get_cgroup_setup() {
         Ok(CgroupSetup::Unified) => [root.join(rel)].into_iter().filter(|p| p.is_dir()).collect(),
         _ => std::fs::read_dir(root)
-            .map(|rd| {
-                rd.flatten()
-                    .map(|e| e.path().join(rel))
-                    .filter(|p| p.is_dir() && !p.starts_with(root.join("unified")))
-                    .collect()
-            })
+            .map(|rd| rd.flatten().map(|e| e.path().join(rel)).filter(|p| p.is_dir()).collect())
             .unwrap_or_default(),
     }
 }

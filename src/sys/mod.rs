@@ -73,8 +73,18 @@ impl Sys for Real {
     fn mount_overlay(&self, overlay: &Overlay) -> Result<()> {
         use nix::mount::{mount, MsFlags};
         let data = overlay.options()?;
-        mount(Some("azp-sandbox"), &overlay.target, Some("overlay"), MsFlags::empty(), Some(data.as_str()))
-            .with_context(|| format!("cannot mount the job's overlay on {} ({data})", overlay.target.display()))?;
+        // "volatile" (Linux 5.10+): the upper layer is thrown away with the job, so
+        // overlayfs may skip every sync to it: the job's fsync() calls and the sync of
+        // the upper filesystem at unmount, which made a job's dirty gigabytes delay the
+        // next one. Older kernels refuse the option: mount without it.
+        let volatile = format!("{data},volatile");
+        let mount_with =
+            |d: &str| mount(Some("azp-sandbox"), &overlay.target, Some("overlay"), MsFlags::empty(), Some(d));
+        match mount_with(&volatile) {
+            Err(nix::errno::Errno::EINVAL) => mount_with(&data),
+            r => r,
+        }
+        .with_context(|| format!("cannot mount the job's overlay on {} ({data})", overlay.target.display()))?;
         Ok(())
     }
 
@@ -86,9 +96,11 @@ impl Sys for Real {
     fn hide_cgroupfs(&self) -> Result<()> {
         use nix::mount::{mount, MsFlags};
         use nix::sched::{unshare, CloneFlags};
-        // A cgroup namespace of our own and a cgroup2 view of it over /sys/fs/cgroup: the
-        // host's v1 hierarchies are covered (libcontainer's v1 manager would fail on them),
-        // and its v2 manager, seeing a user namespace, skips the dirs it may not create.
+        // A cgroup namespace of our own (rooted at the job's cgroup, which the helper has
+        // joined) and a cgroup2 view of it over /sys/fs/cgroup: the host's v1 hierarchies
+        // are covered, so libcontainer uses its v2 manager on the view. As root it puts the
+        // job's init into a leaf of the job's cgroup; in a user namespace it skips the
+        // dirs it may not create.
         unshare(CloneFlags::CLONE_NEWCGROUP).context("cannot create a cgroup namespace for the helper")?;
         mount(
             Some("cgroup2"),

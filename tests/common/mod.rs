@@ -201,6 +201,25 @@ pub fn pids_current(name: &str) -> Option<PathBuf> {
 }
 
 /// Processes whose command line contains `needle`.
+/// The pids of `parent`'s children (from each process's stat: field 4 is the ppid).
+pub fn children_of(parent: i32) -> Vec<i32> {
+    let mut out = vec![];
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = e.file_name().to_string_lossy().parse::<i32>() else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(e.path().join("stat")) else {
+            continue;
+        };
+        // The command name (field 2) may contain spaces: split after the last ')'.
+        let ppid = stat.rfind(')').and_then(|i| stat[i + 2..].split(' ').nth(1)?.parse::<i32>().ok());
+        if ppid == Some(parent) {
+            out.push(pid);
+        }
+    }
+    out
+}
+
 pub fn processes_matching(needle: &str) -> Vec<(i32, String)> {
     let mut out = vec![];
     for e in std::fs::read_dir("/proc").unwrap().flatten() {
