@@ -76,6 +76,14 @@ impl CgroupHost {
     }
 }
 
+impl CgroupHost {
+    /// Every hierarchy a job's cgroup can have a dir in: the v1 controller mounts and the
+    /// cgroup2 mount (named v1 hierarchies such as `name=systemd` never get one).
+    pub fn hierarchies(&self) -> impl Iterator<Item = &Path> {
+        self.v1_mounts.iter().map(PathBuf::as_path).chain(self.v2_mount.as_deref())
+    }
+}
+
 /// cgroup v1 controllers a job's cgroup can use (named hierarchies like `name=systemd`
 /// have none and are skipped).
 const V1_CONTROLLERS: &[&str] = &[

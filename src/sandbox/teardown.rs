@@ -4,8 +4,8 @@
 
 use super::jobdir::JobDir;
 use crate::config::Home;
+use crate::rootless::cgroups::CgroupHost;
 use anyhow::{Context, Result};
-use libcgroups::common::CgroupSetup;
 use std::path::{Path, PathBuf};
 
 /// What a clean-up removed, for the job log line.
@@ -41,13 +41,14 @@ pub fn cleanup_job(home: &Home, job: &JobDir, background_delete: bool) -> Result
         out.leftovers.push(format!("job init pid {pid} (its pid namespace killed)"));
     }
     let cgroup = state.as_ref().map(|s| s.cgroup_path.clone()).unwrap_or_else(|| cgroup_path_for(home, &id));
-    if let Some(n) = remove_cgroup(&cgroup)? {
+    let host = CgroupHost::detect();
+    if let Some(n) = remove_cgroup_on(&host, &cgroup)? {
         // Removing the job's cgroup is routine (the helper made it; see sandbox::cgroup);
         // processes still in it are leftovers.
         if n > 0 {
             out.leftovers.push(format!("cgroup {} ({n} processes killed)", cgroup.display()));
         }
-        remove_home_level(&cgroup);
+        remove_home_level(&host, &cgroup);
     }
     let container_state =
         state.as_ref().map(|s| s.container_state.clone()).unwrap_or_else(|| home.runtime_dir().join(&id));
@@ -70,12 +71,17 @@ pub fn cleanup_job(home: &Home, job: &JobDir, background_delete: bool) -> Result
 
 /// The home's own cgroup level above a job (`.../h-<hash>`), once its last job is gone, so
 /// that homes leave nothing behind. Busy (another job of the home runs): left alone.
-fn remove_home_level(job_cgroup: &Path) {
+fn remove_home_level(host: &CgroupHost, job_cgroup: &Path) {
     let Some(level) = job_cgroup.parent() else { return };
     if level.file_name().is_some_and(|n| n.to_string_lossy().starts_with("h-")) {
-        for dir in cgroup_dirs(level) {
-            let _ = std::fs::remove_dir(&dir);
-        }
+        remove_if_empty(host, level);
+    }
+}
+
+/// rmdir of a cgroup in every hierarchy; succeeds only where it is empty.
+fn remove_if_empty(host: &CgroupHost, path: &Path) {
+    for dir in cgroup_dirs(host, path) {
+        let _ = std::fs::remove_dir(&dir);
     }
 }
 
@@ -135,11 +141,15 @@ pub fn home_tag(home: &Home) -> String {
 /// Done here rather than through libcgroups' manager, which re-reads mountinfo once per
 /// controller (24 reads per job in the profile of the start/stop path).
 pub fn remove_cgroup(path: &Path) -> Result<Option<usize>> {
+    remove_cgroup_on(&CgroupHost::detect(), path)
+}
+
+fn remove_cgroup_on(host: &CgroupHost, path: &Path) -> Result<Option<usize>> {
     // An empty path means "no cgroup"; it must never become the cgroup root.
     if path.as_os_str().is_empty() || path == Path::new("/") {
         return Ok(None);
     }
-    let dirs = cgroup_dirs(path);
+    let dirs = cgroup_dirs(host, path);
     if dirs.is_empty() {
         return Ok(None);
     }
@@ -201,17 +211,11 @@ fn rmdir_when_empty(dir: &Path) -> std::io::Result<()> {
     Err(last.unwrap_or_else(|| std::io::Error::other("cgroup stayed busy")))
 }
 
-/// Existing directories of a cgroup path on this host (v1: one per hierarchy, the
-/// hybrid host's cgroup2 tree included).
-pub fn cgroup_dirs(path: &Path) -> Vec<PathBuf> {
+/// Existing directories of a cgroup path on this host, in every hierarchy a job can have
+/// one in (the same list the helper creates them from, [`CgroupHost::hierarchies`]).
+fn cgroup_dirs(host: &CgroupHost, path: &Path) -> Vec<PathBuf> {
     let rel = path.strip_prefix("/").unwrap_or(path);
-    let root = Path::new(libcgroups::common::DEFAULT_CGROUP_ROOT);
-    match libcgroups::common::get_cgroup_setup() {
-        Ok(CgroupSetup::Unified) => [root.join(rel)].into_iter().filter(|p| p.is_dir()).collect(),
-        _ => std::fs::read_dir(root)
-            .map(|rd| rd.flatten().map(|e| e.path().join(rel)).filter(|p| p.is_dir()).collect())
-            .unwrap_or_default(),
-    }
+    host.hierarchies().map(|h| h.join(rel)).filter(|p| p.is_dir()).collect()
 }
 
 /// Mount points at or below `dir` in this process's mount namespace.
@@ -318,14 +322,13 @@ pub fn gc(home: &Home) -> Result<GcReport> {
         // This home's own level, then our default parent (a delegated or --cgroup-parent
         // dir belongs to the admin); remove_dir only succeeds when empty.
         let mode = crate::rootless::mode();
+        let host = CgroupHost::detect();
         if let Some(parent) = mode.cgroups.parent() {
-            for dir in cgroup_dirs(&parent.join(home_tag(home))) {
-                let _ = std::fs::remove_dir(&dir);
-            }
+            remove_if_empty(&host, &parent.join(home_tag(home)));
         }
-        let ours = !mode.rootless && mode.cgroups.parent() == Some(Path::new(crate::rootless::cgroups::ROOT_PARENT));
-        for parent in if ours { cgroup_dirs(Path::new(crate::rootless::cgroups::ROOT_PARENT)) } else { vec![] } {
-            let _ = std::fs::remove_dir(&parent);
+        let root_parent = Path::new(crate::rootless::cgroups::ROOT_PARENT);
+        if !mode.rootless && mode.cgroups.parent() == Some(root_parent) {
+            remove_if_empty(&host, root_parent);
         }
     }
     for entry in read_dir_or_empty(&home.trash_dir()) {
