@@ -77,6 +77,11 @@ impl Sys for Real {
         // overlayfs may skip every sync to it: the job's fsync() calls and the sync of
         // the upper filesystem at unmount, which made a job's dirty gigabytes delay the
         // next one. Older kernels refuse the option: mount without it.
+        // An earlier phase of the same sandbox mounted this upper layer volatile, and
+        // overlayfs refuses it again until that marker is gone. The marker is for upper
+        // layers that may have lost writes in a crash; ours passes from one phase to the
+        // next of a live job (a crash ends the job, and gc removes the layer).
+        let _ = std::fs::remove_dir_all(overlay.work.join("work/incompat/volatile"));
         let volatile = format!("{data},volatile");
         let mount_with =
             |d: &str| mount(Some("azp-sandbox"), &overlay.target, Some("overlay"), MsFlags::empty(), Some(d));
