@@ -24,18 +24,19 @@ const CPU_PERIOD_US: u64 = 100_000;
 /// Controllers a job's v2 cgroup needs from its ancestors.
 const V2_CONTROLLERS: [&str; 3] = ["+memory", "+pids", "+cpu"];
 
-/// What to set up besides the limits.
-#[derive(Debug, Clone, Default)]
-pub struct Setup {
-    /// Root mode, cgroup v1: the job's device rules as `devices.allow` lines; everything
-    /// else is denied first. None rootless: a user namespace can neither write them nor
-    /// create device nodes (access is limited to the nodes bound in). On cgroup v2 device
-    /// rules are an eBPF program, not written here.
-    pub device_rules: Option<Vec<String>>,
-    /// Also join the job's dir in the cgroup2 hierarchy of a hybrid host (root mode): the
-    /// helper's private cgroup2 view, where libcontainer puts the job's init, is then the
-    /// job's own dir and not shared with anyone.
-    pub hybrid_v2: bool,
+/// Who sets the cgroup up, which decides what besides the limits is set up.
+#[derive(Debug, Clone)]
+pub enum Setup {
+    /// In a user namespace: no device rules (they can be neither written nor needed: a
+    /// user namespace cannot create device nodes, so access is limited to the nodes bound
+    /// in), and only the delegated hierarchies (the devices one is never delegated).
+    Rootless,
+    /// As root: `device_rules` as `devices.allow` lines (cgroup v1; everything else is
+    /// denied first; on v2 device rules are an eBPF program, not written here). On a
+    /// hybrid host the job's dir in the cgroup2 tree is joined too: the helper's private
+    /// cgroup2 view, where libcontainer puts the job's init, is then the job's own dir
+    /// and not shared with anyone.
+    Root { device_rules: Vec<String> },
 }
 
 /// The files to write in one cgroup dir, in order, for `limits` (v1 or v2 names).
@@ -87,7 +88,7 @@ fn job_dirs(host: &CgroupHost, cgroup: &Path, setup: &Setup) -> Vec<JobDir> {
     let mut dirs: Vec<JobDir> = host
         .v1_mounts
         .iter()
-        .filter(|m| setup.device_rules.is_some() || !m.ends_with("devices"))
+        .filter(|m| matches!(setup, Setup::Root { .. }) || !m.ends_with("devices"))
         .map(|m| JobDir {
             dir: m.join(rel),
             hierarchy: m.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default(),
@@ -95,7 +96,7 @@ fn job_dirs(host: &CgroupHost, cgroup: &Path, setup: &Setup) -> Vec<JobDir> {
             limits: true,
         })
         .collect();
-    if let (true, Some(v2)) = (setup.hybrid_v2, &host.v2_mount) {
+    if let (Setup::Root { .. }, Some(v2)) = (setup, &host.v2_mount) {
         dirs.push(JobDir { dir: v2.join(rel), hierarchy: String::new(), v2: true, limits: false });
     }
     dirs
@@ -119,10 +120,8 @@ pub fn join_job_cgroup(host: &CgroupHost, cgroup: &Path, limits: &Limits, setup:
     }
     for d in &dirs {
         create_levels(&d.dir, d.hierarchy.contains("cpuset"))?;
-        if d.hierarchy.split(',').any(|h| h == "devices") {
-            if let Some(rules) = &setup.device_rules {
-                write_device_rules(&d.dir, rules)?;
-            }
+        if let (Setup::Root { device_rules }, true) = (setup, d.hierarchy.split(',').any(|h| h == "devices")) {
+            write_device_rules(&d.dir, device_rules)?;
         }
         if !d.limits {
             continue;
@@ -251,13 +250,13 @@ mod tests {
 
     #[test]
     fn rootless_skips_devices_and_the_v2_tree() {
-        let d = job_dirs(&hybrid(), Path::new("/a/j"), &Setup::default());
+        let d = job_dirs(&hybrid(), Path::new("/a/j"), &Setup::Rootless);
         assert_eq!(names(&d), ["/cg/cpu,cpuacct/a/j", "/cg/memory/a/j"]);
     }
 
     #[test]
     fn root_joins_devices_and_the_hybrid_v2_tree_without_limits() {
-        let setup = Setup { device_rules: Some(vec!["c 1:3 rwm".into()]), hybrid_v2: true };
+        let setup = Setup::Root { device_rules: vec!["c 1:3 rwm".into()] };
         let d = job_dirs(&hybrid(), Path::new("/a/j"), &setup);
         assert_eq!(
             names(&d),

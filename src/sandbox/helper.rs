@@ -135,11 +135,6 @@ fn run(home: &Home, job: &JobDir, sys: &dyn Sys, reporter: &Reporter, go: Option
     keep_dev_null_writable()?;
     sys.private_mount_namespace()?;
     let cgroup_owner = enter_job_cgroup(&plan, sys)?;
-    // An earlier phase of this sandbox mounted the same upper layer "volatile" (see
-    // Sys::mount_overlay); overlayfs refuses to mount it again until its marker is gone.
-    // That is for upper layers that may have lost writes in a crash; this one is being
-    // handed from one phase to the next of a live job (a crash kills the job: gc).
-    let _ = std::fs::remove_dir_all(job.work().join("work/incompat/volatile"));
     sys.mount_overlay(&Overlay {
         lower: plan.lower.clone(),
         upper: job.upper(),
@@ -210,20 +205,21 @@ fn run(home: &Home, job: &JobDir, sys: &dyn Sys, reporter: &Reporter, go: Option
 /// cgroup2 hierarchy leaves it all to libcontainer's v1 manager instead. Rootless without
 /// delegation, the job gets no cgroup (the warning was printed at start).
 fn enter_job_cgroup(plan: &super::JobPlan, sys: &dyn Sys) -> Result<spec::CgroupOwner> {
-    let host = || crate::rootless::cgroups::CgroupHost::detect();
+    use super::cgroup::{join_job_cgroup, Setup};
+    let host = crate::rootless::cgroups::CgroupHost::detect();
+    let has_cgroup = !plan.cgroup_path.as_os_str().is_empty();
     if plan.rootless {
-        if !plan.cgroup_path.as_os_str().is_empty() {
-            super::cgroup::join_job_cgroup(&host(), &plan.cgroup_path, &plan.limits, &Default::default())?;
+        if has_cgroup {
+            join_job_cgroup(&host, &plan.cgroup_path, &plan.limits, &Setup::Rootless)?;
         }
         sys.hide_cgroupfs()?;
         return Ok(spec::CgroupOwner::Helper { leaf: None });
     }
-    let host = host();
-    if host.v2_mount.is_none() || plan.cgroup_path.as_os_str().is_empty() {
+    if host.v2_mount.is_none() || !has_cgroup {
         return Ok(spec::CgroupOwner::Libcontainer);
     }
-    let setup = super::cgroup::Setup { device_rules: Some(spec::v1_device_allow_lines(plan)?), hybrid_v2: true };
-    super::cgroup::join_job_cgroup(&host, &plan.cgroup_path, &plan.limits, &setup)?;
+    let setup = Setup::Root { device_rules: spec::v1_device_allow_lines(plan)? };
+    join_job_cgroup(&host, &plan.cgroup_path, &plan.limits, &setup)?;
     sys.hide_cgroupfs()?;
     Ok(spec::CgroupOwner::Helper { leaf: Some(JOB_CGROUP_LEAF.into()) })
 }
