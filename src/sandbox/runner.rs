@@ -574,16 +574,16 @@ pub(crate) struct HelperProcess {
 
 impl HelperProcess {
     fn wait(&mut self) -> std::io::Result<std::process::ExitStatus> {
+        let mut status = 0;
         loop {
-            match nix::sys::wait::waitpid(nix::unistd::Pid::from_raw(self.pid), None) {
-                Ok(nix::sys::wait::WaitStatus::Exited(_, code)) => {
-                    return Ok(std::process::ExitStatus::from_raw(code << 8))
-                }
-                Ok(nix::sys::wait::WaitStatus::Signaled(_, sig, core)) => {
-                    return Ok(std::process::ExitStatus::from_raw(sig as i32 | if core { 0x80 } else { 0 }))
-                }
-                Ok(_) | Err(nix::errno::Errno::EINTR) => continue,
-                Err(e) => return Err(e.into()),
+            // SAFETY: waits for our own child; `status` is a valid out-pointer on the stack.
+            if unsafe { libc::waitpid(self.pid, &mut status, 0) } == self.pid {
+                // The raw wait status is what ExitStatus wraps.
+                return Ok(std::process::ExitStatus::from_raw(status));
+            }
+            let e = std::io::Error::last_os_error();
+            if e.kind() != std::io::ErrorKind::Interrupted {
+                return Err(e);
             }
         }
     }
