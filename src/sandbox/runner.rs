@@ -526,16 +526,24 @@ fn forked_helper(home: &Home, job_dir: &std::path::Path, fds: HelperFds, ours: &
         // child uses them.
         unsafe { libc::close(*fd) };
     }
+    let failed = |what: &str, e: std::io::Error| {
+        // The runner reports "helper exited without a result"; this line says why.
+        eprintln!("azp-sandbox: error: the sandbox helper cannot {what}: {e}");
+        125
+    };
     let HelperFds { result_tx, go_rx, stdin, stdout, stderr } = fds;
     for (fd, to) in [(stdin, 0), (stdout, 1), (stderr, 2)] {
         if let Some(fd) = fd {
             // SAFETY: dup2 onto a standard fd; `fd` stays owned (and closed on drop).
             if unsafe { libc::dup2(fd.as_raw_fd(), to) } < 0 {
-                return 125;
+                return failed("set up its standard fds (dup2)", std::io::Error::last_os_error());
             }
         }
     }
-    if child_setup(-1, -1).is_err() || nix::unistd::getppid().as_raw() != parent {
+    if let Err(e) = child_setup(-1, -1) {
+        return failed("tie itself to the runner (PDEATHSIG) or clear its signal mask", e);
+    }
+    if nix::unistd::getppid().as_raw() != parent {
         // The runner died before PDEATHSIG was set: nobody would wait for us.
         return 125;
     }
