@@ -554,7 +554,7 @@ fn run(cli: Cli, home: Home) -> Result<i32> {
         }
         Command::Rootfs(cmd) => rootfs(&home, cmd),
         Command::Gc => {
-            let report = sandbox::gc(&home)?;
+            let report = sandbox::gc_all(&home)?;
             report.log();
             if !report.failed.is_empty() {
                 bail!("gc could not remove {} item(s) (see warnings above)", report.failed.len());

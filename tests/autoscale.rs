@@ -84,7 +84,7 @@ fn autoscale_serves_exactly_the_matching_jobs_then_scales_to_zero() {
         let names: Vec<String> = fake.agents().into_iter().map(|a| a.name).collect();
         let st: serde_json::Value = serde_json::from_slice(&std::fs::read(h.dir.join("status.json")).ok()?).ok()?;
         let off = st["slots"].as_array()?.iter().all(|s| s["state"] == "off");
-        let jobs = std::fs::read_dir(h.dir.join("jobs")).map(|d| d.count()).unwrap_or(0);
+        let jobs = std::fs::read_dir(h.jobs_dir()).map(|d| d.count()).unwrap_or(0);
         (names == ["asc-placeholder"] && off && jobs == 0).then_some(())
     });
     assert!(zero.is_some(), "not scaled back to zero: {:?}; log:\n{}", fake.agents(), mgr.log());

@@ -1258,7 +1258,7 @@ fn t15_malformed_config_and_job_records() {
         );
     }
     // JSON: job records that are garbage, truncated, empty or of the wrong shape.
-    let jobs = h.dir.join("jobs");
+    let (jobs, layers) = (h.jobs_dir(), h.layers_dir());
     let records: [(&str, &[u8]); 4] = [
         ("garbage", b"\x00\xff not json"),
         ("truncated", b"{\"id\":\"truncated\",\"cgroup_path\":\"/azp-sa"),
@@ -1266,16 +1266,19 @@ fn t15_malformed_config_and_job_records() {
         ("wrongshape", b"[1,2,3]"),
     ];
     for (id, body) in records {
-        let d = jobs.join(format!("esc-json-{id}"));
-        for sub in ["upper/etc", "work", "merged", "bundle"] {
-            fs::create_dir_all(d.join(sub)).unwrap();
+        let (d, l) = (jobs.join(format!("esc-json-{id}")), layers.join(format!("esc-json-{id}")));
+        for sub in [d.join("merged"), d.join("bundle"), l.join("upper/etc"), l.join("work")] {
+            fs::create_dir_all(sub).unwrap();
         }
-        fs::write(d.join("upper/etc/leftover"), "x").unwrap();
+        fs::write(l.join("upper/etc/leftover"), "x").unwrap();
         fs::write(d.join("state.json"), body).unwrap();
         fs::write(d.join("plan.json"), body).unwrap();
         fs::write(d.join("lock"), "").unwrap();
     }
-    give_to_test_user(&jobs);
+    // And layers whose record is gone altogether.
+    fs::create_dir_all(layers.join("esc-json-norecord/upper")).unwrap();
+    give_to_test_user(jobs.parent().unwrap());
+    give_to_test_user(&layers);
     let o = h.run(&["gc"]);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     h.assert_no_residue(&[]);
@@ -1394,11 +1397,8 @@ fn t16_kill_9_of_the_manager_mid_job_then_gc_leaves_nothing() {
         processes_matching(&m).len() >= 2 || mgr.0.try_wait().unwrap().is_some()
     });
     assert!(mgr.0.try_wait().unwrap().is_none(), "manager exited: {}", log());
-    let jobs: Vec<String> = fs::read_dir(h.dir.join("jobs"))
-        .unwrap()
-        .flatten()
-        .map(|e| e.file_name().to_string_lossy().into_owned())
-        .collect();
+    let jobs: Vec<String> =
+        fs::read_dir(h.jobs_dir()).unwrap().flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect();
     assert!(!jobs.is_empty());
     mgr.0.kill().unwrap(); // SIGKILL
     mgr.0.wait().unwrap();
@@ -1570,7 +1570,7 @@ fn t11b_setuid_binary_left_in_the_upper_dir_is_unreachable_for_host_users() {
     let h = home("upper-suid");
     let name = unique("esc-upper-suid");
     let job = WaitingJob::start(&h, &[], &["--name", &name], "cp /bin/probe /p && chmod 4755 /p");
-    let planted = h.dir.join("jobs").join(&name).join("upper/p");
+    let planted = h.layers_dir().join(&name).join("upper/p");
     let meta = fs::metadata(&planted).expect("the job's file in its upper dir");
     assert_eq!((meta.mode() & 0o7777, meta.uid()), (0o4755, host_uid_of_container_root()), "the test is not testing");
     // A host user (nobody) tries to run it.

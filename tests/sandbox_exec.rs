@@ -192,7 +192,7 @@ fn sigkill_of_exec_and_helper_then_gc_leaves_nothing() {
         assert!(Instant::now() < deadline, "job never started");
         std::thread::sleep(Duration::from_millis(20));
     }
-    let job_dir = h.dir.join("jobs").join(&name);
+    let job_dir = h.jobs_dir().join(&name);
     // The helper is exec's child (forked, or re-executed by a threaded runner).
     let helpers = children_of(child.id() as i32);
     assert!(!helpers.is_empty(), "no helper process found");

@@ -157,8 +157,10 @@ fn a_permitted_user_runs_as_itself_with_no_capabilities_under_the_site_limits() 
     // The site home was used (not AZP_SANDBOX_HOME from the caller's environment), and
     // nothing is left there.
     assert!(!Path::new("/tmp/elsewhere").exists());
-    for sub in ["jobs", "run", "trash"] {
-        assert_eq!(fs::read_dir(site.dir.join("home").join(sub)).unwrap().count(), 0, "{sub}");
+    let home = azp_sandbox::config::Home::new(site.dir.join("home"));
+    assert!(!home.jobs_dir().exists(), "job records left in {}", home.jobs_dir().display());
+    for d in [home.layers_dir(), home.trash_dir()] {
+        assert_eq!(fs::read_dir(&d).unwrap().count(), 0, "{}", d.display());
     }
 }
 

@@ -310,7 +310,7 @@ pub fn run(home: &Home, settings: RunSettings, ctx: RunContext) -> Result<()> {
             None => {}
         }
         if let Some(t) = settings.exit_when_idle {
-            if slots.any_busy(&home.jobs_dir()) {
+            if slots.any_busy(&home.layers_dir()) {
                 last_activity = Instant::now();
             } else if last_activity.elapsed() >= t {
                 tracing::info!("no job for {}s (--exit-when-idle): stopping", t.as_secs());
@@ -335,7 +335,7 @@ pub fn run(home: &Home, settings: RunSettings, ctx: RunContext) -> Result<()> {
             if h.thread.is_none() || p <= 0 || signalled.contains(&(i, p)) {
                 continue;
             }
-            let busy = job_in_progress(&home.jobs_dir(), &names[i]);
+            let busy = job_in_progress(&home.layers_dir(), &names[i]);
             if !busy || Instant::now() >= deadline || wait_signal(&sigs, Duration::ZERO).is_some() {
                 tracing::info!(
                     slot = i,
@@ -362,7 +362,7 @@ pub fn run(home: &Home, settings: RunSettings, ctx: RunContext) -> Result<()> {
         sc.shutdown(&client);
     }
     drop(lease);
-    crate::sandbox::gc(home)?.log();
+    crate::sandbox::gc_all(home)?.log();
     tracing::info!(
         "stopped; {} job(s) served",
         shared.status.lock().map(|s| s.slots.iter().map(|x| x.jobs_done).sum::<u64>()).unwrap_or(0)
@@ -435,14 +435,14 @@ impl Slots {
     }
 
     /// Some slot's agent is running a job.
-    fn any_busy(&self, jobs_dir: &Path) -> bool {
-        self.v.iter().any(|h| h.thread.is_some() && job_in_progress(jobs_dir, &h.cfg.agent_name))
+    fn any_busy(&self, layers_dir: &Path) -> bool {
+        self.v.iter().any(|h| h.thread.is_some() && job_in_progress(layers_dir, &h.cfg.agent_name))
     }
 }
 
-/// Is the slot's current job dir showing a job the agent has taken?
-fn job_in_progress(jobs_dir: &Path, agent_name: &str) -> bool {
-    std::fs::read_dir(jobs_dir)
+/// Is the slot's current job (its layer dir) showing a job the agent has taken?
+fn job_in_progress(layers_dir: &Path, agent_name: &str) -> bool {
+    std::fs::read_dir(layers_dir)
         .map(|rd| {
             rd.flatten().any(|e| {
                 let n = e.file_name().to_string_lossy().into_owned();

@@ -40,10 +40,12 @@ impl Mode {
     }
 
     /// The cgroup of job `id` of the home tagged `home_tag` (relative to the cgroup
-    /// root); empty when jobs get none. The tag keeps two homes on one host (two `run`s
-    /// for two pools, both naming agents after the host) out of each other's cgroups.
+    /// root): `<parent>/<home_tag>-<id>`; empty when jobs get none. The tag keeps two homes
+    /// on one host (two `run`s for two pools, both naming agents after the host) out of
+    /// each other's cgroups. One level, not a dir per home: every level is a mkdir and
+    /// an rmdir in each hierarchy per job.
     pub fn cgroup_path_for(&self, home_tag: &str, id: &str) -> PathBuf {
-        self.cgroups.parent().map(|p| p.join(home_tag).join(id)).unwrap_or_default()
+        self.cgroups.parent().map(|p| p.join(format!("{home_tag}-{id}"))).unwrap_or_default()
     }
 
     /// The loud line printed at start and shown by `status` when limits cannot be enforced.

@@ -92,7 +92,7 @@ pub fn run_helper(home: &Home, job_dir: &Path, pipes: Pipes) -> i32 {
         // job's init gets default handlers back at execve.
         unsafe { libc::signal(sig, note_early_signal as *const () as libc::sighandler_t) };
     }
-    let job = JobDir { root: job_dir.to_path_buf() };
+    let job = JobDir::at(home, job_dir);
     let reporter = Reporter { fd: std::cell::Cell::new(pipes.result) };
     let result = match run(home, &job, &crate::sys::Real, &reporter, pipes.go) {
         Ok(r) => r,
@@ -157,7 +157,7 @@ fn run(home: &Home, job: &JobDir, sys: &dyn Sys, reporter: &Reporter, go: Option
     // libcontainer gives its caller the job's oom_score_adj; ours goes back after build().
     let own_oom_score_adj = std::fs::read_to_string("/proc/self/oom_score_adj").ok();
     let mut container = ContainerBuilder::new(plan.id.clone(), SyscallType::default())
-        .with_root_path(home.runtime_dir())
+        .with_root_path(job.container_root())
         .context("bad libcontainer state dir")?
         .as_init(job.bundle())
         .with_systemd(false)
@@ -195,7 +195,9 @@ fn run(home: &Home, job: &JobDir, sys: &dyn Sys, reporter: &Reporter, go: Option
     if let Err(e) = container.delete(true) {
         tracing::warn!(job = %plan.id, "libcontainer delete failed ({e}); gc will finish the clean-up");
     }
-    let _ = sys.unmount(&merged);
+    // No unmount of the overlay here: it lives only in this process's mount namespace,
+    // which the kernel tears down when we exit, before our parent's wait returns. An
+    // unmount of its own costs one more RCU grace period (~0.7 ms per job measured).
     tracing::debug!(job = %plan.id, "container deleted");
     outcome
 }
@@ -206,11 +208,11 @@ fn run(home: &Home, job: &JobDir, sys: &dyn Sys, reporter: &Reporter, go: Option
 /// delegation, the job gets no cgroup (the warning was printed at start).
 fn enter_job_cgroup(plan: &super::JobPlan, sys: &dyn Sys) -> Result<spec::CgroupOwner> {
     use super::cgroup::{join_job_cgroup, Setup};
-    let host = crate::rootless::cgroups::CgroupHost::detect();
+    let host = crate::rootless::cgroups::CgroupHost::get();
     let has_cgroup = !plan.cgroup_path.as_os_str().is_empty();
     if plan.rootless {
         if has_cgroup {
-            join_job_cgroup(&host, &plan.cgroup_path, &plan.limits, &Setup::Rootless)?;
+            join_job_cgroup(host, &plan.cgroup_path, &plan.limits, &Setup::Rootless)?;
         }
         sys.hide_cgroupfs()?;
         return Ok(spec::CgroupOwner::Helper { leaf: None });
@@ -219,7 +221,7 @@ fn enter_job_cgroup(plan: &super::JobPlan, sys: &dyn Sys) -> Result<spec::Cgroup
         return Ok(spec::CgroupOwner::Libcontainer);
     }
     let setup = Setup::Root { device_rules: spec::v1_device_allow_lines(plan)? };
-    join_job_cgroup(&host, &plan.cgroup_path, &plan.limits, &setup)?;
+    join_job_cgroup(host, &plan.cgroup_path, &plan.limits, &setup)?;
     sys.hide_cgroupfs()?;
     Ok(spec::CgroupOwner::Helper { leaf: Some(JOB_CGROUP_LEAF.into()) })
 }

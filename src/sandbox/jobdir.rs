@@ -1,10 +1,14 @@
-//! A job's directory under `<home>/jobs/<id>/` and its state record.
+//! A job's two dirs and its state record: the record dir `<run root>/jobs/<id>/` (see
+//! [`Home::run_root`]: lock, record, plan, bundle, mount point, libcontainer's state) and
+//! the layer dir `<home>/layers/<id>/` (the overlay's upper and work dirs, on disk).
 //!
-//! The record is written (and fsynced) *before* anything privileged happens, and a lock
-//! on `lock` is held by the runner for the job's whole life. `gc` treats a job dir whose
-//! lock it can take as abandoned and removes what the record names.
+//! The record is written *before* anything privileged happens, and a lock on `lock` is
+//! held by the runner for the job's whole life. `gc` treats a record dir whose lock it
+//! can take as abandoned and removes what the record names, and a layer dir without a
+//! record as an orphan.
 
 use super::plan::JobPlan;
+use crate::config::Home;
 use anyhow::{Context, Result};
 use serde::{Deserialize, Serialize};
 use std::fs::{self, File};
@@ -16,7 +20,10 @@ pub type JobLock = nix::fcntl::Flock<File>;
 
 #[derive(Debug, Clone)]
 pub struct JobDir {
+    /// The record dir (runtime dir).
     pub root: PathBuf,
+    /// The layer dir (home's disk).
+    pub layers: PathBuf,
 }
 
 /// What `gc` needs to undo a job when the processes that owned it are gone.
@@ -33,14 +40,24 @@ pub struct JobState {
 }
 
 impl JobDir {
-    pub fn new(jobs_dir: &Path, id: &str) -> JobDir {
-        JobDir { root: jobs_dir.join(id) }
+    pub fn new(home: &Home, id: &str) -> JobDir {
+        JobDir { root: home.jobs_dir().join(id), layers: home.layers_dir().join(id) }
+    }
+    /// The job whose record dir is `record` (as found by a scan of [`Home::jobs_dir`];
+    /// a staging record `.new-<id>` names the layers of `<id>`).
+    pub fn at(home: &Home, record: &Path) -> JobDir {
+        let name = record.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+        let id = name.strip_prefix(".new-").unwrap_or(&name);
+        JobDir { root: record.to_path_buf(), layers: home.layers_dir().join(id) }
+    }
+    pub fn id(&self) -> String {
+        self.root.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default()
     }
     pub fn upper(&self) -> PathBuf {
-        self.root.join("upper")
+        self.layers.join("upper")
     }
     pub fn work(&self) -> PathBuf {
-        self.root.join("work")
+        self.layers.join("work")
     }
     pub fn merged(&self) -> PathBuf {
         self.root.join("merged")
@@ -48,6 +65,10 @@ impl JobDir {
     /// The OCI bundle: `config.json` (libcontainer reads it from here).
     pub fn bundle(&self) -> PathBuf {
         self.root.join("bundle")
+    }
+    /// libcontainer's state root for this job (instead of its default `/run/youki`).
+    pub fn container_root(&self) -> PathBuf {
+        self.root.join("containers")
     }
     pub fn plan_file(&self) -> PathBuf {
         self.root.join("plan.json")
@@ -72,21 +93,41 @@ impl JobDir {
     /// Creates the dirs, takes the lock, records the state and writes the plan.
     /// Returns the lock; dropping it marks the job as abandoned for `gc`.
     ///
-    /// Built under `.new-<id>` and renamed into place with the lock already held (flock
-    /// follows the inode), so `gc` never sees a job dir that is not locked yet.
+    /// The record is built under `.new-<id>` and renamed into place with the lock already
+    /// held (flock follows the inode), so `gc` never sees a record that is not locked yet;
+    /// the layer dir is made while the staging record exists, so `gc` never takes it for
+    /// an orphan. On failure, what this call made is removed again.
     pub fn create(&self, plan: &JobPlan, state: &JobState) -> Result<JobLock> {
-        let name = self.root.file_name().context("job dir has no name")?.to_string_lossy().into_owned();
-        let staging = JobDir { root: self.root.with_file_name(format!(".new-{name}")) };
-        // 0700 from the start: a root job can leave setuid-root files in its upper dir,
-        // which lives on the host's disk; no host user may reach them.
-        std::os::unix::fs::DirBuilderExt::mode(&mut fs::DirBuilder::new(), 0o700).create(&staging.root).with_context(
-            || format!("cannot create job dir {}: check free space under the home dir", staging.root.display()),
-        )?;
+        let staging =
+            JobDir { root: self.root.with_file_name(format!(".new-{}", self.id())), layers: self.layers.clone() };
+        // mkdir fails if the staging dir exists: then nothing here is ours to remove.
+        create_in_runtime_dir(&staging.root, &private_dir())?;
+        let mut made_layers = false;
+        let made = self.fill(&staging, plan, state, &mut made_layers);
+        if made.is_err() {
+            // Only what this call made: the layer dir or the final record may belong to a
+            // live job of the same name (its mkdir and the rename failed then).
+            let _ = fs::remove_dir_all(&staging.root);
+            if made_layers {
+                let _ = fs::remove_dir_all(&self.layers);
+            }
+        }
+        made
+    }
+
+    fn fill(&self, staging: &JobDir, plan: &JobPlan, state: &JobState, made_layers: &mut bool) -> Result<JobLock> {
         let file = File::create(staging.lock_file()).context("cannot create job lock file")?;
         let lock = nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusiveNonblock)
             .map_err(|(_, e)| anyhow::anyhow!("cannot lock new job dir {}: {e}", staging.root.display()))?;
-        for d in [staging.upper(), staging.work(), staging.merged(), staging.bundle()] {
+        for d in [staging.merged(), staging.bundle()] {
             fs::create_dir(&d).with_context(|| format!("cannot create {}", d.display()))?;
+        }
+        private_dir().create(&self.layers).with_context(|| {
+            format!("cannot create job dir {}: check free space under the home dir", self.layers.display())
+        })?;
+        *made_layers = true;
+        for d in [self.upper(), self.work()] {
+            fs::create_dir(&d).with_context(|| format!("cannot create {}: disk full?", d.display()))?;
         }
         fs::write(staging.plan_file(), serde_json::to_vec(plan)?).context("cannot write job plan: disk full?")?;
         // The record is written before anything privileged happens, so a crash of this
@@ -123,6 +164,34 @@ impl JobDir {
         match nix::fcntl::Flock::lock(f, nix::fcntl::FlockArg::LockExclusiveNonblock) {
             Ok(_unlocked_on_drop) => false,
             Err(_) => true,
+        }
+    }
+}
+
+/// 0700 from the start: a root job can leave setuid-root files in its upper dir, which
+/// lives on the host's disk; no host user may reach them (nor the record's mount point).
+fn private_dir() -> fs::DirBuilder {
+    let mut b = fs::DirBuilder::new();
+    std::os::unix::fs::DirBuilderExt::mode(&mut b, 0o700);
+    b
+}
+
+/// mkdir of a record dir; its parents (the home's runtime dir levels) are made as needed.
+/// They are removed again once the home has no job, maybe by another job's teardown
+/// between our `create_dir_all` and `mkdir`: then the parents are made once more.
+fn create_in_runtime_dir(dir: &Path, builder: &fs::DirBuilder) -> Result<()> {
+    let parent = dir.parent().context("job dir has no parent")?;
+    let mut tries = 0;
+    loop {
+        let made = {
+            let mut b = fs::DirBuilder::new();
+            std::os::unix::fs::DirBuilderExt::mode(&mut b, 0o711);
+            b.recursive(true).create(parent)
+        }
+        .and_then(|()| builder.create(dir));
+        match made {
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound && tries < 5 => tries += 1,
+            r => return r.with_context(|| format!("cannot create job dir {}", dir.display())),
         }
     }
 }

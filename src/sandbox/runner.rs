@@ -117,23 +117,17 @@ impl Sandbox {
         // Optional mounts whose source is missing are dropped here, never failing the job.
         plan.edits.mounts.retain(|m| !m.optional || m.host_path.exists());
         // The home's dirs exist: `exec` and `run` ensure them once at start, not per job.
-        let job = JobDir::new(&home.jobs_dir(), &plan.id);
+        let job = JobDir::new(home, &plan.id);
         let state = JobState {
             id: plan.id.clone(),
             cgroup_path: plan.cgroup_path.clone(),
-            container_state: home.runtime_dir().join(&plan.id),
+            container_state: job.container_root().join(&plan.id),
             merged: job.merged(),
             rootfs: plan.lower.clone(),
             runner_pid: std::process::id(),
             started_unix: SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0),
         };
-        let lock = match job.create(&plan, &state) {
-            Ok(l) => l,
-            Err(e) => {
-                let _ = std::fs::remove_dir_all(&job.root);
-                return Err(e);
-            }
-        };
+        let lock = job.create(&plan, &state)?;
         tracing::debug!(job = %plan.id, "job dir recorded");
         Ok(Sandbox {
             home: home.clone(),
@@ -500,6 +494,8 @@ fn child_setup(tx_raw: i32, go_raw: i32) -> std::io::Result<()> {
 /// a re-executed helper would and runs it to the end, never returning here.
 fn fork_helper(home: &Home, job_dir: &std::path::Path, fds: HelperFds, ours: &[i32]) -> Result<HelperProcess> {
     let parent = std::process::id() as i32;
+    // Read here, once, for the helper (it inherits the result) and our own teardown.
+    crate::rootless::cgroups::CgroupHost::get();
     // SAFETY: this process has a single thread (checked by the caller), so no lock can
     // be held by a thread that does not exist in the child. The child never returns from
     // this function: it ends in _exit.

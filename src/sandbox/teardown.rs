@@ -35,23 +35,22 @@ impl std::fmt::Display for Cleanup {
 
 pub fn cleanup_job(home: &Home, job: &JobDir, background_delete: bool) -> Result<Cleanup> {
     let mut out = Cleanup::default();
-    let id = job.root.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let id = job.id();
     let state = job.read_state().ok();
     if let Some(pid) = kill_recorded_init(job) {
         out.leftovers.push(format!("job init pid {pid} (its pid namespace killed)"));
     }
     let cgroup = state.as_ref().map(|s| s.cgroup_path.clone()).unwrap_or_else(|| cgroup_path_for(home, &id));
-    let host = CgroupHost::detect();
-    if let Some(n) = remove_cgroup_on(&host, &cgroup)? {
+    let host = CgroupHost::get();
+    if let Some(n) = remove_cgroup_on(host, &cgroup)? {
         // Removing the job's cgroup is routine (the helper made it; see sandbox::cgroup);
         // processes still in it are leftovers.
         if n > 0 {
             out.leftovers.push(format!("cgroup {} ({n} processes killed)", cgroup.display()));
         }
-        remove_home_level(&host, &cgroup);
     }
     let container_state =
-        state.as_ref().map(|s| s.container_state.clone()).unwrap_or_else(|| home.runtime_dir().join(&id));
+        state.as_ref().map(|s| s.container_state.clone()).unwrap_or_else(|| job.container_root().join(&id));
     if container_state.exists() {
         std::fs::remove_dir_all(&container_state)
             .with_context(|| format!("cannot remove {}", container_state.display()))?;
@@ -62,19 +61,25 @@ pub fn cleanup_job(home: &Home, job: &JobDir, background_delete: bool) -> Result
             .with_context(|| format!("cannot unmount {}", m.display()))?;
         out.leftovers.push(format!("mount {}", m.display()));
     }
-    if job.root.exists() {
-        remove_dir(home, &job.root, background_delete)?;
+    // The layers (disk, maybe gigabytes) go through the trash, then the record (runtime
+    // dir, small) at once. In this order a concurrent gc never sees this job's layers
+    // without their record (it would take them for an orphan).
+    if job.layers.exists() {
+        remove_dir(home, &job.layers, background_delete)?;
     }
+    if job.root.exists() {
+        std::fs::remove_dir_all(&job.root).with_context(|| format!("cannot remove {}", job.root.display()))?;
+    }
+    remove_empty_run_root(home);
     out.job_dir_removed = true;
     Ok(out)
 }
 
-/// The home's own cgroup level above a job (`.../h-<hash>`), once its last job is gone, so
-/// that homes leave nothing behind. Busy (another job of the home runs): left alone.
-fn remove_home_level(host: &CgroupHost, job_cgroup: &Path) {
-    let Some(level) = job_cgroup.parent() else { return };
-    if level.file_name().is_some_and(|n| n.to_string_lossy().starts_with("h-")) {
-        remove_if_empty(host, level);
+/// The home's runtime dir levels once its last job is gone (rmdir fails while one is
+/// there; a job starting meanwhile makes them again, see `jobdir::create_in_runtime_dir`).
+fn remove_empty_run_root(home: &Home) {
+    if std::fs::remove_dir(home.jobs_dir()).is_ok() {
+        let _ = std::fs::remove_dir(home.run_root());
     }
 }
 
@@ -102,7 +107,7 @@ pub fn kill_recorded_init(job: &JobDir) -> Option<i32> {
 /// [`kill_recorded_init`] for every job dir whose runner is gone (its lock is free).
 pub fn kill_abandoned_inits(home: &Home) {
     for entry in read_dir_or_empty(&home.jobs_dir()) {
-        let job = JobDir { root: entry };
+        let job = JobDir::at(home, &entry);
         if !job.is_live() {
             if let Some(pid) = kill_recorded_init(&job) {
                 tracing::info!("killed pid {pid}, the init of abandoned job {}", job.root.display());
@@ -126,13 +131,9 @@ pub fn cgroup_path_for(home: &Home, id: &str) -> PathBuf {
     crate::rootless::mode().cgroup_path_for(&home_tag(home), id)
 }
 
-/// `h-` and 8 hex digits of the sha256 of the home's absolute path: the home's own level
-/// in the cgroup tree.
+/// The home's own level in the cgroup tree ([`Home::tag`]).
 pub fn home_tag(home: &Home) -> String {
-    use sha2::Digest;
-    let path = std::fs::canonicalize(home.root()).unwrap_or_else(|_| home.root().to_path_buf());
-    let digest = sha2::Sha256::digest(path.as_os_str().as_encoded_bytes());
-    format!("h-{}", crate::rootfs::archive::hex(&digest[..4]))
+    home.tag()
 }
 
 /// Kills every process in the cgroup and removes it (all v1 controllers, or the v2 dir).
@@ -141,7 +142,7 @@ pub fn home_tag(home: &Home) -> String {
 /// Done here rather than through libcgroups' manager, which re-reads mountinfo once per
 /// controller (24 reads per job in the profile of the start/stop path).
 pub fn remove_cgroup(path: &Path) -> Result<Option<usize>> {
-    remove_cgroup_on(&CgroupHost::detect(), path)
+    remove_cgroup_on(CgroupHost::get(), path)
 }
 
 fn remove_cgroup_on(host: &CgroupHost, path: &Path) -> Result<Option<usize>> {
@@ -175,11 +176,13 @@ fn remove_cgroup_on(host: &CgroupHost, path: &Path) -> Result<Option<usize>> {
     Ok(Some(killed.len()))
 }
 
+/// `dir` and every cgroup below it. The entry type comes from readdir (d_type): a stat of
+/// each of the ~30 control files of every v1 dir cost ~1.5 ms per job in the profile.
 fn subdirs(dir: &Path) -> Vec<PathBuf> {
     let mut out = vec![dir.to_path_buf()];
-    for e in read_dir_or_empty(dir) {
-        if e.is_dir() {
-            out.extend(subdirs(&e));
+    for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        if e.file_type().is_ok_and(|t| t.is_dir()) {
+            out.extend(subdirs(&e.path()));
         }
     }
     out
@@ -275,6 +278,21 @@ impl GcReport {
     }
 }
 
+/// [`gc`], then, when no job of any home is left, the service's own cgroup parent
+/// (`/azp-sandbox`, root mode only: a delegated or `--cgroup-parent` dir belongs to the
+/// admin). For `azp-sandbox gc` and the end of `run`; the gc at the start of every `exec`
+/// keeps the parent, which the next job would only make again (a mkdir and an rmdir in
+/// each hierarchy per job).
+pub fn gc_all(home: &Home) -> Result<GcReport> {
+    let report = gc(home)?;
+    let mode = crate::rootless::mode();
+    let root_parent = Path::new(crate::rootless::cgroups::ROOT_PARENT);
+    if !mode.rootless && mode.cgroups.parent() == Some(root_parent) {
+        remove_if_empty(&CgroupHost::detect(), root_parent);
+    }
+    Ok(report)
+}
+
 /// Removes everything that crashed runs left: abandoned jobs (with their cgroups and
 /// container state), orphan cgroups and state dirs, the trash, interrupted imports.
 pub fn gc(home: &Home) -> Result<GcReport> {
@@ -286,7 +304,7 @@ pub fn gc(home: &Home) -> Result<GcReport> {
     let _gc_lock = lock_gc(home)?;
     let mut live = std::collections::HashSet::new();
     for entry in read_dir_or_empty(&home.jobs_dir()) {
-        let job = JobDir { root: entry.clone() };
+        let job = JobDir::at(home, &entry);
         if JobDir::is_staging(&entry) && (job.is_live() || younger_than(&entry, std::time::Duration::from_secs(60))) {
             continue;
         }
@@ -306,30 +324,22 @@ pub fn gc(home: &Home) -> Result<GcReport> {
     // moment of removal: a job that started after the scan above is locked by now,
     // because its dir is locked before its helper creates any state or cgroup.
     let jobs_dir = home.jobs_dir();
-    let is_live = |id: &str| live.contains(id) || JobDir::new(&jobs_dir, id).is_live();
-    for entry in read_dir_or_empty(&home.runtime_dir()) {
+    // Layer dirs without a record (their job's record went first, or with /run at a
+    // reboot). A record being created (`.new-<id>`) already has its layer dir.
+    for entry in read_dir_or_empty(&home.layers_dir()) {
         let id = entry.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-        if !is_live(&id) {
-            match std::fs::remove_dir_all(&entry) {
-                Ok(()) => report.removed.push(format!("container state {}", entry.display())),
-                Err(e) => report.failed.push(format!("container state {}: {e}", entry.display())),
-            }
+        if jobs_dir.join(format!(".new-{id}")).exists() || jobs_dir.join(&id).exists() {
+            continue;
+        }
+        match remove_dir(home, &entry, false) {
+            Ok(()) => report.removed.push(format!("orphan layers {}", entry.display())),
+            Err(e) => report.failed.push(format!("orphan layers {}: {e:#}", entry.display())),
         }
     }
     // Cgroups are not scanned for orphans: the parent is shared by every home on the
     // host, and a job's cgroup is always removed before its record (cleanup_job).
     if live.is_empty() && read_dir_or_empty(&jobs_dir).is_empty() {
-        // This home's own level, then our default parent (a delegated or --cgroup-parent
-        // dir belongs to the admin); remove_dir only succeeds when empty.
-        let mode = crate::rootless::mode();
-        let host = CgroupHost::detect();
-        if let Some(parent) = mode.cgroups.parent() {
-            remove_if_empty(&host, &parent.join(home_tag(home)));
-        }
-        let root_parent = Path::new(crate::rootless::cgroups::ROOT_PARENT);
-        if !mode.rootless && mode.cgroups.parent() == Some(root_parent) {
-            remove_if_empty(&host, root_parent);
-        }
+        remove_empty_run_root(home);
     }
     for entry in read_dir_or_empty(&home.trash_dir()) {
         match std::fs::remove_dir_all(&entry) {
@@ -371,7 +381,7 @@ mod tests {
         let t = process_start_time(me).expect("own start time");
         assert!(t > 0);
         let dir = tempfile::tempdir().unwrap();
-        let job = JobDir { root: dir.path().into() };
+        let job = JobDir { root: dir.path().into(), layers: dir.path().join("layers") };
         // A record naming us with another start time is stale: nothing is killed.
         std::fs::write(job.init_file(), format!("{me} {}", t + 1)).unwrap();
         assert_eq!(kill_recorded_init(&job), None);

@@ -3,6 +3,8 @@
 //!
 //! Everything here runs in the single-threaded sandbox helper process.
 
+pub mod runtime_tmpfs;
+
 use anyhow::{bail, Context, Result};
 use std::path::{Path, PathBuf};
 

@@ -89,7 +89,12 @@ pub fn as_test_user(cmd: &mut Command) {
     use std::os::unix::process::CommandExt;
     if let Some(u) = test_user() {
         // std drops supplementary groups when uid() is set by root.
-        cmd.uid(u.uid.as_raw()).gid(u.gid.as_raw()).env("HOME", &u.dir).env("USER", &u.name).env("LOGNAME", &u.name);
+        cmd.uid(u.uid.as_raw())
+            .gid(u.gid.as_raw())
+            .env("HOME", &u.dir)
+            .env("USER", &u.name)
+            .env("LOGNAME", &u.name)
+            .env_remove("XDG_RUNTIME_DIR");
     }
 }
 
@@ -107,6 +112,21 @@ impl TestHome {
             nix::unistd::chown(&dir, Some(u.uid), Some(u.gid)).unwrap();
         }
         TestHome { dir }
+    }
+
+    /// The home as the azp-sandbox commands of the tests see it (its runtime dir depends
+    /// on who runs them, see [`as_test_user`]).
+    pub fn home(&self) -> azp_sandbox::config::Home {
+        azp_sandbox::config::Home::new(&self.dir)
+    }
+    /// Where the commands keep job records (runtime dir).
+    pub fn jobs_dir(&self) -> PathBuf {
+        let xdg = std::env::var_os("XDG_RUNTIME_DIR").map(PathBuf::from);
+        self.home().run_root_as(!rootless(), if rootless() { None } else { xdg }).join("jobs")
+    }
+    /// Where the commands keep a job's upper/work dirs.
+    pub fn layers_dir(&self) -> PathBuf {
+        self.home().layers_dir()
     }
 
     pub fn command(&self) -> Command {
@@ -145,15 +165,19 @@ impl TestHome {
     /// Nothing left by jobs: no job dirs, no container state, no trash, no mounts
     /// under the home, no cgroups of the named jobs.
     pub fn assert_no_residue(&self, job_names: &[&str]) {
-        for sub in ["jobs", "run", "trash"] {
-            let d = self.dir.join(sub);
+        let home = self.home();
+        let jobs = self.jobs_dir();
+        assert!(!jobs.exists(), "job records left in {}", jobs.display());
+        for d in [home.layers_dir(), home.trash_dir()] {
             let left: Vec<_> =
                 std::fs::read_dir(&d).map(|r| r.flatten().map(|e| e.path()).collect()).unwrap_or_default();
             assert!(left.is_empty(), "residue in {}: {left:?}", d.display());
         }
         let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
-        let home = self.dir.to_str().unwrap();
-        assert!(!mounts.contains(home), "mounts left under {home}");
+        for dir in [self.dir.clone(), jobs] {
+            let dir = dir.to_str().unwrap().to_string();
+            assert!(!mounts.contains(&dir), "mounts left under {dir}");
+        }
         for name in job_names {
             let dirs = cgroup_dirs_of(name);
             assert!(dirs.is_empty(), "cgroup dirs left: {dirs:?}");
@@ -169,29 +193,32 @@ impl Drop for TestHome {
     }
 }
 
-/// Existing cgroup dirs of job `name` (any v1 controller, or v2).
+/// Existing cgroup dirs of job `name` (any v1 controller, or v2): `h-<8 hex>-<name>`
+/// below `azp-sandbox` (root mode) or `azp-sandbox/user-UID` (rootless).
 pub fn cgroup_dirs_of(name: &str) -> Vec<PathBuf> {
+    let is_job = |p: &Path| {
+        let n = p.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+        n.len() == 11 + name.len()
+            && n.starts_with("h-")
+            && n[2..10].chars().all(|c| c.is_ascii_hexdigit())
+            && n[10..] == format!("-{name}")
+    };
+    let subdirs = |d: &Path| -> Vec<PathBuf> {
+        std::fs::read_dir(d).map(|r| r.flatten().map(|x| x.path()).filter(|p| p.is_dir()).collect()).unwrap_or_default()
+    };
     let mut out = vec![];
-    for e in std::fs::read_dir("/sys/fs/cgroup").unwrap().flatten() {
-        let base = e.path().join("azp-sandbox");
-        // Root mode: azp-sandbox/h-HOME/<name>; rootless: azp-sandbox/user-UID/h-HOME/<name>.
-        let subdirs = |d: &Path| -> Vec<PathBuf> {
-            std::fs::read_dir(d)
-                .map(|r| r.flatten().map(|x| x.path()).filter(|p| p.is_dir()).collect())
-                .unwrap_or_default()
-        };
+    let bases = std::fs::read_dir("/sys/fs/cgroup").unwrap().flatten().map(|e| e.path().join("azp-sandbox"));
+    for base in bases.chain(std::iter::once(PathBuf::from("/sys/fs/cgroup/azp-sandbox"))) {
         for level1 in subdirs(&base) {
-            for p in std::iter::once(level1.join(name)).chain(subdirs(&level1).into_iter().map(|l2| l2.join(name))) {
-                if p.is_dir() {
-                    out.push(p);
-                }
+            if is_job(&level1) {
+                out.push(level1);
+            } else {
+                out.extend(subdirs(&level1).into_iter().filter(|p| is_job(p)));
             }
         }
     }
-    let v2 = Path::new("/sys/fs/cgroup/azp-sandbox").join(name);
-    if v2.exists() {
-        out.push(v2);
-    }
+    out.sort();
+    out.dedup();
     out
 }
 
