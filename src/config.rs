@@ -233,6 +233,35 @@ mod tests {
     use super::*;
 
     #[test]
+    fn runtime_dir_per_home_and_caller() {
+        let tmp = tempfile::tempdir().unwrap();
+        let home = Home::new(tmp.path().join("home"));
+        std::fs::create_dir(home.root()).unwrap();
+        let tag = home.tag();
+        assert!(tag.starts_with("h-") && tag.len() == 10 && tag[2..].chars().all(|c| c.is_ascii_hexdigit()), "{tag}");
+        std::os::unix::fs::symlink(home.root(), tmp.path().join("link")).unwrap();
+        assert_eq!(home.tag(), Home::new(tmp.path().join("link")).tag(), "the canonical path counts");
+        assert_ne!(home.tag(), Home::new(tmp.path()).tag());
+        if Path::new("/run").is_dir() {
+            assert_eq!(home.run_root_as(true, None), Path::new("/run/azp-sandbox").join(&tag));
+        }
+        // Not root: $XDG_RUNTIME_DIR when it is an absolute dir of the caller's, else the home.
+        let xdg = tmp.path().join("xdg");
+        std::fs::create_dir(&xdg).unwrap();
+        assert_eq!(home.run_root_as(false, Some(xdg.clone())), xdg.join("azp-sandbox").join(&tag));
+        assert_eq!(home.run_root_as(false, None), home.root().join("run"));
+        assert_eq!(home.run_root_as(false, Some("relative".into())), home.root().join("run"));
+        assert_eq!(home.run_root_as(false, Some(tmp.path().join("missing"))), home.root().join("run"));
+        if nix::unistd::geteuid().is_root() {
+            // Another user's (as `su` may pass on): not used.
+            nix::unistd::chown(&xdg, Some(nix::unistd::Uid::from_raw(65534)), None).unwrap();
+            assert_eq!(home.run_root_as(false, Some(xdg)), home.root().join("run"));
+        }
+        // The layers stay on the home's disk.
+        assert_eq!(home.layers_dir(), home.root().join("layers"));
+    }
+
+    #[test]
     fn sizes() {
         assert_eq!(parse_size("512M").unwrap(), 512 << 20);
         assert_eq!(parse_size("2g").unwrap(), 2 << 30);

@@ -225,6 +225,41 @@ fn plain_gzip_and_zstd_are_detected_by_magic() {
 }
 
 #[test]
+fn mount_targets_are_added_only_where_missing_and_never_through_symlinks() {
+    use std::os::unix::fs::MetadataExt;
+    let env = Env::new();
+    // No /etc/hosts or /etc/resolv.conf: both are made, empty, 0644, with /etc's times.
+    let info = env.store.import(&mut &simple_tar()[..], "bare", &mut |_| {}).unwrap();
+    assert_eq!(info.entries, 3, "the added files are not archive entries");
+    let etc = std::fs::metadata(env.tree("bare").join("etc")).unwrap();
+    for f in ["etc/hosts", "etc/resolv.conf"] {
+        let m = std::fs::symlink_metadata(env.tree("bare").join(f)).unwrap();
+        assert!(m.is_file() && m.len() == 0, "{f}");
+        assert_eq!(m.mode() & 0o7777, 0o644, "{f}");
+        assert_eq!(m.mtime(), etc.mtime(), "{f}");
+    }
+    // The archive's own files (any type) are left as they are.
+    let own = Ar::new()
+        .dir("etc/", 0o755)
+        .file("etc/hosts", 0o600, b"10.0.0.1 own\n")
+        .symlink("etc/resolv.conf", "../run/resolv.conf")
+        .finish();
+    env.store.import(&mut &own[..], "own", &mut |_| {}).unwrap();
+    assert_eq!(std::fs::read(env.tree("own").join("etc/hosts")).unwrap(), b"10.0.0.1 own\n");
+    assert_eq!(std::fs::read_link(env.tree("own").join("etc/resolv.conf")).unwrap(), Path::new("../run/resolv.conf"));
+    assert!(!env.tree("own").join("run").exists(), "the symlink was not followed");
+    // /etc as a symlink (here to a dir outside the tree): nothing is written through it.
+    let outside = env.sentinel.clone();
+    let linked = Ar::new().symlink("etc", outside.to_str().unwrap()).finish();
+    env.store.import(&mut &linked[..], "linked", &mut |_| {}).unwrap();
+    assert!(!outside.join("hosts").exists() && !outside.join("resolv.conf").exists());
+    // No /etc at all: none is made.
+    let none = Ar::new().dir("bin/", 0o755).finish();
+    env.store.import(&mut &none[..], "none", &mut |_| {}).unwrap();
+    assert!(!env.tree("none").join("etc").exists());
+}
+
+#[test]
 fn a_tar_gz_named_file_that_is_zstd_works() {
     let env = Env::new();
     let path = env.sentinel.parent().unwrap().join("image.tar.gz");
