@@ -286,7 +286,24 @@ impl Sandbox {
 
     fn finish(mut self, background_delete: bool) -> Result<Cleanup> {
         self.cancel_prepared();
-        self.wait_pending();
+        let layers_gone = if self.pending.is_some() && !background_delete {
+            // The job is over (its result came after its init, and with it the whole pid
+            // namespace, was reaped); its helper is still deleting the container and
+            // exiting. Meanwhile its layers go: on a disk where each freed dir block
+            // waits for a discard, that wait now overlaps the helper's.
+            let (home, job) = (self.home.clone(), self.job.clone());
+            std::thread::scope(|s| {
+                let layers = s.spawn(move || teardown::remove_layers(&home, &job));
+                self.wait_pending();
+                layers.join().unwrap_or_else(|_| Err(anyhow::anyhow!("layer removal panicked")))
+            })
+        } else {
+            self.wait_pending();
+            Ok(())
+        };
+        if let Err(e) = layers_gone {
+            tracing::debug!(job = %self.plan.id, "early layer removal failed ({e:#}); the clean-up retries");
+        }
         let cleanup = teardown::cleanup_job(&self.home, &self.job, background_delete);
         drop(self.lock.take());
         tracing::debug!(job = %self.plan.id, age_ms = self.created.elapsed().as_millis() as u64, "cleaned up");

@@ -67,12 +67,24 @@ pub fn cleanup_job(home: &Home, job: &JobDir, background_delete: bool) -> Result
     if job.layers.exists() {
         remove_dir(home, &job.layers, background_delete)?;
     }
+    // The record goes last: a concurrent gc must not see layers without it.
     if job.root.exists() {
         std::fs::remove_dir_all(&job.root).with_context(|| format!("cannot remove {}", job.root.display()))?;
     }
     remove_empty_run_root(home);
     out.job_dir_removed = true;
     Ok(out)
+}
+
+/// Moves a finished job's layers to the trash and deletes them (its record stays, so gc
+/// leaves it alone meanwhile). Only for a job whose processes are all gone: the helper's
+/// overlay may still be mounted over them, which only holds the dirs' inodes until it
+/// goes.
+pub fn remove_layers(home: &Home, job: &JobDir) -> Result<()> {
+    if job.layers.exists() {
+        remove_dir(home, &job.layers, false)?;
+    }
+    Ok(())
 }
 
 /// The home's runtime dir levels once its last job is gone (rmdir fails while one is
