@@ -85,38 +85,23 @@ fn sample(pid: u32, home: &Path) -> Sample {
             .unwrap_or(0)
     };
     let count = |p: &Path| std::fs::read_dir(p).map(|r| r.count() as u64).unwrap_or(0);
-    let cgroups = std::fs::read_dir("/sys/fs/cgroup")
-        .map(|r| {
-            r.flatten()
-                .map(|e| {
-                    // azp-sandbox/h-<home>/bench-*: the jobs of any home on this host.
-                    std::fs::read_dir(e.path().join("azp-sandbox"))
-                        .map(|homes| {
-                            homes
-                                .flatten()
-                                .map(|h| {
-                                    std::fs::read_dir(h.path())
-                                        .map(|d| {
-                                            d.flatten()
-                                                .filter(|c| c.file_name().to_string_lossy().starts_with("bench-"))
-                                                .count() as u64
-                                        })
-                                        .unwrap_or(0)
-                                })
-                                .sum()
-                        })
-                        .unwrap_or(0)
-                })
-                .sum()
-        })
-        .unwrap_or(0);
+    // azp-sandbox/h-<home>-bench-*: the job cgroups of any home on this host, in any
+    // hierarchy (cgroup2 mounted at /sys/fs/cgroup itself, or v1 mounts below it).
+    let jobs_in = |dir: &Path| {
+        std::fs::read_dir(dir.join("azp-sandbox"))
+            .map(|d| d.flatten().filter(|c| c.file_name().to_string_lossy().contains("-bench-")).count() as u64)
+            .unwrap_or(0)
+    };
+    let cgroups = jobs_in(Path::new("/sys/fs/cgroup"))
+        + std::fs::read_dir("/sys/fs/cgroup").map(|r| r.flatten().map(|e| jobs_in(&e.path())).sum()).unwrap_or(0);
+    let h = azp_sandbox::config::Home::new(home);
     Sample {
         rss_kb: field("VmRSS:"),
         threads: field("Threads:"),
         fds: count(Path::new(&format!("/proc/{pid}/fd"))),
         mounts: std::fs::read_to_string("/proc/self/mountinfo").map(|m| m.lines().count() as u64).unwrap_or(0),
         cgroups,
-        job_dirs: count(&home.join("jobs")) + count(&home.join("trash")),
+        job_dirs: count(&h.jobs_dir()) + count(&h.layers_dir()) + count(&h.trash_dir()),
     }
 }
 
@@ -239,12 +224,12 @@ fn main() {
         before.threads, before.fds, after.threads, after.fds
     ));
     md.push_str(&format!(
-        "| host mounts, job cgroups, job+trash dirs (between jobs) | {}, {}, {} / {}, {}, {} | no growth |\n",
+        "| host mounts, job cgroups, job dirs: records + layers + trash (between jobs) | {}, {}, {} / {}, {}, {} | no growth |\n",
         before.mounts, before.cgroups, before.job_dirs, after.mounts, after.cgroups, after.job_dirs
     ));
     md.push_str(&format!("| manager RSS with 8 idle slots | {} kB | < 15 MB |\n", idle.rss_kb));
     md.push_str(&format!(
-        "| after shutdown: job cgroups, job+trash dirs | {}, {} | 0, 0 |\n\n",
+        "| after shutdown: job cgroups, job dirs | {}, {} | 0, 0 |\n\n",
         end.cgroups, end.job_dirs
     ));
     println!("\n{md}");
