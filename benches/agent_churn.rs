@@ -228,10 +228,7 @@ fn main() {
         before.mounts, before.cgroups, before.job_dirs, after.mounts, after.cgroups, after.job_dirs
     ));
     md.push_str(&format!("| manager RSS with 8 idle slots | {} kB | < 15 MB |\n", idle.rss_kb));
-    md.push_str(&format!(
-        "| after shutdown: job cgroups, job dirs | {}, {} | 0, 0 |\n\n",
-        end.cgroups, end.job_dirs
-    ));
+    md.push_str(&format!("| after shutdown: job cgroups, job dirs | {}, {} | 0, 0 |\n\n", end.cgroups, end.job_dirs));
     println!("\n{md}");
     let out = repo.join("target/bench-results");
     std::fs::create_dir_all(&out).unwrap();
