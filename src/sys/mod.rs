@@ -1,7 +1,8 @@
 //! The few privileged syscalls the sandbox needs, behind one narrow trait so the job
 //! lifecycle around them is unit-testable without root (see [`Recorder`]).
 //!
-//! Everything here runs in the single-threaded sandbox helper process.
+//! Everything here runs in the single-threaded sandbox helper process, except
+//! [`runtime_tmpfs`], which `exec` and `run` call once at start (as root).
 
 pub mod runtime_tmpfs;
 
