@@ -4,7 +4,8 @@
 //! and the manager's memory with idle slots.
 //!
 //! `sudo cargo bench --bench agent_churn` (AZP_BENCH_JOBS=N, default 200; the issue's
-//! 1000 with AZP_BENCH_JOBS=1000). Writes target/bench-results/agent_churn.md.
+//! 1000 with AZP_BENCH_JOBS=1000; AZP_BENCH_BIG_JOBS=N big jobs, default 4).
+//! Writes target/bench-results/agent_churn.md.
 
 #[path = "../tests/common/fake_azure.rs"]
 #[allow(dead_code)]
@@ -181,7 +182,7 @@ fn main() {
     let small = refills(&ctx.fake);
     let (files, mb) = if std::env::var("AZP_BENCH_FULL").is_ok() { (100_000, 2048) } else { (20_000, 512) };
     ctx.fake.clear_log();
-    let big_jobs = 4;
+    let big_jobs: usize = std::env::var("AZP_BENCH_BIG_JOBS").ok().and_then(|v| v.parse().ok()).unwrap_or(4);
     for _ in 0..big_jobs {
         ctx.fake.enqueue_job(&format!(
             "mkdir -p /azp/agent/_work/big && cd /azp/agent/_work/big && i=0; while [ $i -lt {files} ]; do : > f$i; i=$((i+1)); done; \

@@ -124,6 +124,7 @@ impl Home {
             std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o711))
                 .with_context(|| format!("cannot set permissions on {}", dir.display()))?;
         }
+        crate::sys::spread_subdirs(&self.layers_dir());
         // As root the records go below /run/azp-sandbox, which must be a tmpfs.
         if nix::unistd::geteuid().is_root() {
             let run = self.run_root();
