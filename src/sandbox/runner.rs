@@ -271,7 +271,7 @@ impl Sandbox {
             };
             std::thread::spawn(move || {
                 lower_priority_of_this_thread();
-                if let Err(e) = sb.finish(false) {
+                if let Err(e) = sb.finish() {
                     tracing::warn!("clean-up failed ({e:#}); `azp-sandbox gc` will retry");
                 }
                 BACKGROUND_CLEANUPS.fetch_sub(1, Ordering::SeqCst);
@@ -281,12 +281,12 @@ impl Sandbox {
         if background {
             BACKGROUND_CLEANUPS.fetch_sub(1, Ordering::SeqCst);
         }
-        self.finish(false)
+        self.finish()
     }
 
-    fn finish(mut self, background_delete: bool) -> Result<Cleanup> {
+    fn finish(mut self) -> Result<Cleanup> {
         self.cancel_prepared();
-        let layers_gone = if self.pending.is_some() && !background_delete {
+        let layers_gone = if self.pending.is_some() {
             // The job is over (its result came after its init, and with it the whole pid
             // namespace, was reaped); its helper is still deleting the container and
             // exiting. Meanwhile its layers go: on a disk where each freed dir block
@@ -304,7 +304,7 @@ impl Sandbox {
         if let Err(e) = layers_gone {
             tracing::debug!(job = %self.plan.id, "early layer removal failed ({e:#}); the clean-up retries");
         }
-        let cleanup = teardown::cleanup_job(&self.home, &self.job, background_delete);
+        let cleanup = teardown::cleanup_job(&self.home, &self.job);
         drop(self.lock.take());
         tracing::debug!(job = %self.plan.id, age_ms = self.created.elapsed().as_millis() as u64, "cleaned up");
         if let Ok(c) = &cleanup {
@@ -322,7 +322,7 @@ impl Drop for Sandbox {
         self.wait_pending();
         if self.lock.is_some() {
             // Not torn down explicitly (an error path): do it now rather than leave it to gc.
-            if let Err(e) = teardown::cleanup_job(&self.home, &self.job, false) {
+            if let Err(e) = teardown::cleanup_job(&self.home, &self.job) {
                 tracing::warn!(job = %self.plan.id, "clean-up failed ({e:#}); `azp-sandbox gc` will retry");
             }
         }

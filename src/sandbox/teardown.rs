@@ -33,7 +33,9 @@ impl std::fmt::Display for Cleanup {
     }
 }
 
-pub fn cleanup_job(home: &Home, job: &JobDir, background_delete: bool) -> Result<Cleanup> {
+/// Removes everything of `job`, synchronously (the agent manager calls this from a
+/// background thread of its own, see `Sandbox::teardown`).
+pub fn cleanup_job(home: &Home, job: &JobDir) -> Result<Cleanup> {
     let mut out = Cleanup::default();
     let id = job.id();
     let state = job.read_state().ok();
@@ -61,13 +63,10 @@ pub fn cleanup_job(home: &Home, job: &JobDir, background_delete: bool) -> Result
             .with_context(|| format!("cannot unmount {}", m.display()))?;
         out.leftovers.push(format!("mount {}", m.display()));
     }
-    // The layers (disk, maybe gigabytes) go through the trash, then the record (runtime
-    // dir, small) at once. In this order a concurrent gc never sees this job's layers
-    // without their record (it would take them for an orphan).
-    if job.layers.exists() {
-        remove_dir(home, &job.layers, background_delete)?;
-    }
-    // The record goes last: a concurrent gc must not see layers without it.
+    // The layers (disk, maybe gigabytes) go first, the record (runtime dir, small) last:
+    // a concurrent gc never sees this job's layers without their record (it would take
+    // them for an orphan).
+    remove_layers(home, job)?;
     if job.root.exists() {
         std::fs::remove_dir_all(&job.root).with_context(|| format!("cannot remove {}", job.root.display()))?;
     }
@@ -82,7 +81,7 @@ pub fn cleanup_job(home: &Home, job: &JobDir, background_delete: bool) -> Result
 /// goes.
 pub fn remove_layers(home: &Home, job: &JobDir) -> Result<()> {
     if job.layers.exists() {
-        remove_dir(home, &job.layers, false)?;
+        remove_dir(home, &job.layers)?;
     }
     Ok(())
 }
@@ -252,21 +251,12 @@ fn unescape_mountinfo(s: &str) -> String {
     s.replace("\\040", " ").replace("\\011", "\t").replace("\\012", "\n").replace("\\134", "\\")
 }
 
-/// Removes a job dir: renamed into the trash first (so its name is free at once), then
-/// deleted, here or in a background thread.
-fn remove_dir(home: &Home, dir: &Path, background: bool) -> Result<()> {
+/// Removes a layer dir: renamed into the trash first (so its name is free at once, and a
+/// crash mid-way leaves it where gc looks), then deleted.
+fn remove_dir(home: &Home, dir: &Path) -> Result<()> {
     let trash = home.trash_dir().join(dir.file_name().unwrap_or_default());
     std::fs::rename(dir, &trash).with_context(|| format!("cannot move {} to the trash", dir.display()))?;
-    if background {
-        std::thread::spawn(move || {
-            if let Err(e) = std::fs::remove_dir_all(&trash) {
-                tracing::warn!("cannot delete {}: {e}; `azp-sandbox gc` will retry", trash.display());
-            }
-        });
-        Ok(())
-    } else {
-        std::fs::remove_dir_all(&trash).with_context(|| format!("cannot delete {}", trash.display()))
-    }
+    std::fs::remove_dir_all(&trash).with_context(|| format!("cannot delete {}", trash.display()))
 }
 
 /// What `gc` did.
@@ -325,7 +315,7 @@ pub fn gc(home: &Home) -> Result<GcReport> {
             live.insert(id);
             continue;
         }
-        match cleanup_job(home, &job, false) {
+        match cleanup_job(home, &job) {
             Ok(c) if c.leftovers.is_empty() => report.removed.push(format!("job {id}")),
             Ok(c) => report.removed.push(format!("job {id} ({})", c.leftovers.join(", "))),
             Err(e) => report.failed.push(format!("job {id}: {e:#}")),
@@ -343,7 +333,7 @@ pub fn gc(home: &Home) -> Result<GcReport> {
         if jobs_dir.join(format!(".new-{id}")).exists() || jobs_dir.join(&id).exists() {
             continue;
         }
-        match remove_dir(home, &entry, false) {
+        match remove_dir(home, &entry) {
             Ok(()) => report.removed.push(format!("orphan layers {}", entry.display())),
             Err(e) => report.failed.push(format!("orphan layers {}: {e:#}", entry.display())),
         }
