@@ -14,12 +14,14 @@ use std::path::{Path, PathBuf};
 #[derive(Debug, Clone)]
 pub struct Home {
     root: PathBuf,
+    /// Computed once the home exists (both depend on its canonical path).
+    tag: std::sync::OnceLock<String>,
     run_root: std::sync::OnceLock<PathBuf>,
 }
 
 impl Home {
     pub fn new(root: impl Into<PathBuf>) -> Home {
-        Home { root: root.into(), run_root: std::sync::OnceLock::new() }
+        Home { root: root.into(), tag: std::sync::OnceLock::new(), run_root: std::sync::OnceLock::new() }
     }
 
     /// `--home` if given, else `AZP_SANDBOX_HOME`, else the default for this user:
@@ -101,12 +103,24 @@ impl Home {
     }
 
     /// `h-` and 8 hex digits of the sha256 of the home's canonical path: the home's own
-    /// level under shared parents (runtime dir, cgroups).
+    /// level under shared parents (runtime dir, cgroups). Read once per process (a
+    /// canonicalize is a readlink per path component, and every job needs the tag).
     pub fn tag(&self) -> String {
         use sha2::Digest;
-        let path = std::fs::canonicalize(&self.root).unwrap_or_else(|_| self.root.clone());
-        let digest = sha2::Sha256::digest(path.as_os_str().as_encoded_bytes());
-        format!("h-{}", crate::rootfs::archive::hex(&digest[..4]))
+        if let Some(t) = self.tag.get() {
+            return t.clone();
+        }
+        // A home that does not exist yet has no canonical path: its path as given, not kept.
+        let canonical = std::fs::canonicalize(&self.root);
+        let path = canonical.as_deref().unwrap_or(&self.root);
+        let tag = format!(
+            "h-{}",
+            crate::rootfs::archive::hex(&sha2::Sha256::digest(path.as_os_str().as_encoded_bytes())[..4])
+        );
+        match canonical {
+            Ok(_) => self.tag.get_or_init(|| tag).clone(),
+            Err(_) => tag,
+        }
     }
     /// Caches shared by jobs (agent packages, linker caches, OCI blobs).
     pub fn cache_dir(&self) -> PathBuf {

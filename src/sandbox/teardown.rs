@@ -43,8 +43,7 @@ pub fn cleanup_job(home: &Home, job: &JobDir) -> Result<Cleanup> {
         out.leftovers.push(format!("job init pid {pid} (its pid namespace killed)"));
     }
     let cgroup = state.as_ref().map(|s| s.cgroup_path.clone()).unwrap_or_else(|| cgroup_path_for(home, &id));
-    let host = CgroupHost::get();
-    if let Some(n) = remove_cgroup_on(host, &cgroup)? {
+    if let Some(n) = remove_cgroup(&cgroup)? {
         // Removing the job's cgroup is routine (the helper made it; see sandbox::cgroup);
         // processes still in it are leftovers.
         if n > 0 {
@@ -95,8 +94,8 @@ fn remove_empty_run_root(home: &Home) {
 }
 
 /// rmdir of a cgroup in every hierarchy; succeeds only where it is empty.
-fn remove_if_empty(host: &CgroupHost, path: &Path) {
-    for dir in cgroup_dirs(host, path) {
+fn remove_if_empty(path: &Path) {
+    for dir in cgroup_dirs(path) {
         let _ = std::fs::remove_dir(&dir);
     }
 }
@@ -139,12 +138,7 @@ pub fn process_start_time(pid: i32) -> Option<u64> {
 /// The cgroup (relative to the cgroup root) of job `id`; empty when jobs get none
 /// (rootless without a delegated cgroup).
 pub fn cgroup_path_for(home: &Home, id: &str) -> PathBuf {
-    crate::rootless::mode().cgroup_path_for(&home_tag(home), id)
-}
-
-/// The home's own level in the cgroup tree ([`Home::tag`]).
-pub fn home_tag(home: &Home) -> String {
-    home.tag()
+    crate::rootless::mode().cgroup_path_for(&home.tag(), id)
 }
 
 /// Kills every process in the cgroup and removes it (all v1 controllers, or the v2 dir).
@@ -153,15 +147,11 @@ pub fn home_tag(home: &Home) -> String {
 /// Done here rather than through libcgroups' manager, which re-reads mountinfo once per
 /// controller (24 reads per job in the profile of the start/stop path).
 pub fn remove_cgroup(path: &Path) -> Result<Option<usize>> {
-    remove_cgroup_on(CgroupHost::get(), path)
-}
-
-fn remove_cgroup_on(host: &CgroupHost, path: &Path) -> Result<Option<usize>> {
     // An empty path means "no cgroup"; it must never become the cgroup root.
     if path.as_os_str().is_empty() || path == Path::new("/") {
         return Ok(None);
     }
-    let dirs = cgroup_dirs(host, path);
+    let dirs = cgroup_dirs(path);
     if dirs.is_empty() {
         return Ok(None);
     }
@@ -227,9 +217,9 @@ fn rmdir_when_empty(dir: &Path) -> std::io::Result<()> {
 
 /// Existing directories of a cgroup path on this host, in every hierarchy a job can have
 /// one in (the same list the helper creates them from, [`CgroupHost::hierarchies`]).
-fn cgroup_dirs(host: &CgroupHost, path: &Path) -> Vec<PathBuf> {
+fn cgroup_dirs(path: &Path) -> Vec<PathBuf> {
     let rel = path.strip_prefix("/").unwrap_or(path);
-    host.hierarchies().map(|h| h.join(rel)).filter(|p| p.is_dir()).collect()
+    CgroupHost::get().hierarchies().map(|h| h.join(rel)).filter(|p| p.is_dir()).collect()
 }
 
 /// Mount points at or below `dir` in this process's mount namespace.
@@ -290,7 +280,7 @@ pub fn gc_all(home: &Home) -> Result<GcReport> {
     let mode = crate::rootless::mode();
     let root_parent = Path::new(crate::rootless::cgroups::ROOT_PARENT);
     if !mode.rootless && mode.cgroups.parent() == Some(root_parent) {
-        remove_if_empty(&CgroupHost::detect(), root_parent);
+        remove_if_empty(root_parent);
     }
     Ok(report)
 }
