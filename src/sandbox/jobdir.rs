@@ -14,6 +14,9 @@ use serde::{Deserialize, Serialize};
 use std::fs::{self, File};
 use std::path::{Path, PathBuf};
 
+/// Name prefix of a record still being built (see [`JobDir::create`]).
+const STAGING: &str = ".new-";
+
 /// Held by the runner while the job lives (flock on `<job>/lock`, released by the kernel
 /// when the runner dies).
 pub type JobLock = nix::fcntl::Flock<File>;
@@ -47,8 +50,12 @@ impl JobDir {
     /// a staging record `.new-<id>` names the layers of `<id>`).
     pub fn at(home: &Home, record: &Path) -> JobDir {
         let name = record.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-        let id = name.strip_prefix(".new-").unwrap_or(&name);
+        let id = name.strip_prefix(STAGING).unwrap_or(&name);
         JobDir { root: record.to_path_buf(), layers: home.layers_dir().join(id) }
+    }
+    /// Where [`JobDir::create`] builds the record before renaming it into place.
+    pub fn staging_record(&self) -> PathBuf {
+        self.root.with_file_name(format!("{STAGING}{}", self.id()))
     }
     pub fn id(&self) -> String {
         self.root.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default()
@@ -98,8 +105,7 @@ impl JobDir {
     /// the layer dir is made while the staging record exists, so `gc` never takes it for
     /// an orphan. On failure, what this call made is removed again.
     pub fn create(&self, plan: &JobPlan, state: &JobState) -> Result<JobLock> {
-        let staging =
-            JobDir { root: self.root.with_file_name(format!(".new-{}", self.id())), layers: self.layers.clone() };
+        let staging = JobDir { root: self.staging_record(), layers: self.layers.clone() };
         // mkdir fails if the staging dir exists: then nothing here is ours to remove.
         create_in_runtime_dir(&staging.root, &private_dir())?;
         let mut made_layers = false;
@@ -143,7 +149,7 @@ impl JobDir {
 
     /// True for a job dir still being set up by [`JobDir::create`].
     pub fn is_staging(path: &Path) -> bool {
-        path.file_name().is_some_and(|n| n.to_string_lossy().starts_with(".new-"))
+        path.file_name().is_some_and(|n| n.to_string_lossy().starts_with(STAGING))
     }
 
     pub fn read_state(&self) -> Result<JobState> {

@@ -285,8 +285,8 @@ pub fn gc_all(home: &Home) -> Result<GcReport> {
     Ok(report)
 }
 
-/// Removes everything that crashed runs left: abandoned jobs (with their cgroups and
-/// container state), orphan cgroups and state dirs, the trash, interrupted imports.
+/// Removes everything that crashed runs left: abandoned jobs (with their layers, cgroups
+/// and container state), layer dirs without a record, the trash, interrupted imports.
 pub fn gc(home: &Home) -> Result<GcReport> {
     let mut report = GcReport::default();
     if !home.root().exists() {
@@ -312,15 +312,15 @@ pub fn gc(home: &Home) -> Result<GcReport> {
         }
     }
     report.live_jobs = live.len();
-    // Orphans: state or cgroups whose job record is gone. Liveness is re-checked at the
-    // moment of removal: a job that started after the scan above is locked by now,
-    // because its dir is locked before its helper creates any state or cgroup.
+    // Layer dirs without a record: the record went with /run at a reboot (a job's own
+    // clean-up removes its record last, see cleanup_job). A job being
+    // created has its staging record before its layer dir, then its record: checked in
+    // that order, a rename between the two checks is seen.
     let jobs_dir = home.jobs_dir();
-    // Layer dirs without a record (their job's record went first, or with /run at a
-    // reboot). A record being created (`.new-<id>`) already has its layer dir.
     for entry in read_dir_or_empty(&home.layers_dir()) {
         let id = entry.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-        if jobs_dir.join(format!(".new-{id}")).exists() || jobs_dir.join(&id).exists() {
+        let job = JobDir::new(home, &id);
+        if job.staging_record().exists() || job.root.exists() {
             continue;
         }
         match remove_dir(home, &entry) {
