@@ -86,10 +86,19 @@ impl Home {
         self.run_root.get_or_init(|| dir).clone()
     }
 
+    /// The home as a process that is root or not, with `XDG_RUNTIME_DIR` = `xdg`, sees it
+    /// (tests that run azp-sandbox as another user look at its runtime dir).
+    pub fn for_caller(root: impl Into<PathBuf>, is_root: bool, xdg: Option<PathBuf>) -> Home {
+        let home = Home::new(root);
+        let run = home.run_root_as(is_root, xdg);
+        let _ = home.run_root.set(run);
+        home
+    }
+
     /// [`Home::run_root`] for a process that is root or not, with `XDG_RUNTIME_DIR` =
     /// `xdg`. An `xdg` that is not an absolute dir owned by the caller (as `su` may pass
     /// on another user's) is not used.
-    pub fn run_root_as(&self, root: bool, xdg: Option<PathBuf>) -> PathBuf {
+    fn run_root_as(&self, root: bool, xdg: Option<PathBuf>) -> PathBuf {
         use std::os::unix::fs::MetadataExt;
         let owned = |d: &PathBuf| {
             d.is_absolute()

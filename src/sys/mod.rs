@@ -47,6 +47,9 @@ impl Overlay {
     }
 }
 
+/// `chattr +T` (linux/fs.h; libc does not name it).
+const FS_TOPDIR_FL: libc::c_long = 0x0002_0000;
+
 /// Marks `dir` as the top of a directory hierarchy for ext4's Orlov allocator
 /// (`chattr +T`): its subdirs, the jobs' layer dirs, are spread over the block groups
 /// instead of packed next to each other. A job starting while the previous one's tens of
@@ -55,7 +58,6 @@ impl Overlay {
 /// refill after big jobs). Best effort: other filesystems ignore or refuse it.
 pub fn spread_subdirs(dir: &Path) {
     use std::os::fd::AsRawFd;
-    const FS_TOPDIR_FL: libc::c_long = 0x0002_0000;
     let Ok(f) = std::fs::File::open(dir) else { return };
     let mut flags: libc::c_long = 0;
     // SAFETY: FS_IOC_GETFLAGS writes one long into `flags`, which lives for the call.
@@ -173,6 +175,7 @@ impl Sys for Recorder {
 
 #[cfg(test)]
 mod tests {
+    use super::*;
 
     #[test]
     fn layer_dirs_are_spread_on_ext4() {
@@ -188,10 +191,9 @@ mod tests {
         let mut flags: libc::c_long = 0;
         // SAFETY: FS_IOC_GETFLAGS writes one long into `flags`.
         assert_eq!(unsafe { libc::ioctl(f.as_raw_fd(), libc::FS_IOC_GETFLAGS, &mut flags) }, 0);
-        assert_ne!(flags & 0x0002_0000, 0, "FS_TOPDIR_FL (chattr +T) is set");
+        assert_ne!(flags & FS_TOPDIR_FL, 0, "FS_TOPDIR_FL (chattr +T) is set");
         spread_subdirs(dir.path()); // again: a no-op
     }
-    use super::*;
 
     fn ov(lower: &str) -> Overlay {
         Overlay {

@@ -8,7 +8,6 @@
 //! `/run/user/UID`. It stays mounted: it holds the records of every home on the host.
 
 use anyhow::{Context, Result};
-use std::os::fd::AsRawFd;
 use std::path::Path;
 
 /// Room for the records of some thousand jobs (a few KiB each).
@@ -42,9 +41,8 @@ fn on_tmpfs(dir: &Path) -> Result<bool> {
 
 fn lock(dir: &Path) -> Result<nix::fcntl::Flock<std::fs::File>> {
     let f = std::fs::File::open(dir).with_context(|| format!("cannot open {}", dir.display()))?;
-    let fd = f.as_raw_fd();
     nix::fcntl::Flock::lock(f, nix::fcntl::FlockArg::LockExclusive)
-        .map_err(|(_, e)| anyhow::anyhow!("cannot lock {} (fd {fd}): {e}", dir.display()))
+        .map_err(|(_, e)| anyhow::anyhow!("cannot lock {}: {e}", dir.display()))
 }
 
 fn mount_tmpfs(dir: &Path) -> Result<()> {

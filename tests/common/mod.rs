@@ -115,14 +115,14 @@ impl TestHome {
     }
 
     /// The home as the azp-sandbox commands of the tests see it (its runtime dir depends
-    /// on who runs them, see [`as_test_user`]).
+    /// on who runs them, see [`as_test_user`], which also clears `XDG_RUNTIME_DIR`).
     pub fn home(&self) -> azp_sandbox::config::Home {
-        azp_sandbox::config::Home::new(&self.dir)
+        let xdg = std::env::var_os("XDG_RUNTIME_DIR").map(PathBuf::from).filter(|_| !rootless());
+        azp_sandbox::config::Home::for_caller(&self.dir, !rootless(), xdg)
     }
     /// Where the commands keep job records (runtime dir).
     pub fn jobs_dir(&self) -> PathBuf {
-        let xdg = std::env::var_os("XDG_RUNTIME_DIR").map(PathBuf::from);
-        self.home().run_root_as(!rootless(), if rootless() { None } else { xdg }).join("jobs")
+        self.home().jobs_dir()
     }
     /// Where the commands keep a job's upper/work dirs.
     pub fn layers_dir(&self) -> PathBuf {
@@ -227,41 +227,35 @@ pub fn pids_current(name: &str) -> Option<PathBuf> {
     cgroup_dirs_of(name).into_iter().map(|d| d.join("pids.current")).find(|p| p.exists())
 }
 
-/// Processes whose command line contains `needle`.
-/// The pids of `parent`'s children (from each process's stat: field 4 is the ppid).
-pub fn children_of(parent: i32) -> Vec<i32> {
-    let mut out = vec![];
-    for e in std::fs::read_dir("/proc").unwrap().flatten() {
-        let Ok(pid) = e.file_name().to_string_lossy().parse::<i32>() else {
-            continue;
-        };
-        let Ok(stat) = std::fs::read_to_string(e.path().join("stat")) else {
-            continue;
-        };
-        // The command name (field 2) may contain spaces: split after the last ')'.
-        let ppid = stat.rfind(')').and_then(|i| stat[i + 2..].split(' ').nth(1)?.parse::<i32>().ok());
-        if ppid == Some(parent) {
-            out.push(pid);
-        }
-    }
-    out
+/// Every process: its pid and its /proc dir.
+fn processes() -> impl Iterator<Item = (i32, PathBuf)> {
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| Some((e.file_name().to_string_lossy().parse::<i32>().ok()?, e.path())))
 }
 
+/// The pids of `parent`'s children (from each process's stat: field 4 is the ppid).
+pub fn children_of(parent: i32) -> Vec<i32> {
+    processes()
+        .filter(|(_, dir)| {
+            let Ok(stat) = std::fs::read_to_string(dir.join("stat")) else { return false };
+            // The command name (field 2) may contain spaces: split after the last ')'.
+            let ppid = stat.rfind(')').and_then(|i| stat[i + 2..].split(' ').nth(1)?.parse::<i32>().ok());
+            ppid == Some(parent)
+        })
+        .map(|(pid, _)| pid)
+        .collect()
+}
+
+/// Processes (other than this one) whose command line contains `needle`.
 pub fn processes_matching(needle: &str) -> Vec<(i32, String)> {
-    let mut out = vec![];
-    for e in std::fs::read_dir("/proc").unwrap().flatten() {
-        let Ok(pid) = e.file_name().to_string_lossy().parse::<i32>() else {
-            continue;
-        };
-        let Ok(cmd) = std::fs::read(e.path().join("cmdline")) else {
-            continue;
-        };
-        let cmd = String::from_utf8_lossy(&cmd).replace('\0', " ");
-        if cmd.contains(needle) && pid != std::process::id() as i32 {
-            out.push((pid, cmd));
-        }
-    }
-    out
+    processes()
+        .filter_map(|(pid, dir)| {
+            let cmd = String::from_utf8_lossy(&std::fs::read(dir.join("cmdline")).ok()?).replace('\0', " ");
+            (cmd.contains(needle) && pid != std::process::id() as i32).then_some((pid, cmd))
+        })
+        .collect()
 }
 
 /// Polls `f` every 20 ms until it holds; fails the test after `timeout`.
