@@ -750,6 +750,10 @@ fn rootfs(home: &Home, cmd: RootfsCommand) -> Result<i32> {
         RootfsCommand::Rm { name } => {
             store.remove(&name)?;
             tracing::info!("removed rootfs '{name}'");
+            // The GPU edit layers built over it are of no use any more.
+            for r in azp_sandbox::sandbox::editlayer::prune(home) {
+                tracing::info!("removed {r}");
+            }
             Ok(0)
         }
     }

@@ -68,18 +68,28 @@ fn gpu_job_gets_its_gpu_the_host_driver_and_nvidia_smi() {
     assert!(!out.contains("MKNOD-OK"), "CAP_MKNOD must be dropped");
     assert!(out.contains("couldn't communicate with the NVIDIA driver"), "{out}\n{err}");
     assert!(out.ends_with("smi=9\n"), "{out}");
-    // The linker cache the hook built was kept, and the next GPU job gets a copy (no
-    // ldconfig run) with the same result.
-    let cached: Vec<_> = std::fs::read_dir(h.dir.join("cache/ldcache")).unwrap().flatten().collect();
-    assert_eq!(cached.len(), 1, "{cached:?}");
+    // The driver's binds, links and linker cache were built once into an edit layer
+    // (src/sandbox/editlayer.rs), and the next GPU job runs over it (no ldconfig run)
+    // with the same result.
+    let layers = h.dir.join("cache/edit-layers");
+    let built: Vec<_> = std::fs::read_dir(&layers).unwrap().flatten().map(|e| e.path()).collect();
+    assert_eq!(built.len(), 1, "{built:?}");
+    let cache = built[0].join("tree/etc/ld.so.cache");
+    assert!(cache.is_file(), "the layer holds the linker cache");
+    assert!(built[0].join(format!("tree{LIB_DIR}/libcuda.so.1")).is_symlink(), "and the SONAME links");
     let (code, again, err) = gpu_exec(&h, &tree, "1", &script);
     assert_eq!(code, 0, "{err}");
-    assert_eq!(again, out, "a job on the cached linker cache sees the same libraries");
-    // Proof that the second job really got the copy: with the kept file replaced by
-    // garbage, a job's linker cache is that garbage (ldconfig -p finds no libcuda).
-    std::fs::write(cached[0].path(), b"not a linker cache").unwrap();
+    assert_eq!(again, out, "a job over the edit layer sees the same libraries");
+    // Proof that the second job really ran over the layer: with its linker cache replaced
+    // by garbage, a job's linker cache is that garbage (ldconfig -p finds no libcuda).
+    std::fs::write(&cache, b"not a linker cache").unwrap();
     let (code, garbage, err) = gpu_exec(&h, &tree, "1", "ldconfig -p | grep -c libcuda.so.1; true");
     assert_eq!((code, garbage.trim()), (0, "0"), "{err}");
+    assert_eq!(std::fs::read_dir(&layers).unwrap().count(), 1, "no second layer for the same rootfs and driver");
+    // Without the rootfs the layer is of no use: `rootfs rm` removes it.
+    let o = h.command().args(["rootfs", "rm", "deb"]).output().unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert_eq!(std::fs::read_dir(&layers).unwrap().count(), 0, "edit layers of a removed rootfs are pruned");
     h.assert_no_residue(&[]);
 }
 

@@ -111,6 +111,42 @@ fn job_runs_in_a_user_namespace_over_a_shifted_store() {
 }
 
 #[test]
+fn gpu_job_builds_its_edit_layer_as_the_user() {
+    require_rootless!();
+    let Some(tree) = driver_tree() else { return };
+    let h = TestHome::with_busybox("rl-gpu");
+    let script = "ls /dev | grep -c nvidia; readlink /usr/local/azp-sandbox/nvidia/lib64/libcuda.so.1";
+    let gpu_job = || {
+        h.ok(&[
+            "--driver-root",
+            tree.to_str().unwrap(),
+            "exec",
+            "--rootfs",
+            "bb",
+            "--gpus",
+            "1",
+            "--",
+            "sh",
+            "-c",
+            script,
+        ])
+    };
+    let first = gpu_job();
+    let lines: Vec<&str> = first.lines().collect();
+    assert_eq!(lines[0], "5", "nvidia1, nvidiactl, the two uvm nodes, modeset: {first}");
+    assert!(lines[1].starts_with("libcuda.so.5"), "{first}");
+    // Built in the user's home, by the user (overlayfs metadata in user. xattrs), and
+    // used again by the next job.
+    let layers: Vec<PathBuf> =
+        fs::read_dir(h.dir.join("cache/edit-layers")).unwrap().flatten().map(|e| e.path()).collect();
+    assert_eq!(layers.len(), 1, "{layers:?}");
+    assert_eq!(fs::metadata(layers[0].join("tree/etc/ld.so.cache")).unwrap().uid(), user().uid.as_raw());
+    assert_eq!(gpu_job(), first);
+    assert_eq!(fs::read_dir(h.dir.join("cache/edit-layers")).unwrap().count(), 1);
+    h.assert_no_residue(&[]);
+}
+
+#[test]
 fn limits_are_enforced_in_the_delegated_cgroup() {
     require_rootless!();
     if !delegated() {

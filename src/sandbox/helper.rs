@@ -6,11 +6,13 @@
 //! deadlock (measured); it also writes oom_score_adj and clears "dumpable" on its caller.
 //! Here those side effects stay in a process that lives exactly as long as the job.
 //!
-//! The straight line: private mount namespace -> job cgroup -> overlay -> spec -> create -> start ->
+//! The straight line: private mount namespace -> job cgroup -> edit layer (GPU jobs; built
+//! once, see [`editlayer`]) -> overlay -> spec -> create -> start ->
 //! wait (forwarding signals) -> delete -> report. The overlay exists only in the helper's
 //! mount namespace, so the kernel unmounts it when the job's last process is gone, even
 //! if everything is SIGKILLed.
 
+use super::editlayer;
 use super::inroot;
 use super::jobdir::JobDir;
 use super::spec;
@@ -135,6 +137,16 @@ fn run(home: &Home, job: &JobDir, sys: &dyn Sys, reporter: &Reporter, go: Option
     keep_dev_null_writable()?;
     sys.private_mount_namespace()?;
     let cgroup_owner = enter_job_cgroup(&plan, sys)?;
+    let mut plan = plan;
+    // Held (locked against gc) until this helper exits with the job.
+    let _edit_layer = match editlayer::wanted(&plan.edits) {
+        true => {
+            let layer = editlayer::obtain(home, &plan, sys)?;
+            layer.stack_on(&mut plan);
+            Some(layer)
+        }
+        false => None,
+    };
     sys.mount_overlay(&Overlay {
         lower: plan.lower.clone(),
         upper: job.upper(),
@@ -142,9 +154,8 @@ fn run(home: &Home, job: &JobDir, sys: &dyn Sys, reporter: &Reporter, go: Option
         target: merged.clone(),
         userxattr: plan.rootless,
     })?;
-    prepare_rootfs(&merged, &plan.edits)?;
-    let mut plan = plan;
-    let keep_ldcache = reuse_ldcache(home, &mut plan, &merged)?;
+    // What the layer holds when there is one; with CDI hooks, made in the job's own layer.
+    editlayer::write_edits(&merged, &plan.edits)?;
     for dir in &plan.owned_dirs {
         inroot::create_owned_dir(&merged, dir, plan.uid, plan.gid)
             .with_context(|| format!("cannot give {} to uid {} in the sandbox", dir.display(), plan.uid))?;
@@ -174,12 +185,6 @@ fn run(home: &Home, job: &JobDir, sys: &dyn Sys, reporter: &Reporter, go: Option
         let _ = std::fs::write("/proc/self/oom_score_adj", v.trim());
     }
     record_init(job, &container)?;
-    if let Some(file) = &keep_ldcache {
-        // The hook has run and the job's command has not: this is ldconfig's output.
-        if let Err(e) = super::ldcache::store(&job.upper(), file) {
-            tracing::debug!("cannot keep the linker cache ({e}); the next GPU job rebuilds it");
-        }
-    }
     if !wait_for_go(go) {
         kill_unreaped_init(&container);
         let _ = container.delete(true);
@@ -348,37 +353,6 @@ fn wait_signal(set: &SigSet, timeout: Duration) -> Option<Signal> {
     } else {
         Signal::try_from(r).ok()
     }
-}
-
-/// Writes into the job's writable layer what the edits need before the container exists:
-/// library symlinks and the linker search path entry. Paths resolve inside the tree
-/// (see [`inroot`]): the rootfs is image content and may hold hostile symlinks.
-fn prepare_rootfs(merged: &Path, edits: &crate::edits::ContainerEdits) -> Result<()> {
-    if !edits.ld_library_dirs.is_empty() {
-        // "000-" sorts first: ldconfig scans these dirs before the rootfs's own, and for
-        // one soname the first dir scanned wins (verified in the gpu tests).
-        let body: String = edits.ld_library_dirs.iter().map(|d| format!("{}\n", d.display())).collect();
-        inroot::write_file(merged, Path::new(crate::gpu::inject::LDCONF_D_FILE), body.as_bytes(), 0o644)
-            .context("cannot write the sandbox's ld.so.conf.d entry")?;
-    }
-    for (link, target) in &edits.symlinks {
-        inroot::symlink(merged, link, target).with_context(|| {
-            format!("cannot create symlink {} -> {} in the sandbox", link.display(), target.display())
-        })?;
-    }
-    Ok(())
-}
-
-/// A GPU job's linker cache (see [`super::ldcache`]): when an earlier job with the same
-/// inputs left one, it is written into this job's tree and the ldconfig hook dropped from
-/// the plan. Otherwise returns where to keep the one the hook is about to build.
-fn reuse_ldcache(home: &Home, plan: &mut super::JobPlan, merged: &Path) -> Result<Option<std::path::PathBuf>> {
-    let Some(file) = super::ldcache::cache_file(home, plan) else { return Ok(None) };
-    let Some(bytes) = super::ldcache::load(&file) else { return Ok(Some(file)) };
-    inroot::write_file(merged, Path::new("/etc/ld.so.cache"), &bytes, 0o644)
-        .context("cannot write the sandbox's /etc/ld.so.cache")?;
-    plan.edits.update_ldcache = false;
-    Ok(None)
 }
 
 /// libcontainer's errors are precise but not always actionable; translate the common ones.

@@ -99,6 +99,39 @@ pub fn create_owned_dir(root: &Path, dir: &Path, uid: u32, gid: u32) -> io::Resu
     Ok(())
 }
 
+/// An `O_PATH` fd of what is at `path` inside the tree, the final symlink followed
+/// (inside the tree too), as the runtime resolves a mount destination.
+pub fn open_existing(root: &Path, path: &Path) -> io::Result<OwnedFd> {
+    let rootfd = sysfs::open_dir(root)?;
+    sysfs::openat2(rootfd.as_raw_fd(), &rel_cstring(path)?, libc::O_PATH, RESOLVE)
+}
+
+/// Makes sure something exists at `path` inside the tree for a bind mount to land on:
+/// when nothing does, an empty dir (`dir`) or an empty file (0644), with the parent dirs
+/// (as mkdir -p). Whatever is already there, a dangling symlink included, is left alone:
+/// the runtime resolves it as it did before.
+pub fn create_mount_target(root: &Path, path: &Path, dir: bool) -> io::Result<()> {
+    match open_existing(root, path) {
+        Ok(_) => return Ok(()),
+        Err(e) if sysfs::errno(&e) == libc::ENOENT => {}
+        Err(e) => return Err(e),
+    }
+    if dir {
+        return open_dir(root, path, true).map(drop);
+    }
+    let (parent, name) = split(path)?;
+    let dirfd = reopen(&open_dir(root, parent, true)?)?;
+    match sysfs::openat(
+        dirfd.as_raw_fd(),
+        &name,
+        libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW,
+        0o644,
+    ) {
+        Err(e) if sysfs::errno(&e) == libc::EEXIST => Ok(()),
+        r => r.map(drop),
+    }
+}
+
 /// An O_PATH directory fd cannot be used for *at writes everywhere; reopen it for real.
 fn reopen(fd: &OwnedFd) -> io::Result<OwnedFd> {
     sysfs::openat(fd.as_raw_fd(), c".", libc::O_RDONLY | libc::O_DIRECTORY, 0)
@@ -135,5 +168,29 @@ mod tests {
         write_file(&root, Path::new("/real/f"), b"x", 0o644).unwrap();
         assert!(std::fs::symlink_metadata(root.join("real/f")).unwrap().is_file());
         assert_eq!(std::fs::read_dir(&outside).unwrap().count(), 0);
+    }
+
+    #[test]
+    fn mount_targets_are_made_inside_the_tree_and_existing_ones_kept() {
+        let t = tempfile::tempdir().unwrap();
+        let (root, outside) = (t.path().join("root"), t.path().join("outside"));
+        std::fs::create_dir_all(root.join("usr/bin")).unwrap();
+        std::fs::create_dir_all(&outside).unwrap();
+        std::os::unix::fs::symlink("usr/bin", root.join("bin")).unwrap();
+        std::os::unix::fs::symlink(&outside, root.join("opt")).unwrap();
+        create_mount_target(&root, Path::new("/bin/nvidia-smi"), false).unwrap();
+        let m = std::fs::symlink_metadata(root.join("usr/bin/nvidia-smi")).unwrap();
+        assert!(m.is_file() && m.len() == 0, "an empty file through the tree's own symlink");
+        create_mount_target(&root, Path::new("/lib/firmware/nvidia/1.2"), true).unwrap();
+        assert!(root.join("lib/firmware/nvidia/1.2").is_dir());
+        // An existing file is kept as it is.
+        std::fs::write(root.join("usr/bin/tool"), "x").unwrap();
+        create_mount_target(&root, Path::new("/usr/bin/tool"), false).unwrap();
+        assert_eq!(std::fs::read(root.join("usr/bin/tool")).unwrap(), b"x");
+        // A symlink to a host dir resolves inside the tree: nothing is made on the host.
+        let e = create_mount_target(&root, Path::new("/opt/data"), true);
+        assert!(e.is_ok() || e.as_ref().unwrap_err().raw_os_error() == Some(libc::ENOENT), "{e:?}");
+        assert_eq!(std::fs::read_dir(&outside).unwrap().count(), 0, "nothing written outside the tree");
+        assert!(open_existing(&root, Path::new("/usr/bin/nvidia-smi")).is_ok());
     }
 }

@@ -2,11 +2,11 @@
 //! single-threaded helper process), teardown and gc.
 
 pub mod cgroup;
+pub mod editlayer;
 pub mod exec;
 pub mod helper;
 pub mod inroot;
 pub mod jobdir;
-pub mod ldcache;
 pub mod plan;
 pub mod runner;
 pub mod seccomp;

@@ -326,6 +326,15 @@ fn mounts(plan: &JobPlan) -> Result<Vec<Mount>> {
     Ok(m)
 }
 
+/// The host's `ldconfig`, which rebuilds a tree's linker cache with `-r TREE`.
+pub fn host_ldconfig() -> Result<&'static Path> {
+    ["/sbin/ldconfig", "/usr/sbin/ldconfig"]
+        .into_iter()
+        .map(Path::new)
+        .find(|p| p.exists())
+        .context("ldconfig not found on the host (/sbin/ldconfig): install libc-bin")
+}
+
 /// Hooks from the edits, plus the linker-cache refresh: host `ldconfig -r <rootfs>` in the
 /// container's mount namespace once the driver libraries are bound, before pivot_root.
 fn hooks(plan: &JobPlan, rootfs: &Path) -> Result<Option<oci_spec::runtime::Hooks>> {
@@ -335,11 +344,7 @@ fn hooks(plan: &JobPlan, rootfs: &Path) -> Result<Option<oci_spec::runtime::Hook
     let mut poststart = Vec::new();
     let mut poststop = Vec::new();
     if plan.edits.update_ldcache {
-        let ldconfig = ["/sbin/ldconfig", "/usr/sbin/ldconfig"]
-            .into_iter()
-            .map(Path::new)
-            .find(|p| p.exists())
-            .context("ldconfig not found on the host (/sbin/ldconfig): install libc-bin")?;
+        let ldconfig = host_ldconfig()?;
         create_container.push(
             HookBuilder::default()
                 .path(ldconfig)

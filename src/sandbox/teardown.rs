@@ -270,13 +270,14 @@ impl GcReport {
     }
 }
 
-/// [`gc`], then, when no job of any home is left, the service's own cgroup parent
+/// [`gc`], stale edit layers (see [`super::editlayer::prune`]), then, when no job of any home is left, the service's own cgroup parent
 /// (`/azp-sandbox`, root mode only: a delegated or `--cgroup-parent` dir belongs to the
 /// admin). For `azp-sandbox gc` and the end of `run`; the gc at the start of every `exec`
 /// keeps the parent, which the next job would only make again (a mkdir and an rmdir in
 /// each hierarchy per job).
 pub fn gc_all(home: &Home) -> Result<GcReport> {
-    let report = gc(home)?;
+    let mut report = gc(home)?;
+    report.removed.extend(super::editlayer::prune(home));
     let mode = crate::rootless::mode();
     let root_parent = Path::new(crate::rootless::cgroups::ROOT_PARENT);
     if !mode.rootless && mode.cgroups.parent() == Some(root_parent) {

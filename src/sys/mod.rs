@@ -74,8 +74,11 @@ pub trait Sys {
     /// job's mounts exist only there and vanish with it (even on SIGKILL).
     fn private_mount_namespace(&self) -> Result<()>;
     fn mount_overlay(&self, overlay: &Overlay) -> Result<()>;
-    /// Lazy unmount (MNT_DETACH).
+    /// Lazy unmount (MNT_DETACH), of the mounts below `target` too.
     fn unmount(&self, target: &Path) -> Result<()>;
+    /// A plain bind mount of `source` on `target` (a `/proc/self/fd/N` of a target
+    /// resolved inside a tree), in this process's private mount namespace.
+    fn bind_mount(&self, source: &Path, target: &Path) -> Result<()>;
     /// For a job without a cgroup: covers the host's cgroup tree in this (private) mount
     /// namespace with a view that libcontainer's cgroup manager cannot change anything in.
     fn hide_cgroupfs(&self) -> Result<()>;
@@ -123,6 +126,12 @@ impl Sys for Real {
             .with_context(|| format!("cannot unmount {}", target.display()))
     }
 
+    fn bind_mount(&self, source: &Path, target: &Path) -> Result<()> {
+        use nix::mount::{mount, MsFlags};
+        mount(Some(source), target, None::<&str>, MsFlags::MS_BIND, None::<&str>)
+            .with_context(|| format!("cannot bind {} for the linker cache", source.display()))
+    }
+
     fn hide_cgroupfs(&self) -> Result<()> {
         use nix::mount::{mount, MsFlags};
         use nix::sched::{unshare, CloneFlags};
@@ -165,6 +174,10 @@ impl Sys for Recorder {
     }
     fn unmount(&self, target: &Path) -> Result<()> {
         self.calls.borrow_mut().push(format!("unmount {}", target.display()));
+        Ok(())
+    }
+    fn bind_mount(&self, source: &Path, target: &Path) -> Result<()> {
+        self.calls.borrow_mut().push(format!("bind_mount {} {}", source.display(), target.display()));
         Ok(())
     }
     fn hide_cgroupfs(&self) -> Result<()> {
