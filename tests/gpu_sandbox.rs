@@ -77,6 +77,24 @@ fn gpu_job_gets_its_gpu_the_host_driver_and_nvidia_smi() {
     let cache = built[0].join("tree/etc/ld.so.cache");
     assert!(cache.is_file(), "the layer holds the linker cache");
     assert!(built[0].join(format!("tree{LIB_DIR}/libcuda.so.1")).is_symlink(), "and the SONAME links");
+    // The layer holds the driver files as hard links where it can (root, one
+    // filesystem): a job then has no driver binds. Elsewhere they stay binds.
+    let same_fs = std::fs::metadata(&host_libcuda).unwrap().dev() == std::fs::metadata(&h.dir).unwrap().dev();
+    let linked = std::fs::read_to_string(built[0].join("linked")).unwrap();
+    let (code, mounts, err) = gpu_exec(&h, &tree, "1", "grep -c nvidia /proc/self/mountinfo; true");
+    assert_eq!(code, 0, "{err}");
+    let binds: usize = mounts.trim().parse().unwrap();
+    if linked.is_empty() {
+        assert!(binds > 0, "without links the driver files are bound");
+    } else {
+        assert!(linked.contains(&format!("{LIB_DIR}/libcuda.so.5")), "{linked}");
+        assert_eq!(binds, 0, "linked driver files are not bound as well");
+    }
+    if same_fs && !rootless() {
+        assert!(!linked.is_empty(), "as root on one filesystem the driver files are linked");
+    } else {
+        eprintln!("NOTE: rootless or the driver tree on another filesystem: {binds} binds, links: {linked:?}");
+    }
     let (code, again, err) = gpu_exec(&h, &tree, "1", &script);
     assert_eq!(code, 0, "{err}");
     assert_eq!(again, out, "a job over the edit layer sees the same libraries");

@@ -54,7 +54,25 @@ pub fn wanted(edits: &ContainerEdits) -> bool {
             || edits.update_ldcache)
 }
 
-/// Identity of a file or dir: a re-imported rootfs or an upgraded driver file differs.
+/// Identity of a bound host file: an upgraded driver file (a new inode, or written in
+/// place: size, mtime) differs. Not its ctime: hard-linking the file into a layer (see
+/// [`link_bound_files`]) changes that.
+fn source_identity(p: &Path) -> String {
+    match std::fs::metadata(p) {
+        Ok(m) => format!(
+            "{:o} {} {} {} {} {}",
+            m.mode() & libc::S_IFMT,
+            m.dev(),
+            m.ino(),
+            m.size(),
+            m.mtime(),
+            m.mtime_nsec()
+        ),
+        Err(_) => "missing".into(),
+    }
+}
+
+/// Identity of a lower layer's dir: a re-imported rootfs differs.
 fn identity(p: &Path) -> String {
     match std::fs::metadata(p) {
         Ok(m) => format!(
@@ -96,7 +114,8 @@ pub fn key(plan: &JobPlan) -> String {
         }
     }
     for m in &plan.edits.mounts {
-        text += &format!("mount {} {} {}\n", m.host_path.display(), m.container_path.display(), identity(&m.host_path));
+        let id = source_identity(&m.host_path);
+        text += &format!("mount {} {} {id}\n", m.host_path.display(), m.container_path.display());
     }
     for v in &plan.volumes {
         text += &format!("volume {} {}\n", v.container.display(), if v.host.is_dir() { "dir" } else { "file" });
@@ -115,12 +134,16 @@ pub struct EditLayer {
     _lock: std::fs::File,
     /// The layer's root, to stack above the job's lower layers.
     pub tree: PathBuf,
+    /// Container paths of bound files the layer holds as hard links to the host file.
+    pub linked: Vec<PathBuf>,
 }
 
 impl EditLayer {
     /// Puts the layer on top of the plan's lower layers; the edits it holds are then
-    /// not made again in the job's upper layer, nor is the linker cache rebuilt.
+    /// not made again in the job's upper layer, nor is the linker cache rebuilt, nor
+    /// are the files it links bound.
     pub fn stack_on(&self, plan: &mut JobPlan) {
+        plan.edits.mounts.retain(|m| !self.linked.contains(&m.container_path));
         plan.lower.insert(0, self.tree.clone());
         plan.edits.symlinks.clear();
         plan.edits.ld_library_dirs.clear();
@@ -157,7 +180,9 @@ fn lease(path: &Path) -> Result<Option<EditLayer>> {
     let held = f.metadata()?;
     match std::fs::symlink_metadata(path) {
         Ok(m) if m.dev() == held.dev() && m.ino() == held.ino() => {
-            Ok(Some(EditLayer { _lock: f, tree: path.join("tree") }))
+            let links = std::fs::read_to_string(path.join(LINKED)).unwrap_or_default();
+            let linked = parse_links(&links).into_iter().map(|l| l.container).collect();
+            Ok(Some(EditLayer { _lock: f, tree: path.join("tree"), linked }))
         }
         _ => Ok(None),
     }
@@ -212,9 +237,11 @@ fn build_in(plan: &JobPlan, b: &Path, sys: &dyn Sys) -> Result<()> {
     let made = make_edits(plan, &merged, sys);
     // Detaches the binds made for ldconfig with it.
     sys.unmount(&merged)?;
-    made?;
+    let candidates = made?;
     sysfs::remove_tree(&work).with_context(|| format!("cannot remove {}", work.display()))?;
     std::fs::remove_dir(&merged).with_context(|| format!("cannot remove {}", merged.display()))?;
+    let linked = link_bound_files(&tree, candidates);
+    std::fs::write(b.join(LINKED), format_links(&linked)).context("cannot write the edit layer's links: disk full?")?;
     let lower: String = plan.lower.iter().map(|l| format!("{}\n", l.display())).collect();
     std::fs::write(b.join("lower"), lower).context("cannot write the edit layer's lower list: disk full?")?;
     // The overlay was volatile: nothing of it reached the disk for sure. A layer outlives
@@ -223,16 +250,18 @@ fn build_in(plan: &JobPlan, b: &Path, sys: &dyn Sys) -> Result<()> {
 }
 
 /// The edits, made in the tree mounted at `merged`: links, the linker config, every bind
-/// target, and the linker cache over the bound files.
-fn make_edits(plan: &JobPlan, merged: &Path, sys: &dyn Sys) -> Result<()> {
+/// target, and the linker cache over the bound files. Returns the bound files that may
+/// become hard links (see [`link_bound_files`]).
+fn make_edits(plan: &JobPlan, merged: &Path, sys: &dyn Sys) -> Result<Vec<Link>> {
     write_edits(merged, &plan.edits)?;
     let targets = plan.edits.mounts.iter().map(|m| (&m.container_path, m.host_path.is_dir()));
     for (path, is_dir) in targets.chain(plan.volumes.iter().map(|v| (&v.container, v.host.is_dir()))) {
         inroot::create_mount_target(merged, path, is_dir)
             .with_context(|| format!("cannot create the mount point {} in the sandbox", path.display()))?;
     }
+    let candidates = plan.edits.mounts.iter().filter_map(|m| link_candidate(merged, m)).collect();
     if !plan.edits.update_ldcache {
-        return Ok(());
+        return Ok(candidates);
     }
     // ldconfig reads each library's SONAME: it must see the bound files, not the
     // empty targets.
@@ -255,7 +284,98 @@ fn make_edits(plan: &JobPlan, merged: &Path, sys: &dyn Sys) -> Result<()> {
         let err = String::from_utf8_lossy(&out.stderr);
         bail!("{} -r failed ({}): {}", ldconfig.display(), out.status, err.lines().last().unwrap_or("no output"));
     }
-    Ok(())
+    Ok(candidates)
+}
+
+/// Name of the file in a layer's dir listing its hard-linked bound files.
+const LINKED: &str = "linked";
+
+/// A bound file held in a layer as a hard link to the host file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Link {
+    container: PathBuf,
+    host: PathBuf,
+    /// Where the layer holds it (relative to the layer's tree).
+    in_tree: PathBuf,
+}
+
+/// A read-only bind of a plain host file (not setuid/setgid: a bind would be nosuid)
+/// whose mount target is an empty file in the layer: it can be a hard link instead.
+fn link_candidate(merged: &Path, m: &crate::edits::BindMount) -> Option<Link> {
+    let meta = std::fs::symlink_metadata(&m.host_path).ok()?;
+    let plain_ro = ["ro", "nosuid", "nodev"].iter().all(|o| m.options.iter().any(|x| x == o));
+    let text = |p: &Path| p.to_str().filter(|s| !s.contains(['\t', '\n'])).map(String::from);
+    text(&m.host_path)?;
+    text(&m.container_path)?;
+    if !meta.is_file() || meta.mode() & 0o6000 != 0 || !plain_ro {
+        return None;
+    }
+    let fd = inroot::open_existing(merged, &m.container_path).ok()?;
+    let st = sysfs::fstat(fd.as_raw_fd()).ok()?;
+    if st.st_mode & libc::S_IFMT != libc::S_IFREG || st.st_size != 0 {
+        return None;
+    }
+    let real = std::fs::read_link(format!("/proc/self/fd/{}", fd.as_raw_fd())).ok()?;
+    let in_tree = real.strip_prefix(merged).ok()?.to_path_buf();
+    Some(Link { container: m.container_path.clone(), host: m.host_path.clone(), in_tree })
+}
+
+/// Replaces the empty mount targets of `candidates` in the finished layer with hard links
+/// to the host files: a job then needs no bind for them (each costs libcontainer ~35
+/// syscalls and a mount). The job sees the host file's inode, read-only in effect (a
+/// write copies it up into the job's own layer). Only where the build itself created the
+/// target (an empty file in the layer, not one of the rootfs's), and where the kernel
+/// allows it: another filesystem (EXDEV) or protected_hardlinks for a non-root user
+/// (EPERM) leave the bind.
+fn link_bound_files(tree: &Path, candidates: Vec<Link>) -> Vec<Link> {
+    let mut linked = vec![];
+    for c in candidates {
+        let at = tree.join(&c.in_tree);
+        if !std::fs::symlink_metadata(&at).is_ok_and(|m| m.is_file() && m.len() == 0) {
+            continue;
+        }
+        let tmp = at.with_file_name(format!(".link-{}", sysfs::random_suffix()));
+        match std::fs::hard_link(&c.host, &tmp).and_then(|()| std::fs::rename(&tmp, &at)) {
+            Ok(()) => linked.push(c),
+            Err(e) => {
+                let _ = std::fs::remove_file(&tmp);
+                tracing::debug!("{} stays a bind ({e})", c.container.display());
+            }
+        }
+    }
+    linked
+}
+
+/// `container \t host-identity \t host` per line.
+fn format_links(links: &[Link]) -> String {
+    links
+        .iter()
+        .map(|l| format!("{}\t{}\t{}\n", l.container.display(), source_identity(&l.host), l.host.display()))
+        .collect()
+}
+
+fn parse_links(text: &str) -> Vec<Link> {
+    text.lines()
+        .filter_map(|l| {
+            let mut f = l.splitn(3, '\t');
+            let (c, _, h) = (f.next()?, f.next()?, f.next()?);
+            Some(Link { container: c.into(), host: h.into(), in_tree: PathBuf::new() })
+        })
+        .collect()
+}
+
+/// Do the host files a layer links still have the identity they had at the build? A
+/// driver upgrade replaces them (new inodes): the layer's links then keep the old
+/// files on disk, and no new job can use it (its key differs).
+fn links_current(layer: &Path) -> bool {
+    let text = std::fs::read_to_string(layer.join(LINKED)).unwrap_or_default();
+    text.lines().all(|l| {
+        let mut f = l.splitn(3, '\t');
+        match (f.next(), f.next(), f.next()) {
+            (Some(_), Some(id), Some(host)) => source_identity(Path::new(host)) == id,
+            _ => false,
+        }
+    })
 }
 
 /// Writes what the edits need before the container exists: library symlinks and the
@@ -310,13 +430,13 @@ pub fn prune(home: &Home) -> Vec<String> {
             continue;
         }
         let built = std::fs::read_to_string(path.join("lower")).ok().and_then(|lower| {
-            let all_there = lower.lines().all(|l| Path::new(l).is_dir());
+            let all_there = lower.lines().all(|l| Path::new(l).is_dir()) && links_current(&path);
             let t = std::fs::metadata(path.join("lower")).and_then(|m| m.modified()).ok()?;
             all_there.then_some(t)
         });
         match built {
             Some(t) => kept.push((t, path)),
-            None => removed.extend(remove_unused(home, &path, "its lower layers are gone")),
+            None => removed.extend(remove_unused(home, &path, "its lower layers or linked driver files changed")),
         }
     }
     kept.sort();
@@ -466,6 +586,40 @@ mod tests {
         drop(lease);
         assert_eq!(prune(&home).len(), 1);
         assert!(lease_of_missing(&stale_in_use));
+    }
+
+    #[test]
+    fn bound_files_become_hard_links_where_the_build_made_the_target() {
+        let t = tempfile::tempdir().unwrap();
+        let tree = t.path().join("tree");
+        std::fs::create_dir_all(tree.join("lib")).unwrap();
+        let host = t.path().join("libcuda.so.1.2");
+        std::fs::write(&host, "elf").unwrap();
+        std::fs::write(tree.join("lib/libcuda.so.1.2"), "").unwrap();
+        std::fs::write(tree.join("lib/rootfs-own.so"), "not empty: the rootfs's file").unwrap();
+        let link = |name: &str| Link {
+            container: Path::new("/lib").join(name),
+            host: host.clone(),
+            in_tree: Path::new("lib").join(name),
+        };
+        let candidates = vec![link("libcuda.so.1.2"), link("rootfs-own.so"), link("absent.so")];
+        let linked = link_bound_files(&tree, candidates);
+        assert_eq!(linked, vec![link("libcuda.so.1.2")], "only the empty target the build made");
+        let (a, b) = (std::fs::metadata(&host).unwrap(), std::fs::metadata(tree.join("lib/libcuda.so.1.2")).unwrap());
+        assert_eq!((a.dev(), a.ino()), (b.dev(), b.ino()), "the host file's inode");
+        assert_eq!(std::fs::read(tree.join("lib/rootfs-own.so")).unwrap(), b"not empty: the rootfs's file");
+        // The list round-trips, and tells when the host file was replaced (an upgrade).
+        let layer = t.path();
+        std::fs::write(layer.join(LINKED), format_links(&linked)).unwrap();
+        let back = parse_links(&std::fs::read_to_string(layer.join(LINKED)).unwrap());
+        assert_eq!(
+            back.iter().map(|l| (&l.container, &l.host)).collect::<Vec<_>>(),
+            vec![(&linked[0].container, &host)]
+        );
+        assert!(links_current(layer));
+        std::fs::remove_file(&host).unwrap();
+        std::fs::write(&host, "new driver").unwrap();
+        assert!(!links_current(layer));
     }
 
     fn lease_of_missing(p: &Path) -> bool {
