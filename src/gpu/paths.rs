@@ -14,7 +14,66 @@ const MAX_SYMLINKS: usize = 40;
 /// Resolves `path` (as seen inside `root`; relative paths count from the root) following
 /// every symlink, with absolute targets and `..` kept inside `root`. Returns the in-root
 /// path of the final, non-symlink file. Fails with `NotFound` when a component is missing.
+///
+/// The kernel does the walk (`openat2` with `RESOLVE_IN_ROOT`, the resolved path read
+/// back from `/proc/self/fd`): one call instead of an lstat per component and a readlink
+/// per hop, which made driver discovery ~1 ms of every GPU `exec` (47 us per library
+/// path in the Debian driver tree, through `/etc/alternatives`). Without openat2 (Linux
+/// < 5.6, a seccomp filter) or `/proc`, the same walk in userspace.
 pub fn resolve_in_root(root: &Path, path: &Path) -> io::Result<PathBuf> {
+    match resolve_by_kernel(root, path) {
+        Err(e) if matches!(e.raw_os_error(), Some(libc::ENOENT | libc::ENOTDIR | libc::ELOOP)) => Err(e),
+        Err(_) => walk_in_root(root, path),
+        ok => ok,
+    }
+}
+
+/// A driver root opened once per thread (discovery resolves dozens of paths in one
+/// root): its fd and its path as the kernel prints it.
+struct OpenRoot {
+    path: PathBuf,
+    fd: std::os::fd::OwnedFd,
+    real: PathBuf,
+}
+
+thread_local! {
+    static LAST_ROOT: std::cell::RefCell<Option<OpenRoot>> = const { std::cell::RefCell::new(None) };
+}
+
+fn fd_path(fd: std::os::fd::RawFd) -> io::Result<PathBuf> {
+    std::fs::read_link(format!("/proc/self/fd/{fd}"))
+}
+
+fn resolve_by_kernel(root: &Path, path: &Path) -> io::Result<PathBuf> {
+    use crate::rootfs::fs as sysfs;
+    use std::os::fd::AsRawFd;
+    LAST_ROOT.with(|cell| {
+        let mut cached = cell.borrow_mut();
+        // Still the dir at that path? (A tree replaced under a long-running manager.)
+        let same_dir = |r: &OpenRoot| {
+            let (Ok(now), Ok(held)) = (std::fs::metadata(root), sysfs::fstat(r.fd.as_raw_fd())) else { return false };
+            std::os::unix::fs::MetadataExt::ino(&now) == held.st_ino
+                && std::os::unix::fs::MetadataExt::dev(&now) == held.st_dev
+        };
+        if cached.as_ref().is_none_or(|r| r.path != root || !same_dir(r)) {
+            let c = sysfs::path_cstring(root)?;
+            let fd = sysfs::openat(libc::AT_FDCWD, &c, libc::O_PATH | libc::O_DIRECTORY, 0)?;
+            let real = fd_path(fd.as_raw_fd())?;
+            *cached = Some(OpenRoot { path: root.to_path_buf(), fd, real });
+        }
+        let r = cached.as_ref().expect("set above");
+        let rel: PathBuf = path.components().filter(|c| !matches!(c, Component::RootDir | Component::CurDir)).collect();
+        let rel = if rel.as_os_str().is_empty() { PathBuf::from(".") } else { rel };
+        let flags = sysfs::RESOLVE_IN_ROOT | sysfs::RESOLVE_NO_MAGICLINKS;
+        let fd = sysfs::openat2(r.fd.as_raw_fd(), &sysfs::path_cstring(&rel)?, libc::O_PATH, flags)?;
+        let real = fd_path(fd.as_raw_fd())?;
+        let inside = real.strip_prefix(&r.real).map_err(|_| io::Error::other("resolved outside the root"))?;
+        Ok(Path::new("/").join(inside))
+    })
+}
+
+/// [`resolve_in_root`] in userspace: an lstat per component, a readlink per symlink.
+fn walk_in_root(root: &Path, path: &Path) -> io::Result<PathBuf> {
     let mut todo: VecDeque<OsString> = components(path).into();
     let mut resolved = PathBuf::from("/");
     let mut hops = 0;
@@ -92,19 +151,40 @@ mod tests {
         symlink("/etc/alternatives/libx", r.join("usr/lib/libx.so.1")).unwrap();
         // `..` past the root is clamped, as in a chroot.
         symlink("../../../../../usr/lib/libx.so.1", r.join("etc/escape")).unwrap();
+        symlink("/missing", r.join("dangling")).unwrap();
+        symlink("/loop", r.join("loop")).unwrap();
+        // The kernel's walk and the userspace one agree.
+        for resolve in [resolve_in_root, walk_in_root, resolve_by_kernel] {
+            assert_eq!(
+                resolve(r, Path::new("/usr/lib/libx.so.1")).unwrap(),
+                PathBuf::from("/usr/lib/nv/current/libx.so.1.2")
+            );
+            assert_eq!(resolve(r, Path::new("/etc/escape")).unwrap(), PathBuf::from("/usr/lib/nv/current/libx.so.1.2"));
+            assert_eq!(
+                resolve(r, Path::new("usr/lib/libx.so.1")).unwrap(),
+                PathBuf::from("/usr/lib/nv/current/libx.so.1.2")
+            );
+            assert_eq!(resolve(r, Path::new("/")).unwrap(), PathBuf::from("/"));
+            assert_eq!(resolve(r, Path::new("/etc/../usr/./lib")).unwrap(), PathBuf::from("/usr/lib"));
+            assert_eq!(resolve(r, Path::new("/dangling")).unwrap_err().kind(), io::ErrorKind::NotFound);
+            assert!(resolve(r, Path::new("/loop")).is_err());
+        }
+        // A root replaced at the same path is the new tree (the open root is not kept stale).
+        let r2 = t.path().join("tree2");
+        std::fs::create_dir_all(r2.join("a")).unwrap();
+        assert_eq!(resolve_in_root(&r2, Path::new("/a")).unwrap(), PathBuf::from("/a"));
+        std::fs::remove_dir_all(&r2).unwrap();
+        std::fs::create_dir_all(r2.join("b")).unwrap();
+        assert_eq!(resolve_in_root(&r2, Path::new("/a")).unwrap_err().kind(), io::ErrorKind::NotFound);
+        assert_eq!(resolve_in_root(&r2, Path::new("/b")).unwrap(), PathBuf::from("/b"));
+        // A root given through a symlink resolves the same.
+        symlink(r, t.path().join("root-link")).unwrap();
+        let via_link = t.path().join("root-link");
         assert_eq!(
-            resolve_in_root(r, Path::new("/usr/lib/libx.so.1")).unwrap(),
-            PathBuf::from("/usr/lib/nv/current/libx.so.1.2")
-        );
-        assert_eq!(
-            resolve_in_root(r, Path::new("/etc/escape")).unwrap(),
+            resolve_in_root(&via_link, Path::new("/etc/alternatives/libx")).unwrap(),
             PathBuf::from("/usr/lib/nv/current/libx.so.1.2")
         );
         assert_eq!(resolve_host(r, Path::new("usr/lib/libx.so.1")).unwrap(), r.join("usr/lib/nv/current/libx.so.1.2"));
-        symlink("/missing", r.join("dangling")).unwrap();
-        assert_eq!(resolve_in_root(r, Path::new("/dangling")).unwrap_err().kind(), io::ErrorKind::NotFound);
-        symlink("/loop", r.join("loop")).unwrap();
-        assert!(resolve_in_root(r, Path::new("/loop")).is_err());
         assert_eq!(in_root(r, &r.join("dev/nvidia0")), Some(PathBuf::from("/dev/nvidia0")));
         assert_eq!(host_path(Path::new("/"), Path::new("/dev/x")), PathBuf::from("/dev/x"));
     }
