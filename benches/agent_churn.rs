@@ -8,7 +8,6 @@
 //! Writes target/bench-results/agent_churn.md.
 
 #[path = "../tests/common/fake_azure.rs"]
-#[allow(dead_code)]
 mod fake_azure;
 
 use fake_azure::FakeAzure;
@@ -203,8 +202,8 @@ fn main() {
     drop(mgr8);
     let end = sample(std::process::id(), &home);
 
-    md.push_str(&format!("### Agent runner (fake Azure DevOps, busybox rootfs, 2 slots)\n\n"));
-    md.push_str(&format!("| measure | value | target |\n|---|---|---|\n"));
+    md.push_str("### Agent runner (fake Azure DevOps, busybox rootfs, 2 slots)\n\n");
+    md.push_str("| measure | value | target |\n|---|---|---|\n");
     md.push_str(&format!("| jobs run | {done} in {churn_s:.1} s ({:.1} jobs/s) | |\n", (done - warm) as f64 / churn_s));
     md.push_str(&format!(
         "| refill latency, median of {} (result -> next agent talking) | {:.1} ms | < 50 ms |\n",

@@ -236,7 +236,7 @@ pub fn parse_size(s: &str) -> Result<u64> {
         .parse()
         .map_err(|_| anyhow::anyhow!("bad size '{s}': use a number with an optional unit K, M, G or T (e.g. 512M)"))?;
     let bytes = n * mult as f64;
-    if !(bytes >= 1.0) || bytes > u64::MAX as f64 {
+    if bytes.is_nan() || bytes < 1.0 || bytes > u64::MAX as f64 {
         bail!("bad size '{s}': must be at least 1 byte");
     }
     Ok(bytes as u64)
