@@ -161,7 +161,7 @@ fn main() {
         ("runc run (same rootfs)", runc.clone()),
     ];
     if gpu {
-        rows.push(("azp-sandbox exec --gpus all (driver tree binds over the edit layer, limits, volume)", gpu_t));
+        rows.push(("azp-sandbox exec --gpus all (driver tree via the edit layer, limits, volume)", gpu_t));
     }
     if podman {
         rows.push(("podman --runtime runc run --rm --rootfs", pod));

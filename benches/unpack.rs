@@ -1,6 +1,6 @@
 //! Rootfs unpack throughput: `azp-sandbox rootfs import` vs GNU tar on the same archive,
 //! gzip (`tar -xzf`) and zstd (`tar -I zstd -xf`), page cache dropped before each run,
-//! medians of AZP_BENCH_RUNS (default 3). The archive is the Debian minbase fixture, or
+//! medians of AZP_BENCH_RUNS (default 3), one of each per round. The archive is the Debian minbase fixture, or
 //! AZP_BENCH_ROOTFS=FILE.tar[.zst] (e.g. a CUDA rootfs from rootfs-recipes/).
 //! Writes target/bench-results/unpack.md.
 
@@ -23,18 +23,13 @@ fn median(mut v: Vec<f64>) -> f64 {
     v[v.len() / 2]
 }
 
-fn time(runs: usize, mut prepare: impl FnMut(), mut f: impl FnMut()) -> f64 {
-    median(
-        (0..runs)
-            .map(|_| {
-                prepare();
-                drop_caches();
-                let t = Instant::now();
-                f();
-                t.elapsed().as_secs_f64()
-            })
-            .collect(),
-    )
+/// Seconds of `f` after `prepare` and a cold page cache.
+fn timed(prepare: impl FnOnce(), f: impl FnOnce()) -> f64 {
+    prepare();
+    drop_caches();
+    let t = Instant::now();
+    f();
+    t.elapsed().as_secs_f64()
 }
 
 fn main() {
@@ -81,34 +76,35 @@ fn main() {
     };
     let mut rows = vec![];
     for (label, archive, tar_flag) in [("gzip", &gz, "-z"), ("zstd", &zst, "-I zstd")] {
-        let ours = time(
-            runs,
-            || reset(&home),
-            || {
-                let st = Command::new(&bin)
-                    .arg("--home")
-                    .arg(&home)
-                    .args(["-q", "rootfs", "import"])
-                    .arg(archive)
-                    .args(["--name", "bench"])
-                    .stderr(Stdio::null())
-                    .status()
-                    .unwrap();
-                assert!(st.success());
-            },
-        );
-        let gnu = time(
-            runs,
-            || reset(&out),
-            || {
-                sh(&format!("tar --numeric-owner {tar_flag} -xf {} -C {}", archive.display(), out.display()));
-            },
-        );
-        rows.push((label, ours, gnu));
+        // Interleaved, one of each per round: this VM's disk and CPU drift between
+        // minutes (GNU tar's zstd median moved between 2.6 and 5.9 s in one day).
+        let (mut ours, mut gnu) = (vec![], vec![]);
+        for _ in 0..runs {
+            ours.push(timed(
+                || reset(&home),
+                || {
+                    let st = Command::new(&bin)
+                        .arg("--home")
+                        .arg(&home)
+                        .args(["-q", "rootfs", "import"])
+                        .arg(archive)
+                        .args(["--name", "bench"])
+                        .stderr(Stdio::null())
+                        .status()
+                        .unwrap();
+                    assert!(st.success());
+                },
+            ));
+            gnu.push(timed(
+                || reset(&out),
+                || sh(&format!("tar --numeric-owner {tar_flag} -xf {} -C {}", archive.display(), out.display())),
+            ));
+        }
+        rows.push((label, median(ours), median(gnu)));
     }
     let tar_version = String::from_utf8(Command::new("tar").arg("--version").output().unwrap().stdout).unwrap();
     let mut md = format!(
-        "### Rootfs unpack ({}: {size:.0} MB, {entries} entries; page cache dropped; median of {runs})\n\n\
+        "### Rootfs unpack ({}: {size:.0} MB, {entries} entries; page cache dropped; median of {runs}, interleaved)\n\n\
          Peer: {}\n\n| archive | azp-sandbox import | GNU tar | speed-up | target |\n|---|---|---|---|---|\n",
         src.file_name().unwrap().to_string_lossy(),
         tar_version.lines().next().unwrap_or("tar")

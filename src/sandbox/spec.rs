@@ -337,6 +337,8 @@ pub fn host_ldconfig() -> Result<&'static Path> {
 
 /// Hooks from the edits, plus the linker-cache refresh: host `ldconfig -r <rootfs>` in the
 /// container's mount namespace once the driver libraries are bound, before pivot_root.
+/// Only for edits that carry CDI hooks: other GPU jobs get their linker cache from their
+/// edit layer (see [`super::editlayer`]).
 fn hooks(plan: &JobPlan, rootfs: &Path) -> Result<Option<oci_spec::runtime::Hooks>> {
     let mut create_container = Vec::new();
     let mut create_runtime = Vec::new();
