@@ -107,8 +107,7 @@ pub fn read_file(explicit: Option<&Path>) -> Result<FileSettings> {
 }
 
 pub fn parse_file(text: &str) -> Result<FileSettings> {
-    toml::from_str(text)
-        .map_err(|e| anyhow::anyhow!("{}", e.to_string().lines().collect::<Vec<_>>().join(" ").trim()))
+    toml::from_str(text).map_err(|e| anyhow::anyhow!("{}", e.to_string().lines().collect::<Vec<_>>().join(" ").trim()))
 }
 
 /// Environment overrides (AZP_URL, AZP_TOKEN_FILE, AZP_POOL, AZP_AGENT_NAME as the prefix).

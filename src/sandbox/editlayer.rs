@@ -58,35 +58,19 @@ pub fn wanted(edits: &ContainerEdits) -> bool {
 /// place: size, mtime) differs. Not its ctime: hard-linking the file into a layer (see
 /// [`link_bound_files`]) changes that.
 fn source_identity(p: &Path) -> String {
-    match std::fs::metadata(p) {
-        Ok(m) => format!(
-            "{:o} {} {} {} {} {}",
-            m.mode() & libc::S_IFMT,
-            m.dev(),
-            m.ino(),
-            m.size(),
-            m.mtime(),
-            m.mtime_nsec()
-        ),
-        Err(_) => "missing".into(),
-    }
+    identity_of(p, false)
 }
 
 /// Identity of a lower layer's dir: a re-imported rootfs differs.
 fn identity(p: &Path) -> String {
-    match std::fs::metadata(p) {
-        Ok(m) => format!(
-            "{:o} {} {} {} {} {} {}",
-            m.mode() & libc::S_IFMT,
-            m.dev(),
-            m.ino(),
-            m.size(),
-            m.mtime(),
-            m.mtime_nsec(),
-            m.ctime_nsec()
-        ),
-        Err(_) => "missing".into(),
-    }
+    identity_of(p, true)
+}
+
+fn identity_of(p: &Path, with_ctime: bool) -> String {
+    let Ok(m) = std::fs::metadata(p) else { return "missing".into() };
+    let ctime = if with_ctime { format!(" {}", m.ctime_nsec()) } else { String::new() };
+    let kind = m.mode() & libc::S_IFMT;
+    format!("{kind:o} {} {} {} {} {}{ctime}", m.dev(), m.ino(), m.size(), m.mtime(), m.mtime_nsec())
 }
 
 /// Everything a layer depends on, hashed: the lower layers (each root's identity and that
