@@ -104,6 +104,12 @@ fn gpu_job_gets_its_gpu_the_host_driver_and_nvidia_smi() {
     let (code, garbage, err) = gpu_exec(&h, &tree, "1", "ldconfig -p | grep -c libcuda.so.1; true");
     assert_eq!((code, garbage.trim()), (0, "0"), "{err}");
     assert_eq!(std::fs::read_dir(&layers).unwrap().count(), 1, "no second layer for the same rootfs and driver");
+    // A layer damaged by hand (its tree deleted) is replaced by the next job, which works.
+    std::fs::remove_dir_all(built[0].join("tree")).unwrap();
+    let (code, again, err) = gpu_exec(&h, &tree, "1", &script);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(again, out, "a rebuilt layer gives the same view");
+    assert!(cache.is_file(), "rebuilt under the same key");
     // Without the rootfs the layer is of no use: `rootfs rm` removes it.
     let o = h.command().args(["rootfs", "rm", "deb"]).output().unwrap();
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));

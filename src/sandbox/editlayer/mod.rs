@@ -147,7 +147,14 @@ pub fn obtain(home: &Home, plan: &JobPlan, sys: &dyn Sys) -> Result<EditLayer> {
     let path = dir(home).join(&key);
     for _ in 0..3 {
         if let Some(layer) = lease(&path)? {
-            return Ok(layer);
+            if layer.tree.is_dir() {
+                return Ok(layer);
+            }
+            // Damaged by hand (its tree deleted): no job can mount it. Replace it.
+            drop(layer);
+            if let Some(r) = prune::remove_unused(home, &path, "its tree is missing") {
+                tracing::warn!("removed {r}; building it again");
+            }
         }
         build::build(home, plan, &key, sys)?;
     }

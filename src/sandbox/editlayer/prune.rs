@@ -23,13 +23,19 @@ pub fn prune(home: &Home) -> Vec<String> {
             continue;
         }
         let built = std::fs::read_to_string(path.join("lower")).ok().and_then(|lower| {
-            let all_there = lower.lines().all(|l| Path::new(l).is_dir()) && links::links_current(&path);
+            let all_there = lower.lines().all(|l| Path::new(l).is_dir())
+                && links::links_current(&path)
+                && path.join("tree").is_dir();
             let t = std::fs::metadata(path.join("lower")).and_then(|m| m.modified()).ok()?;
             all_there.then_some(t)
         });
         match built {
             Some(t) => kept.push((t, path)),
-            None => removed.extend(remove_unused(home, &path, "its lower layers or linked driver files changed")),
+            None => removed.extend(remove_unused(
+                home,
+                &path,
+                "its lower layers or linked driver files changed, or its tree is gone",
+            )),
         }
     }
     kept.sort();
@@ -41,7 +47,7 @@ pub fn prune(home: &Home) -> Vec<String> {
 }
 
 /// Renames the layer at `path` into the trash and deletes it, unless a job has it locked.
-fn remove_unused(home: &Home, path: &Path, why: &str) -> Option<String> {
+pub(super) fn remove_unused(home: &Home, path: &Path, why: &str) -> Option<String> {
     let f = std::fs::File::open(path).ok()?;
     sysfs::flock(std::os::fd::AsFd::as_fd(&f), libc::LOCK_EX | libc::LOCK_NB).ok()?;
     let trash = home.trash_dir().join(format!("edit-layer-{}", sysfs::random_suffix()));
@@ -79,6 +85,8 @@ mod tests {
         let live_build = dir(&home).join(format!("{BUILD_PREFIX}k-{}", std::process::id()));
         std::fs::create_dir_all(&dead_build).unwrap();
         std::fs::create_dir_all(&live_build).unwrap();
+        let damaged = fake_layer(&home, "damaged", &rootfs);
+        std::fs::remove_dir_all(damaged.join("tree")).unwrap();
         let mut good = vec![];
         for i in 0..KEEP + 2 {
             let l = fake_layer(&home, &format!("good{i:02}"), &rootfs);
@@ -87,12 +95,12 @@ mod tests {
             good.push(l);
         }
         let removed = prune(&home);
-        assert!(!stale.exists() && !dead_build.exists(), "{removed:?}");
+        assert!(!stale.exists() && !dead_build.exists() && !damaged.exists(), "{removed:?}");
         assert!(stale_in_use.exists(), "a layer a job holds stays");
         assert!(live_build.exists(), "a running build stays");
         assert!(!good[0].exists() && !good[1].exists(), "the two oldest beyond KEEP go");
         assert!(good[2..].iter().all(|l| l.exists()));
-        assert_eq!(removed.len(), 4, "{removed:?}");
+        assert_eq!(removed.len(), 5, "{removed:?}");
         assert_eq!(std::fs::read_dir(home.trash_dir()).unwrap().count(), 0, "deleted, not left in the trash");
         // Once released, the stale one goes too; a lease of a removed layer is None.
         drop(lease);
