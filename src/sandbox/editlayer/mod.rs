@@ -9,14 +9,19 @@
 //! [`key`]: in an overlay over the job's own lower layers, whose upper dir then becomes
 //! the topmost lower layer of every job with that key. A job's upper layer starts empty.
 //!
-//! Layout: `HOME/cache/edit-layers/<key>/{tree,lower}` (`lower`: the layers it was
-//! built over, one per line); `.build-<key>-<pid>` while a helper builds one.
+//! As root, with the home on the driver's filesystem, the driver's plain files are hard
+//! links in the layer instead of per-job binds (`links.rs`).
+//!
+//! Layout: `HOME/cache/edit-layers/<key>/{tree,lower,linked}` (`lower`: the layers it
+//! was built over, one per line; `linked`: the hard-linked files and their host
+//! identity); `.build-<key>-<pid>` while a helper builds one.
 //!
 //! Lifetime: a job's helper holds a shared flock on its layer's dir while the job lives.
-//! [`prune`] (after each build, `gc`, `rootfs rm`) removes layers whose lower layers are
-//! gone and the oldest beyond [`KEEP`], each only under an exclusive flock that it holds
-//! while renaming the layer into the trash. A helper that finds the name gone after its
-//! lock builds the layer again.
+//! [`prune`] (after each build, `gc`, the end of `run`, `rootfs rm`) removes layers whose
+//! lower layers are gone, whose linked host files were replaced or whose tree is gone,
+//! and the oldest beyond [`KEEP`], each only under an exclusive flock that it holds while
+//! renaming the layer into the trash. A helper that finds the name gone after its lock,
+//! or the tree deleted, builds the layer again.
 //!
 //! Not used when the edits carry hooks (a CDI spec's hooks run per job and may change
 //! anything in the tree): those jobs get the edits in their own upper layer, as before.
@@ -38,8 +43,8 @@ use sha2::{Digest, Sha256};
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
-/// Layers kept per home beyond the ones whose lower layers are gone (an upgraded
-/// driver, a changed dataset list, ... each makes a new key).
+/// At most this many usable layers are kept per home, the oldest built go first (a new
+/// rootfs, driver or dataset list each makes a new key).
 pub const KEEP: usize = 16;
 pub(super) const BUILD_PREFIX: &str = ".build-";
 /// Bumped when what a layer holds changes, so old layers are not reused.
