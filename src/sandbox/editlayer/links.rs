@@ -23,9 +23,11 @@ pub(super) struct Link {
 pub(super) fn link_candidate(merged: &Path, m: &crate::edits::BindMount) -> Option<Link> {
     let meta = std::fs::symlink_metadata(&m.host_path).ok()?;
     let plain_ro = ["ro", "nosuid", "nodev"].iter().all(|o| m.options.iter().any(|x| x == o));
-    let text = |p: &Path| p.to_str().filter(|s| !s.contains(['\t', '\n'])).map(String::from);
-    text(&m.host_path)?;
-    text(&m.container_path)?;
+    // Both paths go on one tab-separated line of the layer's `linked` file.
+    let one_field = |p: &Path| p.to_str().is_some_and(|s| !s.contains(['\t', '\n']));
+    if !one_field(&m.host_path) || !one_field(&m.container_path) {
+        return None;
+    }
     if !meta.is_file() || meta.mode() & 0o6000 != 0 || !plain_ro {
         return None;
     }
@@ -73,12 +75,22 @@ pub(super) fn format_links(links: &[Link]) -> String {
         .collect()
 }
 
-pub(super) fn parse_links(text: &str) -> Vec<Link> {
+/// One line of a layer's `linked` file.
+pub(super) struct Recorded {
+    pub(super) container: PathBuf,
+    pub(super) host: PathBuf,
+    /// The host file's identity when it was linked.
+    identity: String,
+}
+
+/// A layer's `linked` file (no file: no links); None when a line is malformed.
+pub(super) fn read_links(layer: &Path) -> Option<Vec<Recorded>> {
+    let text = std::fs::read_to_string(layer.join(LINKED)).unwrap_or_default();
     text.lines()
-        .filter_map(|l| {
+        .map(|l| {
             let mut f = l.splitn(3, '\t');
-            let (c, _, h) = (f.next()?, f.next()?, f.next()?);
-            Some(Link { container: c.into(), host: h.into(), in_tree: PathBuf::new() })
+            let (c, id, h) = (f.next()?, f.next()?, f.next()?);
+            Some(Recorded { container: c.into(), host: h.into(), identity: id.into() })
         })
         .collect()
 }
@@ -87,14 +99,7 @@ pub(super) fn parse_links(text: &str) -> Vec<Link> {
 /// driver upgrade replaces them (new inodes): the layer's links then keep the old
 /// files on disk, and no new job can use it (its key differs).
 pub(super) fn links_current(layer: &Path) -> bool {
-    let text = std::fs::read_to_string(layer.join(LINKED)).unwrap_or_default();
-    text.lines().all(|l| {
-        let mut f = l.splitn(3, '\t');
-        match (f.next(), f.next(), f.next()) {
-            (Some(_), Some(id), Some(host)) => source_identity(Path::new(host)) == id,
-            _ => false,
-        }
-    })
+    read_links(layer).is_some_and(|all| all.iter().all(|r| source_identity(&r.host) == r.identity))
 }
 
 #[cfg(test)]
@@ -124,7 +129,7 @@ mod tests {
         // The list round-trips, and tells when the host file was replaced (an upgrade).
         let layer = t.path();
         std::fs::write(layer.join(LINKED), format_links(&linked)).unwrap();
-        let back = parse_links(&std::fs::read_to_string(layer.join(LINKED)).unwrap());
+        let back = read_links(layer).unwrap();
         assert_eq!(
             back.iter().map(|l| (&l.container, &l.host)).collect::<Vec<_>>(),
             vec![(&linked[0].container, &host)]

@@ -181,8 +181,8 @@ pub(super) fn lease(path: &Path) -> Result<Option<EditLayer>> {
     let held = f.metadata()?;
     match std::fs::symlink_metadata(path) {
         Ok(m) if m.dev() == held.dev() && m.ino() == held.ino() => {
-            let links = std::fs::read_to_string(path.join(links::LINKED)).unwrap_or_default();
-            let linked = links::parse_links(&links).into_iter().map(|l| l.container).collect();
+            // Unreadable or malformed: no links, so the job binds every file (also right).
+            let linked = links::read_links(path).unwrap_or_default().into_iter().map(|r| r.container).collect();
             Ok(Some(EditLayer { _lock: f, tree: path.join("tree"), linked }))
         }
         _ => Ok(None),
