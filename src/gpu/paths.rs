@@ -55,13 +55,15 @@ fn resolve_by_kernel(root: &Path, path: &Path) -> io::Result<PathBuf> {
             std::os::unix::fs::MetadataExt::ino(&now) == held.st_ino
                 && std::os::unix::fs::MetadataExt::dev(&now) == held.st_dev
         };
-        if cached.as_ref().is_none_or(|r| r.path != root || !same_dir(r)) {
-            let c = sysfs::path_cstring(root)?;
-            let fd = sysfs::openat(libc::AT_FDCWD, &c, libc::O_PATH | libc::O_DIRECTORY, 0)?;
-            let real = fd_path(fd.as_raw_fd())?;
-            *cached = Some(OpenRoot { path: root.to_path_buf(), fd, real });
-        }
-        let r = cached.as_ref().expect("set above");
+        let r = match cached.take() {
+            Some(r) if r.path == root && same_dir(&r) => cached.insert(r),
+            _ => {
+                let c = sysfs::path_cstring(root)?;
+                let fd = sysfs::openat(libc::AT_FDCWD, &c, libc::O_PATH | libc::O_DIRECTORY, 0)?;
+                let real = fd_path(fd.as_raw_fd())?;
+                cached.insert(OpenRoot { path: root.to_path_buf(), fd, real })
+            }
+        };
         let rel: PathBuf = path.components().filter(|c| !matches!(c, Component::RootDir | Component::CurDir)).collect();
         let rel = if rel.as_os_str().is_empty() { PathBuf::from(".") } else { rel };
         let flags = sysfs::RESOLVE_IN_ROOT | sysfs::RESOLVE_NO_MAGICLINKS;

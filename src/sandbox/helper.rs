@@ -139,13 +139,12 @@ fn run(home: &Home, job: &JobDir, sys: &dyn Sys, reporter: &Reporter, go: Option
     let cgroup_owner = enter_job_cgroup(&plan, sys)?;
     let mut plan = plan;
     // Held (locked against gc) until this helper exits with the job.
-    let _edit_layer = match editlayer::wanted(&plan.edits) {
-        true => {
-            let layer = editlayer::obtain(home, &plan, sys)?;
-            layer.stack_on(&mut plan);
-            Some(layer)
-        }
-        false => None,
+    let _edit_layer = if editlayer::wanted(&plan.edits) {
+        let layer = editlayer::obtain(home, &plan, sys)?;
+        layer.stack_on(&mut plan);
+        Some(layer)
+    } else {
+        None
     };
     sys.mount_overlay(&Overlay {
         lower: plan.lower.clone(),

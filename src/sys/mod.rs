@@ -129,7 +129,7 @@ impl Sys for Real {
     fn bind_mount(&self, source: &Path, target: &Path) -> Result<()> {
         use nix::mount::{mount, MsFlags};
         mount(Some(source), target, None::<&str>, MsFlags::MS_BIND, None::<&str>)
-            .with_context(|| format!("cannot bind {} for the linker cache", source.display()))
+            .with_context(|| format!("cannot bind-mount {} on {}", source.display(), target.display()))
     }
 
     fn hide_cgroupfs(&self) -> Result<()> {
