@@ -5,6 +5,18 @@
 use anyhow::{bail, Context, Result};
 use std::path::{Path, PathBuf};
 
+/// How many bucket dirs `layers/` has (see [`Home::job_layers_dir`]).
+pub const LAYER_BUCKETS: u32 = 16;
+/// Bucket names start with it; a job id never does (ids start with a letter or digit).
+const BUCKET_PREFIX: &str = "_";
+
+/// The bucket of job `id`: FNV-1a of its bytes, so a slot's consecutive jobs
+/// (`<agent>-1`, `<agent>-2`, ...) go to different buckets.
+fn layer_bucket(id: &str) -> String {
+    let h = id.bytes().fold(0x811c_9dc5u32, |h, b| (h ^ b as u32).wrapping_mul(0x0100_0193));
+    format!("{BUCKET_PREFIX}{:x}", h % LAYER_BUCKETS)
+}
+
 /// The state directory (`--home`, `AZP_SANDBOX_HOME`). Everything azp-sandbox writes
 /// lives below it, so `gc` knows where to look.
 ///
@@ -55,10 +67,37 @@ impl Home {
     pub fn jobs_dir(&self) -> PathBuf {
         self.run_root().join("jobs")
     }
-    /// One dir per running job on the home's disk: its overlay `upper` and `work` dirs
-    /// (a job may write gigabytes; tmpfs is for the small records only).
+    /// The jobs' layer dirs on the home's disk, in [`LAYER_BUCKETS`] bucket dirs (see
+    /// [`Home::job_layers_dir`]).
     pub fn layers_dir(&self) -> PathBuf {
         self.root.join("layers")
+    }
+    /// One dir per running job on the home's disk, its overlay's `upper` and `work` (a
+    /// job may write gigabytes; tmpfs is for the small records only):
+    /// `layers/_<b>/<id>`, where the bucket `_<b>` is a hash of the id.
+    ///
+    /// Why buckets: `layers/` is `chattr +T`, so ext4 spreads the dirs made directly in it
+    /// over its block groups (Orlov). Consecutive jobs of a slot should land in different
+    /// groups: the next job's first files must not wait on the inode bitmap and table of
+    /// the group the last job's thousands of files are being freed in (the refill after
+    /// big jobs). But Orlov's search on every job's mkdir cost 0.2-0.5 ms of each `exec`
+    /// here (3 mkdirs: 0.25-0.69 ms in a `+T` dir, 0.07-0.17 ms in a plain one). The
+    /// buckets are spread once, and a job's dir is made next to its bucket, cheaply.
+    pub fn job_layers_dir(&self, id: &str) -> PathBuf {
+        self.layers_dir().join(layer_bucket(id)).join(id)
+    }
+    /// Every job layer dir on disk: `layers/_<b>/<id>`, and `layers/<id>` of a job made
+    /// before buckets (gc removes those too).
+    pub fn job_layer_dirs(&self) -> Vec<PathBuf> {
+        let mut out = vec![];
+        for e in std::fs::read_dir(self.layers_dir()).into_iter().flatten().flatten() {
+            if e.file_name().to_string_lossy().starts_with(BUCKET_PREFIX) {
+                out.extend(std::fs::read_dir(e.path()).into_iter().flatten().flatten().map(|j| j.path()));
+            } else {
+                out.push(e.path());
+            }
+        }
+        out
     }
     /// Layer dirs renamed here at teardown, deleted in the background.
     pub fn trash_dir(&self) -> PathBuf {
@@ -283,6 +322,35 @@ mod tests {
         }
         // The layers stay on the home's disk.
         assert_eq!(home.layers_dir(), home.root().join("layers"));
+    }
+
+    #[test]
+    fn job_layer_dirs_are_in_buckets_spread_by_id() {
+        let tmp = tempfile::tempdir().unwrap();
+        let home = Home::new(tmp.path().to_path_buf());
+        let dir = home.job_layers_dir("host-1-7");
+        assert_eq!(dir.file_name().unwrap(), "host-1-7");
+        assert_eq!(dir.parent().unwrap().parent().unwrap(), home.layers_dir());
+        assert_eq!(home.job_layers_dir("host-1-7"), dir, "the same id, the same place");
+        // A slot's consecutive jobs use many buckets, not one.
+        let buckets: std::collections::HashSet<_> =
+            (1..=32).map(|n| home.job_layers_dir(&format!("host-1-{n}")).parent().unwrap().to_path_buf()).collect();
+        assert!(buckets.len() >= 12, "{} buckets for 32 jobs", buckets.len());
+        assert!(buckets.len() <= LAYER_BUCKETS as usize);
+        for b in &buckets {
+            let name = b.file_name().unwrap().to_string_lossy().into_owned();
+            assert!(name.starts_with('_'), "{name}: a bucket name no job id can have");
+        }
+        // Listing: jobs in buckets, and a job dir from before buckets; empty buckets
+        // list nothing.
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::create_dir_all(home.layers_dir().join("old-job")).unwrap();
+        std::fs::create_dir_all(home.layers_dir().join("_0")).unwrap();
+        let mut listed = home.job_layer_dirs();
+        listed.sort();
+        let mut want = vec![dir, home.layers_dir().join("old-job")];
+        want.sort();
+        assert_eq!(listed, want);
     }
 
     #[test]

@@ -1258,7 +1258,7 @@ fn t15_malformed_config_and_job_records() {
         );
     }
     // JSON: job records that are garbage, truncated, empty or of the wrong shape.
-    let (jobs, layers) = (h.jobs_dir(), h.layers_dir());
+    let (jobs, home) = (h.jobs_dir(), h.home());
     let records: [(&str, &[u8]); 4] = [
         ("garbage", b"\x00\xff not json"),
         ("truncated", b"{\"id\":\"truncated\",\"cgroup_path\":\"/azp-sa"),
@@ -1266,7 +1266,7 @@ fn t15_malformed_config_and_job_records() {
         ("wrongshape", b"[1,2,3]"),
     ];
     for (id, body) in records {
-        let (d, l) = (jobs.join(format!("esc-json-{id}")), layers.join(format!("esc-json-{id}")));
+        let (d, l) = (jobs.join(format!("esc-json-{id}")), home.job_layers_dir(&format!("esc-json-{id}")));
         for sub in [d.join("merged"), d.join("bundle"), l.join("upper/etc"), l.join("work")] {
             fs::create_dir_all(sub).unwrap();
         }
@@ -1275,10 +1275,12 @@ fn t15_malformed_config_and_job_records() {
         fs::write(d.join("plan.json"), body).unwrap();
         fs::write(d.join("lock"), "").unwrap();
     }
-    // And layers whose record is gone altogether.
-    fs::create_dir_all(layers.join("esc-json-norecord/upper")).unwrap();
+    // And layers whose record is gone altogether: in their bucket, and directly in
+    // layers/ (a home from before buckets).
+    fs::create_dir_all(home.job_layers_dir("esc-json-norecord").join("upper")).unwrap();
+    fs::create_dir_all(home.layers_dir().join("esc-json-legacy/upper")).unwrap();
     give_to_test_user(jobs.parent().unwrap());
-    give_to_test_user(&layers);
+    give_to_test_user(&home.layers_dir());
     let o = h.run(&["gc"]);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     h.assert_no_residue(&[]);
@@ -1570,7 +1572,7 @@ fn t11b_setuid_binary_left_in_the_upper_dir_is_unreachable_for_host_users() {
     let h = home("upper-suid");
     let name = unique("esc-upper-suid");
     let job = WaitingJob::start(&h, &[], &["--name", &name], "cp /bin/probe /p && chmod 4755 /p");
-    let planted = h.layers_dir().join(&name).join("upper/p");
+    let planted = h.home().job_layers_dir(&name).join("upper/p");
     let meta = fs::metadata(&planted).expect("the job's file in its upper dir");
     assert_eq!((meta.mode() & 0o7777, meta.uid()), (0o4755, host_uid_of_container_root()), "the test is not testing");
     // A host user (nobody) tries to run it.

@@ -96,7 +96,7 @@ fn job_runs_in_a_user_namespace_over_a_shifted_store() {
         &["--name", &name, "--user", "1000:1000"],
         "echo x > /tmp/../home/f 2>/dev/null; echo x > /var/tmp/f",
     );
-    let f = h.layers_dir().join(&name).join("upper/var/tmp/f");
+    let f = h.home().job_layers_dir(&name).join("upper/var/tmp/f");
     assert_eq!(fs::metadata(&f).unwrap().uid(), sub + 999, "{}", f.display());
     // No host process runs as host root on the job's behalf: the job's and the helper's
     // processes belong to the user or its range.

@@ -159,9 +159,8 @@ fn a_permitted_user_runs_as_itself_with_no_capabilities_under_the_site_limits() 
     assert!(!Path::new("/tmp/elsewhere").exists());
     let home = azp_sandbox::config::Home::new(site.dir.join("home"));
     assert!(!home.jobs_dir().exists(), "job records left in {}", home.jobs_dir().display());
-    for d in [home.layers_dir(), home.trash_dir()] {
-        assert_eq!(fs::read_dir(&d).unwrap().count(), 0, "{}", d.display());
-    }
+    assert_eq!(home.job_layer_dirs(), Vec::<std::path::PathBuf>::new(), "job layer dirs left");
+    assert_eq!(fs::read_dir(home.trash_dir()).unwrap().count(), 0, "{}", home.trash_dir().display());
 }
 
 #[test]

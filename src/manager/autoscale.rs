@@ -154,7 +154,7 @@ impl Scaler {
         if h.cfg.stop.load(Ordering::SeqCst) {
             return SlotState::Stopping;
         }
-        if job_in_progress(&shared.home.layers_dir(), &h.cfg.agent_name) {
+        if job_in_progress(&shared.home, &h.cfg.agent_name) {
             self.busy_seen[i] = Some(Instant::now());
             return SlotState::Busy;
         }
@@ -176,19 +176,19 @@ impl Scaler {
         let h = &slots.v[i];
         let name = &h.cfg.agent_name;
         let client = &shared.client;
-        let layers_dir = shared.home.layers_dir();
+        let home = &shared.home;
         let record = client.list_agents(self.pool_id, Some(name))?.into_iter().find(|a| a.name == *name);
         if let Some(a) = &record {
-            if a.assigned_request.is_some() || job_in_progress(&layers_dir, name) {
+            if a.assigned_request.is_some() || job_in_progress(home, name) {
                 return Ok(false);
             }
             client.set_agent_enabled(self.pool_id, a.id, false)?;
             let again = client.list_agents(self.pool_id, Some(name))?.into_iter().find(|x| x.name == *name);
-            if again.as_ref().is_some_and(|x| x.assigned_request.is_some()) || job_in_progress(&layers_dir, name) {
+            if again.as_ref().is_some_and(|x| x.assigned_request.is_some()) || job_in_progress(home, name) {
                 client.set_agent_enabled(self.pool_id, a.id, true)?;
                 return Ok(false);
             }
-        } else if job_in_progress(&layers_dir, name) {
+        } else if job_in_progress(home, name) {
             return Ok(false);
         }
         h.cfg.stop.store(true, Ordering::SeqCst);

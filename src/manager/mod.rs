@@ -310,7 +310,7 @@ pub fn run(home: &Home, settings: RunSettings, ctx: RunContext) -> Result<()> {
             None => {}
         }
         if let Some(t) = settings.exit_when_idle {
-            if slots.any_busy(&home.layers_dir()) {
+            if slots.any_busy(home) {
                 last_activity = Instant::now();
             } else if last_activity.elapsed() >= t {
                 tracing::info!("no job for {}s (--exit-when-idle): stopping", t.as_secs());
@@ -335,7 +335,7 @@ pub fn run(home: &Home, settings: RunSettings, ctx: RunContext) -> Result<()> {
             if h.thread.is_none() || p <= 0 || signalled.contains(&(i, p)) {
                 continue;
             }
-            let busy = job_in_progress(&home.layers_dir(), &names[i]);
+            let busy = job_in_progress(home, &names[i]);
             if !busy || Instant::now() >= deadline || wait_signal(&sigs, Duration::ZERO).is_some() {
                 tracing::info!(
                     slot = i,
@@ -435,23 +435,19 @@ impl Slots {
     }
 
     /// Some slot's agent is running a job.
-    fn any_busy(&self, layers_dir: &Path) -> bool {
-        self.v.iter().any(|h| h.thread.is_some() && job_in_progress(layers_dir, &h.cfg.agent_name))
+    fn any_busy(&self, home: &Home) -> bool {
+        self.v.iter().any(|h| h.thread.is_some() && job_in_progress(home, &h.cfg.agent_name))
     }
 }
 
 /// Is the slot's current job (its layer dir) showing a job the agent has taken?
-fn job_in_progress(layers_dir: &Path, agent_name: &str) -> bool {
-    std::fs::read_dir(layers_dir)
-        .map(|rd| {
-            rd.flatten().any(|e| {
-                let n = e.file_name().to_string_lossy().into_owned();
-                n.strip_prefix(agent_name)
-                    .is_some_and(|rest| rest.starts_with('-') && rest[1..].chars().all(|c| c.is_ascii_digit()))
-                    && slot::ran_a_job(&e.path().join("upper"))
-            })
-        })
-        .unwrap_or(false)
+fn job_in_progress(home: &Home, agent_name: &str) -> bool {
+    home.job_layer_dirs().iter().any(|dir| {
+        let n = dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+        n.strip_prefix(agent_name)
+            .is_some_and(|rest| rest.starts_with('-') && rest[1..].chars().all(|c| c.is_ascii_digit()))
+            && slot::ran_a_job(&dir.join("upper"))
+    })
 }
 
 fn wait_signal(set: &nix::sys::signal::SigSet, timeout: Duration) -> Option<nix::sys::signal::Signal> {

@@ -1,6 +1,7 @@
 //! A job's two dirs and its state record: the record dir `<run root>/jobs/<id>/` (see
 //! [`Home::run_root`]: lock, record, plan, bundle, mount point, libcontainer's state) and
-//! the layer dir `<home>/layers/<id>/` (the overlay's upper and work dirs, on disk).
+//! the layer dir `<home>/layers/_<b>/<id>/` (the overlay's upper and work dirs, on disk;
+//! `_<b>` is its bucket, see [`Home::job_layers_dir`]).
 //!
 //! The record is written *before* anything privileged happens, and a lock on `lock` is
 //! held by the runner for the job's whole life. `gc` treats a record dir whose lock it
@@ -44,14 +45,14 @@ pub struct JobState {
 
 impl JobDir {
     pub fn new(home: &Home, id: &str) -> JobDir {
-        JobDir { root: home.jobs_dir().join(id), layers: home.layers_dir().join(id) }
+        JobDir { root: home.jobs_dir().join(id), layers: home.job_layers_dir(id) }
     }
     /// The job whose record dir is `record` (as found by a scan of [`Home::jobs_dir`];
     /// a staging record `.new-<id>` names the layers of `<id>`).
     pub fn at(home: &Home, record: &Path) -> JobDir {
         let name = record.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
         let id = name.strip_prefix(STAGING).unwrap_or(&name);
-        JobDir { root: record.to_path_buf(), layers: home.layers_dir().join(id) }
+        JobDir { root: record.to_path_buf(), layers: home.job_layers_dir(id) }
     }
     /// Where [`JobDir::create`] builds the record before renaming it into place.
     pub fn staging_record(&self) -> PathBuf {
@@ -128,7 +129,7 @@ impl JobDir {
         for d in [staging.merged(), staging.bundle()] {
             fs::create_dir(&d).with_context(|| format!("cannot create {}", d.display()))?;
         }
-        private_dir().create(&self.layers).with_context(|| {
+        create_layer_dir(&self.layers).with_context(|| {
             format!("cannot create job dir {}: check free space under the home dir", self.layers.display())
         })?;
         *made_layers = true;
@@ -185,6 +186,24 @@ fn private_dir() -> fs::DirBuilder {
 /// mkdir of a record dir; its parents (the home's runtime dir levels) are made as needed.
 /// They are removed again once the home has no job, maybe by another job's teardown
 /// between our `create_dir_all` and `mkdir`: then the parents are made once more.
+/// The job's layer dir, and its bucket the first time one is used (buckets stay: they
+/// are made once, so ext4 spreads them, and never deleted).
+fn create_layer_dir(dir: &Path) -> std::io::Result<()> {
+    match private_dir().create(dir) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            let bucket = dir.parent().ok_or(e)?;
+            let mut b = fs::DirBuilder::new();
+            std::os::unix::fs::DirBuilderExt::mode(&mut b, 0o711);
+            match b.create(bucket) {
+                Err(e) if e.kind() != std::io::ErrorKind::AlreadyExists => return Err(e),
+                _ => {}
+            }
+            private_dir().create(dir)
+        }
+        r => r,
+    }
+}
+
 fn create_in_runtime_dir(dir: &Path, builder: &fs::DirBuilder) -> Result<()> {
     let parent = dir.parent().context("job dir has no parent")?;
     let mut tries = 0;

@@ -318,7 +318,7 @@ pub fn gc(home: &Home) -> Result<GcReport> {
     // created has its staging record before its layer dir, then its record: checked in
     // that order, a rename between the two checks is seen.
     let jobs_dir = home.jobs_dir();
-    for entry in read_dir_or_empty(&home.layers_dir()) {
+    for entry in home.job_layer_dirs() {
         let id = entry.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
         let job = JobDir::new(home, &id);
         if job.staging_record().exists() || job.root.exists() {

@@ -51,8 +51,9 @@ impl Overlay {
 const FS_TOPDIR_FL: libc::c_long = 0x0002_0000;
 
 /// Marks `dir` as the top of a directory hierarchy for ext4's Orlov allocator
-/// (`chattr +T`): its subdirs, the jobs' layer dirs, are spread over the block groups
-/// instead of packed next to each other. A job starting while the previous one's tens of
+/// (`chattr +T`): its subdirs, the buckets of the jobs' layer dirs (see
+/// [`crate::config::Home::job_layers_dir`]), are spread over the block groups instead of
+/// packed next to each other. A job starting while the previous one's tens of
 /// thousands of files are deleted then allocates its inodes in another group, instead
 /// of waiting for the same inode bitmap and table blocks to be written back (seen in the
 /// refill after big jobs). Best effort: other filesystems ignore or refuse it.

@@ -168,11 +168,11 @@ impl TestHome {
         let home = self.home();
         let jobs = self.jobs_dir();
         assert!(!jobs.exists(), "job records left in {}", jobs.display());
-        for d in [home.layers_dir(), home.trash_dir()] {
-            let left: Vec<_> =
-                std::fs::read_dir(&d).map(|r| r.flatten().map(|e| e.path()).collect()).unwrap_or_default();
-            assert!(left.is_empty(), "residue in {}: {left:?}", d.display());
-        }
+        let layers = home.job_layer_dirs();
+        assert!(layers.is_empty(), "job layer dirs left: {layers:?}");
+        let trash: Vec<_> =
+            std::fs::read_dir(home.trash_dir()).map(|r| r.flatten().map(|e| e.path()).collect()).unwrap_or_default();
+        assert!(trash.is_empty(), "residue in {}: {trash:?}", home.trash_dir().display());
         let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
         for dir in [self.dir.clone(), jobs] {
             let dir = dir.to_str().unwrap().to_string();
