@@ -151,6 +151,13 @@ pub fn remove_cgroup(path: &Path) -> Result<Option<usize>> {
     if path.as_os_str().is_empty() || path == Path::new("/") {
         return Ok(None);
     }
+    // The usual case first: the job and its helper are gone, so each dir is empty and one
+    // rmdir per hierarchy is all there is to do (the kernel refuses it while a process or
+    // a child cgroup is left: then the thorough way below). Saves the stat, readdir and
+    // cgroup.procs read of every dir, ~50 syscalls of each `exec`.
+    if let Some(existed) = rmdir_if_empty_everywhere(path) {
+        return Ok(existed.then_some(0));
+    }
     let dirs = cgroup_dirs(path);
     if dirs.is_empty() {
         return Ok(None);
@@ -175,6 +182,21 @@ pub fn remove_cgroup(path: &Path) -> Result<Option<usize>> {
         rmdir_when_empty(dir).with_context(|| format!("cannot remove cgroup {}", dir.display()))?;
     }
     Ok(Some(killed.len()))
+}
+
+/// rmdir of the job's dir in every hierarchy. Some(whether any existed) when none is
+/// left; None when one could not be removed (busy: processes or child cgroups).
+fn rmdir_if_empty_everywhere(path: &Path) -> Option<bool> {
+    let rel = path.strip_prefix("/").unwrap_or(path);
+    let mut existed = false;
+    for h in CgroupHost::get().hierarchies() {
+        match std::fs::remove_dir(h.join(rel)) {
+            Ok(()) => existed = true,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(_) => return None,
+        }
+    }
+    Some(existed)
 }
 
 /// `dir` and every cgroup below it. The entry type comes from readdir (d_type): a stat of
