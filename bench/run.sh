@@ -3,8 +3,10 @@
 # real peer (runc, podman if installed, GNU tar, skopeo + umoci). Run as root on an
 # otherwise idle machine.
 #   AZP_BENCH_RUNS (sandbox cycles, default 30), AZP_BENCH_JOBS (agent churn, default 200;
-#   the issue's 1000 with AZP_BENCH_JOBS=1000), AZP_BENCH_ROOTFS (archive to unpack and
-#   to pull as a 1-layer image), AZP_BENCH_PULL_RUNS (pulls, default 5).
+#   the issue's 1000 with AZP_BENCH_JOBS=1000), AZP_BENCH_BIG_JOBS (big jobs per phase,
+#   default 5), AZP_BENCH_ROOTFS (archive to unpack and to pull as a 1-layer image),
+#   AZP_BENCH_UNPACK_RUNS (imports of each kind, default 5), AZP_BENCH_PULL_RUNS (pulls,
+#   default 5).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 rm -rf target/bench-results

@@ -1,6 +1,7 @@
 //! Rootfs unpack throughput: `azp-sandbox rootfs import` vs GNU tar on the same archive,
 //! gzip (`tar -xzf`) and zstd (`tar -I zstd -xf`), page cache dropped before each run,
-//! medians of AZP_BENCH_RUNS (default 3), one of each per round. The archive is the Debian minbase fixture, or
+//! medians of AZP_BENCH_UNPACK_RUNS (default 5), one of each per round (GNU tar's time moves
+//! a lot between runs on a shared machine: with 3 rounds one slow round was the median). The archive is the Debian minbase fixture, or
 //! AZP_BENCH_ROOTFS=FILE.tar[.zst] (e.g. a CUDA rootfs from rootfs-recipes/).
 //! Writes target/bench-results/unpack.md.
 
@@ -40,7 +41,7 @@ fn main() {
     if std::env::args().any(|a| a == "--list") {
         return;
     }
-    let runs: usize = std::env::var("AZP_BENCH_RUNS").ok().and_then(|s| s.parse().ok()).unwrap_or(3);
+    let runs: usize = std::env::var("AZP_BENCH_UNPACK_RUNS").ok().and_then(|s| s.parse().ok()).unwrap_or(5);
     let repo = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
     let bin = PathBuf::from(env!("CARGO_BIN_EXE_azp-sandbox"));
     let work = repo.join("target/bench-unpack");

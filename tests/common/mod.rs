@@ -124,10 +124,6 @@ impl TestHome {
     pub fn jobs_dir(&self) -> PathBuf {
         self.home().jobs_dir()
     }
-    /// Where the commands keep a job's upper/work dirs.
-    pub fn layers_dir(&self) -> PathBuf {
-        self.home().layers_dir()
-    }
 
     pub fn command(&self) -> Command {
         let mut c = Command::new(bin());
