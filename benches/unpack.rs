@@ -101,6 +101,8 @@ fn main() {
                 || sh(&format!("tar --numeric-owner {tar_flag} -xf {} -C {}", archive.display(), out.display())),
             ));
         }
+        let secs = |v: &[f64]| v.iter().map(|s| format!("{s:.2}")).collect::<Vec<_>>().join(" ");
+        eprintln!("unpack bench: {label}: azp-sandbox {} s; GNU tar {} s", secs(&ours), secs(&gnu));
         rows.push((label, median(ours), median(gnu)));
     }
     let tar_version = String::from_utf8(Command::new("tar").arg("--version").output().unwrap().stdout).unwrap();

@@ -80,9 +80,10 @@ impl Home {
     /// over its block groups (Orlov). Consecutive jobs of a slot should land in different
     /// groups: the next job's first files must not wait on the inode bitmap and table of
     /// the group the last job's thousands of files are being freed in (the refill after
-    /// big jobs). But Orlov's search on every job's mkdir cost 0.2-0.5 ms of each `exec`
-    /// here (3 mkdirs: 0.25-0.69 ms in a `+T` dir, 0.07-0.17 ms in a plain one). The
-    /// buckets are spread once, and a job's dir is made next to its bucket, cheaply.
+    /// big jobs). But Orlov's search on every job's mkdir cost each `exec` 0.3-2.4 ms here
+    /// (interleaved A/B; 3 mkdirs alone: 0.25-0.69 ms in a `+T` dir, 0.07-0.17 ms in a
+    /// plain one). The buckets are spread once, and a job's dir is made next to its
+    /// bucket, cheaply.
     pub fn job_layers_dir(&self, id: &str) -> PathBuf {
         self.layers_dir().join(layer_bucket(id)).join(id)
     }
