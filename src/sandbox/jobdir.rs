@@ -183,9 +183,6 @@ fn private_dir() -> fs::DirBuilder {
     b
 }
 
-/// mkdir of a record dir; its parents (the home's runtime dir levels) are made as needed.
-/// They are removed again once the home has no job, maybe by another job's teardown
-/// between our `create_dir_all` and `mkdir`: then the parents are made once more.
 /// The job's layer dir, and its bucket the first time one is used (buckets stay: they
 /// are made once, so ext4 spreads them, and never deleted).
 fn create_layer_dir(dir: &Path) -> std::io::Result<()> {
@@ -204,6 +201,9 @@ fn create_layer_dir(dir: &Path) -> std::io::Result<()> {
     }
 }
 
+/// mkdir of a record dir; its parents (the home's runtime dir levels) are made as needed.
+/// They are removed again once the home has no job, maybe by another job's teardown
+/// between our `create_dir_all` and `mkdir`: then the parents are made once more.
 fn create_in_runtime_dir(dir: &Path, builder: &fs::DirBuilder) -> Result<()> {
     let parent = dir.parent().context("job dir has no parent")?;
     let mut tries = 0;
