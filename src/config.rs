@@ -100,6 +100,12 @@ impl Home {
         }
         out
     }
+    /// Present once gc has looked for job layer dirs without a record since the runtime
+    /// dir was made (see [`crate::sandbox::gc_before_job`]): next to the runtime dir, so it
+    /// goes where the records go (a reboot, when that is a tmpfs).
+    pub fn layers_checked_marker(&self) -> PathBuf {
+        self.run_root().with_file_name(format!(".layers-checked-{}", self.tag()))
+    }
     /// Layer dirs renamed here at teardown, deleted in the background.
     pub fn trash_dir(&self) -> PathBuf {
         self.root.join("trash")

@@ -69,11 +69,11 @@ impl ExecRequest {
     }
 }
 
-/// The whole `exec`: gc of what crashed runs left, the plan, the job (signals to this
+/// The whole `exec`: gc of what crashed runs left ([`super::gc_before_job`]), the plan, the job (signals to this
 /// process forwarded to it), its clean-up. The rootfs stays leased until the job is gone.
 pub fn run(home: &Home, driver_root: &Path, req: &ExecRequest) -> Result<super::JobOutcome> {
     home.ensure()?;
-    super::gc(home).context("gc before exec failed")?.log();
+    super::gc_before_job(home).context("gc before exec failed")?.log();
     let (plan, lease) = prepare(home, driver_root, req)?;
     let outcome = super::run_job(home, plan, &super::RunOptions { forward_signals: true, ..Default::default() });
     drop(lease);

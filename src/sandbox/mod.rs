@@ -15,4 +15,4 @@ pub mod teardown;
 
 pub use plan::{JobPlan, Limits};
 pub use runner::{run_job, JobOutcome, Phase, RunOptions, Sandbox};
-pub use teardown::{gc, gc_all, GcReport};
+pub use teardown::{gc, gc_all, gc_before_job, GcReport};

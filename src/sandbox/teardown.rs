@@ -311,6 +311,35 @@ pub fn gc_all(home: &Home) -> Result<GcReport> {
 /// Removes everything that crashed runs left: abandoned jobs (with their layers, cgroups
 /// and container state), layer dirs without a record, the trash, interrupted imports.
 pub fn gc(home: &Home) -> Result<GcReport> {
+    gc_with(home, true)
+}
+
+/// [`gc`] at the start of every `exec`, which looks for layer dirs without a record only
+/// once per life of the runtime dir. Records live there, so such dirs appear only when
+/// it is lost (a reboot empties /run); a job's own clean-up and gc remove a job's layers
+/// before its record. The scan lists every bucket (17 readdirs, ~80 syscalls), which
+/// each `exec` would otherwise pay. `azp-sandbox gc` always scans.
+pub fn gc_before_job(home: &Home) -> Result<GcReport> {
+    let marker = home.layers_checked_marker();
+    let scan = !marker.exists();
+    let report = gc_with(home, scan)?;
+    if scan && !report.failed.iter().any(|f| f.starts_with(ORPHAN_LAYERS)) {
+        let made = marker.parent().map(|d| {
+            let mut b = std::fs::DirBuilder::new();
+            std::os::unix::fs::DirBuilderExt::mode(&mut b, 0o711);
+            b.recursive(true).create(d)
+        });
+        if let Some(Err(e)) = made.map(|r| r.and_then(|()| std::fs::write(&marker, ""))) {
+            tracing::debug!("cannot write {} ({e}): the next exec scans the layers again", marker.display());
+        }
+    }
+    Ok(report)
+}
+
+/// How gc reports a layer dir without a record.
+const ORPHAN_LAYERS: &str = "orphan layers";
+
+fn gc_with(home: &Home, scan_orphan_layers: bool) -> Result<GcReport> {
     let mut report = GcReport::default();
     if !home.root().exists() {
         return Ok(report);
@@ -340,15 +369,16 @@ pub fn gc(home: &Home) -> Result<GcReport> {
     // created has its staging record before its layer dir, then its record: checked in
     // that order, a rename between the two checks is seen.
     let jobs_dir = home.jobs_dir();
-    for entry in home.job_layer_dirs() {
+    let layer_dirs = if scan_orphan_layers { home.job_layer_dirs() } else { vec![] };
+    for entry in layer_dirs {
         let id = entry.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
         let job = JobDir::new(home, &id);
         if job.staging_record().exists() || job.root.exists() {
             continue;
         }
         match remove_dir(home, &entry) {
-            Ok(()) => report.removed.push(format!("orphan layers {}", entry.display())),
-            Err(e) => report.failed.push(format!("orphan layers {}: {e:#}", entry.display())),
+            Ok(()) => report.removed.push(format!("{ORPHAN_LAYERS} {}", entry.display())),
+            Err(e) => report.failed.push(format!("{ORPHAN_LAYERS} {}: {e:#}", entry.display())),
         }
     }
     // Cgroups are not scanned for orphans: the parent is shared by every home on the
@@ -389,6 +419,33 @@ fn read_dir_or_empty(dir: &Path) -> Vec<PathBuf> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn exec_looks_for_orphan_layers_once_per_runtime_dir_and_gc_always() {
+        let t = tempfile::tempdir().unwrap();
+        std::fs::create_dir(t.path().join("xdg")).unwrap();
+        let home = Home::for_caller(t.path().join("home"), false, Some(t.path().join("xdg")));
+        home.ensure().unwrap();
+        let orphan = |id: &str| {
+            let d = home.job_layers_dir(id);
+            std::fs::create_dir_all(d.join("upper")).unwrap();
+            d
+        };
+        let first = orphan("lost-1");
+        let report = gc_before_job(&home).unwrap();
+        assert!(!first.exists(), "the first gc scans: {:?}", report.removed);
+        assert!(home.layers_checked_marker().exists());
+        let second = orphan("lost-2");
+        gc_before_job(&home).unwrap();
+        assert!(second.exists(), "later ones do not scan");
+        let report = gc(&home).unwrap();
+        assert!(!second.exists(), "`azp-sandbox gc` always does: {:?}", report.removed);
+        // The runtime dir is gone (a reboot): the marker with it, and the scan is back.
+        std::fs::remove_file(home.layers_checked_marker()).unwrap();
+        let third = orphan("lost-3");
+        gc_before_job(&home).unwrap();
+        assert!(!third.exists());
+    }
 
     #[test]
     fn start_time_of_this_process_and_a_stale_record() {
