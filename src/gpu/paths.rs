@@ -40,10 +40,6 @@ thread_local! {
     static LAST_ROOT: std::cell::RefCell<Option<OpenRoot>> = const { std::cell::RefCell::new(None) };
 }
 
-fn fd_path(fd: std::os::fd::RawFd) -> io::Result<PathBuf> {
-    std::fs::read_link(format!("/proc/self/fd/{fd}"))
-}
-
 fn resolve_by_kernel(root: &Path, path: &Path) -> io::Result<PathBuf> {
     use crate::rootfs::fs as sysfs;
     use std::os::fd::AsRawFd;
@@ -60,7 +56,7 @@ fn resolve_by_kernel(root: &Path, path: &Path) -> io::Result<PathBuf> {
             _ => {
                 let c = sysfs::path_cstring(root)?;
                 let fd = sysfs::openat(libc::AT_FDCWD, &c, libc::O_PATH | libc::O_DIRECTORY, 0)?;
-                let real = fd_path(fd.as_raw_fd())?;
+                let real = sysfs::fd_path(fd.as_raw_fd())?;
                 cached.insert(OpenRoot { path: root.to_path_buf(), fd, real })
             }
         };
@@ -68,7 +64,7 @@ fn resolve_by_kernel(root: &Path, path: &Path) -> io::Result<PathBuf> {
         let rel = if rel.as_os_str().is_empty() { PathBuf::from(".") } else { rel };
         let flags = sysfs::RESOLVE_IN_ROOT | sysfs::RESOLVE_NO_MAGICLINKS;
         let fd = sysfs::openat2(r.fd.as_raw_fd(), &sysfs::path_cstring(&rel)?, libc::O_PATH, flags)?;
-        let real = fd_path(fd.as_raw_fd())?;
+        let real = sysfs::fd_path(fd.as_raw_fd())?;
         let inside = real.strip_prefix(&r.real).map_err(|_| io::Error::other("resolved outside the root"))?;
         Ok(Path::new("/").join(inside))
     })

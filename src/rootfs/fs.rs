@@ -7,7 +7,7 @@ use std::ffi::{CStr, CString, OsStr};
 use std::io;
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 pub(crate) fn cvt(r: libc::c_int) -> io::Result<libc::c_int> {
     if r == -1 {
@@ -110,6 +110,17 @@ pub(crate) fn fstatat_nofollow(dirfd: RawFd, name: &CStr) -> io::Result<libc::st
     cvt(unsafe { libc::fstatat(dirfd, name.as_ptr(), st.as_mut_ptr(), libc::AT_SYMLINK_NOFOLLOW) })?;
     // SAFETY: fstatat succeeded and filled the struct.
     Ok(unsafe { st.assume_init() })
+}
+
+/// `/proc/self/fd/N`: the file open as `fd`, as a path other calls can take (a bind
+/// source, a root to resolve in).
+pub(crate) fn proc_fd(fd: RawFd) -> PathBuf {
+    PathBuf::from(format!("/proc/self/fd/{fd}"))
+}
+
+/// The path of the file open as `fd`, as the kernel prints it.
+pub(crate) fn fd_path(fd: RawFd) -> io::Result<PathBuf> {
+    std::fs::read_link(proc_fd(fd))
 }
 
 pub(crate) fn fstat(fd: RawFd) -> io::Result<libc::stat> {

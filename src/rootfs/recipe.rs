@@ -588,8 +588,7 @@ pub fn build(store: &Store, recipe: &Recipe, opts: &BuildOptions) -> Result<Buil
     let started = Instant::now();
     let mut removed_files = 0;
     let info = store.import_with(&name, |tree_fd| {
-        let tree = std::fs::read_link(format!("/proc/self/fd/{}", tree_fd.as_raw_fd()))
-            .context("cannot find the path of the temp tree")?;
+        let tree = crate::rootfs::fs::fd_path(tree_fd.as_raw_fd()).context("cannot find the path of the temp tree")?;
         let mut b = Builder {
             recipe,
             name: &name,

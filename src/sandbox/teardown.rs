@@ -187,10 +187,9 @@ pub fn remove_cgroup(path: &Path) -> Result<Option<usize>> {
 /// rmdir of the job's dir in every hierarchy. Some(whether any existed) when none is
 /// left; None when one could not be removed (busy: processes or child cgroups).
 fn rmdir_if_empty_everywhere(path: &Path) -> Option<bool> {
-    let rel = path.strip_prefix("/").unwrap_or(path);
     let mut existed = false;
-    for h in CgroupHost::get().hierarchies() {
-        match std::fs::remove_dir(h.join(rel)) {
+    for dir in cgroup_dirs_anywhere(path) {
+        match std::fs::remove_dir(dir) {
             Ok(()) => existed = true,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
             Err(_) => return None,
@@ -240,8 +239,13 @@ fn rmdir_when_empty(dir: &Path) -> std::io::Result<()> {
 /// Existing directories of a cgroup path on this host, in every hierarchy a job can have
 /// one in (the same list the helper creates them from, [`CgroupHost::hierarchies`]).
 fn cgroup_dirs(path: &Path) -> Vec<PathBuf> {
+    cgroup_dirs_anywhere(path).filter(|p| p.is_dir()).collect()
+}
+
+/// Where a cgroup path's dir is in each hierarchy, whether it exists or not.
+fn cgroup_dirs_anywhere(path: &Path) -> impl Iterator<Item = PathBuf> + '_ {
     let rel = path.strip_prefix("/").unwrap_or(path);
-    CgroupHost::get().hierarchies().map(|h| h.join(rel)).filter(|p| p.is_dir()).collect()
+    CgroupHost::get().hierarchies().map(move |h| h.join(rel))
 }
 
 /// Mount points at or below `dir` in this process's mount namespace.

@@ -9,7 +9,7 @@ use crate::sandbox::plan::JobPlan;
 use crate::sys::{Overlay, Sys};
 use anyhow::{bail, Context, Result};
 use std::os::fd::AsRawFd;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 /// Builds the layer for `plan` under `key`: an overlay over the plan's lower layers in a
 /// private build dir, the edits made in it, its upper dir synced and renamed into place.
@@ -95,7 +95,7 @@ fn make_edits(plan: &JobPlan, merged: &Path, sys: &dyn Sys) -> Result<Vec<Link>>
         if !sysfs::fstat(fd.as_raw_fd()).is_ok_and(|st| st.st_mode & libc::S_IFMT == libc::S_IFREG) {
             continue;
         }
-        sys.bind_mount(&m.host_path, &PathBuf::from(format!("/proc/self/fd/{}", fd.as_raw_fd())))?;
+        sys.bind_mount(&m.host_path, &sysfs::proc_fd(fd.as_raw_fd()))?;
     }
     let ldconfig = crate::sandbox::spec::host_ldconfig()?;
     let out = std::process::Command::new(ldconfig)

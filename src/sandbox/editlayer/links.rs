@@ -36,7 +36,7 @@ pub(super) fn link_candidate(merged: &Path, m: &crate::edits::BindMount) -> Opti
     if st.st_mode & libc::S_IFMT != libc::S_IFREG || st.st_size != 0 {
         return None;
     }
-    let real = std::fs::read_link(format!("/proc/self/fd/{}", fd.as_raw_fd())).ok()?;
+    let real = sysfs::fd_path(fd.as_raw_fd()).ok()?;
     let in_tree = real.strip_prefix(merged).ok()?.to_path_buf();
     Some(Link { container: m.container_path.clone(), host: m.host_path.clone(), in_tree })
 }
