@@ -29,11 +29,12 @@ pub fn resolve_in_root(root: &Path, path: &Path) -> io::Result<PathBuf> {
 }
 
 /// A driver root opened once per thread (discovery resolves dozens of paths in one
-/// root): its fd and its path as the kernel prints it.
+/// root): its fd, its path as the kernel prints it, and which dir it is.
 struct OpenRoot {
     path: PathBuf,
     fd: std::os::fd::OwnedFd,
     real: PathBuf,
+    dev_ino: (u64, u64),
 }
 
 thread_local! {
@@ -47,9 +48,10 @@ fn resolve_by_kernel(root: &Path, path: &Path) -> io::Result<PathBuf> {
         let mut cached = cell.borrow_mut();
         // Still the dir at that path? (A tree replaced under a long-running manager.)
         let same_dir = |r: &OpenRoot| {
-            let (Ok(now), Ok(held)) = (std::fs::metadata(root), sysfs::fstat(r.fd.as_raw_fd())) else { return false };
-            std::os::unix::fs::MetadataExt::ino(&now) == held.st_ino
-                && std::os::unix::fs::MetadataExt::dev(&now) == held.st_dev
+            std::fs::metadata(root).is_ok_and(|m| {
+                use std::os::unix::fs::MetadataExt;
+                (m.dev(), m.ino()) == r.dev_ino
+            })
         };
         let r = match cached.take() {
             Some(r) if r.path == root && same_dir(&r) => cached.insert(r),
@@ -57,7 +59,9 @@ fn resolve_by_kernel(root: &Path, path: &Path) -> io::Result<PathBuf> {
                 let c = sysfs::path_cstring(root)?;
                 let fd = sysfs::openat(libc::AT_FDCWD, &c, libc::O_PATH | libc::O_DIRECTORY, 0)?;
                 let real = sysfs::fd_path(fd.as_raw_fd())?;
-                cached.insert(OpenRoot { path: root.to_path_buf(), fd, real })
+                let st = sysfs::fstat(fd.as_raw_fd())?;
+                let dev_ino = (st.st_dev, st.st_ino);
+                cached.insert(OpenRoot { path: root.to_path_buf(), fd, real, dev_ino })
             }
         };
         let rel: PathBuf = path.components().filter(|c| !matches!(c, Component::RootDir | Component::CurDir)).collect();
