@@ -96,7 +96,8 @@ impl Scaler {
             tracing::warn!("autoscale: the pool has {} or more open job requests: only the newest are read", q.top);
             self.warned_truncated = true;
         }
-        let states: Vec<SlotState> = (0..slots.len()).map(|i| self.state_of(shared, slots, i)).collect();
+        let layer_dirs = shared.home.job_layer_dirs();
+        let states: Vec<SlotState> = (0..slots.len()).map(|i| self.state_of(shared, slots, &layer_dirs, i)).collect();
         let candidates: Vec<usize> = (0..slots.len())
             .filter(|i| states[*i] == SlotState::Off)
             .filter(|i| q.matching().any(|w| scaler::demands::check_all(&w.demands, &self.shapes[*i]).is_ok()))
@@ -146,7 +147,7 @@ impl Scaler {
         });
     }
 
-    fn state_of(&mut self, shared: &Shared, slots: &Slots, i: usize) -> SlotState {
+    fn state_of(&mut self, shared: &Shared, slots: &Slots, layer_dirs: &[std::path::PathBuf], i: usize) -> SlotState {
         if !slots.alive(i) {
             return SlotState::Off;
         }
@@ -154,7 +155,7 @@ impl Scaler {
         if h.cfg.stop.load(Ordering::SeqCst) {
             return SlotState::Stopping;
         }
-        if job_in_progress(&shared.home, &h.cfg.agent_name) {
+        if job_in_progress(layer_dirs, &h.cfg.agent_name) {
             self.busy_seen[i] = Some(Instant::now());
             return SlotState::Busy;
         }
@@ -179,16 +180,18 @@ impl Scaler {
         let home = &shared.home;
         let record = client.list_agents(self.pool_id, Some(name))?.into_iter().find(|a| a.name == *name);
         if let Some(a) = &record {
-            if a.assigned_request.is_some() || job_in_progress(home, name) {
+            if a.assigned_request.is_some() || job_in_progress(&home.job_layer_dirs(), name) {
                 return Ok(false);
             }
             client.set_agent_enabled(self.pool_id, a.id, false)?;
             let again = client.list_agents(self.pool_id, Some(name))?.into_iter().find(|x| x.name == *name);
-            if again.as_ref().is_some_and(|x| x.assigned_request.is_some()) || job_in_progress(home, name) {
+            if again.as_ref().is_some_and(|x| x.assigned_request.is_some())
+                || job_in_progress(&home.job_layer_dirs(), name)
+            {
                 client.set_agent_enabled(self.pool_id, a.id, true)?;
                 return Ok(false);
             }
-        } else if job_in_progress(home, name) {
+        } else if job_in_progress(&home.job_layer_dirs(), name) {
             return Ok(false);
         }
         h.cfg.stop.store(true, Ordering::SeqCst);

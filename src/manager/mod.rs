@@ -330,12 +330,13 @@ pub fn run(home: &Home, settings: RunSettings, ctx: RunContext) -> Result<()> {
     let deadline = Instant::now() + settings.drain_timeout;
     let mut signalled = std::collections::HashSet::new();
     while !slots.all_finished() {
+        let layer_dirs = home.job_layer_dirs();
         for (i, h) in slots.v.iter().enumerate() {
             let p = h.pid.load(Ordering::SeqCst);
             if h.thread.is_none() || p <= 0 || signalled.contains(&(i, p)) {
                 continue;
             }
-            let busy = job_in_progress(home, &names[i]);
+            let busy = job_in_progress(&layer_dirs, &names[i]);
             if !busy || Instant::now() >= deadline || wait_signal(&sigs, Duration::ZERO).is_some() {
                 tracing::info!(
                     slot = i,
@@ -436,13 +437,15 @@ impl Slots {
 
     /// Some slot's agent is running a job.
     fn any_busy(&self, home: &Home) -> bool {
-        self.v.iter().any(|h| h.thread.is_some() && job_in_progress(home, &h.cfg.agent_name))
+        let layer_dirs = home.job_layer_dirs();
+        self.v.iter().any(|h| h.thread.is_some() && job_in_progress(&layer_dirs, &h.cfg.agent_name))
     }
 }
 
-/// Is the slot's current job (its layer dir) showing a job the agent has taken?
-fn job_in_progress(home: &Home, agent_name: &str) -> bool {
-    home.job_layer_dirs().iter().any(|dir| {
+/// Is the slot's current job (its layer dir, among `layer_dirs` from
+/// [`Home::job_layer_dirs`], listed once for all slots) showing a job the agent has taken?
+fn job_in_progress(layer_dirs: &[PathBuf], agent_name: &str) -> bool {
+    layer_dirs.iter().any(|dir| {
         let n = dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
         n.strip_prefix(agent_name)
             .is_some_and(|rest| rest.starts_with('-') && rest[1..].chars().all(|c| c.is_ascii_digit()))
