@@ -178,7 +178,7 @@ pub(super) fn lease(path: &Path) -> Result<Option<EditLayer>> {
     };
     sysfs::flock(std::os::fd::AsFd::as_fd(&f), libc::LOCK_SH)
         .with_context(|| format!("cannot lock the edit layer {}", path.display()))?;
-    let held = f.metadata()?;
+    let held = f.metadata().with_context(|| format!("cannot stat the edit layer {}", path.display()))?;
     match std::fs::symlink_metadata(path) {
         Ok(m) if m.dev() == held.dev() && m.ino() == held.ino() => {
             // Unreadable or malformed: no links, so the job binds every file (also right).
