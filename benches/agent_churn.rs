@@ -158,7 +158,7 @@ fn fake_agent_share(fake: &FakeAzure, events: &Option<proc_events::ProcEvents>) 
         };
         match (e.kind, e.script.as_str()) {
             (proc_events::Kind::Exit, "./run.sh") => {
-                let post = log.iter().filter(|r| r.path.contains("/result") && r.at <= e.at).filter(named).last();
+                let post = log.iter().rev().filter(|r| r.path.contains("/result") && r.at <= e.at).find(named);
                 if let Some(p) = post {
                     tail.push(ms(e.at - p.at));
                 }

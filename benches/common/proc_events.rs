@@ -29,7 +29,6 @@ pub enum Kind {
 #[derive(Debug, Clone)]
 pub struct Event {
     pub at: Instant,
-    pub pid: i32,
     pub kind: Kind,
     /// What the classifier named the process at its exec (e.g. `./run.sh`).
     pub script: String,
@@ -208,11 +207,11 @@ fn listen(
                     continue; // the same program's next exec (e.g. run.sh -> Agent.Listener)
                 }
                 tracked.insert(pid, (script.clone(), agent.clone()));
-                Event { at: to_instant(ts), pid, kind: Kind::Exec, script, agent }
+                Event { at: to_instant(ts), kind: Kind::Exec, script, agent }
             }
             PROC_EVENT_EXIT => {
                 let Some((script, agent)) = tracked.remove(&pid) else { continue };
-                Event { at: to_instant(ts), pid, kind: Kind::Exit, script, agent }
+                Event { at: to_instant(ts), kind: Kind::Exit, script, agent }
             }
             _ => continue,
         };
