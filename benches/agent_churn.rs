@@ -240,10 +240,21 @@ fn main() {
     for _ in warm..jobs {
         ctx.fake.enqueue_job("true");
     }
+    // The manager's RSS along the way, not only at both ends: a leak grows with the job
+    // count, an allocator's high-water mark levels off.
+    let mut rss_series = vec![(warm, before.rss_kb)];
+    for quarter in 1..=3 {
+        let at = warm + (jobs - warm) * quarter / 4;
+        if ctx.fake.wait_results(at, Duration::from_secs(3600)).len() >= at {
+            rss_series.push((at, sample(mgr.0.id(), &home).rss_kb));
+        }
+    }
     let done = ctx.fake.wait_results(jobs, Duration::from_secs(3600)).len();
     let churn_s = t0.elapsed().as_secs_f64();
     std::thread::sleep(Duration::from_secs(2)); // background deletions
     let after = sample(mgr.0.id(), &home);
+    rss_series.push((done, after.rss_kb));
+    eprintln!("agent bench: manager RSS (jobs done, kB): {rss_series:?}");
     let small = refills(&ctx.fake);
     let small_run = agent_refills(&events);
     let (tail, start) = fake_agent_share(&ctx.fake, &events);
@@ -344,8 +355,9 @@ fn main() {
     );
     row(&mut md, "the same, both slots running such jobs at once", &big_both_run, &big_both, "");
     md.push_str(&format!(
-        "| manager RSS after {warm} / {done} jobs | {} / {} kB | no growth |\n",
-        before.rss_kb, after.rss_kb
+        "| manager RSS after {} jobs | {} kB | no growth |\n",
+        rss_series.iter().map(|(n, _)| n.to_string()).collect::<Vec<_>>().join(" / "),
+        rss_series.iter().map(|(_, kb)| kb.to_string()).collect::<Vec<_>>().join(" / ")
     ));
     md.push_str(&format!(
         "| manager threads, fds after {warm} / {done} jobs | {}, {} / {}, {} | no growth |\n",
