@@ -178,8 +178,18 @@ impl JobDir {
 /// 0700 from the start: a root job can leave setuid-root files in its upper dir, which
 /// lives on the host's disk; no host user may reach them (nor the record's mount point).
 fn private_dir() -> fs::DirBuilder {
+    dir_with_mode(0o700)
+}
+
+/// A dir others may pass through but not list (0711): the home's runtime dir levels and
+/// the layer buckets, whose entries are private dirs of their own.
+pub(super) fn traversable_dir() -> fs::DirBuilder {
+    dir_with_mode(0o711)
+}
+
+fn dir_with_mode(mode: u32) -> fs::DirBuilder {
     let mut b = fs::DirBuilder::new();
-    std::os::unix::fs::DirBuilderExt::mode(&mut b, 0o700);
+    std::os::unix::fs::DirBuilderExt::mode(&mut b, mode);
     b
 }
 
@@ -189,9 +199,7 @@ fn create_layer_dir(dir: &Path) -> std::io::Result<()> {
     match private_dir().create(dir) {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
             let bucket = dir.parent().ok_or(e)?;
-            let mut b = fs::DirBuilder::new();
-            std::os::unix::fs::DirBuilderExt::mode(&mut b, 0o711);
-            match b.create(bucket) {
+            match traversable_dir().create(bucket) {
                 Err(e) if e.kind() != std::io::ErrorKind::AlreadyExists => return Err(e),
                 _ => {}
             }
@@ -208,12 +216,7 @@ fn create_in_runtime_dir(dir: &Path, builder: &fs::DirBuilder) -> Result<()> {
     let parent = dir.parent().context("job dir has no parent")?;
     let mut tries = 0;
     loop {
-        let made = {
-            let mut b = fs::DirBuilder::new();
-            std::os::unix::fs::DirBuilderExt::mode(&mut b, 0o711);
-            b.recursive(true).create(parent)
-        }
-        .and_then(|()| builder.create(dir));
+        let made = traversable_dir().recursive(true).create(parent).and_then(|()| builder.create(dir));
         match made {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound && tries < 5 => tries += 1,
             r => return r.with_context(|| format!("cannot create job dir {}", dir.display())),

@@ -328,11 +328,7 @@ pub fn gc_before_job(home: &Home) -> Result<GcReport> {
     let scan = !marker.exists();
     let report = gc_with(home, scan)?;
     if scan && !report.failed.iter().any(|f| f.starts_with(ORPHAN_LAYERS)) {
-        let made = marker.parent().map(|d| {
-            let mut b = std::fs::DirBuilder::new();
-            std::os::unix::fs::DirBuilderExt::mode(&mut b, 0o711);
-            b.recursive(true).create(d)
-        });
+        let made = marker.parent().map(|d| super::jobdir::traversable_dir().recursive(true).create(d));
         if let Some(Err(e)) = made.map(|r| r.and_then(|()| std::fs::write(&marker, ""))) {
             tracing::debug!("cannot write {} ({e}): the next exec scans the layers again", marker.display());
         }
