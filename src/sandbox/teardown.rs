@@ -315,7 +315,7 @@ pub fn gc_all(home: &Home) -> Result<GcReport> {
 /// Removes everything that crashed runs left: abandoned jobs (with their layers, cgroups
 /// and container state), layer dirs without a record, the trash, interrupted imports.
 pub fn gc(home: &Home) -> Result<GcReport> {
-    gc_with(home, true)
+    Ok(gc_with(home, true)?.0)
 }
 
 /// [`gc`] at the start of every `exec`, which looks for layer dirs without a record only
@@ -326,8 +326,8 @@ pub fn gc(home: &Home) -> Result<GcReport> {
 pub fn gc_before_job(home: &Home) -> Result<GcReport> {
     let marker = home.layers_checked_marker();
     let scan = !marker.exists();
-    let report = gc_with(home, scan)?;
-    if scan && !report.failed.iter().any(|f| f.starts_with(ORPHAN_LAYERS)) {
+    let (report, orphans_all_gone) = gc_with(home, scan)?;
+    if scan && orphans_all_gone {
         let made = marker.parent().map(|d| super::jobdir::traversable_dir().recursive(true).create(d));
         if let Some(Err(e)) = made.map(|r| r.and_then(|()| std::fs::write(&marker, ""))) {
             tracing::debug!("cannot write {} ({e}): the next exec scans the layers again", marker.display());
@@ -336,13 +336,12 @@ pub fn gc_before_job(home: &Home) -> Result<GcReport> {
     Ok(report)
 }
 
-/// How gc reports a layer dir without a record.
-const ORPHAN_LAYERS: &str = "orphan layers";
-
-fn gc_with(home: &Home, scan_orphan_layers: bool) -> Result<GcReport> {
+/// The gc, and whether every layer dir without a record it looked for is gone (true
+/// when it did not look).
+fn gc_with(home: &Home, scan_orphan_layers: bool) -> Result<(GcReport, bool)> {
     let mut report = GcReport::default();
     if !home.root().exists() {
-        return Ok(report);
+        return Ok((report, true));
     }
     // One gc at a time (two `exec`s starting together both run gc).
     let _gc_lock = lock_gc(home)?;
@@ -370,6 +369,7 @@ fn gc_with(home: &Home, scan_orphan_layers: bool) -> Result<GcReport> {
     // that order, a rename between the two checks is seen.
     let jobs_dir = home.jobs_dir();
     let layer_dirs = if scan_orphan_layers { home.job_layer_dirs() } else { vec![] };
+    let mut orphans_all_gone = true;
     for entry in layer_dirs {
         let id = entry.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
         let job = JobDir::new(home, &id);
@@ -377,8 +377,11 @@ fn gc_with(home: &Home, scan_orphan_layers: bool) -> Result<GcReport> {
             continue;
         }
         match remove_dir(home, &entry) {
-            Ok(()) => report.removed.push(format!("{ORPHAN_LAYERS} {}", entry.display())),
-            Err(e) => report.failed.push(format!("{ORPHAN_LAYERS} {}: {e:#}", entry.display())),
+            Ok(()) => report.removed.push(format!("orphan layers {}", entry.display())),
+            Err(e) => {
+                orphans_all_gone = false;
+                report.failed.push(format!("orphan layers {}: {e:#}", entry.display()))
+            }
         }
     }
     // Cgroups are not scanned for orphans: the parent is shared by every home on the
@@ -395,7 +398,7 @@ fn gc_with(home: &Home, scan_orphan_layers: bool) -> Result<GcReport> {
     for p in crate::rootfs::Store::new(home).gc()? {
         report.removed.push(format!("interrupted import {}", p.display()));
     }
-    Ok(report)
+    Ok((report, orphans_all_gone))
 }
 
 fn lock_gc(home: &Home) -> Result<nix::fcntl::Flock<std::fs::File>> {
