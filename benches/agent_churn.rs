@@ -116,14 +116,32 @@ fn refills(fake: &FakeAzure) -> Vec<f64> {
     let log = fake.requests_log();
     let mut out = vec![];
     for (i, r) in log.iter().enumerate() {
-        if r.method == "POST" && r.path.contains("/_fake/jobs/") && r.path.contains("/result") {
-            let agent = r.path.split("agent=").nth(1).unwrap_or("").split('&').next().unwrap_or("").to_string();
-            if let Some(next) = log[i + 1..].iter().find(|n| n.path.contains(&format!("agents?agentName={agent}"))) {
-                out.push((next.at - r.at).as_secs_f64() * 1e3);
-            }
+        let Some(agent) = result_of(r) else { continue };
+        if let Some(next) = log[i + 1..].iter().find(|n| lookup_of(n) == Some(agent)) {
+            out.push((next.at - r.at).as_secs_f64() * 1e3);
         }
     }
     out
+}
+
+/// The agent whose job result `r` posts, if it is one.
+fn result_of(r: &fake_azure::LoggedRequest) -> Option<&str> {
+    let is_result = r.method == "POST" && r.path.contains("/_fake/jobs/") && r.path.contains("/result");
+    is_result.then(|| query_param(&r.path, "agent")).flatten()
+}
+
+/// The agent that `r` looks itself up as (`GET agents?agentName=`), if it does.
+fn lookup_of(r: &fake_azure::LoggedRequest) -> Option<&str> {
+    if r.path.contains("/agents?") {
+        query_param(&r.path, "agentName")
+    } else {
+        None
+    }
+}
+
+fn query_param<'a>(path: &'a str, key: &str) -> Option<&'a str> {
+    let (_, query) = path.split_once('?')?;
+    query.split('&').find_map(|kv| kv.strip_prefix(key)?.strip_prefix('='))
 }
 
 /// Refill latencies as issue 7 words them: from an agent's `run.sh --once` exit to the
@@ -153,18 +171,16 @@ fn fake_agent_share(fake: &FakeAzure, events: &Option<proc_events::ProcEvents>) 
     let mut tail = vec![];
     let mut start = vec![];
     for e in &events {
-        let named = |r: &&fake_azure::LoggedRequest| {
-            r.path.contains(&format!("agent={}", e.agent)) || r.path.contains(&format!("agentName={}", e.agent))
-        };
+        let agent = Some(e.agent.as_str());
         match (e.kind, e.script.as_str()) {
             (proc_events::Kind::Exit, "./run.sh") => {
-                let post = log.iter().rev().filter(|r| r.path.contains("/result") && r.at <= e.at).find(named);
+                let post = log.iter().rev().find(|r| r.at <= e.at && result_of(r) == agent);
                 if let Some(p) = post {
                     tail.push(ms(e.at - p.at));
                 }
             }
             (proc_events::Kind::Exec, "./config.sh") => {
-                let req = log.iter().filter(|r| r.path.contains("agents?agentName=") && r.at >= e.at).find(named);
+                let req = log.iter().find(|r| r.at >= e.at && lookup_of(r) == agent);
                 if let Some(r) = req {
                     start.push(ms(r.at - e.at));
                 }
