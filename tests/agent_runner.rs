@@ -178,7 +178,13 @@ fn update_required_refetches_the_package_and_status_shows_the_slots() {
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{text}");
     assert!(text.contains("upd-0") && text.contains("running") && text.contains("pool      gpu"), "{text}");
-    let json: serde_json::Value = serde_json::from_slice(&h.run(&["status", "--json"]).stdout).unwrap();
+    // The slot counts a job once its sandbox is torn down, a moment after the agent has
+    // posted the result the fake server saw: wait for the count instead of racing it.
+    let status_json = || -> serde_json::Value { serde_json::from_slice(&h.run(&["status", "--json"]).stdout).unwrap() };
+    wait_until("status counts the second job", Duration::from_secs(20), || {
+        status_json()["slots"][0]["jobs_done"].as_u64().unwrap_or(0) >= 2
+    });
+    let json = status_json();
     assert_eq!(json["slots"][0]["agent"], "upd-0");
     assert!(json["slots"][0]["jobs_done"].as_u64().unwrap() >= 2, "{json}");
 
