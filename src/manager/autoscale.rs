@@ -141,9 +141,10 @@ impl Scaler {
             reason.push_str(&format!("; kept slot(s) {kept:?}: a job arrived or the check failed"));
         }
         tracing::debug!("autoscale: queue {}", q.line());
+        let now = now_unix();
         shared.update_scaler(|s| {
-            s.set_queue(&q);
-            s.record(&reason, d.acts());
+            s.set_queue(&q, now);
+            s.record(&reason, d.acts(), now);
         });
     }
 

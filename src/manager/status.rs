@@ -74,7 +74,7 @@ pub fn render(s: &Status, alive: bool) -> String {
         s.rootfs
     );
     if let Some(sc) = &s.scaler {
-        out.push_str(&sc.render());
+        out.push_str(&sc.render(now));
     }
     if !s.limits_enforced {
         let why = s.limits_warning.as_deref().unwrap_or("WARNING: memory/pids/cpu limits are NOT enforced for jobs");

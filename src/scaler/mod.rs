@@ -125,32 +125,34 @@ pub struct LoggedDecision {
     pub reason: String,
 }
 
+/// The times are the caller's (`now`, Unix seconds): the scaler reads no clock, so it
+/// needs nothing from the loops that drive it and its tests choose the time.
 impl ScalerStatus {
-    pub fn set_queue(&mut self, q: &queue::QueueView) {
+    pub fn set_queue(&mut self, q: &queue::QueueView, now: u64) {
         self.queue = q.line();
         self.waiting_for_us = q.matching_count();
         self.waiting_not_for_us = q.unmatched_count();
         self.running_in_pool = q.running;
-        self.last_poll_unix = crate::manager::status::now_unix();
+        self.last_poll_unix = now;
         self.last_error = None;
     }
 
     /// Logs and keeps `reason` when it acts or differs from the previous one (a steady
     /// state is logged once, not at every poll).
-    pub fn record(&mut self, reason: &str, acts: bool) {
+    pub fn record(&mut self, reason: &str, acts: bool, now: u64) {
         if !acts && self.decisions.last().is_some_and(|d| d.reason == reason) {
             return;
         }
         tracing::info!("{}: {reason}", self.mode);
-        self.decisions.push(LoggedDecision { unix: crate::manager::status::now_unix(), reason: reason.to_string() });
+        self.decisions.push(LoggedDecision { unix: now, reason: reason.to_string() });
         let n = self.decisions.len();
         if n > DecisionLog::KEEP {
             self.decisions.drain(..n - DecisionLog::KEEP);
         }
     }
 
-    /// Lines for `azp-sandbox status`.
-    pub fn render(&self) -> String {
+    /// Lines for `azp-sandbox status`, decision ages as of `now`.
+    pub fn render(&self, now: u64) -> String {
         let mut out = format!(
             "{:<9} min {} max {}, idle timeout {}s, queue read every {}s{}\n",
             self.mode,
@@ -164,7 +166,6 @@ impl ScalerStatus {
         if let Some(e) = &self.last_error {
             out.push_str(&format!("ERROR     {e}\n"));
         }
-        let now = crate::manager::status::now_unix();
         for d in self.decisions.iter().rev().take(5) {
             out.push_str(&format!("decision  {:>5}s ago: {}\n", now.saturating_sub(d.unix), d.reason));
         }
@@ -185,16 +186,17 @@ mod tests {
     #[test]
     fn decisions_are_logged_once_while_steady() {
         let mut s = ScalerStatus { mode: "autoscale".into(), ..Default::default() };
-        s.record("idle: no agent running, no job waits for us", false);
-        s.record("idle: no agent running, no job waits for us", false);
-        s.record("scaled up 2 because 3 jobs wait for cuda_version 12.4", true);
-        s.record("scaled up 2 because 3 jobs wait for cuda_version 12.4", true);
+        s.record("idle: no agent running, no job waits for us", false, 100);
+        s.record("idle: no agent running, no job waits for us", false, 101);
+        s.record("scaled up 2 because 3 jobs wait for cuda_version 12.4", true, 102);
+        s.record("scaled up 2 because 3 jobs wait for cuda_version 12.4", true, 103);
         assert_eq!(s.decisions.len(), 3);
         for _ in 0..50 {
-            s.record("x", true);
+            s.record("x", true, 200);
         }
         assert_eq!(s.decisions.len(), DecisionLog::KEEP);
-        let r = s.render();
+        let r = s.render(230);
         assert!(r.contains("min 0 max 0") && r.contains("decision") && r.contains(": x"), "{r}");
+        assert!(r.contains("   30s ago: x"), "ages count from the caller's now: {r}");
     }
 }

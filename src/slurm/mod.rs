@@ -248,7 +248,7 @@ impl SlurmStatus {
             self.pool,
             self.url
         );
-        out.push_str(&self.scaler.render());
+        out.push_str(&self.scaler.render(now_unix()));
         out.push_str(&format!("{:<12} {:<12} {:<24} {}\n", "BATCH JOB", "STATE", "NODES", "REASON"));
         for j in &self.jobs {
             out.push_str(&format!(
@@ -505,8 +505,9 @@ impl Slurm<'_> {
             }
         }
         tracing::debug!("slurm: queue {}", q.line());
-        self.status.scaler.set_queue(&q);
-        self.status.scaler.record(&reason, !submitted.is_empty() || !d.cancel.is_empty());
+        let now = now_unix();
+        self.status.scaler.set_queue(&q, now);
+        self.status.scaler.record(&reason, !submitted.is_empty() || !d.cancel.is_empty(), now);
         self.status.jobs = jobs;
         for id in &submitted {
             self.status.jobs.push(BatchJob {
