@@ -194,15 +194,23 @@ impl Home {
                 .with_context(|| format!("cannot set permissions on {}", dir.display()))?;
         }
         crate::sys::spread_subdirs(&self.layers_dir());
-        // As root the records go below /run/azp-sandbox, which must be a tmpfs.
-        if nix::unistd::geteuid().is_root() {
-            let run = self.run_root();
-            if let Some(base) = run.parent().filter(|p| *p == Path::new("/run/azp-sandbox")) {
-                crate::sys::runtime_tmpfs::ensure(base)?;
-            }
-        }
         Ok(())
     }
+
+    /// The dir that must be a tmpfs for this home's job records, when azp-sandbox has to
+    /// see to it: `/run/azp-sandbox` as root (see [`crate::sys::runtime_tmpfs`]), None
+    /// otherwise. Only the verbs that run sandboxes mount it
+    /// ([`crate::sandbox::prepare_home`]): a home is also made by `rootfs import`.
+    pub fn runtime_tmpfs_dir(&self) -> Option<PathBuf> {
+        let root = nix::unistd::geteuid().is_root();
+        tmpfs_base(&self.run_root(), root).map(Path::to_path_buf)
+    }
+}
+
+/// As root the records go below `/run/azp-sandbox`, which must be a tmpfs; a process that
+/// is not root keeps them where its runtime dir is.
+fn tmpfs_base(run_root: &Path, is_root: bool) -> Option<&Path> {
+    run_root.parent().filter(|p| is_root && *p == Path::new("/run/azp-sandbox"))
 }
 
 /// `--volume HOST:CTR[:ENV]`: a read-only dataset bind, optionally announced in `ENV`.
@@ -329,6 +337,15 @@ mod tests {
         }
         // The layers stay on the home's disk.
         assert_eq!(home.layers_dir(), home.root().join("layers"));
+    }
+
+    #[test]
+    fn only_root_records_under_run_need_the_tmpfs() {
+        let base = Path::new("/run/azp-sandbox");
+        assert_eq!(tmpfs_base(&base.join("h-0123abcd"), true), Some(base));
+        assert_eq!(tmpfs_base(&base.join("h-0123abcd"), false), None, "not root: never mounted");
+        assert_eq!(tmpfs_base(Path::new("/home/u/.local/share/azp-sandbox/run"), true), None, "no /run");
+        assert_eq!(tmpfs_base(Path::new("/run/user/1000/azp-sandbox/h-0123abcd"), true), None);
     }
 
     #[test]

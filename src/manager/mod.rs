@@ -118,7 +118,7 @@ pub fn run(home: &Home, settings: RunSettings, ctx: RunContext) -> Result<()> {
     }
     sigs.thread_block().context("cannot block signals")?;
 
-    home.ensure()?;
+    crate::sandbox::prepare_home(home)?;
     crate::sandbox::gc(home)?.log();
 
     let token = settings::read_token(settings.token_file.as_deref(), ctx.env_token)?;

@@ -72,7 +72,7 @@ impl ExecRequest {
 /// The whole `exec`: gc of what crashed runs left ([`super::gc_before_job`]), the plan, the job (signals to this
 /// process forwarded to it), its clean-up. The rootfs stays leased until the job is gone.
 pub fn run(home: &Home, driver_root: &Path, req: &ExecRequest) -> Result<super::JobOutcome> {
-    home.ensure()?;
+    super::prepare_home(home)?;
     super::gc_before_job(home).context("gc before exec failed")?.log();
     let (plan, lease) = prepare(home, driver_root, req)?;
     let outcome = super::run_job(home, plan, &super::RunOptions { forward_signals: true, ..Default::default() });

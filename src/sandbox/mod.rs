@@ -16,3 +16,16 @@ pub mod teardown;
 pub use plan::{JobPlan, Limits};
 pub use runner::{run_job, JobOutcome, Phase, RunOptions, Sandbox};
 pub use teardown::{gc, gc_all, gc_before_job, GcReport};
+
+use crate::config::Home;
+
+/// What a verb that runs sandboxes (`exec`, `run`) does to its home once at start: the
+/// home's dirs, and as root the tmpfs that holds the job records
+/// ([`crate::sys::runtime_tmpfs`]).
+pub fn prepare_home(home: &Home) -> anyhow::Result<()> {
+    home.ensure()?;
+    if let Some(dir) = home.runtime_tmpfs_dir() {
+        crate::sys::runtime_tmpfs::ensure(&dir)?;
+    }
+    Ok(())
+}
