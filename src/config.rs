@@ -17,7 +17,7 @@ fn layer_bucket(id: &str) -> String {
     format!("{BUCKET_PREFIX}{:x}", h % LAYER_BUCKETS)
 }
 
-/// The state directory (`--home`, `AZP_SANDBOX_HOME`). Everything azp-sandbox writes
+/// The state directory (`--home`, `AZP_SANDBOX_HOME`: see [`crate::settings::home`]). Everything azp-sandbox writes
 /// lives below it, so `gc` knows where to look.
 ///
 /// Two places: the home itself (disk: rootfs store, caches, the jobs' upper/work layers)
@@ -34,25 +34,6 @@ pub struct Home {
 impl Home {
     pub fn new(root: impl Into<PathBuf>) -> Home {
         Home { root: root.into(), tag: std::sync::OnceLock::new(), run_root: std::sync::OnceLock::new() }
-    }
-
-    /// `--home` if given, else `AZP_SANDBOX_HOME`, else the default for this user:
-    /// `/var/lib/azp-sandbox` for root, `$XDG_DATA_HOME/azp-sandbox` otherwise.
-    pub fn resolve(flag: Option<PathBuf>) -> Home {
-        if let Some(p) = flag {
-            return Home::new(p);
-        }
-        if let Some(p) = std::env::var_os("AZP_SANDBOX_HOME").filter(|v| !v.is_empty()) {
-            return Home::new(PathBuf::from(p));
-        }
-        if nix::unistd::geteuid().is_root() {
-            return Home::new("/var/lib/azp-sandbox");
-        }
-        let data = std::env::var_os("XDG_DATA_HOME")
-            .map(PathBuf::from)
-            .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".local/share")))
-            .unwrap_or_else(|| PathBuf::from("/tmp"));
-        Home::new(data.join("azp-sandbox"))
     }
 
     pub fn root(&self) -> &Path {

@@ -18,6 +18,7 @@ pub mod rootfs;
 pub mod rootless;
 pub mod sandbox;
 pub mod scaler;
+pub mod settings;
 pub mod setuid;
 pub mod slurm;
 pub mod sys;

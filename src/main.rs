@@ -408,7 +408,7 @@ fn setuid_main() -> i32 {
             let request = match cli.command {
                 Command::Exec(args) => Ok(azp_sandbox::setuid::Request::Exec(args.request())),
                 Command::Run(args) => run_settings(&args.pool, Some(&args)).and_then(|(settings, env_token)| {
-                    let token = azp_sandbox::manager::settings::read_token(settings.token_file.as_deref(), env_token)?;
+                    let token = azp_sandbox::settings::read_token(settings.token_file.as_deref(), env_token)?;
                     Ok(azp_sandbox::setuid::Request::Run(azp_sandbox::setuid::RunRequest::from_settings(
                         &settings, token,
                     )))
@@ -435,7 +435,11 @@ fn setuid_main() -> i32 {
 }
 
 fn main_with(cli: Cli) {
-    let home = Home::resolve(cli.home.clone());
+    let home = azp_sandbox::settings::home(
+        cli.home.clone(),
+        &azp_sandbox::settings::Env::process(),
+        nix::unistd::geteuid().is_root(),
+    );
     if let Command::SandboxHelper { job_dir } = &cli.command {
         azp_sandbox::logging::init(if cli.quiet { -1 } else { cli.verbose as i8 });
         std::process::exit(sandbox::helper::main(&home, job_dir));
@@ -567,13 +571,8 @@ fn run(cli: Cli, home: Home) -> Result<i32> {
 }
 
 /// Settings of `run` / `agents prune`: flags > AZP_* env > config file.
-fn run_settings(
-    p: &PoolArgs,
-    run: Option<&RunArgs>,
-) -> Result<(azp_sandbox::manager::settings::RunSettings, Option<String>)> {
-    use azp_sandbox::manager::settings::{self, FlagSettings};
-    let file = settings::read_file(p.config.as_deref())?;
-    let env = settings::env_settings(|k| std::env::var(k).ok().filter(|v| !v.is_empty()));
+fn run_settings(p: &PoolArgs, run: Option<&RunArgs>) -> Result<(azp_sandbox::settings::RunSettings, Option<String>)> {
+    use azp_sandbox::settings::{self, Env, FlagSettings};
     let mut flags = FlagSettings {
         url: p.url.clone(),
         token_file: p.token_file.clone(),
@@ -599,52 +598,29 @@ fn run_settings(
         flags.poll_interval = r.poll_interval.map(std::time::Duration::from_secs);
         flags.exit_when_idle = r.exit_when_idle.map(std::time::Duration::from_secs);
     }
-    let s = settings::merge(file, env, flags)?;
+    let env = Env::process();
+    let s = settings::for_run(p.config.as_deref(), &env, flags)?;
     Ok((s, std::env::var("AZP_TOKEN").ok()))
 }
 
 /// `slurm`'s settings: the pool's from flags > env > config file, the rest from its flags.
-fn slurm_settings(
-    a: SlurmArgs,
-    s: azp_sandbox::manager::settings::RunSettings,
-) -> Result<azp_sandbox::slurm::SlurmSettings> {
-    use std::time::Duration;
-    let mut capabilities = Vec::new();
-    for c in &a.capabilities {
-        match c.split_once('=') {
-            Some((k, v)) if !k.is_empty() => capabilities.push((k.to_string(), v.to_string())),
-            _ => bail!("bad --capability '{c}': use NAME=VALUE, e.g. gpu_model=NVIDIA A100-SXM4-80GB"),
-        }
-    }
-    if a.poll_interval == 0 {
-        bail!("--poll-interval must be at least 1 second");
-    }
-    let remote_exe = match a.remote_exe {
-        Some(e) => e,
-        None => std::env::current_exe()
-            .context("cannot find the azp-sandbox binary: give --remote-exe")?
-            .display()
-            .to_string(),
-    };
-    Ok(azp_sandbox::slurm::SlurmSettings {
-        url: s.url,
-        token_file: s.token_file,
-        pool: s.pool,
-        name_prefix: s.name_prefix,
+fn slurm_settings(a: SlurmArgs, s: azp_sandbox::settings::RunSettings) -> Result<azp_sandbox::settings::SlurmSettings> {
+    let flags = azp_sandbox::settings::SlurmFlags {
         partition: a.partition,
         max_jobs: a.max_jobs,
         gpus_per_job: a.gpus_per_job,
         sbatch_args: a.sbatch_args,
-        poll_interval: Duration::from_secs(a.poll_interval),
-        idle_timeout: Duration::from_secs(a.idle_timeout),
-        drain_timeout: Duration::from_secs(a.drain_timeout),
-        rootfs: a.rootfs.or(Some(s.rootfs)),
-        remote_exe,
+        poll_interval_secs: a.poll_interval,
+        idle_timeout_secs: a.idle_timeout,
+        drain_timeout_secs: a.drain_timeout,
+        rootfs: a.rootfs,
+        remote_exe: a.remote_exe,
         remote_home: a.remote_home,
-        remote_config: a.remote_config.or(a.pool.config),
+        remote_config: a.remote_config,
         run_args: a.run_args,
-        capabilities,
-    })
+        capabilities: a.capabilities,
+    };
+    azp_sandbox::settings::for_slurm(s, a.pool.config, flags, std::env::current_exe)
 }
 
 fn exec(home: &Home, driver_root: &std::path::Path, args: ExecArgs) -> Result<i32> {

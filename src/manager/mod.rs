@@ -9,7 +9,6 @@ pub mod autoscale;
 pub mod hooks;
 pub mod phases;
 pub mod service;
-pub mod settings;
 pub mod slot;
 pub mod status;
 
@@ -19,8 +18,8 @@ use crate::config::Home;
 use crate::gpu::{self, DiscoverOptions, GpuInfo, PerAgent};
 use crate::rootfs::Store;
 use crate::sandbox::{JobPlan, Limits};
+use crate::settings::{self, RunSettings};
 use anyhow::{bail, Context, Result};
-use settings::RunSettings;
 use status::{now_unix, SlotStatus, Status};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};

@@ -142,7 +142,7 @@ pub struct RunRequest {
 
 impl RunRequest {
     /// From `run`'s merged settings, read on the unprivileged side.
-    pub fn from_settings(s: &crate::manager::settings::RunSettings, token: String) -> RunRequest {
+    pub fn from_settings(s: &crate::settings::RunSettings, token: String) -> RunRequest {
         use crate::gpu::PerAgent;
         RunRequest {
             url: s.url.clone(),
@@ -317,12 +317,7 @@ fn run_exec(policy: &Policy, request: ExecRequest) -> Result<i32> {
 /// The caller's agents, run by root under the policy: in the caller's own home below the
 /// site's (`<home>/users/<uid>`: job dirs, status, logs, agent package cache), over the
 /// site's rootfs store, the agents running as the caller.
-fn run_agents(
-    policy: &Policy,
-    caller: &Caller,
-    settings: crate::manager::settings::RunSettings,
-    token: String,
-) -> Result<i32> {
+fn run_agents(policy: &Policy, caller: &Caller, settings: crate::settings::RunSettings, token: String) -> Result<i32> {
     crate::logging::init(0);
     let site = Home::new(&policy.home);
     site.ensure()?;

@@ -190,7 +190,7 @@ impl Policy {
         &self,
         req: &super::RunRequest,
         canonical: &dyn Fn(&Path) -> std::io::Result<PathBuf>,
-    ) -> Result<crate::manager::settings::RunSettings> {
+    ) -> Result<crate::settings::RunSettings> {
         let Some(max) = self.max_agents else {
             bail!("`run` is not enabled for setuid use on this host: ask an administrator to set [setuid] max_agents");
         };
@@ -218,7 +218,7 @@ impl Policy {
         self.check_rootfs(&req.rootfs)?;
         let volumes = self.resolve_volumes(&req.volumes, canonical)?;
         let limits = self.cap_limits(&req.limits)?;
-        let flags = crate::manager::settings::FlagSettings {
+        let flags = crate::settings::FlagSettings {
             url: Some(req.url.clone()),
             pool: Some(req.pool.clone()),
             agents: Some(agents),
@@ -234,7 +234,7 @@ impl Policy {
             ..Default::default()
         };
         // No config file and no environment here: only what was checked.
-        crate::manager::settings::merge(Default::default(), Default::default(), flags)
+        crate::settings::merge(Default::default(), Default::default(), flags)
     }
 
     fn check_gpus(&self, gpus: &str) -> Result<()> {

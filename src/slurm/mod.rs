@@ -10,6 +10,7 @@
 use crate::azure::AzureClient;
 use crate::manager::status::now_unix;
 use crate::scaler::{self, policy, queue, ScalerStatus};
+use crate::settings::SlurmSettings;
 use anyhow::{bail, Context, Result};
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet};
@@ -19,45 +20,6 @@ use std::time::{Duration, Instant};
 
 /// The job name of every batch job we submit.
 pub const JOB_NAME: &str = "azp-sandbox";
-
-#[derive(Debug, Clone)]
-pub struct SlurmSettings {
-    pub url: String,
-    pub token_file: Option<PathBuf>,
-    pub pool: String,
-    /// Agents are named `<prefix>-j<SLURM_JOB_ID>-<slot>`; the placeholder `<prefix>-placeholder`.
-    pub name_prefix: String,
-    pub partition: String,
-    pub max_jobs: usize,
-    /// GPUs (and agents, one GPU each) per batch job; 0: one CPU-only agent.
-    pub gpus_per_job: usize,
-    /// Passed to `sbatch` as they are (e.g. `--time=04:00:00`, `--account=ci`).
-    pub sbatch_args: Vec<String>,
-    pub poll_interval: Duration,
-    /// `--exit-when-idle` of the batch job's `run`.
-    pub idle_timeout: Duration,
-    /// `--drain-timeout` of the batch job's `run`; Slurm is asked to send SIGTERM this
-    /// long plus a minute before the time limit (`--signal=B:TERM@...`).
-    pub drain_timeout: Duration,
-    pub rootfs: Option<String>,
-    /// How the compute node starts azp-sandbox (may be `sudo -n /usr/local/bin/azp-sandbox`).
-    pub remote_exe: String,
-    /// `--home` on the compute node (node-local: the rootfs store and package cache stay).
-    pub remote_home: Option<PathBuf>,
-    /// `--config` for the batch job's `run`.
-    pub remote_config: Option<PathBuf>,
-    /// More arguments for the batch job's `run` (e.g. `--volume=/data:/data:DATA`).
-    pub run_args: Vec<String>,
-    /// Capabilities the compute nodes' agents advertise beyond what is known here
-    /// (`gpu_model=NVIDIA A100-SXM4-80GB`, `cuda_version=12.4`, ...).
-    pub capabilities: Vec<(String, String)>,
-}
-
-impl SlurmSettings {
-    pub fn agents_per_job(&self) -> usize {
-        self.gpus_per_job.max(1)
-    }
-}
 
 /// One of our batch jobs as `squeue` shows it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -311,7 +273,7 @@ pub fn run(home: &crate::config::Home, s: SlurmSettings, env_token: Option<Strin
     if s.max_jobs == 0 {
         bail!("--max-jobs must be at least 1");
     }
-    let token = crate::manager::settings::read_token(s.token_file.as_deref(), env_token)?;
+    let token = crate::settings::read_token(s.token_file.as_deref(), env_token)?;
     let client = AzureClient::new(&s.url, &token)?;
     client.check_connection()?;
     let pool = client.find_pool(&s.pool)?;

@@ -1,48 +1,15 @@
-//! Settings of `azp-sandbox run`, merged once: flags > AZP_* environment > config file
-//! (`/etc/azp-sandbox/config.toml`). Validated here into one typed value, with one-line
-//! errors naming the setting and where it came from.
+//! Settings of `azp-sandbox run` (and of `agents prune` and `slurm`, which take the
+//! pool's part), merged once: flags > AZP_* environment > config file. Validated here
+//! into one typed value, with one-line errors naming the setting and where it came from.
 
+use super::env::Env;
+use super::file::{read_file, FileSettings};
 use crate::config::{parse_size, Volume};
 use crate::gpu::PerAgent;
 use crate::scaler::AutoscaleSettings;
 use anyhow::{bail, Context, Result};
-use serde::Deserialize;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
-
-pub const DEFAULT_CONFIG: &str = "/etc/azp-sandbox/config.toml";
-
-/// The config file, as written by a sysadmin. Every key is optional.
-#[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields, rename_all = "snake_case")]
-pub struct FileSettings {
-    pub url: Option<String>,
-    pub token_file: Option<PathBuf>,
-    pub pool: Option<String>,
-    pub agents: Option<usize>,
-    pub rootfs: Option<String>,
-    #[serde(default)]
-    pub volumes: Vec<String>,
-    pub gpus_per_agent: Option<String>,
-    pub memory: Option<String>,
-    pub pids: Option<i64>,
-    pub cpus: Option<f64>,
-    pub agent_package: Option<String>,
-    pub name_prefix: Option<String>,
-    pub drain_timeout_secs: Option<u64>,
-    pub hooks_dir: Option<PathBuf>,
-    pub hook_timeout_secs: Option<u64>,
-    #[serde(default)]
-    pub extra_lib_dirs: Vec<PathBuf>,
-    /// Queue-driven autoscaling (see `run --autoscale`).
-    pub autoscale: Option<bool>,
-    pub min_agents: Option<usize>,
-    pub max_agents: Option<usize>,
-    pub idle_timeout_secs: Option<u64>,
-    pub poll_interval_secs: Option<u64>,
-    /// Setuid mode's site policy (read by `setuid::policy`, not by `run`).
-    pub setuid: Option<toml::Value>,
-}
 
 /// What the command line gave (None = not given).
 #[derive(Debug, Default, Clone)]
@@ -95,21 +62,6 @@ pub struct RunSettings {
     pub autoscale: Option<AutoscaleSettings>,
 }
 
-/// Reads the config file: `explicit` must exist; the default path may be absent.
-pub fn read_file(explicit: Option<&Path>) -> Result<FileSettings> {
-    let path = explicit.unwrap_or(Path::new(DEFAULT_CONFIG));
-    let text = match std::fs::read_to_string(path) {
-        Ok(t) => t,
-        Err(e) if explicit.is_none() && e.kind() == std::io::ErrorKind::NotFound => return Ok(FileSettings::default()),
-        Err(e) => bail!("cannot read config file {}: {e}", path.display()),
-    };
-    parse_file(&text).with_context(|| format!("bad config file {}", path.display()))
-}
-
-pub fn parse_file(text: &str) -> Result<FileSettings> {
-    toml::from_str(text).map_err(|e| anyhow::anyhow!("{}", e.to_string().lines().collect::<Vec<_>>().join(" ").trim()))
-}
-
 /// Environment overrides (AZP_URL, AZP_TOKEN_FILE, AZP_POOL, AZP_AGENT_NAME as the prefix).
 pub fn env_settings(get: impl Fn(&str) -> Option<String>) -> FlagSettings {
     FlagSettings {
@@ -119,6 +71,13 @@ pub fn env_settings(get: impl Fn(&str) -> Option<String>) -> FlagSettings {
         name_prefix: get("AZP_AGENT_NAME"),
         ..Default::default()
     }
+}
+
+/// `run`'s settings from the three sources: the config file (`config`, or the default
+/// path when present), the environment, the flags.
+pub fn for_run(config: Option<&Path>, env: &Env, flags: FlagSettings) -> Result<RunSettings> {
+    let file = read_file(config)?;
+    merge(file, env_settings(|k| env.var(k)), flags)
 }
 
 pub fn merge(file: FileSettings, env: FlagSettings, flags: FlagSettings) -> Result<RunSettings> {
@@ -240,25 +199,6 @@ pub fn parse_per_agent(s: &str) -> Result<PerAgent> {
     }
 }
 
-/// The PAT, from the token file (preferred) or AZP_TOKEN (visible in /proc: discouraged).
-pub fn read_token(token_file: Option<&Path>, env_token: Option<String>) -> Result<String> {
-    if let Some(path) = token_file {
-        let t = std::fs::read_to_string(path).with_context(|| {
-            format!("cannot read the token file {}: check --token-file / AZP_TOKEN_FILE", path.display())
-        })?;
-        let t = t.trim().to_string();
-        if t.is_empty() {
-            bail!("the token file {} is empty: put the PAT in it", path.display());
-        }
-        return Ok(t);
-    }
-    if let Some(t) = env_token.filter(|t| !t.is_empty()) {
-        tracing::warn!("using AZP_TOKEN from the environment: it is visible in /proc; prefer --token-file");
-        return Ok(t);
-    }
-    bail!("no PAT: pass --token-file FILE (or AZP_TOKEN_FILE) with a PAT of scope Agent Pools (read, manage)")
-}
-
 pub fn hostname() -> String {
     nix::unistd::gethostname()
         .ok()
@@ -270,6 +210,7 @@ pub fn hostname() -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::settings::{parse_file, read_token};
 
     fn flags() -> FlagSettings {
         FlagSettings { pool: Some("gpu".into()), url: Some("https://dev.azure.com/org/".into()), ..Default::default() }
@@ -293,6 +234,23 @@ mod tests {
         assert_eq!(s.name_prefix, "fromfile");
         assert_eq!(s.memory, Some(2 << 30));
         assert_eq!(s.rootfs, "auto");
+    }
+
+    #[test]
+    fn the_three_sources_in_order() {
+        let tmp = tempfile::tempdir().unwrap();
+        let config = tmp.path().join("config.toml");
+        std::fs::write(&config, "url = \"https://file\"\npool = \"filepool\"\nname_prefix = \"f\"\nagents = 2\n")
+            .unwrap();
+        let env = Env::fixed(&[("AZP_POOL", "envpool"), ("AZP_AGENT_NAME", "e"), ("AZP_URL", "")]);
+        let s = for_run(Some(&config), &env, FlagSettings { name_prefix: Some("flag".into()), ..Default::default() })
+            .unwrap();
+        assert_eq!(s.url, "https://file", "an empty AZP_URL is unset");
+        assert_eq!(s.pool, "envpool");
+        assert_eq!(s.name_prefix, "flag");
+        assert_eq!(s.agents, Some(2));
+        let e = for_run(Some(&tmp.path().join("missing.toml")), &env, flags()).unwrap_err();
+        assert!(e.to_string().contains("missing.toml"), "{e}");
     }
 
     #[test]

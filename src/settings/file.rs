@@ -1,0 +1,74 @@
+//! The config file (`/etc/azp-sandbox/config.toml`, or `--config FILE`): the lowest of
+//! the three sources. Read once, with unknown keys refused.
+
+use anyhow::{bail, Context, Result};
+use serde::Deserialize;
+use std::path::{Path, PathBuf};
+
+pub const DEFAULT_CONFIG: &str = "/etc/azp-sandbox/config.toml";
+
+/// The config file, as written by a sysadmin. Every key is optional.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "snake_case")]
+pub struct FileSettings {
+    pub url: Option<String>,
+    pub token_file: Option<PathBuf>,
+    pub pool: Option<String>,
+    pub agents: Option<usize>,
+    pub rootfs: Option<String>,
+    #[serde(default)]
+    pub volumes: Vec<String>,
+    pub gpus_per_agent: Option<String>,
+    pub memory: Option<String>,
+    pub pids: Option<i64>,
+    pub cpus: Option<f64>,
+    pub agent_package: Option<String>,
+    pub name_prefix: Option<String>,
+    pub drain_timeout_secs: Option<u64>,
+    pub hooks_dir: Option<PathBuf>,
+    pub hook_timeout_secs: Option<u64>,
+    #[serde(default)]
+    pub extra_lib_dirs: Vec<PathBuf>,
+    /// Queue-driven autoscaling (see `run --autoscale`).
+    pub autoscale: Option<bool>,
+    pub min_agents: Option<usize>,
+    pub max_agents: Option<usize>,
+    pub idle_timeout_secs: Option<u64>,
+    pub poll_interval_secs: Option<u64>,
+    /// Setuid mode's site policy (read by `setuid::policy`, not by `run`).
+    pub setuid: Option<toml::Value>,
+}
+
+/// Reads the config file: `explicit` must exist; the default path may be absent.
+pub fn read_file(explicit: Option<&Path>) -> Result<FileSettings> {
+    let path = explicit.unwrap_or(Path::new(DEFAULT_CONFIG));
+    let text = match std::fs::read_to_string(path) {
+        Ok(t) => t,
+        Err(e) if explicit.is_none() && e.kind() == std::io::ErrorKind::NotFound => return Ok(FileSettings::default()),
+        Err(e) => bail!("cannot read config file {}: {e}", path.display()),
+    };
+    parse_file(&text).with_context(|| format!("bad config file {}", path.display()))
+}
+
+pub fn parse_file(text: &str) -> Result<FileSettings> {
+    toml::from_str(text).map_err(|e| anyhow::anyhow!("{}", e.to_string().lines().collect::<Vec<_>>().join(" ").trim()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_default_file_may_be_absent_a_given_one_not() {
+        let tmp = tempfile::tempdir().unwrap();
+        let missing = tmp.path().join("config.toml");
+        let e = read_file(Some(&missing)).unwrap_err();
+        assert!(e.to_string().starts_with("cannot read config file"), "{e}");
+        std::fs::write(&missing, "pool = \"p\"\nagents = 2\n").unwrap();
+        let f = read_file(Some(&missing)).unwrap();
+        assert_eq!((f.pool.as_deref(), f.agents), (Some("p"), Some(2)));
+        std::fs::write(&missing, "pool = 3\n").unwrap();
+        let e = format!("{:#}", read_file(Some(&missing)).unwrap_err());
+        assert!(e.contains("bad config file") && e.contains("pool") && !e.contains('\n'), "{e}");
+    }
+}
