@@ -48,7 +48,7 @@ impl Shared {
         if let Some(s) = st.slots.get_mut(index) {
             f(s);
         }
-        if let Err(e) = status::write(&self.home.root().join("status.json"), &st) {
+        if let Err(e) = status::write(&status::path(&self.home), &st) {
             tracing::warn!("{e:#}");
         }
     }
@@ -74,7 +74,7 @@ impl Shared {
         if let Some(s) = st.scaler.as_mut() {
             f(s);
         }
-        if let Err(e) = status::write(&self.home.root().join("status.json"), &st) {
+        if let Err(e) = status::write(&status::path(&self.home), &st) {
             tracing::warn!("{e:#}");
         }
     }

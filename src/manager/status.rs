@@ -1,5 +1,5 @@
 //! `HOME/status.json`: what the running manager is doing, rewritten (atomically) on every
-//! slot change, read by `azp-sandbox status`.
+//! slot change, shown by `azp-sandbox status`.
 
 use anyhow::{Context, Result};
 use serde::{Deserialize, Serialize};
@@ -49,11 +49,9 @@ pub fn write(path: &Path, status: &Status) -> Result<()> {
     std::fs::rename(&tmp, path).with_context(|| format!("cannot update {}", path.display()))
 }
 
-pub fn read(path: &Path) -> Result<Status> {
-    let bytes = std::fs::read(path).with_context(|| {
-        format!("no manager status at {}: is `azp-sandbox run` running with this --home?", path.display())
-    })?;
-    serde_json::from_slice(&bytes).with_context(|| format!("corrupt {}", path.display()))
+/// `HOME/status.json`.
+pub fn path(home: &crate::config::Home) -> std::path::PathBuf {
+    home.root().join("status.json")
 }
 
 /// Human-readable table for `azp-sandbox status`.

@@ -1,0 +1,142 @@
+//! `azp-sandbox exec`: run a command in a fresh, throwaway sandbox.
+
+use super::args::{checked, parse_job_name, parse_user, LimitArgs};
+use super::{Context, Needs, Verb};
+use anyhow::Result;
+use azp_sandbox::config::{EnvVar, Network, Volume};
+use azp_sandbox::gpu::{Capabilities, GpuRequest};
+use azp_sandbox::sandbox::exec::ExecRequest;
+use std::path::PathBuf;
+
+#[derive(clap::Args)]
+pub struct ExecArgs {
+    /// Rootfs name from `azp-sandbox rootfs list`, or auto: the newest CUDA the host
+    /// driver supports
+    #[arg(long)]
+    rootfs: String,
+    /// Read-only dataset: HOST:CONTAINER[:ENVVAR] (ENVVAR is set to CONTAINER)
+    #[arg(long = "volume", value_name = "HOST:CTR[:ENV]")]
+    volumes: Vec<Volume>,
+    /// Environment variable for the command
+    #[arg(long = "env", short = 'e', value_name = "K=V")]
+    env: Vec<EnvVar>,
+    #[command(flatten)]
+    limits: LimitArgs,
+    /// host: share the host network (default); none: empty network namespace
+    #[arg(long, value_enum, default_value_t = Network::Host)]
+    network: Network,
+    /// GPUs for the job: all, none, or a comma list of indexes or UUIDs (as
+    /// NVIDIA_VISIBLE_DEVICES), or CDI names like nvidia.com/gpu=0
+    #[arg(long, default_value = "none", value_parser = checked::<GpuRequest>)]
+    gpus: String,
+    /// Driver capabilities to inject: compute,utility,video,graphics,display or all
+    #[arg(long, default_value = "compute,utility", value_parser = checked::<Capabilities>)]
+    gpu_capabilities: String,
+    /// Use this CDI spec for the GPUs instead of native discovery
+    #[arg(long)]
+    cdi_spec: Option<PathBuf>,
+    /// Job name (container id, cgroup leaf, hostname) [default: exec-<random>]
+    #[arg(long, value_parser = parse_job_name)]
+    name: Option<String>,
+    /// Working directory inside the sandbox
+    #[arg(long, short = 'w', default_value = "/")]
+    workdir: PathBuf,
+    /// Run as UID[:GID] inside the sandbox (numeric; default 0:0)
+    #[arg(long, short = 'u', value_parser = parse_user)]
+    user: Option<(u32, u32)>,
+    /// Command and arguments
+    #[arg(trailing_var_arg = true, required = true, value_name = "CMD")]
+    command: Vec<String>,
+}
+
+impl ExecArgs {
+    /// What the library runs (in setuid mode: what the privileged side is asked to run).
+    pub fn request(self) -> ExecRequest {
+        ExecRequest {
+            rootfs: self.rootfs,
+            volumes: self.volumes,
+            env: self.env.into_iter().map(|e| (e.key, e.value)).collect(),
+            limits: self.limits.limits(),
+            network: self.network,
+            gpus: self.gpus,
+            gpu_capabilities: self.gpu_capabilities,
+            cdi_spec: self.cdi_spec,
+            name: self.name,
+            workdir: self.workdir,
+            user: self.user,
+            command: self.command,
+        }
+    }
+}
+
+impl Verb for ExecArgs {
+    fn needs(&self) -> Needs {
+        Needs::Sandboxes
+    }
+
+    /// The job's own exit code.
+    fn run(self: Box<Self>, ctx: &Context) -> Result<i32> {
+        let request = self.request();
+        let outcome = azp_sandbox::sandbox::exec::run(&ctx.home, &ctx.driver_root, &request)?;
+        tracing::debug!(
+            "job {} rootfs={} exit={} duration={:.3}s cleanup: {}",
+            outcome.id,
+            request.rootfs,
+            outcome.code,
+            outcome.duration.as_secs_f64(),
+            outcome.cleanup
+        );
+        Ok(outcome.code)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::{Cli, Command};
+    use clap::Parser;
+    use std::path::Path;
+
+    fn request(args: &[&str]) -> azp_sandbox::sandbox::exec::ExecRequest {
+        match Cli::try_parse_from([&["azp-sandbox", "exec"], args].concat()).unwrap().command {
+            Command::Exec(a) => a.request(),
+            _ => unreachable!(),
+        }
+    }
+
+    #[test]
+    fn flags_make_the_request() {
+        let r = request(&[
+            "--rootfs=r",
+            "-e",
+            "A=1=2",
+            "--volume=/d:/data:DATA",
+            "--memory=2G",
+            "--pids=5",
+            "--cpus=2",
+            "--network=none",
+            "--gpus=0,1",
+            "--name=job-1",
+            "-w",
+            "/tmp",
+            "-u",
+            "1000:100",
+            "--",
+            "sh",
+            "-c",
+            "x",
+        ]);
+        assert_eq!(r.rootfs, "r");
+        assert_eq!(r.env, vec![("A".to_string(), "1=2".to_string())]);
+        assert_eq!(r.volumes[0].env.as_deref(), Some("DATA"));
+        assert_eq!((r.limits.memory_bytes, r.limits.pids, r.limits.cpus_milli), (Some(2 << 30), Some(5), Some(2000)));
+        assert_eq!(r.network, azp_sandbox::config::Network::None);
+        assert_eq!((r.gpus.as_str(), r.gpu_capabilities.as_str()), ("0,1", "compute,utility"));
+        assert_eq!(
+            (r.name.as_deref(), r.workdir.as_path(), r.user),
+            (Some("job-1"), Path::new("/tmp"), Some((1000, 100)))
+        );
+        assert_eq!(r.command, ["sh", "-c", "x"]);
+        let r = request(&["--rootfs=auto", "true"]);
+        assert_eq!((r.gpus.as_str(), r.workdir.as_path(), r.user, r.name), ("none", Path::new("/"), None, None));
+    }
+}

@@ -1,0 +1,180 @@
+//! The command line, as youki's `commands/`: the top-level parser with the global
+//! options here, one file per verb (its flags and what it runs), and what every verb
+//! gets before it runs (logging, root or rootless mode, the home).
+//!
+//! Adding a verb: a file `src/cli/<verb>.rs` with its flags (clap) and an impl of
+//! [`Verb`]; here, its `mod` line, a variant of [`Command`] (its doc comment is the help
+//! line) and its arm in [`Command::into_verb`].
+
+mod agents;
+mod args;
+mod exec;
+mod gc;
+mod gpu;
+mod helper;
+mod rootfs;
+mod run;
+mod service;
+pub mod setuid;
+mod slurm;
+mod status;
+
+use anyhow::Result;
+use azp_sandbox::config::Home;
+use clap::{Parser, Subcommand};
+use std::path::{Path, PathBuf};
+
+#[derive(Parser)]
+#[command(name = "azp-sandbox", version, about = "Self-hosted Azure Pipelines agents, one fresh sandbox per job")]
+pub struct Cli {
+    /// State directory (rootfs store, job dirs, caches) [env: AZP_SANDBOX_HOME]
+    /// [default: /var/lib/azp-sandbox as root, $XDG_DATA_HOME/azp-sandbox otherwise]
+    #[arg(long, global = true)]
+    home: Option<PathBuf>,
+    /// Root of the NVIDIA driver installation to inject (like nvidia-ctk --driver-root)
+    #[arg(long, global = true, default_value = "/", env = "AZP_SANDBOX_DRIVER_ROOT")]
+    driver_root: PathBuf,
+    /// More logging (-v: debug, -vv: also libcontainer)
+    #[arg(short, long, global = true, action = clap::ArgAction::Count)]
+    verbose: u8,
+    /// Only warnings and errors
+    #[arg(short, long, global = true)]
+    quiet: bool,
+    /// Parent of the jobs' cgroups [default: /azp-sandbox as root; rootless: the delegated
+    /// /azp-sandbox/user-UID (cgroup v1) or user@UID.service/azp-sandbox (cgroup v2)]
+    #[arg(long, global = true, env = "AZP_SANDBOX_CGROUP_PARENT")]
+    cgroup_parent: Option<PathBuf>,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Keep N Azure Pipelines agent slots, one job per fresh sandbox (the main job)
+    Run(run::RunArgs),
+    /// What a running `azp-sandbox run` is doing: slots, agents, jobs, GPUs, autoscaling
+    Status(status::StatusArgs),
+    /// On a Slurm login node: submit batch jobs running agents while matching jobs wait
+    Slurm(slurm::SlurmArgs),
+    /// Manage this host's agent records in the pool
+    #[command(subcommand)]
+    Agents(agents::AgentsCommand),
+    /// Install azp-sandbox as a systemd service
+    #[command(subcommand)]
+    Service(service::ServiceCommand),
+    /// Run a command in a fresh, throwaway sandbox
+    Exec(exec::ExecArgs),
+    /// Manage root filesystems (the read-only lower layers of sandboxes)
+    #[command(subcommand)]
+    Rootfs(rootfs::RootfsCommand),
+    /// Remove what crashed runs left behind (cgroups, job dirs, container state)
+    Gc(gc::GcArgs),
+    /// GPUs and driver files a sandbox would get (see why something is missing)
+    #[command(subcommand)]
+    Gpu(gpu::GpuCommand),
+    /// Internal: the single-threaded helper that owns one sandbox
+    #[command(name = "__sandbox-helper", hide = true)]
+    SandboxHelper(helper::HelperArgs),
+}
+
+impl Command {
+    fn into_verb(self) -> Box<dyn Verb> {
+        match self {
+            Command::Run(v) => Box::new(v),
+            Command::Status(v) => Box::new(v),
+            Command::Slurm(v) => Box::new(v),
+            Command::Agents(v) => Box::new(v),
+            Command::Service(v) => Box::new(v),
+            Command::Exec(v) => Box::new(v),
+            Command::Rootfs(v) => Box::new(v),
+            Command::Gc(v) => Box::new(v),
+            Command::Gpu(v) => Box::new(v),
+            Command::SandboxHelper(v) => Box::new(v),
+        }
+    }
+}
+
+/// One verb of the command line.
+trait Verb {
+    /// What the process must set up before the verb runs.
+    fn needs(&self) -> Needs {
+        Needs::Mode
+    }
+    /// Runs the verb; Ok is the process's exit code.
+    fn run(self: Box<Self>, ctx: &Context) -> Result<i32>;
+}
+
+/// What a verb needs before it runs (see [`enter_mode`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Needs {
+    /// Nothing: the sandbox helper runs as its parent set it up.
+    Nothing,
+    /// Root or rootless mode known (and the jobs' cgroup parent), no namespace entered.
+    Mode,
+    /// The rootfs store: an ordinary user runs the verb inside the user namespace.
+    Namespace,
+    /// Sandboxes: the user namespace too, and a warning when limits cannot be enforced.
+    Sandboxes,
+}
+
+/// What every verb gets: the global options, resolved.
+struct Context {
+    home: Home,
+    driver_root: PathBuf,
+}
+
+/// Runs the verb `cli` names, after logging and the mode are set up.
+pub fn dispatch(cli: Cli) -> Result<i32> {
+    let is_root = nix::unistd::geteuid().is_root();
+    let home = azp_sandbox::settings::home(cli.home, &azp_sandbox::settings::Env::process(), is_root);
+    azp_sandbox::logging::init(if cli.quiet { -1 } else { cli.verbose as i8 });
+    let verb = cli.command.into_verb();
+    let needs = verb.needs();
+    if needs != Needs::Nothing {
+        enter_mode(needs, cli.cgroup_parent.as_deref(), &home)?;
+    }
+    verb.run(&Context { home, driver_root: cli.driver_root })
+}
+
+/// Root or rootless (see `azp_sandbox::rootless`). Verbs that create sandboxes or touch
+/// the store run inside the user namespace when started by an ordinary user; this must
+/// happen before any thread exists.
+fn enter_mode(needs: Needs, cgroup_parent: Option<&Path>, home: &Home) -> Result<()> {
+    let namespace = matches!(needs, Needs::Namespace | Needs::Sandboxes);
+    if namespace && !nix::unistd::geteuid().is_root() {
+        // Jobs of a crashed rootless run live in a user namespace that is a child of ours
+        // only from out here: kill them before entering a new one (gc does the rest).
+        azp_sandbox::sandbox::teardown::kill_abandoned_inits(home);
+    }
+    let mode = azp_sandbox::rootless::init(cgroup_parent, namespace)?;
+    if let (Some(warning), Needs::Sandboxes) = (mode.limits_warning(), needs) {
+        tracing::warn!("{warning}");
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn the_parser_is_consistent() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn each_verb_says_what_it_needs() {
+        let needs = |args: &[&str]| Cli::try_parse_from(args).unwrap().command.into_verb().needs();
+        assert_eq!(needs(&["azp-sandbox", "run"]), Needs::Sandboxes);
+        assert_eq!(needs(&["azp-sandbox", "exec", "--rootfs", "r", "true"]), Needs::Sandboxes);
+        assert_eq!(needs(&["azp-sandbox", "rootfs", "list"]), Needs::Namespace);
+        assert_eq!(needs(&["azp-sandbox", "gc"]), Needs::Namespace);
+        assert_eq!(needs(&["azp-sandbox", "status"]), Needs::Mode);
+        assert_eq!(needs(&["azp-sandbox", "gpu", "list"]), Needs::Mode);
+        assert_eq!(needs(&["azp-sandbox", "agents", "prune"]), Needs::Mode);
+        assert_eq!(needs(&["azp-sandbox", "slurm", "--partition", "p"]), Needs::Mode);
+        assert_eq!(needs(&["azp-sandbox", "service", "install"]), Needs::Mode);
+        assert_eq!(needs(&["azp-sandbox", "__sandbox-helper", "/j"]), Needs::Nothing);
+    }
+}

@@ -1,0 +1,166 @@
+//! `azp-sandbox rootfs`: the root filesystems (the read-only lower layers of sandboxes)
+//! in the store: import, list, rm, pull, build.
+
+use super::{Context, Needs, Verb};
+use anyhow::{Context as _, Result};
+use azp_sandbox::config::Home;
+use azp_sandbox::rootfs::Store;
+use clap::Subcommand;
+use std::path::PathBuf;
+
+#[derive(Subcommand)]
+pub enum RootfsCommand {
+    /// Unpack a rootfs tarball (tar, tar.gz, tar.zst; detected by content) into the store
+    Import {
+        /// Archive file, or - for standard input
+        file: PathBuf,
+        #[arg(long)]
+        name: String,
+    },
+    /// List imported root filesystems
+    List {
+        #[arg(long)]
+        json: bool,
+    },
+    /// Remove a root filesystem (refused while a sandbox uses it)
+    Rm { name: String },
+    /// Pull an image from an OCI/Docker registry into the store (no Docker needed)
+    Pull {
+        /// [REGISTRY/]REPO[:TAG][@sha256:DIGEST], e.g. nvidia/cuda:12.4.1-runtime-ubuntu22.04
+        reference: String,
+        /// Rootfs name [default: REPO-TAG, e.g. nvidia-cuda-12.4.1-runtime-ubuntu22.04]
+        #[arg(long)]
+        name: Option<String>,
+        /// OS/ARCH[/VARIANT] to take from a multi-platform image [default: this host's]
+        #[arg(long)]
+        platform: Option<String>,
+        /// Registry credentials, Docker config.json format [default: $REGISTRY_AUTH_FILE, ~/.docker/config.json]
+        #[arg(long)]
+        auth_file: Option<PathBuf>,
+        /// Plain http (localhost / 127.x registries only)
+        #[arg(long)]
+        insecure: bool,
+    },
+    /// Build a rootfs from a recipe with debootstrap + apt (no Docker), e.g. debian-trixie-cuda12.4
+    Build {
+        /// Recipe: a .toml file, or a name from rootfs-recipes/ (/etc/azp-sandbox/rootfs-recipes, next to the binary, /usr/share/azp-sandbox/rootfs-recipes, built in)
+        recipe: String,
+        /// Rootfs name [default: the recipe's name]
+        #[arg(long)]
+        name: Option<String>,
+        /// Distribution mirror instead of the recipe's, e.g. http://mirror.example/debian
+        #[arg(long)]
+        mirror: Option<String>,
+        /// Where downloaded .debs are kept for the next build [default: HOME/cache/apt]
+        #[arg(long)]
+        cache_dir: Option<PathBuf>,
+        /// Keep apt's package lists in the rootfs (jobs can apt-get install without apt-get update)
+        #[arg(long)]
+        keep_cache: bool,
+    },
+}
+
+impl Verb for RootfsCommand {
+    fn needs(&self) -> Needs {
+        Needs::Namespace
+    }
+
+    fn run(self: Box<Self>, ctx: &Context) -> Result<i32> {
+        let home = &ctx.home;
+        let store = Store::new(home);
+        match *self {
+            RootfsCommand::Import { file, name } => import(home, &store, file, &name)?,
+            RootfsCommand::List { json } => list(&store, json)?,
+            RootfsCommand::Pull { reference, name, platform, auth_file, insecure } => {
+                home.ensure()?;
+                let opts = azp_sandbox::rootfs::oci::PullOptions {
+                    reference,
+                    name,
+                    platform,
+                    auth_file,
+                    insecure,
+                    ..Default::default()
+                };
+                let report = azp_sandbox::rootfs::oci::pull(&store, &home.cache_dir(), &opts)?;
+                tracing::info!("{}", report.summary("pulled"));
+            }
+            RootfsCommand::Build { recipe, name, mirror, cache_dir, keep_cache } => {
+                cancel_import_on_signals();
+                let report =
+                    azp_sandbox::rootfs::recipe::build_command(home, &recipe, name, mirror, cache_dir, keep_cache)?;
+                tracing::info!("{}", report.summary());
+            }
+            RootfsCommand::Rm { name } => {
+                store.remove(&name)?;
+                tracing::info!("removed rootfs '{name}'");
+                // The GPU edit layers built over it are of no use any more.
+                for r in azp_sandbox::sandbox::editlayer::prune(home) {
+                    tracing::info!("removed {r}");
+                }
+            }
+        }
+        Ok(0)
+    }
+}
+
+/// A tarball (file or stdin) or a local OCI layout / `docker save` archive.
+fn import(home: &Home, store: &Store, file: PathBuf, name: &str) -> Result<()> {
+    home.ensure()?;
+    if let Some(img) = azp_sandbox::rootfs::oci::detect_local(&file)? {
+        let report = azp_sandbox::rootfs::oci::import_local(store, &img, name, &Default::default())?;
+        tracing::info!("{}", report.summary("imported"));
+        return Ok(());
+    }
+    let mut input: Box<dyn std::io::Read> = if file.as_os_str() == "-" {
+        Box::new(std::io::stdin().lock())
+    } else {
+        Box::new(std::fs::File::open(&file).with_context(|| format!("cannot open {}", file.display()))?)
+    };
+    let mut progress = azp_sandbox::progress::Progress::new(&format!("importing {name}"));
+    cancel_import_on_signals();
+    let label = if file.as_os_str() == "-" { "stdin".to_string() } else { file.display().to_string() };
+    let info = store.import_labeled(&mut input, name, &label, &mut |n| progress.update(n))?;
+    progress.finish();
+    tracing::info!(
+        "imported rootfs '{}': {} entries, {:.1} MB{}",
+        info.name,
+        info.entries,
+        info.size_bytes as f64 / 1e6,
+        info.arch.as_deref().map(|a| format!(", {a}")).unwrap_or_default()
+    );
+    Ok(())
+}
+
+fn list(store: &Store, json: bool) -> Result<()> {
+    let list = store.list()?;
+    if json {
+        println!("{}", serde_json::to_string_pretty(&list)?);
+        return Ok(());
+    }
+    println!("{:<24} {:>10} {:>9} {:<8} {:<6} {:<20} SOURCE", "NAME", "SIZE", "ENTRIES", "ARCH", "CUDA", "IMPORTED");
+    for r in list {
+        println!(
+            "{:<24} {:>9.1}M {:>9} {:<8} {:<6} {:<20} {}",
+            r.name,
+            r.size_bytes as f64 / 1e6,
+            r.entries,
+            r.arch.as_deref().unwrap_or("-"),
+            r.cuda_version.as_deref().unwrap_or("-"),
+            r.imported_at,
+            r.source
+        );
+    }
+    Ok(())
+}
+
+/// Ctrl-C / SIGTERM during an import: stop at the next entry and remove the temp dir
+/// (instead of dying and leaving it to gc).
+fn cancel_import_on_signals() {
+    extern "C" fn on_signal(_: libc::c_int) {
+        azp_sandbox::rootfs::CANCEL.store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+    for sig in [libc::SIGINT, libc::SIGTERM] {
+        // SAFETY: the handler only stores to an atomic, which is async-signal-safe.
+        unsafe { libc::signal(sig, on_signal as *const () as libc::sighandler_t) };
+    }
+}

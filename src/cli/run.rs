@@ -1,0 +1,171 @@
+//! `azp-sandbox run`: keep N agent slots, one job per fresh sandbox (see
+//! `azp_sandbox::manager`).
+
+use super::args::{LimitArgs, PoolArgs};
+use super::{Context, Needs, Verb};
+use anyhow::Result;
+use azp_sandbox::config::Volume;
+use azp_sandbox::settings::{FlagSettings, RunSettings};
+use azp_sandbox::setuid::{Request, RunRequest};
+use std::path::PathBuf;
+use std::time::Duration;
+
+#[derive(clap::Args)]
+pub struct RunArgs {
+    #[command(flatten)]
+    pool: PoolArgs,
+    /// Number of agent slots [default: one per GPU]
+    #[arg(long)]
+    agents: Option<usize>,
+    /// Rootfs name, or auto: the newest CUDA the host driver supports
+    #[arg(long)]
+    rootfs: Option<String>,
+    /// Read-only dataset for every job: HOST:CONTAINER[:ENVVAR]
+    #[arg(long = "volume", value_name = "HOST:CTR[:ENV]")]
+    volumes: Vec<Volume>,
+    /// GPUs per agent: N (own GPUs), all (shared) or none
+    #[arg(long)]
+    gpus_per_agent: Option<String>,
+    #[command(flatten)]
+    limits: LimitArgs,
+    /// Agent package (FILE or URL) for air-gapped sites [default: the server's newest]
+    #[arg(long)]
+    agent_package: Option<String>,
+    /// Seconds running jobs get after SIGTERM before they are killed
+    #[arg(long)]
+    drain_timeout: Option<u64>,
+    /// Dir with pre-job.d/ and post-job.d/ hooks
+    #[arg(long)]
+    hooks_dir: Option<PathBuf>,
+    /// Start and stop slots with the pool's queue (README: "Clusters: autoscaling and Slurm")
+    #[arg(long)]
+    autoscale: bool,
+    /// With --autoscale: slots kept running without jobs [default: 0]
+    #[arg(long)]
+    min_agents: Option<usize>,
+    /// With --autoscale: the most slots at once [default: one per GPU]
+    #[arg(long)]
+    max_agents: Option<usize>,
+    /// With --autoscale: seconds an agent waits without a job before it is stopped [default: 300]
+    #[arg(long, value_name = "SECS")]
+    idle_timeout: Option<u64>,
+    /// With --autoscale: seconds between reads of the pool's queue [default: 15]
+    #[arg(long, value_name = "SECS")]
+    poll_interval: Option<u64>,
+    /// Exit when no job ran for this many seconds (what Slurm batch jobs use)
+    #[arg(long, value_name = "SECS")]
+    exit_when_idle: Option<u64>,
+}
+
+impl RunArgs {
+    /// The flags as settings (None: not given).
+    fn flags(&self) -> FlagSettings {
+        FlagSettings {
+            agents: self.agents,
+            rootfs: self.rootfs.clone(),
+            volumes: self.volumes.clone(),
+            gpus_per_agent: self.gpus_per_agent.clone(),
+            memory: self.limits.memory,
+            pids: self.limits.pids,
+            cpus_milli: self.limits.cpus,
+            agent_package: self.agent_package.clone(),
+            drain_timeout: self.drain_timeout.map(Duration::from_secs),
+            hooks_dir: self.hooks_dir.clone(),
+            autoscale: self.autoscale,
+            min_agents: self.min_agents,
+            max_agents: self.max_agents,
+            idle_timeout: self.idle_timeout.map(Duration::from_secs),
+            poll_interval: self.poll_interval.map(Duration::from_secs),
+            exit_when_idle: self.exit_when_idle.map(Duration::from_secs),
+            ..self.pool.flags()
+        }
+    }
+
+    /// `run`'s settings (flags > AZP_* environment > config file), and AZP_TOKEN.
+    fn settings(&self) -> Result<(RunSettings, Option<String>)> {
+        self.pool.settings(self.flags())
+    }
+
+    /// Setuid mode: what the privileged side is asked to run (it checks it against the
+    /// site policy). The PAT is read here, as the caller.
+    pub fn setuid_request(&self) -> Result<Request> {
+        let (settings, env_token) = self.settings()?;
+        let token = azp_sandbox::settings::read_token(settings.token_file.as_deref(), env_token)?;
+        Ok(Request::Run(RunRequest::from_settings(&settings, token)))
+    }
+}
+
+impl Verb for RunArgs {
+    fn needs(&self) -> Needs {
+        Needs::Sandboxes
+    }
+
+    fn run(self: Box<Self>, ctx: &Context) -> Result<i32> {
+        let (settings, env_token) = self.settings()?;
+        let run = azp_sandbox::manager::RunContext { driver_root: ctx.driver_root.clone(), env_token, job_user: None };
+        azp_sandbox::manager::run(&ctx.home, settings, run)?;
+        Ok(0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::{Cli, Command};
+    use clap::Parser;
+    use std::time::Duration;
+
+    fn run_args(args: &[&str]) -> super::RunArgs {
+        match Cli::try_parse_from([&["azp-sandbox", "run"], args].concat()).unwrap().command {
+            Command::Run(a) => a,
+            _ => unreachable!(),
+        }
+    }
+
+    #[test]
+    fn every_flag_reaches_the_settings() {
+        let a = run_args(&[
+            "--pool=p",
+            "--url=https://u",
+            "--token-file=/t",
+            "--name-prefix=n",
+            "--agents=2",
+            "--rootfs=r",
+            "--volume=/a:/b",
+            "--gpus-per-agent=all",
+            "--memory=1G",
+            "--pids=9",
+            "--cpus=1.5",
+            "--agent-package=/pkg.tgz",
+            "--drain-timeout=7",
+            "--hooks-dir=/h",
+            "--autoscale",
+            "--min-agents=1",
+            "--max-agents=3",
+            "--idle-timeout=30",
+            "--poll-interval=5",
+            "--exit-when-idle=60",
+        ]);
+        let f = a.flags();
+        assert_eq!(
+            (f.pool.as_deref(), f.url.as_deref(), f.name_prefix.as_deref()),
+            (Some("p"), Some("https://u"), Some("n"))
+        );
+        assert_eq!(f.token_file.as_deref(), Some(std::path::Path::new("/t")));
+        assert_eq!((f.agents, f.rootfs.as_deref(), f.volumes.len()), (Some(2), Some("r"), 1));
+        assert_eq!(
+            (f.gpus_per_agent.as_deref(), f.memory, f.pids, f.cpus_milli),
+            (Some("all"), Some(1 << 30), Some(9), Some(1500))
+        );
+        assert_eq!(
+            (f.agent_package.as_deref(), f.hooks_dir.as_deref()),
+            (Some("/pkg.tgz"), Some(std::path::Path::new("/h")))
+        );
+        assert_eq!(f.drain_timeout, Some(Duration::from_secs(7)));
+        assert!(f.autoscale);
+        assert_eq!((f.min_agents, f.max_agents), (Some(1), Some(3)));
+        assert_eq!((f.idle_timeout, f.poll_interval), (Some(Duration::from_secs(30)), Some(Duration::from_secs(5))));
+        assert_eq!(f.exit_when_idle, Some(Duration::from_secs(60)));
+        let f = run_args(&[]).flags();
+        assert!(f.pool.is_none() && f.agents.is_none() && f.drain_timeout.is_none() && !f.autoscale, "{f:?}");
+    }
+}

@@ -1,0 +1,28 @@
+//! The binary installed setuid-root and run by an ordinary user (see
+//! `azp_sandbox::setuid`): `exec` and `run` go to the privileged side as requests checked
+//! against the site policy; any other verb runs right here, with the caller's ids only.
+
+use super::{Cli, Command};
+use anyhow::Result;
+use azp_sandbox::setuid::{split, Request, Side};
+use clap::Parser;
+
+/// Call first thing in `main` (before threads, before anything reads the environment).
+pub fn main() -> Result<i32> {
+    match split()? {
+        Side::Privileged(monitor) => Ok(monitor.serve()),
+        Side::Unprivileged(sender) => {
+            let cli = Cli::parse();
+            let request = match cli.command {
+                Command::Exec(args) => Request::Exec(args.request()),
+                Command::Run(args) => args.setuid_request()?,
+                other => {
+                    drop(sender);
+                    return super::dispatch(Cli { command: other, ..cli });
+                }
+            };
+            sender.send(&request)?;
+            Ok(0)
+        }
+    }
+}

@@ -1,0 +1,118 @@
+//! `azp-sandbox status`: what a running `run` (or, with `--slurm`, `slurm`) of this home
+//! is doing. One printer for both: each writes a status file; this reads it, checks its
+//! writer is alive, and shows it as JSON or as text. Exit 0 while it runs, 3 when not.
+
+use super::{Context, Verb};
+use anyhow::{Context as _, Result};
+use azp_sandbox::config::Home;
+use azp_sandbox::manager::status::Status;
+use azp_sandbox::slurm::SlurmStatus;
+use serde::{de::DeserializeOwned, Serialize};
+use std::path::PathBuf;
+
+/// Exit code when the status file's writer is gone (as `systemctl status` uses 3).
+const EXIT_NOT_RUNNING: i32 = 3;
+
+#[derive(clap::Args)]
+pub struct StatusArgs {
+    #[arg(long)]
+    json: bool,
+    /// Show the `azp-sandbox slurm` of this home instead
+    #[arg(long)]
+    slurm: bool,
+}
+
+impl Verb for StatusArgs {
+    fn run(self: Box<Self>, ctx: &Context) -> Result<i32> {
+        let (text, code) =
+            if self.slurm { show::<SlurmStatus>(&ctx.home, self.json)? } else { show::<Status>(&ctx.home, self.json)? };
+        print!("{text}");
+        Ok(code)
+    }
+}
+
+/// A status file that `status` shows.
+trait Report: Serialize + DeserializeOwned {
+    /// Whose status it is, and the verb that writes it (for the error when there is none).
+    const WHAT: &'static str;
+    const WRITER: &'static str;
+    fn path(home: &Home) -> PathBuf;
+    fn pid(&self) -> u32;
+    fn render(&self, alive: bool) -> String;
+}
+
+impl Report for Status {
+    const WHAT: &'static str = "manager";
+    const WRITER: &'static str = "run";
+    fn path(home: &Home) -> PathBuf {
+        azp_sandbox::manager::status::path(home)
+    }
+    fn pid(&self) -> u32 {
+        self.pid
+    }
+    fn render(&self, alive: bool) -> String {
+        azp_sandbox::manager::status::render(self, alive)
+    }
+}
+
+impl Report for SlurmStatus {
+    const WHAT: &'static str = "Slurm";
+    const WRITER: &'static str = "slurm";
+    fn path(home: &Home) -> PathBuf {
+        azp_sandbox::slurm::status_path(home)
+    }
+    fn pid(&self) -> u32 {
+        self.pid
+    }
+    fn render(&self, alive: bool) -> String {
+        SlurmStatus::render(self, alive)
+    }
+}
+
+/// The text to print and the exit code.
+fn show<R: Report>(home: &Home, json: bool) -> Result<(String, i32)> {
+    let path = R::path(home);
+    let bytes = std::fs::read(&path).with_context(|| {
+        format!("no {} status at {}: is `azp-sandbox {}` running with this --home?", R::WHAT, path.display(), R::WRITER)
+    })?;
+    let status: R = serde_json::from_slice(&bytes).with_context(|| format!("corrupt {}", path.display()))?;
+    let alive = nix::sys::signal::kill(nix::unistd::Pid::from_raw(status.pid() as i32), None).is_ok();
+    let text = if json { format!("{}\n", serde_json::to_string_pretty(&status)?) } else { status.render(alive) };
+    Ok((text, if alive { 0 } else { EXIT_NOT_RUNNING }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn one_printer_for_both_files() {
+        let tmp = tempfile::tempdir().unwrap();
+        let home = Home::new(tmp.path());
+        let e = format!("{:#}", show::<Status>(&home, false).unwrap_err());
+        assert!(e.contains("no manager status at") && e.contains("`azp-sandbox run`"), "{e}");
+        let e = format!("{:#}", show::<SlurmStatus>(&home, false).unwrap_err());
+        assert!(e.contains("no Slurm status at") && e.contains("`azp-sandbox slurm`"), "{e}");
+
+        let me = std::process::id();
+        let st = Status { pid: me, pool: "gpu".into(), limits_enforced: true, ..Default::default() };
+        std::fs::write(Status::path(&home), serde_json::to_vec(&st).unwrap()).unwrap();
+        let (text, code) = show::<Status>(&home, false).unwrap();
+        assert_eq!(code, 0);
+        assert!(text.contains(&format!("pid {me} (running)")) && text.contains("pool      gpu"), "{text}");
+        let (text, _) = show::<Status>(&home, true).unwrap();
+        assert_eq!(serde_json::from_str::<Status>(&text).unwrap().pool, "gpu");
+        assert!(text.ends_with("}\n"), "{text}");
+
+        // A writer that is gone: pid_max is at most 2^22, so this pid never runs.
+        let st = SlurmStatus { pid: 1 << 23, partition: "p".into(), ..Default::default() };
+        std::fs::write(SlurmStatus::path(&home), serde_json::to_vec(&st).unwrap()).unwrap();
+        let (text, code) = show::<SlurmStatus>(&home, false).unwrap();
+        assert_eq!(code, EXIT_NOT_RUNNING);
+        assert!(text.contains("NOT RUNNING") && text.contains("partition p"), "{text}");
+
+        std::fs::write(Status::path(&home), b"{").unwrap();
+        let e = format!("{:#}", show::<Status>(&home, false).unwrap_err());
+        assert!(e.starts_with("corrupt "), "{e}");
+    }
+}
