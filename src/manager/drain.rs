@@ -1,0 +1,221 @@
+//! When `run` stops, and how its slots drain: the wait for a signal (or for every slot
+//! to end, or `--exit-when-idle`), then SIGTERM to each slot's helper, at once for an
+//! agent that has taken no job, after `--drain-timeout` (or a second signal) for one that
+//! runs a job. The decisions ([`IdleExit`], [`Drain`]) take the time as an argument and
+//! are unit-tested; the loops around them only observe and act.
+
+use super::slots::{job_in_progress, Running};
+use super::wait_signal;
+use crate::config::Home;
+use nix::sys::signal::{SigSet, Signal};
+use std::collections::HashSet;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+/// How often the wait looks at the slots (and ticks the autoscaler), and the drain at
+/// the helpers.
+const WAIT_TICK: Duration = Duration::from_millis(500);
+const DRAIN_TICK: Duration = Duration::from_millis(100);
+
+/// Why the wait ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stop {
+    Signal(Signal),
+    /// Every slot ended on its own (no autoscaling), or `--exit-when-idle`.
+    Ended,
+}
+
+/// Waits until `run` must stop; meanwhile ticks the autoscaler.
+pub fn wait_for_stop(sigs: &SigSet, home: &Home, r: &mut Running) -> Stop {
+    let mut idle = r.shared.settings.exit_when_idle.map(|t| IdleExit::new(t, Instant::now()));
+    loop {
+        if let Some(s) = wait_signal(sigs, WAIT_TICK) {
+            return Stop::Signal(s);
+        }
+        match r.scaler.as_mut() {
+            Some(sc) => sc.tick(&r.shared, &mut r.slots),
+            None if r.slots.all_finished() => return Stop::Ended,
+            None => {}
+        }
+        if let Some(w) = idle.as_mut() {
+            if w.expired(Instant::now(), r.slots.any_busy(home)) {
+                tracing::info!("no job for {}s (--exit-when-idle): stopping", w.limit.as_secs());
+                return Stop::Ended;
+            }
+        }
+    }
+}
+
+/// Stops the slots: no new agents; idle ones signalled at once, busy ones at the
+/// deadline; returns once every slot thread has ended (and joins them).
+pub fn drain(sigs: &SigSet, home: &Home, r: &mut Running, stop: Stop) {
+    let timeout = r.shared.settings.drain_timeout;
+    if let Stop::Signal(s) = stop {
+        tracing::info!("received {s}: no new jobs; running jobs get {}s to finish", timeout.as_secs());
+    }
+    r.shared.stopping.store(true, Ordering::SeqCst);
+    r.shared.status.lock().unwrap_or_else(|p| p.into_inner()).stopping = true;
+    let mut plan = Drain::new(Instant::now(), timeout);
+    while !r.slots.all_finished() {
+        let layer_dirs = home.job_layer_dirs();
+        let views: Vec<SlotView> = r
+            .slots
+            .v
+            .iter()
+            .map(|h| SlotView { running: h.thread.is_some(), pid: h.pid.load(Ordering::SeqCst) })
+            .collect();
+        let busy = |i: usize| job_in_progress(&layer_dirs, &r.names[i]);
+        let forced = || wait_signal(sigs, Duration::ZERO).is_some();
+        for term in plan.due(Instant::now(), &views, busy, forced) {
+            tracing::info!(
+                slot = term.slot,
+                "stopping agent {} ({})",
+                r.names[term.slot],
+                if term.busy { "drain timeout" } else { "idle" }
+            );
+            let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(term.pid), nix::sys::signal::SIGTERM);
+        }
+        std::thread::sleep(DRAIN_TICK);
+    }
+    r.slots.reap();
+}
+
+/// `--exit-when-idle`: expired once no slot ran a job for `limit`.
+#[derive(Debug)]
+pub struct IdleExit {
+    limit: Duration,
+    last_activity: Instant,
+}
+
+impl IdleExit {
+    pub fn new(limit: Duration, now: Instant) -> IdleExit {
+        IdleExit { limit, last_activity: now }
+    }
+
+    /// Whether `run` should stop, seeing at `now` whether some slot is busy.
+    pub fn expired(&mut self, now: Instant, busy: bool) -> bool {
+        if busy {
+            self.last_activity = now;
+            return false;
+        }
+        now.saturating_duration_since(self.last_activity) >= self.limit
+    }
+}
+
+/// A slot as the drain sees it.
+#[derive(Debug, Clone, Copy)]
+pub struct SlotView {
+    /// Its thread exists.
+    pub running: bool,
+    /// Its current helper (0: none yet).
+    pub pid: i32,
+}
+
+/// A SIGTERM due to slot `slot`'s helper `pid`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Term {
+    pub slot: usize,
+    pub pid: i32,
+    /// It ran a job (signalled at the deadline or when forced).
+    pub busy: bool,
+}
+
+/// The drain's decisions: each helper is signalled once; an idle one at once, a busy
+/// one once the deadline passed or a second signal forces it.
+#[derive(Debug)]
+pub struct Drain {
+    deadline: Instant,
+    signalled: HashSet<(usize, i32)>,
+}
+
+impl Drain {
+    pub fn new(now: Instant, timeout: Duration) -> Drain {
+        Drain { deadline: now + timeout, signalled: HashSet::new() }
+    }
+
+    /// The SIGTERMs due at `now`. `busy(i)`: slot i's agent runs a job; `forced()`: a
+    /// second signal came. Both are asked only about slots still to be signalled (they
+    /// read the disk, take the signal), `forced` only for busy ones before the deadline.
+    pub fn due(
+        &mut self,
+        now: Instant,
+        slots: &[SlotView],
+        busy: impl Fn(usize) -> bool,
+        mut forced: impl FnMut() -> bool,
+    ) -> Vec<Term> {
+        let mut out = Vec::new();
+        for (i, s) in slots.iter().enumerate() {
+            if !s.running || s.pid <= 0 || self.signalled.contains(&(i, s.pid)) {
+                continue;
+            }
+            let busy = busy(i);
+            if !busy || now >= self.deadline || forced() {
+                self.signalled.insert((i, s.pid));
+                out.push(Term { slot: i, pid: s.pid, busy });
+            }
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const UP: SlotView = SlotView { running: true, pid: 100 };
+
+    #[test]
+    fn exit_when_idle_counts_from_the_last_busy_look() {
+        let t0 = Instant::now();
+        let mut w = IdleExit::new(Duration::from_secs(60), t0);
+        assert!(!w.expired(t0 + Duration::from_secs(59), false));
+        assert!(!w.expired(t0 + Duration::from_secs(61), true), "a job keeps it up");
+        assert!(!w.expired(t0 + Duration::from_secs(120), false), "60 s after the job was seen");
+        assert!(w.expired(t0 + Duration::from_secs(121), false));
+    }
+
+    #[test]
+    fn idle_agents_stop_at_once_busy_ones_at_the_deadline() {
+        let t0 = Instant::now();
+        let mut d = Drain::new(t0, Duration::from_secs(600));
+        let slots = [UP, SlotView { running: true, pid: 200 }];
+        let busy = |i: usize| i == 1;
+        let due = d.due(t0, &slots, busy, || false);
+        assert_eq!(due, [Term { slot: 0, pid: 100, busy: false }]);
+        assert_eq!(d.due(t0 + Duration::from_secs(599), &slots, busy, || false), [], "each helper once; busy waits");
+        let due = d.due(t0 + Duration::from_secs(600), &slots, busy, || false);
+        assert_eq!(due, [Term { slot: 1, pid: 200, busy: true }]);
+        assert_eq!(d.due(t0 + Duration::from_secs(700), &slots, busy, || false), []);
+    }
+
+    #[test]
+    fn a_new_helper_is_signalled_again_and_empty_slots_never() {
+        let t0 = Instant::now();
+        let mut d = Drain::new(t0, Duration::ZERO);
+        let slots = [UP, SlotView { running: false, pid: 300 }, SlotView { running: true, pid: 0 }];
+        assert_eq!(d.due(t0, &slots, |_| false, || false).len(), 1, "no thread, or no helper yet: nothing to signal");
+        // The slot's agent ended and the next phase's helper started before the thread saw the stop.
+        let due = d.due(t0, &[SlotView { running: true, pid: 101 }], |_| false, || false);
+        assert_eq!(due, [Term { slot: 0, pid: 101, busy: false }]);
+    }
+
+    #[test]
+    fn a_second_signal_forces_a_busy_agent_and_is_read_only_when_needed() {
+        let t0 = Instant::now();
+        let mut d = Drain::new(t0, Duration::from_secs(600));
+        let mut asked = 0;
+        let due = d.due(
+            t0,
+            &[UP, UP],
+            |i| i == 1,
+            || {
+                asked += 1;
+                true
+            },
+        );
+        assert_eq!(due.iter().map(|t| (t.slot, t.busy)).collect::<Vec<_>>(), [(0, false), (1, true)]);
+        assert_eq!(asked, 1, "not asked for the idle slot");
+        let mut d = Drain::new(t0, Duration::ZERO);
+        d.due(t0, &[UP], |_| true, || panic!("past the deadline: no need to read signals"));
+    }
+}

@@ -1,0 +1,230 @@
+//! Start-up checks of `run`, in order, before any slot starts; each fails with what to
+//! fix: the home (and gc of what a crashed run left), the server (PAT, pool,
+//! permission), the GPUs and their split among the slots, the rootfs, the agent
+//! package, and the pool's stale records of this host.
+
+use super::{passwd_user, prune, RunContext};
+use crate::agent::package::{AgentPackage, PackageCache};
+use crate::azure::AzureClient;
+use crate::config::Home;
+use crate::gpu::{self, DiscoverOptions, GpuInfo, PerAgent};
+use crate::rootfs::{RootfsLease, Store};
+use crate::settings::{self, RunSettings};
+use anyhow::{bail, Result};
+use std::path::Path;
+
+/// What the checks found, for the slots.
+pub struct Ready {
+    pub token: String,
+    pub client: AzureClient,
+    pub pool_id: u64,
+    pub driver: gpu::Driver,
+    /// Per slot: its GPUs (none for CPU-only slots).
+    pub split: Vec<Vec<GpuInfo>>,
+    /// `<prefix>-<slot>`, per slot.
+    pub names: Vec<String>,
+    pub rootfs_name: String,
+    /// Held for the manager's lifetime: the rootfs cannot be removed under the slots.
+    pub lease: RootfsLease,
+    /// Who the agents run as: None for root (the rootfs has no `azp` user).
+    pub user: Option<(u32, u32)>,
+    pub packages: PackageCache,
+    pub package: AgentPackage,
+}
+
+pub fn check(home: &Home, settings: &RunSettings, ctx: RunContext) -> Result<Ready> {
+    crate::sandbox::prepare_home(home)?;
+    crate::sandbox::gc(home)?.log();
+    let (token, client, pool_id) = server(settings, ctx.env_token)?;
+    let (driver, split) = gpus(settings, &ctx.driver_root)?;
+    let (rootfs_name, lease) = rootfs(home, settings, &driver)?;
+    let user = ctx.job_user.or_else(|| passwd_user(lease.path(), "azp"));
+    if user.is_none() {
+        tracing::warn!(
+            "rootfs '{rootfs_name}' has no 'azp' user: agents run as root in the sandbox (AGENT_ALLOW_RUNASROOT=1)"
+        );
+    }
+    let packages = PackageCache::new(home);
+    let package = match &settings.agent_package {
+        Some(src) => packages.ensure_from(src)?,
+        None => packages.ensure_latest(&client, crate::azure::host_platform())?,
+    };
+    tracing::info!("agent package {} at {}", package.version, package.dir.display());
+    let names = slot_names(&settings.name_prefix, split.len());
+    let autoscaling = settings.autoscale.is_some();
+    // Autoscaling re-registers a slot's agent when it starts: no record is kept meanwhile.
+    prune(&client, pool_id, &settings.name_prefix, |n| !autoscaling && names.iter().any(|m| m == n))?;
+    Ok(Ready { token, client, pool_id, driver, split, names, rootfs_name, lease, user, packages, package })
+}
+
+/// The PAT works, the pool exists and we may manage its agents. Returns the PAT, the
+/// client and the pool's id.
+fn server(settings: &RunSettings, env_token: Option<String>) -> Result<(String, AzureClient, u64)> {
+    let token = settings::read_token(settings.token_file.as_deref(), env_token)?;
+    let client = AzureClient::new(&settings.url, &token)?;
+    client.check_connection()?;
+    let pool = client.find_pool(&settings.pool)?;
+    client.check_manage_permission(pool.id)?;
+    tracing::info!("connected to {} (pool '{}', id {})", settings.url, pool.name, pool.id);
+    Ok((token, client, pool.id))
+}
+
+/// The driver and the GPUs, and which slot gets which.
+fn gpus(settings: &RunSettings, driver_root: &Path) -> Result<(gpu::Driver, Vec<Vec<GpuInfo>>)> {
+    let gpu_opts = DiscoverOptions {
+        driver_root: driver_root.to_path_buf(),
+        extra_lib_dirs: [DiscoverOptions::default().extra_lib_dirs, settings.extra_lib_dirs.clone()].concat(),
+        cdi_spec: None,
+    };
+    let inventory = gpu::NvmlInventory::load(&gpu_opts.driver_root, &gpu_opts.extra_lib_dirs);
+    let mut driver = gpu::discover(&gpu_opts, &inventory)?;
+    let slurm = slurm_gpus(std::env::var_os("SLURM_JOB_ID").is_some(), std::env::var("SLURM_JOB_GPUS").ok().as_deref());
+    if let Some(ids) = slurm {
+        driver.gpus.retain(|g| ids.contains(&g.index));
+        tracing::info!("Slurm job: using the GPUs it was given ({ids:?}): {} found", driver.gpus.len());
+    }
+    let split = split_slots(settings, &driver.gpus, || driver.unavailable_reason())?;
+    Ok((driver, split))
+}
+
+/// In a Slurm batch job (`SLURM_JOB_ID` set), only the GPUs Slurm gave the job:
+/// `SLURM_JOB_GPUS`, a comma list of indexes. None: use every GPU found.
+pub fn slurm_gpus(in_slurm_job: bool, job_gpus: Option<&str>) -> Option<Vec<u32>> {
+    let ids = job_gpus.filter(|v| !v.is_empty())?;
+    in_slurm_job.then(|| ids.split(',').filter_map(|i| i.trim().parse().ok()).collect())
+}
+
+/// How many slots, and the GPUs of each: `--agents` (with autoscaling `--max-agents`),
+/// by default one per GPU; `--gpus-per-agent` each, except on a host without GPUs where
+/// an agent count was given and the split was left at its default: plain CPU slots.
+/// `unavailable` says why no GPU was found, for the error.
+pub fn split_slots(
+    settings: &RunSettings,
+    gpus: &[GpuInfo],
+    unavailable: impl FnOnce() -> Option<String>,
+) -> Result<Vec<Vec<GpuInfo>>> {
+    let agents_given = settings.agents.or(settings.autoscale.as_ref().and_then(|a| a.max_agents));
+    let per_agent = if gpus.is_empty() && settings.gpus_per_agent == PerAgent::Count(1) && agents_given.is_some() {
+        PerAgent::None
+    } else {
+        settings.gpus_per_agent
+    };
+    let agents = agents_given.unwrap_or_else(|| gpu::select::default_agents(gpus));
+    if let Some(a) = &settings.autoscale {
+        if a.min_agents > agents {
+            bail!(
+                "--min-agents {} is more than the {agents} slot(s) this host has: lower it or raise --max-agents",
+                a.min_agents
+            );
+        }
+    }
+    if per_agent == PerAgent::None {
+        return Ok(vec![vec![]; agents]);
+    }
+    if gpus.is_empty() {
+        bail!(
+            "{}",
+            unavailable()
+                .unwrap_or_else(|| "no NVIDIA GPU found: use --gpus-per-agent none for CPU-only agents".into())
+        );
+    }
+    gpu::select::split(gpus, agents, per_agent)
+}
+
+fn slot_names(prefix: &str, slots: usize) -> Vec<String> {
+    (0..slots).map(|i| format!("{prefix}-{i}")).collect()
+}
+
+/// The rootfs the settings name (or the newest the driver's CUDA supports), leased.
+fn rootfs(home: &Home, settings: &RunSettings, driver: &gpu::Driver) -> Result<(String, RootfsLease)> {
+    let store = Store::new(home);
+    let name = crate::rootfs::select::resolve(&store, &settings.rootfs, driver.cuda_version)?;
+    let lease = store.lease(&name)?;
+    Ok((name, lease))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::scaler::AutoscaleSettings;
+
+    fn settings(agents: Option<usize>, per_agent: PerAgent) -> RunSettings {
+        let flags = settings::FlagSettings {
+            url: Some("https://dev.azure.com/o".into()),
+            pool: Some("p".into()),
+            name_prefix: Some("h".into()),
+            agents,
+            ..Default::default()
+        };
+        RunSettings {
+            gpus_per_agent: per_agent,
+            ..settings::merge(Default::default(), Default::default(), flags).unwrap()
+        }
+    }
+
+    fn gpus(n: u32) -> Vec<GpuInfo> {
+        (0..n)
+            .map(|i| GpuInfo {
+                index: i,
+                uuid: None,
+                name: String::new(),
+                minor: i,
+                memory_total_bytes: None,
+                compute_capability: None,
+                mig_enabled: None,
+                pci_bus_id: None,
+                source: gpu::GpuSource::DeviceNodes,
+            })
+            .collect()
+    }
+
+    fn no_reason() -> Option<String> {
+        None
+    }
+
+    #[test]
+    fn one_slot_per_gpu_by_default() {
+        let split = split_slots(&settings(None, PerAgent::Count(1)), &gpus(3), no_reason).unwrap();
+        assert_eq!(
+            split.iter().map(|s| s.iter().map(|g| g.index).collect::<Vec<_>>()).collect::<Vec<_>>(),
+            [vec![0], vec![1], vec![2]]
+        );
+        let split = split_slots(&settings(Some(2), PerAgent::All), &gpus(3), no_reason).unwrap();
+        assert_eq!(split.iter().map(Vec::len).collect::<Vec<_>>(), [3, 3], "shared GPUs");
+        let e = split_slots(&settings(Some(4), PerAgent::Count(1)), &gpus(3), no_reason).unwrap_err();
+        assert!(e.to_string().contains("this host has 3 GPUs"), "{e}");
+    }
+
+    #[test]
+    fn no_gpu_host() {
+        // An agent count and the default split: CPU slots.
+        let split = split_slots(&settings(Some(2), PerAgent::Count(1)), &[], no_reason).unwrap();
+        assert_eq!(split, vec![Vec::<GpuInfo>::new(); 2]);
+        assert_eq!(split_slots(&settings(None, PerAgent::None), &[], no_reason).unwrap().len(), 1);
+        // No count: GPUs were expected; the error says why none was found, or what to do.
+        let e = split_slots(&settings(None, PerAgent::Count(1)), &[], no_reason).unwrap_err();
+        assert!(e.to_string().contains("--gpus-per-agent none"), "{e}");
+        let e = split_slots(&settings(None, PerAgent::Count(1)), &[], || Some("NVML: driver not loaded".into()));
+        assert_eq!(e.unwrap_err().to_string(), "NVML: driver not loaded");
+        let e = split_slots(&settings(Some(2), PerAgent::All), &[], no_reason).unwrap_err();
+        assert!(e.to_string().contains("no NVIDIA GPU found"), "{e}");
+    }
+
+    #[test]
+    fn autoscaling_counts_max_agents_and_checks_min() {
+        let mut s = settings(None, PerAgent::None);
+        s.autoscale = Some(AutoscaleSettings { max_agents: Some(3), min_agents: 1, ..Default::default() });
+        assert_eq!(split_slots(&s, &gpus(1), no_reason).unwrap().len(), 3, "--max-agents slots");
+        s.autoscale = Some(AutoscaleSettings { max_agents: None, min_agents: 3, ..Default::default() });
+        let e = split_slots(&s, &gpus(2), no_reason).unwrap_err();
+        assert!(e.to_string().contains("--min-agents 3 is more than the 2 slot(s)"), "{e}");
+    }
+
+    #[test]
+    fn slurm_jobs_keep_their_gpus() {
+        assert_eq!(slurm_gpus(true, Some("0, 2")), Some(vec![0, 2]));
+        assert_eq!(slurm_gpus(false, Some("0,2")), None, "not in a batch job: ignored");
+        assert_eq!(slurm_gpus(true, Some("")), None);
+        assert_eq!(slurm_gpus(true, None), None);
+    }
+}
