@@ -5,6 +5,11 @@
 //! as [`edits::ContainerEdits`]) -> `sandbox` (job dirs, overlay, OCI spec,
 //! libcontainer in a single-threaded helper, teardown, gc).
 //! Privileged syscalls live in `sys` behind a narrow interface.
+//!
+//! Around it: `settings` turns the config file, the AZP_* environment and the flags
+//! into each verb's validated settings; `manager` (`run`), `slurm` and `setuid` drive
+//! sandboxes with them; the command line itself (one file per verb) is the binary's
+//! `src/cli/`.
 
 pub mod agent;
 pub mod azure;
