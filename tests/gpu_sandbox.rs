@@ -143,3 +143,96 @@ fn no_gpus_means_no_driver_files_and_no_driver_needed() {
     assert!(err.contains('7') && err.lines().count() == 1, "{err}");
     h.assert_no_residue(&[]);
 }
+
+fn gpu_exec_caps(h: &TestHome, tree: &std::path::Path, caps: &str, script: &str) -> (i32, String, String) {
+    let out = h
+        .command()
+        .arg("--driver-root")
+        .arg(tree)
+        .args(["exec", "--rootfs", "deb", "--gpus", "0", "--gpu-capabilities", caps, "--", "bash", "-c", script])
+        .output()
+        .unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// In a real sandbox: with `graphics` each loader JSON file is there and the library it
+/// names is found by the sandbox's linker, as the EGL/Vulkan loaders will look it up;
+/// `video` has the codec libraries; the default has neither.
+#[test]
+fn graphics_and_video_capabilities_in_a_sandbox() {
+    require_root!();
+    let Some(tree) = driver_tree() else { return };
+    let h = TestHome::new("gpu-graphics");
+    h.import(&debian_tar(), "deb");
+    let json = [
+        "/usr/share/glvnd/egl_vendor.d/10_nvidia.json",
+        "/usr/share/egl/egl_external_platform.d/10_nvidia_wayland.json",
+        "/usr/share/vulkan/icd.d/nvidia_icd.json",
+        "/usr/share/vulkan/implicit_layer.d/nvidia_layers.json",
+    ];
+    // For each file: its library_path, then where the linker cache puts that name and
+    // whether that path opens (`test -r` follows the SONAME link to the bound file).
+    let script = format!(
+        "for f in {}; do \
+           if [ -f $f ]; then lib=$(sed -n 's/.*\"library_path\" *: *\"\\([^\"]*\\)\".*/\\1/p' $f); \
+             at=$(ldconfig -p | grep -F \"$lib (\" | head -1 | sed 's/.*=> //'); \
+             test -r \"$at\" && ok=readable || ok=unreadable; echo \"$f $lib $at $ok\"; \
+           else echo \"$f absent\"; fi; \
+         done; \
+         for l in libnvcuvid.so.1 libnvidia-encode.so.1 libnvidia-opticalflow.so.1 libvdpau_nvidia.so.1 libEGL_nvidia.so.0; do \
+           ldconfig -p | grep -qF \"$l (\" && echo \"$l cached\" || echo \"$l uncached\"; \
+         done; echo VDPAU_DRIVER_PATH=$VDPAU_DRIVER_PATH",
+        json.join(" ")
+    );
+    let (code, out, err) = gpu_exec_caps(&h, &tree, "compute,utility,graphics", &script);
+    assert_eq!(code, 0, "{err}");
+    let lines: Vec<&str> = out.lines().collect();
+    let want_lib = ["libEGL_nvidia.so.0", "libnvidia-egl-wayland.so.1", "libGLX_nvidia.so.0", "libGLX_nvidia.so.0"];
+    for (i, (f, lib)) in json.iter().zip(want_lib).enumerate() {
+        assert_eq!(lines[i], format!("{f} {lib} {LIB_DIR}/{lib} readable"), "{out}");
+    }
+    assert_eq!(
+        &lines[4..],
+        [
+            "libnvcuvid.so.1 uncached",
+            "libnvidia-encode.so.1 uncached",
+            "libnvidia-opticalflow.so.1 uncached",
+            "libvdpau_nvidia.so.1 uncached",
+            "libEGL_nvidia.so.0 cached",
+            "VDPAU_DRIVER_PATH=",
+        ],
+        "{out}"
+    );
+
+    let (code, out, err) = gpu_exec_caps(&h, &tree, "compute,utility,video", &script);
+    assert_eq!(code, 0, "{err}");
+    let lines: Vec<&str> = out.lines().collect();
+    for (i, f) in json.iter().enumerate() {
+        assert_eq!(lines[i], format!("{f} absent"), "{out}");
+    }
+    assert_eq!(
+        &lines[4..],
+        [
+            "libnvcuvid.so.1 cached",
+            "libnvidia-encode.so.1 cached",
+            "libnvidia-opticalflow.so.1 cached",
+            "libvdpau_nvidia.so.1 cached",
+            "libEGL_nvidia.so.0 uncached",
+            &format!("VDPAU_DRIVER_PATH={LIB_DIR}"),
+        ],
+        "{out}"
+    );
+
+    let (code, out, err) = gpu_exec_caps(&h, &tree, "compute,utility", &script);
+    assert_eq!(code, 0, "{err}");
+    let lines: Vec<&str> = out.lines().collect();
+    for (i, f) in json.iter().enumerate() {
+        assert_eq!(lines[i], format!("{f} absent"), "{out}");
+    }
+    assert!(lines[4..9].iter().all(|l| l.ends_with(" uncached")), "{out}");
+    h.assert_no_residue(&[]);
+}

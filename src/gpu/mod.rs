@@ -8,6 +8,7 @@
 //! GpuRequest::parse("all"|"none"|"0,GPU-..") what the job asked for (--gpus)
 //! select::select(driver, request)            -> the GPUs a sandbox gets
 //! select::split(gpus, agents, per_agent)     -> the GPUs of each agent slot
+//!   graphics                                 EGL/Vulkan loader JSON files, Xorg modules
 //! inject::edits(driver, gpus, caps)          -> ContainerEdits (the only output)
 //! cdi::Registry + cdi::edits                 same output from CDI spec files
 //! edits_for(driver, cdi, request, caps)      native or CDI edits for a request
@@ -19,6 +20,7 @@ pub mod cdi;
 pub mod devices;
 pub mod driver;
 pub mod elf;
+pub mod graphics;
 pub mod inject;
 pub mod ldcache;
 pub mod nvml;
@@ -133,6 +135,8 @@ pub struct Driver {
     pub sockets: Vec<Socket>,
     /// MPS pipe directory (`/tmp/nvidia-mps`) when an MPS daemon runs on the host.
     pub mps_pipe_dir: Option<PathBuf>,
+    /// Loader JSON files, Xorg modules and configuration of `graphics`/`display`.
+    pub files: Vec<graphics::DriverFile>,
     pub devices: Devices,
     pub missing: Vec<Missing>,
     pub notes: Vec<String>,
@@ -240,7 +244,11 @@ pub fn list(opts: &DiscoverOptions, caps: &Capabilities) -> Result<report::Repor
 
 /// Is `name` a library base name of one of the known groups (`libcuda`)?
 pub fn lib_group(name: &str) -> Option<LibGroup> {
-    driver::LIBRARIES.iter().find(|(_, names)| names.contains(&name)).map(|(g, _)| *g)
+    driver::LIBRARIES
+        .iter()
+        .chain(driver::OWN_VERSION_LIBRARIES)
+        .find(|(_, names)| names.contains(&name))
+        .map(|(g, _)| *g)
 }
 
 /// `libcuda.so.535.54.15` -> (`libcuda`, `535.54.15`); `libcuda.so` -> (`libcuda`, ``).

@@ -20,6 +20,8 @@ pub enum ItemKind {
     Firmware,
     Socket,
     Directory,
+    /// A loader JSON file, Xorg module or configuration (`graphics`, `display`).
+    File,
 }
 
 impl fmt::Display for ItemKind {
@@ -32,6 +34,7 @@ impl fmt::Display for ItemKind {
             ItemKind::Firmware => "firmware",
             ItemKind::Socket => "socket",
             ItemKind::Directory => "directory",
+            ItemKind::File => "file",
         })
     }
 }
@@ -97,7 +100,8 @@ impl Report {
             });
         }
         let lib_dir = Path::new(LIB_DIR);
-        for l in inject::libraries_for(driver, caps) {
+        let libs = inject::libraries_for(driver, caps);
+        for l in &libs {
             items.push(Item {
                 kind: ItemKind::Library,
                 container_path: lib_dir.join(&l.file_name),
@@ -122,6 +126,27 @@ impl Report {
                 container_path: Path::new(BIN_DIR).join(&b.name),
                 source: b.host_path.clone(),
                 detail: format!("{} (found at {})", b.group, b.found_at.display()),
+                optional: false,
+            });
+        }
+        for f in inject::files_for(driver, caps, &libs) {
+            let names: Vec<String> = f
+                .libraries
+                .iter()
+                .map(|r| match &r.bind_at {
+                    Some(at) => format!("{} (bound at {})", r.library, at.display()),
+                    None => r.written.clone(),
+                })
+                .collect();
+            items.push(Item {
+                kind: ItemKind::File,
+                container_path: f.container_path.clone(),
+                source: f.host_path.clone(),
+                detail: if names.is_empty() {
+                    f.kind.describe().to_string()
+                } else {
+                    format!("names {}", names.join(", "))
+                },
                 optional: false,
             });
         }
