@@ -236,3 +236,70 @@ fn graphics_and_video_capabilities_in_a_sandbox() {
     assert!(lines[4..9].iter().all(|l| l.ends_with(" uncached")), "{out}");
     h.assert_no_residue(&[]);
 }
+
+/// Sets the CUDA version the store records for a rootfs (as an import of a CUDA rootfs
+/// would have found in its `usr/local/cuda/version.json`).
+fn set_rootfs_cuda(h: &TestHome, name: &str, cuda: &str) {
+    let meta = h.dir.join(format!("rootfs/{name}/meta.json"));
+    let mut j: serde_json::Value = serde_json::from_slice(&std::fs::read(&meta).unwrap()).unwrap();
+    j["cuda_version"] = cuda.into();
+    std::fs::write(&meta, serde_json::to_vec(&j).unwrap()).unwrap();
+}
+
+/// A rootfs whose CUDA the driver cannot run fails before the job, in one line that
+/// says what to do; with forward-compatibility libraries it runs on them.
+#[test]
+fn rootfs_cuda_newer_than_the_driver() {
+    require_root!();
+    let Some(tree) = driver_tree() else { return };
+    let h = TestHome::new("gpu-compat");
+    h.import(&debian_tar(), "deb");
+    // No NVML here (no kernel module): the driver's CUDA comes from the table, 535 -> 12.2.
+    set_rootfs_cuda(&h, "deb", "12.2.140");
+    let (code, out, err) = gpu_exec(&h, &tree, "0", "echo ran");
+    assert_eq!((code, out.as_str()), (0, "ran\n"), "{err}");
+
+    set_rootfs_cuda(&h, "deb", "12.4.1");
+    let (code, out, err) = gpu_exec(&h, &tree, "0", "echo ran");
+    assert_eq!((code, out.as_str()), (125, ""), "{err}");
+    let line = err.trim_end();
+    assert_eq!(line.lines().count(), 1, "{err}");
+    for needle in [
+        "rootfs 'deb' has CUDA 12.4",
+        "driver 535.309.01 supports CUDA 12.2 at most (driver table, no NVML)",
+        "upgrade the driver to >= 550.54.14",
+        "cuda-compat-12-4",
+    ] {
+        assert!(line.contains(needle), "missing {needle:?}: {line}");
+    }
+    // No GPU, no check; and NVIDIA_DISABLE_REQUIRE skips it, as with the toolkit.
+    let (code, out, err) = gpu_exec(&h, &tree, "none", "echo ran");
+    assert_eq!((code, out.as_str()), (0, "ran\n"), "{err}");
+    let o = h
+        .command()
+        .arg("--driver-root")
+        .arg(&tree)
+        .args(["exec", "--rootfs", "deb", "--gpus", "0", "-e", "NVIDIA_DISABLE_REQUIRE=1", "--", "echo", "ran"])
+        .output()
+        .unwrap();
+    assert_eq!(String::from_utf8_lossy(&o.stdout), "ran\n", "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("NVIDIA_DISABLE_REQUIRE"), "a warning says it was skipped");
+
+    // cuda-compat-12-4's layout: a newer libcuda in /usr/local/cuda-12.4/compat. The
+    // job runs, and that libcuda comes first in its linker cache (the host's second).
+    let compat = h.dir.join("rootfs/deb/tree/usr/local/cuda-12.4/compat");
+    std::fs::create_dir_all(&compat).unwrap();
+    let host_libcuda = std::fs::read_dir(tree.join("usr/lib/x86_64-linux-gnu/nvidia/current"))
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .find(|p| p.file_name().unwrap().to_string_lossy().starts_with("libcuda.so.5"))
+        .unwrap();
+    std::fs::copy(&host_libcuda, compat.join("libcuda.so.550.54.15")).unwrap();
+    std::os::unix::fs::symlink("libcuda.so.550.54.15", compat.join("libcuda.so.1")).unwrap();
+    let (code, out, err) = gpu_exec(&h, &tree, "0", "ldconfig -p | grep -F 'libcuda.so.1 ' | sed 's/.*=> //'");
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(out, format!("/usr/local/cuda-12.4/compat/libcuda.so.1\n{LIB_DIR}/libcuda.so.1\n"), "{err}");
+    assert!(err.contains("forward-compatibility libraries /usr/local/cuda-12.4/compat (driver 550.54.15"), "{err}");
+    h.assert_no_residue(&[]);
+}

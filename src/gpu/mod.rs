@@ -12,11 +12,13 @@
 //! inject::edits(driver, gpus, caps)          -> ContainerEdits (the only output)
 //! cdi::Registry + cdi::edits                 same output from CDI spec files
 //! edits_for(driver, cdi, request, caps)      native or CDI edits for a request
+//! compat::check(rootfs, driver, gpus)        rootfs CUDA vs driver CUDA (before a job)
 //! job_edits(opts, request, caps, rootfs)     all of the above with the real NVML: one call per job
 //! list(opts, caps) -> report::Report         what `azp-sandbox gpu list [--json]` prints
 //! ```
 
 pub mod cdi;
+pub mod compat;
 pub mod devices;
 pub mod driver;
 pub mod elf;
@@ -204,14 +206,15 @@ pub fn edits_for(
 
 /// Everything one job needs, with the real NVML, in one call: nothing (and no driver
 /// lookup at all) for `--gpus none`; CDI when `--cdi-spec` was given or CDI names were
-/// requested; else native discovery + selection + injection. With `rootfs` (host path of
-/// the job's lower layer), the host libraries are also bound over the driver libraries
-/// the rootfs carries ([`inject::rootfs_overrides`]).
+/// requested; else native discovery + selection + injection. With `rootfs` (the job's
+/// lower layer), its CUDA is checked against the driver's ([`compat::check`]: a rootfs
+/// the driver cannot run is an error here, before the job) and the host libraries are
+/// also bound over the driver libraries the rootfs carries ([`inject::rootfs_overrides`]).
 pub fn job_edits(
     opts: &DiscoverOptions,
     request: &GpuRequest,
     caps: &Capabilities,
-    rootfs: Option<&std::path::Path>,
+    rootfs: Option<&compat::RootfsCuda>,
 ) -> Result<ContainerEdits> {
     if request.is_none() {
         return Ok(ContainerEdits::default());
@@ -224,13 +227,35 @@ pub fn job_edits(
     let driver = discover(opts, &inventory)?;
     let mut edits = edits_for(Some(&driver), None, request, caps)?;
     if let Some(rootfs) = rootfs {
-        let (mounts, notes) = inject::rootfs_overrides(&driver, caps, rootfs)?;
+        if caps.compute {
+            let verdict = compat::check(rootfs, &driver, &select::select(&driver, request)?)?;
+            log_compat(rootfs.name, &verdict);
+            verdict.apply(&mut edits);
+        }
+        let (mounts, notes) = inject::rootfs_overrides(&driver, caps, rootfs.tree)?;
         for n in notes {
             tracing::info!("{n}");
         }
         edits.mounts.extend(mounts);
     }
     Ok(edits)
+}
+
+/// The CUDA check's outcome in the log: a warning when unchecked, else info.
+pub fn log_compat(rootfs: &str, verdict: &compat::Compat) {
+    if verdict.is_warning() {
+        tracing::warn!("rootfs '{rootfs}': {verdict}");
+    } else {
+        tracing::info!("rootfs '{rootfs}': {verdict}");
+    }
+}
+
+/// The CUDA check alone, with the real NVML, for all of this host's GPUs (what a
+/// `check` command shows): `Err` is the line a GPU job on this rootfs would fail with.
+pub fn check_rootfs(opts: &DiscoverOptions, rootfs: &compat::RootfsCuda) -> Result<compat::Compat> {
+    let inventory = NvmlInventory::load(&opts.driver_root, &opts.extra_lib_dirs);
+    let driver = discover(opts, &inventory)?;
+    compat::check(rootfs, &driver, &driver.gpus)
 }
 
 /// `azp-sandbox gpu list`: discovery with the real NVML plus the CDI specs, as a report

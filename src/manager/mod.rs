@@ -177,8 +177,24 @@ pub fn run(home: &Home, settings: RunSettings, ctx: RunContext) -> Result<()> {
 
     // Rootfs (held for the manager's lifetime) and its unprivileged user.
     let store = Store::new(home);
-    let rootfs_name = crate::rootfs::select::resolve(&store, &settings.rootfs, driver.cuda_version)?;
+    let driver_cuda = gpu::compat::driver_cuda(&driver).map(|(c, _)| c);
+    let rootfs_name = crate::rootfs::select::resolve(&store, &settings.rootfs, driver_cuda)?;
     let lease = store.lease(&rootfs_name)?;
+    // Its CUDA against the driver's, before any slot takes a job (gpu::compat).
+    let compat = match split.iter().flatten().cloned().collect::<Vec<GpuInfo>>() {
+        gpus if gpus.is_empty() => None,
+        gpus => {
+            let rootfs = gpu::compat::RootfsCuda {
+                name: &rootfs_name,
+                tree: lease.path(),
+                cuda_version: lease.info().cuda_version.as_deref(),
+                disable_require: false,
+            };
+            let verdict = gpu::compat::check(&rootfs, &driver, &gpus)?;
+            gpu::log_compat(&rootfs_name, &verdict);
+            Some(verdict)
+        }
+    };
     let user = ctx.job_user.or_else(|| passwd_user(lease.path(), "azp"));
     if user.is_none() {
         tracing::warn!(
@@ -235,7 +251,10 @@ pub fn run(home: &Home, settings: RunSettings, ctx: RunContext) -> Result<()> {
     let mut configs = Vec::new();
     let mut shapes = Vec::new();
     for (i, gpus) in split.into_iter().enumerate() {
-        let edits = if gpus.is_empty() { Default::default() } else { gpu::inject::edits(&driver, &gpus, &caps)? };
+        let mut edits = if gpus.is_empty() { Default::default() } else { gpu::inject::edits(&driver, &gpus, &caps)? };
+        if let Some(c) = &compat {
+            c.apply(&mut edits);
+        }
         let base_plan = JobPlan {
             id: String::new(),
             lower: vec![lease.path().to_path_buf()],
