@@ -958,3 +958,28 @@ fn graphics_video_and_display_capabilities() {
         "{text}"
     );
 }
+
+/// `gpu list` on the driver tree: GPUs but no nvidia-persistenced, a warning; with NVML
+/// saying MIG is on for GPU 1, a warning that a whole-GPU job sees no device there (the
+/// tree has the /dev/nvidia-caps nodes, so no warning about them), and the capability
+/// nodes are listed as not injected.
+#[test]
+fn gpu_list_warns_about_absent_services() {
+    let t = tree_or_skip!();
+    let d = discover_tree(t);
+    let r = Report::build(&d, &Capabilities::default(), None);
+    assert_eq!(r.warnings.len(), 1, "{:?}", r.warnings);
+    assert!(r.warnings[0].starts_with("nvidia-persistenced is not running"), "{:?}", r.warnings);
+    let text = r.to_string();
+    assert!(text.contains("Warnings:\n  nvidia-persistenced is not running"), "{text}");
+    assert!(text.contains("/dev/nvidia-caps/nvidia-cap1 (optional)"), "{text}");
+
+    let mut inv = FakeInventory::with_gpus(&t.version, 2);
+    inv.gpus[1].mig_enabled = Some(true);
+    let d = discover(&opts(&t.root), &inv).unwrap();
+    let r = Report::build(&d, &Capabilities::default(), None);
+    assert_eq!(r.warnings.len(), 2, "{:?}", r.warnings);
+    assert!(r.warnings[1].starts_with("MIG is enabled on GPU 1: a job given the whole GPU sees no CUDA device"));
+    let j: serde_json::Value = serde_json::from_str(&r.to_json()).unwrap();
+    assert_eq!(j["warnings"].as_array().unwrap().len(), 2);
+}

@@ -320,6 +320,7 @@ mod tests {
             sockets: vec![],
             mps_pipe_dir: None,
             files: vec![],
+            services: Default::default(),
             devices: Devices::default(),
             missing: vec![],
             notes: vec![],

@@ -603,6 +603,7 @@ pub(crate) fn discover(root: &Path, extra_lib_dirs: &[PathBuf], inv: &dyn GpuInv
         sockets,
         mps_pipe_dir,
         files,
+        services: super::services::scan(root),
         devices,
         missing,
         notes,

@@ -15,6 +15,7 @@
 //! compat::check(rootfs, driver, gpus)        rootfs CUDA vs driver CUDA (before a job)
 //! job_edits(opts, request, caps, rootfs)     all of the above with the real NVML: one call per job
 //! list(opts, caps) -> report::Report         what `azp-sandbox gpu list [--json]` prints
+//!   services::warnings                       persistenced, fabric manager, IMEX, MIG nodes
 //! ```
 
 pub mod cdi;
@@ -29,6 +30,7 @@ pub mod nvml;
 pub mod paths;
 pub mod report;
 pub mod select;
+pub mod services;
 
 use crate::edits::ContainerEdits;
 use anyhow::{bail, Context, Result};
@@ -139,6 +141,8 @@ pub struct Driver {
     pub mps_pipe_dir: Option<PathBuf>,
     /// Loader JSON files, Xorg modules and configuration of `graphics`/`display`.
     pub files: Vec<graphics::DriverFile>,
+    /// nvidia-persistenced, the fabric manager, NVSwitches, IMEX (see `services`).
+    pub services: services::Services,
     pub devices: Devices,
     pub missing: Vec<Missing>,
     pub notes: Vec<String>,

@@ -72,6 +72,8 @@ pub struct Report {
     pub capabilities: String,
     /// Why `--gpus all` would fail right now; `None` when it would work.
     pub error: Option<String>,
+    /// Host services GPU jobs need that are absent ([`super::services::warnings`]).
+    pub warnings: Vec<String>,
     /// What `--gpus all` with `capabilities` gives a sandbox.
     pub items: Vec<Item>,
     pub env: Vec<(String, String)>,
@@ -194,6 +196,7 @@ impl Report {
             gpus: driver.gpus.clone(),
             capabilities: caps.to_string(),
             error,
+            warnings: super::services::warnings(&driver.services, &driver.gpus, &driver.devices),
             items,
             env,
             missing: driver.missing.clone(),
@@ -261,6 +264,13 @@ impl fmt::Display for Report {
             (false, _, None) => writeln!(f, "NVML            not used")?,
         }
         writeln!(f, "capabilities    {}", self.capabilities)?;
+        if !self.warnings.is_empty() {
+            writeln!(f)?;
+            writeln!(f, "Warnings:")?;
+            for w in &self.warnings {
+                writeln!(f, "  {w}")?;
+            }
+        }
         writeln!(f)?;
         match self.gpu_source {
             None => writeln!(f, "GPUs: none")?,
