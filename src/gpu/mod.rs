@@ -245,12 +245,13 @@ pub fn job_edits(
     Ok(edits)
 }
 
-/// The CUDA check's outcome in the log: a warning when unchecked, else info.
+/// The CUDA check's outcome in the log: a warning when unchecked, debug for a rootfs
+/// without CUDA (nothing to say), else info.
 pub fn log_compat(rootfs: &str, verdict: &compat::Compat) {
-    if verdict.is_warning() {
-        tracing::warn!("rootfs '{rootfs}': {verdict}");
-    } else {
-        tracing::info!("rootfs '{rootfs}': {verdict}");
+    match verdict {
+        v if v.is_warning() => tracing::warn!("rootfs '{rootfs}': {v}"),
+        compat::Compat::NoCuda => tracing::debug!("rootfs '{rootfs}': {verdict}"),
+        v => tracing::info!("rootfs '{rootfs}': {v}"),
     }
 }
 
