@@ -949,6 +949,18 @@ fn graphics_video_and_display_capabilities() {
         PathBuf::from("libnvidia-opticalflow.so.1")
     )));
 
+    // The per-job discovery looks for these files only when the job asks for them.
+    let job = azp_sandbox::gpu::discover_for_job(&opts(&t.root), &no_nvml(), &Capabilities::default()).unwrap();
+    assert!(job.files.is_empty() && job.libraries == d.libraries);
+    let gj = azp_sandbox::gpu::job_edits(
+        &opts(&t.root),
+        &GpuRequest::All,
+        &"compute,utility,graphics".parse().unwrap(),
+        None,
+    )
+    .unwrap();
+    assert_eq!(mount_set(&gj), mount_set(&g));
+
     // gpu list shows the files with the library each names.
     let r = Report::build(&d, &"graphics".parse().unwrap(), None);
     let text = r.to_string();

@@ -235,7 +235,23 @@ struct Candidate {
     cache_name: Option<String>,
 }
 
-pub(crate) fn discover(root: &Path, extra_lib_dirs: &[PathBuf], inv: &dyn GpuInventory) -> Result<Driver> {
+/// How much of the driver a caller needs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Scope {
+    /// Everything (`gpu list`, the agent runner's one discovery per run).
+    Everything,
+    /// One job with these capabilities (`exec`, on the per-job path): no graphics files
+    /// without `graphics`/`display` (~40 path lookups in the driver root), no host
+    /// services scan (`gpu list`'s warnings).
+    Job(Capabilities),
+}
+
+pub(crate) fn discover(
+    root: &Path,
+    extra_lib_dirs: &[PathBuf],
+    inv: &dyn GpuInventory,
+    scope: Scope,
+) -> Result<Driver> {
     let mut missing = Vec::new();
     let mut notes = Vec::new();
 
@@ -437,13 +453,17 @@ pub(crate) fn discover(root: &Path, extra_lib_dirs: &[PathBuf], inv: &dyn GpuInv
     }
 
     // Graphics/display files (loader JSON files, Xorg modules), for the libraries found.
+    let want_files = match scope {
+        Scope::Everything => true,
+        Scope::Job(caps) => caps.graphics || caps.display,
+    };
     let files = match &version {
-        Some(v) => {
+        Some(v) if want_files => {
             let (files, absent) = super::graphics::discover(root, Some(v), &libraries);
             missing.extend(absent);
             files
         }
-        None => Vec::new(),
+        _ => Vec::new(),
     };
 
     // Binaries.
@@ -603,7 +623,10 @@ pub(crate) fn discover(root: &Path, extra_lib_dirs: &[PathBuf], inv: &dyn GpuInv
         sockets,
         mps_pipe_dir,
         files,
-        services: super::services::scan(root),
+        services: match scope {
+            Scope::Everything => super::services::scan(root),
+            Scope::Job(_) => Default::default(),
+        },
         devices,
         missing,
         notes,

@@ -176,12 +176,21 @@ impl Driver {
 /// everything else that is absent ends up in `missing`/`notes`, and GPU requests fail
 /// later with [`Driver::unavailable_reason`].
 pub fn discover(opts: &DiscoverOptions, inventory: &dyn GpuInventory) -> Result<Driver> {
+    discover_scoped(opts, inventory, driver::Scope::Everything)
+}
+
+/// [`discover`] of what one job with `caps` needs (see [`driver::Scope::Job`]).
+pub fn discover_for_job(opts: &DiscoverOptions, inventory: &dyn GpuInventory, caps: &Capabilities) -> Result<Driver> {
+    discover_scoped(opts, inventory, driver::Scope::Job(*caps))
+}
+
+fn discover_scoped(opts: &DiscoverOptions, inventory: &dyn GpuInventory, scope: driver::Scope) -> Result<Driver> {
     let root = &opts.driver_root;
     if !root.is_dir() {
         bail!("driver root {} is not a directory: fix --driver-root", root.display());
     }
     let root = root.canonicalize().with_context(|| format!("cannot resolve driver root {}", root.display()))?;
-    driver::discover(&root, &opts.extra_lib_dirs, inventory)
+    driver::discover(&root, &opts.extra_lib_dirs, inventory, scope)
 }
 
 /// The edits for one job: `request` against the native driver, or against CDI specs when
@@ -228,7 +237,7 @@ pub fn job_edits(
         return edits_for(None, Some(&reg), request, caps);
     }
     let inventory = NvmlInventory::load(&opts.driver_root, &opts.extra_lib_dirs);
-    let driver = discover(opts, &inventory)?;
+    let driver = discover_for_job(opts, &inventory, caps)?;
     let mut edits = edits_for(Some(&driver), None, request, caps)?;
     if let Some(rootfs) = rootfs {
         if caps.compute {
