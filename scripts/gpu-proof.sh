@@ -16,7 +16,8 @@
 #   - libcuda through the sandbox's linker (cuprobe: cuDriverGetVersion, cuInit, devices);
 #   - cuda-proof (nvcc): device query, device-to-device copy bandwidth, SGEMM throughput,
 #     the same binary inside and out: ratios inside/host, target >= 0.99;
-#   - with 2+ GPUs: --gpus 1 sees only GPU 1 (its UUID); with MIG: one instance;
+#   - with 2+ GPUs: --gpus 1 sees only GPU 1 (its UUID); with MIG: --gpus MIG-<uuid>
+#     sees that one instance;
 #   - PyTorch, when the host has it, through a read-only --volume of its environment:
 #     torch.cuda sees the GPU inside;
 #   - the CUDA compatibility check refuses a rootfs whose CUDA the driver cannot run;
@@ -321,8 +322,13 @@ else
     row "--gpus 1: nvidia-smi sees only GPU 1" "$NGPUS GPU(s)" "-" "SKIPPED: fewer than 2 GPUs"
 fi
 if [ "$REAL_GPU" = 1 ] && printf '%s\n' "$HOST_L" | grep -q '^  MIG '; then
-    row "MIG: a job given one instance" "$(printf '%s\n' "$HOST_L" | grep -c '^  MIG ') instance(s)" "-" \
-        "FAIL: MIG instances are not selectable by azp-sandbox yet (whole GPUs only)"
+    # The first MIG device: inside, nvidia-smi must list it alone (under its GPU).
+    mig=$(printf '%s\n' "$HOST_L" | sed -n 's/^  MIG .*(UUID: \(MIG-[^)]*\)).*/\1/p' | head -n1)
+    in_mig=$(sandbox "$mig" nvidia-smi -L)
+    [ "$(printf '%s\n' "$in_mig" | grep -c '^  MIG ')" = 1 ] && printf '%s\n' "$in_mig" | grep -q "(UUID: $mig)"
+    ok=$?
+    row "MIG: a job given one instance" "$(printf '%s\n' "$HOST_L" | grep -c '^  MIG ') instance(s); $mig" \
+        "$in_mig" "$(verdict $ok "expected exactly $mig")"
 else
     row "MIG: a job given one instance" "-" "-" "SKIPPED: no MIG instances here"
 fi

@@ -16,7 +16,8 @@
 #   - fake device nodes are created with mknod under DEST/dev (never opened by tests):
 #     nvidiactl 195:255, nvidia0 195:0, nvidia1 195:1, nvidia-modeset 195:254,
 #     nvidia-uvm 511:0, nvidia-uvm-tools 511:1, nvidia-caps/nvidia-cap{1,2} 508:{1,2};
-#     plus proc/devices and proc/driver/nvidia/version as a host would show them.
+#     plus proc/devices, proc/driver/nvidia/version and the MIG capability files of one
+#     instance (gpu0/mig/gi1/ci0 -> nvidia-cap1, nvidia-cap2) as a host would show them.
 #
 # CACHE_DIR (default: DEST's parent dir/driver-debs) keeps the .debs: a second run with a
 # complete cache needs no network. A complete DEST (stamp file) makes the script exit at
@@ -25,7 +26,7 @@
 # Needs root (mknod, ldconfig -r chroots).
 set -euo pipefail
 
-FORMAT=3 # bump when the layout produced below changes (or the package list)
+FORMAT=4 # bump when the layout produced below changes (or the package list)
 # Pinned to the driver version (libcuda1's candidate).
 PACKAGES=(
     libcuda1 libnvidia-ml1 nvidia-smi libnvidia-ptxjitcompiler1
@@ -185,6 +186,12 @@ printf 'Character devices:\n  1 mem\n195 nvidia-frontend\n508 nvidia-caps\n511 n
     >"$TMP/proc/devices"
 printf 'NVRM version: NVIDIA UNIX x86_64 Kernel Module  %s  (fake, for tests)\nGCC version:  gcc version 12.2.0 (Debian 12.2.0-14)\n' \
     "$VERSION" >"$TMP/proc/driver/nvidia/version"
+# MIG capabilities as the driver publishes them for a GPU instance 1 / compute instance 0
+# on GPU 0: the minors of the nvidia-caps nodes above.
+MIGCAPS="$TMP/proc/driver/nvidia/capabilities/gpu0/mig/gi1"
+mkdir -p "$MIGCAPS/ci0"
+printf 'DeviceFileMinor: 1\nDeviceFileMode: 292\nDeviceFileModify: 1\n' >"$MIGCAPS/access"
+printf 'DeviceFileMinor: 2\nDeviceFileMode: 292\nDeviceFileModify: 1\n' >"$MIGCAPS/ci0/access"
 
 printf 'format=%s\nversion=%s\n' "$FORMAT" "$VERSION" >"$TMP/.azp-driver-tree-complete"
 rm -rf "$DEST"

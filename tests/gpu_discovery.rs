@@ -995,3 +995,44 @@ fn gpu_list_warns_about_absent_services() {
     let j: serde_json::Value = serde_json::from_str(&r.to_json()).unwrap();
     assert_eq!(j["warnings"].as_array().unwrap().len(), 2);
 }
+
+/// A MIG device (`--gpus MIG-<uuid>`): its GPU's node and the two capability nodes the
+/// driver's procfs names for its GPU and compute instance, nothing of the other GPU.
+#[test]
+fn mig_device_gets_its_capability_nodes() {
+    let t = tree_or_skip!();
+    // NVML (faked) reports MIG on GPU 0 with instances gi1/ci0 (in the tree's procfs:
+    // nvidia-cap1, nvidia-cap2) and gi2/ci0 (not there).
+    let inv = FakeInventory::with_gpus(&t.version, 2).with_mig(0, &[(1, 0), (2, 0)]);
+    let d = discover(&opts(&t.root), &inv).unwrap();
+    assert_eq!(d.mig_devices.len(), 2);
+    let uuid = d.mig_devices[0].uuid.clone().unwrap();
+    let e = edits_for(Some(&d), None, &GpuRequest::parse(&uuid).unwrap(), &Capabilities::default()).unwrap();
+    assert_eq!(
+        node_list(&e),
+        vec![
+            ("/dev/nvidia0".into(), 195, 0),
+            ("/dev/nvidia-caps/nvidia-cap1".into(), 508, 1),
+            ("/dev/nvidia-caps/nvidia-cap2".into(), 508, 2),
+            ("/dev/nvidiactl".into(), 195, 255),
+            ("/dev/nvidia-uvm".into(), 511, 0),
+            ("/dev/nvidia-uvm-tools".into(), 511, 1),
+            ("/dev/nvidia-modeset".into(), 195, 254),
+        ]
+    );
+    assert_eq!(env(&e, "NVIDIA_VISIBLE_DEVICES"), Some(uuid.clone()));
+    assert_eq!(env(&e, "CUDA_VISIBLE_DEVICES").as_deref(), Some("0"));
+    // The whole GPU 0 gets no capability node.
+    let whole = edits_for(Some(&d), None, &GpuRequest::parse("0").unwrap(), &Capabilities::default()).unwrap();
+    assert!(node_list(&whole).iter().all(|(p, _, _)| !p.starts_with("/dev/nvidia-caps")));
+    // An instance the driver does not list: one line saying what to check.
+    let gone = d.mig_devices[1].uuid.clone().unwrap();
+    let err = edits_for(Some(&d), None, &GpuRequest::parse(&gone).unwrap(), &Capabilities::default())
+        .unwrap_err()
+        .to_string();
+    assert!(err.starts_with("MIG device gi2/ci0 of /dev/nvidia0: cannot read"), "{err}");
+    assert!(err.contains("nvidia-smi mig -lci") && err.lines().count() == 1, "{err}");
+    // gpu list shows the MIG devices under their GPU.
+    let text = Report::build(&d, &Capabilities::default(), None).to_string();
+    assert!(text.lines().any(|l| l.trim_start().starts_with("0:gi1/ci0") && l.contains(&uuid)), "{text}");
+}

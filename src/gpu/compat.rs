@@ -313,6 +313,7 @@ mod tests {
             nvml: NvmlStatus::default(),
             gpus: vec![],
             gpu_source: None,
+            mig_devices: vec![],
             ldcache: None,
             libraries: vec![],
             binaries: vec![],
@@ -338,6 +339,7 @@ mod tests {
             mig_enabled: None,
             pci_bus_id: None,
             source: GpuSource::Nvml,
+            mig: None,
         }
     }
 

@@ -575,11 +575,19 @@ pub(crate) fn discover(
                 mig_enabled: None,
                 pci_bus_id: None,
                 source: GpuSource::DeviceNodes,
+                mig: None,
             })
             .collect();
         (g, Some(GpuSource::DeviceNodes))
     } else {
         (Vec::new(), None)
+    };
+    let mig_devices = match (nvml.loaded, gpus.iter().any(|g| g.mig_enabled == Some(true))) {
+        (true, true) => inv.mig_devices().unwrap_or_else(|e| {
+            notes.push(format!("MIG is enabled but NVML could not list the MIG devices: {e:#}"));
+            Vec::new()
+        }),
+        _ => Vec::new(),
     };
     for g in &gpus {
         if devices.gpu_node(g.minor).is_none() {
@@ -616,6 +624,7 @@ pub(crate) fn discover(
         nvml,
         gpus,
         gpu_source,
+        mig_devices,
         ldcache: cache.map(|c| c.file),
         libraries,
         binaries,

@@ -102,7 +102,8 @@ pub fn edits(driver: &Driver, selected: &[GpuInfo], caps: &Capabilities) -> Resu
     let dev = &driver.devices;
     let root_dev = driver.root.join("dev");
 
-    // Device nodes: the chosen GPUs, then the control nodes.
+    // Device nodes: the chosen GPUs (a MIG device: its GPU's node and its instance's
+    // capability nodes), then the control nodes.
     for g in selected {
         let n = dev.gpu_node(g.minor).ok_or_else(|| {
             anyhow!(
@@ -113,7 +114,15 @@ pub fn edits(driver: &Driver, selected: &[GpuInfo], caps: &Capabilities) -> Resu
                 g.minor
             )
         })?;
-        e.device_nodes.push(node(n));
+        let mut nodes = vec![n];
+        if let Some(mig) = g.mig {
+            nodes.extend(dev.mig_caps(&driver.root, g.minor, mig).map_err(|e| anyhow!("{e}"))?);
+        }
+        for n in nodes {
+            if !e.device_nodes.iter().any(|d| d.path == n.path) {
+                e.device_nodes.push(node(n));
+            }
+        }
     }
     let ctl = dev.ctl.as_ref().ok_or_else(|| {
         anyhow!(

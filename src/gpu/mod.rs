@@ -81,6 +81,17 @@ pub struct GpuInfo {
     pub mig_enabled: Option<bool>,
     pub pci_bus_id: Option<String>,
     pub source: GpuSource,
+    /// Set when this is a MIG device of GPU `index` (whose node is still
+    /// `/dev/nvidia<minor>`): its instance ids. `uuid` is then the `MIG-...` one.
+    pub mig: Option<MigInstance>,
+}
+
+/// Where a MIG device is: the GPU instance and compute instance ids that name its
+/// capability files (`/proc/driver/nvidia/capabilities/gpu<minor>/mig/gi<G>/ci<C>`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct MigInstance {
+    pub gi: u32,
+    pub ci: u32,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -132,6 +143,8 @@ pub struct Driver {
     pub gpus: Vec<GpuInfo>,
     /// `None` when there are no GPUs.
     pub gpu_source: Option<GpuSource>,
+    /// The MIG devices of MIG-enabled GPUs (NVML only), selectable by `MIG-` UUID.
+    pub mig_devices: Vec<GpuInfo>,
     pub ldcache: Option<PathBuf>,
     pub libraries: Vec<Library>,
     pub binaries: Vec<Binary>,

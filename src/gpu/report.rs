@@ -69,6 +69,8 @@ pub struct Report {
     pub nvml: NvmlStatus,
     pub gpu_source: Option<GpuSource>,
     pub gpus: Vec<GpuInfo>,
+    /// MIG devices of MIG-enabled GPUs (`--gpus MIG-<uuid>`).
+    pub mig_devices: Vec<GpuInfo>,
     pub capabilities: String,
     /// Why `--gpus all` would fail right now; `None` when it would work.
     pub error: Option<String>,
@@ -194,6 +196,7 @@ impl Report {
             nvml: driver.nvml.clone(),
             gpu_source: driver.gpu_source,
             gpus: driver.gpus.clone(),
+            mig_devices: driver.mig_devices.clone(),
             capabilities: caps.to_string(),
             error,
             warnings: super::services::warnings(&driver.services, &driver.gpus, &driver.devices),
@@ -278,9 +281,17 @@ impl fmt::Display for Report {
                 writeln!(f, "GPUs (from {src}):")?;
                 let mut rows =
                     vec![["INDEX", "NODE", "UUID", "NAME", "MEMORY", "CC", "MIG", "PCI"].map(String::from).to_vec()];
+                let mut listed: Vec<&GpuInfo> = Vec::new();
                 for g in &self.gpus {
+                    listed.push(g);
+                    listed.extend(self.mig_devices.iter().filter(|m| m.index == g.index));
+                }
+                for g in listed {
                     rows.push(vec![
-                        g.index.to_string(),
+                        match g.mig {
+                            Some(m) => format!("{}:gi{}/ci{}", g.index, m.gi, m.ci),
+                            None => g.index.to_string(),
+                        },
                         format!("/dev/nvidia{}", g.minor),
                         g.uuid.clone().unwrap_or_else(|| dash.clone()),
                         g.name.clone(),

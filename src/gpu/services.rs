@@ -126,7 +126,7 @@ pub fn warnings(s: &Services, gpus: &[GpuInfo], devices: &Devices) -> Vec<String
             ));
         }
         w.push(format!(
-            "MIG is enabled on GPU {list}: a job given the whole GPU sees no CUDA device, and MIG instances are not selectable yet; disable MIG there (nvidia-smi -i N -mig 0) or give those GPUs to no slot"
+            "MIG is enabled on GPU {list}: a job given the whole GPU sees no CUDA device; give jobs its MIG devices (exec --gpus MIG-<uuid>; the agent runner's slots take whole GPUs only) or disable MIG there (nvidia-smi -i N -mig 0)"
         ));
     }
     w
@@ -148,6 +148,7 @@ mod tests {
             mig_enabled: mig,
             pci_bus_id: None,
             source: GpuSource::Nvml,
+            mig: None,
         }
     }
 

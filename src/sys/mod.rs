@@ -4,6 +4,7 @@
 //! Everything here runs in the single-threaded sandbox helper process, except
 //! [`runtime_tmpfs`], which `exec` and `run` call once at start (as root).
 
+pub mod nvml_mig;
 pub mod runtime_tmpfs;
 
 use anyhow::{bail, Context, Result};
