@@ -107,7 +107,7 @@ verdict() {
 sandbox() {
     local gpus=$1 rc
     shift
-    "${AZP[@]}" exec --rootfs "$ROOTFS" --gpus "$gpus" "${SANDBOX_ARGS[@]}" -- "$@" 2>"$WORK/last.err"
+    "${AZP[@]}" exec --rootfs "$ROOTFS" --gpus "$gpus" ${SANDBOX_ARGS[@]+"${SANDBOX_ARGS[@]}"} -- "$@" 2>"$WORK/last.err"
     rc=$?
     cat "$WORK/last.err" >>"$WORK/sandbox.log"
     return $rc
@@ -245,17 +245,17 @@ if [ -n "$TORCH" ]; then
     while read -r d; do
         [ -n "$d" ] || continue
         covered=0
-        for v in "${VOLS[@]}"; do case "$d/" in "$v"/*) covered=1 ;; esac; done
+        for v in ${VOLS[@]+"${VOLS[@]}"}; do case "$d/" in "$v"/*) covered=1 ;; esac; done
         [ "$covered" = 0 ] && VOLS+=("$d")
     done < <(printf '%s\n' "$PY_PATH" | tr ':' '\n' | sort -u)
     PY_VOLUMES=()
-    for v in "${VOLS[@]}"; do PY_VOLUMES+=(--volume "$v:$v"); done
+    for v in ${VOLS[@]+"${VOLS[@]}"}; do PY_VOLUMES+=(--volume "$v:$v"); done
     # The libraries torch's extensions load from outside those dirs (libstdc++, libgomp...).
     while read -r so; do
         while read -r lib; do
             [ -n "$lib" ] && [ -e "$lib" ] && ! is_driver_lib "$lib" || continue
             inside=0
-            for v in "${VOLS[@]}"; do case "$lib" in "$v"/*) inside=1 ;; esac; done
+            for v in ${VOLS[@]+"${VOLS[@]}"}; do case "$lib" in "$v"/*) inside=1 ;; esac; done
             [ "$inside" = 0 ] && [ ! -e "$RFS$lib" ] && copy_with_libs "$lib"
         done < <(ldd "$so" 2>/dev/null | sed -n 's/.*=> \(\/[^ ]*\).*/\1/p')
     done < <("$PY" -c 'import torch, os; d = os.path.dirname(torch.__file__); print("\n".join(os.path.join(r, f) for r, _, fs in os.walk(d) for f in fs if ".so" in f))' 2>/dev/null)
@@ -411,7 +411,7 @@ else
 if a: print("devices=%d" % torch.cuda.device_count()); print("name=" + torch.cuda.get_device_name(0)); x = torch.ones(1024, 1024, device="cuda"); print("sum=%d" % int((x @ x).sum().item()))'
     PY_ENV=(-e "PYTHONHOME=$(printf '%s\n' "$TORCH" | kv home)" -e "PYTHONPATH=$PY_PATH")
     HOST_T=$("$PY" -c "$PY_CODE" 2>&1)
-    SANDBOX_ARGS=("${PY_VOLUMES[@]}" "${PY_ENV[@]}")
+    SANDBOX_ARGS=(${PY_VOLUMES[@]+"${PY_VOLUMES[@]}"} "${PY_ENV[@]}")
     IN_T=$(sandbox all /opt/proof/python3 -c "$PY_CODE")
     IN_T_RC=$?
     SANDBOX_ARGS=()
