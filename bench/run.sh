@@ -47,6 +47,8 @@ cgroup=$(stat -fc %T /sys/fs/cgroup/ 2>/dev/null || echo unknown)
   echo
   cat target/bench-results/sandbox_cycle.md target/bench-results/unpack.md target/bench-results/pull.md \
     target/bench-results/agent_churn.md
+  # The real-GPU section: scripts/gpu-proof.sh --out bench/GPU.md on a GPU machine.
+  if [ -f bench/GPU.md ]; then cat bench/GPU.md; echo; fi
   if [ -f bench/NOTES.md ]; then cat bench/NOTES.md; fi
 } > BENCHMARKS.md
 echo "wrote BENCHMARKS.md"

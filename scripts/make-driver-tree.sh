@@ -9,11 +9,15 @@
 #   - the links Debian's alternatives system would create are made by hand
 #     (usr/lib/x86_64-linux-gnu/libcuda.so.1 -> /etc/alternatives/... ->
 #     usr/lib/x86_64-linux-gnu/nvidia/current/libcuda.so.1, usr/bin/nvidia-smi -> ...);
+#   - the graphics (EGL/GLX/GLES/Vulkan ICD and vendor JSON files, Xorg driver) and video
+#     (NVENC/NVDEC/VDPAU/optical flow) packages come too, for the `graphics`, `video` and
+#     `display` capabilities; libnvidia-egl-wayland1 has its own version (not the driver's);
 #   - etc/ld.so.conf(.d) are written and `ldconfig -r DEST` produces etc/ld.so.cache;
 #   - fake device nodes are created with mknod under DEST/dev (never opened by tests):
 #     nvidiactl 195:255, nvidia0 195:0, nvidia1 195:1, nvidia-modeset 195:254,
 #     nvidia-uvm 511:0, nvidia-uvm-tools 511:1, nvidia-caps/nvidia-cap{1,2} 508:{1,2};
-#     plus proc/devices and proc/driver/nvidia/version as a host would show them.
+#     plus proc/devices, proc/driver/nvidia/version and the MIG capability files of one
+#     instance (gpu0/mig/gi1/ci0 -> nvidia-cap1, nvidia-cap2) as a host would show them.
 #
 # CACHE_DIR (default: DEST's parent dir/driver-debs) keeps the .debs: a second run with a
 # complete cache needs no network. A complete DEST (stamp file) makes the script exit at
@@ -22,12 +26,23 @@
 # Needs root (mknod, ldconfig -r chroots).
 set -euo pipefail
 
-FORMAT=2 # bump when the layout produced below changes
+FORMAT=4 # bump when the layout produced below changes (or the package list)
+# Pinned to the driver version (libcuda1's candidate).
 PACKAGES=(
     libcuda1 libnvidia-ml1 nvidia-smi libnvidia-ptxjitcompiler1
     libnvidia-pkcs11-openssl3 libnvidia-cfg1 libnvidia-allocator1
     libnvcuvid1 libnvidia-encode1 nvidia-cuda-mps firmware-nvidia-gsp
+    # video
+    libnvidia-opticalflow1 nvidia-vdpau-driver
+    # graphics: EGL, GLX, GLES, Vulkan (their JSON files are in the -common packages)
+    libegl-nvidia0 libglx-nvidia0 libgles-nvidia1 libgles-nvidia2
+    libnvidia-eglcore libnvidia-glcore libnvidia-glvkspirv libnvidia-rtcore
+    nvidia-egl-common nvidia-vulkan-common
+    # display: the Xorg driver and GLX server module
+    xserver-xorg-video-nvidia
 )
+# Versioned on their own: taken at their candidate version.
+UNPINNED=(libnvidia-egl-wayland1)
 MULTIARCH=x86_64-linux-gnu
 DEB_ARCH=amd64
 
@@ -81,7 +96,7 @@ APT_OPTS=(
 cached_complete() {
     [ -f "$CACHE/debs/complete" ] || return 1
     local p
-    for p in "${PACKAGES[@]}"; do
+    for p in "${PACKAGES[@]}" "${UNPINNED[@]}"; do
         compgen -G "$CACHE/debs/${p}_*_*.deb" >/dev/null || return 1
     done
 }
@@ -102,6 +117,7 @@ else
     rm -f "$CACHE/debs/"*.deb "$CACHE/debs/complete"
     pins=()
     for p in "${PACKAGES[@]}"; do pins+=("$p=$VERSION_FULL"); done
+    pins+=("${UNPINNED[@]}")
     if ! (cd "$CACHE/debs" && apt-get "${APT_OPTS[@]}" download "${pins[@]}" >"$APTDIR/download.log" 2>&1); then
         cat "$APTDIR/download.log" >&2
         echo "make-driver-tree: apt-get download failed (network or mirror)" >&2
@@ -116,20 +132,20 @@ rm -rf "$TMP"
 mkdir -p "$TMP"
 trap 'rm -rf "$TMP"' EXIT
 : >"$TMP/.azp-driver-tree.manifest"
-for p in "${PACKAGES[@]}"; do
+for p in "${PACKAGES[@]}" "${UNPINNED[@]}"; do
     deb=$(compgen -G "$CACHE/debs/${p}_*_*.deb" | head -n1)
     dpkg-deb -x "$deb" "$TMP"
     echo "$p $(dpkg-deb -f "$deb" Version)" >>"$TMP/.azp-driver-tree.manifest"
 done
 VERSION_FULL=$(awk '$1 == "libcuda1" {print $2}' "$TMP/.azp-driver-tree.manifest")
 VERSION=${VERSION_FULL%%-*} # upstream version: 535.309.01
-log "unpacked ${#PACKAGES[@]} packages (driver $VERSION) into $DEST"
+log "unpacked $((${#PACKAGES[@]} + ${#UNPINNED[@]})) packages (driver $VERSION) into $DEST"
 
 # ---- 3. what update-alternatives (nvidia-alternative) would create -----------------------
 NVDIR="usr/lib/$MULTIARCH/nvidia/current"
 [ -f "$TMP/$NVDIR/libcuda.so.$VERSION" ] || die "unexpected package layout: $NVDIR/libcuda.so.$VERSION missing"
 mkdir -p "$TMP/etc/alternatives"
-for link in "$TMP/$NVDIR"/*.so.1; do
+for link in "$TMP/$NVDIR"/*.so.[0-9]; do
     name=$(basename "$link")
     alt="nvidia--$name-$MULTIARCH"
     ln -sfn "/$NVDIR/$name" "$TMP/etc/alternatives/$alt"
@@ -138,6 +154,13 @@ done
 mkdir -p "$TMP/usr/bin"
 ln -sfn /usr/lib/nvidia/current/nvidia-smi "$TMP/etc/alternatives/nvidia--nvidia-smi"
 ln -sfn /etc/alternatives/nvidia--nvidia-smi "$TMP/usr/bin/nvidia-smi"
+# The Xorg modules, where the X server looks for them.
+XMOD=usr/lib/xorg/modules
+mkdir -p "$TMP/$XMOD/drivers" "$TMP/$XMOD/extensions"
+ln -sfn /usr/lib/nvidia/current/nvidia_drv.so "$TMP/etc/alternatives/nvidia--nvidia_drv.so"
+ln -sfn /etc/alternatives/nvidia--nvidia_drv.so "$TMP/$XMOD/drivers/nvidia_drv.so"
+ln -sfn /usr/lib/nvidia/current/libglxserver_nvidia.so "$TMP/etc/alternatives/nvidia--libglxserver_nvidia.so"
+ln -sfn /etc/alternatives/nvidia--libglxserver_nvidia.so "$TMP/$XMOD/extensions/libglxserver_nvidia.so"
 
 # ---- 4. linker configuration and cache ---------------------------------------------------
 mkdir -p "$TMP/etc/ld.so.conf.d"
@@ -163,6 +186,12 @@ printf 'Character devices:\n  1 mem\n195 nvidia-frontend\n508 nvidia-caps\n511 n
     >"$TMP/proc/devices"
 printf 'NVRM version: NVIDIA UNIX x86_64 Kernel Module  %s  (fake, for tests)\nGCC version:  gcc version 12.2.0 (Debian 12.2.0-14)\n' \
     "$VERSION" >"$TMP/proc/driver/nvidia/version"
+# MIG capabilities as the driver publishes them for a GPU instance 1 / compute instance 0
+# on GPU 0: the minors of the nvidia-caps nodes above.
+MIGCAPS="$TMP/proc/driver/nvidia/capabilities/gpu0/mig/gi1"
+mkdir -p "$MIGCAPS/ci0"
+printf 'DeviceFileMinor: 1\nDeviceFileMode: 292\nDeviceFileModify: 1\n' >"$MIGCAPS/access"
+printf 'DeviceFileMinor: 2\nDeviceFileMode: 292\nDeviceFileModify: 1\n' >"$MIGCAPS/ci0/access"
 
 printf 'format=%s\nversion=%s\n' "$FORMAT" "$VERSION" >"$TMP/.azp-driver-tree-complete"
 rm -rf "$DEST"

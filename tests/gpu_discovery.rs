@@ -117,6 +117,8 @@ fn ld_cache_of_the_tree() {
     let cache = LdCache::load(&t.root).unwrap();
     let names: BTreeSet<&str> = cache.entries.iter().map(|e| e.name.as_str()).collect();
     let pkcs = format!("libnvidia-pkcs11-openssl3.so.{}", t.version);
+    let [eglcore, glcore, glsi, tls, glvkspirv, rtcore] =
+        ["eglcore", "glcore", "glsi", "tls", "glvkspirv", "rtcore"].map(|n| format!("libnvidia-{n}.so.{}", t.version));
     let want: BTreeSet<&str> = [
         "libcuda.so.1",
         "libnvidia-ml.so.1",
@@ -126,6 +128,20 @@ fn ld_cache_of_the_tree() {
         "libnvcuvid.so.1",
         "libnvidia-encode.so.1",
         pkcs.as_str(),
+        // video and graphics packages
+        "libnvidia-opticalflow.so.1",
+        "libvdpau_nvidia.so.1",
+        "libEGL_nvidia.so.0",
+        "libGLX_nvidia.so.0",
+        "libGLESv1_CM_nvidia.so.1",
+        "libGLESv2_nvidia.so.2",
+        "libnvidia-egl-wayland.so.1",
+        eglcore.as_str(),
+        glcore.as_str(),
+        glsi.as_str(),
+        tls.as_str(),
+        glvkspirv.as_str(),
+        rtcore.as_str(),
     ]
     .into();
     assert_eq!(names, want);
@@ -175,11 +191,37 @@ fn discovers_the_exact_driver_files() {
         lib("libnvcuvid", "libnvcuvid.so.1", nv),
         lib("libnvidia-encode", "libnvidia-encode.so.1", nv),
         lib("libnvidia-pkcs11-openssl3", "", "usr/lib/x86_64-linux-gnu"),
+        lib("libnvidia-opticalflow", "libnvidia-opticalflow.so.1", nv),
+        lib("libvdpau_nvidia", "libvdpau_nvidia.so.1", nv),
+        lib("libEGL_nvidia", "libEGL_nvidia.so.0", nv),
+        lib("libGLX_nvidia", "libGLX_nvidia.so.0", nv),
+        lib("libGLESv1_CM_nvidia", "libGLESv1_CM_nvidia.so.1", nv),
+        lib("libGLESv2_nvidia", "libGLESv2_nvidia.so.2", nv),
+        lib("libnvidia-eglcore", "", "usr/lib/x86_64-linux-gnu"),
+        lib("libnvidia-glcore", "", "usr/lib/x86_64-linux-gnu"),
+        lib("libnvidia-glsi", "", "usr/lib/x86_64-linux-gnu"),
+        lib("libnvidia-tls", "", "usr/lib/x86_64-linux-gnu"),
+        lib("libnvidia-glvkspirv", "", "usr/lib/x86_64-linux-gnu"),
+        lib("libnvidia-rtcore", "", "usr/lib/x86_64-linux-gnu"),
+        // No SONAME, not in the linker cache: found next to libcuda.
+        lib("libnvidia-vulkan-producer", "", nv),
+        // Its own version, not the driver's.
+        (
+            "libnvidia-egl-wayland".to_string(),
+            "libnvidia-egl-wayland.so.1.1.10".to_string(),
+            "libnvidia-egl-wayland.so.1".to_string(),
+            t.root.join("usr/lib/x86_64-linux-gnu/libnvidia-egl-wayland.so.1.1.10"),
+        ),
     ]
     .into();
     assert_eq!(libs, want);
     for l in &d.libraries {
-        assert!(l.found_via.starts_with("ld.so.cache"), "{l:?}");
+        let want = if l.name == "libnvidia-vulkan-producer" {
+            format!("driver library dir /{nv}")
+        } else {
+            "ld.so.cache".to_string()
+        };
+        assert!(l.found_via.starts_with(&want), "{l:?}");
     }
 
     let bins: BTreeSet<(String, PathBuf)> = d.binaries.iter().map(|b| (b.name.clone(), b.host_path.clone())).collect();
@@ -312,7 +354,16 @@ fn default_injection_is_exact() {
     let caps: Capabilities = "compute,utility,video".parse().unwrap();
     let ev = inject::edits(&d, &gpus, &caps).unwrap();
     let added: BTreeSet<_> = mount_set(&ev).difference(&mount_set(&e)).cloned().collect();
-    assert_eq!(added, [lib("libnvcuvid", &nv), lib("libnvidia-encode", &nv)].into());
+    assert_eq!(
+        added,
+        [
+            lib("libnvcuvid", &nv),
+            lib("libnvidia-encode", &nv),
+            lib("libnvidia-opticalflow", &nv),
+            lib("libvdpau_nvidia", &nv)
+        ]
+        .into()
+    );
     assert!(ev.symlinks.contains(&(PathBuf::from(LIB_DIR).join("libnvcuvid.so"), PathBuf::from("libnvcuvid.so.1"))));
 
     // utility only: NVML and nvidia-smi, no CUDA.
@@ -372,7 +423,7 @@ fn fake_nvml_with_four_gpus() {
     assert_eq!(d.cuda_version, Some((12, 2)));
     assert_eq!(d.gpu_source, Some(GpuSource::Nvml));
     assert_eq!(d.gpus.len(), 4);
-    assert_eq!(d.libraries.len(), 8);
+    assert_eq!(d.libraries.len(), 22);
     // The tree has nodes for GPUs 0 and 1 only.
     assert!(d.missing.iter().any(|m| m.item.starts_with("/dev/nvidia2 (GPU 2)")));
 
@@ -801,4 +852,187 @@ fn report_table_and_json() {
     let r = Report::build(&d, &Capabilities::default(), None);
     assert!(r.error.as_deref().unwrap().starts_with("no NVIDIA driver found"));
     assert!(r.to_string().contains("A GPU job would fail now: no NVIDIA driver found"));
+}
+
+/// `graphics` brings the EGL/GLX/GLES/Vulkan libraries and the loaders' JSON files, each
+/// naming a library the sandbox gets; `display` adds the Xorg modules; `video` the codec
+/// libraries; the default (`compute,utility`) none of them.
+#[test]
+fn graphics_video_and_display_capabilities() {
+    let t = tree_or_skip!();
+    let d = discover_tree(t);
+    let v = &t.version;
+    let gpus = select::select(&d, &GpuRequest::All).unwrap();
+    let edits = |caps: &str| inject::edits(&d, &gpus, &caps.parse().unwrap()).unwrap();
+    let targets = |e: &ContainerEdits| -> BTreeSet<String> {
+        e.mounts.iter().filter(|m| !m.optional).map(|m| m.container_path.display().to_string()).collect()
+    };
+    let graphics_libs: BTreeSet<String> = [
+        "libEGL_nvidia",
+        "libGLX_nvidia",
+        "libGLESv1_CM_nvidia",
+        "libGLESv2_nvidia",
+        "libnvidia-eglcore",
+        "libnvidia-glcore",
+        "libnvidia-glsi",
+        "libnvidia-tls",
+        "libnvidia-glvkspirv",
+        "libnvidia-rtcore",
+        "libnvidia-vulkan-producer",
+    ]
+    .iter()
+    .map(|n| format!("{LIB_DIR}/{n}.so.{v}"))
+    .chain([format!("{LIB_DIR}/libnvidia-egl-wayland.so.1.1.10")])
+    .collect();
+    let json_files: BTreeSet<String> = [
+        "/usr/share/glvnd/egl_vendor.d/10_nvidia.json",
+        "/usr/share/egl/egl_external_platform.d/10_nvidia_wayland.json",
+        "/usr/share/vulkan/icd.d/nvidia_icd.json",
+        "/usr/share/vulkan/implicit_layer.d/nvidia_layers.json",
+    ]
+    .map(String::from)
+    .into();
+    let xorg: BTreeSet<String> =
+        ["/usr/lib/xorg/modules/drivers/nvidia_drv.so", "/usr/lib/xorg/modules/extensions/libglxserver_nvidia.so"]
+            .map(String::from)
+            .into();
+    let video_libs: BTreeSet<String> = ["libnvcuvid", "libnvidia-encode", "libnvidia-opticalflow", "libvdpau_nvidia"]
+        .iter()
+        .map(|n| format!("{LIB_DIR}/{n}.so.{v}"))
+        .collect();
+
+    let base = targets(&edits("compute,utility"));
+    for absent in graphics_libs.iter().chain(&json_files).chain(&xorg).chain(&video_libs) {
+        assert!(!base.contains(absent), "the default brings {absent}");
+    }
+
+    let g = edits("compute,utility,graphics");
+    let added: BTreeSet<String> = targets(&g).difference(&base).cloned().collect();
+    assert_eq!(added, graphics_libs.union(&json_files).cloned().collect());
+    // Every JSON file names, as a bare SONAME, a library the sandbox has under that name
+    // in LIB_DIR (a link made there, or the file itself), which ldconfig puts in the cache.
+    let names_in_lib_dir: BTreeSet<String> = g
+        .symlinks
+        .iter()
+        .map(|(l, _)| l.clone())
+        .chain(g.mounts.iter().map(|m| m.container_path.clone()))
+        .filter(|p| p.starts_with(LIB_DIR))
+        .map(|p| p.file_name().unwrap().to_string_lossy().into_owned())
+        .collect();
+    for m in g.mounts.iter().filter(|m| json_files.contains(&m.container_path.display().to_string())) {
+        let named = azp_sandbox::gpu::graphics::library_paths(&std::fs::read(&m.host_path).unwrap()).unwrap();
+        assert!(!named.is_empty());
+        for lib in named {
+            assert!(!lib.contains('/'), "Debian's files name SONAMEs: {lib}");
+            assert!(names_in_lib_dir.contains(&lib), "{} names {lib}, not in {LIB_DIR}", m.container_path.display());
+        }
+    }
+    assert!(g.update_ldcache && g.ld_library_dirs == vec![PathBuf::from(LIB_DIR)]);
+    assert_eq!(env(&g, "NVIDIA_DRIVER_CAPABILITIES").as_deref(), Some("compute,utility,graphics"));
+
+    // display: the graphics stack and the X server's modules (real files, found through
+    // the alternatives links at the Xorg module paths).
+    let disp = edits("compute,utility,display");
+    let added: BTreeSet<String> = targets(&disp).difference(&base).cloned().collect();
+    assert_eq!(added, graphics_libs.union(&json_files).chain(&xorg).cloned().collect());
+    let glx = disp.mounts.iter().find(|m| m.container_path.ends_with("libglxserver_nvidia.so")).unwrap();
+    assert_eq!(glx.host_path, t.root.join(format!("usr/lib/nvidia/current/libglxserver_nvidia.so.{v}")));
+
+    // video: the codec libraries, libvdpau told where its driver is, no JSON files.
+    let vid = edits("compute,utility,video");
+    let added: BTreeSet<String> = targets(&vid).difference(&base).cloned().collect();
+    assert_eq!(added, video_libs);
+    assert_eq!(env(&vid, "VDPAU_DRIVER_PATH").as_deref(), Some(LIB_DIR));
+    assert_eq!(env(&edits("compute,utility"), "VDPAU_DRIVER_PATH"), None);
+    assert!(vid.symlinks.contains(&(
+        PathBuf::from(LIB_DIR).join("libnvidia-opticalflow.so"),
+        PathBuf::from("libnvidia-opticalflow.so.1")
+    )));
+
+    // The per-job discovery looks for these files only when the job asks for them.
+    let job = azp_sandbox::gpu::discover_for_job(&opts(&t.root), &no_nvml(), &Capabilities::default()).unwrap();
+    assert!(job.files.is_empty() && job.libraries == d.libraries);
+    let gj = azp_sandbox::gpu::job_edits(
+        &opts(&t.root),
+        &GpuRequest::All,
+        &"compute,utility,graphics".parse().unwrap(),
+        None,
+    )
+    .unwrap();
+    assert_eq!(mount_set(&gj), mount_set(&g));
+
+    // gpu list shows the files with the library each names.
+    let r = Report::build(&d, &"graphics".parse().unwrap(), None);
+    let text = r.to_string();
+    assert!(
+        text.lines()
+            .any(|l| l.contains("/usr/share/vulkan/icd.d/nvidia_icd.json") && l.contains("names libGLX_nvidia.so.0")),
+        "{text}"
+    );
+}
+
+/// `gpu list` on the driver tree: GPUs but no nvidia-persistenced, a warning; with NVML
+/// saying MIG is on for GPU 1, a warning that a whole-GPU job sees no device there (the
+/// tree has the /dev/nvidia-caps nodes, so no warning about them), and the capability
+/// nodes are listed as not injected.
+#[test]
+fn gpu_list_warns_about_absent_services() {
+    let t = tree_or_skip!();
+    let d = discover_tree(t);
+    let r = Report::build(&d, &Capabilities::default(), None);
+    assert_eq!(r.warnings.len(), 1, "{:?}", r.warnings);
+    assert!(r.warnings[0].starts_with("nvidia-persistenced is not running"), "{:?}", r.warnings);
+    let text = r.to_string();
+    assert!(text.contains("Warnings:\n  nvidia-persistenced is not running"), "{text}");
+    assert!(text.contains("/dev/nvidia-caps/nvidia-cap1 (optional)"), "{text}");
+
+    let mut inv = FakeInventory::with_gpus(&t.version, 2);
+    inv.gpus[1].mig_enabled = Some(true);
+    let d = discover(&opts(&t.root), &inv).unwrap();
+    let r = Report::build(&d, &Capabilities::default(), None);
+    assert_eq!(r.warnings.len(), 2, "{:?}", r.warnings);
+    assert!(r.warnings[1].starts_with("MIG is enabled on GPU 1: a job given the whole GPU sees no CUDA device"));
+    let j: serde_json::Value = serde_json::from_str(&r.to_json()).unwrap();
+    assert_eq!(j["warnings"].as_array().unwrap().len(), 2);
+}
+
+/// A MIG device (`--gpus MIG-<uuid>`): its GPU's node and the two capability nodes the
+/// driver's procfs names for its GPU and compute instance, nothing of the other GPU.
+#[test]
+fn mig_device_gets_its_capability_nodes() {
+    let t = tree_or_skip!();
+    // NVML (faked) reports MIG on GPU 0 with instances gi1/ci0 (in the tree's procfs:
+    // nvidia-cap1, nvidia-cap2) and gi2/ci0 (not there).
+    let inv = FakeInventory::with_gpus(&t.version, 2).with_mig(0, &[(1, 0), (2, 0)]);
+    let d = discover(&opts(&t.root), &inv).unwrap();
+    assert_eq!(d.mig_devices.len(), 2);
+    let uuid = d.mig_devices[0].uuid.clone().unwrap();
+    let e = edits_for(Some(&d), None, &GpuRequest::parse(&uuid).unwrap(), &Capabilities::default()).unwrap();
+    assert_eq!(
+        node_list(&e),
+        vec![
+            ("/dev/nvidia0".into(), 195, 0),
+            ("/dev/nvidia-caps/nvidia-cap1".into(), 508, 1),
+            ("/dev/nvidia-caps/nvidia-cap2".into(), 508, 2),
+            ("/dev/nvidiactl".into(), 195, 255),
+            ("/dev/nvidia-uvm".into(), 511, 0),
+            ("/dev/nvidia-uvm-tools".into(), 511, 1),
+            ("/dev/nvidia-modeset".into(), 195, 254),
+        ]
+    );
+    assert_eq!(env(&e, "NVIDIA_VISIBLE_DEVICES"), Some(uuid.clone()));
+    assert_eq!(env(&e, "CUDA_VISIBLE_DEVICES").as_deref(), Some("0"));
+    // The whole GPU 0 gets no capability node.
+    let whole = edits_for(Some(&d), None, &GpuRequest::parse("0").unwrap(), &Capabilities::default()).unwrap();
+    assert!(node_list(&whole).iter().all(|(p, _, _)| !p.starts_with("/dev/nvidia-caps")));
+    // An instance the driver does not list: one line saying what to check.
+    let gone = d.mig_devices[1].uuid.clone().unwrap();
+    let err = edits_for(Some(&d), None, &GpuRequest::parse(&gone).unwrap(), &Capabilities::default())
+        .unwrap_err()
+        .to_string();
+    assert!(err.starts_with("MIG device gi2/ci0 of /dev/nvidia0: cannot read"), "{err}");
+    assert!(err.contains("nvidia-smi mig -lci") && err.lines().count() == 1, "{err}");
+    // gpu list shows the MIG devices under their GPU.
+    let text = Report::build(&d, &Capabilities::default(), None).to_string();
+    assert!(text.lines().any(|l| l.trim_start().starts_with("0:gi1/ci0") && l.contains(&uuid)), "{text}");
 }

@@ -143,3 +143,163 @@ fn no_gpus_means_no_driver_files_and_no_driver_needed() {
     assert!(err.contains('7') && err.lines().count() == 1, "{err}");
     h.assert_no_residue(&[]);
 }
+
+fn gpu_exec_caps(h: &TestHome, tree: &std::path::Path, caps: &str, script: &str) -> (i32, String, String) {
+    let out = h
+        .command()
+        .arg("--driver-root")
+        .arg(tree)
+        .args(["exec", "--rootfs", "deb", "--gpus", "0", "--gpu-capabilities", caps, "--", "bash", "-c", script])
+        .output()
+        .unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// In a real sandbox: with `graphics` each loader JSON file is there and the library it
+/// names is found by the sandbox's linker, as the EGL/Vulkan loaders will look it up;
+/// `video` has the codec libraries; the default has neither.
+#[test]
+fn graphics_and_video_capabilities_in_a_sandbox() {
+    require_root!();
+    let Some(tree) = driver_tree() else { return };
+    let h = TestHome::new("gpu-graphics");
+    h.import(&debian_tar(), "deb");
+    let json = [
+        "/usr/share/glvnd/egl_vendor.d/10_nvidia.json",
+        "/usr/share/egl/egl_external_platform.d/10_nvidia_wayland.json",
+        "/usr/share/vulkan/icd.d/nvidia_icd.json",
+        "/usr/share/vulkan/implicit_layer.d/nvidia_layers.json",
+    ];
+    // For each file: its library_path, then where the linker cache puts that name and
+    // whether that path opens (`test -r` follows the SONAME link to the bound file).
+    let script = format!(
+        "for f in {}; do \
+           if [ -f $f ]; then lib=$(sed -n 's/.*\"library_path\" *: *\"\\([^\"]*\\)\".*/\\1/p' $f); \
+             at=$(ldconfig -p | grep -F \"$lib (\" | head -1 | sed 's/.*=> //'); \
+             test -r \"$at\" && ok=readable || ok=unreadable; echo \"$f $lib $at $ok\"; \
+           else echo \"$f absent\"; fi; \
+         done; \
+         for l in libnvcuvid.so.1 libnvidia-encode.so.1 libnvidia-opticalflow.so.1 libvdpau_nvidia.so.1 libEGL_nvidia.so.0; do \
+           ldconfig -p | grep -qF \"$l (\" && echo \"$l cached\" || echo \"$l uncached\"; \
+         done; echo VDPAU_DRIVER_PATH=$VDPAU_DRIVER_PATH",
+        json.join(" ")
+    );
+    let (code, out, err) = gpu_exec_caps(&h, &tree, "compute,utility,graphics", &script);
+    assert_eq!(code, 0, "{err}");
+    let lines: Vec<&str> = out.lines().collect();
+    let want_lib = ["libEGL_nvidia.so.0", "libnvidia-egl-wayland.so.1", "libGLX_nvidia.so.0", "libGLX_nvidia.so.0"];
+    for (i, (f, lib)) in json.iter().zip(want_lib).enumerate() {
+        assert_eq!(lines[i], format!("{f} {lib} {LIB_DIR}/{lib} readable"), "{out}");
+    }
+    assert_eq!(
+        &lines[4..],
+        [
+            "libnvcuvid.so.1 uncached",
+            "libnvidia-encode.so.1 uncached",
+            "libnvidia-opticalflow.so.1 uncached",
+            "libvdpau_nvidia.so.1 uncached",
+            "libEGL_nvidia.so.0 cached",
+            "VDPAU_DRIVER_PATH=",
+        ],
+        "{out}"
+    );
+
+    let (code, out, err) = gpu_exec_caps(&h, &tree, "compute,utility,video", &script);
+    assert_eq!(code, 0, "{err}");
+    let lines: Vec<&str> = out.lines().collect();
+    for (i, f) in json.iter().enumerate() {
+        assert_eq!(lines[i], format!("{f} absent"), "{out}");
+    }
+    assert_eq!(
+        &lines[4..],
+        [
+            "libnvcuvid.so.1 cached",
+            "libnvidia-encode.so.1 cached",
+            "libnvidia-opticalflow.so.1 cached",
+            "libvdpau_nvidia.so.1 cached",
+            "libEGL_nvidia.so.0 uncached",
+            &format!("VDPAU_DRIVER_PATH={LIB_DIR}"),
+        ],
+        "{out}"
+    );
+
+    let (code, out, err) = gpu_exec_caps(&h, &tree, "compute,utility", &script);
+    assert_eq!(code, 0, "{err}");
+    let lines: Vec<&str> = out.lines().collect();
+    for (i, f) in json.iter().enumerate() {
+        assert_eq!(lines[i], format!("{f} absent"), "{out}");
+    }
+    assert!(lines[4..9].iter().all(|l| l.ends_with(" uncached")), "{out}");
+    h.assert_no_residue(&[]);
+}
+
+/// Sets the CUDA version the store records for a rootfs (as an import of a CUDA rootfs
+/// would have found in its `usr/local/cuda/version.json`).
+fn set_rootfs_cuda(h: &TestHome, name: &str, cuda: &str) {
+    let meta = h.dir.join(format!("rootfs/{name}/meta.json"));
+    let mut j: serde_json::Value = serde_json::from_slice(&std::fs::read(&meta).unwrap()).unwrap();
+    j["cuda_version"] = cuda.into();
+    std::fs::write(&meta, serde_json::to_vec(&j).unwrap()).unwrap();
+}
+
+/// A rootfs whose CUDA the driver cannot run fails before the job, in one line that
+/// says what to do; with forward-compatibility libraries it runs on them.
+#[test]
+fn rootfs_cuda_newer_than_the_driver() {
+    require_root!();
+    let Some(tree) = driver_tree() else { return };
+    let h = TestHome::new("gpu-compat");
+    h.import(&debian_tar(), "deb");
+    // No NVML here (no kernel module): the driver's CUDA comes from the table, 535 -> 12.2.
+    set_rootfs_cuda(&h, "deb", "12.2.140");
+    let (code, out, err) = gpu_exec(&h, &tree, "0", "echo ran");
+    assert_eq!((code, out.as_str()), (0, "ran\n"), "{err}");
+
+    set_rootfs_cuda(&h, "deb", "12.4.1");
+    let (code, out, err) = gpu_exec(&h, &tree, "0", "echo ran");
+    assert_eq!((code, out.as_str()), (125, ""), "{err}");
+    let line = err.trim_end();
+    assert_eq!(line.lines().count(), 1, "{err}");
+    for needle in [
+        "rootfs 'deb' has CUDA 12.4",
+        "driver 535.309.01 supports CUDA 12.2 at most (driver table, no NVML)",
+        "upgrade the driver to >= 550.54.14",
+        "cuda-compat-12-4",
+    ] {
+        assert!(line.contains(needle), "missing {needle:?}: {line}");
+    }
+    // No GPU, no check; and NVIDIA_DISABLE_REQUIRE skips it, as with the toolkit.
+    let (code, out, err) = gpu_exec(&h, &tree, "none", "echo ran");
+    assert_eq!((code, out.as_str()), (0, "ran\n"), "{err}");
+    let o = h
+        .command()
+        .arg("--driver-root")
+        .arg(&tree)
+        .args(["exec", "--rootfs", "deb", "--gpus", "0", "-e", "NVIDIA_DISABLE_REQUIRE=1", "--", "echo", "ran"])
+        .output()
+        .unwrap();
+    assert_eq!(String::from_utf8_lossy(&o.stdout), "ran\n", "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("NVIDIA_DISABLE_REQUIRE"), "a warning says it was skipped");
+
+    // cuda-compat-12-4's layout: a newer libcuda in /usr/local/cuda-12.4/compat. The
+    // job runs, and that libcuda comes first in its linker cache (the host's second).
+    let compat = h.dir.join("rootfs/deb/tree/usr/local/cuda-12.4/compat");
+    std::fs::create_dir_all(&compat).unwrap();
+    let host_libcuda = std::fs::read_dir(tree.join("usr/lib/x86_64-linux-gnu/nvidia/current"))
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .find(|p| p.file_name().unwrap().to_string_lossy().starts_with("libcuda.so.5"))
+        .unwrap();
+    std::fs::copy(&host_libcuda, compat.join("libcuda.so.550.54.15")).unwrap();
+    std::os::unix::fs::symlink("libcuda.so.550.54.15", compat.join("libcuda.so.1")).unwrap();
+    let (code, out, err) = gpu_exec(&h, &tree, "0", "ldconfig -p | grep -F 'libcuda.so.1 ' | sed 's/.*=> //'");
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(out, format!("/usr/local/cuda-12.4/compat/libcuda.so.1\n{LIB_DIR}/libcuda.so.1\n"), "{err}");
+    assert!(err.contains("forward-compatibility libraries /usr/local/cuda-12.4/compat (driver 550.54.15"), "{err}");
+    h.assert_no_residue(&[]);
+}

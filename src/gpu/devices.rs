@@ -1,7 +1,7 @@
 //! NVIDIA device nodes under `<driver_root>/dev`, with type/major/minor/mode read from
 //! the nodes themselves (nvidia-uvm's major is dynamic: never assumed).
 
-use super::{paths::host_path, Missing};
+use super::{paths::host_path, MigInstance, Missing};
 use crate::edits::DeviceKind;
 use serde::Serialize;
 use std::os::unix::fs::{FileTypeExt, MetadataExt};
@@ -54,11 +54,53 @@ impl Devices {
             .iter()
             .map(|c| Missing {
                 item: format!("{} (optional)", c.path.display()),
-                why: "MIG capability nodes are not injected: MIG instances are not selectable yet (whole GPUs only)"
+                why: "MIG capability node: a job gets only those of the MIG devices it is given (--gpus MIG-<uuid>)"
                     .into(),
             })
             .collect()
     }
+
+    /// The `/dev/nvidia-caps` nodes a job given MIG device `mig` of the GPU with node
+    /// minor `minor` needs: its GPU instance's and its compute instance's access
+    /// capabilities, whose minors the driver publishes in procfs under `root`.
+    pub fn mig_caps(&self, root: &Path, minor: u32, mig: MigInstance) -> Result<Vec<&DeviceFile>, String> {
+        let gi = format!("{MIG_CAPS_PROC}/gpu{minor}/mig/gi{}", mig.gi);
+        let mut out = Vec::new();
+        for access in [format!("{gi}/access"), format!("{gi}/ci{}/access", mig.ci)] {
+            let host = root.join(&access);
+            let text = std::fs::read_to_string(&host).map_err(|e| {
+                format!(
+                    "MIG device gi{}/ci{} of /dev/nvidia{minor}: cannot read {}: {e}; does the instance still exist (nvidia-smi mig -lci)?",
+                    mig.gi,
+                    mig.ci,
+                    host.display()
+                )
+            })?;
+            let cap = parse_cap_minor(&text).ok_or_else(|| {
+                format!("{}: no DeviceFileMinor line (a driver without MIG capabilities?)", host.display())
+            })?;
+            let path = PathBuf::from(format!("/dev/nvidia-caps/nvidia-cap{cap}"));
+            let node = self.caps.iter().find(|c| c.path == path).ok_or_else(|| {
+                format!(
+                    "MIG device gi{}/ci{} of /dev/nvidia{minor} needs {} but {} has no such node: create it (nvidia-modprobe -f /{access})",
+                    mig.gi,
+                    mig.ci,
+                    path.display(),
+                    root.join("dev/nvidia-caps").display()
+                )
+            })?;
+            out.push(node);
+        }
+        Ok(out)
+    }
+}
+
+/// The driver's MIG capability files, under the driver root.
+pub const MIG_CAPS_PROC: &str = "proc/driver/nvidia/capabilities";
+
+/// `DeviceFileMinor: 12` of a capability's `access` file.
+pub fn parse_cap_minor(text: &str) -> Option<u32> {
+    text.lines().find_map(|l| l.strip_prefix("DeviceFileMinor:")?.trim().parse().ok())
 }
 
 /// Reads one node; `Ok(None)` when absent, a note when it exists but is not a device.
@@ -185,6 +227,23 @@ pub fn parse_proc_devices(text: &str) -> Vec<(i64, String)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn mig_capability_minors() {
+        assert_eq!(parse_cap_minor("DeviceFileMinor: 12\nDeviceFileMode: 292\nDeviceFileModify: 1\n"), Some(12));
+        assert_eq!(parse_cap_minor("DeviceFileMode: 292\n"), None);
+        // Without procfs files or nodes: errors that say what to do.
+        let t = tempfile::tempdir().unwrap();
+        let d = Devices::default();
+        let e = d.mig_caps(t.path(), 0, MigInstance { gi: 1, ci: 0 }).unwrap_err();
+        assert!(e.contains("capabilities/gpu0/mig/gi1/access") && e.contains("nvidia-smi mig -lci"), "{e}");
+        let gi = t.path().join(MIG_CAPS_PROC).join("gpu0/mig/gi1");
+        std::fs::create_dir_all(gi.join("ci0")).unwrap();
+        std::fs::write(gi.join("access"), "DeviceFileMinor: 12\n").unwrap();
+        std::fs::write(gi.join("ci0/access"), "DeviceFileMinor: 13\n").unwrap();
+        let e = d.mig_caps(t.path(), 0, MigInstance { gi: 1, ci: 0 }).unwrap_err();
+        assert!(e.contains("needs /dev/nvidia-caps/nvidia-cap12") && e.contains("nvidia-modprobe -f"), "{e}");
+    }
 
     #[test]
     fn proc_devices() {

@@ -70,9 +70,19 @@ pub const LIBRARIES: &[(LibGroup, &[&str])] = &[
             "libGLESv2_nvidia",
             "libGLESv1_CM_nvidia",
             "libnvidia-glvkspirv",
+            "libnvidia-vulkan-producer",
         ],
     ),
 ];
+
+/// Driver libraries with a version of their own (`libnvidia-egl-wayland.so.1.1.10`), not
+/// the driver's: any `X.Y[.Z]` file is taken. Optional everywhere (separate packages).
+pub const OWN_VERSION_LIBRARIES: &[(LibGroup, &[&str])] =
+    &[(LibGroup::Graphics, &["libnvidia-egl-wayland", "libnvidia-egl-gbm", "libnvidia-egl-xcb", "libnvidia-egl-xlib"])];
+
+fn has_own_version(base: &str) -> bool {
+    OWN_VERSION_LIBRARIES.iter().any(|(_, names)| names.contains(&base))
+}
 
 /// Binaries per group (nv-fabricmanager is host-only and never injected).
 pub const BINARIES: &[(LibGroup, &str)] = &[
@@ -225,7 +235,23 @@ struct Candidate {
     cache_name: Option<String>,
 }
 
-pub(crate) fn discover(root: &Path, extra_lib_dirs: &[PathBuf], inv: &dyn GpuInventory) -> Result<Driver> {
+/// How much of the driver a caller needs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Scope {
+    /// Everything (`gpu list`, the agent runner's one discovery per run).
+    Everything,
+    /// One job with these capabilities (`exec`, on the per-job path): no graphics files
+    /// without `graphics`/`display` (~40 path lookups in the driver root), no host
+    /// services scan (`gpu list`'s warnings).
+    Job(Capabilities),
+}
+
+pub(crate) fn discover(
+    root: &Path,
+    extra_lib_dirs: &[PathBuf],
+    inv: &dyn GpuInventory,
+    scope: Scope,
+) -> Result<Driver> {
     let mut missing = Vec::new();
     let mut notes = Vec::new();
 
@@ -275,6 +301,15 @@ pub(crate) fn discover(root: &Path, extra_lib_dirs: &[PathBuf], inv: &dyn GpuInv
                 root.display()
             )),
         }
+    }
+    // The dir the driver's own libcuda/libnvidia-ml files are in: libraries the linker
+    // cache does not list (no SONAME, e.g. libnvidia-vulkan-producer) sit next to them.
+    let driver_dir = cands.iter().filter(|c| c.base == "libnvidia-ml" || c.base == "libcuda").find_map(|c| {
+        let real = resolve_in_root(root, &c.path).ok()?;
+        Some(real.parent()?.to_path_buf())
+    });
+    if let Some(d) = driver_dir.filter(|d| !dirs.iter().any(|(x, _)| x == d)) {
+        dirs.push((d, "driver library dir"));
     }
     for (dir, what) in &dirs {
         let host = match resolve_host(root, dir) {
@@ -350,6 +385,7 @@ pub(crate) fn discover(root: &Path, extra_lib_dirs: &[PathBuf], inv: &dyn GpuInv
             let file_name = real.file_name().and_then(|f| f.to_str()).unwrap_or_default().to_string();
             match split_so_name(&file_name) {
                 Some((b, fv)) if b == c.base && fv == v => {}
+                Some((b, fv)) if b == c.base && has_own_version(b) && is_driver_version(fv) => {}
                 Some((b, fv)) if b == c.base && is_driver_version(fv) => {
                     ignored_versions.insert(format!("{} (version {fv}, via {})", real.display(), c.via));
                     continue;
@@ -387,9 +423,14 @@ pub(crate) fn discover(root: &Path, extra_lib_dirs: &[PathBuf], inv: &dyn GpuInv
     for i in ignored_versions {
         notes.push(format!("ignored {i}: not the driver version {}", version.as_deref().unwrap_or("?")));
     }
+    // A library of its own version is only of use next to the driver's (egl-wayland is
+    // a platform of libEGL_nvidia): none without a driver library of its group.
+    let groups_found: BTreeSet<LibGroup> =
+        libraries.iter().filter(|l| !has_own_version(&l.name)).map(|l| l.group).collect();
+    libraries.retain(|l| !has_own_version(&l.name) || groups_found.contains(&l.group));
     libraries.sort_by(|a, b| (a.group, &a.name).cmp(&(b.group, &b.name)));
     if version.is_some() {
-        for (group, names) in LIBRARIES {
+        for (group, names) in LIBRARIES.iter().chain(OWN_VERSION_LIBRARIES) {
             for n in *names {
                 if !libraries.iter().any(|l| l.name == *n) {
                     missing.push(Missing {
@@ -410,6 +451,20 @@ pub(crate) fn discover(root: &Path, extra_lib_dirs: &[PathBuf], inv: &dyn GpuInv
             ),
         });
     }
+
+    // Graphics/display files (loader JSON files, Xorg modules), for the libraries found.
+    let want_files = match scope {
+        Scope::Everything => true,
+        Scope::Job(caps) => caps.graphics || caps.display,
+    };
+    let files = match &version {
+        Some(v) if want_files => {
+            let (files, absent) = super::graphics::discover(root, Some(v), &libraries);
+            missing.extend(absent);
+            files
+        }
+        _ => Vec::new(),
+    };
 
     // Binaries.
     let mut bin_dirs: Vec<PathBuf> = BIN_DIRS.iter().map(PathBuf::from).collect();
@@ -520,11 +575,19 @@ pub(crate) fn discover(root: &Path, extra_lib_dirs: &[PathBuf], inv: &dyn GpuInv
                 mig_enabled: None,
                 pci_bus_id: None,
                 source: GpuSource::DeviceNodes,
+                mig: None,
             })
             .collect();
         (g, Some(GpuSource::DeviceNodes))
     } else {
         (Vec::new(), None)
+    };
+    let mig_devices = match (nvml.loaded, gpus.iter().any(|g| g.mig_enabled == Some(true))) {
+        (true, true) => inv.mig_devices().unwrap_or_else(|e| {
+            notes.push(format!("MIG is enabled but NVML could not list the MIG devices: {e:#}"));
+            Vec::new()
+        }),
+        _ => Vec::new(),
     };
     for g in &gpus {
         if devices.gpu_node(g.minor).is_none() {
@@ -561,12 +624,18 @@ pub(crate) fn discover(root: &Path, extra_lib_dirs: &[PathBuf], inv: &dyn GpuInv
         nvml,
         gpus,
         gpu_source,
+        mig_devices,
         ldcache: cache.map(|c| c.file),
         libraries,
         binaries,
         firmware,
         sockets,
         mps_pipe_dir,
+        files,
+        services: match scope {
+            Scope::Everything => super::services::scan(root),
+            Scope::Job(_) => Default::default(),
+        },
         devices,
         missing,
         notes,

@@ -21,6 +21,7 @@
 //! not newer than the host driver).
 
 use super::driver::{Capabilities, Library};
+use super::graphics::{DriverFile, FileCap};
 use super::ldcache::LdCache;
 use super::paths::{host_path, resolve_in_root};
 use super::{split_so_name, Driver, GpuInfo};
@@ -44,6 +45,7 @@ const DEV_LINKS: &[(&str, &str)] = &[
     ("libnvidia-ml", "libnvidia-ml.so"),
     ("libnvcuvid", "libnvcuvid.so"),
     ("libnvidia-encode", "libnvidia-encode.so"),
+    ("libnvidia-opticalflow", "libnvidia-opticalflow.so"),
 ];
 
 fn ro_bind(host: &Path, container: impl Into<PathBuf>, optional: bool) -> BindMount {
@@ -75,6 +77,21 @@ pub fn libraries_for<'a>(driver: &'a Driver, caps: &Capabilities) -> Vec<&'a Lib
     driver.libraries.iter().filter(|l| groups.contains(&l.group)).collect()
 }
 
+/// Graphics/display files of `driver` that `caps` brings: `graphics` (or `display`) the
+/// loader JSON files whose libraries are all among `libs` (see [`super::graphics`]),
+/// `display` also the Xorg modules and configuration.
+pub fn files_for<'a>(driver: &'a Driver, caps: &Capabilities, libs: &[&Library]) -> Vec<&'a DriverFile> {
+    driver
+        .files
+        .iter()
+        .filter(|f| match f.cap {
+            FileCap::Graphics => caps.graphics || caps.display,
+            FileCap::Display => caps.display,
+        })
+        .filter(|f| f.libraries.iter().all(|r| libs.iter().any(|l| l.name == r.library)))
+        .collect()
+}
+
 /// The edits giving a sandbox exactly `selected` (nodes of those GPUs only) with the
 /// driver parts `caps` asks for. Empty `selected` gives empty edits.
 pub fn edits(driver: &Driver, selected: &[GpuInfo], caps: &Capabilities) -> Result<ContainerEdits> {
@@ -85,7 +102,8 @@ pub fn edits(driver: &Driver, selected: &[GpuInfo], caps: &Capabilities) -> Resu
     let dev = &driver.devices;
     let root_dev = driver.root.join("dev");
 
-    // Device nodes: the chosen GPUs, then the control nodes.
+    // Device nodes: the chosen GPUs (a MIG device: its GPU's node and its instance's
+    // capability nodes), then the control nodes.
     for g in selected {
         let n = dev.gpu_node(g.minor).ok_or_else(|| {
             anyhow!(
@@ -96,7 +114,15 @@ pub fn edits(driver: &Driver, selected: &[GpuInfo], caps: &Capabilities) -> Resu
                 g.minor
             )
         })?;
-        e.device_nodes.push(node(n));
+        let mut nodes = vec![n];
+        if let Some(mig) = g.mig {
+            nodes.extend(dev.mig_caps(&driver.root, g.minor, mig).map_err(|e| anyhow!("{e}"))?);
+        }
+        for n in nodes {
+            if !e.device_nodes.iter().any(|d| d.path == n.path) {
+                e.device_nodes.push(node(n));
+            }
+        }
     }
     let ctl = dev.ctl.as_ref().ok_or_else(|| {
         anyhow!(
@@ -163,6 +189,19 @@ pub fn edits(driver: &Driver, selected: &[GpuInfo], caps: &Capabilities) -> Resu
         e.mounts.push(ro_bind(&b.host_path, Path::new(BIN_DIR).join(&b.name), false));
     }
 
+    // Graphics/display files, and their libraries where a file names them by path.
+    for f in files_for(driver, caps, &libs) {
+        e.mounts.push(ro_bind(&f.host_path, f.container_path.clone(), false));
+        for r in &f.libraries {
+            let (Some(at), Some(lib)) = (&r.bind_at, libs.iter().find(|l| l.name == r.library)) else {
+                continue;
+            };
+            if !e.mounts.iter().any(|m| &m.container_path == at) {
+                e.mounts.push(ro_bind(&lib.host_path, at.clone(), false));
+            }
+        }
+    }
+
     // Optional: firmware, sockets, MPS pipe dir.
     for f in &driver.firmware {
         e.mounts.push(ro_bind(&f.host_path, f.container_path.clone(), true));
@@ -191,6 +230,11 @@ pub fn edits(driver: &Driver, selected: &[GpuInfo], caps: &Capabilities) -> Resu
         (0..selected.len()).map(|i| i.to_string()).collect::<Vec<_>>().join(","),
     ));
     e.env.push(("NVIDIA_DRIVER_CAPABILITIES".into(), caps.to_string()));
+    // libvdpau loads its driver from a dir compiled into it (`/usr/lib/<arch>/vdpau`,
+    // `/usr/lib64/vdpau`), unless this names another.
+    if libs.iter().any(|l| l.name == "libvdpau_nvidia") {
+        e.env.push(("VDPAU_DRIVER_PATH".into(), LIB_DIR.into()));
+    }
     Ok(e)
 }
 

@@ -8,23 +8,29 @@
 //! GpuRequest::parse("all"|"none"|"0,GPU-..") what the job asked for (--gpus)
 //! select::select(driver, request)            -> the GPUs a sandbox gets
 //! select::split(gpus, agents, per_agent)     -> the GPUs of each agent slot
+//!   graphics                                 EGL/Vulkan loader JSON files, Xorg modules
 //! inject::edits(driver, gpus, caps)          -> ContainerEdits (the only output)
 //! cdi::Registry + cdi::edits                 same output from CDI spec files
 //! edits_for(driver, cdi, request, caps)      native or CDI edits for a request
+//! compat::check(rootfs, driver, gpus)        rootfs CUDA vs driver CUDA (before a job)
 //! job_edits(opts, request, caps, rootfs)     all of the above with the real NVML: one call per job
 //! list(opts, caps) -> report::Report         what `azp-sandbox gpu list [--json]` prints
+//!   services::warnings                       persistenced, fabric manager, IMEX, MIG nodes
 //! ```
 
 pub mod cdi;
+pub mod compat;
 pub mod devices;
 pub mod driver;
 pub mod elf;
+pub mod graphics;
 pub mod inject;
 pub mod ldcache;
 pub mod nvml;
 pub mod paths;
 pub mod report;
 pub mod select;
+pub mod services;
 
 use crate::edits::ContainerEdits;
 use anyhow::{bail, Context, Result};
@@ -75,6 +81,17 @@ pub struct GpuInfo {
     pub mig_enabled: Option<bool>,
     pub pci_bus_id: Option<String>,
     pub source: GpuSource,
+    /// Set when this is a MIG device of GPU `index` (whose node is still
+    /// `/dev/nvidia<minor>`): its instance ids. `uuid` is then the `MIG-...` one.
+    pub mig: Option<MigInstance>,
+}
+
+/// Where a MIG device is: the GPU instance and compute instance ids that name its
+/// capability files (`/proc/driver/nvidia/capabilities/gpu<minor>/mig/gi<G>/ci<C>`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct MigInstance {
+    pub gi: u32,
+    pub ci: u32,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -126,6 +143,8 @@ pub struct Driver {
     pub gpus: Vec<GpuInfo>,
     /// `None` when there are no GPUs.
     pub gpu_source: Option<GpuSource>,
+    /// The MIG devices of MIG-enabled GPUs (NVML only), selectable by `MIG-` UUID.
+    pub mig_devices: Vec<GpuInfo>,
     pub ldcache: Option<PathBuf>,
     pub libraries: Vec<Library>,
     pub binaries: Vec<Binary>,
@@ -133,6 +152,10 @@ pub struct Driver {
     pub sockets: Vec<Socket>,
     /// MPS pipe directory (`/tmp/nvidia-mps`) when an MPS daemon runs on the host.
     pub mps_pipe_dir: Option<PathBuf>,
+    /// Loader JSON files, Xorg modules and configuration of `graphics`/`display`.
+    pub files: Vec<graphics::DriverFile>,
+    /// nvidia-persistenced, the fabric manager, NVSwitches, IMEX (see `services`).
+    pub services: services::Services,
     pub devices: Devices,
     pub missing: Vec<Missing>,
     pub notes: Vec<String>,
@@ -166,12 +189,21 @@ impl Driver {
 /// everything else that is absent ends up in `missing`/`notes`, and GPU requests fail
 /// later with [`Driver::unavailable_reason`].
 pub fn discover(opts: &DiscoverOptions, inventory: &dyn GpuInventory) -> Result<Driver> {
+    discover_scoped(opts, inventory, driver::Scope::Everything)
+}
+
+/// [`discover`] of what one job with `caps` needs (see [`driver::Scope::Job`]).
+pub fn discover_for_job(opts: &DiscoverOptions, inventory: &dyn GpuInventory, caps: &Capabilities) -> Result<Driver> {
+    discover_scoped(opts, inventory, driver::Scope::Job(*caps))
+}
+
+fn discover_scoped(opts: &DiscoverOptions, inventory: &dyn GpuInventory, scope: driver::Scope) -> Result<Driver> {
     let root = &opts.driver_root;
     if !root.is_dir() {
         bail!("driver root {} is not a directory: fix --driver-root", root.display());
     }
     let root = root.canonicalize().with_context(|| format!("cannot resolve driver root {}", root.display()))?;
-    driver::discover(&root, &opts.extra_lib_dirs, inventory)
+    driver::discover(&root, &opts.extra_lib_dirs, inventory, scope)
 }
 
 /// The edits for one job: `request` against the native driver, or against CDI specs when
@@ -200,14 +232,15 @@ pub fn edits_for(
 
 /// Everything one job needs, with the real NVML, in one call: nothing (and no driver
 /// lookup at all) for `--gpus none`; CDI when `--cdi-spec` was given or CDI names were
-/// requested; else native discovery + selection + injection. With `rootfs` (host path of
-/// the job's lower layer), the host libraries are also bound over the driver libraries
-/// the rootfs carries ([`inject::rootfs_overrides`]).
+/// requested; else native discovery + selection + injection. With `rootfs` (the job's
+/// lower layer), its CUDA is checked against the driver's ([`compat::check`]: a rootfs
+/// the driver cannot run is an error here, before the job) and the host libraries are
+/// also bound over the driver libraries the rootfs carries ([`inject::rootfs_overrides`]).
 pub fn job_edits(
     opts: &DiscoverOptions,
     request: &GpuRequest,
     caps: &Capabilities,
-    rootfs: Option<&std::path::Path>,
+    rootfs: Option<&compat::RootfsCuda>,
 ) -> Result<ContainerEdits> {
     if request.is_none() {
         return Ok(ContainerEdits::default());
@@ -217,16 +250,39 @@ pub fn job_edits(
         return edits_for(None, Some(&reg), request, caps);
     }
     let inventory = NvmlInventory::load(&opts.driver_root, &opts.extra_lib_dirs);
-    let driver = discover(opts, &inventory)?;
+    let driver = discover_for_job(opts, &inventory, caps)?;
     let mut edits = edits_for(Some(&driver), None, request, caps)?;
     if let Some(rootfs) = rootfs {
-        let (mounts, notes) = inject::rootfs_overrides(&driver, caps, rootfs)?;
+        if caps.compute {
+            let verdict = compat::check(rootfs, &driver, &select::select(&driver, request)?)?;
+            log_compat(rootfs.name, &verdict);
+            verdict.apply(&mut edits);
+        }
+        let (mounts, notes) = inject::rootfs_overrides(&driver, caps, rootfs.tree)?;
         for n in notes {
             tracing::info!("{n}");
         }
         edits.mounts.extend(mounts);
     }
     Ok(edits)
+}
+
+/// The CUDA check's outcome in the log: a warning when unchecked, debug for a rootfs
+/// without CUDA (nothing to say), else info.
+pub fn log_compat(rootfs: &str, verdict: &compat::Compat) {
+    match verdict {
+        v if v.is_warning() => tracing::warn!("rootfs '{rootfs}': {v}"),
+        compat::Compat::NoCuda => tracing::debug!("rootfs '{rootfs}': {verdict}"),
+        v => tracing::info!("rootfs '{rootfs}': {v}"),
+    }
+}
+
+/// The CUDA check alone, with the real NVML, for all of this host's GPUs (what a
+/// `check` command shows): `Err` is the line a GPU job on this rootfs would fail with.
+pub fn check_rootfs(opts: &DiscoverOptions, rootfs: &compat::RootfsCuda) -> Result<compat::Compat> {
+    let inventory = NvmlInventory::load(&opts.driver_root, &opts.extra_lib_dirs);
+    let driver = discover(opts, &inventory)?;
+    compat::check(rootfs, &driver, &driver.gpus)
 }
 
 /// `azp-sandbox gpu list`: discovery with the real NVML plus the CDI specs, as a report
@@ -240,7 +296,11 @@ pub fn list(opts: &DiscoverOptions, caps: &Capabilities) -> Result<report::Repor
 
 /// Is `name` a library base name of one of the known groups (`libcuda`)?
 pub fn lib_group(name: &str) -> Option<LibGroup> {
-    driver::LIBRARIES.iter().find(|(_, names)| names.contains(&name)).map(|(g, _)| *g)
+    driver::LIBRARIES
+        .iter()
+        .chain(driver::OWN_VERSION_LIBRARIES)
+        .find(|(_, names)| names.contains(&name))
+        .map(|(g, _)| *g)
 }
 
 /// `libcuda.so.535.54.15` -> (`libcuda`, `535.54.15`); `libcuda.so` -> (`libcuda`, ``).

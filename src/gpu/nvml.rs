@@ -12,6 +12,10 @@ pub trait GpuInventory {
     /// CUDA driver API version, e.g. (12, 2).
     fn cuda_driver_version(&self) -> Result<(u32, u32)>;
     fn gpus(&self) -> Result<Vec<GpuInfo>>;
+    /// The MIG devices of the MIG-enabled GPUs (each with [`GpuInfo::mig`] set).
+    fn mig_devices(&self) -> Result<Vec<GpuInfo>> {
+        Ok(Vec::new())
+    }
     /// Host directory the NVML library was loaded from.
     fn library_dir(&self) -> Option<PathBuf>;
 }
@@ -127,7 +131,39 @@ impl GpuInventory for NvmlInventory {
                 mig_enabled: d.mig_mode().ok().map(|m| m.current == 1),
                 pci_bus_id: d.pci_info().ok().map(|p| p.bus_id),
                 source: GpuSource::Nvml,
+                mig: None,
             });
+        }
+        Ok(out)
+    }
+
+    fn mig_devices(&self) -> Result<Vec<GpuInfo>> {
+        let nvml = self.nvml()?;
+        let mut out = Vec::new();
+        for index in 0..nvml.device_count()? {
+            let d = nvml.device_by_index(index)?;
+            if !d.mig_mode().is_ok_and(|m| m.current == 1) {
+                continue;
+            }
+            let minor = d.minor_number()?;
+            // The most MIG devices the GPU can have; empty slots answer NotFound.
+            for slot in 0..d.mig_device_count()? {
+                let Ok(m) = d.mig_device_by_index(slot) else { continue };
+                let (gi, ci) = crate::sys::nvml_mig::instance_ids(nvml, &m)
+                    .map_err(|e| anyhow!("MIG device {slot} of GPU {index}: {e}"))?;
+                out.push(GpuInfo {
+                    index,
+                    uuid: Some(m.uuid()?),
+                    name: m.name().unwrap_or_else(|_| "MIG device".into()),
+                    minor,
+                    memory_total_bytes: m.memory_info().ok().map(|x| x.total),
+                    compute_capability: d.cuda_compute_capability().ok().map(|c| (c.major as u32, c.minor as u32)),
+                    mig_enabled: Some(true),
+                    pci_bus_id: d.pci_info().ok().map(|p| p.bus_id),
+                    source: GpuSource::Nvml,
+                    mig: Some(super::MigInstance { gi, ci }),
+                });
+            }
         }
         Ok(out)
     }
@@ -169,6 +205,7 @@ pub struct FakeInventory {
     pub version: String,
     pub cuda: (u32, u32),
     pub gpus: Vec<GpuInfo>,
+    pub mig: Vec<GpuInfo>,
     pub lib_dir: Option<PathBuf>,
 }
 
@@ -189,10 +226,30 @@ impl FakeInventory {
                     mig_enabled: Some(false),
                     pci_bus_id: Some(format!("00000000:{:02X}:00.0", 0x18 + i)),
                     source: GpuSource::Nvml,
+                    mig: None,
                 })
                 .collect(),
+            mig: Vec::new(),
             lib_dir: None,
         }
+    }
+
+    /// Turns MIG on for GPU `index` with one MIG device per `(gi, ci)`, UUIDs
+    /// `MIG-00000000-0000-0000-0000-<index><gi><ci>`.
+    pub fn with_mig(mut self, index: u32, instances: &[(u32, u32)]) -> FakeInventory {
+        let parent = self.gpus.iter_mut().find(|g| g.index == index).expect("a GPU of that index");
+        parent.mig_enabled = Some(true);
+        let parent = parent.clone();
+        for &(gi, ci) in instances {
+            self.mig.push(GpuInfo {
+                uuid: Some(format!("MIG-00000000-0000-0000-0000-{index:04}{gi:04}{ci:04}")),
+                name: "NVIDIA H100 80GB HBM3 MIG 1g.10gb".into(),
+                memory_total_bytes: Some(10 << 30),
+                mig: Some(super::MigInstance { gi, ci }),
+                ..parent.clone()
+            });
+        }
+        self
     }
 }
 
@@ -205,6 +262,9 @@ impl GpuInventory for FakeInventory {
     }
     fn gpus(&self) -> Result<Vec<GpuInfo>> {
         Ok(self.gpus.clone())
+    }
+    fn mig_devices(&self) -> Result<Vec<GpuInfo>> {
+        Ok(self.mig.clone())
     }
     fn library_dir(&self) -> Option<PathBuf> {
         self.lib_dir.clone()

@@ -20,6 +20,8 @@ pub enum ItemKind {
     Firmware,
     Socket,
     Directory,
+    /// A loader JSON file, Xorg module or configuration (`graphics`, `display`).
+    File,
 }
 
 impl fmt::Display for ItemKind {
@@ -32,6 +34,7 @@ impl fmt::Display for ItemKind {
             ItemKind::Firmware => "firmware",
             ItemKind::Socket => "socket",
             ItemKind::Directory => "directory",
+            ItemKind::File => "file",
         })
     }
 }
@@ -66,9 +69,13 @@ pub struct Report {
     pub nvml: NvmlStatus,
     pub gpu_source: Option<GpuSource>,
     pub gpus: Vec<GpuInfo>,
+    /// MIG devices of MIG-enabled GPUs (`--gpus MIG-<uuid>`).
+    pub mig_devices: Vec<GpuInfo>,
     pub capabilities: String,
     /// Why `--gpus all` would fail right now; `None` when it would work.
     pub error: Option<String>,
+    /// Host services GPU jobs need that are absent ([`super::services::warnings`]).
+    pub warnings: Vec<String>,
     /// What `--gpus all` with `capabilities` gives a sandbox.
     pub items: Vec<Item>,
     pub env: Vec<(String, String)>,
@@ -97,7 +104,8 @@ impl Report {
             });
         }
         let lib_dir = Path::new(LIB_DIR);
-        for l in inject::libraries_for(driver, caps) {
+        let libs = inject::libraries_for(driver, caps);
+        for l in &libs {
             items.push(Item {
                 kind: ItemKind::Library,
                 container_path: lib_dir.join(&l.file_name),
@@ -122,6 +130,27 @@ impl Report {
                 container_path: Path::new(BIN_DIR).join(&b.name),
                 source: b.host_path.clone(),
                 detail: format!("{} (found at {})", b.group, b.found_at.display()),
+                optional: false,
+            });
+        }
+        for f in inject::files_for(driver, caps, &libs) {
+            let names: Vec<String> = f
+                .libraries
+                .iter()
+                .map(|r| match &r.bind_at {
+                    Some(at) => format!("{} (bound at {})", r.library, at.display()),
+                    None => r.written.clone(),
+                })
+                .collect();
+            items.push(Item {
+                kind: ItemKind::File,
+                container_path: f.container_path.clone(),
+                source: f.host_path.clone(),
+                detail: if names.is_empty() {
+                    f.kind.describe().to_string()
+                } else {
+                    format!("names {}", names.join(", "))
+                },
                 optional: false,
             });
         }
@@ -167,8 +196,10 @@ impl Report {
             nvml: driver.nvml.clone(),
             gpu_source: driver.gpu_source,
             gpus: driver.gpus.clone(),
+            mig_devices: driver.mig_devices.clone(),
             capabilities: caps.to_string(),
             error,
+            warnings: super::services::warnings(&driver.services, &driver.gpus, &driver.devices),
             items,
             env,
             missing: driver.missing.clone(),
@@ -236,6 +267,13 @@ impl fmt::Display for Report {
             (false, _, None) => writeln!(f, "NVML            not used")?,
         }
         writeln!(f, "capabilities    {}", self.capabilities)?;
+        if !self.warnings.is_empty() {
+            writeln!(f)?;
+            writeln!(f, "Warnings:")?;
+            for w in &self.warnings {
+                writeln!(f, "  {w}")?;
+            }
+        }
         writeln!(f)?;
         match self.gpu_source {
             None => writeln!(f, "GPUs: none")?,
@@ -243,9 +281,17 @@ impl fmt::Display for Report {
                 writeln!(f, "GPUs (from {src}):")?;
                 let mut rows =
                     vec![["INDEX", "NODE", "UUID", "NAME", "MEMORY", "CC", "MIG", "PCI"].map(String::from).to_vec()];
+                let mut listed: Vec<&GpuInfo> = Vec::new();
                 for g in &self.gpus {
+                    listed.push(g);
+                    listed.extend(self.mig_devices.iter().filter(|m| m.index == g.index));
+                }
+                for g in listed {
                     rows.push(vec![
-                        g.index.to_string(),
+                        match g.mig {
+                            Some(m) => format!("{}:gi{}/ci{}", g.index, m.gi, m.ci),
+                            None => g.index.to_string(),
+                        },
                         format!("/dev/nvidia{}", g.minor),
                         g.uuid.clone().unwrap_or_else(|| dash.clone()),
                         g.name.clone(),

@@ -11,7 +11,7 @@ pub enum GpuRequest {
     /// nvidia-container-runtime's `none`, which still mounts the driver libraries.)
     None,
     All,
-    /// Indexes and/or UUIDs.
+    /// Indexes, GPU UUIDs and/or MIG device UUIDs.
     List(Vec<GpuId>),
     /// Fully-qualified CDI names (`nvidia.com/gpu=0`); bare names allowed with --cdi-spec.
     Cdi(Vec<String>),
@@ -21,20 +21,22 @@ pub enum GpuRequest {
 pub enum GpuId {
     Index(u32),
     Uuid(String),
+    /// A MIG device: `MIG-<uuid>` as `nvidia-smi -L` lists it.
+    Mig(String),
 }
 
 impl fmt::Display for GpuId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             GpuId::Index(i) => write!(f, "{i}"),
-            GpuId::Uuid(u) => f.write_str(u),
+            GpuId::Uuid(u) | GpuId::Mig(u) => f.write_str(u),
         }
     }
 }
 
 impl GpuRequest {
-    /// Parses `all | none | void | LIST`; LIST items are indexes, `GPU-...` UUIDs, or
-    /// CDI names containing `=` (then all items must be CDI names).
+    /// Parses `all | none | void | LIST`; LIST items are indexes, `GPU-...` UUIDs,
+    /// `MIG-...` UUIDs, or CDI names containing `=` (then all items must be CDI names).
     pub fn parse(s: &str) -> Result<GpuRequest> {
         let t = s.trim();
         match t.to_ascii_lowercase().as_str() {
@@ -55,8 +57,10 @@ impl GpuRequest {
                 ids.push(GpuId::Index(n));
             } else if i.len() > 4 && i[..4].eq_ignore_ascii_case("GPU-") {
                 ids.push(GpuId::Uuid(i.to_string()));
-            } else if i.len() > 4 && i[..4].eq_ignore_ascii_case("MIG-") || i.contains(':') {
-                bail!("--gpus '{i}': MIG devices are not supported yet; give whole GPUs by index or GPU-UUID");
+            } else if i.len() > 4 && i[..4].eq_ignore_ascii_case("MIG-") {
+                ids.push(GpuId::Mig(i.to_string()));
+            } else if i.contains(':') {
+                bail!("--gpus '{i}': give a MIG device by its MIG-<uuid> (see nvidia-smi -L), not GPU:INDEX");
             } else {
                 bail!("malformed --gpus '{s}': '{i}' is not an index or a GPU UUID; expected all, none, or a comma list like 0,1 or GPU-<uuid>");
             }
@@ -95,11 +99,16 @@ pub fn select(driver: &Driver, request: &GpuRequest) -> Result<Vec<GpuInfo>> {
     if let Some(reason) = driver.unavailable_reason() {
         bail!("{reason}");
     }
-    select_from(&driver.gpus, request)
+    select_among(&driver.gpus, &driver.mig_devices, request)
 }
 
-/// Same as [`select`] on a plain list.
+/// Same as [`select`] on a plain list of whole GPUs.
 pub fn select_from(gpus: &[GpuInfo], request: &GpuRequest) -> Result<Vec<GpuInfo>> {
+    select_among(gpus, &[], request)
+}
+
+/// [`select`] among whole GPUs and MIG devices (`all` and indexes mean whole GPUs).
+pub fn select_among(gpus: &[GpuInfo], mig: &[GpuInfo], request: &GpuRequest) -> Result<Vec<GpuInfo>> {
     let mut out: Vec<GpuInfo> = match request {
         GpuRequest::None => return Ok(Vec::new()),
         GpuRequest::Cdi(_) => {
@@ -114,14 +123,16 @@ pub fn select_from(gpus: &[GpuInfo], request: &GpuRequest) -> Result<Vec<GpuInfo
         GpuRequest::List(ids) => {
             let mut v = Vec::new();
             for id in ids {
-                let found = gpus.iter().find(|g| match id {
-                    GpuId::Index(i) => g.index == *i,
-                    GpuId::Uuid(u) => g.uuid.as_deref().is_some_and(|x| x.eq_ignore_ascii_case(u)),
-                });
+                let same_uuid = |g: &&GpuInfo, u: &str| g.uuid.as_deref().is_some_and(|x| x.eq_ignore_ascii_case(u));
+                let found = match id {
+                    GpuId::Index(i) => gpus.iter().find(|g| g.index == *i),
+                    GpuId::Uuid(u) => gpus.iter().find(|g| same_uuid(g, u)),
+                    GpuId::Mig(u) => mig.iter().find(|g| same_uuid(g, u)),
+                };
                 match found {
                     Some(g) if !v.contains(g) => v.push(g.clone()),
                     Some(_) => {}
-                    None => bail!("--gpus: no GPU '{id}' on this host; available: {}", available(gpus)),
+                    None => bail!("--gpus: no GPU '{id}' on this host; available: {}", available(gpus, mig)),
                 }
             }
             v
@@ -131,7 +142,7 @@ pub fn select_from(gpus: &[GpuInfo], request: &GpuRequest) -> Result<Vec<GpuInfo
     Ok(out)
 }
 
-fn available(gpus: &[GpuInfo]) -> String {
+fn available(gpus: &[GpuInfo], mig: &[GpuInfo]) -> String {
     if gpus.is_empty() {
         return "none".into();
     }
@@ -140,6 +151,7 @@ fn available(gpus: &[GpuInfo]) -> String {
             Some(u) => format!("{} ({u})", g.index),
             None => format!("{} (/dev/nvidia{}, UUID unknown without NVML)", g.index, g.minor),
         })
+        .chain(mig.iter().filter_map(|m| Some(format!("{} (of GPU {})", m.uuid.as_deref()?, m.index))))
         .collect::<Vec<_>>()
         .join(", ")
 }
@@ -244,7 +256,8 @@ mod tests {
             GpuRequest::Cdi(vec!["nvidia.com/gpu=0".into(), "nvidia.com/gpu=all".into()])
         );
         assert!(GpuRequest::parse("0,nvidia.com/gpu=1").unwrap_err().to_string().contains("mixes"));
-        assert!(GpuRequest::parse("MIG-1234").unwrap_err().to_string().contains("MIG"));
+        assert_eq!(GpuRequest::parse("MIG-1234").unwrap(), GpuRequest::List(vec![GpuId::Mig("MIG-1234".into())]));
+        assert!(GpuRequest::parse("0:1").unwrap_err().to_string().contains("MIG-<uuid>"));
         assert!(GpuRequest::parse("first").unwrap_err().to_string().contains("not an index"));
     }
 
@@ -260,6 +273,26 @@ mod tests {
         assert!(e.contains("GPU-deadbeef"), "{e}");
         assert!(select_from(&[], &GpuRequest::All).is_err());
         assert!(select_from(&[], &GpuRequest::None).unwrap().is_empty());
+    }
+
+    #[test]
+    fn mig_devices_by_uuid_whole_gpus_by_index() {
+        let inv = FakeInventory::with_gpus("550.54.15", 2).with_mig(1, &[(1, 0), (2, 0)]);
+        let mig = &inv.mig;
+        let req = GpuRequest::parse(mig[1].uuid.as_deref().unwrap()).unwrap();
+        let s = select_among(&inv.gpus, mig, &req).unwrap();
+        assert_eq!(s.len(), 1);
+        assert_eq!((s[0].index, s[0].minor, s[0].mig), (1, 1, Some(crate::gpu::MigInstance { gi: 2, ci: 0 })));
+        // `all` and indexes are whole GPUs, never their MIG devices.
+        assert!(select_among(&inv.gpus, mig, &GpuRequest::All).unwrap().iter().all(|g| g.mig.is_none()));
+        assert!(select_among(&inv.gpus, mig, &GpuRequest::parse("1").unwrap()).unwrap()[0].mig.is_none());
+        // A GPU UUID does not match a MIG device, nor a MIG UUID a GPU.
+        let e = select_among(&inv.gpus, mig, &GpuRequest::parse("MIG-nope").unwrap()).unwrap_err().to_string();
+        assert!(
+            e.contains("no GPU 'MIG-nope'") && e.contains("MIG-00000000-0000-0000-0000-000100020000 (of GPU 1)"),
+            "{e}"
+        );
+        assert!(select_from(&inv.gpus, &req).is_err(), "no MIG list, no MIG device");
     }
 
     #[test]

@@ -91,7 +91,10 @@ fn configs(
     let mut configs = Vec::new();
     let mut shapes = Vec::new();
     for (i, gpus) in ready.split.iter().enumerate() {
-        let edits = if gpus.is_empty() { Default::default() } else { gpu::inject::edits(driver, gpus, &caps)? };
+        let mut edits = if gpus.is_empty() { Default::default() } else { gpu::inject::edits(driver, gpus, &caps)? };
+        if let Some(c) = &ready.compat {
+            c.apply(&mut edits);
+        }
         let base_plan = JobPlan {
             id: String::new(),
             lower: vec![lease.path().to_path_buf()],

@@ -30,6 +30,8 @@ pub struct Ready {
     pub user: Option<(u32, u32)>,
     pub packages: PackageCache,
     pub package: AgentPackage,
+    /// The rootfs's CUDA against the driver's (GPU slots only; see [`gpu::compat`]).
+    pub compat: Option<gpu::compat::Compat>,
 }
 
 pub fn check(home: &Home, settings: &RunSettings, ctx: RunContext) -> Result<Ready> {
@@ -38,6 +40,7 @@ pub fn check(home: &Home, settings: &RunSettings, ctx: RunContext) -> Result<Rea
     let (token, client, pool_id) = server(settings, ctx.env_token)?;
     let (driver, split) = gpus(settings, &ctx.driver_root)?;
     let (rootfs_name, lease) = rootfs(home, settings, &driver)?;
+    let compat = cuda_compat(&rootfs_name, &lease, &driver, &split)?;
     let user = ctx.job_user.or_else(|| passwd_user(lease.path(), "azp"));
     if user.is_none() {
         tracing::warn!(
@@ -54,7 +57,7 @@ pub fn check(home: &Home, settings: &RunSettings, ctx: RunContext) -> Result<Rea
     let autoscaling = settings.autoscale.is_some();
     // Autoscaling re-registers a slot's agent when it starts: no record is kept meanwhile.
     prune(&client, pool_id, &settings.name_prefix, |n| !autoscaling && names.iter().any(|m| m == n))?;
-    Ok(Ready { token, client, pool_id, driver, split, names, rootfs_name, lease, user, packages, package })
+    Ok(Ready { token, client, pool_id, driver, split, names, rootfs_name, lease, user, packages, package, compat })
 }
 
 /// The PAT works, the pool exists and we may manage its agents. Returns the PAT, the
@@ -138,9 +141,33 @@ fn slot_names(prefix: &str, slots: usize) -> Vec<String> {
 /// The rootfs the settings name (or the newest the driver's CUDA supports), leased.
 fn rootfs(home: &Home, settings: &RunSettings, driver: &gpu::Driver) -> Result<(String, RootfsLease)> {
     let store = Store::new(home);
-    let name = crate::rootfs::select::resolve(&store, &settings.rootfs, driver.cuda_version)?;
+    let driver_cuda = gpu::compat::driver_cuda(driver).map(|(c, _)| c);
+    let name = crate::rootfs::select::resolve(&store, &settings.rootfs, driver_cuda)?;
     let lease = store.lease(&name)?;
     Ok((name, lease))
+}
+
+/// The rootfs's CUDA against the driver's, before any slot takes a job: a rootfs newer
+/// than the driver fails here in one line, not with CUDA error 803/804 in every job.
+fn cuda_compat(
+    rootfs_name: &str,
+    lease: &RootfsLease,
+    driver: &gpu::Driver,
+    split: &[Vec<GpuInfo>],
+) -> Result<Option<gpu::compat::Compat>> {
+    let gpus: Vec<GpuInfo> = split.iter().flatten().cloned().collect();
+    if gpus.is_empty() {
+        return Ok(None);
+    }
+    let rootfs = gpu::compat::RootfsCuda {
+        name: rootfs_name,
+        tree: lease.path(),
+        cuda_version: lease.info().cuda_version.as_deref(),
+        disable_require: false,
+    };
+    let verdict = gpu::compat::check(&rootfs, driver, &gpus)?;
+    gpu::log_compat(rootfs_name, &verdict);
+    Ok(Some(verdict))
 }
 
 #[cfg(test)]
@@ -172,6 +199,7 @@ mod tests {
                 memory_total_bytes: None,
                 compute_capability: None,
                 mig_enabled: None,
+                mig: None,
                 pci_bus_id: None,
                 source: gpu::GpuSource::DeviceNodes,
             })

@@ -20,8 +20,9 @@ pub fn pick_auto(list: &[RootfsInfo], driver_cuda: Option<(u32, u32)>, host_arch
     for r in list {
         let Some(v) = r.cuda_version.as_deref() else { continue };
         let key: Vec<u32> = v.split('.').map(|p| p.parse().unwrap_or(0)).collect();
-        let (maj, min) = (key.first().copied().unwrap_or(0), key.get(1).copied().unwrap_or(0));
-        if (maj, min) > (dmaj, dmin) {
+        // The same rule as the check before each job (gpu::compat).
+        let Some(cuda) = crate::gpu::compat::parse_cuda(v) else { continue };
+        if !crate::gpu::compat::cuda_supported(cuda, (dmaj, dmin)) {
             continue; // needs a newer driver
         }
         let rank = (r.arch.as_deref() == Some(host_arch), key);

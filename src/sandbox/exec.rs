@@ -99,7 +99,13 @@ pub fn prepare(home: &Home, driver_root: &Path, req: &ExecRequest) -> Result<(Jo
     };
     let gpus = GpuRequest::parse(&req.gpus)?;
     let caps: Capabilities = req.gpu_capabilities.parse()?;
-    let edits = gpu::job_edits(&gpu_opts, &gpus, &caps, Some(lease.path()))?;
+    let rootfs = gpu::compat::RootfsCuda {
+        name: &rootfs_name,
+        tree: lease.path(),
+        cuda_version: lease.info().cuda_version.as_deref(),
+        disable_require: gpu::compat::disable_require(&req.env),
+    };
+    let edits = gpu::job_edits(&gpu_opts, &gpus, &caps, Some(&rootfs))?;
     let id = req.name.clone().unwrap_or_else(|| super::jobdir::new_job_id("exec"));
     if home.jobs_dir().join(&id).exists() {
         bail!("a job named '{id}' is already running: choose another --name");

@@ -5,6 +5,7 @@
 //! [`runtime_tmpfs`], which `exec` and `run` call once at start (as root).
 
 pub mod isolate;
+pub mod nvml_mig;
 pub mod runtime_tmpfs;
 
 use anyhow::{bail, Context, Result};
