@@ -11,6 +11,7 @@ pub mod azure;
 pub mod config;
 pub mod edits;
 pub mod gpu;
+pub mod http;
 pub mod logging;
 pub mod manager;
 pub mod progress;

@@ -10,7 +10,7 @@
 
 mod common;
 
-use azp_sandbox::azure::RetryPolicy;
+use azp_sandbox::http::RetryPolicy;
 use azp_sandbox::config::Home;
 use azp_sandbox::rootfs::oci::{self, PullOptions, PullReport};
 use azp_sandbox::rootfs::Store;
