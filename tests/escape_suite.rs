@@ -19,8 +19,8 @@
 //! SECURITY.md has the results table of this suite.
 
 mod common;
+use common::digest::{hex, sha256_file, sha256_hex};
 use common::*;
-use sha2::Digest as _;
 use std::fs;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::os::unix::process::CommandExt;
@@ -189,14 +189,6 @@ int main(int argc, char **argv) {
 }
 "#;
 
-fn sha256_hex(bytes: &[u8]) -> String {
-    sha2::Sha256::digest(bytes).iter().map(|b| format!("{b:02x}")).collect()
-}
-
-fn sha256_file(p: &Path) -> String {
-    sha256_hex(&fs::read(p).unwrap_or_else(|e| panic!("cannot read {}: {e}", p.display())))
-}
-
 /// sha256 by coreutils: the debug binary is ~200 MB, too slow for unoptimised sha2.
 fn sha256sum(p: &Path) -> String {
     let o = Command::new("sha256sum").arg(p).output().unwrap();
@@ -256,7 +248,7 @@ fn escape_tar() -> PathBuf {
         let base = busybox_tar();
         // Keyed on the inputs and on this layout (bump the suffix when adding files).
         let layout = b"probe,busybox-suid,probe-suid";
-        let tag = &sha256_hex(&[sha256_file(&base).as_bytes(), &probe[..], layout].concat())[..12];
+        let tag = &sha256_hex([sha256_file(&base).as_bytes(), &probe[..], layout].concat())[..12];
         let out = fixtures().join(format!("escape-rootfs-{tag}.tar"));
         if out.exists() {
             return out;
@@ -1211,7 +1203,7 @@ fn t14_token_file_is_unreachable() {
     let h = home("token");
     let mut rnd = [0u8; 16];
     std::io::Read::read_exact(&mut fs::File::open("/dev/urandom").unwrap(), &mut rnd).unwrap();
-    let token: String = rnd.iter().map(|b| format!("{b:02x}")).collect();
+    let token = hex(rnd);
     let tf = h.dir.join("pat");
     fs::write(&tf, format!("{token}\n")).unwrap();
     fs::set_permissions(&tf, fs::Permissions::from_mode(0o600)).unwrap();

@@ -7,8 +7,8 @@
 mod common;
 
 use azp_sandbox::rootfs::recipe::{self, Recipe};
+use common::digest::sha256_file;
 use common::{fixtures, repo, TestHome};
-use sha2::{Digest, Sha256};
 use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -22,10 +22,6 @@ fn recipe_files() -> Vec<PathBuf> {
         .collect();
     v.sort();
     v
-}
-
-fn sha256_file(p: &Path) -> String {
-    Sha256::digest(std::fs::read(p).unwrap()).iter().map(|b| format!("{b:02x}")).collect()
 }
 
 const SHIPPED: [&str; 5] = [

@@ -2,9 +2,11 @@
 //! atomicity, leases and gc. The hostile cases check that nothing outside the store was
 //! written, using a sentinel directory next to it.
 
+#[path = "common/digest.rs"]
+mod digest;
+
 use azp_sandbox::config::Home;
 use azp_sandbox::rootfs::{unpack, RootfsInfo, Store, UnpackError, UnpackOptions};
-use sha2::{Digest, Sha256};
 use std::ffi::CString;
 use std::io::Write;
 use std::os::unix::ffi::OsStrExt;
@@ -211,7 +213,7 @@ fn plain_gzip_and_zstd_are_detected_by_magic() {
         let mut seen = 0;
         let info = env.store.import(&mut &bytes[..], name, &mut |n| seen = n).unwrap();
         assert_eq!(info.source, kind);
-        assert_eq!(info.sha256.as_deref(), Some(hex(&Sha256::digest(&bytes)).as_str()));
+        assert_eq!(info.sha256.as_deref(), Some(digest::sha256_hex(&bytes).as_str()));
         assert_eq!(seen, bytes.len() as u64, "progress reports all bytes read");
         assert_eq!(info.entries, 3);
         assert_eq!(info.size_bytes, 4);
@@ -993,10 +995,6 @@ fn busybox_rootfs() {
     assert_eq!(listed[0].arch, info.arch);
     assert_eq!(listed[0].sha256, info.sha256);
     assert_eq!(listed[0].path, t);
-}
-
-fn hex(b: &[u8]) -> String {
-    b.iter().map(|x| format!("{x:02x}")).collect()
 }
 
 // ---------------------------------------------------------------- as an ordinary user

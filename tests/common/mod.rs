@@ -1,7 +1,9 @@
 //! Shared helpers of the integration tests: a private home per test, fixtures built once
 //! (busybox rootfs, Debian minbase), and residue checks.
 #![allow(dead_code)]
+pub mod digest;
 pub mod fake_azure;
+pub mod registry;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
