@@ -22,3 +22,8 @@ pub mod scaler;
 pub mod setuid;
 pub mod slurm;
 pub mod sys;
+
+/// Visible skips for unit tests that cannot run here (shared with the integration tests).
+#[cfg(test)]
+#[path = "../tests/common/skip.rs"]
+mod test_skip;

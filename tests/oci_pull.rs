@@ -5,8 +5,8 @@
 //! flaky proxy for retries and resumption, and `rootfs import` of OCI layouts and
 //! `docker save` archives.
 //!
-//! Tests that need `docker-registry` and `skopeo` print SKIPPED and return when they
-//! are missing (scripts/setup.sh installs them; CI has them). The registry harness is
+//! Tests that need `docker-registry` and `skopeo` are skipped, visibly, when they are
+//! missing (scripts/setup.sh installs them; CI has them). The registry harness is
 //! tests/common/registry.rs, shared with benches/pull.rs.
 
 mod common;
@@ -17,8 +17,8 @@ use azp_sandbox::rootfs::oci::{self, PullOptions, PullReport};
 use azp_sandbox::rootfs::Store;
 use base64::Engine as _;
 use common::digest::sha256_hex;
-use common::registry::{have, Registry, OCI_CONFIG, OCI_INDEX, OCI_MANIFEST};
-use common::TestHome;
+use common::registry::{have, registry_tools, Registry, OCI_CONFIG, OCI_INDEX, OCI_MANIFEST};
+use common::{skip, TestHome};
 use serde_json::json;
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Write};
@@ -33,12 +33,7 @@ use std::time::{Duration, Instant};
 const MTIME: u64 = 1_600_000_000;
 macro_rules! require_registry {
     () => {
-        if !have("docker-registry") || !have("skopeo") {
-            eprintln!(
-                "SKIPPED: needs docker-registry and skopeo (apt-get install docker-registry skopeo; scripts/setup.sh)"
-            );
-            return;
-        }
+        or_skip!(registry_tools())
     };
 }
 
@@ -852,8 +847,7 @@ fn unknown_repo_tag_and_unsupported_media_type() {
 fn basic_auth_with_htpasswd() {
     require_registry!();
     if !have("htpasswd") {
-        eprintln!("SKIPPED: needs htpasswd (apt-get install apache2-utils)");
-        return;
+        return skip("needs htpasswd (apt-get install apache2-utils)");
     }
     let work = work_dir("basic");
     let img = build_images(&work.join("layout"));
@@ -989,8 +983,7 @@ impl Drop for TokenServer {
 fn bearer_token_flow() {
     require_registry!();
     if !have("openssl") {
-        eprintln!("SKIPPED: needs openssl to sign tokens");
-        return;
+        return skip("needs openssl to sign tokens");
     }
     let work = work_dir("token");
     let img = build_images(&work.join("layout"));
@@ -1036,8 +1029,7 @@ fn openssl(args: &[&str], dir: &Path) {
 fn https_registry_with_a_private_ca() {
     require_registry!();
     if !have("openssl") {
-        eprintln!("SKIPPED: needs openssl to make certificates");
-        return;
+        return skip("needs openssl to make certificates");
     }
     let work = work_dir("tls");
     let img = build_images(&work.join("layout"));

@@ -171,6 +171,7 @@ fn rootfs_json(home: &TestHome) -> Vec<serde_json::Value> {
 }
 
 #[test]
+#[cfg_attr(not(test_as_root), ignore = "needs root: debootstrap and apt-get in a chroot (CI runs the suite as root)")]
 fn build_minbase_recipe_then_run_a_job_in_it() {
     require_root!();
     let t0 = Instant::now();
@@ -248,6 +249,7 @@ fn build_minbase_recipe_then_run_a_job_in_it() {
 }
 
 #[test]
+#[cfg_attr(not(test_as_root), ignore = "needs root: debootstrap and apt-get in a chroot (CI runs the suite as root)")]
 fn failed_and_interrupted_builds_leave_nothing() {
     require_root!();
     let home = TestHome::new("recipe-fail");
@@ -315,12 +317,12 @@ fn failed_and_interrupted_builds_leave_nothing() {
     assert!(rootfs_json(&home).is_empty());
 }
 
-fn heavy() -> bool {
+/// Whether the heavy builds are asked for; if not, why they are skipped.
+fn heavy() -> Result<(), String> {
     if std::env::var("AZP_SANDBOX_HEAVY_TESTS").is_ok_and(|v| v == "1") {
-        return true;
+        return Ok(());
     }
-    eprintln!("SKIPPED: set AZP_SANDBOX_HEAVY_TESTS=1 to build the CUDA recipes (downloads 0.3-2 GB, 1-4 min each)");
-    false
+    Err("set AZP_SANDBOX_HEAVY_TESTS=1 to build the CUDA recipes (downloads 0.3-2 GB, 1-4 min each)".into())
 }
 
 /// Files and links named `libcuda.so*` / `libnvidia-ml.so*` outside `stubs/` dirs.
@@ -355,11 +357,10 @@ fn build_heavy(home: &TestHome, recipe: &str) -> (Duration, serde_json::Value) {
 }
 
 #[test]
+#[cfg_attr(not(test_as_root), ignore = "needs root: debootstrap and apt-get in a chroot (CI runs the suite as root)")]
 fn heavy_bookworm_cuda_runtime_recipe() {
     require_root!();
-    if !heavy() {
-        return;
-    }
+    or_skip!(heavy());
     let home = TestHome::new("recipe-runtime");
     let (_, info) = build_heavy(&home, "debian-bookworm-cuda11.8-runtime");
     assert_eq!(info["cuda_version"], "11.8");
@@ -388,11 +389,10 @@ fn heavy_bookworm_cuda_runtime_recipe() {
 }
 
 #[test]
+#[cfg_attr(not(test_as_root), ignore = "needs root: debootstrap and apt-get in a chroot (CI runs the suite as root)")]
 fn heavy_trixie_cuda_toolkit_recipe() {
     require_root!();
-    if !heavy() {
-        return;
-    }
+    or_skip!(heavy());
     let home = TestHome::new("recipe-toolkit");
     let (_, info) = build_heavy(&home, "debian-trixie-cuda12.4");
     assert_eq!(info["cuda_version"], "12.4");
@@ -417,11 +417,10 @@ fn heavy_trixie_cuda_toolkit_recipe() {
 }
 
 #[test]
+#[cfg_attr(not(test_as_root), ignore = "needs root: debootstrap and apt-get in a chroot (CI runs the suite as root)")]
 fn heavy_bookworm_cuda_toolkit_recipe() {
     require_root!();
-    if !heavy() {
-        return;
-    }
+    or_skip!(heavy());
     let home = TestHome::new("recipe-toolkit-11");
     let (_, info) = build_heavy(&home, "debian-bookworm-cuda11.8");
     assert_eq!(info["cuda_version"], "11.8");

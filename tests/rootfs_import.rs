@@ -4,9 +4,12 @@
 
 #[path = "common/digest.rs"]
 mod digest;
+#[path = "common/skip.rs"]
+mod skip;
 
 use azp_sandbox::config::Home;
 use azp_sandbox::rootfs::{unpack, RootfsInfo, Store, UnpackError, UnpackOptions};
+use skip::skip;
 use std::ffi::CString;
 use std::io::Write;
 use std::os::unix::ffi::OsStrExt;
@@ -418,8 +421,7 @@ fn xattrs_from_pax_headers() {
     let probe = env.store.dir().join("probe");
     std::fs::write(&probe, b"").unwrap();
     if let Err(e) = setxattr(&probe, "user.azp_probe", b"1") {
-        println!("SKIP xattrs_from_pax_headers: the filesystem refuses user xattrs: {e}");
-        return;
+        return skip(format!("the filesystem refuses user xattrs: {e}"));
     }
     std::fs::remove_file(&probe).unwrap();
     // File capabilities (security.capability, VFS_CAP_REVISION_2, CAP_NET_RAW effective)
@@ -790,10 +792,10 @@ fn maxrss_kib() -> u64 {
 }
 
 #[test]
+#[cfg_attr(not(test_as_root), ignore = "needs root: mounts a small tmpfs")]
 fn disk_full_is_reported_and_cleaned_up() {
     if !is_root() {
-        println!("SKIP disk_full_is_reported_and_cleaned_up: mounting a small tmpfs needs root");
-        return;
+        return skip("needs root: mounts a small tmpfs");
     }
     let tmp = tempfile::tempdir().unwrap();
     let mnt = tmp.path().join("small");
@@ -801,8 +803,7 @@ fn disk_full_is_reported_and_cleaned_up() {
     let c = CString::new(mnt.as_os_str().as_bytes()).unwrap();
     let r = unsafe { libc::mount(c"tmpfs".as_ptr(), c.as_ptr(), c"tmpfs".as_ptr(), 0, c"size=2m".as_ptr().cast()) };
     if r != 0 {
-        println!("SKIP disk_full_is_reported_and_cleaned_up: cannot mount tmpfs: {}", std::io::Error::last_os_error());
-        return;
+        return skip(format!("cannot mount tmpfs: {}", std::io::Error::last_os_error()));
     }
     struct Umount(CString);
     impl Drop for Umount {
@@ -961,8 +962,7 @@ fn cancel_flag_stops_the_unpack() {
 fn busybox_rootfs() {
     let bb = Path::new("/bin/busybox");
     if !bb.exists() {
-        println!("SKIP busybox_rootfs: /bin/busybox not installed (apt-get install busybox-static)");
-        return;
+        return skip("/bin/busybox not installed (apt-get install busybox-static)");
     }
     let env = Env::new();
     let body = std::fs::read(bb).unwrap();
