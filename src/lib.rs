@@ -8,10 +8,13 @@
 
 pub mod agent;
 pub mod azure;
+pub mod clock;
 pub mod config;
+pub mod digest;
 pub mod edits;
 pub mod gpu;
 pub mod http;
+pub mod json_file;
 pub mod logging;
 pub mod manager;
 pub mod progress;
