@@ -17,7 +17,7 @@ use azp_sandbox::rootfs::oci::{self, PullOptions, PullReport};
 use azp_sandbox::rootfs::Store;
 use base64::Engine as _;
 use common::digest::sha256_hex;
-use common::registry::{have, registry_tools, Registry, OCI_CONFIG, OCI_INDEX, OCI_MANIFEST};
+use common::registry::{have, one_layer_layout, registry_tools, Registry, OCI_CONFIG, OCI_INDEX, OCI_MANIFEST};
 use common::{skip, TestHome};
 use serde_json::json;
 use std::collections::BTreeMap;
@@ -1271,6 +1271,47 @@ fn tar_dir(dir: &Path, out: &Path) {
     let mut b = tar::Builder::new(f);
     b.append_dir_all(".", dir).unwrap();
     b.finish().unwrap();
+}
+
+/// A tree with hard links reports one size however it reaches the store: as `rootfs
+/// build` records it (`rootfs::tree_size` of the built tree), imported from a tar,
+/// imported as an OCI layout, pulled from a registry. A hard-linked file takes its space
+/// once, so it counts once.
+#[test]
+fn a_tree_with_hard_links_reports_one_size_built_imported_or_pulled() {
+    let work = work_dir("sizes");
+    let tree = work.join("tree");
+    std::fs::create_dir_all(tree.join("usr/bin")).unwrap();
+    std::fs::write(tree.join("usr/bin/perl"), noise(300_000, 7)).unwrap();
+    std::fs::hard_link(tree.join("usr/bin/perl"), tree.join("usr/bin/perl5.36.0")).unwrap();
+    std::fs::write(tree.join("usr/bin/other"), b"#!/bin/sh\n").unwrap();
+    std::os::unix::fs::symlink("usr/bin", tree.join("bin")).unwrap();
+    let (_, built) = azp_sandbox::rootfs::tree_size(&tree);
+    assert_eq!(built, 300_000 + 10, "the hard-linked file counts once");
+
+    let h = TestHome::new("oci-sizes");
+    let size_of = |name: &str| store_of(&h).lease(name).unwrap().info().size_bytes;
+    // GNU tar keeps the hard link as a link entry.
+    let tarred = work.join("tree.tar");
+    let st = Command::new("tar").arg("-C").arg(&tree).arg("-cf").arg(&tarred).arg(".").status().unwrap();
+    assert!(st.success());
+    h.ok(&["rootfs", "import", tarred.to_str().unwrap(), "--name", "from-tar"]);
+    assert_eq!(size_of("from-tar"), built, "imported from a tar");
+    let layout = work.join("layout");
+    one_layer_layout(&tarred, &layout, "v1");
+    h.ok(&["rootfs", "import", &format!("{}:v1", layout.display()), "--name", "from-layout"]);
+    assert_eq!(size_of("from-layout"), built, "imported as an OCI layout");
+    let t = store_of(&h).lease("from-layout").unwrap().info().path.clone();
+    let perl = std::fs::metadata(t.join("usr/bin/perl")).unwrap();
+    assert_eq!(perl.nlink(), 2, "the link survived the trip");
+
+    if let Err(why) = registry_tools() {
+        return common::skip_part(format!("the pull from a registry: {why}"));
+    }
+    let reg = Registry::start(&work, "sizes", &work.join("storage"), "");
+    reg.push(&layout, "v1", &[]);
+    pull(&h, &opts(format!("{}/test/img:v1", reg.host()), "pulled")).unwrap();
+    assert_eq!(size_of("pulled"), built, "pulled from a registry");
 }
 
 #[test]

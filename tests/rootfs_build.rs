@@ -148,6 +148,23 @@ fn malformed_recipes_give_one_line_errors_naming_file_and_key() {
     assert!(!home.dir.join("rootfs").exists() || std::fs::read_dir(home.dir.join("rootfs")).unwrap().count() == 0);
 }
 
+/// A regular file with more than one link under `dir`, if there is one.
+fn hard_linked_file(dir: &Path) -> Option<PathBuf> {
+    use std::os::unix::fs::MetadataExt;
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).unwrap().flatten() {
+            let m = e.path().symlink_metadata().unwrap();
+            if m.is_dir() {
+                stack.push(e.path());
+            } else if m.is_file() && m.nlink() > 1 {
+                return Some(e.path());
+            }
+        }
+    }
+    None
+}
+
 /// Entries of the store dir (names, temp dirs, trash).
 fn store_entries(home: &TestHome) -> Vec<String> {
     std::fs::read_dir(home.dir.join("rootfs"))
@@ -214,6 +231,35 @@ fn build_minbase_recipe_then_run_a_job_in_it() {
     assert!(r["entries"].as_u64().unwrap() > 3000, "{r}");
     let text = home.ok(&["rootfs", "list"]);
     assert!(text.lines().any(|l| l.starts_with("debian-bookworm-minbase") && l.contains("x86_64")), "{text}");
+
+    // One size whichever way the tree reaches the store: a copy imported from a tar and
+    // one imported as an OCI image (the pull's path) report what the build recorded. The
+    // tree has hard links (perl-base ships perl and perl5.36.0 as one file): counted once.
+    let tree = home.dir.join("rootfs/debian-bookworm-minbase/tree");
+    let linked = hard_linked_file(&tree);
+    assert!(linked.is_some(), "no hard-linked file in the minbase tree: the sizes below would prove nothing");
+    let tarred = home.dir.join("minbase.tar");
+    let st = std::process::Command::new("tar")
+        .args(["--numeric-owner", "-C"])
+        .arg(&tree)
+        .arg("-cf")
+        .arg(&tarred)
+        .arg(".")
+        .status()
+        .unwrap();
+    assert!(st.success());
+    home.import(&tarred, "minbase-tar");
+    common::registry::one_layer_layout(&tarred, &home.dir.join("minbase-oci"), "v1");
+    home.ok(&["rootfs", "import", &format!("{}:v1", home.dir.join("minbase-oci").display()), "--name", "minbase-oci"]);
+    let list = rootfs_json(&home);
+    for copy in ["minbase-tar", "minbase-oci"] {
+        let c = list.iter().find(|r| r["name"] == copy).expect("not listed");
+        assert_eq!(c["size_bytes"].as_u64(), Some(size), "{copy} vs the build ({linked:?} is hard-linked)");
+    }
+    for copy in ["minbase-tar", "minbase-oci"] {
+        home.ok(&["rootfs", "rm", copy]);
+    }
+    let _ = std::fs::remove_dir_all(home.dir.join("minbase-oci"));
 
     // The tree: build scaffolding gone, package lists and .debs not kept, recipe recorded.
     let tree = home.dir.join("rootfs/debian-bookworm-minbase/tree");

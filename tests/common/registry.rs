@@ -27,6 +27,44 @@ pub fn registry_tools() -> Result<(), String> {
     }
 }
 
+/// An OCI image layout at `dir` tagged `tag`, for the host's architecture, whose one
+/// uncompressed layer is the tar file `tar` (moved in as the blob). Digested by coreutils'
+/// sha256sum: a rootfs tar is large, and sha2 in a debug build is slow.
+pub fn one_layer_layout(tar: &Path, dir: &Path, tag: &str) {
+    let blobs = dir.join("blobs/sha256");
+    std::fs::create_dir_all(&blobs).unwrap();
+    std::fs::write(dir.join("oci-layout"), br#"{"imageLayoutVersion":"1.0.0"}"#).unwrap();
+    let out = Command::new("sha256sum").arg(tar).output().expect("cannot run sha256sum");
+    assert!(out.status.success(), "sha256sum {}: {}", tar.display(), String::from_utf8_lossy(&out.stderr));
+    let layer_hex = String::from_utf8_lossy(&out.stdout).split_whitespace().next().unwrap().to_owned();
+    let layer_size = std::fs::metadata(tar).unwrap().len();
+    std::fs::rename(tar, blobs.join(&layer_hex)).unwrap();
+    let blob = |v: &serde_json::Value, media_type: &str| {
+        let bytes = serde_json::to_vec(v).unwrap();
+        let hex = sha256_hex(&bytes);
+        std::fs::write(blobs.join(&hex), &bytes).unwrap();
+        serde_json::json!({"mediaType": media_type, "digest": format!("sha256:{hex}"), "size": bytes.len()})
+    };
+    let arch = if cfg!(target_arch = "aarch64") { "arm64" } else { "amd64" };
+    let layer_digest = format!("sha256:{layer_hex}");
+    let config = serde_json::json!({
+        "architecture": arch,
+        "os": "linux",
+        "config": {},
+        "rootfs": {"type": "layers", "diff_ids": [layer_digest]},
+    });
+    let manifest = serde_json::json!({
+        "schemaVersion": 2,
+        "mediaType": OCI_MANIFEST,
+        "config": blob(&config, OCI_CONFIG),
+        "layers": [{"mediaType": "application/vnd.oci.image.layer.v1.tar", "digest": layer_digest, "size": layer_size}],
+    });
+    let mut m = blob(&manifest, OCI_MANIFEST);
+    m["annotations"] = serde_json::json!({"org.opencontainers.image.ref.name": tag});
+    let index = serde_json::json!({"schemaVersion": 2, "mediaType": OCI_INDEX, "manifests": [m]});
+    std::fs::write(dir.join("index.json"), serde_json::to_vec(&index).unwrap()).unwrap();
+}
+
 pub fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
 }
