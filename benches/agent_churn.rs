@@ -9,6 +9,8 @@
 //! big-job phases, default 5).
 //! Writes target/bench-results/agent_churn.md.
 
+#[path = "../tests/common/digest.rs"]
+mod digest;
 #[path = "../tests/common/fake_azure.rs"]
 mod fake_azure;
 #[path = "common/proc_events.rs"]

@@ -15,32 +15,27 @@
 //! docker-registry, skopeo and umoci (scripts/setup.sh); prints SKIPPED without them.
 //! Writes target/bench-results/pull.md.
 
+#[path = "../tests/common/digest.rs"]
+mod digest;
+#[path = "../tests/common/registry.rs"]
+mod registry;
+
+use digest::hex;
 use flate2::write::GzEncoder;
+use registry::{have, Registry, OCI_CONFIG, OCI_INDEX, OCI_MANIFEST};
 use serde_json::json;
 use sha2::{Digest, Sha256};
 use std::collections::BTreeMap;
 use std::io::{BufWriter, Read, Write};
-use std::net::{TcpListener, TcpStream};
 use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-const OCI_MANIFEST: &str = "application/vnd.oci.image.manifest.v1+json";
-const OCI_INDEX: &str = "application/vnd.oci.image.index.v1+json";
-const OCI_CONFIG: &str = "application/vnd.oci.image.config.v1+json";
 const OCI_LAYER_GZIP: &str = "application/vnd.oci.image.layer.v1.tar+gzip";
 /// Where the image lives in the registry.
 const REPO: &str = "bench/rootfs";
 const TAG: &str = "latest";
-
-fn have(bin: &str) -> bool {
-    std::env::var_os("PATH").map(|p| std::env::split_paths(&p).any(|d| d.join(bin).is_file())).unwrap_or(false)
-}
-
-fn hex(d: impl AsRef<[u8]>) -> String {
-    d.as_ref().iter().map(|b| format!("{b:02x}")).collect()
-}
 
 fn median(mut v: Vec<Duration>) -> Duration {
     v.sort();
@@ -175,61 +170,6 @@ fn build_layout(src: &Path, dir: &Path) -> Image {
     Image { layer_bytes: gz.bytes, tar_bytes: raw.bytes }
 }
 
-// ------------------------------------------------------------------ the registry
-
-/// `docker-registry serve` on a free 127.0.0.1 port; killed when dropped.
-struct Registry {
-    child: Child,
-    port: u16,
-    log: PathBuf,
-}
-
-impl Registry {
-    fn start(work: &Path) -> Registry {
-        let port = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-        let cfg = work.join("registry.yml");
-        std::fs::write(
-            &cfg,
-            format!(
-                "version: 0.1\nlog:\n  level: warn\n  accesslog:\n    disabled: true\nstorage:\n  filesystem:\n    rootdirectory: {}\nhttp:\n  addr: 127.0.0.1:{port}\n  secret: bench-secret\n",
-                work.join("registry").display()
-            ),
-        )
-        .unwrap();
-        let log = work.join("registry.log");
-        let out = std::fs::File::create(&log).unwrap();
-        let child = Command::new("docker-registry")
-            .arg("serve")
-            .arg(&cfg)
-            .stdin(Stdio::null())
-            .stdout(out.try_clone().unwrap())
-            .stderr(out)
-            .spawn()
-            .expect("cannot start docker-registry");
-        let mut r = Registry { child, port, log };
-        let t = Instant::now();
-        while TcpStream::connect(("127.0.0.1", port)).is_err() {
-            if let Ok(Some(st)) = r.child.try_wait() {
-                panic!("docker-registry exited ({st}): {}", r.log_text());
-            }
-            assert!(t.elapsed() < Duration::from_secs(15), "docker-registry did not start: {}", r.log_text());
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        r
-    }
-
-    fn log_text(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-}
-
-impl Drop for Registry {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 // ------------------------------------------------------------------ comparing the trees
 
 /// What must match between the two pulled trees, per entry.
@@ -350,7 +290,7 @@ fn main() {
         image.layer_bytes as f64 / 1e6,
         t.elapsed().as_secs_f64()
     );
-    let registry = Registry::start(w);
+    let registry = Registry::start_quiet(w, "bench", &w.join("registry"));
     let reference = format!("127.0.0.1:{}/{REPO}:{TAG}", registry.port);
     timed(
         "skopeo copy (push)",

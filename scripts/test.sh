@@ -5,11 +5,33 @@
 # Two passes: everything as root, then the rootless pass: the escape suite, the rootless
 # tests, the agent runner and the GPU sandbox tests as the ordinary user azp-rootless (made by scripts/setup.sh),
 # with a cgroup subtree delegated to it (scripts/delegate-cgroups.sh).
+#
+# Tests that cannot run here are never counted silently: those needing root are ignored
+# (with their reason) in a build by another user, the others print SKIPPED and add a
+# line to $AZP_SANDBOX_SKIP_LOG (tests/common/skip.rs). The summary at the end lists
+# both, for both passes, even when a test failed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 threads="${AZP_SANDBOX_TEST_THREADS:-4}"
+
+AZP_SANDBOX_SKIP_LOG="$(mktemp /tmp/azp-sandbox-skips.XXXXXX)"
+export AZP_SANDBOX_SKIP_LOG
+output="$(mktemp /tmp/azp-sandbox-test-output.XXXXXX)"
+summary() {
+  local skipped ignored
+  skipped="$(grep -c . "$AZP_SANDBOX_SKIP_LOG" || true)"
+  ignored="$(grep -cE '^test .* \.\.\. ignored' "$output" || true)"
+  echo
+  echo "test.sh: $skipped skipped, whole or (in part) (cargo test counts them as passed):"
+  sed 's/^/  /' "$AZP_SANDBOX_SKIP_LOG"
+  echo "test.sh: $ignored ignored:"
+  grep -E '^test .* \.\.\. ignored' "$output" | sed -E 's/^test (.*) \.\.\. ignored,? ?/  \1: /' || true
+  rm -f "$AZP_SANDBOX_SKIP_LOG" "$output"
+}
+trap summary EXIT
+
 cargo build --locked --all-targets
-cargo test --locked -- --test-threads="$threads"
+cargo test --locked -- --test-threads="$threads" 2>&1 | tee -a "$output"
 
 rootless_user="${AZP_SANDBOX_ROOTLESS_USER:-azp-rootless}"
 if ! id "$rootless_user" >/dev/null 2>&1; then
@@ -25,4 +47,5 @@ if ! runuser -u "$rootless_user" -- test -x target/debug/azp-sandbox; then
 fi
 scripts/delegate-cgroups.sh "$rootless_user" >/dev/null
 AZP_SANDBOX_TEST_USER="$rootless_user" cargo test --locked \
-  --test escape_suite --test rootless --test agent_runner --test gpu_sandbox -- --test-threads="$threads"
+  --test escape_suite --test rootless --test agent_runner --test gpu_sandbox -- --test-threads="$threads" \
+  2>&1 | tee -a "$output"

@@ -149,10 +149,7 @@ impl Home {
         // A home that does not exist yet has no canonical path: its path as given, not kept.
         let canonical = std::fs::canonicalize(&self.root);
         let path = canonical.as_deref().unwrap_or(&self.root);
-        let tag = format!(
-            "h-{}",
-            crate::rootfs::archive::hex(&sha2::Sha256::digest(path.as_os_str().as_encoded_bytes())[..4])
-        );
+        let tag = format!("h-{}", crate::digest::hex(&sha2::Sha256::digest(path.as_os_str().as_encoded_bytes())[..4]));
         match canonical {
             Ok(_) => self.tag.get_or_init(|| tag).clone(),
             Err(_) => tag,

@@ -13,9 +13,13 @@
 
 pub mod agent;
 pub mod azure;
+pub mod clock;
 pub mod config;
+pub mod digest;
 pub mod edits;
 pub mod gpu;
+pub mod http;
+pub mod json_file;
 pub mod logging;
 pub mod manager;
 pub mod progress;
@@ -27,3 +31,8 @@ pub mod settings;
 pub mod setuid;
 pub mod slurm;
 pub mod sys;
+
+/// Visible skips for unit tests that cannot run here (shared with the integration tests).
+#[cfg(test)]
+#[path = "../tests/common/skip.rs"]
+mod test_skip;

@@ -19,8 +19,8 @@
 //! SECURITY.md has the results table of this suite.
 
 mod common;
+use common::digest::{hex, sha256_file, sha256_hex};
 use common::*;
-use sha2::Digest as _;
 use std::fs;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::os::unix::process::CommandExt;
@@ -189,14 +189,6 @@ int main(int argc, char **argv) {
 }
 "#;
 
-fn sha256_hex(bytes: &[u8]) -> String {
-    sha2::Sha256::digest(bytes).iter().map(|b| format!("{b:02x}")).collect()
-}
-
-fn sha256_file(p: &Path) -> String {
-    sha256_hex(&fs::read(p).unwrap_or_else(|e| panic!("cannot read {}: {e}", p.display())))
-}
-
 /// sha256 by coreutils: the debug binary is ~200 MB, too slow for unoptimised sha2.
 fn sha256sum(p: &Path) -> String {
     let o = Command::new("sha256sum").arg(p).output().unwrap();
@@ -256,7 +248,7 @@ fn escape_tar() -> PathBuf {
         let base = busybox_tar();
         // Keyed on the inputs and on this layout (bump the suffix when adding files).
         let layout = b"probe,busybox-suid,probe-suid";
-        let tag = &sha256_hex(&[sha256_file(&base).as_bytes(), &probe[..], layout].concat())[..12];
+        let tag = &sha256_hex([sha256_file(&base).as_bytes(), &probe[..], layout].concat())[..12];
         let out = fixtures().join(format!("escape-rootfs-{tag}.tar"));
         if out.exists() {
             return out;
@@ -476,6 +468,7 @@ impl Drop for WaitingJob {
 // ---------------------------------------------------------------------------------------
 
 #[test]
+#[cfg_attr(not(test_as_root), ignore = "needs root: creates real sandboxes (CI runs the suite as root)")]
 fn t01_job_cannot_write_host_paths() {
     require_root!();
     let h = home("write");
@@ -576,6 +569,7 @@ fn t01_job_cannot_write_host_paths() {
 // ---------------------------------------------------------------------------------------
 
 #[test]
+#[cfg_attr(not(test_as_root), ignore = "needs root: creates real sandboxes (CI runs the suite as root)")]
 fn t02_job_sees_and_signals_only_its_own_processes() {
     require_root!();
     let h = home("pids");
@@ -613,6 +607,7 @@ fn t02_job_sees_and_signals_only_its_own_processes() {
 // ---------------------------------------------------------------------------------------
 
 #[test]
+#[cfg_attr(not(test_as_root), ignore = "needs root: creates real sandboxes (CI runs the suite as root)")]
 fn t03_proc_1_root_is_the_sandbox_root() {
     require_root!();
     let h = home("proc1root");
@@ -638,6 +633,7 @@ fn t03_proc_1_root_is_the_sandbox_root() {
 // ---------------------------------------------------------------------------------------
 
 #[test]
+#[cfg_attr(not(test_as_root), ignore = "needs root: creates real sandboxes (CI runs the suite as root)")]
 fn t04_job_cannot_mount_unmount_pivot_or_unshare() {
     require_root!();
     let h = home("mount");
@@ -688,6 +684,7 @@ fn t04_job_cannot_mount_unmount_pivot_or_unshare() {
 // ---------------------------------------------------------------------------------------
 
 #[test]
+#[cfg_attr(not(test_as_root), ignore = "needs root: creates real sandboxes (CI runs the suite as root)")]
 fn t05_job_cannot_load_modules_or_touch_kernel_state() {
     require_root!();
     let h = home("modules");
@@ -735,6 +732,7 @@ fn host_block_device() -> Option<String> {
 }
 
 #[test]
+#[cfg_attr(not(test_as_root), ignore = "needs root: creates real sandboxes (CI runs the suite as root)")]
 fn t06_job_cannot_create_or_open_device_nodes() {
     require_root!();
     let h = home("devices");
@@ -801,18 +799,17 @@ fn v1_devices_controller() -> bool {
 }
 
 #[test]
+#[cfg_attr(not(test_as_root), ignore = "needs root: creates real sandboxes (CI runs the suite as root)")]
 fn t06b_devices_cgroup_allows_only_the_default_nodes() {
     require_root!();
     if rootless() {
-        eprintln!(
-            "SKIPPED (rootless): the devices cgroup can only be written by host root; a rootless job reaches \
-             only the device nodes bound into it and cannot create others (t06, t07)"
+        return skip(
+            "rootless: the devices cgroup can only be written by host root; a rootless job reaches \
+             only the device nodes bound into it and cannot create others (t06, t07)",
         );
-        return;
     }
     if !v1_devices_controller() {
-        eprintln!("SKIPPED: no cgroup v1 devices controller (v2 uses an eBPF program; not inspected here)");
-        return;
+        return skip("no cgroup v1 devices controller (v2 uses an eBPF program; not inspected here)");
     }
     let h = home("devcg");
     let name = unique("esc-devcg");
@@ -848,9 +845,10 @@ fn t06b_devices_cgroup_allows_only_the_default_nodes() {
 // ---------------------------------------------------------------------------------------
 
 #[test]
+#[cfg_attr(not(test_as_root), ignore = "needs root: creates real sandboxes (CI runs the suite as root)")]
 fn t07_job_cannot_open_another_slots_gpu() {
     require_root!();
-    let Some(tree) = driver_tree() else { return };
+    let tree = or_skip!(driver_tree());
     let h = home("gpu");
     let name = unique("esc-gpu");
     let attempts = toks(&["mknod-c:/dev/nvidia0:195:0", "mknod-c:/tmp/nvidia0:195:0", "open-rw:/dev/nvidia0"]);
@@ -884,7 +882,7 @@ fn t07_job_cannot_open_another_slots_gpu() {
                 "another GPU allowed: {list}"
             );
         }
-        None => eprintln!("NOTE: no cgroup v1 devices controller: devices.list not checked"),
+        None => skip_part("the job's devices.list is not checked: no cgroup v1 devices controller, or a rootless job"),
     }
     h.assert_no_residue(&[&name]);
 }
@@ -894,6 +892,7 @@ fn t07_job_cannot_open_another_slots_gpu() {
 // ---------------------------------------------------------------------------------------
 
 #[test]
+#[cfg_attr(not(test_as_root), ignore = "needs root: creates real sandboxes (CI runs the suite as root)")]
 fn t08_no_process_outlives_the_job() {
     require_root!();
     let h = home("persist");
@@ -927,6 +926,7 @@ fn t08_no_process_outlives_the_job() {
 // ---------------------------------------------------------------------------------------
 
 #[test]
+#[cfg_attr(not(test_as_root), ignore = "needs root: creates real sandboxes (CI runs the suite as root)")]
 fn t09_no_file_reaches_the_next_job() {
     require_root!();
     let h = home("leftover");
@@ -960,6 +960,7 @@ fn t09_no_file_reaches_the_next_job() {
 // ---------------------------------------------------------------------------------------
 
 #[test]
+#[cfg_attr(not(test_as_root), ignore = "needs root: creates real sandboxes (CI runs the suite as root)")]
 fn t10_memory_hog_in_a_child_is_killed_and_pid_1_survives() {
     require_root!();
     let h = home("memhog");
@@ -975,6 +976,7 @@ fn t10_memory_hog_in_a_child_is_killed_and_pid_1_survives() {
 }
 
 #[test]
+#[cfg_attr(not(test_as_root), ignore = "needs root: creates real sandboxes (CI runs the suite as root)")]
 fn t10b_thread_bomb_is_contained_by_the_pids_limit() {
     require_root!();
     let h = home("threadbomb");
@@ -1032,6 +1034,7 @@ fn status_field(status: &str, key: &str) -> String {
 }
 
 #[test]
+#[cfg_attr(not(test_as_root), ignore = "needs root: creates real sandboxes (CI runs the suite as root)")]
 fn t11_setuid_binary_does_not_escalate_and_capabilities_are_minimal() {
     require_root!();
     let h = home("setuid");
@@ -1096,6 +1099,7 @@ fn t11_setuid_binary_does_not_escalate_and_capabilities_are_minimal() {
 // ---------------------------------------------------------------------------------------
 
 #[test]
+#[cfg_attr(not(test_as_root), ignore = "needs root: creates real sandboxes (CI runs the suite as root)")]
 fn t12_host_binary_is_unreachable_and_unchanged() {
     require_root!();
     let h = home("hostbin");
@@ -1150,6 +1154,7 @@ fn open_leaky(p: &Path, flags: i32) -> i32 {
 }
 
 #[test]
+#[cfg_attr(not(test_as_root), ignore = "needs root: creates real sandboxes (CI runs the suite as root)")]
 fn t13_inherited_host_fds_do_not_reach_the_job() {
     require_root!();
     let h = home("fds");
@@ -1206,12 +1211,13 @@ fn t13_inherited_host_fds_do_not_reach_the_job() {
 // ---------------------------------------------------------------------------------------
 
 #[test]
+#[cfg_attr(not(test_as_root), ignore = "needs root: creates real sandboxes (CI runs the suite as root)")]
 fn t14_token_file_is_unreachable() {
     require_root!();
     let h = home("token");
     let mut rnd = [0u8; 16];
     std::io::Read::read_exact(&mut fs::File::open("/dev/urandom").unwrap(), &mut rnd).unwrap();
-    let token: String = rnd.iter().map(|b| format!("{b:02x}")).collect();
+    let token = hex(rnd);
     let tf = h.dir.join("pat");
     fs::write(&tf, format!("{token}\n")).unwrap();
     fs::set_permissions(&tf, fs::Permissions::from_mode(0o600)).unwrap();
@@ -1239,6 +1245,7 @@ fn t14_token_file_is_unreachable() {
 // ---------------------------------------------------------------------------------------
 
 #[test]
+#[cfg_attr(not(test_as_root), ignore = "needs root: creates real sandboxes (CI runs the suite as root)")]
 fn t15_malformed_config_and_job_records() {
     require_root!();
     let h = home("hostile");
@@ -1302,6 +1309,7 @@ fn mount_opts_under<'a>(mountinfo: &'a str, dst: &str) -> Vec<(&'a str, &'a str)
 }
 
 #[test]
+#[cfg_attr(not(test_as_root), ignore = "needs root: creates real sandboxes (CI runs the suite as root)")]
 fn t15b_volume_of_root_or_shadow_is_read_only_nosuid_nodev_all_the_way_down() {
     require_root!();
     // Root mode trusts the admin: `--volume /:/host` and `--volume /etc/shadow:/x` are
@@ -1374,6 +1382,7 @@ fn t15b_volume_of_root_or_shadow_is_read_only_nosuid_nodev_all_the_way_down() {
 // ---------------------------------------------------------------------------------------
 
 #[test]
+#[cfg_attr(not(test_as_root), ignore = "needs root: creates real sandboxes (CI runs the suite as root)")]
 fn t16_kill_9_of_the_manager_mid_job_then_gc_leaves_nothing() {
     require_root!();
     let fake = common::fake_azure::FakeAzure::start();
@@ -1445,6 +1454,7 @@ fn free_bytes(p: &Path) -> u64 {
 }
 
 #[test]
+#[cfg_attr(not(test_as_root), ignore = "needs root: creates real sandboxes (CI runs the suite as root)")]
 fn t16b_disk_full_import_and_job() {
     require_root!();
     let outer = TestHome::new("esc-diskfull");
@@ -1504,6 +1514,7 @@ fn t16b_disk_full_import_and_job() {
 // ---------------------------------------------------------------------------------------
 
 #[test]
+#[cfg_attr(not(test_as_root), ignore = "needs root: creates real sandboxes (CI runs the suite as root)")]
 fn t17_job_cannot_read_back_the_file_its_stdout_appends_to() {
     require_root!();
     let h = home("stdout-reopen");
@@ -1531,6 +1542,7 @@ fn t17_job_cannot_read_back_the_file_its_stdout_appends_to() {
 }
 
 #[test]
+#[cfg_attr(not(test_as_root), ignore = "needs root: creates real sandboxes (CI runs the suite as root)")]
 fn t18_manager_does_not_follow_files_the_job_planted_in_its_upper_dir() {
     require_root!();
     let fake = common::fake_azure::FakeAzure::start();
@@ -1564,6 +1576,7 @@ fn t18_manager_does_not_follow_files_the_job_planted_in_its_upper_dir() {
 }
 
 #[test]
+#[cfg_attr(not(test_as_root), ignore = "needs root: creates real sandboxes (CI runs the suite as root)")]
 fn t11b_setuid_binary_left_in_the_upper_dir_is_unreachable_for_host_users() {
     require_root!();
     // No user namespace in root mode: a root job's files in its upper dir belong to host
@@ -1591,9 +1604,10 @@ fn t11b_setuid_binary_left_in_the_upper_dir_is_unreachable_for_host_users() {
 // ---------------------------------------------------------------------------------------
 
 #[test]
+#[cfg_attr(not(test_as_root), ignore = "needs root: creates real sandboxes (CI runs the suite as root)")]
 fn t19_rootfs_symlinks_do_not_redirect_the_helpers_writes_to_the_host() {
     require_root!();
-    let Some(tree) = driver_tree() else { return };
+    let tree = or_skip!(driver_tree());
     let h = home("symlinked-etc");
     // An image whose /etc is an absolute symlink to a host dir (as a pulled layer could
     // carry): a GPU job makes the helper, host root, write the linker config and library

@@ -1,7 +1,10 @@
 //! GPU discovery, selection, injection and CDI against a real NVIDIA driver tree built
 //! from Debian's non-free packages (scripts/make-driver-tree.sh), with fake device nodes.
-//! No GPU needed. Skips (with a printed reason) only when the packages cannot be
-//! downloaded and no cached copy exists.
+//! No GPU needed; root needed (the script makes device nodes). Skipped, visibly, when
+//! not root or when the packages cannot be downloaded and no cached copy exists.
+
+#[path = "common/skip.rs"]
+mod skip;
 
 use azp_sandbox::edits::{BindMount, ContainerEdits, DeviceKind};
 use azp_sandbox::gpu::cdi::{self, Registry};
@@ -32,10 +35,14 @@ fn fixtures_dir() -> PathBuf {
     target.join("fixtures")
 }
 
-/// Builds (once per process; the script itself is idempotent and locked) the tree.
-fn tree() -> Option<&'static Tree> {
-    static TREE: OnceLock<Option<Tree>> = OnceLock::new();
+/// Builds (once per process; the script itself is idempotent and locked) the tree; an
+/// error says why it cannot be had here.
+fn tree() -> Result<&'static Tree, &'static str> {
+    static TREE: OnceLock<Result<Tree, String>> = OnceLock::new();
     TREE.get_or_init(|| {
+        if !nix::unistd::geteuid().is_root() {
+            return Err("needs root: scripts/make-driver-tree.sh makes device nodes".into());
+        }
         let root = fixtures_dir().join("driver-tree");
         let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/make-driver-tree.sh");
         let out = Command::new("bash").arg(&script).arg(&root).output().expect("run make-driver-tree.sh");
@@ -43,8 +50,8 @@ fn tree() -> Option<&'static Tree> {
         match out.status.code() {
             Some(0) => {}
             Some(75) => {
-                eprintln!("SKIPPED: cannot download Debian's NVIDIA driver packages (no network?):\n{log}");
-                return None;
+                let why = log.lines().rev().find(|l| !l.trim().is_empty()).unwrap_or("").trim();
+                return Err(format!("cannot download Debian's NVIDIA driver packages (no network?): {why}"));
             }
             _ => panic!("make-driver-tree.sh failed ({}):\n{log}", out.status),
         }
@@ -53,16 +60,17 @@ fn tree() -> Option<&'static Tree> {
         let full =
             manifest.lines().find_map(|l| l.strip_prefix("libcuda1 ")).expect("libcuda1 in the manifest").to_string();
         let version = full.split('-').next().unwrap().to_string();
-        Some(Tree { root, version })
+        Ok(Tree { root, version })
     })
     .as_ref()
+    .map_err(String::as_str)
 }
 
 macro_rules! tree_or_skip {
     () => {
         match tree() {
-            Some(t) => t,
-            None => return,
+            Ok(t) => t,
+            Err(why) => return skip::skip(why),
         }
     };
 }
@@ -112,6 +120,7 @@ fn link_or_copy(from: &Path, to: &Path) {
 // ---------------------------------------------------------------------------------------
 
 #[test]
+#[cfg_attr(not(test_as_root), ignore = "needs root: scripts/make-driver-tree.sh makes device nodes")]
 fn ld_cache_of_the_tree() {
     let t = tree_or_skip!();
     let cache = LdCache::load(&t.root).unwrap();
@@ -162,6 +171,7 @@ fn ld_cache_of_the_tree() {
 }
 
 #[test]
+#[cfg_attr(not(test_as_root), ignore = "needs root: scripts/make-driver-tree.sh makes device nodes")]
 fn discovers_the_exact_driver_files() {
     let t = tree_or_skip!();
     let d = discover_tree(t);
@@ -269,6 +279,7 @@ fn discovers_the_exact_driver_files() {
 }
 
 #[test]
+#[cfg_attr(not(test_as_root), ignore = "needs root: scripts/make-driver-tree.sh makes device nodes")]
 fn default_injection_is_exact() {
     let t = tree_or_skip!();
     let d = discover_tree(t);
@@ -382,6 +393,7 @@ fn default_injection_is_exact() {
 }
 
 #[test]
+#[cfg_attr(not(test_as_root), ignore = "needs root: scripts/make-driver-tree.sh makes device nodes")]
 fn gpu_1_gets_only_its_own_node() {
     let t = tree_or_skip!();
     let d = discover_tree(t);
@@ -415,6 +427,7 @@ fn gpu_1_gets_only_its_own_node() {
 }
 
 #[test]
+#[cfg_attr(not(test_as_root), ignore = "needs root: scripts/make-driver-tree.sh makes device nodes")]
 fn fake_nvml_with_four_gpus() {
     let t = tree_or_skip!();
     let inv = FakeInventory::with_gpus(&t.version, 4);
@@ -494,6 +507,7 @@ fn no_driver_found() {
 /// the lent GPU machine): found through the extra lib dirs and through NVML's dir; a
 /// 32-bit copy is skipped.
 #[test]
+#[cfg_attr(not(test_as_root), ignore = "needs root: scripts/make-driver-tree.sh makes device nodes")]
 fn driver_outside_the_linker_cache() {
     let t = tree_or_skip!();
     let v = &t.version;
@@ -542,6 +556,7 @@ fn driver_outside_the_linker_cache() {
 /// The ld.so.cache precedence the injection relies on (see gpu::inject): for one
 /// SONAME, the directory of the conf.d file that sorts first wins in the cache.
 #[test]
+#[cfg_attr(not(test_as_root), ignore = "needs root: scripts/make-driver-tree.sh makes device nodes")]
 fn ldconfig_keeps_the_first_scanned_directory_first() {
     let t = tree_or_skip!();
     let v = &t.version;
@@ -572,6 +587,7 @@ fn ldconfig_keeps_the_first_scanned_directory_first() {
 
 /// A rootfs carrying Debian's own libcuda1 and CUDA forward-compat libraries.
 #[test]
+#[cfg_attr(not(test_as_root), ignore = "needs root: scripts/make-driver-tree.sh makes device nodes")]
 fn rootfs_driver_copies_are_shadowed() {
     let t = tree_or_skip!();
     let v = &t.version;
@@ -702,6 +718,7 @@ containerEdits:
 }
 
 #[test]
+#[cfg_attr(not(test_as_root), ignore = "needs root: scripts/make-driver-tree.sh makes device nodes")]
 fn cdi_spec_is_applied_and_stale_majors_refused() {
     let t = tree_or_skip!();
     let v = &t.version;
@@ -809,6 +826,7 @@ fn cdi_spec_is_applied_and_stale_majors_refused() {
 }
 
 #[test]
+#[cfg_attr(not(test_as_root), ignore = "needs root: scripts/make-driver-tree.sh makes device nodes")]
 fn report_table_and_json() {
     let t = tree_or_skip!();
     let d = discover_tree(t);

@@ -37,13 +37,13 @@ fn result<'a>(md: &'a str, check: &str) -> &'a str {
 }
 
 #[test]
+#[cfg_attr(not(test_as_root), ignore = "needs root: the proof script imports a rootfs and runs sandboxes as root")]
 fn proof_script_on_the_driver_tree_skips_what_needs_a_gpu() {
     require_root!();
     if rootless() {
-        eprintln!("SKIPPED: the proof script runs as root");
-        return;
+        return skip("the proof script runs as root");
     }
-    let Some(tree) = driver_tree() else { return };
+    let tree = or_skip!(driver_tree());
     // A stand-in for PyTorch on the host's python3 (a test double: no GPU, no torch
     // here) to carry the script through its read-only-volume path.
     let fake = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("fake-torch-{}", std::process::id()));
@@ -98,11 +98,11 @@ fn proof_script_on_the_driver_tree_skips_what_needs_a_gpu() {
 }
 
 #[test]
+#[cfg_attr(not(test_as_root), ignore = "needs root: the proof script imports a rootfs and runs sandboxes as root")]
 fn proof_script_fails_without_a_driver() {
     require_root!();
     if rootless() {
-        eprintln!("SKIPPED: the proof script runs as root");
-        return;
+        return skip("the proof script runs as root");
     }
     let empty = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("no-driver-{}", std::process::id()));
     std::fs::create_dir_all(empty.join("dev")).unwrap();

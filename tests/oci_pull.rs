@@ -5,51 +5,36 @@
 //! flaky proxy for retries and resumption, and `rootfs import` of OCI layouts and
 //! `docker save` archives.
 //!
-//! Tests that need `docker-registry` and `skopeo` print SKIPPED and return when they
-//! are missing (scripts/setup.sh installs them; CI has them).
+//! Tests that need `docker-registry` and `skopeo` are skipped, visibly, when they are
+//! missing (scripts/setup.sh installs them; CI has them). The registry harness is
+//! tests/common/registry.rs, shared with benches/pull.rs.
 
 mod common;
 
-use azp_sandbox::azure::RetryPolicy;
 use azp_sandbox::config::Home;
+use azp_sandbox::http::RetryPolicy;
 use azp_sandbox::rootfs::oci::{self, PullOptions, PullReport};
 use azp_sandbox::rootfs::Store;
 use base64::Engine as _;
-use common::TestHome;
+use common::digest::sha256_hex;
+use common::registry::{have, one_layer_layout, registry_tools, Registry, OCI_CONFIG, OCI_INDEX, OCI_MANIFEST};
+use common::{skip, TestHome};
 use serde_json::json;
-use sha2::{Digest, Sha256};
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Write};
 use std::net::{TcpListener, TcpStream};
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 const MTIME: u64 = 1_600_000_000;
-const OCI_MANIFEST: &str = "application/vnd.oci.image.manifest.v1+json";
-const OCI_INDEX: &str = "application/vnd.oci.image.index.v1+json";
-const OCI_CONFIG: &str = "application/vnd.oci.image.config.v1+json";
-
-fn have(bin: &str) -> bool {
-    std::env::var_os("PATH").map(|p| std::env::split_paths(&p).any(|d| d.join(bin).is_file())).unwrap_or(false)
-}
-
 macro_rules! require_registry {
     () => {
-        if !have("docker-registry") || !have("skopeo") {
-            eprintln!(
-                "SKIPPED: needs docker-registry and skopeo (apt-get install docker-registry skopeo; scripts/setup.sh)"
-            );
-            return;
-        }
+        or_skip!(registry_tools())
     };
-}
-
-fn sha256_hex(b: &[u8]) -> String {
-    Sha256::digest(b).iter().map(|x| format!("{x:02x}")).collect()
 }
 
 /// A scratch dir for one test, removed at the end unless the test failed.
@@ -507,116 +492,6 @@ fn build_images(dir: &Path) -> Images {
 
 // ------------------------------------------------------------------ the registry
 
-struct Registry {
-    child: Child,
-    port: u16,
-    log: PathBuf,
-    storage: PathBuf,
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
-}
-
-impl Registry {
-    /// `docker-registry serve` on a free port, storing under `storage`, with `auth`
-    /// (YAML under `auth:`, or empty).
-    fn start(work: &Path, tag: &str, storage: &Path, auth: &str) -> Registry {
-        Self::start_with(work, tag, storage, auth, "")
-    }
-
-    /// [`Registry::start`] with more settings under `http:` (e.g. `tls:`).
-    fn start_with(work: &Path, tag: &str, storage: &Path, auth: &str, http: &str) -> Registry {
-        let port = free_port();
-        let cfg = work.join(format!("registry-{tag}.yml"));
-        let auth = if auth.is_empty() { String::new() } else { format!("auth:\n{auth}") };
-        std::fs::write(
-            &cfg,
-            format!(
-                "version: 0.1\nlog:\n  level: info\nstorage:\n  filesystem:\n    rootdirectory: {}\n  delete:\n    enabled: true\nhttp:\n  addr: 127.0.0.1:{port}\n  secret: test-secret\n{http}validation:\n  manifests:\n    urls:\n      allow:\n        - ^https://example\\.com/\n{auth}",
-                storage.display()
-            ),
-        )
-        .unwrap();
-        let log = work.join(format!("registry-{tag}.log"));
-        let out = std::fs::File::create(&log).unwrap();
-        let child = Command::new("docker-registry")
-            .arg("serve")
-            .arg(&cfg)
-            .stdin(Stdio::null())
-            .stdout(out.try_clone().unwrap())
-            .stderr(out)
-            .spawn()
-            .unwrap();
-        let mut r = Registry { child, port, log, storage: storage.into() };
-        let t = Instant::now();
-        loop {
-            if let Ok(Some(st)) = r.child.try_wait() {
-                panic!("docker-registry exited ({st}): {}", r.log_text());
-            }
-            if TcpStream::connect(("127.0.0.1", port)).is_ok() {
-                break;
-            }
-            assert!(t.elapsed() < Duration::from_secs(15), "docker-registry did not start: {}", r.log_text());
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        r
-    }
-
-    fn host(&self) -> String {
-        format!("127.0.0.1:{}", self.port)
-    }
-
-    fn log_text(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-
-    /// Successful GETs of blob `hex` (the access log).
-    fn blob_gets(&self, hex: &str) -> usize {
-        let needle = format!("\"GET /v2/test/img/blobs/sha256:{hex} HTTP/1.1\" 200");
-        self.log_text().lines().filter(|l| l.contains(&needle)).count()
-    }
-
-    /// `skopeo copy` of layout tag `tag` to `test/img:tag`.
-    fn push(&self, layout: &Path, tag: &str, extra: &[&str]) {
-        let out = Command::new("skopeo")
-            .args(["--insecure-policy", "copy", "--all", "--dest-tls-verify=false", "-q"])
-            .args(if extra.is_empty() { &["--preserve-digests"][..] } else { extra })
-            .arg(format!("oci:{}:{tag}", layout.display()))
-            .arg(format!("docker://{}/test/img:{tag}", self.host()))
-            .output()
-            .unwrap();
-        assert!(out.status.success(), "skopeo copy {tag} failed: {}", String::from_utf8_lossy(&out.stderr));
-    }
-
-    /// The manifest digest the registry serves for `tag`.
-    fn digest_of(&self, tag: &str) -> String {
-        let c = reqwest::blocking::Client::new();
-        let r = c
-            .get(format!("http://{}/v2/test/img/manifests/{tag}", self.host()))
-            .header(
-                "Accept",
-                format!("{OCI_MANIFEST}, {OCI_INDEX}, application/vnd.docker.distribution.manifest.v2+json"),
-            )
-            .send()
-            .unwrap();
-        assert!(r.status().is_success(), "{tag}: {}", r.status());
-        format!("sha256:{}", sha256_hex(&r.bytes().unwrap()))
-    }
-
-    /// Where the registry keeps blob `hex`.
-    fn blob_data(&self, hex: &str) -> PathBuf {
-        self.storage.join(format!("docker/registry/v2/blobs/sha256/{}/{hex}/data", &hex[..2]))
-    }
-}
-
-impl Drop for Registry {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 fn opts(reference: String, name: &str) -> PullOptions {
     PullOptions {
         reference,
@@ -972,8 +847,7 @@ fn unknown_repo_tag_and_unsupported_media_type() {
 fn basic_auth_with_htpasswd() {
     require_registry!();
     if !have("htpasswd") {
-        eprintln!("SKIPPED: needs htpasswd (apt-get install apache2-utils)");
-        return;
+        return skip("needs htpasswd (apt-get install apache2-utils)");
     }
     let work = work_dir("basic");
     let img = build_images(&work.join("layout"));
@@ -1109,8 +983,7 @@ impl Drop for TokenServer {
 fn bearer_token_flow() {
     require_registry!();
     if !have("openssl") {
-        eprintln!("SKIPPED: needs openssl to sign tokens");
-        return;
+        return skip("needs openssl to sign tokens");
     }
     let work = work_dir("token");
     let img = build_images(&work.join("layout"));
@@ -1156,8 +1029,7 @@ fn openssl(args: &[&str], dir: &Path) {
 fn https_registry_with_a_private_ca() {
     require_registry!();
     if !have("openssl") {
-        eprintln!("SKIPPED: needs openssl to make certificates");
-        return;
+        return skip("needs openssl to make certificates");
     }
     let work = work_dir("tls");
     let img = build_images(&work.join("layout"));
@@ -1399,6 +1271,47 @@ fn tar_dir(dir: &Path, out: &Path) {
     let mut b = tar::Builder::new(f);
     b.append_dir_all(".", dir).unwrap();
     b.finish().unwrap();
+}
+
+/// A tree with hard links reports one size however it reaches the store: as `rootfs
+/// build` records it (`rootfs::tree_size` of the built tree), imported from a tar,
+/// imported as an OCI layout, pulled from a registry. A hard-linked file takes its space
+/// once, so it counts once.
+#[test]
+fn a_tree_with_hard_links_reports_one_size_built_imported_or_pulled() {
+    let work = work_dir("sizes");
+    let tree = work.join("tree");
+    std::fs::create_dir_all(tree.join("usr/bin")).unwrap();
+    std::fs::write(tree.join("usr/bin/perl"), noise(300_000, 7)).unwrap();
+    std::fs::hard_link(tree.join("usr/bin/perl"), tree.join("usr/bin/perl5.36.0")).unwrap();
+    std::fs::write(tree.join("usr/bin/other"), b"#!/bin/sh\n").unwrap();
+    std::os::unix::fs::symlink("usr/bin", tree.join("bin")).unwrap();
+    let (_, built) = azp_sandbox::rootfs::tree_size(&tree);
+    assert_eq!(built, 300_000 + 10, "the hard-linked file counts once");
+
+    let h = TestHome::new("oci-sizes");
+    let size_of = |name: &str| store_of(&h).lease(name).unwrap().info().size_bytes;
+    // GNU tar keeps the hard link as a link entry.
+    let tarred = work.join("tree.tar");
+    let st = Command::new("tar").arg("-C").arg(&tree).arg("-cf").arg(&tarred).arg(".").status().unwrap();
+    assert!(st.success());
+    h.ok(&["rootfs", "import", tarred.to_str().unwrap(), "--name", "from-tar"]);
+    assert_eq!(size_of("from-tar"), built, "imported from a tar");
+    let layout = work.join("layout");
+    one_layer_layout(&tarred, &layout, "v1");
+    h.ok(&["rootfs", "import", &format!("{}:v1", layout.display()), "--name", "from-layout"]);
+    assert_eq!(size_of("from-layout"), built, "imported as an OCI layout");
+    let t = store_of(&h).lease("from-layout").unwrap().info().path.clone();
+    let perl = std::fs::metadata(t.join("usr/bin/perl")).unwrap();
+    assert_eq!(perl.nlink(), 2, "the link survived the trip");
+
+    if let Err(why) = registry_tools() {
+        return common::skip_part(format!("the pull from a registry: {why}"));
+    }
+    let reg = Registry::start(&work, "sizes", &work.join("storage"), "");
+    reg.push(&layout, "v1", &[]);
+    pull(&h, &opts(format!("{}/test/img:v1", reg.host()), "pulled")).unwrap();
+    assert_eq!(size_of("pulled"), built, "pulled from a registry");
 }
 
 #[test]

@@ -7,8 +7,8 @@
 mod common;
 
 use azp_sandbox::rootfs::recipe::{self, Recipe};
+use common::digest::sha256_file;
 use common::{fixtures, repo, TestHome};
-use sha2::{Digest, Sha256};
 use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -22,10 +22,6 @@ fn recipe_files() -> Vec<PathBuf> {
         .collect();
     v.sort();
     v
-}
-
-fn sha256_file(p: &Path) -> String {
-    Sha256::digest(std::fs::read(p).unwrap()).iter().map(|b| format!("{b:02x}")).collect()
 }
 
 const SHIPPED: [&str; 5] = [
@@ -152,6 +148,23 @@ fn malformed_recipes_give_one_line_errors_naming_file_and_key() {
     assert!(!home.dir.join("rootfs").exists() || std::fs::read_dir(home.dir.join("rootfs")).unwrap().count() == 0);
 }
 
+/// A regular file with more than one link under `dir`, if there is one.
+fn hard_linked_file(dir: &Path) -> Option<PathBuf> {
+    use std::os::unix::fs::MetadataExt;
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).unwrap().flatten() {
+            let m = e.path().symlink_metadata().unwrap();
+            if m.is_dir() {
+                stack.push(e.path());
+            } else if m.is_file() && m.nlink() > 1 {
+                return Some(e.path());
+            }
+        }
+    }
+    None
+}
+
 /// Entries of the store dir (names, temp dirs, trash).
 fn store_entries(home: &TestHome) -> Vec<String> {
     std::fs::read_dir(home.dir.join("rootfs"))
@@ -175,6 +188,7 @@ fn rootfs_json(home: &TestHome) -> Vec<serde_json::Value> {
 }
 
 #[test]
+#[cfg_attr(not(test_as_root), ignore = "needs root: debootstrap and apt-get in a chroot (CI runs the suite as root)")]
 fn build_minbase_recipe_then_run_a_job_in_it() {
     require_root!();
     let t0 = Instant::now();
@@ -218,6 +232,35 @@ fn build_minbase_recipe_then_run_a_job_in_it() {
     let text = home.ok(&["rootfs", "list"]);
     assert!(text.lines().any(|l| l.starts_with("debian-bookworm-minbase") && l.contains("x86_64")), "{text}");
 
+    // One size whichever way the tree reaches the store: a copy imported from a tar and
+    // one imported as an OCI image (the pull's path) report what the build recorded. The
+    // tree has hard links (perl-base ships perl and perl5.36.0 as one file): counted once.
+    let tree = home.dir.join("rootfs/debian-bookworm-minbase/tree");
+    let linked = hard_linked_file(&tree);
+    assert!(linked.is_some(), "no hard-linked file in the minbase tree: the sizes below would prove nothing");
+    let tarred = home.dir.join("minbase.tar");
+    let st = std::process::Command::new("tar")
+        .args(["--numeric-owner", "-C"])
+        .arg(&tree)
+        .arg("-cf")
+        .arg(&tarred)
+        .arg(".")
+        .status()
+        .unwrap();
+    assert!(st.success());
+    home.import(&tarred, "minbase-tar");
+    common::registry::one_layer_layout(&tarred, &home.dir.join("minbase-oci"), "v1");
+    home.ok(&["rootfs", "import", &format!("{}:v1", home.dir.join("minbase-oci").display()), "--name", "minbase-oci"]);
+    let list = rootfs_json(&home);
+    for copy in ["minbase-tar", "minbase-oci"] {
+        let c = list.iter().find(|r| r["name"] == copy).expect("not listed");
+        assert_eq!(c["size_bytes"].as_u64(), Some(size), "{copy} vs the build ({linked:?} is hard-linked)");
+    }
+    for copy in ["minbase-tar", "minbase-oci"] {
+        home.ok(&["rootfs", "rm", copy]);
+    }
+    let _ = std::fs::remove_dir_all(home.dir.join("minbase-oci"));
+
     // The tree: build scaffolding gone, package lists and .debs not kept, recipe recorded.
     let tree = home.dir.join("rootfs/debian-bookworm-minbase/tree");
     assert!(!tree.join("usr/sbin/policy-rc.d").exists(), "policy-rc.d left in the rootfs");
@@ -252,6 +295,7 @@ fn build_minbase_recipe_then_run_a_job_in_it() {
 }
 
 #[test]
+#[cfg_attr(not(test_as_root), ignore = "needs root: debootstrap and apt-get in a chroot (CI runs the suite as root)")]
 fn failed_and_interrupted_builds_leave_nothing() {
     require_root!();
     let home = TestHome::new("recipe-fail");
@@ -319,12 +363,12 @@ fn failed_and_interrupted_builds_leave_nothing() {
     assert!(rootfs_json(&home).is_empty());
 }
 
-fn heavy() -> bool {
+/// Whether the heavy builds are asked for; if not, why they are skipped.
+fn heavy() -> Result<(), String> {
     if std::env::var("AZP_SANDBOX_HEAVY_TESTS").is_ok_and(|v| v == "1") {
-        return true;
+        return Ok(());
     }
-    eprintln!("SKIPPED: set AZP_SANDBOX_HEAVY_TESTS=1 to build the CUDA recipes (downloads 0.3-2 GB, 1-4 min each)");
-    false
+    Err("set AZP_SANDBOX_HEAVY_TESTS=1 to build the CUDA recipes (downloads 0.3-2 GB, 1-4 min each)".into())
 }
 
 /// Files and links named `libcuda.so*` / `libnvidia-ml.so*` outside `stubs/` dirs.
@@ -359,11 +403,10 @@ fn build_heavy(home: &TestHome, recipe: &str) -> (Duration, serde_json::Value) {
 }
 
 #[test]
+#[cfg_attr(not(test_as_root), ignore = "needs root: debootstrap and apt-get in a chroot (CI runs the suite as root)")]
 fn heavy_bookworm_cuda_runtime_recipe() {
     require_root!();
-    if !heavy() {
-        return;
-    }
+    or_skip!(heavy());
     let home = TestHome::new("recipe-runtime");
     let (_, info) = build_heavy(&home, "debian-bookworm-cuda11.8-runtime");
     assert_eq!(info["cuda_version"], "11.8");
@@ -392,11 +435,10 @@ fn heavy_bookworm_cuda_runtime_recipe() {
 }
 
 #[test]
+#[cfg_attr(not(test_as_root), ignore = "needs root: debootstrap and apt-get in a chroot (CI runs the suite as root)")]
 fn heavy_trixie_cuda_toolkit_recipe() {
     require_root!();
-    if !heavy() {
-        return;
-    }
+    or_skip!(heavy());
     let home = TestHome::new("recipe-toolkit");
     let (_, info) = build_heavy(&home, "debian-trixie-cuda12.4");
     assert_eq!(info["cuda_version"], "12.4");
@@ -421,11 +463,10 @@ fn heavy_trixie_cuda_toolkit_recipe() {
 }
 
 #[test]
+#[cfg_attr(not(test_as_root), ignore = "needs root: debootstrap and apt-get in a chroot (CI runs the suite as root)")]
 fn heavy_bookworm_cuda_toolkit_recipe() {
     require_root!();
-    if !heavy() {
-        return;
-    }
+    or_skip!(heavy());
     let home = TestHome::new("recipe-toolkit-11");
     let (_, info) = build_heavy(&home, "debian-bookworm-cuda11.8");
     assert_eq!(info["cuda_version"], "11.8");

@@ -2,9 +2,14 @@
 //! atomicity, leases and gc. The hostile cases check that nothing outside the store was
 //! written, using a sentinel directory next to it.
 
+#[path = "common/digest.rs"]
+mod digest;
+#[path = "common/skip.rs"]
+mod skip;
+
 use azp_sandbox::config::Home;
 use azp_sandbox::rootfs::{unpack, RootfsInfo, Store, UnpackError, UnpackOptions};
-use sha2::{Digest, Sha256};
+use skip::skip;
 use std::ffi::CString;
 use std::io::Write;
 use std::os::unix::ffi::OsStrExt;
@@ -211,7 +216,7 @@ fn plain_gzip_and_zstd_are_detected_by_magic() {
         let mut seen = 0;
         let info = env.store.import(&mut &bytes[..], name, &mut |n| seen = n).unwrap();
         assert_eq!(info.source, kind);
-        assert_eq!(info.sha256.as_deref(), Some(hex(&Sha256::digest(&bytes)).as_str()));
+        assert_eq!(info.sha256.as_deref(), Some(digest::sha256_hex(&bytes).as_str()));
         assert_eq!(seen, bytes.len() as u64, "progress reports all bytes read");
         assert_eq!(info.entries, 3);
         assert_eq!(info.size_bytes, 4);
@@ -416,8 +421,7 @@ fn xattrs_from_pax_headers() {
     let probe = env.store.dir().join("probe");
     std::fs::write(&probe, b"").unwrap();
     if let Err(e) = setxattr(&probe, "user.azp_probe", b"1") {
-        println!("SKIP xattrs_from_pax_headers: the filesystem refuses user xattrs: {e}");
-        return;
+        return skip(format!("the filesystem refuses user xattrs: {e}"));
     }
     std::fs::remove_file(&probe).unwrap();
     // File capabilities (security.capability, VFS_CAP_REVISION_2, CAP_NET_RAW effective)
@@ -788,10 +792,10 @@ fn maxrss_kib() -> u64 {
 }
 
 #[test]
+#[cfg_attr(not(test_as_root), ignore = "needs root: mounts a small tmpfs")]
 fn disk_full_is_reported_and_cleaned_up() {
     if !is_root() {
-        println!("SKIP disk_full_is_reported_and_cleaned_up: mounting a small tmpfs needs root");
-        return;
+        return skip("needs root: mounts a small tmpfs");
     }
     let tmp = tempfile::tempdir().unwrap();
     let mnt = tmp.path().join("small");
@@ -799,8 +803,7 @@ fn disk_full_is_reported_and_cleaned_up() {
     let c = CString::new(mnt.as_os_str().as_bytes()).unwrap();
     let r = unsafe { libc::mount(c"tmpfs".as_ptr(), c.as_ptr(), c"tmpfs".as_ptr(), 0, c"size=2m".as_ptr().cast()) };
     if r != 0 {
-        println!("SKIP disk_full_is_reported_and_cleaned_up: cannot mount tmpfs: {}", std::io::Error::last_os_error());
-        return;
+        return skip(format!("cannot mount tmpfs: {}", std::io::Error::last_os_error()));
     }
     struct Umount(CString);
     impl Drop for Umount {
@@ -959,8 +962,7 @@ fn cancel_flag_stops_the_unpack() {
 fn busybox_rootfs() {
     let bb = Path::new("/bin/busybox");
     if !bb.exists() {
-        println!("SKIP busybox_rootfs: /bin/busybox not installed (apt-get install busybox-static)");
-        return;
+        return skip("/bin/busybox not installed (apt-get install busybox-static)");
     }
     let env = Env::new();
     let body = std::fs::read(bb).unwrap();
@@ -993,10 +995,6 @@ fn busybox_rootfs() {
     assert_eq!(listed[0].arch, info.arch);
     assert_eq!(listed[0].sha256, info.sha256);
     assert_eq!(listed[0].path, t);
-}
-
-fn hex(b: &[u8]) -> String {
-    b.iter().map(|x| format!("{x:02x}")).collect()
 }
 
 // ---------------------------------------------------------------- as an ordinary user

@@ -19,10 +19,9 @@ use std::time::Duration;
 macro_rules! require_rootless {
     () => {
         if !common::rootless() {
-            eprintln!(
-                "SKIPPED: set AZP_SANDBOX_TEST_USER to an ordinary user with subordinate ids (scripts/test.sh does)"
+            return skip(
+                "runs only in the rootless pass: set AZP_SANDBOX_TEST_USER to an ordinary user with subordinate ids (scripts/test.sh does)",
             );
-            return;
         }
     };
 }
@@ -75,6 +74,7 @@ fn start_waiting(h: &TestHome, args: &[&str], script: &str) -> std::process::Chi
 }
 
 #[test]
+#[cfg_attr(not(test_as_root), ignore = "needs root: runs azp-sandbox as the rootless test user (scripts/test.sh)")]
 fn job_runs_in_a_user_namespace_over_a_shifted_store() {
     require_rootless!();
     let h = TestHome::with_busybox("rl-shift");
@@ -111,9 +111,10 @@ fn job_runs_in_a_user_namespace_over_a_shifted_store() {
 }
 
 #[test]
+#[cfg_attr(not(test_as_root), ignore = "needs root: runs azp-sandbox as the rootless test user (scripts/test.sh)")]
 fn gpu_job_builds_its_edit_layer_as_the_user() {
     require_rootless!();
-    let Some(tree) = driver_tree() else { return };
+    let tree = or_skip!(driver_tree());
     let h = TestHome::with_busybox("rl-gpu");
     let script = "ls /dev | grep -c nvidia; readlink /usr/local/azp-sandbox/nvidia/lib64/libcuda.so.1";
     let gpu_job = || {
@@ -147,11 +148,11 @@ fn gpu_job_builds_its_edit_layer_as_the_user() {
 }
 
 #[test]
+#[cfg_attr(not(test_as_root), ignore = "needs root: runs azp-sandbox as the rootless test user (scripts/test.sh)")]
 fn limits_are_enforced_in_the_delegated_cgroup() {
     require_rootless!();
     if !delegated() {
-        eprintln!("SKIPPED: no delegated cgroup for the test user (scripts/delegate-cgroups.sh)");
-        return;
+        return skip("no delegated cgroup for the test user (scripts/delegate-cgroups.sh)");
     }
     let h = TestHome::with_busybox("rl-limits");
     let name = unique("rl-mem");
@@ -178,6 +179,7 @@ fn limits_are_enforced_in_the_delegated_cgroup() {
 }
 
 #[test]
+#[cfg_attr(not(test_as_root), ignore = "needs root: runs azp-sandbox as the rootless test user (scripts/test.sh)")]
 fn without_delegation_limits_are_not_enforced_and_say_so_loudly() {
     require_rootless!();
     let h = TestHome::with_busybox("rl-nodeleg");
@@ -219,6 +221,7 @@ fn without_delegation_limits_are_not_enforced_and_say_so_loudly() {
 }
 
 #[test]
+#[cfg_attr(not(test_as_root), ignore = "needs root: runs azp-sandbox as the rootless test user (scripts/test.sh)")]
 fn home_defaults_to_xdg_data_home() {
     require_rootless!();
     let u = user();
@@ -240,6 +243,7 @@ fn home_defaults_to_xdg_data_home() {
 }
 
 #[test]
+#[cfg_attr(not(test_as_root), ignore = "needs root: runs azp-sandbox as the rootless test user (scripts/test.sh)")]
 fn a_user_without_subordinate_ids_gets_a_one_line_fix() {
     require_rootless!();
     // nobody has no /etc/subuid entry.
@@ -265,6 +269,7 @@ fn a_user_without_subordinate_ids_gets_a_one_line_fix() {
 }
 
 #[test]
+#[cfg_attr(not(test_as_root), ignore = "needs root: runs azp-sandbox as the rootless test user (scripts/test.sh)")]
 fn the_agent_runner_without_delegation_warns_at_start_and_in_status() {
     require_rootless!();
     let fake = FakeAzure::start();

@@ -16,6 +16,7 @@ fn exec_out(h: &TestHome, args: &[&str]) -> (i32, String, String) {
 }
 
 #[test]
+#[cfg_attr(not(test_as_root), ignore = "needs root: creates real sandboxes (CI runs the suite as root)")]
 fn command_is_pid_1_and_exit_codes_propagate() {
     require_root!();
     let h = TestHome::with_busybox("pid1");
@@ -31,6 +32,7 @@ fn command_is_pid_1_and_exit_codes_propagate() {
 }
 
 #[test]
+#[cfg_attr(not(test_as_root), ignore = "needs root: creates real sandboxes (CI runs the suite as root)")]
 fn host_processes_are_invisible() {
     require_root!();
     let h = TestHome::with_busybox("procs");
@@ -42,6 +44,7 @@ fn host_processes_are_invisible() {
 }
 
 #[test]
+#[cfg_attr(not(test_as_root), ignore = "needs root: creates real sandboxes (CI runs the suite as root)")]
 fn dataset_is_read_only_and_announced() {
     require_root!();
     let h = TestHome::with_busybox("dataset");
@@ -66,6 +69,7 @@ fn dataset_is_read_only_and_announced() {
 }
 
 #[test]
+#[cfg_attr(not(test_as_root), ignore = "needs root: creates real sandboxes (CI runs the suite as root)")]
 fn writes_do_not_reach_the_next_job_or_the_rootfs() {
     require_root!();
     let h = TestHome::with_busybox("isolation");
@@ -82,6 +86,7 @@ fn writes_do_not_reach_the_next_job_or_the_rootfs() {
 }
 
 #[test]
+#[cfg_attr(not(test_as_root), ignore = "needs root: creates real sandboxes (CI runs the suite as root)")]
 fn resolv_conf_and_hosts_come_from_the_host() {
     require_root!();
     let h = TestHome::with_busybox("dns");
@@ -91,6 +96,7 @@ fn resolv_conf_and_hosts_come_from_the_host() {
 }
 
 #[test]
+#[cfg_attr(not(test_as_root), ignore = "needs root: creates real sandboxes (CI runs the suite as root)")]
 fn network_none_has_only_loopback() {
     require_root!();
     let h = TestHome::with_busybox("netns");
@@ -104,6 +110,7 @@ fn network_none_has_only_loopback() {
 }
 
 #[test]
+#[cfg_attr(not(test_as_root), ignore = "needs root: creates real sandboxes (CI runs the suite as root)")]
 fn memory_limit_kills_an_allocation_over_it() {
     require_root!();
     let h = TestHome::with_busybox("memory");
@@ -121,6 +128,7 @@ fn memory_limit_kills_an_allocation_over_it() {
 }
 
 #[test]
+#[cfg_attr(not(test_as_root), ignore = "needs root: creates real sandboxes (CI runs the suite as root)")]
 fn fork_bomb_is_contained_by_the_pids_limit() {
     require_root!();
     let h = TestHome::with_busybox("forkbomb");
@@ -154,6 +162,7 @@ fn fork_bomb_is_contained_by_the_pids_limit() {
 }
 
 #[test]
+#[cfg_attr(not(test_as_root), ignore = "needs root: creates real sandboxes (CI runs the suite as root)")]
 fn sigterm_is_forwarded_then_the_job_is_killed() {
     require_root!();
     let h = TestHome::with_busybox("sigterm");
@@ -176,6 +185,7 @@ fn sigterm_is_forwarded_then_the_job_is_killed() {
 }
 
 #[test]
+#[cfg_attr(not(test_as_root), ignore = "needs root: creates real sandboxes (CI runs the suite as root)")]
 fn sigkill_of_exec_and_helper_then_gc_leaves_nothing() {
     require_root!();
     let h = TestHome::with_busybox("crash");
@@ -233,7 +243,9 @@ fn bad_input_gives_one_line_errors() {
         assert!(err.contains(want), "{args:?}: {err}");
     }
     if !is_root() {
-        return;
+        return skip_part(
+            "needs root: the errors of an unknown rootfs and of `--rootfs auto` come from real sandboxes",
+        );
     }
     let out = h.run(&["exec", "--rootfs", "nope", "--", "true"]);
     let err = String::from_utf8_lossy(&out.stderr);
@@ -257,6 +269,7 @@ fn bad_input_gives_one_line_errors() {
 }
 
 #[test]
+#[cfg_attr(not(test_as_root), ignore = "needs root: creates real sandboxes (CI runs the suite as root)")]
 fn rootfs_in_use_cannot_be_removed() {
     require_root!();
     let h = TestHome::with_busybox("rm-in-use");
@@ -277,6 +290,7 @@ fn rootfs_in_use_cannot_be_removed() {
 }
 
 #[test]
+#[cfg_attr(not(test_as_root), ignore = "needs root: creates real sandboxes (CI runs the suite as root)")]
 fn debian_minbase_rootfs() {
     require_root!();
     let h = TestHome::new("debian");
@@ -304,6 +318,7 @@ fn debian_minbase_rootfs() {
 }
 
 #[test]
+#[cfg_attr(not(test_as_root), ignore = "needs root: creates real sandboxes (CI runs the suite as root)")]
 fn job_cannot_raise_its_own_limits_or_mount() {
     require_root!();
     let h = TestHome::with_busybox("limits-ro");
@@ -317,6 +332,7 @@ fn job_cannot_raise_its_own_limits_or_mount() {
 }
 
 #[test]
+#[cfg_attr(not(test_as_root), ignore = "needs root: creates real sandboxes (CI runs the suite as root)")]
 fn seccomp_profile_is_enforced() {
     require_root!();
     let h = TestHome::with_busybox("seccomp");

@@ -33,14 +33,13 @@ struct Site {
 }
 
 impl Site {
-    fn new(name: &str) -> Option<Site> {
+    /// The site, or why it cannot be made here (for `or_skip!`).
+    fn new(name: &str) -> Result<Site, String> {
         if !is_root() {
-            eprintln!("SKIPPED: installing a setuid binary and a site policy needs root (CI runs as root)");
-            return None;
+            return Err("needs root: installs a setuid binary and a site policy (CI runs the suite as root)".into());
         }
         let Some(user) = user() else {
-            eprintln!("SKIPPED: no ordinary test user (run scripts/setup.sh, which creates azp-rootless)");
-            return None;
+            return Err("no ordinary test user (run scripts/setup.sh, which creates azp-rootless)".into());
         };
         let lock = LOCK.lock().unwrap_or_else(|e| e.into_inner());
         // /var/tmp: every user can reach it (a checkout under /root could not be).
@@ -70,7 +69,7 @@ impl Site {
         let saved = fs::read(POLICY).ok();
         let site = Site { dir, user, saved, _lock: lock };
         site.policy(&site.default_policy());
-        Some(site)
+        Ok(site)
     }
 
     fn default_policy(&self) -> String {
@@ -127,8 +126,9 @@ fn one_line_error(o: &Output) -> String {
 }
 
 #[test]
+#[cfg_attr(not(test_as_root), ignore = "needs root: installs a setuid binary and a site policy")]
 fn a_permitted_user_runs_as_itself_with_no_capabilities_under_the_site_limits() {
-    let Some(site) = Site::new("ok") else { return };
+    let site = or_skip!(Site::new("ok"));
     let vol = format!("{}:/data:DATA", site.data());
     let o = site
         .cmd(None)
@@ -164,8 +164,9 @@ fn a_permitted_user_runs_as_itself_with_no_capabilities_under_the_site_limits() 
 }
 
 #[test]
+#[cfg_attr(not(test_as_root), ignore = "needs root: installs a setuid binary and a site policy")]
 fn requests_outside_the_policy_are_refused_with_one_line() {
-    let Some(site) = Site::new("refuse") else { return };
+    let site = or_skip!(Site::new("refuse"));
     let link = format!("{}/etclink:/x", site.data());
     let cases: Vec<(Vec<String>, &str)> = vec![
         (vec!["--volume".into(), "/:/host".into()], "--volume / is not allowed"),
@@ -200,8 +201,9 @@ fn requests_outside_the_policy_are_refused_with_one_line() {
 }
 
 #[test]
+#[cfg_attr(not(test_as_root), ignore = "needs root: installs a setuid binary and a site policy")]
 fn a_policy_that_is_not_root_owned_or_is_writable_or_malformed_is_refused() {
-    let Some(site) = Site::new("tamper") else { return };
+    let site = or_skip!(Site::new("tamper"));
     let run = || site.exec(&[], "echo ran");
     // Owned by the user.
     nix::unistd::chown(POLICY, Some(site.user.uid), None).unwrap();
@@ -231,12 +233,12 @@ fn a_policy_that_is_not_root_owned_or_is_writable_or_malformed_is_refused() {
 }
 
 #[test]
+#[cfg_attr(not(test_as_root), ignore = "needs root: installs a setuid binary and a site policy")]
 fn a_binary_with_file_capabilities_is_refused() {
-    let Some(site) = Site::new("fcaps") else { return };
+    let site = or_skip!(Site::new("fcaps"));
     let setcap = ["/usr/sbin/setcap", "/sbin/setcap"].into_iter().find(|p| Path::new(p).exists());
     let Some(setcap) = setcap else {
-        eprintln!("SKIPPED: setcap not installed (libcap2-bin; scripts/setup.sh installs it)");
-        return;
+        return skip("setcap not installed (libcap2-bin; scripts/setup.sh installs it)");
     };
     let st = Command::new(setcap).arg("cap_net_raw+ep").arg(site.dir.join("azp-sandbox")).status().unwrap();
     assert!(st.success());
@@ -247,8 +249,9 @@ fn a_binary_with_file_capabilities_is_refused() {
 }
 
 #[test]
+#[cfg_attr(not(test_as_root), ignore = "needs root: installs a setuid binary and a site policy")]
 fn the_privileged_side_cannot_be_inspected_by_the_caller_and_other_commands_run_unprivileged() {
-    let Some(site) = Site::new("ptrace") else { return };
+    let site = or_skip!(Site::new("ptrace"));
     // A running job: its privileged parent (the process we started) is root-owned and
     // non-dumpable, so the caller cannot read its memory or environment.
     let mut child = site
@@ -304,8 +307,9 @@ fn the_privileged_side_cannot_be_inspected_by_the_caller_and_other_commands_run_
 }
 
 #[test]
+#[cfg_attr(not(test_as_root), ignore = "needs root: installs a setuid binary and a site policy")]
 fn a_permitted_user_runs_agents_as_itself_under_the_policy() {
-    let Some(site) = Site::new("run") else { return };
+    let site = or_skip!(Site::new("run"));
     let fake = FakeAzure::start();
     // The caller's own token file, readable by the caller only.
     let tf = site.dir.join("pat");

@@ -16,8 +16,8 @@
 //!   extracting user as owner (not the archive's uids) and no device nodes.
 
 use crate::azure::{self, AzureClient, AzureError};
+use crate::digest::hex;
 use crate::progress::Progress;
-use crate::rootfs::archive::hex;
 use anyhow::{bail, Context, Result};
 use base64::Engine as _;
 use md5::Md5;

@@ -10,18 +10,23 @@
 //!
 //! Failures map to [`AzureError`], one line each that says what to fix. Idempotent calls
 //! are retried on transient failures with [`with_retry`] and the client's [`RetryPolicy`].
+//! Client construction (proxy, time limits), the classification of network failures and
+//! the retry loop are the shared [`crate::http`] layer's; the meaning of each status to
+//! Azure DevOps (PAT, permission, pool) is this module's.
 
 mod error;
 mod retry;
 mod types;
 
+pub use crate::http::RetryPolicy;
 pub use error::AzureError;
-pub use retry::{retry, with_retry, RetryPolicy};
+pub use retry::with_retry;
 pub use types::{Agent, AgentRef, ConnectionInfo, Identity, JobRequest, NamedRef, PackageInfo, PackageVersion, Pool};
 
+use crate::http::{self, error_chain, one_line, redact_url, ClientSettings, HttpError};
 use base64::Engine as _;
 use reqwest::blocking::{Client, Response};
-use reqwest::header::{HeaderMap, HeaderValue, ACCEPT, AUTHORIZATION, CONTENT_TYPE, RETRY_AFTER};
+use reqwest::header::{HeaderMap, HeaderValue, ACCEPT, AUTHORIZATION, CONTENT_TYPE};
 use reqwest::{Method, StatusCode, Url};
 use serde::de::DeserializeOwned;
 use std::io::{Read, Write};
@@ -375,25 +380,16 @@ impl AzureClient {
     }
 }
 
+/// The client for the organization (or a download host): proxies from the environment,
+/// except for a loopback host (see [`ClientSettings`]).
 fn build_http(org: &Url, timeout: Duration) -> Result<Client, AzureError> {
-    let mut b = Client::builder()
-        .user_agent(concat!("azp-sandbox/", env!("CARGO_PKG_VERSION")))
-        .timeout(timeout)
-        .connect_timeout(timeout.min(Duration::from_secs(20)));
-    if is_loopback(org) {
-        // Tests: never send loopback traffic to a proxy from the environment.
-        b = b.no_proxy();
-    }
-    b.build().map_err(|e| AzureError::Unreachable {
+    ClientSettings::new(timeout).build(org).map_err(|e| AzureError::Unreachable {
         url: org.as_str().trim_end_matches('/').to_owned(),
-        cause: error_chain(&e),
+        cause: match e {
+            HttpError::Setup { cause } => one_line(&cause, 300),
+            e => one_line(&e.to_string(), 300),
+        },
     })
-}
-
-fn is_loopback(u: &Url) -> bool {
-    let Some(h) = u.host_str() else { return false };
-    let h = h.trim_start_matches('[').trim_end_matches(']');
-    h.eq_ignore_ascii_case("localhost") || h.parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_loopback())
 }
 
 fn parse_org_url(s: &str) -> Result<Url, AzureError> {
@@ -409,7 +405,7 @@ fn parse_org_url(s: &str) -> Result<Url, AzureError> {
     }
     match u.scheme() {
         "https" => {}
-        "http" if is_loopback(&u) => {}
+        "http" if http::is_loopback(&u) => {}
         "http" => return Err(bad("plain http would send the PAT unencrypted; use https")),
         _ => return Err(bad("use an https:// URL")),
     }
@@ -436,16 +432,6 @@ fn parse_download_url(s: &str) -> Result<Url, AzureError> {
         });
     }
     Ok(u)
-}
-
-/// A URL for messages: without credentials, query (SAS tokens) or fragment.
-fn redact_url(u: &Url) -> String {
-    let mut u = u.clone();
-    let _ = u.set_username("");
-    let _ = u.set_password(None);
-    u.set_query(None);
-    u.set_fragment(None);
-    u.to_string()
 }
 
 fn redact_url_str(s: &str) -> String {
@@ -524,40 +510,15 @@ fn read_body(resp: Response) -> Result<Vec<u8>, reqwest::Error> {
     resp.bytes().map(|b| b.to_vec())
 }
 
+/// A failed send or body read: no answer in time, or none at all (a TLS failure is
+/// reported as unreachable too: the org URL or the proxy is what to check).
 fn net_error(e: reqwest::Error, url: &str, what: &str, timeout: Duration) -> AzureError {
-    if e.is_timeout() {
-        AzureError::Timeout { url: url.to_owned(), what: what.to_owned(), after: timeout }
-    } else {
-        AzureError::Unreachable { url: url.to_owned(), cause: error_chain(&e.without_url()) }
-    }
-}
-
-/// "a: b: c" from an error and its sources, repeated parts dropped, at most 300 chars.
-fn error_chain(e: &dyn std::error::Error) -> String {
-    one_line(&error_chain_full(e), 300)
-}
-
-/// "a: b: c" from an error and its sources, repeated parts dropped, on one line.
-pub(crate) fn error_chain_full(e: &dyn std::error::Error) -> String {
-    let mut parts: Vec<String> = vec![];
-    let mut cur: Option<&dyn std::error::Error> = Some(e);
-    while let Some(err) = cur {
-        let s = err.to_string();
-        if !s.is_empty() && !parts.iter().any(|p| p.contains(&s)) {
-            parts.push(s);
+    match HttpError::from_reqwest(e, url, timeout) {
+        HttpError::Timeout { url, after } => AzureError::Timeout { url, what: what.to_owned(), after },
+        HttpError::Unreachable { url, cause } | HttpError::Tls { url, cause } => {
+            AzureError::Unreachable { url, cause: one_line(&cause, 300) }
         }
-        cur = err.source();
-    }
-    parts.join(": ").replace('\n', " ")
-}
-
-fn one_line(s: &str, max: usize) -> String {
-    let s: String = s.split_whitespace().collect::<Vec<_>>().join(" ");
-    if s.chars().count() > max {
-        let t: String = s.chars().take(max).collect();
-        format!("{t}...")
-    } else {
-        s
+        e => AzureError::Unreachable { url: url.to_owned(), cause: one_line(&e.to_string(), 300) },
     }
 }
 
@@ -592,11 +553,7 @@ fn check_status(status: StatusCode, headers: &HeaderMap, body: &[u8], url: &str,
             cause: "the proxy requires authentication (HTTP 407)".into(),
         }),
         429 | 500..=599 => {
-            let retry_after = headers
-                .get(RETRY_AFTER)
-                .and_then(|v| v.to_str().ok())
-                .and_then(|v| v.trim().parse::<u64>().ok())
-                .map(|s| Duration::from_secs(s.min(600)));
+            let retry_after = http::retry_after(headers).map(|d| d.min(Duration::from_secs(600)));
             Err(AzureError::Server { status: code, what: what.to_owned(), detail: server_message(body), retry_after })
         }
         _ => {
@@ -622,6 +579,7 @@ fn parse_json<T: DeserializeOwned>(body: &[u8], what: &str) -> Result<T, AzureEr
 #[cfg(test)]
 mod tests {
     use super::*;
+    use reqwest::header::RETRY_AFTER;
 
     #[test]
     fn org_urls() {

@@ -1,7 +1,7 @@
 //! `HOME/status.json`: what the running manager is doing, rewritten (atomically) on every
 //! slot change, shown by `azp-sandbox status`.
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 use serde::{Deserialize, Serialize};
 use std::path::Path;
 
@@ -38,15 +38,11 @@ pub struct SlotStatus {
     pub paused_reason: Option<String>,
 }
 
-pub fn now_unix() -> u64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
-}
+/// The clock lives in [`crate::clock`]; the manager's modules take it from here.
+pub use crate::clock::now_unix;
 
 pub fn write(path: &Path, status: &Status) -> Result<()> {
-    let tmp = path.with_extension("json.tmp");
-    std::fs::write(&tmp, serde_json::to_vec_pretty(status)?)
-        .with_context(|| format!("cannot write {}", tmp.display()))?;
-    std::fs::rename(&tmp, path).with_context(|| format!("cannot update {}", path.display()))
+    crate::json_file::write_atomic(path, status)
 }
 
 /// `HOME/status.json`.

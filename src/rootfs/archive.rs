@@ -2,6 +2,7 @@
 //! SHA-256 and byte counting of the stream as read, and a two-thread pipeline: the
 //! calling thread reads and decompresses, a worker thread consumes the tar stream.
 
+use crate::digest::hex;
 use sha2::{Digest, Sha256};
 use std::io::{self, BufRead, BufReader, Read};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -377,10 +378,6 @@ fn run<T: Send>(
             Err(panic) => std::panic::resume_unwind(panic),
         }
     })
-}
-
-pub(crate) fn hex(b: &[u8]) -> String {
-    b.iter().map(|x| format!("{x:02x}")).collect()
 }
 
 #[cfg(test)]

@@ -14,11 +14,13 @@ pub mod oci;
 mod probe;
 pub mod recipe;
 pub mod select;
+mod size;
 mod store;
 mod tarstream;
 pub mod unpack;
 
 pub use archive::{detect, Compression};
+pub use size::tree_size;
 pub use store::{RootfsInfo, RootfsLease, Store};
 pub use unpack::{unpack, unpack_at, UnpackError, UnpackOptions, UnpackStats};
 

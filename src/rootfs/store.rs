@@ -458,8 +458,7 @@ impl Store {
 }
 
 fn rfc3339_now() -> String {
-    let secs = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
-    rfc3339(secs)
+    rfc3339(crate::clock::now_unix())
 }
 
 /// `YYYY-MM-DDTHH:MM:SSZ` for seconds since the epoch.

@@ -231,6 +231,6 @@ pub fn new_job_id(prefix: &str) -> String {
         use std::io::Read;
         let _ = f.read_exact(&mut bytes);
     }
-    let hex = crate::rootfs::archive::hex(&bytes);
+    let hex = crate::digest::hex(&bytes);
     format!("{prefix}-{hex}")
 }

@@ -8,7 +8,7 @@
 //! through Slurm's own command-line tools.
 
 use crate::azure::AzureClient;
-use crate::manager::status::now_unix;
+use crate::clock::now_unix;
 use crate::scaler::{self, policy, queue, ScalerStatus};
 use crate::settings::SlurmSettings;
 use anyhow::{bail, Context, Result};
@@ -566,12 +566,7 @@ impl Slurm<'_> {
     }
 
     fn write_status(&self) {
-        let tmp = self.status_file.with_extension("json.tmp");
-        let ok = serde_json::to_vec_pretty(&self.status)
-            .ok()
-            .and_then(|b| std::fs::write(&tmp, b).ok())
-            .and_then(|_| std::fs::rename(&tmp, &self.status_file).ok());
-        if ok.is_none() {
+        if crate::json_file::write_atomic(&self.status_file, &self.status).is_err() {
             tracing::warn!("cannot write {}", self.status_file.display());
         }
     }

@@ -200,8 +200,7 @@ mod tests {
         spread_subdirs(dir.path());
         let fs = nix::sys::statfs::statfs(dir.path()).unwrap();
         if fs.filesystem_type() != nix::sys::statfs::EXT4_SUPER_MAGIC {
-            eprintln!("SKIPPED: {} is not on ext4", dir.path().display());
-            return;
+            return crate::test_skip::skip(format!("{} is not on ext4", dir.path().display()));
         }
         let f = std::fs::File::open(dir.path()).unwrap();
         let mut flags: libc::c_long = 0;

@@ -26,6 +26,7 @@
 //! whether the credentials were right.
 #![allow(dead_code)]
 
+use super::digest::sha256_hex;
 use base64::Engine as _;
 use sha2::Digest as _;
 use std::collections::{BTreeMap, VecDeque};
@@ -386,7 +387,7 @@ impl FakeAzure {
         self.st().package.version.clone()
     }
     pub fn package_sha256(&self) -> String {
-        hex(&sha2::Sha256::digest(&self.st().package.bytes))
+        sha256_hex(&self.st().package.bytes)
     }
 
     // --- the fake agent package ---
@@ -719,7 +720,7 @@ impl State {
         let v = &self.package.version;
         let parts: Vec<u32> = v.split('.').map(|p| p.parse().unwrap_or(0)).collect();
         let hash = match &self.hash_mode {
-            HashMode::Sha256Hex => Some(hex(&sha2::Sha256::digest(&self.package.bytes))),
+            HashMode::Sha256Hex => Some(sha256_hex(&self.package.bytes)),
             HashMode::Md5Base64 => {
                 Some(base64::engine::general_purpose::STANDARD.encode(md5::Md5::digest(&self.package.bytes)))
             }
@@ -1051,10 +1052,6 @@ fn pct_decode(s: &str) -> String {
         i += 1;
     }
     String::from_utf8_lossy(&out).into_owned()
-}
-
-fn hex(b: &[u8]) -> String {
-    b.iter().map(|x| format!("{x:02x}")).collect()
 }
 
 fn random_u64() -> u64 {

@@ -1,7 +1,13 @@
 //! Shared helpers of the integration tests: a private home per test, fixtures built once
 //! (busybox rootfs, Debian minbase), and residue checks.
 #![allow(dead_code)]
+pub mod digest;
 pub mod fake_azure;
+pub mod registry;
+pub mod skip;
+
+#[allow(unused_imports)] // not every test binary skips
+pub use skip::{skip, skip_part};
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
@@ -19,13 +25,26 @@ pub fn is_root() -> bool {
     nix::unistd::geteuid().is_root()
 }
 
-/// Skips (returns from) a test that needs root, printing why. CI runs as root.
+/// Skips (returns from) a test that needs root, visibly (see [`skip`]). Such tests are
+/// also `#[cfg_attr(not(test_as_root), ignore = "needs root: ...")]`; this catches a
+/// build made as root and run as another user. CI runs as root.
 #[macro_export]
 macro_rules! require_root {
     () => {
         if !common::is_root() {
-            eprintln!("SKIPPED: this test creates real sandboxes and needs root (CI runs it as root)");
-            return;
+            return common::skip::skip("needs root: creates real sandboxes (CI runs the suite as root)");
+        }
+    };
+}
+
+/// The value of a `Result<T, String>` whose error says why the test cannot run here;
+/// on an error the test is skipped, visibly (see [`skip`]).
+#[macro_export]
+macro_rules! or_skip {
+    ($e:expr) => {
+        match $e {
+            Ok(v) => v,
+            Err(why) => return common::skip::skip(why),
         }
     };
 }
@@ -270,21 +289,19 @@ pub fn unique(prefix: &str) -> String {
 }
 
 /// The NVIDIA driver tree from Debian's packages, with fake device nodes
-/// (scripts/make-driver-tree.sh). None (with the reason printed) only when the packages
+/// (scripts/make-driver-tree.sh). An error (why, for [`or_skip!`]) only when the packages
 /// cannot be downloaded and none are cached (exit 75).
-pub fn driver_tree() -> Option<PathBuf> {
-    static P: OnceLock<Option<PathBuf>> = OnceLock::new();
+pub fn driver_tree() -> Result<PathBuf, String> {
+    static P: OnceLock<Result<PathBuf, String>> = OnceLock::new();
     P.get_or_init(|| {
         let root = fixtures().join("driver-tree");
         let out = Command::new("bash").arg(repo().join("scripts/make-driver-tree.sh")).arg(&root).output().unwrap();
         match out.status.code() {
-            Some(0) => Some(root),
+            Some(0) => Ok(root),
             Some(75) => {
-                eprintln!(
-                    "SKIPPED: NVIDIA driver packages could not be downloaded: {}",
-                    String::from_utf8_lossy(&out.stderr)
-                );
-                None
+                let err = String::from_utf8_lossy(&out.stderr);
+                let why = err.lines().rev().find(|l| !l.trim().is_empty()).unwrap_or("").trim();
+                Err(format!("NVIDIA driver packages could not be downloaded and none are cached: {why}"))
             }
             _ => panic!("make-driver-tree.sh failed: {}", String::from_utf8_lossy(&out.stderr)),
         }

@@ -7,7 +7,7 @@
 use crate::rootfs::archive::{self, StreamError};
 use crate::rootfs::store::ImportFacts;
 use crate::rootfs::unpack::{self, UnpackError, UnpackOptions};
-use crate::rootfs::{RootfsInfo, Store, CANCEL};
+use crate::rootfs::{tree_size, RootfsInfo, Store, CANCEL};
 use anyhow::{anyhow, bail, Result};
 use std::io::Read;
 use std::os::fd::{AsRawFd, BorrowedFd};
@@ -125,7 +125,7 @@ pub fn apply_layers(
             ui.applied = i + 1;
             ui.tick();
         }
-        let (entries, bytes) = tree_size(tree);
+        let (entries, bytes) = tree_size(&crate::rootfs::fs::proc_fd(tree.as_raw_fd()));
         applied.entries = entries;
         applied.bytes = bytes;
         if entries == 0 {
@@ -205,30 +205,4 @@ fn digest_ok(v: &Verify, s: &archive::StreamInfo) -> bool {
         // archive cannot be checked against it without hashing the tar stream.
         Verify::DiffId(h) => s.compression != archive::Compression::None || s.sha256 == *h,
     }
-}
-
-/// Entries below the root and bytes of regular files (hard links counted once).
-fn tree_size(tree: BorrowedFd<'_>) -> (u64, u64) {
-    use std::os::unix::fs::MetadataExt;
-    let root = crate::rootfs::fs::proc_fd(tree.as_raw_fd());
-    let mut stack = vec![root];
-    let (mut entries, mut bytes) = (0u64, 0u64);
-    let mut seen = std::collections::HashSet::new();
-    while let Some(dir) = stack.pop() {
-        let Ok(rd) = std::fs::read_dir(&dir) else { continue };
-        for ent in rd.flatten() {
-            entries += 1;
-            let Ok(ft) = ent.file_type() else { continue };
-            if ft.is_dir() {
-                stack.push(ent.path());
-            } else if ft.is_file() {
-                if let Ok(m) = ent.metadata() {
-                    if m.nlink() <= 1 || seen.insert((m.dev(), m.ino())) {
-                        bytes += m.len();
-                    }
-                }
-            }
-        }
-    }
-    (entries, bytes)
 }

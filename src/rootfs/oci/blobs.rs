@@ -5,7 +5,7 @@
 //! `Range` request where the registry allows it, else restarted.
 
 use super::registry::{retry, RegistryClient, RegistryError};
-use crate::rootfs::archive::hex;
+use crate::digest::{hex, sha256_hex};
 use sha2::{Digest as _, Sha256};
 use std::io::{self, Read, Seek, Write};
 use std::path::{Path, PathBuf};
@@ -190,7 +190,7 @@ impl BlobCache {
         std::fs::File::open(self.path(hex_want))
             .and_then(|f| f.take(max + 1).read_to_end(&mut bytes))
             .map_err(|e| anyhow::anyhow!("cannot read the cached {what}: {e}"))?;
-        if hex(&Sha256::digest(&bytes)) != hex_want {
+        if sha256_hex(&bytes) != hex_want {
             self.evict(hex_want);
             anyhow::bail!("the cached {what} was corrupt (removed it): pull again");
         }

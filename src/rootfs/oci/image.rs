@@ -4,7 +4,6 @@
 
 use anyhow::{anyhow, bail, Result};
 use oci_spec::image::{Descriptor, ImageIndex, ImageManifest};
-use sha2::{Digest as _, Sha256};
 use std::collections::HashMap;
 use std::fmt;
 
@@ -24,7 +23,7 @@ pub const MAX_CONFIG: u64 = 64 << 20;
 
 /// `sha256:<hex>` of `bytes`.
 pub fn sha256_digest(bytes: &[u8]) -> String {
-    format!("sha256:{}", super::super::archive::hex(&Sha256::digest(bytes)))
+    format!("sha256:{}", crate::digest::sha256_hex(bytes))
 }
 
 /// The hex part of a `sha256:` digest, or an error naming what it belongs to.

@@ -8,7 +8,7 @@ use super::blobs::BlobCache;
 use super::image::{self, ImageFacts, Manifest, Platform};
 use super::reference::Reference;
 use super::registry::RegistryClient;
-use crate::azure::RetryPolicy;
+use crate::http::RetryPolicy;
 use crate::rootfs::store::ImportFacts;
 use crate::rootfs::{validate_name, RootfsInfo, Store, CANCEL};
 use anyhow::{anyhow, bail, Result};

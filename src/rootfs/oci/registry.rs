@@ -2,15 +2,15 @@
 //! tag lists, with the token flow (401 + `WWW-Authenticate: Bearer ...` -> token
 //! request, with Basic credentials if there are any), Basic auth, and bounded retries of
 //! transient failures (connection errors, timeouts, 5xx, 429) with the backoff of
-//! [`RetryPolicy`].
+//! [`RetryPolicy`]. The client, the network-failure classification and the retry loop are
+//! the shared [`crate::http`] layer's; what a status means to a registry is this module's.
 
 use super::auth::{AuthFile, Challenge, Credentials};
 use super::reference::Reference;
-use crate::azure::RetryPolicy;
+use crate::http::{self, read_limited, read_small, ClientSettings, ErrorAnswer, HttpError, RetryPolicy};
 use reqwest::blocking::{Client, Response};
-use reqwest::header::{HeaderValue, ACCEPT, AUTHORIZATION, CONTENT_TYPE, RANGE, RETRY_AFTER, WWW_AUTHENTICATE};
+use reqwest::header::{HeaderValue, ACCEPT, AUTHORIZATION, CONTENT_TYPE, RANGE, WWW_AUTHENTICATE};
 use reqwest::{StatusCode, Url};
-use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
@@ -68,7 +68,7 @@ impl RegistryError {
     }
 }
 
-pub use crate::azure::retry;
+pub use crate::http::retry;
 
 /// `Some(retry_after)` for transient registry errors.
 pub fn transient(e: &RegistryError) -> Option<Option<Duration>> {
@@ -108,19 +108,13 @@ impl RegistryClient {
         let scheme = if insecure { "http" } else { "https" };
         let base = Url::parse(&format!("{scheme}://{}/", r.api_host()))
             .map_err(|e| anyhow::anyhow!("invalid registry '{}': {e}", r.registry))?;
-        let mut b = Client::builder()
-            .user_agent(concat!("azp-sandbox/", env!("CARGO_PKG_VERSION")))
-            .timeout(TIMEOUT)
-            .connect_timeout(Duration::from_secs(20));
-        if r.is_loopback() {
-            b = b.no_proxy();
-        }
         let ssl_cert_file = std::env::var_os("SSL_CERT_FILE").filter(|v| !v.is_empty()).map(PathBuf::from);
-        for (cert, from) in extra_roots(&r.registry, ssl_cert_file.as_deref(), CERTS_D)? {
+        let roots = extra_roots(&r.registry, ssl_cert_file.as_deref(), CERTS_D)?.into_iter().map(|(cert, from)| {
             tracing::debug!("trusting a CA certificate from {}", from.display());
-            b = b.add_root_certificate(cert);
-        }
-        let http = b.build().map_err(|e| anyhow::anyhow!("cannot set up the HTTP client: {}", chain(&e)))?;
+            cert
+        });
+        // Proxies from the environment, except for a loopback registry (see ClientSettings).
+        let http = ClientSettings::new(TIMEOUT).trust(roots).build(&base)?;
         Ok(RegistryClient {
             http,
             base,
@@ -158,14 +152,12 @@ impl RegistryClient {
     }
 
     fn net_error(&self, e: reqwest::Error, what: &str) -> RegistryError {
-        if e.is_timeout() {
-            RegistryError::Timeout { registry: self.registry.clone(), what: what.into() }
-        } else {
-            let cause = chain(&e.without_url());
-            if cause.contains("certificate") {
-                return RegistryError::Tls { registry: self.registry.clone(), cause };
-            }
-            RegistryError::Unreachable { registry: self.registry.clone(), cause }
+        let registry = self.registry.clone();
+        match HttpError::from_reqwest(e, &self.registry, TIMEOUT) {
+            HttpError::Timeout { .. } => RegistryError::Timeout { registry, what: what.into() },
+            HttpError::Tls { cause, .. } => RegistryError::Tls { registry, cause },
+            HttpError::Unreachable { cause, .. } => RegistryError::Unreachable { registry, cause },
+            e => RegistryError::Unreachable { registry, cause: e.to_string() },
         }
     }
 
@@ -224,7 +216,7 @@ impl RegistryClient {
                 let Some(c) = &self.creds else {
                     return Err(self.auth_failed("HTTP 401, Basic authentication required"));
                 };
-                if self.base.scheme() != "https" && !is_loopback_url(&self.base) {
+                if self.base.scheme() != "https" && !http::is_loopback(&self.base) {
                     return Err(self.auth_failed("refusing to send a password over plain http"));
                 }
                 let mut h = HeaderValue::from_str(&c.basic_header())
@@ -274,7 +266,7 @@ impl RegistryClient {
         }
         let mut req = self.http.get(url.clone());
         if let Some(c) = &self.creds {
-            if url.scheme() != "https" && !is_loopback_url(&url) {
+            if url.scheme() != "https" && !http::is_loopback(&url) {
                 return Err(self.auth_failed(&format!(
                     "refusing to send credentials to the plain-http token server {}",
                     url.origin().ascii_serialization()
@@ -331,14 +323,7 @@ impl RegistryClient {
 
     /// An error for a non-success answer to `what`.
     fn status_error(&self, resp: Response, what: &str) -> RegistryError {
-        let status = resp.status().as_u16();
-        let retry_after = resp
-            .headers()
-            .get(RETRY_AFTER)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|s| s.trim().parse::<u64>().ok())
-            .map(Duration::from_secs);
-        let body = read_small(resp);
+        let ErrorAnswer { status, retry_after, body } = ErrorAnswer::read(resp);
         let code = error_code(&body);
         match (status, code.as_deref()) {
             (404, Some("NAME_UNKNOWN")) => RegistryError::UnknownRepo {
@@ -505,41 +490,9 @@ fn extra_roots(
     }
     let mut out = Vec::new();
     for f in files {
-        let pem = std::fs::read(&f)
-            .map_err(|e| anyhow::anyhow!("cannot read the CA certificates in {}: {e}", f.display()))?;
-        let certs = reqwest::Certificate::from_pem_bundle(&pem)
-            .map_err(|e| anyhow::anyhow!("{} is not a PEM certificate bundle: {}", f.display(), chain(&e)))?;
-        if certs.is_empty() {
-            anyhow::bail!("{} is not a PEM certificate bundle: it holds no certificate", f.display());
-        }
-        out.extend(certs.into_iter().map(|c| (c, f.clone())));
+        out.extend(http::pem_bundle(&f)?.into_iter().map(|c| (c, f.clone())));
     }
     Ok(out)
-}
-
-fn is_loopback_url(u: &Url) -> bool {
-    let Some(h) = u.host_str() else { return false };
-    let h = h.trim_start_matches('[').trim_end_matches(']');
-    h.eq_ignore_ascii_case("localhost") || h.parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_loopback())
-}
-
-/// At most 64 KiB of an error body.
-fn read_small(resp: Response) -> Vec<u8> {
-    let mut v = Vec::new();
-    let _ = resp.take(64 << 10).read_to_end(&mut v);
-    v
-}
-
-fn read_limited(resp: Response, max: u64) -> Result<Vec<u8>, String> {
-    if resp.content_length().is_some_and(|n| n > max) {
-        return Err(format!("it is larger than {max} bytes"));
-    }
-    let mut v = Vec::new();
-    resp.take(max + 1).read_to_end(&mut v).map_err(|e| chain(&e))?;
-    if v.len() as u64 > max {
-        return Err(format!("it is larger than {max} bytes"));
-    }
-    Ok(v)
 }
 
 #[derive(serde::Deserialize)]
@@ -573,7 +526,7 @@ fn error_detail(body: &[u8]) -> String {
 
 /// "a: b: c" from an error and its sources, repeated parts dropped.
 pub(crate) fn chain(e: &dyn std::error::Error) -> String {
-    crate::azure::error_chain_full(e)
+    http::error_chain_full(e)
 }
 
 #[cfg(test)]

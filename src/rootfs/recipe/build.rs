@@ -195,7 +195,7 @@ pub fn build(store: &Store, recipe: &Recipe, opts: &BuildOptions) -> Result<Buil
         // before the store renames it into place.
         nix::unistd::syncfs(tree_fd.as_raw_fd()).context("cannot sync the new rootfs to disk")?;
         removed_files = count_lines(&tree.join("usr/share/azp-sandbox/removed-files"));
-        let (entries, bytes) = tree_size(&tree);
+        let (entries, bytes) = crate::rootfs::tree_size(&tree);
         Ok(ImportFacts {
             source: format!("recipe {} (sha256:{})", recipe.name, recipe.sha256),
             sha256: None,
@@ -234,25 +234,6 @@ fn lock_cache(cache: &Path) -> Result<Flock<File>> {
 
 fn count_lines(p: &Path) -> usize {
     std::fs::read_to_string(p).map(|s| s.lines().filter(|l| !l.is_empty()).count()).unwrap_or(0)
-}
-
-/// (entries, bytes of regular files) under `dir`, not following symlinks.
-fn tree_size(dir: &Path) -> (u64, u64) {
-    let (mut entries, mut bytes) = (0u64, 0u64);
-    let mut stack = vec![dir.to_path_buf()];
-    while let Some(d) = stack.pop() {
-        let Ok(rd) = std::fs::read_dir(&d) else { continue };
-        for e in rd.flatten() {
-            entries += 1;
-            let Ok(ft) = e.file_type() else { continue };
-            if ft.is_dir() {
-                stack.push(e.path());
-            } else if ft.is_file() {
-                bytes += e.metadata().map(|m| m.len()).unwrap_or(0);
-            }
-        }
-    }
-    (entries, bytes)
 }
 
 /// Kills every process whose root directory is inside `tree` (daemons a maintainer

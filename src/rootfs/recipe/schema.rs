@@ -120,11 +120,6 @@ pub fn deb_arch(arch: &str) -> Option<&'static str> {
     })
 }
 
-fn sha256_hex(bytes: &[u8]) -> String {
-    use sha2::Digest;
-    crate::rootfs::archive::hex(&sha2::Sha256::digest(bytes))
-}
-
 /// The key a toml error at byte `at` belongs to: the nearest `key =` at or above it,
 /// prefixed by its `[table]`.
 fn key_at(text: &str, at: usize) -> Option<String> {
@@ -200,7 +195,7 @@ impl Recipe {
             anyhow!(out)
         })?;
         r.path = origin.to_path_buf();
-        r.sha256 = sha256_hex(text.as_bytes());
+        r.sha256 = crate::digest::sha256_hex(text.as_bytes());
         r.text = text.to_string();
         r.validate()?;
         Ok(r)

@@ -120,7 +120,7 @@ pub fn key(plan: &JobPlan) -> String {
     for (link, target) in &plan.edits.symlinks {
         text += &format!("link {} {}\n", link.display(), target.display());
     }
-    crate::rootfs::archive::hex(&Sha256::digest(text.as_bytes())[..16])
+    crate::digest::hex(&Sha256::digest(text.as_bytes())[..16])
 }
 
 /// A layer in use: its dir stays locked (shared) until this is dropped.
