@@ -210,7 +210,7 @@ fn digest_ok(v: &Verify, s: &archive::StreamInfo) -> bool {
 /// Entries below the root and bytes of regular files (hard links counted once).
 fn tree_size(tree: BorrowedFd<'_>) -> (u64, u64) {
     use std::os::unix::fs::MetadataExt;
-    let root = crate::rootfs::fs::proc_fd(tree.as_raw_fd());
+    let root = crate::sys::fs_at::proc_fd(tree.as_raw_fd());
     let mut stack = vec![root];
     let (mut entries, mut bytes) = (0u64, 0u64);
     let mut seen = std::collections::HashSet::new();
