@@ -387,9 +387,9 @@ fn parse_cpus(s: &str) -> Result<u64> {
 }
 
 fn main() {
-    // SAFETY: restoring the default SIGPIPE disposition before any thread or I/O exists,
-    // so `azp-sandbox gpu list | head` ends quietly instead of panicking.
-    unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
+    // Before any thread or I/O exists, so `azp-sandbox gpu list | head` ends quietly
+    // instead of panicking.
+    azp_sandbox::sys::signals::restore_default(azp_sandbox::sys::Signal::SIGPIPE);
     if azp_sandbox::setuid::invoked_setuid() {
         std::process::exit(setuid_main());
     }
@@ -664,13 +664,8 @@ fn exec(home: &Home, driver_root: &std::path::Path, args: ExecArgs) -> Result<i3
 /// Ctrl-C / SIGTERM during an import: stop at the next entry and remove the temp dir
 /// (instead of dying and leaving it to gc).
 fn cancel_import_on_signals() {
-    extern "C" fn on_signal(_: libc::c_int) {
-        azp_sandbox::rootfs::CANCEL.store(true, std::sync::atomic::Ordering::SeqCst);
-    }
-    for sig in [libc::SIGINT, libc::SIGTERM] {
-        // SAFETY: the handler only stores to an atomic, which is async-signal-safe.
-        unsafe { libc::signal(sig, on_signal as *const () as libc::sighandler_t) };
-    }
+    use azp_sandbox::sys::Signal;
+    azp_sandbox::sys::signals::set_flag_on(&[Signal::SIGINT, Signal::SIGTERM], &azp_sandbox::rootfs::CANCEL);
 }
 
 fn rootfs(home: &Home, cmd: RootfsCommand) -> Result<i32> {

@@ -301,7 +301,7 @@ pub fn run(home: &Home, settings: RunSettings, ctx: RunContext) -> Result<()> {
     let mut last_activity = Instant::now();
     let sig = loop {
         let timeout = Duration::from_millis(500);
-        if let Some(s) = wait_signal(&sigs, timeout) {
+        if let Some(s) = crate::sys::signals::wait_timeout(&sigs, timeout) {
             break Some(s);
         }
         match scaler.as_mut() {
@@ -337,7 +337,8 @@ pub fn run(home: &Home, settings: RunSettings, ctx: RunContext) -> Result<()> {
                 continue;
             }
             let busy = job_in_progress(&layer_dirs, &names[i]);
-            if !busy || Instant::now() >= deadline || wait_signal(&sigs, Duration::ZERO).is_some() {
+            if !busy || Instant::now() >= deadline || crate::sys::signals::wait_timeout(&sigs, Duration::ZERO).is_some()
+            {
                 tracing::info!(
                     slot = i,
                     "stopping agent {} ({})",
@@ -451,13 +452,6 @@ fn job_in_progress(layer_dirs: &[PathBuf], agent_name: &str) -> bool {
             .is_some_and(|rest| rest.starts_with('-') && rest[1..].chars().all(|c| c.is_ascii_digit()))
             && slot::ran_a_job(&dir.join("upper"))
     })
-}
-
-fn wait_signal(set: &nix::sys::signal::SigSet, timeout: Duration) -> Option<nix::sys::signal::Signal> {
-    let ts = libc::timespec { tv_sec: timeout.as_secs() as libc::time_t, tv_nsec: timeout.subsec_nanos() as _ };
-    // SAFETY: valid sigset and timespec borrowed for the call; siginfo may be null.
-    let r = unsafe { libc::sigtimedwait(set.as_ref(), std::ptr::null_mut(), &ts) };
-    (r > 0).then(|| nix::sys::signal::Signal::try_from(r).ok()).flatten()
 }
 
 /// Deletes offline agents named `<prefix>-<n>` for which `keep` is false.

@@ -279,13 +279,6 @@ fn user_name() -> String {
     nix::unistd::User::from_uid(nix::unistd::geteuid()).ok().flatten().map(|u| u.name).unwrap_or_else(|| "root".into())
 }
 
-fn wait_signal(set: &nix::sys::signal::SigSet, timeout: Duration) -> Option<nix::sys::signal::Signal> {
-    let ts = libc::timespec { tv_sec: timeout.as_secs() as libc::time_t, tv_nsec: timeout.subsec_nanos() as _ };
-    // SAFETY: valid sigset and timespec borrowed for the call; siginfo may be null.
-    let r = unsafe { libc::sigtimedwait(set.as_ref(), std::ptr::null_mut(), &ts) };
-    (r > 0).then(|| nix::sys::signal::Signal::try_from(r).ok()).flatten()
-}
-
 struct Slurm<'a> {
     s: &'a SlurmSettings,
     client: AzureClient,
@@ -407,7 +400,7 @@ impl Slurm<'_> {
                 self.write_status();
             }
             let wait = self.s.poll_interval.saturating_sub(started.elapsed());
-            if let Some(sig) = wait_signal(sigs, wait) {
+            if let Some(sig) = crate::sys::signals::wait_timeout(sigs, wait) {
                 tracing::info!("slurm: received {sig}: stopping (running batch jobs end when idle)");
                 return Ok(());
             }
