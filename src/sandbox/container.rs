@@ -97,7 +97,7 @@ impl Container for Libcontainer {
 }
 
 /// libcontainer's errors are precise but not always actionable; translate the common ones.
-fn create_error(text: &str, args: &[String]) -> SandboxError {
+pub(super) fn create_error(text: &str, args: &[String]) -> SandboxError {
     let kind = classify_libcontainer(text);
     let message = match kind {
         FailureKind::CommandNotFound => {

@@ -235,3 +235,304 @@ fn wait_for_go(go: Option<OwnedFd>) -> bool {
     let mut b = [0u8; 1];
     matches!(std::io::Read::read(&mut std::fs::File::from(fd), &mut b), Ok(1))
 }
+
+#[cfg(test)]
+mod tests {
+    //! The helper's straight line on the doubles: `sys::Recorder` for the privileged
+    //! steps, [`FakeContainer`] for libcontainer, both logging into one list.
+    use super::*;
+    use crate::edits::BindMount;
+    use crate::sandbox::jobdir::{JobLock, JobState};
+    use crate::sandbox::JobPlan;
+    use crate::sys::Recorder;
+    use nix::errno::Errno;
+    use std::path::PathBuf;
+
+    /// libcontainer's part, logged into the recorder's list (failing where it says).
+    struct FakeContainer<'a> {
+        rec: &'a Recorder,
+        /// libcontainer's text for a failed create.
+        create_fails_with: Option<&'static str>,
+    }
+
+    impl FakeContainer<'_> {
+        fn step(&self, name: &str) -> Result<()> {
+            self.rec.step(name.into()).map_err(|e| anyhow::Error::new(e).context(format!("container {name}")))
+        }
+    }
+
+    impl Container for FakeContainer<'_> {
+        fn prepare_stdio(&mut self) -> Result<()> {
+            self.step("prepare_stdio")
+        }
+        fn create(&mut self, plan: &JobPlan, _job: &JobDir) -> Result<()> {
+            self.step("create")?;
+            match self.create_fails_with {
+                Some(text) => Err(super::super::container::create_error(text, &plan.args).into()),
+                None => Ok(()),
+            }
+        }
+        fn init_pid(&self) -> Option<i32> {
+            // A live process, so that init.pid gets its start time.
+            Some(std::process::id() as i32)
+        }
+        fn start_and_wait(&mut self) -> Result<HelperResult> {
+            self.step("start_and_wait")?;
+            Ok(HelperResult::Exited { code: 3, signal: None })
+        }
+        fn kill_unreaped_init(&mut self) {
+            let _ = self.step("kill_unreaped_init");
+        }
+        fn delete(&mut self) -> Result<()> {
+            self.step("delete")
+        }
+    }
+
+    struct Setup {
+        _t: tempfile::TempDir,
+        home: Home,
+        job: JobDir,
+        cgroups: CgroupHost,
+        _lock: JobLock,
+    }
+
+    /// A recorded job as `Sandbox::create` leaves it, over an empty rootfs dir, as the
+    /// calling user; cgroups in plain dirs of a hybrid host.
+    fn setup(change: impl FnOnce(&mut JobPlan, &Path)) -> Setup {
+        let t = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(t.path().join("xdg")).unwrap();
+        let home = Home::for_caller(t.path().join("home"), false, Some(t.path().join("xdg")));
+        home.ensure().unwrap();
+        let lower = t.path().join("rootfs");
+        std::fs::create_dir_all(&lower).unwrap();
+        let mut plan = JobPlan {
+            id: "hp-1".into(),
+            lower: vec![lower],
+            args: vec!["true".into()],
+            env: vec![],
+            cwd: "/".into(),
+            uid: nix::unistd::getuid().as_raw(),
+            gid: nix::unistd::getgid().as_raw(),
+            hostname: "hp-1".into(),
+            volumes: vec![],
+            limits: Default::default(),
+            network: Default::default(),
+            edits: Default::default(),
+            cgroup_path: "/azp-test-hp/hp-1".into(),
+            owned_dirs: vec!["/home/agent".into()],
+            rootless: false,
+        };
+        change(&mut plan, t.path());
+        let job = JobDir::new(&home, &plan.id);
+        let state = JobState {
+            id: plan.id.clone(),
+            cgroup_path: plan.cgroup_path.clone(),
+            container_state: job.container_root().join(&plan.id),
+            merged: job.merged(),
+            rootfs: plan.lower.clone(),
+            runner_pid: std::process::id(),
+            started_unix: 0,
+        };
+        let lock = job.create(&plan, &state).unwrap();
+        let cg = t.path().join("cg");
+        let cgroups = CgroupHost {
+            unified: false,
+            v1_mounts: vec![cg.join("memory")],
+            root: cg.clone(),
+            own_v2: None,
+            v2_mount: Some(cg.join("unified")),
+        };
+        Setup { _t: t, home, job, cgroups, _lock: lock }
+    }
+
+    impl Setup {
+        fn run(&self, rec: &Recorder, create_fails_with: Option<&'static str>, go: Option<OwnedFd>) -> HelperResult {
+            let mut container = FakeContainer { rec, create_fails_with };
+            let reporter = Reporter { fd: std::cell::Cell::new(None) };
+            run(&self.home, &self.job, &self.cgroups, rec, &mut container, &reporter, go)
+        }
+
+        /// The helper's steps for a root job with a cgroup and no GPU edits.
+        fn steps(&self) -> Vec<String> {
+            let cg = |h: &str| self.cgroups.root.join(h).join("azp-test-hp/hp-1").display().to_string();
+            vec![
+                "prepare_stdio".into(),
+                "private_mount_namespace".into(),
+                format!("join_cgroup {} {}", cg("memory"), cg("unified")),
+                "hide_cgroupfs".into(),
+                format!("mount_overlay {}", self.job.merged().display()),
+                "create".into(),
+                "start_and_wait".into(),
+                "delete".into(),
+            ]
+        }
+    }
+
+    fn failed(r: &HelperResult) -> (FailureKind, &str) {
+        match r {
+            HelperResult::Failed { kind, error } => (*kind, error.as_str()),
+            other => panic!("expected a failure, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn the_straight_line_in_order() {
+        let s = setup(|_, _| {});
+        let rec = Recorder::default();
+        let r = s.run(&rec, None, None);
+        assert_eq!(r, HelperResult::Exited { code: 3, signal: None });
+        assert_eq!(rec.calls(), s.steps());
+        // What the steps between the mounts and the container wrote.
+        assert!(s.job.bundle().join("config.json").is_file(), "the spec");
+        assert!(s.job.merged().join("home/agent").is_dir(), "the owned dir, made in the tree");
+        let init = std::fs::read_to_string(s.job.init_file()).unwrap();
+        assert!(init.starts_with(&format!("{} ", std::process::id())), "init.pid for gc: {init}");
+        let reported: HelperResult = serde_json::from_slice(&std::fs::read(s.job.result_file()).unwrap()).unwrap();
+        assert_eq!(reported, r, "reported as soon as the job exited, before the delete");
+    }
+
+    #[test]
+    fn a_failed_step_ends_the_line_and_only_a_created_container_is_deleted() {
+        let s = setup(|_, _| {});
+        let all = s.steps();
+        for k in 0..all.len() {
+            let rec = Recorder::failing_at(k, Errno::EIO);
+            let r = s.run(&rec, None, None);
+            let calls = rec.calls();
+            match all[k].as_str() {
+                // The job ran; a failed delete is only logged (gc finishes it).
+                "delete" => {
+                    assert_eq!(r, HelperResult::Exited { code: 3, signal: None });
+                    assert_eq!(calls, all);
+                }
+                // The container exists: deleted all the same.
+                "start_and_wait" => {
+                    assert_eq!(failed(&r).0, FailureKind::Other);
+                    assert_eq!(calls, all, "delete follows a failed start");
+                }
+                // Before the container: nothing after the failed step, nothing undone
+                // here (the mounts go with the helper's namespace, the cgroup with the
+                // runner's teardown).
+                step => {
+                    let (kind, error) = failed(&r);
+                    assert_eq!(calls, all[..=k], "{step}");
+                    assert_eq!(kind, FailureKind::Other, "{step}: EIO is no kind of its own");
+                    let cause = error.ends_with("EIO: I/O error") || error.ends_with("Input/output error (os error 5)");
+                    assert!(cause, "{step}: the cause is named: {error}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn failures_are_reported_by_kind() {
+        let s = setup(|_, _| {});
+        let overlay = s.steps().iter().position(|c| c.starts_with("mount_overlay")).unwrap();
+        let r = s.run(&Recorder::failing_at(overlay, Errno::ENOENT), None, None);
+        let (kind, error) = failed(&r);
+        assert_eq!(kind, FailureKind::RootfsMissing);
+        assert!(
+            error.starts_with(&format!("cannot mount the job's overlay on {}", s.job.merged().display())),
+            "{error}"
+        );
+        let r = s.run(&Recorder::failing_at(2, Errno::ENOSPC), None, None);
+        assert_eq!(failed(&r).0, FailureKind::DiskFull, "the cgroup join, out of space");
+        let r = s.run(&Recorder::failing_at(1, Errno::EPERM), None, None);
+        assert_eq!(failed(&r).0, FailureKind::NotPermitted);
+        let r = s.run(&Recorder::default(), Some("failed: executable 'true' not found in $PATH"), None);
+        let (kind, error) = failed(&r);
+        assert_eq!(kind, FailureKind::CommandNotFound);
+        assert!(error.starts_with("cannot create the sandbox: command 'true' not found in the sandbox's rootfs"));
+        assert_eq!(exit_code(&r), 125);
+    }
+
+    #[test]
+    fn a_prepared_sandbox_waits_for_go_and_a_cancel_undoes_the_container() {
+        let s = setup(|_, _| {});
+        let (rx, tx) = nix::unistd::pipe().unwrap();
+        drop(tx); // EOF: cancelled
+        let rec = Recorder::default();
+        let r = s.run(&rec, None, Some(rx));
+        assert_eq!(r, HelperResult::Failed { kind: FailureKind::Cancelled, error: "cancelled before start".into() });
+        let mut expected = s.steps()[..6].to_vec();
+        expected.extend(["kill_unreaped_init".into(), "delete".into()]);
+        expected.push(format!("unmount {}", s.job.merged().display()));
+        assert_eq!(rec.calls(), expected);
+        let (rx, tx) = nix::unistd::pipe().unwrap();
+        std::io::Write::write_all(&mut std::fs::File::from(tx), b"g").unwrap();
+        let rec = Recorder::default();
+        assert_eq!(s.run(&rec, None, Some(rx)), HelperResult::Exited { code: 3, signal: None });
+        assert_eq!(rec.calls(), s.steps());
+    }
+
+    #[test]
+    fn which_cgroup_steps_a_job_takes() {
+        // Rootless with a delegated cgroup: joined, then hidden.
+        let s = setup(|p, _| p.rootless = true);
+        let rec = Recorder::default();
+        s.run(&rec, None, None);
+        let calls = rec.calls();
+        assert!(calls[2].starts_with("join_cgroup ") && calls[3] == "hide_cgroupfs", "{calls:?}");
+        // Rootless without one: only hidden.
+        let s = setup(|p, _| {
+            p.rootless = true;
+            p.cgroup_path = PathBuf::new();
+        });
+        let rec = Recorder::default();
+        s.run(&rec, None, None);
+        assert_eq!(rec.calls()[2], "hide_cgroupfs");
+        // Root on a host without cgroup2: libcontainer's v1 manager does it all.
+        let mut s = setup(|_, _| {});
+        s.cgroups.v2_mount = None;
+        let rec = Recorder::default();
+        s.run(&rec, None, None);
+        assert!(rec.calls()[2].starts_with("mount_overlay "), "{:?}", rec.calls());
+    }
+
+    #[test]
+    fn a_gpu_job_builds_its_edit_layer_and_a_failed_build_removes_it() {
+        let s = setup(|p, t| {
+            let lib = t.join("libcuda.so.1");
+            std::fs::write(&lib, "elf").unwrap();
+            p.edits.mounts.push(BindMount {
+                host_path: lib,
+                container_path: "/usr/lib/x86_64-linux-gnu/libcuda.so.1".into(),
+                options: vec![],
+                optional: false,
+            });
+        });
+        let plan = s.job.read_plan().unwrap();
+        let b = editlayer::dir(&s.home).join(format!(".build-{}-{}", editlayer::key(&plan), std::process::id()));
+        let build = [
+            format!("remove_tree {}", b.display()),
+            format!("mount_overlay {}", b.join("merged").display()),
+            format!("unmount {}", b.join("merged").display()),
+            format!("remove_tree {}", b.join("work").display()),
+            format!("remove_dir {}", b.join("merged").display()),
+        ];
+        // Built between the cgroup and the job's overlay, which then has it as its top layer.
+        let rec = Recorder::default();
+        assert_eq!(s.run(&rec, None, None), HelperResult::Exited { code: 3, signal: None });
+        let mut expected = s.steps();
+        expected.splice(4..4, build.iter().cloned());
+        assert_eq!(rec.calls(), expected);
+        // The next job finds it built.
+        let rec = Recorder::default();
+        s.run(&rec, None, None);
+        assert_eq!(rec.calls(), s.steps());
+        std::fs::remove_dir_all(editlayer::dir(&s.home).join(editlayer::key(&plan))).unwrap();
+        // The build's overlay or its unmount fails: the build dir goes, the job fails.
+        for k in [5, 6] {
+            let rec = Recorder::failing_at(k, Errno::EIO);
+            let r = s.run(&rec, None, None);
+            let (_, error) = failed(&r);
+            let mut expected = s.steps()[..4].to_vec();
+            expected.extend(build[..k - 3].iter().cloned());
+            expected.push(format!("remove_tree {}", b.display()));
+            assert_eq!(rec.calls(), expected, "step {k}");
+            assert!(error.starts_with("cannot build the sandbox's edit layer in "), "{error}");
+            // The double removes nothing: clear the dir for the next round.
+            std::fs::remove_dir_all(&b).unwrap();
+        }
+    }
+}
