@@ -66,7 +66,7 @@ pub fn run_helper(home: &Home, job_dir: &Path, pipes: Pipes) -> i32 {
     let job = JobDir::at(home, job_dir);
     let reporter = Reporter { fd: std::cell::Cell::new(pipes.result) };
     let mut container = Libcontainer::default();
-    let result = run(home, &job, CgroupHost::get(), &sys::Real, &mut container, &reporter, pipes.go);
+    let result = into_result(run(home, &job, CgroupHost::get(), &sys::Real, &mut container, &reporter, pipes.go));
     let code = exit_code(&result);
     reporter.report(&job, &result);
     code
@@ -117,18 +117,6 @@ impl Reporter {
 /// process's mount namespace and go with it, and the runner's teardown removes the
 /// cgroup and dirs. Only a created container is deleted (and its unstarted init killed).
 fn run(
-    home: &Home,
-    job: &JobDir,
-    cgroups: &CgroupHost,
-    sys: &dyn Sys,
-    container: &mut dyn Container,
-    reporter: &Reporter,
-    go: Option<OwnedFd>,
-) -> HelperResult {
-    into_result(run_steps(home, job, cgroups, sys, container, reporter, go))
-}
-
-fn run_steps(
     home: &Home,
     job: &JobDir,
     cgroups: &CgroupHost,
@@ -243,6 +231,7 @@ mod tests {
     use super::*;
     use crate::edits::BindMount;
     use crate::sandbox::jobdir::{JobLock, JobState};
+    use crate::sandbox::plan::test_plan;
     use crate::sandbox::JobPlan;
     use crate::sys::Recorder;
     use nix::errno::Errno;
@@ -305,34 +294,11 @@ mod tests {
         home.ensure().unwrap();
         let lower = t.path().join("rootfs");
         std::fs::create_dir_all(&lower).unwrap();
-        let mut plan = JobPlan {
-            id: "hp-1".into(),
-            lower: vec![lower],
-            args: vec!["true".into()],
-            env: vec![],
-            cwd: "/".into(),
-            uid: nix::unistd::getuid().as_raw(),
-            gid: nix::unistd::getgid().as_raw(),
-            hostname: "hp-1".into(),
-            volumes: vec![],
-            limits: Default::default(),
-            network: Default::default(),
-            edits: Default::default(),
-            cgroup_path: "/azp-test-hp/hp-1".into(),
-            owned_dirs: vec!["/home/agent".into()],
-            rootless: false,
-        };
+        let mut plan = test_plan("hp-1", vec![lower], "/azp-test-hp/hp-1");
+        plan.owned_dirs = vec!["/home/agent".into()];
         change(&mut plan, t.path());
         let job = JobDir::new(&home, &plan.id);
-        let state = JobState {
-            id: plan.id.clone(),
-            cgroup_path: plan.cgroup_path.clone(),
-            container_state: job.container_root().join(&plan.id),
-            merged: job.merged(),
-            rootfs: plan.lower.clone(),
-            runner_pid: std::process::id(),
-            started_unix: 0,
-        };
+        let state = JobState::for_plan(&job, &plan);
         let lock = job.create(&plan, &state).unwrap();
         let cg = t.path().join("cg");
         let cgroups = CgroupHost {
@@ -349,7 +315,7 @@ mod tests {
         fn run(&self, rec: &Recorder, create_fails_with: Option<&'static str>, go: Option<OwnedFd>) -> HelperResult {
             let mut container = FakeContainer { rec, create_fails_with };
             let reporter = Reporter { fd: std::cell::Cell::new(None) };
-            run(&self.home, &self.job, &self.cgroups, rec, &mut container, &reporter, go)
+            into_result(run(&self.home, &self.job, &self.cgroups, rec, &mut container, &reporter, go))
         }
 
         /// The helper's steps for a root job with a cgroup and no GPU edits.

@@ -17,7 +17,7 @@ use std::os::unix::process::ExitStatusExt;
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicI32, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, Instant};
 
 /// How a job (or one phase of it) ended.
 #[derive(Debug, Clone)]
@@ -113,16 +113,7 @@ impl Sandbox {
         plan.edits.mounts.retain(|m| !m.optional || m.host_path.exists());
         // The home's dirs exist: `exec` and `run` ensure them once at start, not per job.
         let job = JobDir::new(home, &plan.id);
-        let state = JobState {
-            id: plan.id.clone(),
-            cgroup_path: plan.cgroup_path.clone(),
-            container_state: job.container_root().join(&plan.id),
-            merged: job.merged(),
-            rootfs: plan.lower.clone(),
-            runner_pid: std::process::id(),
-            started_unix: SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0),
-        };
-        let lock = job.create(&plan, &state)?;
+        let lock = job.create(&plan, &JobState::for_plan(&job, &plan))?;
         tracing::debug!(job = %plan.id, "job dir recorded");
         Ok(Sandbox {
             home: home.clone(),

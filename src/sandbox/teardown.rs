@@ -468,46 +468,39 @@ mod tests {
         assert_eq!(kill_recorded_init(&job), None);
     }
 
-    /// A recorded job (as `Sandbox::create` leaves it) whose init is `init`, with
-    /// libcontainer's state dir, and a cgroup host in `t` where no job cgroup exists.
-    fn recorded_job(t: &Path, init: Option<u32>) -> (Home, JobDir, CgroupHost, JobLockGuard) {
-        std::fs::create_dir_all(t.join("xdg")).unwrap();
-        let home = Home::for_caller(t.join("home"), false, Some(t.join("xdg")));
+    /// A recorded job (as `Sandbox::create` leaves it) whose init is a live `sleep`,
+    /// with libcontainer's state dir, and a cgroup host in a temp dir where no job
+    /// cgroup exists.
+    struct Fixture {
+        _t: tempfile::TempDir,
+        home: Home,
+        job: JobDir,
+        host: CgroupHost,
+        _lock: super::super::jobdir::JobLock,
+        init: std::process::Child,
+    }
+
+    impl Drop for Fixture {
+        fn drop(&mut self) {
+            let _ = self.init.kill();
+            let _ = self.init.wait();
+        }
+    }
+
+    fn fixture() -> Fixture {
+        let t = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(t.path().join("xdg")).unwrap();
+        let home = Home::for_caller(t.path().join("home"), false, Some(t.path().join("xdg")));
         home.ensure().unwrap();
+        let plan = crate::sandbox::plan::test_plan("td-1", vec![], "/azp-test-td/td-1");
         let job = JobDir::new(&home, "td-1");
-        let plan = crate::sandbox::JobPlan {
-            id: "td-1".into(),
-            lower: vec![],
-            args: vec!["true".into()],
-            env: vec![],
-            cwd: "/".into(),
-            uid: 0,
-            gid: 0,
-            hostname: "td-1".into(),
-            volumes: vec![],
-            limits: Default::default(),
-            network: Default::default(),
-            edits: Default::default(),
-            cgroup_path: "/azp-test-td/td-1".into(),
-            owned_dirs: vec![],
-            rootless: false,
-        };
-        let state = super::super::jobdir::JobState {
-            id: "td-1".into(),
-            cgroup_path: plan.cgroup_path.clone(),
-            container_state: job.container_root().join("td-1"),
-            merged: job.merged(),
-            rootfs: vec![],
-            runner_pid: std::process::id(),
-            started_unix: 0,
-        };
+        let state = super::super::jobdir::JobState::for_plan(&job, &plan);
         let lock = job.create(&plan, &state).unwrap();
         std::fs::create_dir_all(&state.container_state).unwrap();
-        if let Some(pid) = init {
-            let start = process_start_time(pid as i32).unwrap();
-            std::fs::write(job.init_file(), format!("{pid} {start}\n")).unwrap();
-        }
-        let cg = t.join("cg");
+        let init = std::process::Command::new("sleep").arg("60").spawn().unwrap();
+        let start = process_start_time(init.id() as i32).unwrap();
+        std::fs::write(job.init_file(), format!("{} {start}\n", init.id())).unwrap();
+        let cg = t.path().join("cg");
         let host = CgroupHost {
             unified: false,
             v1_mounts: vec![cg.join("memory"), cg.join("pids")],
@@ -515,71 +508,70 @@ mod tests {
             own_v2: None,
             v2_mount: None,
         };
-        (home, job, host, JobLockGuard(lock))
+        Fixture { _t: t, home, job, host, _lock: lock, init }
     }
 
-    struct JobLockGuard(#[allow(dead_code)] super::super::jobdir::JobLock);
+    impl Fixture {
+        /// The teardown's steps, in order.
+        fn steps(&self) -> Vec<String> {
+            let (home, job) = (&self.home, &self.job);
+            let trash = home.trash_dir().join("td-1");
+            vec![
+                format!("kill {} SIGKILL", self.init.id()),
+                format!("remove_dir {}", self.host.v1_mounts[0].join("azp-test-td/td-1").display()),
+                format!("remove_dir {}", self.host.v1_mounts[1].join("azp-test-td/td-1").display()),
+                format!("remove_tree {}", job.container_root().join("td-1").display()),
+                format!("mounts_under {}", job.root.display()),
+                format!("unmount {}", job.merged().display()),
+                format!("rename {} {}", job.layers.display(), trash.display()),
+                format!("remove_tree {}", trash.display()),
+                format!("remove_tree {}", job.root.display()),
+                format!("remove_dir {}", home.jobs_dir().display()),
+                format!("remove_dir {}", home.run_root().display()),
+            ]
+        }
 
-    /// The teardown's steps for [`recorded_job`], in order.
-    fn steps(home: &Home, job: &JobDir, host: &CgroupHost, init: u32) -> Vec<String> {
-        let trash = home.trash_dir().join("td-1");
-        vec![
-            format!("kill {init} SIGKILL"),
-            format!("remove_dir {}", host.v1_mounts[0].join("azp-test-td/td-1").display()),
-            format!("remove_dir {}", host.v1_mounts[1].join("azp-test-td/td-1").display()),
-            format!("remove_tree {}", job.container_root().join("td-1").display()),
-            format!("mounts_under {}", job.root.display()),
-            format!("unmount {}", job.merged().display()),
-            format!("rename {} {}", job.layers.display(), trash.display()),
-            format!("remove_tree {}", trash.display()),
-            format!("remove_tree {}", job.root.display()),
-            format!("remove_dir {}", home.jobs_dir().display()),
-            format!("remove_dir {}", home.run_root().display()),
-        ]
+        /// The teardown on a recorder that fails call `k` (none: all succeed), with the
+        /// job's overlay left mounted.
+        fn run(&self, k: Option<usize>) -> (Vec<String>, Result<Cleanup>) {
+            let rec = match k {
+                Some(k) => crate::sys::Recorder::failing_at(k, nix::errno::Errno::EIO),
+                None => crate::sys::Recorder::default(),
+            };
+            rec.mounts.borrow_mut().push(self.job.merged());
+            let r = cleanup_job_with(&self.home, &self.job, &rec, &self.host);
+            (rec.calls(), r)
+        }
     }
 
     #[test]
     fn teardown_kills_first_removes_the_record_last() {
-        let t = tempfile::tempdir().unwrap();
-        let mut sleeper = std::process::Command::new("sleep").arg("60").spawn().unwrap();
-        let (home, job, host, _lock) = recorded_job(t.path(), Some(sleeper.id()));
-        let rec = crate::sys::Recorder::default();
-        rec.mounts.borrow_mut().push(job.merged());
-        let c = cleanup_job_with(&home, &job, &rec, &host).unwrap();
-        let _ = sleeper.kill();
-        let _ = sleeper.wait();
-        assert_eq!(rec.calls(), steps(&home, &job, &host, sleeper.id()));
+        let f = fixture();
+        let (calls, c) = f.run(None);
+        let c = c.unwrap();
+        assert_eq!(calls, f.steps());
         assert!(c.job_dir_removed);
         assert_eq!(
             c.leftovers,
             [
-                format!("job init pid {} (its pid namespace killed)", sleeper.id()),
-                format!("container state {}", job.container_root().join("td-1").display()),
-                format!("mount {}", job.merged().display()),
+                format!("job init pid {} (its pid namespace killed)", f.init.id()),
+                format!("container state {}", f.job.container_root().join("td-1").display()),
+                format!("mount {}", f.job.merged().display()),
             ]
         );
     }
 
     #[test]
     fn a_failed_teardown_step_stops_it_and_leaves_the_record_for_gc() {
-        use nix::errno::Errno;
-        let t = tempfile::tempdir().unwrap();
-        let mut sleeper = std::process::Command::new("sleep").arg("60").spawn().unwrap();
-        let (home, job, host, _lock) = recorded_job(t.path(), Some(sleeper.id()));
-        let all = steps(&home, &job, &host, sleeper.id());
+        let f = fixture();
+        let all = f.steps();
         let at = |prefix: &str| all.iter().position(|s| s.starts_with(prefix)).unwrap();
-        let run = |k: usize| {
-            let rec = crate::sys::Recorder::failing_at(k, Errno::EIO);
-            rec.mounts.borrow_mut().push(job.merged());
-            let r = cleanup_job_with(&home, &job, &rec, &host);
-            (rec.calls(), r)
-        };
         // A kill that fails (the init just exited) is no leftover; the rest goes on.
-        let (calls, r) = run(0);
+        let (calls, r) = f.run(Some(0));
         assert_eq!(calls, all);
         assert!(r.unwrap().leftovers.iter().all(|l| !l.starts_with("job init")));
         // A cgroup rmdir refused: the thorough way finds no dir left; the rest goes on.
-        let (calls, r) = run(1);
+        let (calls, r) = f.run(Some(1));
         assert_eq!(calls[..2], all[..2]);
         assert_eq!(calls[2..], all[3..], "no rmdir after the fast path gave up; nothing exists to kill");
         assert!(r.is_ok());
@@ -589,23 +581,21 @@ mod tests {
             [("remove_tree ", "cannot remove"), ("unmount ", "cannot unmount"), ("rename ", "cannot move")]
         {
             let k = at(step);
-            let (calls, r) = run(k);
+            let (calls, r) = f.run(Some(k));
             assert_eq!(calls, all[..=k], "{step}");
             let e = r.unwrap_err();
             let failed = e.downcast_ref::<crate::sys::Error>().expect("the failed step's own error");
-            assert_eq!(failed.errno(), Some(Errno::EIO), "{step}");
+            assert_eq!(failed.errno(), Some(nix::errno::Errno::EIO), "{step}");
             assert!(e.to_string().starts_with(says), "{step}: {e}");
         }
         let k = all.len() - 3; // the record itself
-        let (calls, r) = run(k);
+        let (calls, r) = f.run(Some(k));
         assert_eq!(calls, all[..=k]);
-        assert!(format!("{:#}", r.unwrap_err()).starts_with(&format!("cannot remove {}", job.root.display())));
+        assert!(format!("{:#}", r.unwrap_err()).starts_with(&format!("cannot remove {}", f.job.root.display())));
         // The runtime dir levels are best effort: the job counts as removed.
-        let (calls, r) = run(all.len() - 2);
+        let (calls, r) = f.run(Some(all.len() - 2));
         assert_eq!(calls, all[..all.len() - 1], "the run root is not tried while the jobs dir is left");
         assert!(r.unwrap().job_dir_removed);
-        let _ = sleeper.kill();
-        let _ = sleeper.wait();
     }
 
     #[test]
