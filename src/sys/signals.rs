@@ -1,6 +1,6 @@
 //! Signal dispositions and waits. Every handler installed here only does atomic loads
-//! and stores and kill(2), which are async-signal-safe; what it acts on is a `'static`
-//! atomic the caller registers first.
+//! and stores and kill(2) (errno saved around it), which are async-signal-safe; what it
+//! acts on is a `'static` atomic the caller registers first.
 
 use nix::sys::signal::{SigHandler, SigSet, Signal};
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicPtr, Ordering};
@@ -40,7 +40,10 @@ extern "C" fn forward(sig: libc::c_int) {
     // SAFETY: FORWARD is null or was set from a `&'static AtomicI32` (see forward_on).
     let pid = unsafe { p.as_ref() }.map_or(0, |pid| pid.load(Ordering::SeqCst));
     if pid > 0 {
+        // kill(2) may set errno, which belongs to the code this handler interrupted.
+        let saved = nix::errno::Errno::last_raw();
         let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), Signal::try_from(sig).ok());
+        nix::errno::Errno::set_raw(saved);
     }
 }
 
