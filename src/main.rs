@@ -10,9 +10,9 @@ use clap::Parser;
 const EXIT_SANDBOX_ERROR: i32 = 125;
 
 fn main() {
-    // SAFETY: restoring the default SIGPIPE disposition before any thread or I/O exists,
-    // so `azp-sandbox gpu list | head` ends quietly instead of panicking.
-    unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
+    // Before any thread or I/O exists, so `azp-sandbox gpu list | head` ends quietly
+    // instead of panicking.
+    azp_sandbox::sys::signals::restore_default(azp_sandbox::sys::Signal::SIGPIPE);
     let result =
         if azp_sandbox::setuid::invoked_setuid() { cli::setuid::main() } else { cli::dispatch(cli::Cli::parse()) };
     std::process::exit(match result {

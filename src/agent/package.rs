@@ -24,7 +24,7 @@ use md5::Md5;
 use sha2::{Digest, Sha256};
 use std::fs::File;
 use std::io::{BufReader, Write};
-use std::os::fd::AsRawFd;
+use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
@@ -246,16 +246,9 @@ impl PackageCache {
             .write(true)
             .open(&path)
             .with_context(|| format!("cannot open {}", path.display()))?;
-        loop {
-            // SAFETY: a plain syscall on fds and NUL-terminated C strings owned by this function and valid for the whole call; its result is checked.
-            if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX) } == 0 {
-                return Ok(DirLock(f));
-            }
-            let e = std::io::Error::last_os_error();
-            if e.kind() != std::io::ErrorKind::Interrupted {
-                return Err(e).with_context(|| format!("cannot lock {}", path.display()));
-            }
-        }
+        crate::sys::fs_at::flock(f.as_fd(), libc::LOCK_EX)
+            .with_context(|| format!("cannot lock {}", path.display()))?;
+        Ok(DirLock(f))
     }
 
     /// Leftovers of a crashed download or unpack (only called with the lock held, so

@@ -156,11 +156,6 @@ fn list(store: &Store, json: bool) -> Result<()> {
 /// Ctrl-C / SIGTERM during an import: stop at the next entry and remove the temp dir
 /// (instead of dying and leaving it to gc).
 fn cancel_import_on_signals() {
-    extern "C" fn on_signal(_: libc::c_int) {
-        azp_sandbox::rootfs::CANCEL.store(true, std::sync::atomic::Ordering::SeqCst);
-    }
-    for sig in [libc::SIGINT, libc::SIGTERM] {
-        // SAFETY: the handler only stores to an atomic, which is async-signal-safe.
-        unsafe { libc::signal(sig, on_signal as *const () as libc::sighandler_t) };
-    }
+    use azp_sandbox::sys::Signal;
+    azp_sandbox::sys::signals::set_flag_on(&[Signal::SIGINT, Signal::SIGTERM], &azp_sandbox::rootfs::CANCEL);
 }

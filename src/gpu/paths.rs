@@ -42,7 +42,7 @@ thread_local! {
 }
 
 fn resolve_by_kernel(root: &Path, path: &Path) -> io::Result<PathBuf> {
-    use crate::rootfs::fs as sysfs;
+    use crate::sys::fs_at;
     use std::os::fd::AsRawFd;
     LAST_ROOT.with(|cell| {
         let mut cached = cell.borrow_mut();
@@ -56,19 +56,19 @@ fn resolve_by_kernel(root: &Path, path: &Path) -> io::Result<PathBuf> {
         let r = match cached.take() {
             Some(r) if r.path == root && same_dir(&r) => cached.insert(r),
             _ => {
-                let c = sysfs::path_cstring(root)?;
-                let fd = sysfs::openat(libc::AT_FDCWD, &c, libc::O_PATH | libc::O_DIRECTORY, 0)?;
-                let real = sysfs::fd_path(fd.as_raw_fd())?;
-                let st = sysfs::fstat(fd.as_raw_fd())?;
+                let c = fs_at::path_cstring(root)?;
+                let fd = fs_at::openat(libc::AT_FDCWD, &c, libc::O_PATH | libc::O_DIRECTORY, 0)?;
+                let real = fs_at::fd_path(fd.as_raw_fd())?;
+                let st = fs_at::fstat(fd.as_raw_fd())?;
                 let dev_ino = (st.st_dev, st.st_ino);
                 cached.insert(OpenRoot { path: root.to_path_buf(), fd, real, dev_ino })
             }
         };
         let rel: PathBuf = path.components().filter(|c| !matches!(c, Component::RootDir | Component::CurDir)).collect();
         let rel = if rel.as_os_str().is_empty() { PathBuf::from(".") } else { rel };
-        let flags = sysfs::RESOLVE_IN_ROOT | sysfs::RESOLVE_NO_MAGICLINKS;
-        let fd = sysfs::openat2(r.fd.as_raw_fd(), &sysfs::path_cstring(&rel)?, libc::O_PATH, flags)?;
-        let real = sysfs::fd_path(fd.as_raw_fd())?;
+        let flags = fs_at::RESOLVE_IN_ROOT | fs_at::RESOLVE_NO_MAGICLINKS;
+        let fd = fs_at::openat2(r.fd.as_raw_fd(), &fs_at::path_cstring(&rel)?, libc::O_PATH, flags)?;
+        let real = fs_at::fd_path(fd.as_raw_fd())?;
         let inside = real.strip_prefix(&r.real).map_err(|_| io::Error::other("resolved outside the root"))?;
         Ok(Path::new("/").join(inside))
     })

@@ -5,8 +5,8 @@
 //! are unit-tested; the loops around them only observe and act.
 
 use super::slots::{job_in_progress, Running};
-use super::wait_signal;
 use crate::config::Home;
+use crate::sys::signals::wait_timeout as wait_signal;
 use nix::sys::signal::{SigSet, Signal};
 use std::collections::HashSet;
 use std::sync::atomic::Ordering;

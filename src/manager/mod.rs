@@ -131,13 +131,6 @@ pub fn run(home: &Home, settings: RunSettings, ctx: RunContext) -> Result<()> {
     shutdown::shutdown(home, running)
 }
 
-fn wait_signal(set: &nix::sys::signal::SigSet, timeout: Duration) -> Option<nix::sys::signal::Signal> {
-    let ts = libc::timespec { tv_sec: timeout.as_secs() as libc::time_t, tv_nsec: timeout.subsec_nanos() as _ };
-    // SAFETY: valid sigset and timespec borrowed for the call; siginfo may be null.
-    let r = unsafe { libc::sigtimedwait(set.as_ref(), std::ptr::null_mut(), &ts) };
-    (r > 0).then(|| nix::sys::signal::Signal::try_from(r).ok()).flatten()
-}
-
 /// Deletes offline agents named `<prefix>-<n>` for which `keep` is false.
 pub fn prune(client: &AzureClient, pool_id: u64, prefix: &str, keep: impl Fn(&str) -> bool) -> Result<Vec<String>> {
     let mut removed = Vec::new();

@@ -5,7 +5,8 @@ use super::hooks::{self, Stage};
 use super::phases::{self, AgentJob};
 use super::status::now_unix;
 use super::Shared;
-use crate::sandbox::{JobPlan, Phase, RunOptions, Sandbox};
+use crate::sandbox::{FailureKind, JobPlan, Phase, RunOptions, Sandbox};
+use anyhow::Context;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
 use std::sync::Arc;
@@ -76,10 +77,11 @@ pub fn run_slot(shared: Arc<Shared>, cfg: SlotConfig, helper_pid: Arc<AtomicI32>
             Ok(JobEnd::Stopped) => break,
             Err(e) => {
                 let msg = format!("{e:#}");
-                let reason = if msg.contains("No space left") || msg.contains("disk full") {
-                    format!("disk full: {msg}; free space under {}", shared.home.root().display())
-                } else {
-                    msg
+                let reason = match crate::sandbox::report::kind_of(&e) {
+                    FailureKind::DiskFull => {
+                        format!("disk full: {msg}; free space under {}", shared.home.root().display())
+                    }
+                    _ => msg,
                 };
                 pause(&shared, &cfg, &mut backoff, reason);
             }
@@ -216,8 +218,8 @@ fn one_job(
     });
     if let Some(dir) = &shared.settings.hooks_dir {
         let env = hook_env(cfg, Some(&upper), Some(r.code));
-        hooks::run(dir, Stage::PostJob, &env, shared.settings.hook_timeout)
-            .map_err(|e| anyhow::anyhow!("post-job hook: {e:#}"))?;
+        // Context keeps the cause's type (a full disk is told from its errno).
+        hooks::run(dir, Stage::PostJob, &env, shared.settings.hook_timeout).context("post-job hook")?;
     }
     match r.code {
         0 => Ok(JobEnd::Ran),

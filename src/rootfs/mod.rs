@@ -9,7 +9,6 @@
 //! * [`Store`]: atomic imports, leases, removal, gc of dead imports.
 
 pub mod archive;
-pub(crate) mod fs;
 pub mod oci;
 mod probe;
 pub mod recipe;

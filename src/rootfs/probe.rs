@@ -3,22 +3,22 @@
 //! `/usr/local/cuda -> cuda-12.4` resolve inside the tree) and only if they are regular
 //! files (a fifo or device at `bin/sh` must not block or touch hardware).
 
-use super::fs as sysfs;
+use crate::sys::fs_at;
 use std::io::Read;
 use std::os::fd::{AsRawFd, RawFd};
 
 /// Opens `path` (relative, inside `root`) for reading if it is a regular file, and reads
 /// at most `limit` bytes.
 fn read_in_root(root: RawFd, path: &str, limit: u64) -> Option<Vec<u8>> {
-    let c = sysfs::cstring(path.as_bytes()).ok()?;
-    let resolve = sysfs::RESOLVE_IN_ROOT | sysfs::RESOLVE_NO_MAGICLINKS;
-    let p = sysfs::openat2(root, &c, libc::O_PATH, resolve).ok()?;
-    let st = sysfs::fstat(p.as_raw_fd()).ok()?;
+    let c = fs_at::cstring(path.as_bytes()).ok()?;
+    let resolve = fs_at::RESOLVE_IN_ROOT | fs_at::RESOLVE_NO_MAGICLINKS;
+    let p = fs_at::openat2(root, &c, libc::O_PATH, resolve).ok()?;
+    let st = fs_at::fstat(p.as_raw_fd()).ok()?;
     if st.st_mode & libc::S_IFMT != libc::S_IFREG {
         return None;
     }
-    let fd = sysfs::openat2(root, &c, libc::O_RDONLY | libc::O_NONBLOCK | libc::O_NOCTTY, resolve).ok()?;
-    let st2 = sysfs::fstat(fd.as_raw_fd()).ok()?;
+    let fd = fs_at::openat2(root, &c, libc::O_RDONLY | libc::O_NONBLOCK | libc::O_NOCTTY, resolve).ok()?;
+    let st2 = fs_at::fstat(fd.as_raw_fd()).ok()?;
     if (st2.st_dev, st2.st_ino) != (st.st_dev, st.st_ino) {
         return None;
     }

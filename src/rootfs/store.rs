@@ -9,9 +9,9 @@
 //!   the dir to `.rm-<name>-…` first, so the name disappears at once.
 
 use super::archive::{self, StreamError};
-use super::fs::{self as sysfs, errno};
 use super::unpack::{self, UnpackError, UnpackOptions};
 use super::{probe, validate_name, CANCEL};
+use crate::sys::fs_at::{self, errno};
 use anyhow::{anyhow, bail, Context, Result};
 use std::io::{self, Read, Write};
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
@@ -83,20 +83,20 @@ struct TempImport {
 impl TempImport {
     fn create(store: &Path, name: &str) -> Result<TempImport> {
         for _ in 0..8 {
-            let path = store.join(format!("{TMP_PREFIX}{name}-{}-{}", std::process::id(), sysfs::random_suffix()));
+            let path = store.join(format!("{TMP_PREFIX}{name}-{}-{}", std::process::id(), fs_at::random_suffix()));
             match std::fs::DirBuilder::new().mode(0o700).create(&path) {
                 Ok(()) => {}
                 Err(e) if e.kind() == io::ErrorKind::AlreadyExists => continue,
                 Err(e) => return Err(e).with_context(|| format!("cannot create a temp dir in {}", store.display())),
             }
-            let lock = match sysfs::open_dir(&path) {
+            let lock = match fs_at::open_dir(&path) {
                 Ok(fd) => fd,
                 Err(_) => continue, // removed by a concurrent gc before we locked it
             };
-            if sysfs::flock(lock.as_fd(), libc::LOCK_EX | libc::LOCK_NB).is_err() {
+            if fs_at::flock(lock.as_fd(), libc::LOCK_EX | libc::LOCK_NB).is_err() {
                 continue; // a gc holds it and is deleting it
             }
-            if sysfs::fstat(lock.as_raw_fd()).map(|st| st.st_nlink).unwrap_or(0) == 0 {
+            if fs_at::fstat(lock.as_raw_fd()).map(|st| st.st_nlink).unwrap_or(0) == 0 {
                 continue; // deleted between our mkdir and our lock
             }
             return Ok(TempImport { path, _lock: lock, armed: true });
@@ -108,7 +108,7 @@ impl TempImport {
 impl Drop for TempImport {
     fn drop(&mut self) {
         if self.armed {
-            if let Err(e) = sysfs::remove_tree(&self.path) {
+            if let Err(e) = fs_at::remove_tree(&self.path) {
                 tracing::warn!("cannot remove {}: {e} (`rootfs gc` retries)", self.path.display());
             }
         }
@@ -125,13 +125,13 @@ use std::os::unix::fs::DirBuilderExt;
 /// is followed: an `etc` that is a symlink or no dir, or names already there in any
 /// form, are left as they are.
 fn add_mount_targets(tree: &Path) -> io::Result<()> {
-    let tree_fd = sysfs::open_dir(tree)?;
-    let etc = match sysfs::open_dir_at(tree_fd.as_raw_fd(), c"etc") {
+    let tree_fd = fs_at::open_dir(tree)?;
+    let etc = match fs_at::open_dir_at(tree_fd.as_raw_fd(), c"etc") {
         Ok(fd) => fd,
         Err(e) if matches!(errno(&e), libc::ENOENT | libc::ELOOP | libc::ENOTDIR) => return Ok(()),
         Err(e) => return Err(e),
     };
-    let st = sysfs::fstat(etc.as_raw_fd())?;
+    let st = fs_at::fstat(etc.as_raw_fd())?;
     let times = [
         libc::timespec { tv_sec: st.st_atime, tv_nsec: st.st_atime_nsec },
         libc::timespec { tv_sec: st.st_mtime, tv_nsec: st.st_mtime_nsec },
@@ -139,19 +139,17 @@ fn add_mount_targets(tree: &Path) -> io::Result<()> {
     let mut made = false;
     for name in [c"hosts", c"resolv.conf"] {
         let flags = libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW;
-        let file = match sysfs::openat(etc.as_raw_fd(), name, flags, 0o644) {
+        let file = match fs_at::openat(etc.as_raw_fd(), name, flags, 0o644) {
             Err(e) if errno(&e) == libc::EEXIST => continue,
             r => r?,
         };
-        // SAFETY: fchmod on an fd we own (the mode does not depend on the umask).
-        sysfs::cvt(unsafe { libc::fchmod(file.as_raw_fd(), 0o644) })?;
-        // SAFETY: futimens on an fd we own; `times` is two timespecs that outlive the call.
-        sysfs::cvt(unsafe { libc::futimens(file.as_raw_fd(), times.as_ptr()) })?;
+        // fchmod: the mode does not depend on the umask.
+        fs_at::fchmod(file.as_raw_fd(), 0o644)?;
+        fs_at::futimens(file.as_raw_fd(), &times)?;
         made = true;
     }
     if made {
-        // SAFETY: futimens on the dir's fd we own; `times` outlives the call.
-        sysfs::cvt(unsafe { libc::futimens(etc.as_raw_fd(), times.as_ptr()) })?;
+        fs_at::futimens(etc.as_raw_fd(), &times)?;
     }
     Ok(())
 }
@@ -262,7 +260,7 @@ impl Store {
         let tmp = TempImport::create(&self.dir, name)?;
         let tree = tmp.path.join(TREE);
         std::fs::DirBuilder::new().mode(0o755).create(&tree).map_err(|e| self.io_error(name, e, 0, "cannot create"))?;
-        let tree_fd = sysfs::open_dir(&tree).with_context(|| format!("cannot open {}", tree.display()))?;
+        let tree_fd = fs_at::open_dir(&tree).with_context(|| format!("cannot open {}", tree.display()))?;
         Ok((final_dir, tmp, tree_fd))
     }
 
@@ -281,7 +279,7 @@ impl Store {
         write_meta().map_err(|e| self.io_error(name, e, info.size_bytes, "cannot write"))?;
         std::fs::set_permissions(&tmp.path, std::fs::Permissions::from_mode(0o711))
             .with_context(|| format!("cannot chmod {}", tmp.path.display()))?;
-        match sysfs::rename_noreplace(&tmp.path, final_dir) {
+        match fs_at::rename_noreplace(&tmp.path, final_dir) {
             Ok(()) => tmp.armed = false,
             Err(e) if matches!(errno(&e), libc::EEXIST | libc::ENOTEMPTY) => return Err(Self::exists_error(name)),
             Err(e) => {
@@ -289,7 +287,7 @@ impl Store {
                     .with_context(|| format!("cannot rename {} to {}", tmp.path.display(), final_dir.display()))
             }
         }
-        sysfs::fsync_dir(&self.dir).with_context(|| format!("cannot fsync {}", self.dir.display()))?;
+        fs_at::fsync_dir(&self.dir).with_context(|| format!("cannot fsync {}", self.dir.display()))?;
         Ok(())
     }
 
@@ -338,18 +336,18 @@ impl Store {
     fn open_locked(&self, name: &str, op: libc::c_int) -> Result<(PathBuf, OwnedFd)> {
         validate_name(name)?;
         let dir = self.dir.join(name);
-        let fd = match sysfs::open_dir(&dir) {
+        let fd = match fs_at::open_dir(&dir) {
             Ok(fd) => fd,
             Err(e) if matches!(errno(&e), libc::ENOENT | libc::ENOTDIR | libc::ELOOP) => return Err(unknown(name)),
             Err(e) => return Err(e).with_context(|| format!("cannot open {}", dir.display())),
         };
-        if let Err(e) = sysfs::flock(fd.as_fd(), op) {
+        if let Err(e) = fs_at::flock(fd.as_fd(), op) {
             if errno(&e) == libc::EWOULDBLOCK {
                 bail!("rootfs '{name}' is in use by a running sandbox");
             }
             return Err(e).with_context(|| format!("cannot lock {}", dir.display()));
         }
-        let st = sysfs::fstat(fd.as_raw_fd()).with_context(|| format!("cannot stat {}", dir.display()))?;
+        let st = fs_at::fstat(fd.as_raw_fd()).with_context(|| format!("cannot stat {}", dir.display()))?;
         let same = std::fs::symlink_metadata(&dir).is_ok_and(|m| m.dev() == st.st_dev && m.ino() == st.st_ino);
         if st.st_nlink == 0 || !same {
             return Err(unknown(name)); // removed (or replaced) while we waited
@@ -360,11 +358,11 @@ impl Store {
     /// Removes `name`; refused while a lease on it is held.
     pub fn remove(&self, name: &str) -> Result<()> {
         let (dir, lock) = self.open_locked(name, libc::LOCK_EX | libc::LOCK_NB)?;
-        let trash = self.dir.join(format!("{RM_PREFIX}{name}-{}-{}", std::process::id(), sysfs::random_suffix()));
+        let trash = self.dir.join(format!("{RM_PREFIX}{name}-{}-{}", std::process::id(), fs_at::random_suffix()));
         std::fs::rename(&dir, &trash)
             .with_context(|| format!("cannot rename {} to {}", dir.display(), trash.display()))?;
-        let _ = sysfs::fsync_dir(&self.dir);
-        if let Err(e) = sysfs::remove_tree(&trash) {
+        let _ = fs_at::fsync_dir(&self.dir);
+        if let Err(e) = fs_at::remove_tree(&trash) {
             tracing::warn!("removed rootfs '{name}', but cannot delete {}: {e} (`rootfs gc` retries)", trash.display());
         }
         drop(lock);
@@ -398,17 +396,17 @@ impl Store {
                 continue;
             }
             let path = ent.path();
-            let fd = match sysfs::open_dir(&path) {
+            let fd = match fs_at::open_dir(&path) {
                 Ok(fd) => fd,
                 Err(_) => continue, // gone, or not a directory: not ours
             };
-            if sysfs::flock(fd.as_fd(), libc::LOCK_EX | libc::LOCK_NB).is_err() {
+            if fs_at::flock(fd.as_fd(), libc::LOCK_EX | libc::LOCK_NB).is_err() {
                 continue; // a live import or removal
             }
-            if sysfs::fstat(fd.as_raw_fd()).map(|st| st.st_nlink).unwrap_or(0) == 0 {
+            if fs_at::fstat(fd.as_raw_fd()).map(|st| st.st_nlink).unwrap_or(0) == 0 {
                 continue;
             }
-            sysfs::remove_tree(&path).with_context(|| format!("cannot remove {}", path.display()))?;
+            fs_at::remove_tree(&path).with_context(|| format!("cannot remove {}", path.display()))?;
             drop(fd);
             removed.push(path);
         }

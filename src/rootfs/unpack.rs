@@ -16,8 +16,8 @@
 //! [`unpack`] can be called several times on the same directory (image layers); with
 //! [`UnpackOptions::oci_whiteouts`] it applies OCI whiteouts instead of creating them.
 
-use super::fs::{self as sysfs, errno};
 use super::tarstream::{Entry, Kind, TarError, TarReader};
+use crate::sys::fs_at::{self, errno};
 use std::collections::HashSet;
 use std::ffi::{CStr, CString};
 use std::io::{self, BufRead, Write};
@@ -47,8 +47,7 @@ pub struct UnpackOptions {
 
 impl Default for UnpackOptions {
     fn default() -> Self {
-        // SAFETY: geteuid(2) has no preconditions and cannot fail.
-        let root = unsafe { libc::geteuid() } == 0;
+        let root = fs_at::is_root();
         UnpackOptions {
             same_owner: root,
             create_devices: root,
@@ -98,7 +97,7 @@ type Result<T> = std::result::Result<T, UnpackError>;
 /// Extracts the tar stream `src` into the directory `dest` (which must exist).
 pub fn unpack<R: BufRead>(src: R, dest: &Path, opts: &UnpackOptions) -> Result<UnpackStats> {
     let fd =
-        sysfs::open_dir(dest).map_err(|err| UnpackError::Io { index: 0, path: dest.display().to_string(), err })?;
+        fs_at::open_dir(dest).map_err(|err| UnpackError::Io { index: 0, path: dest.display().to_string(), err })?;
     unpack_at(src, std::os::fd::AsFd::as_fd(&fd), opts)
 }
 
@@ -256,16 +255,16 @@ impl DirStack {
         self.fds.truncate(common);
         for (i, comp) in comps.iter().enumerate().skip(common) {
             let cur = self.top(root);
-            let c = sysfs::cstring(comp).map_err(ResolveError::Io)?;
-            let fd = match sysfs::open_dir_at(cur, &c) {
+            let c = fs_at::cstring(comp).map_err(ResolveError::Io)?;
+            let fd = match fs_at::open_dir_at(cur, &c) {
                 Ok(fd) => fd,
                 Err(e) if errno(&e) == libc::ENOENT && create => {
-                    match sysfs::mkdirat(cur, &c, 0o700) {
+                    match fs_at::mkdirat(cur, &c, 0o700) {
                         Ok(()) => created.push(comps[..=i].iter().map(|c| c.to_vec()).collect()),
                         Err(e) if errno(&e) == libc::EEXIST => {}
                         Err(e) => return Err(ResolveError::Io(e)),
                     }
-                    match sysfs::open_dir_at(cur, &c) {
+                    match fs_at::open_dir_at(cur, &c) {
                         Ok(fd) => fd,
                         Err(e) if errno(&e) == libc::ELOOP || errno(&e) == libc::ENOTDIR => {
                             return Err(ResolveError::NotDir { depth: i, symlink: false })
@@ -275,16 +274,16 @@ impl DirStack {
                 }
                 Err(e) if errno(&e) == libc::ENOENT => return Err(ResolveError::Missing),
                 Err(e) if errno(&e) == libc::ELOOP || errno(&e) == libc::ENOTDIR => {
-                    let symlink = sysfs::fstatat_nofollow(cur, &c).map(|st| sysfs::is_symlink(&st)).unwrap_or(false);
+                    let symlink = fs_at::fstatat_nofollow(cur, &c).map(|st| fs_at::is_symlink(&st)).unwrap_or(false);
                     if !(symlink && follow_in_root) {
                         return Err(ResolveError::NotDir { depth: i, symlink });
                     }
-                    let path = sysfs::cstring(&join(&comps[..=i])).map_err(ResolveError::Io)?;
-                    match sysfs::openat2(
+                    let path = fs_at::cstring(&join(&comps[..=i])).map_err(ResolveError::Io)?;
+                    match fs_at::openat2(
                         root,
                         &path,
                         libc::O_RDONLY | libc::O_DIRECTORY,
-                        sysfs::RESOLVE_IN_ROOT | sysfs::RESOLVE_NO_MAGICLINKS,
+                        fs_at::RESOLVE_IN_ROOT | fs_at::RESOLVE_NO_MAGICLINKS,
                     ) {
                         Ok(fd) => fd,
                         Err(e) if errno(&e) == libc::ENOENT => return Err(ResolveError::Missing),
@@ -306,16 +305,16 @@ impl DirStack {
 /// Empties `dir` of everything the current layer did not write (`keep`), descending
 /// into the directories it did write: lower-layer content below them goes too.
 fn opaque_clear(dir: RawFd, prefix: Vec<u8>, keep: &HashSet<Vec<u8>>) -> io::Result<()> {
-    for n in sysfs::read_dir_names(dir)? {
+    for n in fs_at::read_dir_names(dir)? {
         let mut full = prefix.clone();
         if !full.is_empty() {
             full.push(b'/');
         }
         full.extend_from_slice(n.to_bytes());
         if !keep.contains(&full) {
-            sysfs::remove_all_at(dir, &n)?;
-        } else if sysfs::fstatat_nofollow(dir, &n).is_ok_and(|st| sysfs::is_dir(&st)) {
-            let sub = sysfs::open_dir_at(dir, &n)?;
+            fs_at::remove_all_at(dir, &n)?;
+        } else if fs_at::fstatat_nofollow(dir, &n).is_ok_and(|st| fs_at::is_dir(&st)) {
+            let sub = fs_at::open_dir_at(dir, &n)?;
             opaque_clear(sub.as_raw_fd(), full, keep)?;
         }
     }
@@ -459,7 +458,7 @@ impl Unpacker<'_> {
             }
             _ => {}
         }
-        let cname = sysfs::cstring(name).map_err(|_| self.hostile("contains a NUL byte"))?;
+        let cname = fs_at::cstring(name).map_err(|_| self.hostile("contains a NUL byte"))?;
         let pfd = self.parent(parent)?;
         match e.kind {
             Kind::File => self.file(tr, pfd, &cname, &e)?,
@@ -489,12 +488,12 @@ impl Unpacker<'_> {
     /// Makes room for a new entry whose creation failed with EEXIST: unlinks the old one
     /// (never following it). A directory is only removed if empty, unless in layer mode.
     fn make_room(&mut self, pfd: RawFd, name: &CStr) -> io::Result<()> {
-        let st = sysfs::fstatat_nofollow(pfd, name)?;
-        if sysfs::is_dir(&st) {
+        let st = fs_at::fstatat_nofollow(pfd, name)?;
+        if fs_at::is_dir(&st) {
             if self.opts.oci_whiteouts {
-                sysfs::remove_all_at(pfd, name)?;
+                fs_at::remove_all_at(pfd, name)?;
             } else {
-                sysfs::unlinkat(pfd, name, libc::AT_REMOVEDIR).map_err(|e| {
+                fs_at::unlinkat(pfd, name, libc::AT_REMOVEDIR).map_err(|e| {
                     if errno(&e) == libc::ENOTEMPTY || errno(&e) == libc::EEXIST {
                         io::Error::other("an earlier entry made it a non-empty directory, which an entry of another type cannot replace")
                     } else {
@@ -503,7 +502,7 @@ impl Unpacker<'_> {
                 })?;
             }
         } else {
-            sysfs::unlinkat(pfd, name, 0)?;
+            fs_at::unlinkat(pfd, name, 0)?;
         }
         self.stack_dirty = true;
         Ok(())
@@ -524,7 +523,7 @@ impl Unpacker<'_> {
         let perm = (e.mode & 0o777) as libc::mode_t;
         let fd = self
             .create(pfd, name, || {
-                sysfs::openat(pfd, name, libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW, perm)
+                fs_at::openat(pfd, name, libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW, perm)
             })
             .map_err(|err| self.write_error(err))?;
         let mut f = std::fs::File::from(fd);
@@ -574,25 +573,19 @@ impl Unpacker<'_> {
     fn apply_fd(&mut self, fd: RawFd, m: &Meta, is_dir: bool) -> io::Result<()> {
         if self.opts.same_owner {
             let (uid, gid) = (id32(m.uid)?, id32(m.gid)?);
-            // SAFETY: a plain syscall on fds and NUL-terminated C strings owned by this function and valid for the whole call; its result is checked.
-            sysfs::cvt(unsafe { libc::fchown(fd, uid, gid) })?;
+            fs_at::fchown(fd, uid, gid)?;
         }
         let mode = m.mode & 0o7777;
         if is_dir || mode & 0o7000 != 0 || mode & self.umask != 0 {
-            // SAFETY: a plain syscall on fds and NUL-terminated C strings owned by this function and valid for the whole call; its result is checked.
-            sysfs::cvt(unsafe { libc::fchmod(fd, mode as libc::mode_t) })?;
+            fs_at::fchmod(fd, mode as libc::mode_t)?;
         }
         for (k, v) in &m.xattrs {
-            let r = sysfs::cstring(k)
-                // SAFETY: a plain syscall on fds and NUL-terminated C strings owned by this function and valid for the whole call; its result is checked.
-                .and_then(|k| sysfs::cvt(unsafe { libc::fsetxattr(fd, k.as_ptr(), v.as_ptr().cast(), v.len(), 0) }));
+            let r = fs_at::cstring(k).and_then(|k| fs_at::fsetxattr(fd, &k, v));
             if let Err(e) = r {
                 self.xattr_failed(k, &e);
             }
         }
-        let ts = timespecs(m.mtime);
-        // SAFETY: a plain syscall on fds and NUL-terminated C strings owned by this function and valid for the whole call; its result is checked.
-        sysfs::cvt(unsafe { libc::futimens(fd, ts.as_ptr()) })?;
+        fs_at::futimens(fd, &timespecs(m.mtime))?;
         Ok(())
     }
 
@@ -608,13 +601,13 @@ impl Unpacker<'_> {
     }
 
     fn dir(&mut self, pfd: RawFd, name: &CStr, comps: &[&[u8]], e: &Entry) -> Result<()> {
-        match sysfs::mkdirat(pfd, name, 0o700) {
+        match fs_at::mkdirat(pfd, name, 0o700) {
             Ok(()) => {}
             Err(err) if errno(&err) == libc::EEXIST => {
-                let st = sysfs::fstatat_nofollow(pfd, name).map_err(|err| self.write_error(err))?;
-                if !sysfs::is_dir(&st) {
+                let st = fs_at::fstatat_nofollow(pfd, name).map_err(|err| self.write_error(err))?;
+                if !fs_at::is_dir(&st) {
                     self.make_room(pfd, name).map_err(|err| self.write_error(err))?;
-                    sysfs::mkdirat(pfd, name, 0o700).map_err(|err| self.write_error(err))?;
+                    fs_at::mkdirat(pfd, name, 0o700).map_err(|err| self.write_error(err))?;
                 }
             }
             Err(err) => return Err(self.write_error(err)),
@@ -629,10 +622,8 @@ impl Unpacker<'_> {
             Some(t) if !t.is_empty() => t,
             _ => return Err(self.corrupt("symlink without a target")),
         };
-        let target = sysfs::cstring(target).map_err(|_| self.hostile("has a symlink target with a NUL byte"))?;
-        // SAFETY: a plain syscall on fds and NUL-terminated C strings owned by this function and valid for the whole call; its result is checked.
-        self.create(pfd, name, || sysfs::cvt(unsafe { libc::symlinkat(target.as_ptr(), pfd, name.as_ptr()) }))
-            .map_err(|err| self.write_error(err))?;
+        let target = fs_at::cstring(target).map_err(|_| self.hostile("has a symlink target with a NUL byte"))?;
+        self.create(pfd, name, || fs_at::symlinkat(&target, pfd, name)).map_err(|err| self.write_error(err))?;
         self.lmeta(pfd, name, e, false).map_err(|err| self.write_error(err))?;
         self.stats.symlinks += 1;
         Ok(())
@@ -642,17 +633,13 @@ impl Unpacker<'_> {
     fn lmeta(&mut self, pfd: RawFd, name: &CStr, e: &Entry, chmod: bool) -> io::Result<()> {
         if self.opts.same_owner {
             let (uid, gid) = (id32(e.uid)?, id32(e.gid)?);
-            // SAFETY: a plain syscall on fds and NUL-terminated C strings owned by this function and valid for the whole call; its result is checked.
-            sysfs::cvt(unsafe { libc::fchownat(pfd, name.as_ptr(), uid, gid, libc::AT_SYMLINK_NOFOLLOW) })?;
+            fs_at::fchownat_nofollow(pfd, name, uid, gid)?;
         }
         if chmod {
             // Only called for nodes just created under this name in our own tree.
-            // SAFETY: a plain syscall on fds and NUL-terminated C strings owned by this function and valid for the whole call; its result is checked.
-            sysfs::cvt(unsafe { libc::fchmodat(pfd, name.as_ptr(), (e.mode & 0o7777) as libc::mode_t, 0) })?;
+            fs_at::fchmodat(pfd, name, (e.mode & 0o7777) as libc::mode_t)?;
         }
-        let ts = timespecs(e.mtime);
-        // SAFETY: a plain syscall on fds and NUL-terminated C strings owned by this function and valid for the whole call; its result is checked.
-        sysfs::cvt(unsafe { libc::utimensat(pfd, name.as_ptr(), ts.as_ptr(), libc::AT_SYMLINK_NOFOLLOW) })?;
+        fs_at::utimensat_nofollow(pfd, name, &timespecs(e.mtime))?;
         Ok(())
     }
 
@@ -670,7 +657,7 @@ impl Unpacker<'_> {
         let Some((tname, tparent)) = tcomps.split_last() else {
             return Err(self.hostile("is a hard link to the root of the tree"));
         };
-        let tname = sysfs::cstring(tname).map_err(|_| self.hostile("has a link target with a NUL byte"))?;
+        let tname = fs_at::cstring(tname).map_err(|_| self.hostile("has a link target with a NUL byte"))?;
         // Resolve the target's directory on its own stack: `pfd` must stay valid.
         let mut tstack = DirStack::default();
         let (_, parent) = comps.split_last().expect("non-empty");
@@ -693,9 +680,7 @@ impl Unpacker<'_> {
                 Err(ResolveError::Io(err)) => return Err(self.write_error(err)),
             }
         };
-        let r =
-            // SAFETY: a plain syscall on fds and NUL-terminated C strings owned by this function and valid for the whole call; its result is checked.
-            self.create(pfd, name, || sysfs::cvt(unsafe { libc::linkat(tpfd, tname.as_ptr(), pfd, name.as_ptr(), 0) }));
+        let r = self.create(pfd, name, || fs_at::linkat(tpfd, &tname, pfd, name));
         match r {
             Ok(_) => {}
             Err(err) if errno(&err) == libc::ENOENT => {
@@ -713,7 +698,7 @@ impl Unpacker<'_> {
     }
 
     fn is_dir_at(&self, dfd: RawFd, name: &CStr) -> bool {
-        sysfs::fstatat_nofollow(dfd, name).is_ok_and(|st| sysfs::is_dir(&st))
+        fs_at::fstatat_nofollow(dfd, name).is_ok_and(|st| fs_at::is_dir(&st))
     }
 
     /// Device node or fifo; `false` when the kernel refused (counted as skipped).
@@ -725,8 +710,7 @@ impl Unpacker<'_> {
         };
         let dev = libc::makedev(e.dev.0, e.dev.1);
         let mode = kind | (e.mode & 0o777) as libc::mode_t;
-        // SAFETY: a plain syscall on fds and NUL-terminated C strings owned by this function and valid for the whole call; its result is checked.
-        let r = self.create(pfd, name, || sysfs::cvt(unsafe { libc::mknodat(pfd, name.as_ptr(), mode, dev) }));
+        let r = self.create(pfd, name, || fs_at::mknodat(pfd, name, mode, dev));
         match r {
             Ok(_) => {}
             Err(err) if errno(&err) == libc::EPERM || errno(&err) == libc::EACCES => {
@@ -768,7 +752,7 @@ impl Unpacker<'_> {
             opaque_clear(pfd, join(parent), &self.layer_paths)
         } else {
             let t = CString::new(target).map_err(|_| self.hostile("contains a NUL byte"))?;
-            sysfs::remove_all_at(pfd, &t)
+            fs_at::remove_all_at(pfd, &t)
         };
         res.map_err(|err| self.write_error(err))?;
         self.stack_dirty = true;
@@ -799,8 +783,7 @@ impl Unpacker<'_> {
             };
             let r = match &d.meta {
                 Some(m) => self.apply_fd(fd, m, true),
-                // SAFETY: a plain syscall on fds and NUL-terminated C strings owned by this function and valid for the whole call; its result is checked.
-                None => sysfs::cvt(unsafe { libc::fchmod(fd, 0o755) }).map(drop),
+                None => fs_at::fchmod(fd, 0o755),
             };
             r.map_err(|err| self.write_error(err))?;
         }
@@ -831,7 +814,7 @@ mod tests {
 
     fn tree() -> (tempfile::TempDir, OwnedFd) {
         let d = tempfile::tempdir().unwrap();
-        let fd = sysfs::open_dir(d.path()).unwrap();
+        let fd = fs_at::open_dir(d.path()).unwrap();
         (d, fd)
     }
 
@@ -870,12 +853,12 @@ mod tests {
         let mut st = DirStack::default();
         let root = fd.as_raw_fd();
         let lib = st.resolve(root, &[b"lib"], false, true, &mut Vec::new()).ok().unwrap();
-        let sta = sysfs::fstat(lib).unwrap();
+        let sta = fs_at::fstat(lib).unwrap();
         let stb = std::fs::metadata(d.path().join("usr/lib")).unwrap();
         assert_eq!(sta.st_ino, std::os::unix::fs::MetadataExt::ino(&stb));
         // `..` in a symlink is clamped at the tree root too.
         let up = st.resolve(root, &[b"up"], false, true, &mut Vec::new()).ok().unwrap();
-        let stu = sysfs::fstat(up).unwrap();
+        let stu = fs_at::fstat(up).unwrap();
         let stc = std::fs::metadata(d.path().join("usr")).unwrap();
         assert_eq!(stu.st_ino, std::os::unix::fs::MetadataExt::ino(&stc));
     }

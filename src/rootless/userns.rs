@@ -1,18 +1,12 @@
-//! Entering the rootless user namespace: the one step that needs help from outside.
-//!
-//! A process cannot write its own uid/gid map beyond its own id; `newuidmap` and
-//! `newgidmap` (setuid root, checking /etc/subuid and /etc/subgid) can, but only for a
-//! process in a namespace they are not in. So: fork a child that waits, unshare the user
-//! namespace in the parent, let the child run the two tools on the parent's pid, then
-//! become uid/gid 0 inside. Must run before any thread exists (unshare(CLONE_NEWUSER)
-//! fails with EINVAL in a multi-threaded process).
+//! Entering the rootless user namespace: the one step that needs help from outside
+//! (`newuidmap` and `newgidmap`, setuid root, checking /etc/subuid and /etc/subgid).
+//! What ids to map is decided here; the fork, unshare and id changes are
+//! [`crate::sys::ns::enter_user_namespace`]. Must run before any thread exists
+//! (unshare(CLONE_NEWUSER) fails with EINVAL in a multi-threaded process).
 
 use super::subid::SubIdRange;
-use anyhow::{bail, Context, Result};
-use nix::sched::{unshare, CloneFlags};
-use nix::sys::wait::{waitpid, WaitStatus};
-use nix::unistd::{fork, pipe, read, write, ForkResult, Pid};
-use std::os::fd::AsRawFd;
+use crate::sys::ns::IdMapTools;
+use anyhow::{Context, Result};
 
 /// The maps: container 0 = the user, container 1..=count = the subordinate range.
 pub struct Mapping {
@@ -37,69 +31,15 @@ fn args(own: u32, sub: SubIdRange) -> Vec<String> {
 }
 
 /// Moves the calling (single-threaded) process into a new user namespace with `map`,
-/// as uid/gid 0 there.
+/// as uid/gid 0 there (see [`crate::sys::ns::enter_user_namespace`]).
 pub fn enter(map: &Mapping) -> Result<()> {
-    let newuidmap = find_tool("newuidmap")?;
-    let newgidmap = find_tool("newgidmap")?;
-    let (go_read, go_write) = pipe().context("cannot create a pipe")?;
-    let parent = Pid::this();
-    // Step 1: the mapper child, forked while this process is still single-threaded.
-    // SAFETY: no other thread exists (checked by unshare below, which fails otherwise); the
-    // child only reads a pipe, spawns two programs and calls _exit.
-    let child = match unsafe { fork() }.context("cannot fork the uid mapper")? {
-        ForkResult::Child => {
-            drop(go_write);
-            let mut b = [0u8; 1];
-            let code = match read(go_read.as_raw_fd(), &mut b) {
-                Ok(1) => {
-                    let ok =
-                        run_map(&newuidmap, parent, &map.uid_args()) && run_map(&newgidmap, parent, &map.gid_args());
-                    if ok {
-                        0
-                    } else {
-                        1
-                    }
-                }
-                _ => 2,
-            };
-            // SAFETY: _exit(2) ends the forked child without running the parent's atexit
-            // handlers or destructors.
-            unsafe { libc::_exit(code) };
-        }
-        ForkResult::Parent { child } => child,
+    let tools = IdMapTools {
+        newuidmap: find_tool("newuidmap")?,
+        newgidmap: find_tool("newgidmap")?,
+        uid_args: map.uid_args(),
+        gid_args: map.gid_args(),
     };
-    drop(go_read);
-    // Step 2: the namespace.
-    let unshared = unshare(CloneFlags::CLONE_NEWUSER);
-    // Step 3: let the child map us (or tell it to give up: EOF).
-    if unshared.is_ok() {
-        let _ = write(&go_write, b"1");
-    }
-    drop(go_write);
-    let status = waitpid(child, None).context("cannot wait for the uid mapper")?;
-    if let Err(e) = unshared {
-        bail!(
-            "cannot create a user namespace ({e}): enable unprivileged user namespaces \
-             (sysctl user.max_user_namespaces > 0, kernel.unprivileged_userns_clone=1)"
-        );
-    }
-    if !matches!(status, WaitStatus::Exited(_, 0)) {
-        bail!(
-            "newuidmap/newgidmap could not map ids {:?} / {:?} (see their message above): check /etc/subuid and /etc/subgid",
-            map.uid_args(),
-            map.gid_args()
-        );
-    }
-    // Step 4: uid/gid 0 inside (we are already mapped to 0; this also drops supplementary
-    // groups, which would show up as unmapped "nogroup" in jobs).
-    nix::unistd::setgroups(&[]).context("cannot clear supplementary groups in the user namespace")?;
-    nix::unistd::setresgid(0.into(), 0.into(), 0.into()).context("cannot become gid 0 in the user namespace")?;
-    nix::unistd::setresuid(0.into(), 0.into(), 0.into()).context("cannot become uid 0 in the user namespace")?;
-    Ok(())
-}
-
-fn run_map(tool: &std::path::Path, pid: Pid, args: &[String]) -> bool {
-    std::process::Command::new(tool).arg(pid.to_string()).args(args).status().map(|s| s.success()).unwrap_or(false)
+    Ok(crate::sys::ns::enter_user_namespace(&tools)?)
 }
 
 fn find_tool(name: &str) -> Result<std::path::PathBuf> {

@@ -1,6 +1,7 @@
 //! The job's cgroup, set up by the helper itself before libcontainer runs: created in
 //! every hierarchy, limits (and, as root on cgroup v1, device rules) written, the helper
-//! moved in, so the job's processes are born there. libcontainer then sees only a private
+//! moved in, so the job's processes are born there. Planned here ([`plan_join`], pure),
+//! done by `Sys::join_cgroup`. libcontainer then sees only a private
 //! cgroup2 view rooted at the job (`Sys::hide_cgroupfs`).
 //!
 //! Why not libcontainer's own cgroup manager:
@@ -15,7 +16,7 @@
 
 use super::plan::Limits;
 use crate::rootless::cgroups::CgroupHost;
-use anyhow::{Context, Result};
+use crate::sys::{CgroupDir, CgroupJoin};
 use std::path::{Path, PathBuf};
 
 /// CFS period used for `--cpus`.
@@ -102,112 +103,34 @@ fn job_dirs(host: &CgroupHost, cgroup: &Path, setup: &Setup) -> Vec<JobDir> {
     dirs
 }
 
-/// Creates `cgroup` (relative to the cgroup root) in every hierarchy the job uses, writes
-/// the device rules and limits, and moves the calling process in.
-pub fn join_job_cgroup(host: &CgroupHost, cgroup: &Path, limits: &Limits, setup: &Setup) -> Result<()> {
-    let dirs = job_dirs(host, cgroup, setup);
+/// What joining `cgroup` (relative to the cgroup root) means on this host: the dir in
+/// every hierarchy the job uses, the device rules and limits to write there, and (v2)
+/// the ancestors that must pass the controllers down. Done by [`crate::sys::Sys::join_cgroup`],
+/// which moves the calling process in last.
+pub fn plan_join(host: &CgroupHost, cgroup: &Path, limits: &Limits, setup: &Setup) -> CgroupJoin {
+    let mut join = CgroupJoin::default();
     if host.unified {
         // Every ancestor must pass the controllers down. Levels that are not ours (above
         // a delegated subtree) or that already do are left as they are.
         let rel = cgroup.strip_prefix("/").unwrap_or(cgroup);
         let mut at = host.root.clone();
+        join.v2_levels.push(at.clone());
         for part in rel.parent().into_iter().flat_map(|p| p.components()) {
-            let _ = std::fs::create_dir(at.join(part));
-            enable_v2_controllers(&at);
             at.push(part);
+            join.v2_levels.push(at.clone());
         }
-        enable_v2_controllers(&at);
+        join.v2_controllers = V2_CONTROLLERS.to_vec();
     }
-    for d in &dirs {
-        create_levels(&d.dir, d.hierarchy.contains("cpuset"))?;
-        if let (Setup::Root { device_rules }, true) = (setup, d.hierarchy.split(',').any(|h| h == "devices")) {
-            write_device_rules(&d.dir, device_rules)?;
-        }
-        if !d.limits {
-            continue;
-        }
-        for (file, value) in limit_writes(limits, d.v2, &d.hierarchy) {
-            let path = d.dir.join(file);
-            if file == "memory.swap.max" && !path.exists() {
-                continue; // swap accounting off: memory.max alone is the limit
-            }
-            std::fs::write(&path, &value).with_context(|| format!("cannot set {} to {value}", path.display()))?;
-        }
+    for d in job_dirs(host, cgroup, setup) {
+        let devices = d.hierarchy.split(',').any(|h| h == "devices");
+        let device_rules = match setup {
+            Setup::Root { device_rules } if devices => Some(device_rules.clone()),
+            _ => None,
+        };
+        let limits = if d.limits { limit_writes(limits, d.v2, &d.hierarchy) } else { vec![] };
+        join.dirs.push(CgroupDir { cpuset: d.hierarchy.contains("cpuset"), dir: d.dir, device_rules, limits });
     }
-    let me = std::process::id().to_string();
-    for d in &dirs {
-        let procs = d.dir.join("cgroup.procs");
-        std::fs::write(&procs, &me).with_context(|| format!("cannot move the helper into {}", procs.display()))?;
-    }
-    Ok(())
-}
-
-fn enable_v2_controllers(dir: &Path) {
-    for c in V2_CONTROLLERS {
-        let _ = std::fs::write(dir.join("cgroup.subtree_control"), c);
-    }
-}
-
-/// Deny everything, then allow the job's rules. Done before any process is in the cgroup.
-fn write_device_rules(dir: &Path, rules: &[String]) -> Result<()> {
-    let deny = dir.join("devices.deny");
-    std::fs::write(&deny, "a").with_context(|| format!("cannot deny all devices in {}", deny.display()))?;
-    let allow = dir.join("devices.allow");
-    for r in rules {
-        std::fs::write(&allow, r).with_context(|| format!("cannot allow device '{r}' in {}", allow.display()))?;
-    }
-    Ok(())
-}
-
-/// mkdir -p of a job's cgroup. Retried: the teardown of another job of the same home
-/// removes the (then empty) home level, possibly between our two mkdirs.
-fn create_levels(dir: &Path, cpuset: bool) -> Result<()> {
-    let mut tries = 0;
-    loop {
-        match create_levels_once(dir, cpuset) {
-            Err(e)
-                if tries < 3
-                    && e.downcast_ref::<std::io::Error>().is_some_and(|e| e.kind() == std::io::ErrorKind::NotFound) =>
-            {
-                tries += 1
-            }
-            r => return r,
-        }
-    }
-}
-
-/// mkdir -p of a job's cgroup; every new v1 cpuset level gets its parent's cpus/mems.
-fn create_levels_once(dir: &Path, cpuset: bool) -> Result<()> {
-    if dir.is_dir() {
-        return Ok(());
-    }
-    if let Some(parent) = dir.parent() {
-        create_levels_once(parent, cpuset)?;
-    }
-    match std::fs::create_dir(dir) {
-        Err(e) if e.kind() != std::io::ErrorKind::AlreadyExists => {
-            return Err(anyhow::Error::new(e).context(format!("cannot create the job's cgroup {}", dir.display())));
-        }
-        _ => {}
-    }
-    if cpuset {
-        inherit_cpuset(dir)?;
-    }
-    Ok(())
-}
-
-/// A new v1 cpuset has empty cpus/mems, and no task can join it until they are set.
-fn inherit_cpuset(dir: &Path) -> Result<()> {
-    for f in ["cpuset.cpus", "cpuset.mems"] {
-        let own = dir.join(f);
-        if std::fs::read_to_string(&own).map(|s| s.trim().is_empty()).unwrap_or(true) {
-            let parent = dir.parent().map(|p| p.join(f)).context("cpuset has no parent")?;
-            let value =
-                std::fs::read_to_string(&parent).with_context(|| format!("cannot read {}", parent.display()))?;
-            std::fs::write(&own, value.trim()).with_context(|| format!("cannot set {}", own.display()))?;
-        }
-    }
-    Ok(())
+    join
 }
 
 #[cfg(test)]
@@ -267,12 +190,21 @@ mod tests {
     }
 
     #[test]
-    fn device_rules_deny_all_first() {
-        let t = tempfile::tempdir().unwrap();
-        // A plain dir stands in for a cgroup: each write replaces the file, so the
-        // deny file keeps "a" and the allow file the last rule.
-        write_device_rules(t.path(), &["c 1:3 rwm".into(), "c 136:* rwm".into()]).unwrap();
-        assert_eq!(std::fs::read_to_string(t.path().join("devices.deny")).unwrap(), "a");
-        assert_eq!(std::fs::read_to_string(t.path().join("devices.allow")).unwrap(), "c 136:* rwm");
+    fn a_join_plan_per_host() {
+        let limits = Limits { memory_bytes: Some(1 << 20), pids: None, cpus_milli: None };
+        let setup = Setup::Root { device_rules: vec!["c 1:3 rwm".into()] };
+        let j = plan_join(&hybrid(), Path::new("/a/j"), &limits, &setup);
+        assert!(j.v2_levels.is_empty(), "v1 hierarchies pass nothing down");
+        let dev = j.dirs.iter().find(|d| d.dir == Path::new("/cg/devices/a/j")).unwrap();
+        assert_eq!(dev.device_rules.as_deref(), Some(&["c 1:3 rwm".to_string()][..]));
+        let mem = j.dirs.iter().find(|d| d.dir == Path::new("/cg/memory/a/j")).unwrap();
+        assert_eq!((mem.device_rules.as_ref(), mem.limits.len()), (None, 1));
+        let v2 = j.dirs.iter().find(|d| d.dir == Path::new("/cg/unified/a/j")).unwrap();
+        assert!(v2.limits.is_empty(), "the hybrid v2 tree has no controllers");
+        let unified = CgroupHost { unified: true, v1_mounts: vec![], v2_mount: Some("/cg".into()), ..hybrid() };
+        let j = plan_join(&unified, Path::new("/a/b/j"), &limits, &Setup::Rootless);
+        assert_eq!(j.v2_levels, [PathBuf::from("/cg"), "/cg/a".into(), "/cg/a/b".into()]);
+        assert_eq!(j.v2_controllers, ["+memory", "+pids", "+cpu"]);
+        assert_eq!(j.dirs[0].limits, [("memory.max", "1048576".to_string()), ("memory.swap.max", "0".to_string())]);
     }
 }

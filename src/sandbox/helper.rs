@@ -12,44 +12,20 @@
 //! mount namespace, so the kernel unmounts it when the job's last process is gone, even
 //! if everything is SIGKILLed.
 
+use super::container::{Container, Libcontainer, EARLY_SIGNAL};
 use super::editlayer;
 use super::inroot;
 use super::jobdir::JobDir;
+use super::report::{kind_of, FailureKind, SandboxError};
 use super::spec;
 use crate::config::Home;
-use crate::sys::{Overlay, Sys};
+use crate::rootless::cgroups::CgroupHost;
+use crate::sys::{self, Overlay, Signal, Sys};
 use anyhow::{Context, Result};
-use libcontainer::container::builder::ContainerBuilder;
-use libcontainer::syscall::syscall::SyscallType;
-use nix::sys::signal::{kill, SigSet, Signal};
-use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
-use nix::unistd::Pid;
-use serde::{Deserialize, Serialize};
-use std::os::fd::{FromRawFd, OwnedFd};
+use std::os::fd::OwnedFd;
 use std::path::Path;
-use std::time::{Duration, Instant};
 
-/// What the helper reports to the runner through `<job>/result.json`.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
-pub enum HelperResult {
-    /// The job ran; its exit code (128+n when killed by signal n).
-    Exited { code: i32, signal: Option<i32> },
-    /// The sandbox could not be created or run.
-    Failed { error: String },
-}
-
-/// Time a job gets after SIGTERM/SIGINT before it is SIGKILLed.
-const STOP_GRACE: Duration = Duration::from_secs(10);
-
-/// A stop signal that arrived before the job was started (while the helper was still
-/// setting up): forwarded to the job as soon as it runs. Without this, a SIGTERM in that
-/// window killed the helper outright and orphaned the container's init, which kept our
-/// pipes open and hung the supervisor's shutdown.
-static EARLY_SIGNAL: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(0);
-
-extern "C" fn note_early_signal(sig: libc::c_int) {
-    EARLY_SIGNAL.store(sig, std::sync::atomic::Ordering::SeqCst);
-}
+pub use super::report::HelperResult;
 
 /// The helper's two pipes to its runner.
 #[derive(Debug, Default)]
@@ -66,15 +42,10 @@ impl Pipes {
     /// The pipes of a re-executed helper, named by [`RESULT_FD_ENV`] and [`GO_FD_ENV`].
     fn from_env() -> Pipes {
         let take = |var: &str| {
-            let fd = std::env::var(var).ok().and_then(|v| v.parse::<i32>().ok()).filter(|fd| *fd > 2);
+            let fd = std::env::var(var).ok().and_then(|v| v.parse::<i32>().ok());
             std::env::remove_var(var);
-            fd.map(|fd| {
-                // Never inherited by the job (libcontainer also closes fds >= 3 before exec).
-                let _ = nix::fcntl::fcntl(fd, nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::FD_CLOEXEC));
-                // SAFETY: the runner passes this fd (a pipe end) to us and nothing else in
-                // this process owns it.
-                unsafe { OwnedFd::from_raw_fd(fd) }
-            })
+            // Never inherited by the job (libcontainer also closes fds >= 3 before exec).
+            fd.and_then(sys::process::adopt_inherited_fd)
         };
         Pipes { result: take(RESULT_FD_ENV), go: take(GO_FD_ENV) }
     }
@@ -88,24 +59,33 @@ pub fn main(home: &Home, job_dir: &Path) -> i32 {
 /// The helper's whole life, in a fresh process (re-executed, or forked from a
 /// single-threaded runner). Returns the process exit code.
 pub fn run_helper(home: &Home, job_dir: &Path, pipes: Pipes) -> i32 {
-    for sig in [libc::SIGTERM, libc::SIGINT, libc::SIGHUP, libc::SIGQUIT] {
-        // SAFETY: the handler only stores to an atomic (async-signal-safe). glibc's
-        // signal() sets SA_RESTART, so the setup's syscalls are not interrupted; the
-        // job's init gets default handlers back at execve.
-        unsafe { libc::signal(sig, note_early_signal as *const () as libc::sighandler_t) };
-    }
+    // The handler only records the signal (see EARLY_SIGNAL); glibc's signal() sets
+    // SA_RESTART, so the setup's syscalls are not interrupted; the job's init gets
+    // default handlers back at execve.
+    sys::signals::record_on(&[Signal::SIGTERM, Signal::SIGINT, Signal::SIGHUP, Signal::SIGQUIT], &EARLY_SIGNAL);
     let job = JobDir::at(home, job_dir);
     let reporter = Reporter { fd: std::cell::Cell::new(pipes.result) };
-    let result = match run(home, &job, &crate::sys::Real, &reporter, pipes.go) {
-        Ok(r) => r,
-        Err(e) => HelperResult::Failed { error: format!("{e:#}") },
-    };
-    let code = match &result {
-        HelperResult::Exited { code, .. } => *code,
-        HelperResult::Failed { .. } => 125,
-    };
+    let mut container = Libcontainer::default();
+    let result = into_result(run(home, &job, CgroupHost::get(), &sys::Real, &mut container, &reporter, pipes.go));
+    let code = exit_code(&result);
     reporter.report(&job, &result);
     code
+}
+
+/// The result a helper reports for what [`run`] returned: a failure with its kind,
+/// classified here from the typed error, where it was produced.
+fn into_result(outcome: Result<HelperResult>) -> HelperResult {
+    match outcome {
+        Ok(r) => r,
+        Err(e) => HelperResult::Failed { kind: kind_of(&e), error: format!("{e:#}") },
+    }
+}
+
+fn exit_code(result: &HelperResult) -> i32 {
+    match result {
+        HelperResult::Exited { code, .. } => *code,
+        HelperResult::Failed { .. } => 125,
+    }
 }
 
 /// Env var naming a re-executed helper's result pipe (see [`Pipes::result`]).
@@ -131,12 +111,25 @@ impl Reporter {
     }
 }
 
-fn run(home: &Home, job: &JobDir, sys: &dyn Sys, reporter: &Reporter, go: Option<OwnedFd>) -> Result<HelperResult> {
+/// The straight line, each privileged step through `sys` and the container through
+/// `container` (so that the order and the failure paths are unit-tested on doubles).
+/// On a failure nothing is undone here: the overlay and binds live only in this
+/// process's mount namespace and go with it, and the runner's teardown removes the
+/// cgroup and dirs. Only a created container is deleted (and its unstarted init killed).
+fn run(
+    home: &Home,
+    job: &JobDir,
+    cgroups: &CgroupHost,
+    sys: &dyn Sys,
+    container: &mut dyn Container,
+    reporter: &Reporter,
+    go: Option<OwnedFd>,
+) -> Result<HelperResult> {
     let plan = job.read_plan()?;
     let merged = job.merged();
-    keep_dev_null_writable()?;
+    container.prepare_stdio()?;
     sys.private_mount_namespace()?;
-    let cgroup_owner = enter_job_cgroup(&plan, sys)?;
+    let cgroup_owner = enter_job_cgroup(&plan, cgroups, sys)?;
     let mut plan = plan;
     // Held (locked against gc) until this helper exits with the job.
     let _edit_layer = if editlayer::wanted(&plan.edits) {
@@ -164,39 +157,22 @@ fn run(home: &Home, job: &JobDir, sys: &dyn Sys, reporter: &Reporter, go: Option
     let spec = spec::build(&plan, &merged, &cgroup_owner)?;
     spec.save(job.bundle().join("config.json")).context("cannot write the OCI spec")?;
 
-    // libcontainer gives its caller the job's oom_score_adj; ours goes back after build().
-    let own_oom_score_adj = std::fs::read_to_string("/proc/self/oom_score_adj").ok();
-    let mut container = ContainerBuilder::new(plan.id.clone(), SyscallType::default())
-        .with_root_path(job.container_root())
-        .context("bad libcontainer state dir")?
-        .as_init(job.bundle())
-        .with_systemd(false)
-        .with_detach(false)
-        .build()
-        .map_err(|e| {
-            anyhow::anyhow!("cannot create the sandbox: {}", explain_create_error(&e.to_string(), &plan.args))
-        })?;
-
+    container.create(&plan, job)?;
     tracing::debug!(job = %plan.id, "container created");
-    if let Some(v) = own_oom_score_adj {
-        // In the job's cgroup (see sandbox::cgroup), a memory-limit OOM must pick the
-        // job's processes, not the helper. Lowering needs root; rootless it stays.
-        let _ = std::fs::write("/proc/self/oom_score_adj", v.trim());
-    }
-    record_init(job, &container)?;
+    record_init(job, container.init_pid())?;
     if !wait_for_go(go) {
-        kill_unreaped_init(&container);
-        let _ = container.delete(true);
+        container.kill_unreaped_init();
+        let _ = container.delete();
         let _ = sys.unmount(&merged);
-        return Ok(HelperResult::Failed { error: "cancelled before start".into() });
+        return Err(SandboxError::new(FailureKind::Cancelled, "cancelled before start").into());
     }
     // From here on the container exists: whatever happens, delete it.
-    let outcome = start_and_wait(&mut container);
+    let outcome = container.start_and_wait();
     tracing::debug!(job = %plan.id, "job exited");
     if let Ok(r) = &outcome {
         reporter.report(job, r);
     }
-    if let Err(e) = container.delete(true) {
+    if let Err(e) = container.delete() {
         tracing::warn!(job = %plan.id, "libcontainer delete failed ({e}); gc will finish the clean-up");
     }
     // No unmount of the overlay here: it lives only in this process's mount namespace,
@@ -210,13 +186,12 @@ fn run(home: &Home, job: &JobDir, sys: &dyn Sys, reporter: &Reporter, go: Option
 /// and hides the host's cgroup tree from libcontainer. Root mode on a host without a
 /// cgroup2 hierarchy leaves it all to libcontainer's v1 manager instead. Rootless without
 /// delegation, the job gets no cgroup (the warning was printed at start).
-fn enter_job_cgroup(plan: &super::JobPlan, sys: &dyn Sys) -> Result<spec::CgroupOwner> {
-    use super::cgroup::{join_job_cgroup, Setup};
-    let host = crate::rootless::cgroups::CgroupHost::get();
+fn enter_job_cgroup(plan: &super::JobPlan, host: &CgroupHost, sys: &dyn Sys) -> Result<spec::CgroupOwner> {
+    use super::cgroup::{plan_join, Setup};
     let has_cgroup = !plan.cgroup_path.as_os_str().is_empty();
     if plan.rootless {
         if has_cgroup {
-            join_job_cgroup(host, &plan.cgroup_path, &plan.limits, &Setup::Rootless)?;
+            sys.join_cgroup(&plan_join(host, &plan.cgroup_path, &plan.limits, &Setup::Rootless))?;
         }
         sys.hide_cgroupfs()?;
         return Ok(spec::CgroupOwner::Helper { leaf: None });
@@ -225,7 +200,7 @@ fn enter_job_cgroup(plan: &super::JobPlan, sys: &dyn Sys) -> Result<spec::Cgroup
         return Ok(spec::CgroupOwner::Libcontainer);
     }
     let setup = Setup::Root { device_rules: spec::v1_device_allow_lines(plan)? };
-    join_job_cgroup(host, &plan.cgroup_path, &plan.limits, &setup)?;
+    sys.join_cgroup(&plan_join(host, &plan.cgroup_path, &plan.limits, &setup))?;
     sys.hide_cgroupfs()?;
     Ok(spec::CgroupOwner::Helper { leaf: Some(JOB_CGROUP_LEAF.into()) })
 }
@@ -235,103 +210,11 @@ fn enter_job_cgroup(plan: &super::JobPlan, sys: &dyn Sys) -> Result<spec::Cgroup
 /// cgroup by the teardown).
 const JOB_CGROUP_LEAF: &str = "/job";
 
-fn start_and_wait(container: &mut libcontainer::container::Container) -> Result<HelperResult> {
-    // Block the signals we handle before the job starts, so none is lost; the job's
-    // init was forked during build() and does not inherit this mask.
-    let mut set = SigSet::empty();
-    for s in [Signal::SIGCHLD, Signal::SIGTERM, Signal::SIGINT, Signal::SIGHUP, Signal::SIGQUIT] {
-        set.add(s);
-    }
-    set.thread_block().context("cannot block signals in the helper")?;
-
-    if let Err(e) = container.start() {
-        kill_unreaped_init(container);
-        anyhow::bail!("cannot start the sandbox: {e}");
-    }
-    let init = container.pid().context("sandbox started but has no init pid")?;
-
-    let mut kill_at: Option<Instant> = None;
-    // Signals are blocked now (sigtimedwait below takes them); one that came earlier is
-    // the job's too.
-    if let Ok(sig) = Signal::try_from(EARLY_SIGNAL.swap(0, std::sync::atomic::Ordering::SeqCst)) {
-        tracing::info!("received {sig} while starting: forwarding to the job, SIGKILL in {}s", STOP_GRACE.as_secs());
-        let _ = kill(init, sig);
-        kill_at = Some(Instant::now() + STOP_GRACE);
-    }
-    loop {
-        // Reap everything (libcontainer's intermediate too); stop when init is gone.
-        loop {
-            match waitpid(Pid::from_raw(-1), Some(WaitPidFlag::WNOHANG)) {
-                Ok(WaitStatus::Exited(pid, code)) if pid == init => {
-                    return Ok(HelperResult::Exited { code, signal: None })
-                }
-                Ok(WaitStatus::Signaled(pid, sig, _)) if pid == init => {
-                    return Ok(HelperResult::Exited { code: 128 + sig as i32, signal: Some(sig as i32) })
-                }
-                Ok(WaitStatus::StillAlive) | Err(nix::errno::Errno::ECHILD) => break,
-                Ok(_) => continue,
-                Err(e) => return Err(e).context("waitpid failed"),
-            }
-        }
-        let timeout = kill_at.map(|t| t.saturating_duration_since(Instant::now())).unwrap_or(Duration::from_secs(60));
-        match wait_signal(&set, timeout) {
-            Some(Signal::SIGCHLD) => {}
-            Some(sig) if kill_at.is_none() => {
-                tracing::info!("received {sig}: forwarding to the job, SIGKILL in {}s", STOP_GRACE.as_secs());
-                let _ = kill(init, sig);
-                kill_at = Some(Instant::now() + STOP_GRACE);
-            }
-            Some(sig) => {
-                tracing::info!("received {sig} again: killing the job");
-                let _ = kill(init, Signal::SIGKILL);
-            }
-            None => {
-                if kill_at.is_some_and(|t| Instant::now() >= t) {
-                    let _ = kill(init, Signal::SIGKILL);
-                }
-            }
-        }
-    }
-}
-
-/// libcontainer 0.7 replaces stdio fds that point at /dev/null with the container's
-/// /dev/null opened *read-only*, so a job whose stdout is /dev/null fails every write
-/// with EBADF. /dev/zero discards writes the same way and is not touched: use it.
-fn keep_dev_null_writable() -> Result<()> {
-    use std::os::fd::AsRawFd;
-    let null = nix::sys::stat::stat("/dev/null").context("cannot stat /dev/null")?;
-    let mut zero: Option<std::fs::File> = None;
-    for fd in [1, 2] {
-        let Ok(st) = nix::sys::stat::fstat(fd) else { continue };
-        if st.st_mode & libc::S_IFMT == libc::S_IFCHR && st.st_rdev == null.st_rdev {
-            if zero.is_none() {
-                zero =
-                    Some(std::fs::OpenOptions::new().write(true).open("/dev/zero").context("cannot open /dev/zero")?);
-            }
-            let z = zero.as_ref().map(|f| f.as_raw_fd()).unwrap_or(-1);
-            nix::unistd::dup2(z, fd).context("cannot redirect stdio from /dev/null to /dev/zero")?;
-        }
-    }
-    Ok(())
-}
-
 /// Writes `init.pid` (see [`JobDir::init_file`]) so `gc` can kill the job if this helper dies.
-fn record_init(job: &JobDir, container: &libcontainer::container::Container) -> Result<()> {
-    let pid = container.pid().context("sandbox created but has no init pid")?.as_raw();
+fn record_init(job: &JobDir, pid: Option<i32>) -> Result<()> {
+    let pid = pid.context("sandbox created but has no init pid")?;
     let start = super::teardown::process_start_time(pid).context("cannot read the job init's start time")?;
     std::fs::write(job.init_file(), format!("{pid} {start}\n")).context("cannot record the job's init pid: disk full?")
-}
-
-/// SIGKILLs the container's init when it was never started (cancelled, or start failed).
-/// libcontainer's forced delete kills through the cgroup, and a rootless job's processes
-/// are not in one libcontainer knows; init still holds our pipes, so without this the
-/// runner would wait for it forever. Init is pid 1 of the job's pid namespace: the kernel
-/// kills the rest. Only for an init not yet reaped, whose pid cannot have been reused.
-fn kill_unreaped_init(container: &libcontainer::container::Container) {
-    if let Some(pid) = container.pid() {
-        let _ = kill(pid, Signal::SIGKILL);
-        let _ = waitpid(pid, None);
-    }
 }
 
 /// For a prepared sandbox: blocks until the runner says go (true) or cancels (false).
@@ -341,24 +224,281 @@ fn wait_for_go(go: Option<OwnedFd>) -> bool {
     matches!(std::io::Read::read(&mut std::fs::File::from(fd), &mut b), Ok(1))
 }
 
-/// sigtimedwait on `set`; None on timeout.
-fn wait_signal(set: &SigSet, timeout: Duration) -> Option<Signal> {
-    let ts = libc::timespec { tv_sec: timeout.as_secs() as libc::time_t, tv_nsec: timeout.subsec_nanos() as _ };
-    // SAFETY: `set` is a valid, initialised sigset_t borrowed for the call; `ts` lives on the
-    // stack for the call; a null siginfo pointer is allowed by sigtimedwait(2).
-    let r = unsafe { libc::sigtimedwait(set.as_ref(), std::ptr::null_mut(), &ts) };
-    if r < 0 {
-        None
-    } else {
-        Signal::try_from(r).ok()
-    }
-}
+#[cfg(test)]
+mod tests {
+    //! The helper's straight line on the doubles: `sys::Recorder` for the privileged
+    //! steps, [`FakeContainer`] for libcontainer, both logging into one list.
+    use super::*;
+    use crate::edits::BindMount;
+    use crate::sandbox::jobdir::{JobLock, JobState};
+    use crate::sandbox::plan::test_plan;
+    use crate::sandbox::JobPlan;
+    use crate::sys::Recorder;
+    use nix::errno::Errno;
+    use std::path::PathBuf;
 
-/// libcontainer's errors are precise but not always actionable; translate the common ones.
-fn explain_create_error(err: &str, args: &[String]) -> String {
-    let cmd = args.first().map(String::as_str).unwrap_or("");
-    if err.contains("executable") && (err.contains("not found") || err.contains("No such file")) {
-        return format!("command '{cmd}' not found in the sandbox's rootfs ({err})");
+    /// libcontainer's part, logged into the recorder's list (failing where it says).
+    struct FakeContainer<'a> {
+        rec: &'a Recorder,
+        /// libcontainer's text for a failed create.
+        create_fails_with: Option<&'static str>,
     }
-    err.to_string()
+
+    impl FakeContainer<'_> {
+        fn step(&self, name: &str) -> Result<()> {
+            self.rec.step(name.into()).map_err(|e| anyhow::Error::new(e).context(format!("container {name}")))
+        }
+    }
+
+    impl Container for FakeContainer<'_> {
+        fn prepare_stdio(&mut self) -> Result<()> {
+            self.step("prepare_stdio")
+        }
+        fn create(&mut self, plan: &JobPlan, _job: &JobDir) -> Result<()> {
+            self.step("create")?;
+            match self.create_fails_with {
+                Some(text) => Err(super::super::container::create_error(text, &plan.args).into()),
+                None => Ok(()),
+            }
+        }
+        fn init_pid(&self) -> Option<i32> {
+            // A live process, so that init.pid gets its start time.
+            Some(std::process::id() as i32)
+        }
+        fn start_and_wait(&mut self) -> Result<HelperResult> {
+            self.step("start_and_wait")?;
+            Ok(HelperResult::Exited { code: 3, signal: None })
+        }
+        fn kill_unreaped_init(&mut self) {
+            let _ = self.step("kill_unreaped_init");
+        }
+        fn delete(&mut self) -> Result<()> {
+            self.step("delete")
+        }
+    }
+
+    struct Setup {
+        _t: tempfile::TempDir,
+        home: Home,
+        job: JobDir,
+        cgroups: CgroupHost,
+        _lock: JobLock,
+    }
+
+    /// A recorded job as `Sandbox::create` leaves it, over an empty rootfs dir, as the
+    /// calling user; cgroups in plain dirs of a hybrid host.
+    fn setup(change: impl FnOnce(&mut JobPlan, &Path)) -> Setup {
+        let t = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(t.path().join("xdg")).unwrap();
+        let home = Home::for_caller(t.path().join("home"), false, Some(t.path().join("xdg")));
+        home.ensure().unwrap();
+        let lower = t.path().join("rootfs");
+        std::fs::create_dir_all(&lower).unwrap();
+        let mut plan = test_plan("hp-1", vec![lower], "/azp-test-hp/hp-1");
+        plan.owned_dirs = vec!["/home/agent".into()];
+        change(&mut plan, t.path());
+        let job = JobDir::new(&home, &plan.id);
+        let state = JobState::for_plan(&job, &plan);
+        let lock = job.create(&plan, &state).unwrap();
+        let cg = t.path().join("cg");
+        let cgroups = CgroupHost {
+            unified: false,
+            v1_mounts: vec![cg.join("memory")],
+            root: cg.clone(),
+            own_v2: None,
+            v2_mount: Some(cg.join("unified")),
+        };
+        Setup { _t: t, home, job, cgroups, _lock: lock }
+    }
+
+    impl Setup {
+        fn run(&self, rec: &Recorder, create_fails_with: Option<&'static str>, go: Option<OwnedFd>) -> HelperResult {
+            let mut container = FakeContainer { rec, create_fails_with };
+            let reporter = Reporter { fd: std::cell::Cell::new(None) };
+            into_result(run(&self.home, &self.job, &self.cgroups, rec, &mut container, &reporter, go))
+        }
+
+        /// The helper's steps for a root job with a cgroup and no GPU edits.
+        fn steps(&self) -> Vec<String> {
+            let cg = |h: &str| self.cgroups.root.join(h).join("azp-test-hp/hp-1").display().to_string();
+            vec![
+                "prepare_stdio".into(),
+                "private_mount_namespace".into(),
+                format!("join_cgroup {} {}", cg("memory"), cg("unified")),
+                "hide_cgroupfs".into(),
+                format!("mount_overlay {}", self.job.merged().display()),
+                "create".into(),
+                "start_and_wait".into(),
+                "delete".into(),
+            ]
+        }
+    }
+
+    fn failed(r: &HelperResult) -> (FailureKind, &str) {
+        match r {
+            HelperResult::Failed { kind, error } => (*kind, error.as_str()),
+            other => panic!("expected a failure, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn the_straight_line_in_order() {
+        let s = setup(|_, _| {});
+        let rec = Recorder::default();
+        let r = s.run(&rec, None, None);
+        assert_eq!(r, HelperResult::Exited { code: 3, signal: None });
+        assert_eq!(rec.calls(), s.steps());
+        // What the steps between the mounts and the container wrote.
+        assert!(s.job.bundle().join("config.json").is_file(), "the spec");
+        assert!(s.job.merged().join("home/agent").is_dir(), "the owned dir, made in the tree");
+        let init = std::fs::read_to_string(s.job.init_file()).unwrap();
+        assert!(init.starts_with(&format!("{} ", std::process::id())), "init.pid for gc: {init}");
+        let reported: HelperResult = serde_json::from_slice(&std::fs::read(s.job.result_file()).unwrap()).unwrap();
+        assert_eq!(reported, r, "reported as soon as the job exited, before the delete");
+    }
+
+    #[test]
+    fn a_failed_step_ends_the_line_and_only_a_created_container_is_deleted() {
+        let s = setup(|_, _| {});
+        let all = s.steps();
+        for k in 0..all.len() {
+            let rec = Recorder::failing_at(k, Errno::EIO);
+            let r = s.run(&rec, None, None);
+            let calls = rec.calls();
+            match all[k].as_str() {
+                // The job ran; a failed delete is only logged (gc finishes it).
+                "delete" => {
+                    assert_eq!(r, HelperResult::Exited { code: 3, signal: None });
+                    assert_eq!(calls, all);
+                }
+                // The container exists: deleted all the same.
+                "start_and_wait" => {
+                    assert_eq!(failed(&r).0, FailureKind::Other);
+                    assert_eq!(calls, all, "delete follows a failed start");
+                }
+                // Before the container: nothing after the failed step, nothing undone
+                // here (the mounts go with the helper's namespace, the cgroup with the
+                // runner's teardown).
+                step => {
+                    let (kind, error) = failed(&r);
+                    assert_eq!(calls, all[..=k], "{step}");
+                    assert_eq!(kind, FailureKind::Other, "{step}: EIO is no kind of its own");
+                    let cause = error.ends_with("EIO: I/O error") || error.ends_with("Input/output error (os error 5)");
+                    assert!(cause, "{step}: the cause is named: {error}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn failures_are_reported_by_kind() {
+        let s = setup(|_, _| {});
+        let overlay = s.steps().iter().position(|c| c.starts_with("mount_overlay")).unwrap();
+        let r = s.run(&Recorder::failing_at(overlay, Errno::ENOENT), None, None);
+        let (kind, error) = failed(&r);
+        assert_eq!(kind, FailureKind::RootfsMissing);
+        assert!(
+            error.starts_with(&format!("cannot mount the job's overlay on {}", s.job.merged().display())),
+            "{error}"
+        );
+        let r = s.run(&Recorder::failing_at(2, Errno::ENOSPC), None, None);
+        assert_eq!(failed(&r).0, FailureKind::DiskFull, "the cgroup join, out of space");
+        let r = s.run(&Recorder::failing_at(1, Errno::EPERM), None, None);
+        assert_eq!(failed(&r).0, FailureKind::NotPermitted);
+        let r = s.run(&Recorder::default(), Some("failed: executable 'true' not found in $PATH"), None);
+        let (kind, error) = failed(&r);
+        assert_eq!(kind, FailureKind::CommandNotFound);
+        assert!(error.starts_with("cannot create the sandbox: command 'true' not found in the sandbox's rootfs"));
+        assert_eq!(exit_code(&r), 125);
+    }
+
+    #[test]
+    fn a_prepared_sandbox_waits_for_go_and_a_cancel_undoes_the_container() {
+        let s = setup(|_, _| {});
+        let (rx, tx) = nix::unistd::pipe().unwrap();
+        drop(tx); // EOF: cancelled
+        let rec = Recorder::default();
+        let r = s.run(&rec, None, Some(rx));
+        assert_eq!(r, HelperResult::Failed { kind: FailureKind::Cancelled, error: "cancelled before start".into() });
+        let mut expected = s.steps()[..6].to_vec();
+        expected.extend(["kill_unreaped_init".into(), "delete".into()]);
+        expected.push(format!("unmount {}", s.job.merged().display()));
+        assert_eq!(rec.calls(), expected);
+        let (rx, tx) = nix::unistd::pipe().unwrap();
+        std::io::Write::write_all(&mut std::fs::File::from(tx), b"g").unwrap();
+        let rec = Recorder::default();
+        assert_eq!(s.run(&rec, None, Some(rx)), HelperResult::Exited { code: 3, signal: None });
+        assert_eq!(rec.calls(), s.steps());
+    }
+
+    #[test]
+    fn which_cgroup_steps_a_job_takes() {
+        // Rootless with a delegated cgroup: joined, then hidden.
+        let s = setup(|p, _| p.rootless = true);
+        let rec = Recorder::default();
+        s.run(&rec, None, None);
+        let calls = rec.calls();
+        assert!(calls[2].starts_with("join_cgroup ") && calls[3] == "hide_cgroupfs", "{calls:?}");
+        // Rootless without one: only hidden.
+        let s = setup(|p, _| {
+            p.rootless = true;
+            p.cgroup_path = PathBuf::new();
+        });
+        let rec = Recorder::default();
+        s.run(&rec, None, None);
+        assert_eq!(rec.calls()[2], "hide_cgroupfs");
+        // Root on a host without cgroup2: libcontainer's v1 manager does it all.
+        let mut s = setup(|_, _| {});
+        s.cgroups.v2_mount = None;
+        let rec = Recorder::default();
+        s.run(&rec, None, None);
+        assert!(rec.calls()[2].starts_with("mount_overlay "), "{:?}", rec.calls());
+    }
+
+    #[test]
+    fn a_gpu_job_builds_its_edit_layer_and_a_failed_build_removes_it() {
+        let s = setup(|p, t| {
+            let lib = t.join("libcuda.so.1");
+            std::fs::write(&lib, "elf").unwrap();
+            p.edits.mounts.push(BindMount {
+                host_path: lib,
+                container_path: "/usr/lib/x86_64-linux-gnu/libcuda.so.1".into(),
+                options: vec![],
+                optional: false,
+            });
+        });
+        let plan = s.job.read_plan().unwrap();
+        let b = editlayer::dir(&s.home).join(format!(".build-{}-{}", editlayer::key(&plan), std::process::id()));
+        let build = [
+            format!("remove_tree {}", b.display()),
+            format!("mount_overlay {}", b.join("merged").display()),
+            format!("unmount {}", b.join("merged").display()),
+            format!("remove_tree {}", b.join("work").display()),
+            format!("remove_dir {}", b.join("merged").display()),
+        ];
+        // Built between the cgroup and the job's overlay, which then has it as its top layer.
+        let rec = Recorder::default();
+        assert_eq!(s.run(&rec, None, None), HelperResult::Exited { code: 3, signal: None });
+        let mut expected = s.steps();
+        expected.splice(4..4, build.iter().cloned());
+        assert_eq!(rec.calls(), expected);
+        // The next job finds it built.
+        let rec = Recorder::default();
+        s.run(&rec, None, None);
+        assert_eq!(rec.calls(), s.steps());
+        std::fs::remove_dir_all(editlayer::dir(&s.home).join(editlayer::key(&plan))).unwrap();
+        // The build's overlay or its unmount fails: the build dir goes, the job fails.
+        for k in [5, 6] {
+            let rec = Recorder::failing_at(k, Errno::EIO);
+            let r = s.run(&rec, None, None);
+            let (_, error) = failed(&r);
+            let mut expected = s.steps()[..4].to_vec();
+            expected.extend(build[..k - 3].iter().cloned());
+            expected.push(format!("remove_tree {}", b.display()));
+            assert_eq!(rec.calls(), expected, "step {k}");
+            assert!(error.starts_with("cannot build the sandbox's edit layer in "), "{error}");
+            // The double removes nothing: clear the dir for the next round.
+            std::fs::remove_dir_all(&b).unwrap();
+        }
+    }
 }

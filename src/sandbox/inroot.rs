@@ -4,14 +4,14 @@
 //! the host's. `openat2(RESOLVE_IN_ROOT)` does the resolution; the final component is
 //! never followed.
 
-use crate::rootfs::fs as sysfs;
+use crate::sys::fs_at;
 use std::ffi::CString;
 use std::io;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Component, Path};
 
-const RESOLVE: u64 = sysfs::RESOLVE_IN_ROOT | sysfs::RESOLVE_NO_MAGICLINKS;
+const RESOLVE: u64 = fs_at::RESOLVE_IN_ROOT | fs_at::RESOLVE_NO_MAGICLINKS;
 
 fn rel_cstring(p: &Path) -> io::Result<CString> {
     let rel: Vec<&std::ffi::OsStr> = p
@@ -22,32 +22,29 @@ fn rel_cstring(p: &Path) -> io::Result<CString> {
         })
         .collect();
     let joined = rel.iter().map(|c| c.as_bytes()).collect::<Vec<_>>().join(&b'/');
-    sysfs::cstring(if joined.is_empty() { b"." } else { &joined })
+    fs_at::cstring(if joined.is_empty() { b"." } else { &joined })
 }
 
 /// The directory `dir` (a container path) of the tree at `root`, created (0755, root-owned
 /// like mkdir -p) where missing when `create`. A symlink on the way whose target does not
 /// exist inside the tree is an error (ENOENT): it is not followed out, nor created through.
 pub fn open_dir(root: &Path, dir: &Path, create: bool) -> io::Result<OwnedFd> {
-    let rootfd = sysfs::open_dir(root)?;
+    let rootfd = fs_at::open_dir(root)?;
     let mut at = std::path::PathBuf::new();
-    let mut fd = sysfs::openat2(rootfd.as_raw_fd(), c".", libc::O_PATH | libc::O_DIRECTORY, RESOLVE)?;
+    let mut fd = fs_at::openat2(rootfd.as_raw_fd(), c".", libc::O_PATH | libc::O_DIRECTORY, RESOLVE)?;
     for c in dir.components() {
         let Component::Normal(name) = c else { continue };
         at.push(name);
         let path = rel_cstring(&at)?;
-        fd = match sysfs::openat2(rootfd.as_raw_fd(), &path, libc::O_PATH | libc::O_DIRECTORY, RESOLVE) {
-            Err(e) if create && sysfs::errno(&e) == libc::ENOENT => {
-                let n = sysfs::cstring(name.as_bytes())?;
-                // SAFETY: `fd` is an open directory fd and `n` a NUL-terminated name, both
-                // valid for the call; the result is checked.
-                let r = sysfs::cvt(unsafe { libc::mkdirat(fd.as_raw_fd(), n.as_ptr(), 0o755) });
-                if let Err(e) = r {
-                    if sysfs::errno(&e) != libc::EEXIST {
+        fd = match fs_at::openat2(rootfd.as_raw_fd(), &path, libc::O_PATH | libc::O_DIRECTORY, RESOLVE) {
+            Err(e) if create && fs_at::errno(&e) == libc::ENOENT => {
+                let n = fs_at::cstring(name.as_bytes())?;
+                if let Err(e) = fs_at::mkdirat(fd.as_raw_fd(), &n, 0o755) {
+                    if fs_at::errno(&e) != libc::EEXIST {
                         return Err(e);
                     }
                 }
-                sysfs::openat2(rootfd.as_raw_fd(), &path, libc::O_PATH | libc::O_DIRECTORY, RESOLVE)?
+                fs_at::openat2(rootfd.as_raw_fd(), &path, libc::O_PATH | libc::O_DIRECTORY, RESOLVE)?
             }
             r => r?,
         };
@@ -57,7 +54,7 @@ pub fn open_dir(root: &Path, dir: &Path, create: bool) -> io::Result<OwnedFd> {
 
 fn split(path: &Path) -> io::Result<(&Path, CString)> {
     let name = path.file_name().ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "path has no file name"))?;
-    Ok((path.parent().unwrap_or(Path::new("/")), sysfs::cstring(name.as_bytes())?))
+    Ok((path.parent().unwrap_or(Path::new("/")), fs_at::cstring(name.as_bytes())?))
 }
 
 /// Replaces whatever is at `path` (not following it) with a new regular file.
@@ -65,9 +62,9 @@ pub fn write_file(root: &Path, path: &Path, bytes: &[u8], mode: libc::mode_t) ->
     let (parent, name) = split(path)?;
     let dir = open_dir(root, parent, true)?;
     let dirfd = reopen(&dir)?;
-    // SAFETY: valid dir fd and NUL-terminated name for the call; ENOENT is fine.
-    let _ = unsafe { libc::unlinkat(dirfd.as_raw_fd(), name.as_ptr(), 0) };
-    let fd = sysfs::openat(
+    // Whatever was there (or nothing: ENOENT); a failure shows in the O_EXCL open below.
+    let _ = fs_at::unlinkat(dirfd.as_raw_fd(), &name, 0);
+    let fd = fs_at::openat(
         dirfd.as_raw_fd(),
         &name,
         libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW,
@@ -80,30 +77,23 @@ pub fn write_file(root: &Path, path: &Path, bytes: &[u8], mode: libc::mode_t) ->
 pub fn symlink(root: &Path, path: &Path, target: &Path) -> io::Result<()> {
     let (parent, name) = split(path)?;
     let dirfd = reopen(&open_dir(root, parent, true)?)?;
-    let t = sysfs::path_cstring(target)?;
-    // SAFETY: valid dir fd and NUL-terminated names for the calls; results checked (ENOENT
-    // of the unlink is fine).
-    unsafe {
-        let _ = libc::unlinkat(dirfd.as_raw_fd(), name.as_ptr(), 0);
-        sysfs::cvt(libc::symlinkat(t.as_ptr(), dirfd.as_raw_fd(), name.as_ptr()))?;
-    }
-    Ok(())
+    let t = fs_at::path_cstring(target)?;
+    // Whatever was there (or nothing: ENOENT); a failure shows in the symlinkat below.
+    let _ = fs_at::unlinkat(dirfd.as_raw_fd(), &name, 0);
+    fs_at::symlinkat(&t, dirfd.as_raw_fd(), &name)
 }
 
 /// mkdir -p `dir` inside the tree, then gives it to uid:gid (not following a symlink).
 pub fn create_owned_dir(root: &Path, dir: &Path, uid: u32, gid: u32) -> io::Result<()> {
     let fd = open_dir(root, dir, true)?;
-    let empty = c"";
-    // SAFETY: an O_PATH fd of the directory with AT_EMPTY_PATH: changes that very inode.
-    sysfs::cvt(unsafe { libc::fchownat(fd.as_raw_fd(), empty.as_ptr(), uid, gid, libc::AT_EMPTY_PATH) })?;
-    Ok(())
+    fs_at::chown_fd_inode(fd.as_raw_fd(), uid, gid)
 }
 
 /// An `O_PATH` fd of what is at `path` inside the tree, the final symlink followed
 /// (inside the tree too), as the runtime resolves a mount destination.
 pub fn open_existing(root: &Path, path: &Path) -> io::Result<OwnedFd> {
-    let rootfd = sysfs::open_dir(root)?;
-    sysfs::openat2(rootfd.as_raw_fd(), &rel_cstring(path)?, libc::O_PATH, RESOLVE)
+    let rootfd = fs_at::open_dir(root)?;
+    fs_at::openat2(rootfd.as_raw_fd(), &rel_cstring(path)?, libc::O_PATH, RESOLVE)
 }
 
 /// Makes sure something exists at `path` inside the tree for a bind mount to land on:
@@ -113,7 +103,7 @@ pub fn open_existing(root: &Path, path: &Path) -> io::Result<OwnedFd> {
 pub fn create_mount_target(root: &Path, path: &Path, dir: bool) -> io::Result<()> {
     match open_existing(root, path) {
         Ok(_) => return Ok(()),
-        Err(e) if sysfs::errno(&e) == libc::ENOENT => {}
+        Err(e) if fs_at::errno(&e) == libc::ENOENT => {}
         Err(e) => return Err(e),
     }
     if dir {
@@ -121,20 +111,20 @@ pub fn create_mount_target(root: &Path, path: &Path, dir: bool) -> io::Result<()
     }
     let (parent, name) = split(path)?;
     let dirfd = reopen(&open_dir(root, parent, true)?)?;
-    match sysfs::openat(
+    match fs_at::openat(
         dirfd.as_raw_fd(),
         &name,
         libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW,
         0o644,
     ) {
-        Err(e) if sysfs::errno(&e) == libc::EEXIST => Ok(()),
+        Err(e) if fs_at::errno(&e) == libc::EEXIST => Ok(()),
         r => r.map(drop),
     }
 }
 
 /// An O_PATH directory fd cannot be used for *at writes everywhere; reopen it for real.
 fn reopen(fd: &OwnedFd) -> io::Result<OwnedFd> {
-    sysfs::openat(fd.as_raw_fd(), c".", libc::O_RDONLY | libc::O_DIRECTORY, 0)
+    fs_at::openat(fd.as_raw_fd(), c".", libc::O_RDONLY | libc::O_DIRECTORY, 0)
 }
 
 #[cfg(test)]

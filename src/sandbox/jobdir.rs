@@ -43,6 +43,24 @@ pub struct JobState {
     pub started_unix: u64,
 }
 
+impl JobState {
+    /// The record of a job this process is about to create from `plan` in `job`.
+    pub fn for_plan(job: &JobDir, plan: &JobPlan) -> JobState {
+        JobState {
+            id: plan.id.clone(),
+            cgroup_path: plan.cgroup_path.clone(),
+            container_state: job.container_root().join(&plan.id),
+            merged: job.merged(),
+            rootfs: plan.lower.clone(),
+            runner_pid: std::process::id(),
+            started_unix: std::time::SystemTime::now()
+                .duration_since(std::time::SystemTime::UNIX_EPOCH)
+                .map(|d| d.as_secs())
+                .unwrap_or(0),
+        }
+    }
+}
+
 impl JobDir {
     pub fn new(home: &Home, id: &str) -> JobDir {
         JobDir { root: home.jobs_dir().join(id), layers: home.job_layers_dir(id) }

@@ -46,3 +46,25 @@ pub struct JobPlan {
 
 /// Default PATH, as Docker sets it.
 pub const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+
+/// A plan for unit tests: `args` is `true`, as the calling user, no cgroup limits.
+#[cfg(test)]
+pub(crate) fn test_plan(id: &str, lower: Vec<PathBuf>, cgroup_path: &str) -> JobPlan {
+    JobPlan {
+        id: id.into(),
+        lower,
+        args: vec!["true".into()],
+        env: vec![],
+        cwd: "/".into(),
+        uid: nix::unistd::getuid().as_raw(),
+        gid: nix::unistd::getgid().as_raw(),
+        hostname: id.into(),
+        volumes: vec![],
+        limits: Limits::default(),
+        network: Default::default(),
+        edits: Default::default(),
+        cgroup_path: cgroup_path.into(),
+        owned_dirs: vec![],
+        rootless: false,
+    }
+}

@@ -4,19 +4,20 @@
 //! Safe to call from a multi-threaded process (the manager): it only spawns the helper
 //! (fork+exec with an async-signal-safe pre_exec) and never calls libcontainer itself.
 
-use super::helper::HelperResult;
 use super::jobdir::{JobDir, JobLock, JobState};
 use super::plan::JobPlan;
+use super::report::{FailureKind, HelperResult, SandboxError};
 use super::teardown::{self, Cleanup};
 use crate::config::Home;
+use crate::sys::{self, process::HelperPipes, Signal};
 use anyhow::{bail, Context, Result};
 use std::io::Write;
-use std::os::fd::{AsRawFd, OwnedFd};
-use std::os::unix::process::{CommandExt, ExitStatusExt};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::os::unix::process::ExitStatusExt;
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicI32, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, Instant};
 
 /// How a job (or one phase of it) ended.
 #[derive(Debug, Clone)]
@@ -57,16 +58,9 @@ pub struct Phase {
     pub stdin: Option<Vec<u8>>,
 }
 
+/// The helper that stop signals to this process go to (exec in a terminal), 0 for none.
 static FORWARD_PID: AtomicI32 = AtomicI32::new(0);
 static BACKGROUND_CLEANUPS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
-
-extern "C" fn forward_to_helper(sig: libc::c_int) {
-    let pid = FORWARD_PID.load(Ordering::SeqCst);
-    if pid > 0 {
-        // SAFETY: kill(2) is async-signal-safe; pid is a plain integer.
-        unsafe { libc::kill(pid, sig) };
-    }
-}
 
 /// Checks what can be checked before anything is created, with one-line errors.
 pub fn validate(plan: &JobPlan) -> Result<()> {
@@ -82,7 +76,8 @@ pub fn validate(plan: &JobPlan) -> Result<()> {
     }
     for l in &plan.lower {
         if !l.is_dir() {
-            bail!("rootfs layer {} is missing: re-import the rootfs", l.display());
+            let msg = format!("rootfs layer {} is missing: re-import the rootfs", l.display());
+            return Err(SandboxError::new(FailureKind::RootfsMissing, msg).into());
         }
     }
     for m in plan.edits.mounts.iter().filter(|m| !m.optional) {
@@ -118,16 +113,7 @@ impl Sandbox {
         plan.edits.mounts.retain(|m| !m.optional || m.host_path.exists());
         // The home's dirs exist: `exec` and `run` ensure them once at start, not per job.
         let job = JobDir::new(home, &plan.id);
-        let state = JobState {
-            id: plan.id.clone(),
-            cgroup_path: plan.cgroup_path.clone(),
-            container_state: job.container_root().join(&plan.id),
-            merged: job.merged(),
-            rootfs: plan.lower.clone(),
-            runner_pid: std::process::id(),
-            started_unix: SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0),
-        };
-        let lock = job.create(&plan, &state)?;
+        let lock = job.create(&plan, &JobState::for_plan(&job, &plan))?;
         tracing::debug!(job = %plan.id, "job dir recorded");
         Ok(Sandbox {
             home: home.clone(),
@@ -229,7 +215,7 @@ impl Sandbox {
             HelperResult::Exited { code, signal } => {
                 Ok(JobOutcome { id: plan.id, code, signal, duration, cleanup: Cleanup::default() })
             }
-            HelperResult::Failed { error } => bail!("{error}"),
+            HelperResult::Failed { kind, error } => Err(SandboxError { kind, message: error }.into()),
         }
     }
 
@@ -270,7 +256,7 @@ impl Sandbox {
                 prepared: self.prepared.take(),
             };
             std::thread::spawn(move || {
-                lower_priority_of_this_thread();
+                sys::process::lower_priority_of_this_thread();
                 if let Err(e) = sb.finish() {
                     tracing::warn!("clean-up failed ({e:#}); `azp-sandbox gc` will retry");
                 }
@@ -340,20 +326,6 @@ pub fn run_job(home: &Home, plan: JobPlan, opts: &RunOptions) -> Result<JobOutco
     outcome.map(|o| JobOutcome { cleanup, ..o })
 }
 
-/// Background clean-up must not slow the next job down: nice 19 and the idle I/O class
-/// for this thread only (both are per-thread on Linux).
-fn lower_priority_of_this_thread() {
-    // SAFETY: plain syscalls on the calling thread's id; failures are harmless (the
-    // thread just keeps its normal priority).
-    unsafe {
-        let tid = libc::syscall(libc::SYS_gettid) as libc::id_t;
-        libc::setpriority(libc::PRIO_PROCESS, tid, 19);
-        const IOPRIO_WHO_PROCESS: libc::c_int = 1;
-        const IOPRIO_CLASS_IDLE: libc::c_int = 3;
-        libc::syscall(libc::SYS_ioprio_set, IOPRIO_WHO_PROCESS, tid as libc::c_int, IOPRIO_CLASS_IDLE << 13);
-    }
-}
-
 /// Clears the published pid, but only if it is still `pid`: a background teardown
 /// finishing the previous job must not hide the helper of the job that runs now (a
 /// supervisor would then never signal it).
@@ -411,33 +383,32 @@ fn spawn_helper(
     opts: &RunOptions,
     prepared: bool,
 ) -> Result<Spawned> {
-    let (result_rx, result_tx) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).context("cannot create a pipe")?;
+    let (result_rx, result_tx) = pipe()?;
     let (go_rx, go_tx) = if prepared {
-        let (r, w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).context("cannot create a pipe")?;
+        let (r, w) = pipe()?;
         (Some(r), Some(w))
     } else {
         (None, None)
     };
     let (stdin_rx, stdin_tx) = match stdin {
         Some(_) => {
-            let (r, w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).context("cannot create a pipe")?;
+            let (r, w) = pipe()?;
             (Some(r), Some(w))
         }
         None => (None, None),
     };
     let output = output_plan(opts)?;
     let fds = HelperFds { result_tx, go_rx, stdin: stdin_rx, stdout: output.stdout, stderr: output.stderr };
-    let child = if single_threaded() {
-        // Nothing of ours may leak into the helper: close our ends of the pipes there.
-        let ours: Vec<i32> = [Some(&result_rx), go_tx.as_ref(), stdin_tx.as_ref()]
-            .into_iter()
-            .flatten()
-            .chain(output.copy.iter().map(|(r, _)| r))
-            .map(|fd| fd.as_raw_fd())
-            .collect();
-        fork_helper(home, job_dir, fds, &ours)?
-    } else {
-        exec_helper(home, job_dir, fds, prepared)?
+    // Nothing of ours may leak into a forked helper: close our ends of the pipes there.
+    let ours: Vec<i32> = [Some(&result_rx), go_tx.as_ref(), stdin_tx.as_ref()]
+        .into_iter()
+        .flatten()
+        .chain(output.copy.iter().map(|(r, _)| r))
+        .map(|fd| fd.as_raw_fd())
+        .collect();
+    let child = match fork_helper(home, job_dir, fds, &ours)? {
+        Ok(forked) => forked,
+        Err(fds) => exec_helper(home, job_dir, fds, prepared)?,
     };
     // Only now: a forked helper must be forked while this process has one thread.
     let copiers = output.copy.into_iter().map(|(r, f)| copier(r, f)).collect();
@@ -448,15 +419,14 @@ fn spawn_helper(
     Ok(Spawned { child, result_rx, go_tx, copiers })
 }
 
-/// Whether this process has exactly one thread (then fork is safe).
-fn single_threaded() -> bool {
-    std::fs::read_dir("/proc/self/task").map(|d| d.count() == 1).unwrap_or(false)
+fn pipe() -> Result<(OwnedFd, OwnedFd)> {
+    Ok(nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(sys::Error::Pipe)?)
 }
 
 /// Re-executes this binary as `__sandbox-helper JOB_DIR`, the pipes as fds 3 and 4.
 fn exec_helper(home: &Home, job_dir: &std::path::Path, fds: HelperFds, prepared: bool) -> Result<HelperProcess> {
-    let tx_raw = fds.result_tx.as_raw_fd();
-    let go_raw = fds.go_rx.as_ref().map(|f| f.as_raw_fd()).unwrap_or(-1);
+    let pipes =
+        HelperPipes { result: fds.result_tx.as_raw_fd(), go: fds.go_rx.as_ref().map(|f| f.as_raw_fd()).unwrap_or(-1) };
     let mut cmd = Command::new("/proc/self/exe");
     cmd.arg("--home").arg(home.root());
     if tracing::enabled!(tracing::Level::DEBUG) {
@@ -469,76 +439,34 @@ fn exec_helper(home: &Home, job_dir: &std::path::Path, fds: HelperFds, prepared:
     }
     let stdio = |fd: Option<OwnedFd>| fd.map(Stdio::from).unwrap_or_else(Stdio::inherit);
     cmd.stdin(stdio(fds.stdin)).stdout(stdio(fds.stdout)).stderr(stdio(fds.stderr));
-    // SAFETY: the closure runs between fork and exec and only calls async-signal-safe
-    // functions (see child_setup).
-    unsafe {
-        cmd.pre_exec(move || child_setup(tx_raw, go_raw));
-    }
-    let child = cmd.spawn().context("cannot start the sandbox helper (re-exec of /proc/self/exe)")?;
+    let child = sys::process::spawn_helper_command(&mut cmd, pipes)?;
     // Our copies of the helper's pipe ends go with `fds` and `cmd`: the readers see EOF
     // only once they are closed.
     Ok(HelperProcess { pid: child.id() as i32 })
 }
 
-/// In the helper, before it runs: PDEATHSIG ties it to this process (if we die, it dies,
-/// and gc, keyed on our lock, removes the rest); the result pipe becomes fd 3 and the go
-/// pipe fd 4, both kept across exec; the signal mask is cleared, because a supervisor may
-/// block signals and masks survive execve: the job must receive its SIGTERM. Only
-/// async-signal-safe calls: prctl(2), dup2(2), fcntl(2), sigprocmask(2).
-fn child_setup(tx_raw: i32, go_raw: i32) -> std::io::Result<()> {
-    let check = |r: libc::c_int| if r < 0 { Err(std::io::Error::last_os_error()) } else { Ok(()) };
-    // SAFETY: plain syscalls on integers and a zeroed, initialised sigset_t on our stack.
-    unsafe {
-        check(libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL))?;
-        for (fd, to) in [(tx_raw, 3), (go_raw, 4)] {
-            if fd < 0 {
-                continue;
-            }
-            if fd == to {
-                check(libc::fcntl(to, libc::F_SETFD, 0))?;
-            } else {
-                check(libc::dup2(fd, to))?;
-            }
-        }
-        let mut empty: libc::sigset_t = std::mem::zeroed();
-        libc::sigemptyset(&mut empty);
-        check(libc::sigprocmask(libc::SIG_SETMASK, &empty, std::ptr::null_mut()))?;
-    }
-    Ok(())
-}
-
-/// Forks the helper (this process must be single-threaded): the child sets up its fds as
-/// a re-executed helper would and runs it to the end, never returning here.
-fn fork_helper(home: &Home, job_dir: &std::path::Path, fds: HelperFds, ours: &[i32]) -> Result<HelperProcess> {
+/// Forks the helper when this process is single-threaded (else the fds come back, for
+/// [`exec_helper`]): the child sets up its fds as a re-executed helper would and runs it
+/// to the end, never returning here.
+fn fork_helper(
+    home: &Home,
+    job_dir: &std::path::Path,
+    fds: HelperFds,
+    ours: &[i32],
+) -> Result<std::result::Result<HelperProcess, HelperFds>> {
     let parent = std::process::id() as i32;
     // Read here, once, for the helper (it inherits the result) and our own teardown.
     crate::rootless::cgroups::CgroupHost::get();
-    // SAFETY: this process has a single thread (checked by the caller), so no lock can
-    // be held by a thread that does not exist in the child. The child never returns from
-    // this function: it ends in _exit.
-    match unsafe { nix::unistd::fork() }.context("cannot fork the sandbox helper")? {
-        nix::unistd::ForkResult::Parent { child } => Ok(HelperProcess { pid: child.as_raw() }),
-        nix::unistd::ForkResult::Child => {
-            let code = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                forked_helper(home, job_dir, fds, ours, parent)
-            }))
-            .unwrap_or(125);
-            // SAFETY: ends the child without running the parent's exit handlers or
-            // destructors (they belong to the runner).
-            unsafe { libc::_exit(code) }
-        }
-    }
+    let forked =
+        sys::process::run_forked("the sandbox helper", fds, |fds| forked_helper(home, job_dir, fds, ours, parent))?;
+    Ok(forked.map(|pid| HelperProcess { pid: pid.as_raw() }))
 }
 
 fn forked_helper(home: &Home, job_dir: &std::path::Path, fds: HelperFds, ours: &[i32], parent: i32) -> i32 {
     // Its command line is the runner's: the name tells them apart in `ps -o comm`/top.
-    // SAFETY: PR_SET_NAME reads a NUL-terminated string of at most 16 bytes.
-    unsafe { libc::prctl(libc::PR_SET_NAME, c"azp-sbx-helper".as_ptr()) };
-    for fd in ours {
-        // SAFETY: closes the child's copies of the runner's pipe ends; nothing in the
-        // child uses them.
-        unsafe { libc::close(*fd) };
-    }
+    sys::process::set_name(c"azp-sbx-helper");
+    // The child's copies of the runner's pipe ends: nothing in the child uses them.
+    sys::process::close_all(ours);
     let failed = |what: &str, e: std::io::Error| {
         // The runner reports "helper exited without a result"; this line says why.
         eprintln!("azp-sandbox: error: the sandbox helper cannot {what}: {e}");
@@ -547,13 +475,12 @@ fn forked_helper(home: &Home, job_dir: &std::path::Path, fds: HelperFds, ours: &
     let HelperFds { result_tx, go_rx, stdin, stdout, stderr } = fds;
     for (fd, to) in [(stdin, 0), (stdout, 1), (stderr, 2)] {
         if let Some(fd) = fd {
-            // SAFETY: dup2 onto a standard fd; `fd` stays owned (and closed on drop).
-            if unsafe { libc::dup2(fd.as_raw_fd(), to) } < 0 {
-                return failed("set up its standard fds (dup2)", std::io::Error::last_os_error());
+            if let Err(e) = sys::process::dup_onto(&fd, to) {
+                return failed("set up its standard fds (dup2)", e);
             }
         }
     }
-    if let Err(e) = child_setup(-1, -1) {
+    if let Err(e) = sys::process::child_setup(HelperPipes { result: -1, go: -1 }) {
         return failed("tie itself to the runner (PDEATHSIG) or clear its signal mask", e);
     }
     if nix::unistd::getppid().as_raw() != parent {
@@ -572,10 +499,7 @@ fn await_result(s: Spawned, opts: &RunOptions) -> (Helper, Option<HelperResult>)
     publish_pid(opts, child.pid);
     if opts.forward_signals {
         FORWARD_PID.store(child.pid, Ordering::SeqCst);
-        for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP, libc::SIGQUIT] {
-            // SAFETY: installs a handler that only does an atomic load and kill(2).
-            unsafe { libc::signal(sig, forward_to_helper as *const () as libc::sighandler_t) };
-        }
+        sys::signals::forward_on(&[Signal::SIGINT, Signal::SIGTERM, Signal::SIGHUP, Signal::SIGQUIT], &FORWARD_PID);
     }
     // EOF comes when the helper has sent its result (or died): it is the last holder of
     // the write end once the job has exec'd.
@@ -595,18 +519,7 @@ pub(crate) struct HelperProcess {
 
 impl HelperProcess {
     fn wait(&mut self) -> std::io::Result<std::process::ExitStatus> {
-        let mut status = 0;
-        loop {
-            // SAFETY: waits for our own child; `status` is a valid out-pointer on the stack.
-            if unsafe { libc::waitpid(self.pid, &mut status, 0) } == self.pid {
-                // The raw wait status is what ExitStatus wraps.
-                return Ok(std::process::ExitStatus::from_raw(status));
-            }
-            let e = std::io::Error::last_os_error();
-            if e.kind() != std::io::ErrorKind::Interrupted {
-                return Err(e);
-            }
-        }
+        sys::process::wait_exit_status(self.pid)
     }
 }
 
@@ -646,7 +559,7 @@ fn output_plan(opts: &RunOptions) -> Result<OutputPlan> {
             .append(true)
             .open(path)
             .with_context(|| format!("cannot open the job log {}", path.display()))?;
-        let (r, w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).context("cannot create a pipe")?;
+        let (r, w) = pipe()?;
         let w2 = w.try_clone()?;
         return Ok(OutputPlan { stdout: Some(w), stderr: Some(w2), copy: vec![(r, file)] });
     }
@@ -656,10 +569,14 @@ fn output_plan(opts: &RunOptions) -> Result<OutputPlan> {
         if !regular {
             continue;
         }
-        let dup = nix::fcntl::fcntl(fd, nix::fcntl::FcntlArg::F_DUPFD_CLOEXEC(3)).context("cannot dup stdio")?;
-        // SAFETY: `dup` is a new fd we own.
-        let file = unsafe { <std::fs::File as std::os::fd::FromRawFd>::from_raw_fd(dup) };
-        let (r, w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).context("cannot create a pipe")?;
+        // A dup (F_DUPFD_CLOEXEC, at 3 or above) that the copier thread owns.
+        let dup = if fd == 1 {
+            std::io::stdout().as_fd().try_clone_to_owned()
+        } else {
+            std::io::stderr().as_fd().try_clone_to_owned()
+        };
+        let file = std::fs::File::from(dup.context("cannot dup stdio")?);
+        let (r, w) = pipe()?;
         plan.copy.push((r, file));
         if fd == 1 {
             plan.stdout = Some(w);

@@ -5,7 +5,9 @@
 use super::jobdir::JobDir;
 use crate::config::Home;
 use crate::rootless::cgroups::CgroupHost;
+use crate::sys::{self, Signal, Sys};
 use anyhow::{Context, Result};
+use nix::errno::Errno;
 use std::path::{Path, PathBuf};
 
 /// What a clean-up removed, for the job log line.
@@ -36,14 +38,22 @@ impl std::fmt::Display for Cleanup {
 /// Removes everything of `job`, synchronously (the agent manager calls this from a
 /// background thread of its own, see `Sandbox::teardown`).
 pub fn cleanup_job(home: &Home, job: &JobDir) -> Result<Cleanup> {
+    cleanup_job_with(home, job, &sys::Real, CgroupHost::get())
+}
+
+/// [`cleanup_job`], in this order: the job's init (and with it its pid namespace), its
+/// cgroup (killing what is left in it), libcontainer's state, stray mounts, the layers,
+/// the record. The first step that fails ends it (the error says which); `gc` retries
+/// the rest, since the record is still there.
+pub fn cleanup_job_with(home: &Home, job: &JobDir, sys: &dyn Sys, cgroups: &CgroupHost) -> Result<Cleanup> {
     let mut out = Cleanup::default();
     let id = job.id();
     let state = job.read_state().ok();
-    if let Some(pid) = kill_recorded_init(job) {
+    if let Some(pid) = kill_recorded_init_with(job, sys) {
         out.leftovers.push(format!("job init pid {pid} (its pid namespace killed)"));
     }
     let cgroup = state.as_ref().map(|s| s.cgroup_path.clone()).unwrap_or_else(|| cgroup_path_for(home, &id));
-    if let Some(n) = remove_cgroup(&cgroup)? {
+    if let Some(n) = remove_cgroup_with(sys, cgroups, &cgroup)? {
         // Removing the job's cgroup is routine (the helper made it; see sandbox::cgroup);
         // processes still in it are leftovers.
         if n > 0 {
@@ -53,23 +63,21 @@ pub fn cleanup_job(home: &Home, job: &JobDir) -> Result<Cleanup> {
     let container_state =
         state.as_ref().map(|s| s.container_state.clone()).unwrap_or_else(|| job.container_root().join(&id));
     if container_state.exists() {
-        std::fs::remove_dir_all(&container_state)
-            .with_context(|| format!("cannot remove {}", container_state.display()))?;
+        sys.remove_tree(&container_state)?;
         out.leftovers.push(format!("container state {}", container_state.display()));
     }
-    for m in mounts_under(&job.root)? {
-        nix::mount::umount2(&m, nix::mount::MntFlags::MNT_DETACH)
-            .with_context(|| format!("cannot unmount {}", m.display()))?;
+    for m in sys.mounts_under(&job.root)? {
+        sys.unmount(&m)?;
         out.leftovers.push(format!("mount {}", m.display()));
     }
     // The layers (disk, maybe gigabytes) go first, the record (runtime dir, small) last:
     // a concurrent gc never sees this job's layers without their record (it would take
     // them for an orphan).
-    remove_layers(home, job)?;
+    remove_layers_with(home, job, sys)?;
     if job.root.exists() {
-        std::fs::remove_dir_all(&job.root).with_context(|| format!("cannot remove {}", job.root.display()))?;
+        sys.remove_tree(&job.root)?;
     }
-    remove_empty_run_root(home);
+    remove_empty_run_root(home, sys);
     out.job_dir_removed = true;
     Ok(out)
 }
@@ -79,23 +87,27 @@ pub fn cleanup_job(home: &Home, job: &JobDir) -> Result<Cleanup> {
 /// overlay may still be mounted over them, which only holds the dirs' inodes until it
 /// goes.
 pub fn remove_layers(home: &Home, job: &JobDir) -> Result<()> {
+    remove_layers_with(home, job, &sys::Real)
+}
+
+fn remove_layers_with(home: &Home, job: &JobDir, sys: &dyn Sys) -> Result<()> {
     if job.layers.exists() {
-        remove_dir(home, &job.layers)?;
+        remove_dir(home, &job.layers, sys)?;
     }
     Ok(())
 }
 
 /// The home's runtime dir levels once its last job is gone (rmdir fails while one is
 /// there; a job starting meanwhile makes them again, see `jobdir::create_in_runtime_dir`).
-fn remove_empty_run_root(home: &Home) {
-    if std::fs::remove_dir(home.jobs_dir()).is_ok() {
-        let _ = std::fs::remove_dir(home.run_root());
+fn remove_empty_run_root(home: &Home, sys: &dyn Sys) {
+    if sys.remove_dir(&home.jobs_dir()).is_ok() {
+        let _ = sys.remove_dir(&home.run_root());
     }
 }
 
 /// rmdir of a cgroup in every hierarchy; succeeds only where it is empty.
 fn remove_if_empty(path: &Path) {
-    for dir in cgroup_dirs(path) {
+    for dir in cgroup_dirs(CgroupHost::get(), path) {
         let _ = std::fs::remove_dir(&dir);
     }
 }
@@ -104,13 +116,17 @@ fn remove_if_empty(path: &Path) {
 /// time) still runs; returns its pid then. It is pid 1 of the job's pid namespace, so the
 /// kernel kills every other job process with it.
 pub fn kill_recorded_init(job: &JobDir) -> Option<i32> {
+    kill_recorded_init_with(job, &sys::Real)
+}
+
+fn kill_recorded_init_with(job: &JobDir, sys: &dyn Sys) -> Option<i32> {
     let text = std::fs::read_to_string(job.init_file()).ok()?;
     let (pid, start) = text.trim().split_once(' ')?;
     let (pid, start): (i32, u64) = (pid.parse().ok()?, start.parse().ok()?);
     if pid <= 1 || process_start_time(pid)? != start {
         return None;
     }
-    nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL).ok()?;
+    sys.kill(pid, Signal::SIGKILL).ok()?;
     Some(pid)
 }
 
@@ -147,6 +163,10 @@ pub fn cgroup_path_for(home: &Home, id: &str) -> PathBuf {
 /// Done here rather than through libcgroups' manager, which re-reads mountinfo once per
 /// controller (24 reads per job in the profile of the start/stop path).
 pub fn remove_cgroup(path: &Path) -> Result<Option<usize>> {
+    remove_cgroup_with(&sys::Real, CgroupHost::get(), path)
+}
+
+fn remove_cgroup_with(sys: &dyn Sys, cgroups: &CgroupHost, path: &Path) -> Result<Option<usize>> {
     // An empty path means "no cgroup"; it must never become the cgroup root.
     if path.as_os_str().is_empty() || path == Path::new("/") {
         return Ok(None);
@@ -155,10 +175,10 @@ pub fn remove_cgroup(path: &Path) -> Result<Option<usize>> {
     // rmdir per hierarchy is all there is to do (the kernel refuses it while a process or
     // a child cgroup is left: then the thorough way below). Saves the stat, readdir and
     // cgroup.procs read of every dir, ~50 syscalls of each `exec`.
-    if let Some(existed) = rmdir_if_empty_everywhere(path) {
+    if let Some(existed) = rmdir_if_empty_everywhere(sys, cgroups, path) {
         return Ok(existed.then_some(0));
     }
-    let dirs = cgroup_dirs(path);
+    let dirs = cgroup_dirs(cgroups, path);
     if dirs.is_empty() {
         return Ok(None);
     }
@@ -173,25 +193,25 @@ pub fn remove_cgroup(path: &Path) -> Result<Option<usize>> {
             break;
         }
         for pid in pids {
-            let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL);
+            let _ = sys.kill(pid, Signal::SIGKILL);
             killed.insert(pid);
         }
         std::thread::sleep(std::time::Duration::from_millis(2));
     }
     for dir in &all {
-        rmdir_when_empty(dir).with_context(|| format!("cannot remove cgroup {}", dir.display()))?;
+        rmdir_when_empty(sys, dir).with_context(|| format!("cannot remove cgroup {}", dir.display()))?;
     }
     Ok(Some(killed.len()))
 }
 
 /// rmdir of the job's dir in every hierarchy. Some(whether any existed) when none is
 /// left; None when one could not be removed (busy: processes or child cgroups).
-fn rmdir_if_empty_everywhere(path: &Path) -> Option<bool> {
+fn rmdir_if_empty_everywhere(sys: &dyn Sys, cgroups: &CgroupHost, path: &Path) -> Option<bool> {
     let mut existed = false;
-    for dir in cgroup_dirs_anywhere(path) {
-        match std::fs::remove_dir(dir) {
+    for dir in cgroup_dirs_anywhere(cgroups, path) {
+        match sys.remove_dir(&dir) {
             Ok(()) => existed = true,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) if e.errno() == Some(Errno::ENOENT) => {}
             Err(_) => return None,
         }
     }
@@ -217,15 +237,15 @@ fn procs_of(dir: &Path) -> Vec<i32> {
 }
 
 /// rmdir, retried while the kernel still counts exiting tasks (EBUSY), for up to ~1 s.
-fn rmdir_when_empty(dir: &Path) -> std::io::Result<()> {
+fn rmdir_when_empty(sys: &dyn Sys, dir: &Path) -> sys::Result<()> {
     let mut last = None;
     for i in 0..200 {
-        match std::fs::remove_dir(dir) {
+        match sys.remove_dir(dir) {
             Ok(()) => return Ok(()),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
-            Err(e) if e.raw_os_error() == Some(libc::EBUSY) => {
+            Err(e) if e.errno() == Some(Errno::ENOENT) => return Ok(()),
+            Err(e) if e.errno() == Some(Errno::EBUSY) => {
                 for pid in procs_of(dir) {
-                    let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL);
+                    let _ = sys.kill(pid, Signal::SIGKILL);
                 }
                 last = Some(e);
                 std::thread::sleep(std::time::Duration::from_millis(if i < 20 { 1 } else { 5 }));
@@ -233,46 +253,30 @@ fn rmdir_when_empty(dir: &Path) -> std::io::Result<()> {
             Err(e) => return Err(e),
         }
     }
-    Err(last.unwrap_or_else(|| std::io::Error::other("cgroup stayed busy")))
+    Err(last.unwrap_or_else(|| sys::Error::RemoveDir {
+        path: dir.into(),
+        source: std::io::Error::other("cgroup stayed busy"),
+    }))
 }
 
 /// Existing directories of a cgroup path on this host, in every hierarchy a job can have
 /// one in (the same list the helper creates them from, [`CgroupHost::hierarchies`]).
-fn cgroup_dirs(path: &Path) -> Vec<PathBuf> {
-    cgroup_dirs_anywhere(path).filter(|p| p.is_dir()).collect()
+fn cgroup_dirs(cgroups: &CgroupHost, path: &Path) -> Vec<PathBuf> {
+    cgroup_dirs_anywhere(cgroups, path).filter(|p| p.is_dir()).collect()
 }
 
 /// Where a cgroup path's dir is in each hierarchy, whether it exists or not.
-fn cgroup_dirs_anywhere(path: &Path) -> impl Iterator<Item = PathBuf> + '_ {
+fn cgroup_dirs_anywhere<'a>(cgroups: &'a CgroupHost, path: &'a Path) -> impl Iterator<Item = PathBuf> + 'a {
     let rel = path.strip_prefix("/").unwrap_or(path);
-    CgroupHost::get().hierarchies().map(move |h| h.join(rel))
-}
-
-/// Mount points at or below `dir` in this process's mount namespace.
-fn mounts_under(dir: &Path) -> Result<Vec<PathBuf>> {
-    let info = std::fs::read_to_string("/proc/self/mountinfo").context("cannot read /proc/self/mountinfo")?;
-    let mut found: Vec<PathBuf> = info
-        .lines()
-        .filter_map(|l| l.split(' ').nth(4))
-        .map(unescape_mountinfo)
-        .map(PathBuf::from)
-        .filter(|p| p.starts_with(dir))
-        .collect();
-    // Deepest first.
-    found.sort_by_key(|p| std::cmp::Reverse(p.components().count()));
-    Ok(found)
-}
-
-fn unescape_mountinfo(s: &str) -> String {
-    s.replace("\\040", " ").replace("\\011", "\t").replace("\\012", "\n").replace("\\134", "\\")
+    cgroups.hierarchies().map(move |h| h.join(rel))
 }
 
 /// Removes a layer dir: renamed into the trash first (so its name is free at once, and a
 /// crash mid-way leaves it where gc looks), then deleted.
-fn remove_dir(home: &Home, dir: &Path) -> Result<()> {
+fn remove_dir(home: &Home, dir: &Path, sys: &dyn Sys) -> Result<()> {
     let trash = home.trash_dir().join(dir.file_name().unwrap_or_default());
-    std::fs::rename(dir, &trash).with_context(|| format!("cannot move {} to the trash", dir.display()))?;
-    std::fs::remove_dir_all(&trash).with_context(|| format!("cannot delete {}", trash.display()))
+    sys.rename(dir, &trash)?;
+    Ok(sys.remove_tree(&trash)?)
 }
 
 /// What `gc` did.
@@ -376,7 +380,7 @@ fn gc_with(home: &Home, scan_orphan_layers: bool) -> Result<(GcReport, bool)> {
         if job.staging_record().exists() || job.root.exists() {
             continue;
         }
-        match remove_dir(home, &entry) {
+        match remove_dir(home, &entry, &sys::Real) {
             Ok(()) => report.removed.push(format!("orphan layers {}", entry.display())),
             Err(e) => {
                 orphans_all_gone = false;
@@ -387,7 +391,7 @@ fn gc_with(home: &Home, scan_orphan_layers: bool) -> Result<(GcReport, bool)> {
     // Cgroups are not scanned for orphans: the parent is shared by every home on the
     // host, and a job's cgroup is always removed before its record (cleanup_job).
     if live.is_empty() && read_dir_or_empty(&jobs_dir).is_empty() {
-        remove_empty_run_root(home);
+        remove_empty_run_root(home, &sys::Real);
     }
     for entry in read_dir_or_empty(&home.trash_dir()) {
         match std::fs::remove_dir_all(&entry) {
@@ -464,9 +468,159 @@ mod tests {
         assert_eq!(kill_recorded_init(&job), None);
     }
 
+    /// A recorded job (as `Sandbox::create` leaves it) whose init is a live `sleep`,
+    /// with libcontainer's state dir, and a cgroup host in a temp dir where no job
+    /// cgroup exists.
+    struct Fixture {
+        _t: tempfile::TempDir,
+        home: Home,
+        job: JobDir,
+        host: CgroupHost,
+        _lock: super::super::jobdir::JobLock,
+        init: std::process::Child,
+    }
+
+    impl Drop for Fixture {
+        fn drop(&mut self) {
+            let _ = self.init.kill();
+            let _ = self.init.wait();
+        }
+    }
+
+    fn fixture() -> Fixture {
+        let t = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(t.path().join("xdg")).unwrap();
+        let home = Home::for_caller(t.path().join("home"), false, Some(t.path().join("xdg")));
+        home.ensure().unwrap();
+        let plan = crate::sandbox::plan::test_plan("td-1", vec![], "/azp-test-td/td-1");
+        let job = JobDir::new(&home, "td-1");
+        let state = super::super::jobdir::JobState::for_plan(&job, &plan);
+        let lock = job.create(&plan, &state).unwrap();
+        std::fs::create_dir_all(&state.container_state).unwrap();
+        let init = std::process::Command::new("sleep").arg("60").spawn().unwrap();
+        let start = process_start_time(init.id() as i32).unwrap();
+        std::fs::write(job.init_file(), format!("{} {start}\n", init.id())).unwrap();
+        let cg = t.path().join("cg");
+        let host = CgroupHost {
+            unified: false,
+            v1_mounts: vec![cg.join("memory"), cg.join("pids")],
+            root: cg.clone(),
+            own_v2: None,
+            v2_mount: None,
+        };
+        Fixture { _t: t, home, job, host, _lock: lock, init }
+    }
+
+    impl Fixture {
+        /// The teardown's steps, in order.
+        fn steps(&self) -> Vec<String> {
+            let (home, job) = (&self.home, &self.job);
+            let trash = home.trash_dir().join("td-1");
+            vec![
+                format!("kill {} SIGKILL", self.init.id()),
+                format!("remove_dir {}", self.host.v1_mounts[0].join("azp-test-td/td-1").display()),
+                format!("remove_dir {}", self.host.v1_mounts[1].join("azp-test-td/td-1").display()),
+                format!("remove_tree {}", job.container_root().join("td-1").display()),
+                format!("mounts_under {}", job.root.display()),
+                format!("unmount {}", job.merged().display()),
+                format!("rename {} {}", job.layers.display(), trash.display()),
+                format!("remove_tree {}", trash.display()),
+                format!("remove_tree {}", job.root.display()),
+                format!("remove_dir {}", home.jobs_dir().display()),
+                format!("remove_dir {}", home.run_root().display()),
+            ]
+        }
+
+        /// The teardown on a recorder that fails call `k` (none: all succeed), with the
+        /// job's overlay left mounted.
+        fn run(&self, k: Option<usize>) -> (Vec<String>, Result<Cleanup>) {
+            let rec = match k {
+                Some(k) => crate::sys::Recorder::failing_at(k, nix::errno::Errno::EIO),
+                None => crate::sys::Recorder::default(),
+            };
+            rec.mounts.borrow_mut().push(self.job.merged());
+            let r = cleanup_job_with(&self.home, &self.job, &rec, &self.host);
+            (rec.calls(), r)
+        }
+    }
+
     #[test]
-    fn mountinfo_unescape() {
-        assert_eq!(unescape_mountinfo("/a\\040b"), "/a b");
+    fn teardown_kills_first_removes_the_record_last() {
+        let f = fixture();
+        let (calls, c) = f.run(None);
+        let c = c.unwrap();
+        assert_eq!(calls, f.steps());
+        assert!(c.job_dir_removed);
+        assert_eq!(
+            c.leftovers,
+            [
+                format!("job init pid {} (its pid namespace killed)", f.init.id()),
+                format!("container state {}", f.job.container_root().join("td-1").display()),
+                format!("mount {}", f.job.merged().display()),
+            ]
+        );
+    }
+
+    #[test]
+    fn a_failed_teardown_step_stops_it_and_leaves_the_record_for_gc() {
+        let f = fixture();
+        let all = f.steps();
+        let at = |prefix: &str| all.iter().position(|s| s.starts_with(prefix)).unwrap();
+        // A kill that fails (the init just exited) is no leftover; the rest goes on.
+        let (calls, r) = f.run(Some(0));
+        assert_eq!(calls, all);
+        assert!(r.unwrap().leftovers.iter().all(|l| !l.starts_with("job init")));
+        // A cgroup rmdir refused: the thorough way finds no dir left; the rest goes on.
+        let (calls, r) = f.run(Some(1));
+        assert_eq!(calls[..2], all[..2]);
+        assert_eq!(calls[2..], all[3..], "no rmdir after the fast path gave up; nothing exists to kill");
+        assert!(r.is_ok());
+        // Each removal or unmount that fails ends the teardown there, before the record
+        // goes: gc retries from it.
+        for (step, says) in
+            [("remove_tree ", "cannot remove"), ("unmount ", "cannot unmount"), ("rename ", "cannot move")]
+        {
+            let k = at(step);
+            let (calls, r) = f.run(Some(k));
+            assert_eq!(calls, all[..=k], "{step}");
+            let e = r.unwrap_err();
+            let failed = e.downcast_ref::<crate::sys::Error>().expect("the failed step's own error");
+            assert_eq!(failed.errno(), Some(nix::errno::Errno::EIO), "{step}");
+            assert!(e.to_string().starts_with(says), "{step}: {e}");
+        }
+        let k = all.len() - 3; // the record itself
+        let (calls, r) = f.run(Some(k));
+        assert_eq!(calls, all[..=k]);
+        assert!(format!("{:#}", r.unwrap_err()).starts_with(&format!("cannot remove {}", f.job.root.display())));
+        // The runtime dir levels are best effort: the job counts as removed.
+        let (calls, r) = f.run(Some(all.len() - 2));
+        assert_eq!(calls, all[..all.len() - 1], "the run root is not tried while the jobs dir is left");
+        assert!(r.unwrap().job_dir_removed);
+    }
+
+    #[test]
+    fn processes_left_in_a_cgroup_are_killed_before_its_rmdir() {
+        use nix::errno::Errno;
+        let t = tempfile::tempdir().unwrap();
+        let mem = t.path().join("memory");
+        let job = mem.join("azp-test-td/td-2");
+        std::fs::create_dir_all(&job).unwrap();
+        std::fs::write(job.join("cgroup.procs"), "999999\n").unwrap();
+        let host =
+            CgroupHost { unified: false, v1_mounts: vec![mem], root: t.path().into(), own_v2: None, v2_mount: None };
+        // The fast path's rmdir is refused (busy): the thorough way kills, then rmdirs.
+        let rec = crate::sys::Recorder::failing_at(0, Errno::EBUSY);
+        let n = remove_cgroup_with(&rec, &host, Path::new("/azp-test-td/td-2")).unwrap();
+        assert_eq!(n, Some(1), "one process found and killed");
+        let calls = rec.calls();
+        let rmdir = format!("remove_dir {}", job.display());
+        assert_eq!(calls.first(), Some(&rmdir));
+        assert_eq!(calls.last(), Some(&rmdir));
+        assert!(calls[1..calls.len() - 1].iter().all(|c| c == "kill 999999 SIGKILL"), "{calls:?}");
+        // No cgroup at all (rootless without delegation): nothing is touched.
+        let rec = crate::sys::Recorder::default();
+        assert_eq!(remove_cgroup_with(&rec, &host, Path::new("")).unwrap(), None);
+        assert!(rec.calls().is_empty());
     }
 
     #[test]

@@ -21,8 +21,9 @@ pub mod policy;
 
 use crate::config::Home;
 use crate::sandbox::exec::ExecRequest;
+use crate::sys::{self, process::Forked};
 use anyhow::{bail, Context, Result};
-use nix::unistd::{ForkResult, Gid, Pid, Uid};
+use nix::unistd::{Gid, Pid, Uid};
 use policy::{Caller, Policy};
 use std::ffi::OsString;
 use std::io::Read;
@@ -51,10 +52,10 @@ pub fn split() -> Result<Side> {
     let env = harden()?;
     let (read, write) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).context("cannot create a pipe")?;
     let caller = (nix::unistd::getuid(), nix::unistd::getgid());
-    // SAFETY: called first thing in main: the process is single-threaded, so the child
-    // may do anything (it continues as an ordinary program).
-    match unsafe { nix::unistd::fork() }.context("cannot fork the unprivileged side")? {
-        ForkResult::Child => {
+    // Called first thing in main: the process is single-threaded (checked by the fork),
+    // so the child may do anything (it continues as an ordinary program).
+    match sys::process::fork("the unprivileged side")? {
+        Forked::Child => {
             drop(read);
             drop_privileges_for_good(caller.0, caller.1)?;
             for (k, v) in env {
@@ -62,7 +63,7 @@ pub fn split() -> Result<Side> {
             }
             Ok(Side::Unprivileged(RequestSender { pipe: write }))
         }
-        ForkResult::Parent { child } => {
+        Forked::Parent(child) => {
             drop(write);
             Ok(Side::Privileged(Monitor { pipe: read, child, caller }))
         }
@@ -71,11 +72,8 @@ pub fn split() -> Result<Side> {
 
 /// Step 1. Returns the environment it cleared (for the unprivileged side only).
 fn harden() -> Result<Vec<(OsString, OsString)>> {
-    // SAFETY: prctl(PR_SET_DUMPABLE, 0) takes no pointers; its result is checked.
-    if unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0) } != 0 {
-        bail!("cannot make the setuid process non-dumpable: {}", std::io::Error::last_os_error());
-    }
-    if has_file_capabilities(Path::new("/proc/self/exe")) {
+    sys::ids::make_undumpable()?;
+    if sys::ids::has_file_capabilities(Path::new("/proc/self/exe")) {
         bail!("refusing to run: the setuid binary also carries file capabilities; install it with mode 4755 and no capabilities (setcap -r)");
     }
     let env: Vec<(OsString, OsString)> = std::env::vars_os().collect();
@@ -86,25 +84,10 @@ fn harden() -> Result<Vec<(OsString, OsString)>> {
     Ok(env)
 }
 
-fn has_file_capabilities(path: &Path) -> bool {
-    use std::os::unix::ffi::OsStrExt;
-    let Ok(p) = std::ffi::CString::new(path.as_os_str().as_bytes()) else { return true };
-    let name = c"security.capability";
-    // SAFETY: both strings are NUL-terminated and live for the call; a null buffer with
-    // size 0 only asks for the attribute's size.
-    let r = unsafe { libc::getxattr(p.as_ptr(), name.as_ptr(), std::ptr::null_mut(), 0) };
-    r >= 0 || std::io::Error::last_os_error().raw_os_error() != Some(libc::ENODATA)
-}
-
 /// The caller's side: real, effective and saved ids all become the caller's; then check
 /// that root cannot be regained.
 fn drop_privileges_for_good(uid: Uid, gid: Gid) -> Result<()> {
-    nix::unistd::setresgid(gid, gid, gid).context("cannot drop the group privileges")?;
-    nix::unistd::setresuid(uid, uid, uid).context("cannot drop root")?;
-    if nix::unistd::setuid(Uid::from_raw(0)).is_ok() || nix::unistd::geteuid().is_root() {
-        bail!("could regain root after dropping it: refusing to continue");
-    }
-    Ok(())
+    sys::ids::drop_privileges_for_good(uid, gid).context("cannot drop root")
 }
 
 /// What the unprivileged side asks for.
@@ -276,35 +259,13 @@ fn caller(uid: Uid, gid: Gid) -> Result<Caller> {
 /// Canonicalizes `p` with the caller's filesystem identity: what the caller cannot reach
 /// on the host cannot be named in a request either.
 fn resolve_as(caller: (Uid, Gid), p: &Path) -> std::io::Result<PathBuf> {
-    let (uid, gid) = (caller.0.as_raw(), caller.1.as_raw());
-    // SAFETY: setfsuid/setfsgid take plain ids and only change this thread's filesystem
-    // identity; both are restored right after. They cannot report failure: calling them
-    // again with an invalid id (-1) returns the current one, which is checked.
-    let switched = unsafe {
-        libc::setfsgid(gid);
-        libc::setfsuid(uid);
-        libc::setfsuid(u32::MAX) as u32 == uid && libc::setfsgid(u32::MAX) as u32 == gid
-    };
-    let r = if switched {
-        std::fs::canonicalize(p)
-    } else {
-        Err(std::io::Error::new(std::io::ErrorKind::PermissionDenied, "cannot take the caller's filesystem identity"))
-    };
-    // SAFETY: as above, back to root.
-    unsafe {
-        libc::setfsuid(0);
-        libc::setfsgid(0);
-    }
-    r
+    sys::ids::with_fs_identity(caller.0.as_raw(), caller.1.as_raw(), || std::fs::canonicalize(p))
 }
 
 /// Real, effective and saved ids 0 and no supplementary groups: the caller can no longer
 /// signal or trace any process from here on.
 fn become_root() -> Result<()> {
-    nix::unistd::setgroups(&[]).context("cannot clear supplementary groups")?;
-    nix::unistd::setresgid(Gid::from_raw(0), Gid::from_raw(0), Gid::from_raw(0)).context("cannot become gid 0")?;
-    nix::unistd::setresuid(Uid::from_raw(0), Uid::from_raw(0), Uid::from_raw(0)).context("cannot become uid 0")?;
-    Ok(())
+    Ok(sys::ids::become_root()?)
 }
 
 fn run_exec(policy: &Policy, request: ExecRequest) -> Result<i32> {

@@ -16,7 +16,7 @@ use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 /// The job name of every batch job we submit.
 pub const JOB_NAME: &str = "azp-sandbox";
@@ -241,13 +241,6 @@ fn user_name() -> String {
     nix::unistd::User::from_uid(nix::unistd::geteuid()).ok().flatten().map(|u| u.name).unwrap_or_else(|| "root".into())
 }
 
-fn wait_signal(set: &nix::sys::signal::SigSet, timeout: Duration) -> Option<nix::sys::signal::Signal> {
-    let ts = libc::timespec { tv_sec: timeout.as_secs() as libc::time_t, tv_nsec: timeout.subsec_nanos() as _ };
-    // SAFETY: valid sigset and timespec borrowed for the call; siginfo may be null.
-    let r = unsafe { libc::sigtimedwait(set.as_ref(), std::ptr::null_mut(), &ts) };
-    (r > 0).then(|| nix::sys::signal::Signal::try_from(r).ok()).flatten()
-}
-
 struct Slurm<'a> {
     s: &'a SlurmSettings,
     client: AzureClient,
@@ -369,7 +362,7 @@ impl Slurm<'_> {
                 self.write_status();
             }
             let wait = self.s.poll_interval.saturating_sub(started.elapsed());
-            if let Some(sig) = wait_signal(sigs, wait) {
+            if let Some(sig) = crate::sys::signals::wait_timeout(sigs, wait) {
                 tracing::info!("slurm: received {sig}: stopping (running batch jobs end when idle)");
                 return Ok(());
             }
@@ -575,6 +568,7 @@ impl Slurm<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Duration;
 
     fn settings() -> SlurmSettings {
         SlurmSettings {

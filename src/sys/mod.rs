@@ -1,90 +1,67 @@
-//! The few privileged syscalls the sandbox needs, behind one narrow trait so the job
-//! lifecycle around them is unit-testable without root (see [`Recorder`]).
+//! The privileged boundary: every privileged or `unsafe` call of the program, behind
+//! named functions (on `nix` where it has them), each failure a variant of one
+//! [`Error`] that names the step, the object and what to fix.
 //!
-//! Everything here runs in the single-threaded sandbox helper process, except
-//! [`runtime_tmpfs`], which `exec` and `run` call once at start (as root).
+//! - [`fs_at`]: directory-fd-relative file calls (`*at`, `openat2`) for the unpacker,
+//!   the store and in-tree writes;
+//! - [`mount`], [`ns`], [`cgroup`]: what the sandbox helper sets up;
+//! - [`process`], [`signals`]: forks, the helper's spawn, waits, kills, handlers;
+//! - [`ids`]: setuid mode's and the user namespace's identity changes;
+//! - [`runtime_tmpfs`], [`dir_flags`]: the home's runtime dir and layer buckets.
+//!
+//! What the sandbox helper, the edit layer and teardown do goes through the [`Sys`]
+//! trait, so the order of their steps and what happens when one fails are unit-tested
+//! without root on [`Recorder`].
 
+pub mod cgroup;
+pub mod dir_flags;
+mod error;
+pub mod fs_at;
+pub mod ids;
 pub mod isolate;
+pub mod mount;
+pub mod ns;
 pub mod nvml_mig;
+pub mod process;
 pub mod runtime_tmpfs;
+pub mod signals;
 
-use anyhow::{bail, Context, Result};
+pub use cgroup::{CgroupDir, CgroupJoin};
+pub use dir_flags::spread_subdirs;
+pub use error::{Error, Result};
+pub use mount::Overlay;
+pub use nix::sys::signal::Signal;
+
+use nix::errno::Errno;
+use std::cell::{Cell, RefCell};
 use std::path::{Path, PathBuf};
 
-/// An overlay mount: read-only lower layers (first = topmost), a per-job upper and work dir.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Overlay {
-    pub lower: Vec<PathBuf>,
-    pub upper: PathBuf,
-    pub work: PathBuf,
-    pub target: PathBuf,
-    /// Inside a user namespace overlayfs must keep its metadata in `user.` xattrs.
-    pub userxattr: bool,
-}
-
-impl Overlay {
-    /// The `-o` data string. overlayfs splits options on ',' and lower dirs on ':', and
-    /// cannot escape ','; we refuse such paths instead of producing a wrong mount.
-    pub fn options(&self) -> Result<String> {
-        let mut all: Vec<&Path> = self.lower.iter().map(PathBuf::as_path).collect();
-        all.push(&self.upper);
-        all.push(&self.work);
-        for p in &all {
-            let s = p.to_str().with_context(|| format!("overlay path {} is not UTF-8", p.display()))?;
-            if s.contains([',', ':', '\n']) {
-                bail!("overlay path {s} contains ',' or ':'; choose a --home without them");
-            }
-        }
-        if self.lower.is_empty() {
-            bail!("overlay needs at least one lower layer");
-        }
-        let lower: Vec<&str> = self.lower.iter().filter_map(|p| p.to_str()).collect();
-        Ok(format!(
-            "lowerdir={},upperdir={},workdir={}{}",
-            lower.join(":"),
-            self.upper.display(),
-            self.work.display(),
-            if self.userxattr { ",userxattr" } else { "" }
-        ))
-    }
-}
-
-/// `chattr +T` (linux/fs.h; libc does not name it).
-const FS_TOPDIR_FL: libc::c_long = 0x0002_0000;
-
-/// Marks `dir` as the top of a directory hierarchy for ext4's Orlov allocator
-/// (`chattr +T`): its subdirs, the buckets of the jobs' layer dirs (see
-/// [`crate::config::Home::job_layers_dir`]), are spread over the block groups instead of
-/// packed next to each other. A job starting while the previous one's tens of
-/// thousands of files are deleted then allocates its inodes in another group, instead
-/// of waiting for the same inode bitmap and table blocks to be written back (seen in the
-/// refill after big jobs). Best effort: other filesystems ignore or refuse it.
-pub fn spread_subdirs(dir: &Path) {
-    use std::os::fd::AsRawFd;
-    let Ok(f) = std::fs::File::open(dir) else { return };
-    let mut flags: libc::c_long = 0;
-    // SAFETY: FS_IOC_GETFLAGS writes one long into `flags`, which lives for the call.
-    if unsafe { libc::ioctl(f.as_raw_fd(), libc::FS_IOC_GETFLAGS, &mut flags) } != 0 || flags & FS_TOPDIR_FL != 0 {
-        return;
-    }
-    flags |= FS_TOPDIR_FL;
-    // SAFETY: FS_IOC_SETFLAGS reads one long from `flags`, which lives for the call.
-    let _ = unsafe { libc::ioctl(f.as_raw_fd(), libc::FS_IOC_SETFLAGS, &flags) };
-}
-
+/// The privileged steps of the sandbox helper (in the order it takes them), of the
+/// edit layer's build, and of a job's teardown.
 pub trait Sys {
     /// Gives the calling process its own mount namespace with private propagation, so the
     /// job's mounts exist only there and vanish with it (even on SIGKILL).
     fn private_mount_namespace(&self) -> Result<()>;
+    /// Creates the job's cgroup, writes its limits and moves the calling process in.
+    fn join_cgroup(&self, join: &CgroupJoin) -> Result<()>;
+    /// Covers the host's cgroup tree in this (private) mount namespace with a cgroup2
+    /// view rooted at the cgroup this process is in: libcontainer's cgroup manager can
+    /// change nothing outside the job's cgroup.
+    fn hide_cgroupfs(&self) -> Result<()>;
     fn mount_overlay(&self, overlay: &Overlay) -> Result<()>;
-    /// Lazy unmount (MNT_DETACH), of the mounts below `target` too.
-    fn unmount(&self, target: &Path) -> Result<()>;
     /// A plain bind mount of `source` on `target` (a `/proc/self/fd/N` of a target
     /// resolved inside a tree), in this process's private mount namespace.
     fn bind_mount(&self, source: &Path, target: &Path) -> Result<()>;
-    /// For a job without a cgroup: covers the host's cgroup tree in this (private) mount
-    /// namespace with a view that libcontainer's cgroup manager cannot change anything in.
-    fn hide_cgroupfs(&self) -> Result<()>;
+    /// Lazy unmount (MNT_DETACH), of the mounts below `target` too.
+    fn unmount(&self, target: &Path) -> Result<()>;
+    /// Mount points at or below `dir` in this process's mount namespace, deepest first.
+    fn mounts_under(&self, dir: &Path) -> Result<Vec<PathBuf>>;
+    fn kill(&self, pid: i32, signal: Signal) -> Result<()>;
+    /// rmdir: an empty directory (a cgroup whose processes are gone).
+    fn remove_dir(&self, dir: &Path) -> Result<()>;
+    /// A directory tree, never following a symlink in it; a missing one is no error.
+    fn remove_tree(&self, dir: &Path) -> Result<()>;
+    fn rename(&self, from: &Path, to: &Path) -> Result<()>;
 }
 
 /// The real thing.
@@ -92,100 +69,151 @@ pub struct Real;
 
 impl Sys for Real {
     fn private_mount_namespace(&self) -> Result<()> {
-        use nix::mount::{mount, MsFlags};
-        use nix::sched::{unshare, CloneFlags};
-        unshare(CloneFlags::CLONE_NEWNS)
-            .context("cannot create a mount namespace (unshare CLONE_NEWNS): run as root or enable user namespaces")?;
-        mount(None::<&str>, "/", None::<&str>, MsFlags::MS_REC | MsFlags::MS_PRIVATE, None::<&str>)
-            .context("cannot make / private in the helper's mount namespace")?;
-        Ok(())
+        ns::private_mount_namespace()
     }
-
-    fn mount_overlay(&self, overlay: &Overlay) -> Result<()> {
-        use nix::mount::{mount, MsFlags};
-        let data = overlay.options()?;
-        // "volatile" (Linux 5.10+): the upper layer is thrown away with the job, so
-        // overlayfs may skip every sync to it: the job's fsync() calls and the sync of
-        // the upper filesystem at unmount, which made a job's dirty gigabytes delay the
-        // next one. Older kernels refuse the option: mount without it.
-        // An earlier phase of the same sandbox mounted this upper layer volatile, and
-        // overlayfs refuses it again until that marker is gone. The marker is for upper
-        // layers that may have lost writes in a crash; ours passes from one phase to the
-        // next of a live job (a crash ends the job, and gc removes the layer).
-        let _ = std::fs::remove_dir_all(overlay.work.join("work/incompat/volatile"));
-        let volatile = format!("{data},volatile");
-        let mount_with =
-            |d: &str| mount(Some("azp-sandbox"), &overlay.target, Some("overlay"), MsFlags::empty(), Some(d));
-        match mount_with(&volatile) {
-            Err(nix::errno::Errno::EINVAL) => mount_with(&data),
-            r => r,
-        }
-        .with_context(|| format!("cannot mount the job's overlay on {} ({data})", overlay.target.display()))?;
-        Ok(())
+    fn join_cgroup(&self, join: &CgroupJoin) -> Result<()> {
+        cgroup::join(join)
     }
-
-    fn unmount(&self, target: &Path) -> Result<()> {
-        nix::mount::umount2(target, nix::mount::MntFlags::MNT_DETACH)
-            .with_context(|| format!("cannot unmount {}", target.display()))
-    }
-
-    fn bind_mount(&self, source: &Path, target: &Path) -> Result<()> {
-        use nix::mount::{mount, MsFlags};
-        mount(Some(source), target, None::<&str>, MsFlags::MS_BIND, None::<&str>)
-            .with_context(|| format!("cannot bind-mount {} on {}", source.display(), target.display()))
-    }
-
     fn hide_cgroupfs(&self) -> Result<()> {
-        use nix::mount::{mount, MsFlags};
-        use nix::sched::{unshare, CloneFlags};
-        // A cgroup namespace of our own (rooted at the job's cgroup, which the helper has
-        // joined) and a cgroup2 view of it over /sys/fs/cgroup: the host's v1 hierarchies
-        // are covered, so libcontainer uses its v2 manager on the view. As root it puts the
-        // job's init into a leaf of the job's cgroup; in a user namespace it skips the
-        // dirs it may not create.
-        unshare(CloneFlags::CLONE_NEWCGROUP).context("cannot create a cgroup namespace for the helper")?;
-        mount(
-            Some("cgroup2"),
-            "/sys/fs/cgroup",
-            Some("cgroup2"),
-            MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC,
-            None::<&str>,
-        )
-        .context("cannot mount a private cgroup2 view on /sys/fs/cgroup in the helper")
+        ns::private_cgroup_view()
+    }
+    fn mount_overlay(&self, overlay: &Overlay) -> Result<()> {
+        mount::mount_overlay(overlay)
+    }
+    fn bind_mount(&self, source: &Path, target: &Path) -> Result<()> {
+        mount::bind_mount(source, target)
+    }
+    fn unmount(&self, target: &Path) -> Result<()> {
+        mount::unmount(target)
+    }
+    fn mounts_under(&self, dir: &Path) -> Result<Vec<PathBuf>> {
+        mount::mounts_under(dir)
+    }
+    fn kill(&self, pid: i32, signal: Signal) -> Result<()> {
+        process::kill(pid, signal)
+    }
+    fn remove_dir(&self, dir: &Path) -> Result<()> {
+        std::fs::remove_dir(dir).map_err(|source| Error::RemoveDir { path: dir.to_path_buf(), source })
+    }
+    fn remove_tree(&self, dir: &Path) -> Result<()> {
+        fs_at::remove_tree(dir).map_err(|source| Error::RemoveTree { path: dir.to_path_buf(), source })
+    }
+    fn rename(&self, from: &Path, to: &Path) -> Result<()> {
+        std::fs::rename(from, to).map_err(|source| Error::Rename {
+            from: from.to_path_buf(),
+            to: to.to_path_buf(),
+            source,
+        })
     }
 }
 
-/// Records calls instead of making them; for unit tests of the logic around mounts.
-#[derive(Default)]
+/// The test double: records each call (one line, `name args`) instead of making it,
+/// and fails the call numbered `fail_at` (0-based) with `fail_errno`. Seams outside
+/// this module (the helper's container) log into the same list through
+/// [`Recorder::step`], so one list shows the order of everything.
 pub struct Recorder {
-    pub calls: std::cell::RefCell<Vec<String>>,
-    /// When set, `mount_overlay` fails (to test clean-up on failure).
-    pub fail_overlay: bool,
+    calls: RefCell<Vec<String>>,
+    fail_at: Cell<Option<usize>>,
+    fail_errno: Cell<Errno>,
+    /// What [`Sys::mounts_under`] reports (filtered to the dir asked for).
+    pub mounts: RefCell<Vec<PathBuf>>,
+}
+
+impl Default for Recorder {
+    fn default() -> Self {
+        Recorder {
+            calls: RefCell::default(),
+            fail_at: Cell::new(None),
+            fail_errno: Cell::new(Errno::EIO),
+            mounts: RefCell::default(),
+        }
+    }
+}
+
+impl Recorder {
+    /// A recorder whose call number `k` (0-based) fails with `errno`.
+    pub fn failing_at(k: usize, errno: Errno) -> Recorder {
+        let r = Recorder::default();
+        r.fail_at.set(Some(k));
+        r.fail_errno.set(errno);
+        r
+    }
+
+    /// The calls so far, in order.
+    pub fn calls(&self) -> Vec<String> {
+        self.calls.borrow().clone()
+    }
+
+    /// Records `call`; Err(errno) when it is the one to fail.
+    pub fn step(&self, call: String) -> std::result::Result<(), Errno> {
+        let mut calls = self.calls.borrow_mut();
+        let k = calls.len();
+        calls.push(call);
+        match self.fail_at.get() {
+            Some(f) if f == k => Err(self.fail_errno.get()),
+            _ => Ok(()),
+        }
+    }
+
+    fn io(&self, e: Errno) -> std::io::Error {
+        std::io::Error::from_raw_os_error(e as i32)
+    }
 }
 
 impl Sys for Recorder {
     fn private_mount_namespace(&self) -> Result<()> {
-        self.calls.borrow_mut().push("private_mount_namespace".into());
-        Ok(())
+        self.step("private_mount_namespace".into()).map_err(Error::UnshareMountNs)
     }
-    fn mount_overlay(&self, overlay: &Overlay) -> Result<()> {
-        self.calls.borrow_mut().push(format!("mount_overlay {}", overlay.target.display()));
-        if self.fail_overlay {
-            bail!("injected overlay failure");
-        }
-        overlay.options().map(|_| ())
-    }
-    fn unmount(&self, target: &Path) -> Result<()> {
-        self.calls.borrow_mut().push(format!("unmount {}", target.display()));
-        Ok(())
-    }
-    fn bind_mount(&self, source: &Path, target: &Path) -> Result<()> {
-        self.calls.borrow_mut().push(format!("bind_mount {} {}", source.display(), target.display()));
-        Ok(())
+    fn join_cgroup(&self, join: &CgroupJoin) -> Result<()> {
+        let dirs: Vec<String> = join.dirs.iter().map(|d| d.dir.display().to_string()).collect();
+        self.step(format!("join_cgroup {}", dirs.join(" "))).map_err(|e| Error::CgroupJoin {
+            procs: join.dirs.first().map(|d| d.dir.join("cgroup.procs")).unwrap_or_default(),
+            source: self.io(e),
+        })
     }
     fn hide_cgroupfs(&self) -> Result<()> {
-        self.calls.borrow_mut().push("hide_cgroupfs".into());
-        Ok(())
+        self.step("hide_cgroupfs".into()).map_err(Error::MountCgroupView)
+    }
+    fn mount_overlay(&self, overlay: &Overlay) -> Result<()> {
+        let options = overlay.options()?;
+        self.step(format!("mount_overlay {}", overlay.target.display())).map_err(|source| Error::MountOverlay {
+            target: overlay.target.clone(),
+            options,
+            source,
+        })
+    }
+    fn bind_mount(&self, source: &Path, target: &Path) -> Result<()> {
+        self.step(format!("bind_mount {} {}", source.display(), target.display())).map_err(|e| Error::BindMount {
+            from: source.into(),
+            target: target.into(),
+            source: e,
+        })
+    }
+    fn unmount(&self, target: &Path) -> Result<()> {
+        self.step(format!("unmount {}", target.display()))
+            .map_err(|source| Error::Unmount { target: target.into(), source })
+    }
+    fn mounts_under(&self, dir: &Path) -> Result<Vec<PathBuf>> {
+        self.step(format!("mounts_under {}", dir.display())).map_err(|e| Error::ReadMountinfo(self.io(e)))?;
+        Ok(self.mounts.borrow().iter().filter(|m| m.starts_with(dir)).cloned().collect())
+    }
+    fn kill(&self, pid: i32, signal: Signal) -> Result<()> {
+        self.step(format!("kill {pid} {signal}")).map_err(|source| Error::Kill { pid, signal, source })
+    }
+    fn remove_dir(&self, dir: &Path) -> Result<()> {
+        self.step(format!("remove_dir {}", dir.display()))
+            .map_err(|e| Error::RemoveDir { path: dir.into(), source: self.io(e) })
+    }
+    fn remove_tree(&self, dir: &Path) -> Result<()> {
+        self.step(format!("remove_tree {}", dir.display()))
+            .map_err(|e| Error::RemoveTree { path: dir.into(), source: self.io(e) })
+    }
+    fn rename(&self, from: &Path, to: &Path) -> Result<()> {
+        self.step(format!("rename {} {}", from.display(), to.display())).map_err(|e| Error::Rename {
+            from: from.into(),
+            to: to.into(),
+            source: self.io(e),
+        })
     }
 }
 
@@ -194,41 +222,14 @@ mod tests {
     use super::*;
 
     #[test]
-    fn layer_dirs_are_spread_on_ext4() {
-        use std::os::fd::AsRawFd;
-        let dir = tempfile::tempdir().unwrap();
-        spread_subdirs(dir.path());
-        let fs = nix::sys::statfs::statfs(dir.path()).unwrap();
-        if fs.filesystem_type() != nix::sys::statfs::EXT4_SUPER_MAGIC {
-            return crate::test_skip::skip(format!("{} is not on ext4", dir.path().display()));
-        }
-        let f = std::fs::File::open(dir.path()).unwrap();
-        let mut flags: libc::c_long = 0;
-        // SAFETY: FS_IOC_GETFLAGS writes one long into `flags`.
-        assert_eq!(unsafe { libc::ioctl(f.as_raw_fd(), libc::FS_IOC_GETFLAGS, &mut flags) }, 0);
-        assert_ne!(flags & FS_TOPDIR_FL, 0, "FS_TOPDIR_FL (chattr +T) is set");
-        spread_subdirs(dir.path()); // again: a no-op
-    }
-
-    fn ov(lower: &str) -> Overlay {
-        Overlay {
-            lower: vec![PathBuf::from(lower), PathBuf::from("/store/base")],
-            upper: "/h/jobs/j1/upper".into(),
-            work: "/h/jobs/j1/work".into(),
-            target: "/h/jobs/j1/merged".into(),
-            userxattr: false,
-        }
-    }
-
-    #[test]
-    fn overlay_options() {
-        assert_eq!(
-            ov("/cache/agent").options().unwrap(),
-            "lowerdir=/cache/agent:/store/base,upperdir=/h/jobs/j1/upper,workdir=/h/jobs/j1/work"
-        );
-        let rootless = Overlay { userxattr: true, ..ov("/c") };
-        assert!(rootless.options().unwrap().ends_with(",workdir=/h/jobs/j1/work,userxattr"));
-        assert!(ov("/a,b").options().unwrap_err().to_string().contains("contains ','"));
-        assert!(ov("/a:b").options().is_err());
+    fn the_recorder_fails_exactly_the_call_it_was_told_to() {
+        let r = Recorder::failing_at(1, Errno::ENOSPC);
+        r.private_mount_namespace().unwrap();
+        let e = r.remove_tree(Path::new("/j")).unwrap_err();
+        assert!(matches!(e, Error::RemoveTree { .. }) && e.is_disk_full(), "{e}");
+        r.unmount(Path::new("/j/merged")).unwrap();
+        assert_eq!(r.calls(), ["private_mount_namespace", "remove_tree /j", "unmount /j/merged"]);
+        r.mounts.borrow_mut().extend(["/j/merged".into(), "/other".into()]);
+        assert_eq!(r.mounts_under(Path::new("/j")).unwrap(), [PathBuf::from("/j/merged")]);
     }
 }

@@ -7,7 +7,7 @@
 //! only then, a small tmpfs is mounted at `/run/azp-sandbox` once, as logind does for
 //! `/run/user/UID`. It stays mounted: it holds the records of every home on the host.
 
-use anyhow::{Context, Result};
+use super::error::{Error, Result};
 use std::path::Path;
 
 /// Room for the records of some thousand jobs (a few KiB each).
@@ -25,37 +25,26 @@ pub fn ensure(dir: &Path) -> Result<()> {
     if on_tmpfs(dir)? {
         return Ok(());
     }
-    mount_tmpfs(dir)
+    super::mount::mount_tmpfs(dir, SIZE)?;
+    tracing::info!("mounted a {SIZE} tmpfs at {} for job records (the host's /run is not a tmpfs)", dir.display());
+    Ok(())
 }
 
 fn create_dir(dir: &Path) -> Result<()> {
     let mut b = std::fs::DirBuilder::new();
     std::os::unix::fs::DirBuilderExt::mode(&mut b, 0o711);
-    b.recursive(true).create(dir).with_context(|| format!("cannot create the runtime dir {}", dir.display()))
+    b.recursive(true).create(dir).map_err(|source| Error::CreateRuntimeDir { dir: dir.to_path_buf(), source })
 }
 
 fn on_tmpfs(dir: &Path) -> Result<bool> {
-    let st = nix::sys::statfs::statfs(dir).with_context(|| format!("cannot statfs {}", dir.display()))?;
+    let st = nix::sys::statfs::statfs(dir).map_err(|source| Error::Statfs { path: dir.to_path_buf(), source })?;
     Ok(st.filesystem_type() == nix::sys::statfs::TMPFS_MAGIC)
 }
 
 fn lock(dir: &Path) -> Result<nix::fcntl::Flock<std::fs::File>> {
-    let f = std::fs::File::open(dir).with_context(|| format!("cannot open {}", dir.display()))?;
-    nix::fcntl::Flock::lock(f, nix::fcntl::FlockArg::LockExclusive)
-        .map_err(|(_, e)| anyhow::anyhow!("cannot lock {}: {e}", dir.display()))
-}
-
-fn mount_tmpfs(dir: &Path) -> Result<()> {
-    use nix::mount::MsFlags;
-    let flags = MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC;
-    nix::mount::mount(
-        Some("azp-sandbox-run"),
-        dir,
-        Some("tmpfs"),
-        flags,
-        Some(format!("mode=0711,size={SIZE}").as_str()),
-    )
-    .with_context(|| format!("cannot mount a tmpfs at {} for job records", dir.display()))?;
-    tracing::info!("mounted a {SIZE} tmpfs at {} for job records (the host's /run is not a tmpfs)", dir.display());
-    Ok(())
+    let errno = |e: std::io::Error| nix::errno::Errno::from_raw(e.raw_os_error().unwrap_or(libc::EIO));
+    let locked = std::fs::File::open(dir)
+        .map_err(errno)
+        .and_then(|f| nix::fcntl::Flock::lock(f, nix::fcntl::FlockArg::LockExclusive).map_err(|(_, e)| e));
+    locked.map_err(|source| Error::Lock { path: dir.to_path_buf(), source })
 }

@@ -125,7 +125,7 @@ pub fn apply_layers(
             ui.applied = i + 1;
             ui.tick();
         }
-        let (entries, bytes) = tree_size(&crate::rootfs::fs::proc_fd(tree.as_raw_fd()));
+        let (entries, bytes) = tree_size(&crate::sys::fs_at::proc_fd(tree.as_raw_fd()));
         applied.entries = entries;
         applied.bytes = bytes;
         if entries == 0 {

@@ -98,7 +98,7 @@ impl BlobCache {
         let werr = |path: &Path, err: io::Error| FetchError::Write { path: path.display().to_string(), err };
         std::fs::create_dir_all(&self.dir).map_err(|e| werr(&self.dir, e))?;
         let tmp_path =
-            self.dir.join(format!(".tmp-{hex_want}-{}-{}", std::process::id(), crate::rootfs::fs::random_suffix()));
+            self.dir.join(format!(".tmp-{hex_want}-{}-{}", std::process::id(), crate::sys::fs_at::random_suffix()));
         let mut file =
             std::fs::OpenOptions::new().write(true).create_new(true).open(&tmp_path).map_err(|e| werr(&tmp_path, e))?;
         let mut tmp = TempFile { path: tmp_path, armed: true };

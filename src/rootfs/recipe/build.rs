@@ -175,7 +175,7 @@ pub fn build(store: &Store, recipe: &Recipe, opts: &BuildOptions) -> Result<Buil
     let started = Instant::now();
     let mut removed_files = 0;
     let info = store.import_with(&name, |tree_fd| {
-        let tree = crate::rootfs::fs::fd_path(tree_fd.as_raw_fd()).context("cannot find the path of the temp tree")?;
+        let tree = crate::sys::fs_at::fd_path(tree_fd.as_raw_fd()).context("cannot find the path of the temp tree")?;
         let mut b = Builder {
             recipe,
             mirror: &mirror,
@@ -376,7 +376,7 @@ impl Builder<'_> {
     fn check(&mut self) -> Result<(Option<String>, String)> {
         let r = self.recipe;
         let fd =
-            crate::rootfs::fs::open_dir(self.tree).with_context(|| format!("cannot open {}", self.tree.display()))?;
+            crate::sys::fs_at::open_dir(self.tree).with_context(|| format!("cannot open {}", self.tree.display()))?;
         let arch = probe::arch(fd.as_raw_fd());
         let cuda = probe::cuda_version(fd.as_raw_fd());
         self.steps.log_line(&format!("\n==> checks: arch {arch:?}, CUDA from the packages {cuda:?}"));

@@ -4,8 +4,8 @@
 use super::links::{self, Link};
 use super::{dir, inroot, prune, write_edits, BUILD_PREFIX};
 use crate::config::Home;
-use crate::rootfs::fs as sysfs;
 use crate::sandbox::plan::JobPlan;
+use crate::sys::fs_at;
 use crate::sys::{Overlay, Sys};
 use anyhow::{bail, Context, Result};
 use std::os::fd::AsRawFd;
@@ -19,23 +19,23 @@ pub(super) fn build(home: &Home, plan: &JobPlan, key: &str, sys: &dyn Sys) -> Re
     let b = parent.join(format!("{BUILD_PREFIX}{key}-{}", std::process::id()));
     let started = std::time::Instant::now();
     std::fs::create_dir_all(&parent).with_context(|| format!("cannot create {}: disk full?", parent.display()))?;
-    sysfs::remove_tree(&b).with_context(|| format!("cannot remove the old build dir {}", b.display()))?;
+    sys.remove_tree(&b).context("cannot remove the old build dir")?;
     let result = build_in(plan, &b, sys);
     if let Err(e) = result {
-        let _ = sysfs::remove_tree(&b);
+        let _ = sys.remove_tree(&b);
         return Err(e.context(format!("cannot build the sandbox's edit layer in {}", b.display())));
     }
     let target = parent.join(key);
-    match sysfs::rename_noreplace(&b, &target) {
+    match fs_at::rename_noreplace(&b, &target) {
         Ok(()) => {
-            let _ = sysfs::fsync_dir(&parent);
+            let _ = fs_at::fsync_dir(&parent);
             tracing::info!(layer = %target.display(), ms = started.elapsed().as_millis() as u64, "built the GPU edit layer (driver binds, links, linker cache) for later jobs");
         }
-        Err(e) if matches!(sysfs::errno(&e), libc::EEXIST | libc::ENOTEMPTY) => {
-            let _ = sysfs::remove_tree(&b);
+        Err(e) if matches!(fs_at::errno(&e), libc::EEXIST | libc::ENOTEMPTY) => {
+            let _ = sys.remove_tree(&b);
         }
         Err(e) => {
-            let _ = sysfs::remove_tree(&b);
+            let _ = sys.remove_tree(&b);
             return Err(e).with_context(|| format!("cannot move the edit layer into {}", target.display()));
         }
     }
@@ -61,8 +61,8 @@ fn build_in(plan: &JobPlan, b: &Path, sys: &dyn Sys) -> Result<()> {
     // Detaches the binds made for ldconfig with it.
     sys.unmount(&merged)?;
     let candidates = made?;
-    sysfs::remove_tree(&work).with_context(|| format!("cannot remove {}", work.display()))?;
-    std::fs::remove_dir(&merged).with_context(|| format!("cannot remove {}", merged.display()))?;
+    sys.remove_tree(&work)?;
+    sys.remove_dir(&merged)?;
     let linked = links::link_bound_files(&tree, candidates);
     std::fs::write(b.join(links::LINKED), links::format_links(&linked))
         .context("cannot write the edit layer's links: disk full?")?;
@@ -92,10 +92,10 @@ fn make_edits(plan: &JobPlan, merged: &Path, sys: &dyn Sys) -> Result<Vec<Link>>
     for m in plan.edits.mounts.iter().filter(|m| m.host_path.is_file()) {
         let fd = inroot::open_existing(merged, &m.container_path)
             .with_context(|| format!("cannot open {} in the sandbox", m.container_path.display()))?;
-        if !sysfs::fstat(fd.as_raw_fd()).is_ok_and(|st| st.st_mode & libc::S_IFMT == libc::S_IFREG) {
+        if !fs_at::fstat(fd.as_raw_fd()).is_ok_and(|st| st.st_mode & libc::S_IFMT == libc::S_IFREG) {
             continue;
         }
-        sys.bind_mount(&m.host_path, &sysfs::proc_fd(fd.as_raw_fd()))?;
+        sys.bind_mount(&m.host_path, &fs_at::proc_fd(fd.as_raw_fd()))?;
     }
     let ldconfig = crate::sandbox::spec::host_ldconfig()?;
     let out = std::process::Command::new(ldconfig)
@@ -122,5 +122,5 @@ fn sync_tree(dir: &Path) -> std::io::Result<()> {
             std::fs::File::open(e.path())?.sync_all()?;
         }
     }
-    sysfs::fsync_dir(dir)
+    fs_at::fsync_dir(dir)
 }

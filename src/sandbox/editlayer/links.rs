@@ -1,7 +1,7 @@
 //! Bound driver files held in an edit layer as hard links to the host files.
 
 use super::{inroot, source_identity};
-use crate::rootfs::fs as sysfs;
+use crate::sys::fs_at;
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
@@ -32,11 +32,11 @@ pub(super) fn link_candidate(merged: &Path, m: &crate::edits::BindMount) -> Opti
         return None;
     }
     let fd = inroot::open_existing(merged, &m.container_path).ok()?;
-    let st = sysfs::fstat(fd.as_raw_fd()).ok()?;
+    let st = fs_at::fstat(fd.as_raw_fd()).ok()?;
     if st.st_mode & libc::S_IFMT != libc::S_IFREG || st.st_size != 0 {
         return None;
     }
-    let real = sysfs::fd_path(fd.as_raw_fd()).ok()?;
+    let real = fs_at::fd_path(fd.as_raw_fd()).ok()?;
     let in_tree = real.strip_prefix(merged).ok()?.to_path_buf();
     Some(Link { container: m.container_path.clone(), host: m.host_path.clone(), in_tree })
 }
@@ -55,7 +55,7 @@ pub(super) fn link_bound_files(tree: &Path, candidates: Vec<Link>) -> Vec<Link> 
         if !std::fs::symlink_metadata(&at).is_ok_and(|m| m.is_file() && m.len() == 0) {
             continue;
         }
-        let tmp = at.with_file_name(format!(".link-{}", sysfs::random_suffix()));
+        let tmp = at.with_file_name(format!(".link-{}", fs_at::random_suffix()));
         match std::fs::hard_link(&c.host, &tmp).and_then(|()| std::fs::rename(&tmp, &at)) {
             Ok(()) => linked.push(c),
             Err(e) => {

@@ -36,7 +36,7 @@ use super::inroot;
 use super::plan::JobPlan;
 use crate::config::Home;
 use crate::edits::ContainerEdits;
-use crate::rootfs::fs as sysfs;
+use crate::sys::fs_at;
 use crate::sys::Sys;
 use anyhow::{bail, Context, Result};
 use sha2::{Digest, Sha256};
@@ -176,7 +176,7 @@ pub(super) fn lease(path: &Path) -> Result<Option<EditLayer>> {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
         r => r.with_context(|| format!("cannot open the edit layer {}", path.display()))?,
     };
-    sysfs::flock(std::os::fd::AsFd::as_fd(&f), libc::LOCK_SH)
+    fs_at::flock(std::os::fd::AsFd::as_fd(&f), libc::LOCK_SH)
         .with_context(|| format!("cannot lock the edit layer {}", path.display()))?;
     let held = f.metadata().with_context(|| format!("cannot stat the edit layer {}", path.display()))?;
     match std::fs::symlink_metadata(path) {

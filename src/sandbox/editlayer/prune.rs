@@ -2,7 +2,7 @@
 
 use super::{dir, links, BUILD_PREFIX, KEEP};
 use crate::config::Home;
-use crate::rootfs::fs as sysfs;
+use crate::sys::fs_at;
 use std::path::{Path, PathBuf};
 
 /// Removes layers no job can use any more: those whose lower layers are gone (a removed
@@ -17,7 +17,7 @@ pub fn prune(home: &Home) -> Vec<String> {
         let (name, path) = (e.file_name().to_string_lossy().into_owned(), e.path());
         if let Some(rest) = name.strip_prefix(BUILD_PREFIX) {
             let pid = rest.rsplit('-').next().and_then(|p| p.parse::<u32>().ok());
-            if pid.is_some_and(|p| !Path::new(&format!("/proc/{p}")).exists()) && sysfs::remove_tree(&path).is_ok() {
+            if pid.is_some_and(|p| !Path::new(&format!("/proc/{p}")).exists()) && fs_at::remove_tree(&path).is_ok() {
                 removed.push(format!("interrupted edit-layer build {}", path.display()));
             }
             continue;
@@ -49,12 +49,12 @@ pub fn prune(home: &Home) -> Vec<String> {
 /// Renames the layer at `path` into the trash and deletes it, unless a job has it locked.
 pub(super) fn remove_unused(home: &Home, path: &Path, why: &str) -> Option<String> {
     let f = std::fs::File::open(path).ok()?;
-    sysfs::flock(std::os::fd::AsFd::as_fd(&f), libc::LOCK_EX | libc::LOCK_NB).ok()?;
-    let trash = home.trash_dir().join(format!("edit-layer-{}", sysfs::random_suffix()));
+    fs_at::flock(std::os::fd::AsFd::as_fd(&f), libc::LOCK_EX | libc::LOCK_NB).ok()?;
+    let trash = home.trash_dir().join(format!("edit-layer-{}", fs_at::random_suffix()));
     std::fs::create_dir_all(home.trash_dir()).ok()?;
     std::fs::rename(path, &trash).ok()?;
     drop(f);
-    let _ = sysfs::remove_tree(&trash);
+    let _ = fs_at::remove_tree(&trash);
     Some(format!("edit layer {} ({why})", path.display()))
 }
 

@@ -1,0 +1,193 @@
+//! Joining a job's cgroup: the writes into cgroupfs that `sandbox::cgroup` plans
+//! ([`CgroupJoin`]), done in order: controllers passed down (v2), each dir created
+//! (a v1 cpuset level gets its parent's cpus and mems), device rules, limits, and the
+//! calling process moved in last, so that everything it forks is born limited.
+
+use super::error::{Error, Result};
+use std::path::{Path, PathBuf};
+
+/// Everything joining a job's cgroup writes, decided beforehand (see
+/// `sandbox::cgroup::plan_join`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct CgroupJoin {
+    /// cgroup v2: the levels from the cgroup root down to the job's parent. Each level
+    /// below the root is created when missing, and each passes `v2_controllers` down
+    /// (both best effort: levels above a delegated subtree are not ours).
+    pub v2_levels: Vec<PathBuf>,
+    pub v2_controllers: Vec<&'static str>,
+    /// The job's dir in each hierarchy it uses.
+    pub dirs: Vec<CgroupDir>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CgroupDir {
+    pub dir: PathBuf,
+    /// In the v1 cpuset hierarchy: each new level needs its parent's cpus and mems
+    /// before any task can join it.
+    pub cpuset: bool,
+    /// Some: the v1 devices hierarchy as root: deny everything, then allow these rules.
+    pub device_rules: Option<Vec<String>>,
+    /// Files and values, written in this order. `memory.swap.max` is skipped where the
+    /// file is missing (swap accounting off: `memory.max` alone is the limit).
+    pub limits: Vec<(&'static str, String)>,
+}
+
+pub fn join(j: &CgroupJoin) -> Result<()> {
+    for w in j.v2_levels.windows(2) {
+        let _ = std::fs::create_dir(&w[1]);
+        enable_v2_controllers(&w[0], &j.v2_controllers);
+    }
+    if let Some(last) = j.v2_levels.last() {
+        enable_v2_controllers(last, &j.v2_controllers);
+    }
+    for d in &j.dirs {
+        create_levels(&d.dir, d.cpuset)?;
+        if let Some(rules) = &d.device_rules {
+            write_device_rules(&d.dir, rules)?;
+        }
+        for (file, value) in &d.limits {
+            let path = d.dir.join(file);
+            if *file == "memory.swap.max" && !path.exists() {
+                continue;
+            }
+            std::fs::write(&path, value).map_err(|source| Error::CgroupLimit {
+                file: path,
+                value: value.clone(),
+                source,
+            })?;
+        }
+    }
+    let me = std::process::id().to_string();
+    for d in &j.dirs {
+        let procs = d.dir.join("cgroup.procs");
+        std::fs::write(&procs, &me).map_err(|source| Error::CgroupJoin { procs, source })?;
+    }
+    Ok(())
+}
+
+fn enable_v2_controllers(dir: &Path, controllers: &[&str]) {
+    for c in controllers {
+        let _ = std::fs::write(dir.join("cgroup.subtree_control"), c);
+    }
+}
+
+/// Deny everything, then allow the job's rules. Done before any process is in the cgroup.
+fn write_device_rules(dir: &Path, rules: &[String]) -> Result<()> {
+    let deny = dir.join("devices.deny");
+    std::fs::write(&deny, "a").map_err(|source| Error::CgroupDenyDevices { file: deny, source })?;
+    let allow = dir.join("devices.allow");
+    for r in rules {
+        std::fs::write(&allow, r).map_err(|source| Error::CgroupAllowDevice {
+            file: allow.clone(),
+            rule: r.clone(),
+            source,
+        })?;
+    }
+    Ok(())
+}
+
+/// mkdir -p of a job's cgroup. Retried: the teardown of another job of the same home
+/// removes the (then empty) home level, possibly between our two mkdirs.
+fn create_levels(dir: &Path, cpuset: bool) -> Result<()> {
+    let mut tries = 0;
+    loop {
+        match create_levels_once(dir, cpuset) {
+            Err(Error::CgroupCreate { source, .. }) if tries < 3 && source.kind() == std::io::ErrorKind::NotFound => {
+                tries += 1
+            }
+            r => return r,
+        }
+    }
+}
+
+/// mkdir -p of a job's cgroup; every new v1 cpuset level gets its parent's cpus/mems.
+fn create_levels_once(dir: &Path, cpuset: bool) -> Result<()> {
+    if dir.is_dir() {
+        return Ok(());
+    }
+    if let Some(parent) = dir.parent() {
+        create_levels_once(parent, cpuset)?;
+    }
+    match std::fs::create_dir(dir) {
+        Err(e) if e.kind() != std::io::ErrorKind::AlreadyExists => {
+            return Err(Error::CgroupCreate { dir: dir.to_path_buf(), source: e });
+        }
+        _ => {}
+    }
+    if cpuset {
+        inherit_cpuset(dir)?;
+    }
+    Ok(())
+}
+
+/// A new v1 cpuset has empty cpus/mems, and no task can join it until they are set.
+fn inherit_cpuset(dir: &Path) -> Result<()> {
+    let err = |file: &Path, source| Error::CgroupCpuset { dir: dir.to_path_buf(), file: file.to_path_buf(), source };
+    for f in ["cpuset.cpus", "cpuset.mems"] {
+        let own = dir.join(f);
+        if std::fs::read_to_string(&own).map(|s| s.trim().is_empty()).unwrap_or(true) {
+            let parent = dir.parent().unwrap_or(Path::new("/")).join(f);
+            let value = std::fs::read_to_string(&parent).map_err(|e| err(&parent, e))?;
+            std::fs::write(&own, value.trim()).map_err(|e| err(&own, e))?;
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn device_rules_deny_all_first() {
+        let t = tempfile::tempdir().unwrap();
+        // A plain dir stands in for a cgroup: each write replaces the file, so the
+        // deny file keeps "a" and the allow file the last rule.
+        write_device_rules(t.path(), &["c 1:3 rwm".into(), "c 136:* rwm".into()]).unwrap();
+        assert_eq!(std::fs::read_to_string(t.path().join("devices.deny")).unwrap(), "a");
+        assert_eq!(std::fs::read_to_string(t.path().join("devices.allow")).unwrap(), "c 136:* rwm");
+    }
+
+    #[test]
+    fn a_join_in_plain_dirs_writes_limits_then_moves_in_last() {
+        let t = tempfile::tempdir().unwrap();
+        let (mem, cpuset) = (t.path().join("memory"), t.path().join("cpuset"));
+        std::fs::create_dir_all(&cpuset).unwrap();
+        std::fs::write(cpuset.join("cpuset.cpus"), "0-1\n").unwrap();
+        std::fs::write(cpuset.join("cpuset.mems"), "0\n").unwrap();
+        let join = CgroupJoin {
+            dirs: vec![
+                CgroupDir {
+                    dir: mem.join("a/j"),
+                    cpuset: false,
+                    device_rules: None,
+                    limits: vec![("memory.limit_in_bytes", "1048576".into()), ("memory.swap.max", "0".into())],
+                },
+                CgroupDir { dir: cpuset.join("a/j"), cpuset: true, device_rules: None, limits: vec![] },
+            ],
+            ..Default::default()
+        };
+        super::join(&join).unwrap();
+        assert_eq!(std::fs::read_to_string(mem.join("a/j/memory.limit_in_bytes")).unwrap(), "1048576");
+        assert!(!mem.join("a/j/memory.swap.max").exists(), "skipped where swap accounting is off");
+        assert_eq!(std::fs::read_to_string(cpuset.join("a/cpuset.cpus")).unwrap(), "0-1", "each new level");
+        assert_eq!(std::fs::read_to_string(cpuset.join("a/j/cpuset.mems")).unwrap(), "0");
+        let me = std::process::id().to_string();
+        assert_eq!(std::fs::read_to_string(mem.join("a/j/cgroup.procs")).unwrap(), me);
+        // A limit the kernel refuses names the file and the value.
+        std::fs::create_dir_all(mem.join("b/j/memory.max")).unwrap(); // a dir: EISDIR
+        let bad = CgroupJoin {
+            dirs: vec![CgroupDir {
+                dir: mem.join("b/j"),
+                cpuset: false,
+                device_rules: None,
+                limits: vec![("memory.max", "1".into())],
+            }],
+            ..Default::default()
+        };
+        let e = super::join(&bad).unwrap_err();
+        assert!(matches!(e, Error::CgroupLimit { .. }), "{e}");
+        assert!(e.to_string().starts_with(&format!("cannot set {} to 1", mem.join("b/j/memory.max").display())));
+        assert!(!mem.join("b/j/cgroup.procs").exists(), "not moved in after a refused limit");
+    }
+}

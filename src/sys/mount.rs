@@ -1,0 +1,149 @@
+//! Mounts: the job's overlay, binds, unmounts, and the mount table read back.
+
+use super::error::{Error, Result};
+use nix::mount::{mount, MsFlags};
+use std::path::{Path, PathBuf};
+
+/// An overlay mount: read-only lower layers (first = topmost), a per-job upper and work dir.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Overlay {
+    pub lower: Vec<PathBuf>,
+    pub upper: PathBuf,
+    pub work: PathBuf,
+    pub target: PathBuf,
+    /// Inside a user namespace overlayfs must keep its metadata in `user.` xattrs.
+    pub userxattr: bool,
+}
+
+impl Overlay {
+    /// The `-o` data string. overlayfs splits options on ',' and lower dirs on ':', and
+    /// cannot escape ','; we refuse such paths instead of producing a wrong mount.
+    pub fn options(&self) -> Result<String> {
+        let mut all: Vec<&Path> = self.lower.iter().map(PathBuf::as_path).collect();
+        all.push(&self.upper);
+        all.push(&self.work);
+        for p in &all {
+            let s = p.to_str().ok_or_else(|| Error::OverlayPathNotUtf8 { path: p.to_path_buf() })?;
+            if s.contains([',', ':', '\n']) {
+                return Err(Error::OverlayPathSeparator { path: p.to_path_buf() });
+            }
+        }
+        if self.lower.is_empty() {
+            return Err(Error::OverlayNoLower);
+        }
+        let lower: Vec<&str> = self.lower.iter().filter_map(|p| p.to_str()).collect();
+        Ok(format!(
+            "lowerdir={},upperdir={},workdir={}{}",
+            lower.join(":"),
+            self.upper.display(),
+            self.work.display(),
+            if self.userxattr { ",userxattr" } else { "" }
+        ))
+    }
+}
+
+pub fn mount_overlay(overlay: &Overlay) -> Result<()> {
+    let data = overlay.options()?;
+    // "volatile" (Linux 5.10+): the upper layer is thrown away with the job, so
+    // overlayfs may skip every sync to it: the job's fsync() calls and the sync of
+    // the upper filesystem at unmount, which made a job's dirty gigabytes delay the
+    // next one. Older kernels refuse the option: mount without it.
+    // An earlier phase of the same sandbox mounted this upper layer volatile, and
+    // overlayfs refuses it again until that marker is gone. The marker is for upper
+    // layers that may have lost writes in a crash; ours passes from one phase to the
+    // next of a live job (a crash ends the job, and gc removes the layer).
+    let _ = std::fs::remove_dir_all(overlay.work.join("work/incompat/volatile"));
+    let volatile = format!("{data},volatile");
+    let mount_with = |d: &str| mount(Some("azp-sandbox"), &overlay.target, Some("overlay"), MsFlags::empty(), Some(d));
+    match mount_with(&volatile) {
+        Err(nix::errno::Errno::EINVAL) => mount_with(&data),
+        r => r,
+    }
+    .map_err(|source| Error::MountOverlay { target: overlay.target.clone(), options: data, source })
+}
+
+/// A plain bind mount of `from` on `target`.
+pub fn bind_mount(from: &Path, target: &Path) -> Result<()> {
+    mount(Some(from), target, None::<&str>, MsFlags::MS_BIND, None::<&str>).map_err(|source| Error::BindMount {
+        from: from.to_path_buf(),
+        target: target.to_path_buf(),
+        source,
+    })
+}
+
+/// Lazy unmount (MNT_DETACH), of the mounts below `target` too.
+pub fn unmount(target: &Path) -> Result<()> {
+    nix::mount::umount2(target, nix::mount::MntFlags::MNT_DETACH)
+        .map_err(|source| Error::Unmount { target: target.to_path_buf(), source })
+}
+
+/// A small tmpfs (nosuid, nodev, noexec, mode 0711) at `dir`.
+pub fn mount_tmpfs(dir: &Path, size: &str) -> Result<()> {
+    let flags = MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC;
+    let data = format!("mode=0711,size={size}");
+    mount(Some("azp-sandbox-run"), dir, Some("tmpfs"), flags, Some(data.as_str()))
+        .map_err(|source| Error::MountTmpfs { dir: dir.to_path_buf(), source })
+}
+
+/// Mount points at or below `dir` in this process's mount namespace, deepest first.
+pub fn mounts_under(dir: &Path) -> Result<Vec<PathBuf>> {
+    let info = std::fs::read_to_string("/proc/self/mountinfo").map_err(Error::ReadMountinfo)?;
+    Ok(mount_points_under(&info, dir))
+}
+
+fn mount_points_under(mountinfo: &str, dir: &Path) -> Vec<PathBuf> {
+    let mut found: Vec<PathBuf> = mountinfo
+        .lines()
+        .filter_map(|l| l.split(' ').nth(4))
+        .map(unescape_mountinfo)
+        .map(PathBuf::from)
+        .filter(|p| p.starts_with(dir))
+        .collect();
+    found.sort_by_key(|p| std::cmp::Reverse(p.components().count()));
+    found
+}
+
+fn unescape_mountinfo(s: &str) -> String {
+    s.replace("\\040", " ").replace("\\011", "\t").replace("\\012", "\n").replace("\\134", "\\")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ov(lower: &str) -> Overlay {
+        Overlay {
+            lower: vec![PathBuf::from(lower), PathBuf::from("/store/base")],
+            upper: "/h/jobs/j1/upper".into(),
+            work: "/h/jobs/j1/work".into(),
+            target: "/h/jobs/j1/merged".into(),
+            userxattr: false,
+        }
+    }
+
+    #[test]
+    fn overlay_options() {
+        assert_eq!(
+            ov("/cache/agent").options().unwrap(),
+            "lowerdir=/cache/agent:/store/base,upperdir=/h/jobs/j1/upper,workdir=/h/jobs/j1/work"
+        );
+        let rootless = Overlay { userxattr: true, ..ov("/c") };
+        assert!(rootless.options().unwrap().ends_with(",workdir=/h/jobs/j1/work,userxattr"));
+        assert!(ov("/a,b").options().unwrap_err().to_string().contains("contains ','"));
+        assert!(ov("/a:b").options().is_err());
+    }
+
+    #[test]
+    fn mountinfo_unescape() {
+        assert_eq!(unescape_mountinfo("/a\\040b"), "/a b");
+    }
+
+    #[test]
+    fn mounts_below_a_dir_deepest_first() {
+        let info = "36 35 98:0 / /h/jobs/j1/merged rw - overlay x rw\n\
+                    37 36 98:0 / /h/jobs/j1/merged/dev\\040x rw - tmpfs x rw\n\
+                    38 35 98:0 / /h/jobs/j10 rw - tmpfs x rw\n";
+        let found = mount_points_under(info, Path::new("/h/jobs/j1"));
+        assert_eq!(found, [PathBuf::from("/h/jobs/j1/merged/dev x"), PathBuf::from("/h/jobs/j1/merged")]);
+    }
+}

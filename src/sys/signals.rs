@@ -1,0 +1,103 @@
+//! Signal dispositions and waits. Every handler installed here only does atomic loads
+//! and stores and kill(2) (errno saved around it), which are async-signal-safe; what it
+//! acts on is a `'static` atomic the caller registers first.
+
+use nix::sys::signal::{SigHandler, SigSet, Signal};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicPtr, Ordering};
+use std::time::Duration;
+
+/// Restores the default action of `sig` (e.g. SIGPIPE, which Rust's runtime ignores:
+/// `azp-sandbox gpu list | head` then ends quietly instead of failing on EPIPE).
+pub fn restore_default(sig: Signal) {
+    // SAFETY: SIG_DFL installs no handler code of ours, so nothing can run in signal
+    // context because of this call.
+    let _ = unsafe { nix::sys::signal::signal(sig, SigHandler::SigDfl) };
+}
+
+static FLAG: AtomicPtr<AtomicBool> = AtomicPtr::new(std::ptr::null_mut());
+static RECORD: AtomicPtr<AtomicI32> = AtomicPtr::new(std::ptr::null_mut());
+static FORWARD: AtomicPtr<AtomicI32> = AtomicPtr::new(std::ptr::null_mut());
+
+extern "C" fn set_flag(_: libc::c_int) {
+    let p = FLAG.load(Ordering::SeqCst);
+    // SAFETY: FLAG is null or was set from a `&'static AtomicBool` (see set_flag_on), so
+    // the pointer is valid for the whole life of the process and only read shared.
+    if let Some(flag) = unsafe { p.as_ref() } {
+        flag.store(true, Ordering::SeqCst);
+    }
+}
+
+extern "C" fn record(sig: libc::c_int) {
+    let p = RECORD.load(Ordering::SeqCst);
+    // SAFETY: RECORD is null or was set from a `&'static AtomicI32` (see record_on).
+    if let Some(slot) = unsafe { p.as_ref() } {
+        slot.store(sig, Ordering::SeqCst);
+    }
+}
+
+extern "C" fn forward(sig: libc::c_int) {
+    let p = FORWARD.load(Ordering::SeqCst);
+    // SAFETY: FORWARD is null or was set from a `&'static AtomicI32` (see forward_on).
+    let pid = unsafe { p.as_ref() }.map_or(0, |pid| pid.load(Ordering::SeqCst));
+    if pid > 0 {
+        // kill(2) may set errno, which belongs to the code this handler interrupted.
+        let saved = nix::errno::Errno::last_raw();
+        let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), Signal::try_from(sig).ok());
+        nix::errno::Errno::set_raw(saved);
+    }
+}
+
+fn install(sigs: &[Signal], handler: extern "C" fn(libc::c_int)) {
+    for &sig in sigs {
+        // SAFETY: every handler in this module only loads and stores atomics and calls
+        // kill(2), all async-signal-safe, and reads no state that the interrupted code
+        // could be changing non-atomically. glibc's signal() sets SA_RESTART, so
+        // interrupted syscalls resume.
+        let _ = unsafe { nix::sys::signal::signal(sig, SigHandler::Handler(handler)) };
+    }
+}
+
+/// On any of `sigs`, sets `flag` (e.g. to stop an import at the next entry).
+pub fn set_flag_on(sigs: &[Signal], flag: &'static AtomicBool) {
+    FLAG.store(std::ptr::from_ref(flag).cast_mut(), Ordering::SeqCst);
+    install(sigs, set_flag);
+}
+
+/// On any of `sigs`, stores the signal's number in `slot` (the last one wins).
+pub fn record_on(sigs: &[Signal], slot: &'static AtomicI32) {
+    RECORD.store(std::ptr::from_ref(slot).cast_mut(), Ordering::SeqCst);
+    install(sigs, record);
+}
+
+/// On any of `sigs`, sends the same signal to the pid in `pid` (when it is above 0).
+pub fn forward_on(sigs: &[Signal], pid: &'static AtomicI32) {
+    FORWARD.store(std::ptr::from_ref(pid).cast_mut(), Ordering::SeqCst);
+    install(sigs, forward);
+}
+
+/// Waits up to `timeout` for one of the signals in `set` (which the caller has
+/// blocked); None on timeout or interruption.
+pub fn wait_timeout(set: &SigSet, timeout: Duration) -> Option<Signal> {
+    let ts = libc::timespec { tv_sec: timeout.as_secs() as libc::time_t, tv_nsec: timeout.subsec_nanos() as _ };
+    // SAFETY: `set` is an initialised sigset_t and `ts` a timespec, both borrowed for the
+    // call, which only reads them; a null siginfo pointer is allowed by sigtimedwait(2).
+    let r = unsafe { libc::sigtimedwait(set.as_ref(), std::ptr::null_mut(), &ts) };
+    (r > 0).then(|| Signal::try_from(r).ok()).flatten()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_blocked_signal_is_waited_for_and_a_timeout_gives_none() {
+        // Blocked on this thread only; sent to this thread only.
+        let mut set = SigSet::empty();
+        set.add(Signal::SIGUSR2);
+        set.thread_block().unwrap();
+        assert_eq!(wait_timeout(&set, Duration::from_millis(1)), None);
+        nix::sys::signal::raise(Signal::SIGUSR2).unwrap(); // to this thread
+        assert_eq!(wait_timeout(&set, Duration::from_secs(5)), Some(Signal::SIGUSR2));
+        set.thread_unblock().unwrap();
+    }
+}
