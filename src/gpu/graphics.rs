@@ -13,7 +13,7 @@
 //! linker cache (the driver libraries are in it), an absolute path by binding the library
 //! at that path as well.
 
-use super::driver::Library;
+use super::found::Library;
 use super::paths::{host_path, resolve_in_root};
 use super::{split_so_name, Missing};
 use serde::Serialize;

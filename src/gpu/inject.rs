@@ -20,7 +20,8 @@
 //! (found through the rootfs's own linker cache and CUDA forward-compat dirs that are
 //! not newer than the host driver).
 
-use super::driver::{Capabilities, Library};
+use super::driver::Capabilities;
+use super::found::Library;
 use super::graphics::{DriverFile, FileCap};
 use super::ldcache::LdCache;
 use super::paths::{host_path, resolve_in_root};

@@ -23,6 +23,7 @@ pub mod compat;
 pub mod devices;
 pub mod driver;
 pub mod elf;
+pub mod found;
 pub mod graphics;
 pub mod inject;
 pub mod ldcache;
@@ -39,7 +40,8 @@ use std::fmt;
 use std::path::PathBuf;
 
 pub use devices::Devices;
-pub use driver::{Binary, Capabilities, FirmwareFile, LibGroup, Library, Socket};
+pub use driver::Capabilities;
+pub use found::{Binary, FirmwareFile, LibGroup, Library, Socket};
 pub use nvml::{FakeInventory, GpuInventory, NoInventory, NvmlInventory};
 pub use select::{GpuRequest, PerAgent};
 

@@ -53,6 +53,32 @@ pub enum Error {
         source: Errno,
     },
 
+    // ---- the isolation of a rootfs build step (sys::isolate; fork-to-exec in the child) ----
+    #[error("/{0} in the new rootfs is not a directory: refusing to mount on it")]
+    StepMountPointNotADirectory(String),
+    #[error("cannot create the mount point {}: {reason}", path.display())]
+    StepCreateMountPoint { path: PathBuf, reason: String },
+    #[error("NUL byte in {}", .0.display())]
+    StepNulInPath(PathBuf),
+    #[error("cannot have the build step killed when the build dies (prctl PR_SET_PDEATHSIG)")]
+    StepDeathSignal(#[source] Errno),
+    #[error("cannot give the build step its own mount namespace (unshare CLONE_NEWNS): run as root")]
+    StepUnshareMountNs(#[source] Errno),
+    #[error("cannot make the build step's mounts private (MS_REC|MS_PRIVATE on /)")]
+    StepMakeMountsPrivate(#[source] Errno),
+    #[error("cannot mount /proc in the tree: a new proc: {fresh}; a bind of the host's: {bind}")]
+    StepMountProc { fresh: Errno, bind: Errno },
+    #[error("cannot mount /sys in the tree: a new sysfs: {fresh}; a bind of the host's: {bind}")]
+    StepMountSys { fresh: Errno, bind: Errno },
+    #[error("cannot bind the host's /dev into the tree")]
+    StepBindDev(#[source] Errno),
+    #[error("cannot bind the .deb cache on /var/cache/apt/archives in the tree: check --cache-dir")]
+    StepBindAptCache(#[source] Errno),
+    #[error("cannot chroot into the tree")]
+    StepChroot(#[source] Errno),
+    #[error("cannot chdir to / in the tree")]
+    StepChdir(#[source] Errno),
+
     // ---- the job's cgroup (the helper joins it; teardown removes it) ----
     #[error("cannot create the job's cgroup {}", dir.display())]
     CgroupCreate {

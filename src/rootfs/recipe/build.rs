@@ -191,8 +191,8 @@ pub fn build(store: &Store, recipe: &Recipe, opts: &BuildOptions) -> Result<Buil
             tracing::warn!("killed {strays} process(es) left running in the build chroot");
         }
         let (cuda, arch) = r?;
-        // dpkg ran with --force-unsafe-io (no fsync per file): flush the whole tree once
-        // before the store renames it into place.
+        // dpkg ran without an fsync per file (rootfs-recipes/apt-build.conf): flush the
+        // whole tree once before the store renames it into place.
         nix::unistd::syncfs(tree_fd.as_raw_fd()).context("cannot sync the new rootfs to disk")?;
         removed_files = count_lines(&tree.join("usr/share/azp-sandbox/removed-files"));
         let (entries, bytes) = crate::rootfs::tree_size(&tree);
@@ -343,8 +343,9 @@ impl Builder<'_> {
         let _ = std::fs::remove_file(self.tree.join(format!("etc/apt/sources.list.d/{}.sources", self.recipe.distro)));
         self.put(
             "etc/apt/apt.conf.d/99azp-sandbox-build",
-            b"// temporary, while azp-sandbox builds this rootfs\nAcquire::Retries \"3\";\n\
-              Dpkg::Options { \"--force-confdef\"; \"--force-confold\"; \"--force-unsafe-io\"; };\nDpkg::Use-Pty \"false\";\nAcquire::Languages \"none\";\n",
+            // apt and dpkg options of every recipe build (no fsync per .deb file: the
+            // whole tree is synced once at the end); removed again by the clean-up.
+            include_bytes!("../../../rootfs-recipes/apt-build.conf"),
             0o644,
         )?;
         self.put(

@@ -61,7 +61,7 @@ impl Steps<'_> {
         let mut child = match cmd.spawn() {
             Ok(c) => c,
             Err(e) => {
-                let e = match isolate::Error::from_spawn(&e) {
+                let e = match crate::sys::Error::from_spawn(&e) {
                     Some(step) => anyhow::Error::new(step),
                     None => anyhow::Error::new(e),
                 };
