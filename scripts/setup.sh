@@ -3,6 +3,8 @@
 # tests with. Idempotent; run as root (or it re-runs itself with sudo).
 #   libseccomp-dev, pkg-config  libcontainer's seccomp support (profiles are enforced, not ignored)
 #   busybox-static              the small test rootfs
+#   bash-static                 bash in that rootfs, for the agent's bash run.sh stand-in
+#   libc6-dev (build-essential) glibc's static libc.a: the jobs' init is linked against it
 #   debootstrap                 the real Debian rootfs test, and rootfs recipes
 #   runc                        the peer in the sandbox benchmark
 #   umoci                       the peer in the pull benchmark (with skopeo)
@@ -13,7 +15,7 @@
 set -euo pipefail
 if [ "$(id -u)" != 0 ]; then exec sudo -E "$0" "$@"; fi
 export DEBIAN_FRONTEND=noninteractive
-pkgs=(build-essential pkg-config libseccomp-dev busybox-static debootstrap runc zstd uidmap libcap2-bin
+pkgs=(build-essential libc6-dev pkg-config libseccomp-dev busybox-static bash-static debootstrap runc zstd uidmap libcap2-bin
       ca-certificates curl git iproute2 procps psmisc docker-registry skopeo apache2-utils umoci)
 missing=()
 for p in "${pkgs[@]}"; do dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'ok installed' || missing+=("$p"); done

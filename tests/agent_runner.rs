@@ -222,3 +222,54 @@ fn service_install_writes_a_unit() {
     );
     assert!(unit.contains("KillMode=mixed") && unit.contains("WantedBy=multi-user.target"), "{unit}");
 }
+
+/// A drain as a user expects it: SIGTERM to `run` while a job runs, a short
+/// `--drain-timeout`; at the timeout the agent's whole process group gets SIGINT (through
+/// the job's init: the agent's `run.sh` is pid 1's child, not pid 1), the listener
+/// cancels the job, reports it "canceled" and exits, all before its slot is gone; nobody
+/// waits for `--cancel-grace`. Once with the fake package (run.sh execs the listener) and
+/// once with a run.sh that behaves as the real one: bash, no trap, no exec (issue 20).
+#[test]
+#[cfg_attr(not(test_as_root), ignore = "needs root: creates real sandboxes (CI runs the suite as root)")]
+fn drain_timeout_cancels_the_running_job_through_the_listener() {
+    require_root!();
+    let bash_rootfs = or_skip!(busybox_bash_tar());
+    for bash in [false, true] {
+        let fake = FakeAzure::start();
+        if bash {
+            fake.use_bash_run_sh();
+        }
+        let h = TestHome::new(if bash { "runner-drain-bash" } else { "runner-drain" });
+        h.import(&bash_rootfs, "bb");
+        let tf = token_file(&h, &fake.pat());
+        let marker = format!("drain-job-{}-{bash}", std::process::id());
+        let mut cmd = h.command();
+        cmd.args(["run", "--pool", "gpu", "--url", &fake.url(), "--token-file", tf.to_str().unwrap()])
+            .args(["--agents", "1", "--gpus-per-agent", "none", "--rootfs", "bb", "--name-prefix", "drain"])
+            .args(["--drain-timeout", "2", "--cancel-grace", "40"]);
+        let mgr = ManagerProc::spawn(cmd, h.dir.join("manager.log"));
+        fake.enqueue_job(&format!("echo job-started; sh -c 'sleep 300' {marker}; echo JOB-WAS-NOT-CANCELLED"));
+        wait_until("the job to run", Duration::from_secs(90), || !processes_matching(&marker).is_empty());
+        let stopped = std::time::Instant::now();
+        let st = mgr.stop();
+        let took = stopped.elapsed();
+        let log = std::fs::read_to_string(h.dir.join("manager.log")).unwrap();
+        assert!(st.success(), "bash={bash}: manager exit {st}; log:\n{log}");
+        let results = fake.results();
+        assert_eq!(results.len(), 1, "bash={bash}: the job was not reported; log:\n{log}");
+        let r = &results[0];
+        assert_eq!(r.result, "canceled", "bash={bash}: {r:?}\n{log}");
+        assert!(r.output.contains("job-started") && !r.output.contains("JOB-WAS-NOT-CANCELLED"), "{r:?}");
+        assert!(r.output.contains("listener: received SIGINT"), "bash={bash}: the listener got SIGINT: {r:?}");
+        assert!(log.contains("stopping agent drain-0 (drain timeout: its job is cancelled): SIGINT"), "{log}");
+        assert!(!log.contains("killing it"), "bash={bash}: the cancel grace ran out:\n{log}");
+        assert!(took < Duration::from_secs(30), "bash={bash}: {took:?}: waited for the cancel grace?\n{log}");
+        let agent_log = std::fs::read_to_string(h.dir.join("logs/drain-0.log")).unwrap_or_default();
+        if bash {
+            // run.sh itself lived on, waited for its listener and passed its code on.
+            assert!(agent_log.contains("run.sh: the listener exited with 0"), "{agent_log}");
+        }
+        assert!(processes_matching(&marker).is_empty());
+        h.assert_no_residue(&[]);
+    }
+}

@@ -586,7 +586,7 @@ fn t02_job_sees_and_signals_only_its_own_processes() {
     for (who, user) in USERS {
         let script = format!(
             "M1='{m1}'; M2='{m2}'\n\
-             echo \"pid1=$(tr '\\0\\n' '  ' < /proc/1/cmdline | cut -c1-6)\"\n\
+             echo \"pid1=$(tr '\\0\\n' '  ' < /proc/1/cmdline | cut -c1-21)\"\n\
              n=0; for p in /proc/[0-9]*; do n=$((n+1)); grep -q \"$M1$M2\" $p/cmdline 2>/dev/null && echo SEEN $p; done\n\
              [ $n -le 4 ] && echo few-pids\n\
              kill -0 {host_pid} 2>/dev/null && echo SIGNALLED || echo kill-failed\n\
@@ -594,7 +594,8 @@ fn t02_job_sees_and_signals_only_its_own_processes() {
              kill -WINCH -1 2>/dev/null; echo signalled-all"
         );
         let out = exec_ok(&h, user, &script);
-        assert_eq!(out, "pid1=sh -c \nfew-pids\nkill-failed\nno-host-pid\nsignalled-all\n", "as {who}");
+        // Pid 1 is the job's own: its init, running the job's command.
+        assert_eq!(out, "pid1=/dev/.azp-init sh -c \nfew-pids\nkill-failed\nno-host-pid\nsignalled-all\n", "as {who}");
     }
     std::thread::sleep(Duration::from_millis(200));
     assert!(!got.exists(), "kill -WINCH -1 in the job reached a host process");
@@ -996,9 +997,9 @@ fn t10b_thread_bomb_is_contained_by_the_pids_limit() {
             .parse()
             .unwrap();
         eprintln!("as {who}: the thread bomb created {created} threads, then EAGAIN");
-        // 64 tasks: sh + the probe's main thread + at most 62 more.
+        // 64 tasks: the init, sh, the probe's main thread and at most 61 more.
         assert!(
-            (48..=62).contains(&created),
+            (48..=61).contains(&created),
             "as {who}: {created} threads: limit not enforced, or bomb never went off"
         );
         h.assert_no_residue(&[&name]);
@@ -1115,17 +1116,25 @@ fn t12_host_binary_is_unreachable_and_unchanged() {
         let out = exec(&h, user, &script);
         let lines: Vec<&str> = out.out.lines().collect();
         assert_eq!(lines[0], "/bin/busybox", "as {who}: {}", out.out);
-        assert_eq!(lines[1], "/bin/busybox", "as {who}: {}", out.out);
-        // Every process's exe is a binary of the rootfs, busy (root) or not writable (uid 1000).
+        // Pid 1 is the jobs' init, a read-only bind of a host file.
+        assert_eq!(lines[1], "/dev/.azp-init", "as {who}: {}", out.out);
+        // Every process's exe is a binary of the rootfs or the init, busy (root) or not
+        // writable (uid 1000).
         let e = if who == "root" { "ETXTBSY" } else { "EACCES" };
         for l in &lines[2..lines.len() - 1] {
             let (_, what) = l.split_once(' ').unwrap();
-            let ok = what == "/bin/busybox" || what == "/bin/probe" || what.ends_with(&format!("/exe: {e}"));
+            let ok = ["/bin/busybox", "/bin/probe", "/dev/.azp-init"].contains(&what)
+                || what.ends_with(&format!("/exe: {e}"));
             assert!(ok, "as {who}: unexpected `{l}` in\n{}", out.out);
         }
         assert_eq!(*lines.last().unwrap(), "0", "as {who}: a copy of the host binary is visible in the job");
     }
     assert_eq!(sha256sum(&host_bin), before, "the host binary changed");
+    // And so is the init: one file, as written, read-only.
+    let inits: Vec<PathBuf> = fs::read_dir(h.dir.join("cache/init")).unwrap().flatten().map(|e| e.path()).collect();
+    assert_eq!(inits.len(), 1, "{inits:?}");
+    assert_eq!(sha256_file(&inits[0]), sha256_hex(azp_sandbox::sandbox::init::BINARY), "the jobs' init changed");
+    assert_eq!(fs::metadata(&inits[0]).unwrap().mode() & 0o7777, 0o555);
     h.assert_no_residue(&[]);
 }
 
@@ -1637,3 +1646,6 @@ fn t19_rootfs_symlinks_do_not_redirect_the_helpers_writes_to_the_host() {
     }
     h.assert_no_residue(&[]);
 }
+
+#[path = "escape/supervisor.rs"]
+mod supervisor;

@@ -1,4 +1,5 @@
-//! `azp-sandbox exec`: run a command in a fresh, throwaway sandbox.
+//! `azp-sandbox exec`: run a command in a fresh, throwaway sandbox (no command: the
+//! rootfs's shell). The sandbox's flags ([`JobArgs`]) are `shell`'s too.
 
 use super::args::{checked, parse_job_name, parse_user, LimitArgs};
 use super::{Context, Needs, Verb};
@@ -6,10 +7,27 @@ use anyhow::Result;
 use azp_sandbox::config::{EnvVar, Network, Volume};
 use azp_sandbox::gpu::{Capabilities, GpuRequest};
 use azp_sandbox::sandbox::exec::ExecRequest;
+use std::io::IsTerminal;
 use std::path::PathBuf;
 
 #[derive(clap::Args)]
 pub struct ExecArgs {
+    #[command(flatten)]
+    job: JobArgs,
+    /// Give the command a terminal of its own (a pty in the sandbox, relayed to yours):
+    /// for interactive programs, job control, `tty`. The default when no command is given
+    /// and stdin is a terminal
+    #[arg(long, short = 't')]
+    tty: bool,
+    /// Command and arguments [default: the rootfs's shell: the user's login shell in its
+    /// /etc/passwd, else /bin/bash, else /bin/sh]
+    #[arg(trailing_var_arg = true, value_name = "CMD")]
+    command: Vec<String>,
+}
+
+/// What the sandbox of one job looks like: the flags `exec` and `shell` share.
+#[derive(clap::Args)]
+pub struct JobArgs {
     /// Rootfs name from `azp-sandbox rootfs list`, or auto: the newest CUDA the host
     /// driver supports
     #[arg(long)]
@@ -44,14 +62,24 @@ pub struct ExecArgs {
     /// Run as UID[:GID] inside the sandbox (numeric; default 0:0)
     #[arg(long, short = 'u', value_parser = parse_user)]
     user: Option<(u32, u32)>,
-    /// Command and arguments
-    #[arg(trailing_var_arg = true, required = true, value_name = "CMD")]
-    command: Vec<String>,
 }
 
 impl ExecArgs {
     /// What the library runs (in setuid mode: what the privileged side is asked to run).
     pub fn request(self) -> ExecRequest {
+        let terminal = self.tty || (self.command.is_empty() && std::io::stdin().is_terminal());
+        self.job.request(self.command, terminal)
+    }
+}
+
+impl JobArgs {
+    /// The request for `command` (empty: the rootfs's shell), with a terminal or not. A
+    /// job with a terminal gets our TERM (else `xterm`) unless `--env` sets one.
+    pub fn request(mut self, command: Vec<String>, terminal: bool) -> ExecRequest {
+        if terminal && !self.env.iter().any(|e| e.key == "TERM") {
+            let term = std::env::var("TERM").ok().filter(|t| !t.is_empty()).unwrap_or_else(|| "xterm".into());
+            self.env.push(EnvVar { key: "TERM".into(), value: term });
+        }
         ExecRequest {
             rootfs: self.rootfs,
             volumes: self.volumes,
@@ -64,7 +92,8 @@ impl ExecArgs {
             name: self.name,
             workdir: self.workdir,
             user: self.user,
-            command: self.command,
+            command,
+            terminal,
         }
     }
 }
@@ -97,6 +126,7 @@ mod tests {
     use std::path::Path;
 
     fn request(args: &[&str]) -> azp_sandbox::sandbox::exec::ExecRequest {
+        // (No terminal here: stdin of the test binary is not one, or is ignored: -t says.)
         match Cli::try_parse_from([&["azp-sandbox", "exec"], args].concat()).unwrap().command {
             Command::Exec(a) => a.request(),
             _ => unreachable!(),
@@ -136,7 +166,16 @@ mod tests {
             (Some("job-1"), Path::new("/tmp"), Some((1000, 100)))
         );
         assert_eq!(r.command, ["sh", "-c", "x"]);
+        assert!(!r.terminal);
         let r = request(&["--rootfs=auto", "true"]);
         assert_eq!((r.gpus.as_str(), r.workdir.as_path(), r.user, r.name), ("none", Path::new("/"), None, None));
+        let r = request(&["--rootfs=r", "-t", "-e", "TERM=vt100", "--", "top"]);
+        assert!(r.terminal);
+        assert_eq!(r.env, [("TERM".to_string(), "vt100".to_string())], "--env wins over ours");
+        let r = request(&["--rootfs=r", "--tty", "top"]);
+        assert!(r.terminal && r.env.iter().any(|(k, _)| k == "TERM"), "a terminal gets a TERM");
+        // No command: the rootfs's shell (the library picks it from the rootfs).
+        let r = request(&["--rootfs=r"]);
+        assert!(r.command.is_empty());
     }
 }

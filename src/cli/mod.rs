@@ -16,6 +16,7 @@ mod rootfs;
 mod run;
 mod service;
 pub mod setuid;
+mod shell;
 mod slurm;
 mod status;
 
@@ -64,6 +65,8 @@ enum Command {
     Service(service::ServiceCommand),
     /// Run a command in a fresh, throwaway sandbox
     Exec(exec::ExecArgs),
+    /// An interactive shell in a fresh, throwaway sandbox (exec -t of the rootfs's shell)
+    Shell(shell::ShellArgs),
     /// Manage root filesystems (the read-only lower layers of sandboxes)
     #[command(subcommand)]
     Rootfs(rootfs::RootfsCommand),
@@ -86,6 +89,7 @@ impl Command {
             Command::Agents(v) => Box::new(v),
             Command::Service(v) => Box::new(v),
             Command::Exec(v) => Box::new(v),
+            Command::Shell(v) => Box::new(v),
             Command::Rootfs(v) => Box::new(v),
             Command::Gc(v) => Box::new(v),
             Command::Gpu(v) => Box::new(v),
@@ -168,6 +172,7 @@ mod tests {
         let needs = |args: &[&str]| Cli::try_parse_from(args).unwrap().command.into_verb().needs();
         assert_eq!(needs(&["azp-sandbox", "run"]), Needs::Sandboxes);
         assert_eq!(needs(&["azp-sandbox", "exec", "--rootfs", "r", "true"]), Needs::Sandboxes);
+        assert_eq!(needs(&["azp-sandbox", "shell", "--rootfs", "r"]), Needs::Sandboxes);
         assert_eq!(needs(&["azp-sandbox", "rootfs", "list"]), Needs::Namespace);
         assert_eq!(needs(&["azp-sandbox", "gc"]), Needs::Namespace);
         assert_eq!(needs(&["azp-sandbox", "status"]), Needs::Mode);

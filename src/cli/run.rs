@@ -31,9 +31,13 @@ pub struct RunArgs {
     /// Agent package (FILE or URL) for air-gapped sites [default: the server's newest]
     #[arg(long)]
     agent_package: Option<String>,
-    /// Seconds running jobs get after SIGTERM before they are killed
-    #[arg(long)]
+    /// Seconds running jobs get after SIGTERM to finish before they are cancelled
+    /// (SIGINT to the agent: it reports the job canceled) [default: 600]
+    #[arg(long, value_name = "SECS")]
     drain_timeout: Option<u64>,
+    /// Seconds a cancelled job gets to stop before it is killed [default: 30]
+    #[arg(long, value_name = "SECS")]
+    cancel_grace: Option<u64>,
     /// Dir with pre-job.d/ and post-job.d/ hooks
     #[arg(long)]
     hooks_dir: Option<PathBuf>,
@@ -70,6 +74,7 @@ impl RunArgs {
             cpus_milli: self.limits.cpus,
             agent_package: self.agent_package.clone(),
             drain_timeout: self.drain_timeout.map(Duration::from_secs),
+            cancel_grace: self.cancel_grace.map(Duration::from_secs),
             hooks_dir: self.hooks_dir.clone(),
             autoscale: self.autoscale,
             min_agents: self.min_agents,
@@ -137,6 +142,7 @@ mod tests {
             "--cpus=1.5",
             "--agent-package=/pkg.tgz",
             "--drain-timeout=7",
+            "--cancel-grace=4",
             "--hooks-dir=/h",
             "--autoscale",
             "--min-agents=1",
@@ -160,7 +166,7 @@ mod tests {
             (f.agent_package.as_deref(), f.hooks_dir.as_deref()),
             (Some("/pkg.tgz"), Some(std::path::Path::new("/h")))
         );
-        assert_eq!(f.drain_timeout, Some(Duration::from_secs(7)));
+        assert_eq!((f.drain_timeout, f.cancel_grace), (Some(Duration::from_secs(7)), Some(Duration::from_secs(4))));
         assert!(f.autoscale);
         assert_eq!((f.min_agents, f.max_agents), (Some(1), Some(3)));
         assert_eq!((f.idle_timeout, f.poll_interval), (Some(Duration::from_secs(30)), Some(Duration::from_secs(5))));

@@ -15,6 +15,7 @@ pub fn main() -> Result<i32> {
             let cli = Cli::parse();
             let request = match cli.command {
                 Command::Exec(args) => Request::Exec(args.request()),
+                Command::Shell(args) => Request::Exec(args.request()),
                 Command::Run(args) => args.setuid_request()?,
                 other => {
                     drop(sender);

@@ -1,14 +1,18 @@
 //! When `run` stops, and how its slots drain: the wait for a signal (or for every slot
-//! to end, or `--exit-when-idle`), then SIGTERM to each slot's helper, at once for an
-//! agent that has taken no job, after `--drain-timeout` (or a second signal) for one that
-//! runs a job. The decisions ([`IdleExit`], [`Drain`]) take the time as an argument and
-//! are unit-tested; the loops around them only observe and act.
+//! to end, or `--exit-when-idle`), then each slot's agent is stopped as a user expects:
+//! an agent that has taken no job at once, one that runs a job once `--drain-timeout`
+//! has passed (or a second signal forces it). Stopping is SIGINT to the slot's helper,
+//! which the job's init passes to the agent's whole process group: the listener cancels
+//! its job, reports it "canceled", deletes its session and exits. One that is still
+//! there `--cancel-grace` later is killed (a second signal to the helper: SIGKILL).
+//! The decisions ([`IdleExit`], [`Drain`]) take the time as an argument and are
+//! unit-tested; the loops around them only observe and act.
 
 use super::slots::{job_in_progress, Running};
 use crate::config::Home;
 use crate::sys::signals::wait_timeout as wait_signal;
 use nix::sys::signal::{SigSet, Signal};
-use std::collections::HashSet;
+use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
@@ -46,16 +50,22 @@ pub fn wait_for_stop(sigs: &SigSet, home: &Home, r: &mut Running) -> Stop {
     }
 }
 
-/// Stops the slots: no new agents; idle ones signalled at once, busy ones at the
-/// deadline; returns once every slot thread has ended (and joins them).
+/// Stops the slots: no new agents; idle ones stopped at once, busy ones at the deadline,
+/// each killed if still there a cancel grace later; returns once every slot thread has
+/// ended (and joins them).
 pub fn drain(sigs: &SigSet, home: &Home, r: &mut Running, stop: Stop) {
     let timeout = r.shared.settings.drain_timeout;
+    let grace = r.shared.settings.cancel_grace;
     if let Stop::Signal(s) = stop {
-        tracing::info!("received {s}: no new jobs; running jobs get {}s to finish", timeout.as_secs());
+        tracing::info!(
+            "received {s}: no new jobs; running jobs get {}s to finish, then are cancelled (SIGINT) and killed {}s later",
+            timeout.as_secs(),
+            grace.as_secs()
+        );
     }
     r.shared.stopping.store(true, Ordering::SeqCst);
     r.shared.status.lock().unwrap_or_else(|p| p.into_inner()).stopping = true;
-    let mut plan = Drain::new(Instant::now(), timeout);
+    let mut plan = Drain::new(Instant::now(), timeout, grace);
     while !r.slots.all_finished() {
         let layer_dirs = home.job_layer_dirs();
         let views: Vec<SlotView> = r
@@ -66,14 +76,28 @@ pub fn drain(sigs: &SigSet, home: &Home, r: &mut Running, stop: Stop) {
             .collect();
         let busy = |i: usize| job_in_progress(&layer_dirs, &r.names[i]);
         let forced = || wait_signal(sigs, Duration::ZERO).is_some();
-        for term in plan.due(Instant::now(), &views, busy, forced) {
-            tracing::info!(
-                slot = term.slot,
-                "stopping agent {} ({})",
-                r.names[term.slot],
-                if term.busy { "drain timeout" } else { "idle" }
-            );
-            let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(term.pid), nix::sys::signal::SIGTERM);
+        for act in plan.due(Instant::now(), &views, busy, forced) {
+            let name = &r.names[act.slot];
+            let signal = match act.step {
+                Step::Cancel => {
+                    let why = if act.busy { "drain timeout: its job is cancelled" } else { "idle" };
+                    tracing::info!(
+                        slot = act.slot,
+                        "stopping agent {name} ({why}): SIGINT, SIGKILL in {}s",
+                        grace.as_secs()
+                    );
+                    Signal::SIGINT
+                }
+                Step::Kill => {
+                    tracing::warn!(
+                        slot = act.slot,
+                        "agent {name} still running {}s after SIGINT: killing it",
+                        grace.as_secs()
+                    );
+                    Signal::SIGTERM
+                }
+            };
+            let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(act.pid), signal);
         }
         std::thread::sleep(DRAIN_TICK);
     }
@@ -111,30 +135,43 @@ pub struct SlotView {
     pub pid: i32,
 }
 
-/// A SIGTERM due to slot `slot`'s helper `pid`.
+/// What the drain does to a slot's helper.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Term {
-    pub slot: usize,
-    pub pid: i32,
-    /// It ran a job (signalled at the deadline or when forced).
-    pub busy: bool,
+pub enum Step {
+    /// SIGINT: the job's init passes it to the agent, which cancels its job and exits.
+    Cancel,
+    /// A second signal (SIGTERM): the helper SIGKILLs the job.
+    Kill,
 }
 
-/// The drain's decisions: each helper is signalled once; an idle one at once, a busy
-/// one once the deadline passed or a second signal forces it.
+/// A signal due to slot `slot`'s helper `pid`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Act {
+    pub slot: usize,
+    pub pid: i32,
+    /// It ran a job (cancelled at the deadline or when forced).
+    pub busy: bool,
+    pub step: Step,
+}
+
+/// The drain's decisions: each helper is cancelled once, an idle one at once, a busy one
+/// once the deadline passed or a second signal forces it; and killed once, `grace` after
+/// its cancel.
 #[derive(Debug)]
 pub struct Drain {
     deadline: Instant,
-    signalled: HashSet<(usize, i32)>,
+    grace: Duration,
+    /// When each helper was cancelled, and whether it was then killed.
+    cancelled: HashMap<(usize, i32), (Instant, bool)>,
 }
 
 impl Drain {
-    pub fn new(now: Instant, timeout: Duration) -> Drain {
-        Drain { deadline: now + timeout, signalled: HashSet::new() }
+    pub fn new(now: Instant, timeout: Duration, grace: Duration) -> Drain {
+        Drain { deadline: now + timeout, grace, cancelled: HashMap::new() }
     }
 
-    /// The SIGTERMs due at `now`. `busy(i)`: slot i's agent runs a job; `forced()`: a
-    /// second signal came. Both are asked only about slots still to be signalled (they
+    /// The signals due at `now`. `busy(i)`: slot i's agent runs a job; `forced()`: a
+    /// second signal came. Both are asked only about slots still to be cancelled (they
     /// read the disk, take the signal), `forced` only for busy ones before the deadline.
     pub fn due(
         &mut self,
@@ -142,16 +179,23 @@ impl Drain {
         slots: &[SlotView],
         busy: impl Fn(usize) -> bool,
         mut forced: impl FnMut() -> bool,
-    ) -> Vec<Term> {
+    ) -> Vec<Act> {
         let mut out = Vec::new();
         for (i, s) in slots.iter().enumerate() {
-            if !s.running || s.pid <= 0 || self.signalled.contains(&(i, s.pid)) {
+            if !s.running || s.pid <= 0 {
+                continue;
+            }
+            if let Some((at, killed)) = self.cancelled.get_mut(&(i, s.pid)) {
+                if !*killed && now >= *at + self.grace {
+                    *killed = true;
+                    out.push(Act { slot: i, pid: s.pid, busy: true, step: Step::Kill });
+                }
                 continue;
             }
             let busy = busy(i);
             if !busy || now >= self.deadline || forced() {
-                self.signalled.insert((i, s.pid));
-                out.push(Term { slot: i, pid: s.pid, busy });
+                self.cancelled.insert((i, s.pid), (now, false));
+                out.push(Act { slot: i, pid: s.pid, busy, step: Step::Cancel });
             }
         }
         out
@@ -174,35 +218,64 @@ mod tests {
         assert!(w.expired(t0 + Duration::from_secs(121), false));
     }
 
+    const NO_GRACE_YET: Duration = Duration::from_secs(3600);
+
+    fn cancel(slot: usize, pid: i32, busy: bool) -> Act {
+        Act { slot, pid, busy, step: Step::Cancel }
+    }
+
     #[test]
     fn idle_agents_stop_at_once_busy_ones_at_the_deadline() {
         let t0 = Instant::now();
-        let mut d = Drain::new(t0, Duration::from_secs(600));
+        let mut d = Drain::new(t0, Duration::from_secs(600), NO_GRACE_YET);
         let slots = [UP, SlotView { running: true, pid: 200 }];
         let busy = |i: usize| i == 1;
         let due = d.due(t0, &slots, busy, || false);
-        assert_eq!(due, [Term { slot: 0, pid: 100, busy: false }]);
+        assert_eq!(due, [cancel(0, 100, false)]);
         assert_eq!(d.due(t0 + Duration::from_secs(599), &slots, busy, || false), [], "each helper once; busy waits");
         let due = d.due(t0 + Duration::from_secs(600), &slots, busy, || false);
-        assert_eq!(due, [Term { slot: 1, pid: 200, busy: true }]);
+        assert_eq!(due, [cancel(1, 200, true)]);
         assert_eq!(d.due(t0 + Duration::from_secs(700), &slots, busy, || false), []);
+    }
+
+    #[test]
+    fn a_cancelled_agent_still_there_after_the_grace_is_killed_once() {
+        let t0 = Instant::now();
+        let grace = Duration::from_secs(30);
+        let mut d = Drain::new(t0, Duration::from_secs(60), grace);
+        let slots = [UP, SlotView { running: true, pid: 200 }];
+        let busy = |i: usize| i == 1;
+        assert_eq!(d.due(t0, &slots, busy, || false), [cancel(0, 100, false)]);
+        assert_eq!(d.due(t0 + Duration::from_secs(29), &slots, busy, || false), [], "the idle one's grace runs");
+        let kill0 = Act { slot: 0, pid: 100, busy: true, step: Step::Kill };
+        assert_eq!(d.due(t0 + grace, &slots, busy, || false), [kill0]);
+        let at = t0 + Duration::from_secs(60);
+        assert_eq!(d.due(at, &slots, busy, || false), [cancel(1, 200, true)], "the busy one at the deadline");
+        assert_eq!(d.due(at + grace - Duration::from_millis(1), &slots, busy, || false), []);
+        let kill1 = Act { slot: 1, pid: 200, busy: true, step: Step::Kill };
+        assert_eq!(d.due(at + grace, &slots, busy, || false), [kill1]);
+        assert_eq!(d.due(at + grace * 3, &slots, busy, || false), [], "killed once");
+        // An agent that stopped in time is not there to kill: its thread ended.
+        let mut d = Drain::new(t0, Duration::ZERO, grace);
+        d.due(t0, &[UP], |_| true, || false);
+        assert_eq!(d.due(t0 + grace, &[SlotView { running: false, pid: 100 }], |_| true, || false), []);
     }
 
     #[test]
     fn a_new_helper_is_signalled_again_and_empty_slots_never() {
         let t0 = Instant::now();
-        let mut d = Drain::new(t0, Duration::ZERO);
+        let mut d = Drain::new(t0, Duration::ZERO, NO_GRACE_YET);
         let slots = [UP, SlotView { running: false, pid: 300 }, SlotView { running: true, pid: 0 }];
         assert_eq!(d.due(t0, &slots, |_| false, || false).len(), 1, "no thread, or no helper yet: nothing to signal");
         // The slot's agent ended and the next phase's helper started before the thread saw the stop.
         let due = d.due(t0, &[SlotView { running: true, pid: 101 }], |_| false, || false);
-        assert_eq!(due, [Term { slot: 0, pid: 101, busy: false }]);
+        assert_eq!(due, [cancel(0, 101, false)]);
     }
 
     #[test]
     fn a_second_signal_forces_a_busy_agent_and_is_read_only_when_needed() {
         let t0 = Instant::now();
-        let mut d = Drain::new(t0, Duration::from_secs(600));
+        let mut d = Drain::new(t0, Duration::from_secs(600), NO_GRACE_YET);
         let mut asked = 0;
         let due = d.due(
             t0,
@@ -215,7 +288,7 @@ mod tests {
         );
         assert_eq!(due.iter().map(|t| (t.slot, t.busy)).collect::<Vec<_>>(), [(0, false), (1, true)]);
         assert_eq!(asked, 1, "not asked for the idle slot");
-        let mut d = Drain::new(t0, Duration::ZERO);
+        let mut d = Drain::new(t0, Duration::ZERO, NO_GRACE_YET);
         d.due(t0, &[UP], |_| true, || panic!("past the deadline: no need to read signals"));
     }
 }

@@ -33,8 +33,31 @@ pub trait Container {
     fn delete(&mut self) -> Result<()>;
 }
 
-/// Time a job gets after SIGTERM/SIGINT before it is SIGKILLed.
+/// Time a job gets after SIGTERM, SIGHUP or SIGQUIT before it is SIGKILLed.
 const STOP_GRACE: Duration = Duration::from_secs(10);
+
+/// What the helper does with a signal it receives while the job runs. Each goes to the
+/// job's init, which passes it to the job's whole process group. SIGINT is an interrupt,
+/// as a terminal's Ctrl-C: the job decides (the agent cancels its job, reports it and
+/// exits; the drain's deadline is the runner's to keep). SIGTERM, SIGHUP and SIGQUIT
+/// stop the job: SIGKILL follows after [`STOP_GRACE`]. Any signal after a first one
+/// kills the job at once (a second Ctrl-C, or the drain's cancel grace running out).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OnSignal {
+    /// Forward it; SIGKILL at the deadline, if any.
+    Forward { kill_after: Option<Duration> },
+    /// SIGKILL now.
+    Kill,
+}
+
+/// See [`OnSignal`]; `already`: a signal came before this one.
+pub fn on_signal(sig: Signal, already: bool) -> OnSignal {
+    match sig {
+        _ if already => OnSignal::Kill,
+        Signal::SIGINT => OnSignal::Forward { kill_after: None },
+        _ => OnSignal::Forward { kill_after: Some(STOP_GRACE) },
+    }
+}
 
 /// A stop signal that arrived before the job was started (while the helper was still
 /// setting up): forwarded to the job as soon as it runs. Without this, a SIGTERM in that
@@ -46,6 +69,9 @@ pub(super) static EARLY_SIGNAL: AtomicI32 = AtomicI32::new(0);
 #[derive(Default)]
 pub struct Libcontainer {
     container: Option<libcontainer::container::Container>,
+    /// The write end of the job's lifeline (see `sys::lifeline`), held until the helper
+    /// exits: its death, by any signal, ends the job.
+    lifeline: Option<std::os::fd::OwnedFd>,
 }
 
 impl Container for Libcontainer {
@@ -56,14 +82,30 @@ impl Container for Libcontainer {
     fn create(&mut self, plan: &JobPlan, job: &JobDir) -> Result<()> {
         // libcontainer gives its caller the job's oom_score_adj; ours goes back after build().
         let own_oom_score_adj = std::fs::read_to_string("/proc/self/oom_score_adj").ok();
-        let container = ContainerBuilder::new(plan.id.clone(), SyscallType::default())
+        // The job's init reads its lifeline at fd 3 (libcontainer passes fds 3.. on, as
+        // many as preserved); without an init, nothing would read it.
+        let preserved = if plan.process.init.is_some() {
+            self.lifeline = Some(crate::sys::lifeline::create()?);
+            1
+        } else {
+            0
+        };
+        // With a terminal, libcontainer's init makes a pty in the job's devpts and sends
+        // its master to the runner's console socket (libcontainer calls that "detached").
+        let console = plan.process.terminal.then(|| job.console_socket());
+        let built = ContainerBuilder::new(plan.id.clone(), SyscallType::default())
             .with_root_path(job.container_root())
             .context("bad libcontainer state dir")?
+            .with_preserved_fds(preserved)
+            .with_console_socket(console.as_ref())
             .as_init(job.bundle())
             .with_systemd(false)
-            .with_detach(false)
-            .build()
-            .map_err(|e| create_error(&e.to_string(), &plan.args))?;
+            .with_detach(plan.process.terminal)
+            .build();
+        if preserved > 0 {
+            crate::sys::lifeline::release_read_end();
+        }
+        let container = built.map_err(|e| create_error(&e.to_string(), &plan.args))?;
         if let Some(v) = own_oom_score_adj {
             // In the job's cgroup (see sandbox::cgroup), a memory-limit OOM must pick the
             // job's processes, not the helper. Lowering needs root; rootless it stays.
@@ -129,12 +171,26 @@ fn start_and_wait(container: &mut libcontainer::container::Container) -> Result<
     };
 
     let mut kill_at: Option<Instant> = None;
+    let mut signalled = false;
+    let mut act = |sig: Signal, when: &str, kill_at: &mut Option<Instant>| {
+        match on_signal(sig, signalled) {
+            OnSignal::Forward { kill_after } => {
+                let then = kill_after.map(|d| format!(", SIGKILL in {}s", d.as_secs())).unwrap_or_default();
+                tracing::info!("received {sig}{when}: forwarding to the job{then}");
+                kill(sig);
+                *kill_at = kill_after.map(|d| Instant::now() + d);
+            }
+            OnSignal::Kill => {
+                tracing::info!("received {sig} after a first signal: killing the job");
+                kill(Signal::SIGKILL);
+            }
+        }
+        signalled = true;
+    };
     // Signals are blocked now (sigtimedwait below takes them); one that came earlier is
     // the job's too.
     if let Ok(sig) = Signal::try_from(EARLY_SIGNAL.swap(0, Ordering::SeqCst)) {
-        tracing::info!("received {sig} while starting: forwarding to the job, SIGKILL in {}s", STOP_GRACE.as_secs());
-        kill(sig);
-        kill_at = Some(Instant::now() + STOP_GRACE);
+        act(sig, " while starting", &mut kill_at);
     }
     loop {
         // Reap everything (libcontainer's intermediate too); stop when init is gone.
@@ -154,15 +210,7 @@ fn start_and_wait(container: &mut libcontainer::container::Container) -> Result<
         let timeout = kill_at.map(|t| t.saturating_duration_since(Instant::now())).unwrap_or(Duration::from_secs(60));
         match wait_timeout(&set, timeout) {
             Some(Signal::SIGCHLD) => {}
-            Some(sig) if kill_at.is_none() => {
-                tracing::info!("received {sig}: forwarding to the job, SIGKILL in {}s", STOP_GRACE.as_secs());
-                kill(sig);
-                kill_at = Some(Instant::now() + STOP_GRACE);
-            }
-            Some(sig) => {
-                tracing::info!("received {sig} again: killing the job");
-                kill(Signal::SIGKILL);
-            }
+            Some(sig) => act(sig, "", &mut kill_at),
             None => {
                 if kill_at.is_some_and(|t| Instant::now() >= t) {
                     kill(Signal::SIGKILL);
@@ -208,6 +256,17 @@ fn kill_unreaped_init(container: &libcontainer::container::Container) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_interrupt_is_passed_on_a_stop_is_enforced_and_a_second_signal_kills() {
+        assert_eq!(on_signal(Signal::SIGINT, false), OnSignal::Forward { kill_after: None });
+        for s in [Signal::SIGTERM, Signal::SIGHUP, Signal::SIGQUIT] {
+            assert_eq!(on_signal(s, false), OnSignal::Forward { kill_after: Some(STOP_GRACE) }, "{s}");
+        }
+        for s in [Signal::SIGINT, Signal::SIGTERM] {
+            assert_eq!(on_signal(s, true), OnSignal::Kill, "{s} after another");
+        }
+    }
 
     #[test]
     fn a_missing_command_is_named_and_classified() {

@@ -26,7 +26,11 @@ pub struct ExecRequest {
     pub name: Option<String>,
     pub workdir: PathBuf,
     pub user: Option<(u32, u32)>,
+    /// Empty: the rootfs's shell (see [`default_shell`]).
     pub command: Vec<String>,
+    /// A pseudo-terminal for the job (`exec -t`, `shell`; see `sandbox::console`).
+    #[serde(default)]
+    pub terminal: bool,
 }
 
 /// `--name`: it becomes a directory name, the container id and the hostname.
@@ -61,9 +65,6 @@ impl ExecRequest {
         }
         if let Some((k, _)) = self.env.iter().find(|(k, _)| !crate::config::is_env_name(k)) {
             bail!("malformed environment variable name in the request: '{k}'");
-        }
-        if self.command.is_empty() {
-            bail!("no command given: use `azp-sandbox exec [OPTIONS] -- CMD [ARGS...]`");
         }
         Ok(())
     }
@@ -110,13 +111,18 @@ pub fn prepare(home: &Home, driver_root: &Path, req: &ExecRequest) -> Result<(Jo
     if home.jobs_dir().join(&id).exists() {
         bail!("a job named '{id}' is already running: choose another --name");
     }
+    let uid = req.user.map(|u| u.0).unwrap_or(0);
+    let args = match req.command.is_empty() {
+        true => vec![default_shell(lease.path(), uid)],
+        false => req.command.clone(),
+    };
     let plan = JobPlan {
         id: id.clone(),
         lower: vec![lease.path().to_path_buf()],
-        args: req.command.clone(),
+        args,
         env: req.env.clone(),
         cwd: req.workdir.clone(),
-        uid: req.user.map(|u| u.0).unwrap_or(0),
+        uid,
         gid: req.user.map(|u| u.1).unwrap_or(0),
         hostname: id.clone(),
         volumes: req.volumes.clone(),
@@ -126,8 +132,31 @@ pub fn prepare(home: &Home, driver_root: &Path, req: &ExecRequest) -> Result<(Jo
         cgroup_path: super::teardown::cgroup_path_for(home, &id),
         owned_dirs: vec![],
         rootless: false,
+        process: super::plan::ProcessPlan { init: None, terminal: req.terminal },
     };
     Ok((plan, lease))
+}
+
+/// What `exec` with no command runs: the job user's login shell from the rootfs's
+/// `/etc/passwd` (when it is one: not nologin or false, and present in the rootfs), else
+/// `/bin/bash`, else `/bin/sh`. Paths are looked up inside the tree, never followed out.
+pub fn default_shell(tree: &Path, uid: u32) -> String {
+    let exists = |p: &str| super::inroot::open_existing(tree, Path::new(p)).is_ok();
+    let passwd = super::inroot::read_file(tree, Path::new("/etc/passwd"), 1 << 20).unwrap_or_default();
+    let passwd = String::from_utf8_lossy(&passwd);
+    let from_passwd = login_shell(&passwd, uid).filter(|s| exists(s));
+    from_passwd.map(str::to_owned).unwrap_or_else(|| if exists("/bin/bash") { "/bin/bash" } else { "/bin/sh" }.into())
+}
+
+/// The login shell of `uid` in the text of a passwd file, when it is a usable one.
+fn login_shell(passwd: &str, uid: u32) -> Option<&str> {
+    let entry = passwd
+        .lines()
+        .map(|l| l.split(':').collect::<Vec<_>>())
+        .find(|f| f.len() == 7 && f[2].parse::<u32>().ok() == Some(uid))?;
+    let shell = entry[6].trim();
+    let usable = shell.starts_with('/') && !shell.ends_with("/nologin") && !shell.ends_with("/false");
+    usable.then_some(shell)
 }
 
 #[cfg(test)]
@@ -153,8 +182,36 @@ mod tests {
         assert!(bad_vol.validate().unwrap_err().to_string().contains("malformed volume"));
         let bad_env = ExecRequest { env: vec![("A=B".into(), "x".into())], ..req() };
         assert!(bad_env.validate().unwrap_err().to_string().contains("malformed environment"));
-        assert!(ExecRequest { command: vec![], ..req() }.validate().is_err());
+        assert!(ExecRequest { command: vec![], ..req() }.validate().is_ok(), "no command: the rootfs's shell");
+        assert!(!req().terminal, "a request without the field (an older unprivileged side): no terminal");
         let extra = r#"{"rootfs":"bb","privileged":true}"#;
         assert!(serde_json::from_str::<ExecRequest>(extra).is_err(), "unknown fields are refused");
+    }
+
+    #[test]
+    fn the_shell_of_an_exec_without_command() {
+        let passwd = "root:x:0:0:root:/root:/bin/bash\nazp:x:1000:1000::/home/azp:/bin/sh\n\
+                      daemon:x:1:1::/:/usr/sbin/nologin\nbad line\n";
+        assert_eq!(login_shell(passwd, 0), Some("/bin/bash"));
+        assert_eq!(login_shell(passwd, 1000), Some("/bin/sh"));
+        assert_eq!(login_shell(passwd, 1), None, "nologin is no shell");
+        assert_eq!(login_shell(passwd, 4242), None);
+        let t = tempfile::tempdir().unwrap();
+        let tree = t.path();
+        std::fs::create_dir_all(tree.join("etc")).unwrap();
+        std::fs::create_dir_all(tree.join("bin")).unwrap();
+        std::fs::write(tree.join("bin/sh"), "").unwrap();
+        assert_eq!(default_shell(tree, 0), "/bin/sh", "no passwd, no bash");
+        std::fs::write(tree.join("bin/bash"), "").unwrap();
+        assert_eq!(default_shell(tree, 0), "/bin/bash");
+        std::fs::write(tree.join("etc/passwd"), passwd).unwrap();
+        assert_eq!(default_shell(tree, 1000), "/bin/sh", "the user's own");
+        std::fs::write(tree.join("etc/passwd"), "root:x:0:0::/root:/usr/bin/zsh\n").unwrap();
+        assert_eq!(default_shell(tree, 0), "/bin/bash", "a shell the rootfs lacks");
+        // A link out of the tree is resolved inside it (and not found there).
+        std::fs::remove_file(tree.join("etc/passwd")).unwrap();
+        std::os::unix::fs::symlink("/etc/passwd", tree.join("etc/passwd")).unwrap();
+        std::fs::remove_file(tree.join("bin/bash")).unwrap();
+        assert_eq!(default_shell(tree, 0), "/bin/sh");
     }
 }

@@ -39,6 +39,12 @@ pub struct Pipes {
 }
 
 impl Pipes {
+    /// The same pipes at fds above 3: fd 3 is the job's lifeline's (see `sys::lifeline`).
+    fn above_lifeline_fd(self) -> Result<Pipes> {
+        let mv = |fd: Option<OwnedFd>| fd.map(sys::lifeline::move_above).transpose();
+        Ok(Pipes { result: mv(self.result)?, go: mv(self.go)? })
+    }
+
     /// The pipes of a re-executed helper, named by [`RESULT_FD_ENV`] and [`GO_FD_ENV`].
     fn from_env() -> Pipes {
         let take = |var: &str| {
@@ -64,6 +70,16 @@ pub fn run_helper(home: &Home, job_dir: &Path, pipes: Pipes) -> i32 {
     // default handlers back at execve.
     sys::signals::record_on(&[Signal::SIGTERM, Signal::SIGINT, Signal::SIGHUP, Signal::SIGQUIT], &EARLY_SIGNAL);
     let job = JobDir::at(home, job_dir);
+    // Before anything is opened: fd 3 is kept for the job's lifeline.
+    let kept = pipes.above_lifeline_fd().and_then(|p| Ok(sys::lifeline::reserve().map(|()| p)?));
+    let pipes = match kept {
+        Ok(p) => p,
+        Err(e) => {
+            let result = into_result(Err(e));
+            Reporter { fd: std::cell::Cell::new(None) }.report(&job, &result);
+            return exit_code(&result);
+        }
+    };
     let reporter = Reporter { fd: std::cell::Cell::new(pipes.result) };
     let mut container = Libcontainer::default();
     let result = into_result(run(home, &job, CgroupHost::get(), &sys::Real, &mut container, &reporter, pipes.go));
@@ -415,7 +431,7 @@ mod tests {
     #[test]
     fn a_prepared_sandbox_waits_for_go_and_a_cancel_undoes_the_container() {
         let s = setup(|_, _| {});
-        let (rx, tx) = nix::unistd::pipe().unwrap();
+        let (rx, tx) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).unwrap();
         drop(tx); // EOF: cancelled
         let rec = Recorder::default();
         let r = s.run(&rec, None, Some(rx));
@@ -424,7 +440,7 @@ mod tests {
         expected.extend(["kill_unreaped_init".into(), "delete".into()]);
         expected.push(format!("unmount {}", s.job.merged().display()));
         assert_eq!(rec.calls(), expected);
-        let (rx, tx) = nix::unistd::pipe().unwrap();
+        let (rx, tx) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).unwrap();
         std::io::Write::write_all(&mut std::fs::File::from(tx), b"g").unwrap();
         let rec = Recorder::default();
         assert_eq!(s.run(&rec, None, Some(rx)), HelperResult::Exited { code: 3, signal: None });

@@ -96,6 +96,22 @@ pub fn open_existing(root: &Path, path: &Path) -> io::Result<OwnedFd> {
     fs_at::openat2(rootfd.as_raw_fd(), &rel_cstring(path)?, libc::O_PATH, RESOLVE)
 }
 
+/// The first `max` bytes of the regular file at `path` inside the tree (symlinks resolved
+/// inside the tree too).
+pub fn read_file(root: &Path, path: &Path, max: u64) -> io::Result<Vec<u8>> {
+    use std::io::Read;
+    let rootfd = fs_at::open_dir(root)?;
+    // O_NONBLOCK: a FIFO planted there must not block the caller.
+    let fd = fs_at::openat2(rootfd.as_raw_fd(), &rel_cstring(path)?, libc::O_RDONLY | libc::O_NONBLOCK, RESOLVE)?;
+    let f = std::fs::File::from(fd);
+    if !f.metadata()?.is_file() {
+        return Err(io::Error::new(io::ErrorKind::InvalidInput, "not a regular file"));
+    }
+    let mut out = Vec::new();
+    f.take(max).read_to_end(&mut out)?;
+    Ok(out)
+}
+
 /// Makes sure something exists at `path` inside the tree for a bind mount to land on:
 /// when nothing does, an empty dir (`dir`) or an empty file (0644), with the parent dirs
 /// (as mkdir -p). Whatever is already there, a dangling symlink included, is left alone:

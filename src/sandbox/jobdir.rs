@@ -17,6 +17,8 @@ use std::path::{Path, PathBuf};
 
 /// Name prefix of a record still being built (see [`JobDir::create`]).
 const STAGING: &str = ".new-";
+/// The console socket's name in the record dir ([`JobDir::console_socket`]).
+pub const CONSOLE_SOCKET: &str = "console.sock";
 
 /// Held by the runner while the job lives (flock on `<job>/lock`, released by the kernel
 /// when the runner dies).
@@ -114,6 +116,11 @@ impl JobDir {
     /// Where the helper reports the job's exit status (or its own failure).
     pub fn result_file(&self) -> PathBuf {
         self.root.join("result.json")
+    }
+    /// Where the runner of a job with a terminal listens for its pty master (see
+    /// [`super::console`]).
+    pub fn console_socket(&self) -> PathBuf {
+        self.root.join(CONSOLE_SOCKET)
     }
 
     /// Creates the dirs, takes the lock, records the state and writes the plan.

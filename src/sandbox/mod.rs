@@ -2,10 +2,12 @@
 //! single-threaded helper process), teardown and gc.
 
 pub mod cgroup;
+pub mod console;
 pub mod container;
 pub mod editlayer;
 pub mod exec;
 pub mod helper;
+pub mod init;
 pub mod inroot;
 pub mod jobdir;
 pub mod plan;

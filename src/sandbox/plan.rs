@@ -42,6 +42,21 @@ pub struct JobPlan {
     /// [`crate::rootless::mode`]. Changes the overlay options and the spec (see spec.rs).
     #[serde(default)]
     pub rootless: bool,
+    /// How the command runs: under the jobs' init, with or without a terminal.
+    #[serde(default)]
+    pub process: ProcessPlan,
+}
+
+/// How a job's command runs (see [`super::init`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ProcessPlan {
+    /// The init on the host ([`super::init::ensure`]), bound read-only into the job and run
+    /// as its pid 1 with the command as its arguments. Set by `Sandbox::create`; None
+    /// (a plan made elsewhere, e.g. the unit tests' spec) makes the command pid 1.
+    pub init: Option<PathBuf>,
+    /// A pseudo-terminal of the job's own (`exec -t`, `shell`): its master comes to the
+    /// runner through the job's console socket and is relayed to the user's terminal.
+    pub terminal: bool,
 }
 
 /// Default PATH, as Docker sets it.
@@ -66,5 +81,6 @@ pub(crate) fn test_plan(id: &str, lower: Vec<PathBuf>, cgroup_path: &str) -> Job
         cgroup_path: cgroup_path.into(),
         owned_dirs: vec![],
         rootless: false,
+        process: Default::default(),
     }
 }

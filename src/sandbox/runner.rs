@@ -4,6 +4,7 @@
 //! Safe to call from a multi-threaded process (the manager): it only spawns the helper
 //! (fork+exec with an async-signal-safe pre_exec) and never calls libcontainer itself.
 
+use super::console::{Console, Relay};
 use super::jobdir::{JobDir, JobLock, JobState};
 use super::plan::JobPlan;
 use super::report::{FailureKind, HelperResult, SandboxError};
@@ -109,6 +110,8 @@ impl Sandbox {
     pub fn create(home: &Home, mut plan: JobPlan) -> Result<Sandbox> {
         validate(&plan)?;
         plan.rootless = crate::rootless::mode().rootless;
+        // Every job runs under the init (one stat once it is written).
+        plan.process.init = Some(super::init::ensure(home)?);
         // Optional mounts whose source is missing are dropped here, never failing the job.
         plan.edits.mounts.retain(|m| !m.optional || m.host_path.exists());
         // The home's dirs exist: `exec` and `run` ensure them once at start, not per job.
@@ -169,7 +172,8 @@ impl Sandbox {
     pub fn prepare(&mut self, phase: &Phase, opts: &RunOptions) -> Result<()> {
         let plan = self.write_phase_plan(phase)?;
         let quiet = RunOptions { helper_pid: None, forward_signals: false, ..opts.clone() };
-        let spawned = spawn_helper(&self.home, &self.job.root, phase.stdin.as_deref(), &quiet, true)?;
+        let how = Spawn { prepared: true, terminal: false };
+        let spawned = spawn_helper(&self.home, &self.job.root, phase.stdin.as_deref(), &quiet, how)?;
         self.prepared = Some((spawned, plan.cgroup_path.display().to_string()));
         Ok(())
     }
@@ -178,19 +182,31 @@ impl Sandbox {
     /// sandbox was [prepared](Sandbox::prepare), that phase is started and `phase` is
     /// not looked at.
     pub fn run(&mut self, phase: &Phase, opts: &RunOptions) -> Result<JobOutcome> {
-        let (spawned, plan) = match self.prepared.take() {
+        let (spawned, plan, console) = match self.prepared.take() {
             Some((mut s, _)) => {
                 s.go();
                 let mut plan = self.plan.clone();
                 plan.args = phase.args.clone();
-                (s, plan)
+                (s, plan, None)
             }
             None => {
                 let plan = self.write_phase_plan(phase)?;
-                (spawn_helper(&self.home, &self.job.root, phase.stdin.as_deref(), opts, false)?, plan)
+                // Listening before the helper exists: its container connects during create.
+                let console = plan.process.terminal.then(|| Console::listen(&self.job)).transpose()?;
+                let how = Spawn { prepared: false, terminal: console.is_some() };
+                (spawn_helper(&self.home, &self.job.root, phase.stdin.as_deref(), opts, how)?, plan, console)
             }
         };
         let started = Instant::now();
+        if let Some(console) = console {
+            watch_helper(spawned.child.pid, opts);
+            if let Err(e) = relay_terminal(console, &spawned) {
+                // Nobody reads the job's terminal now: stop the job rather than leave it
+                // blocked on a full one.
+                tracing::warn!(job = %plan.id, "cannot relay the job's terminal ({e:#}): stopping the job");
+                let _ = sys::process::kill(spawned.child.pid, Signal::SIGTERM);
+            }
+        }
         let (mut child, report) = await_result(spawned, opts);
         let result = match report {
             Some(r) => {
@@ -358,6 +374,16 @@ impl Spawned {
     }
 }
 
+/// How a helper is started.
+#[derive(Debug, Clone, Copy)]
+struct Spawn {
+    /// It builds the container, then waits for a byte on its go pipe before starting it
+    /// (EOF there cancels).
+    prepared: bool,
+    /// The job has a terminal of its own (relayed by the runner): our stdio is not its.
+    terminal: bool,
+}
+
 /// The helper's fds as the runner hands them over (the helper's ends of its pipes).
 struct HelperFds {
     result_tx: OwnedFd,
@@ -368,8 +394,7 @@ struct HelperFds {
     stderr: Option<OwnedFd>,
 }
 
-/// Starts the helper. With `prepared`, it builds the container and then waits for a
-/// byte on its go pipe before starting it (EOF there cancels).
+/// Starts the helper, as `how` says.
 ///
 /// A single-threaded runner (`exec`) forks the helper, which runs at once; a
 /// multi-threaded one (the agent manager) must re-execute this binary, because a forked
@@ -381,8 +406,9 @@ fn spawn_helper(
     job_dir: &std::path::Path,
     stdin: Option<&[u8]>,
     opts: &RunOptions,
-    prepared: bool,
+    how: Spawn,
 ) -> Result<Spawned> {
+    let prepared = how.prepared;
     let (result_rx, result_tx) = pipe()?;
     let (go_rx, go_tx) = if prepared {
         let (r, w) = pipe()?;
@@ -397,7 +423,8 @@ fn spawn_helper(
         }
         None => (None, None),
     };
-    let output = output_plan(opts)?;
+    // A job with a terminal writes to it, not to our stdio.
+    let output = if how.terminal { OutputPlan::default() } else { output_plan(opts)? };
     let fds = HelperFds { result_tx, go_rx, stdin: stdin_rx, stdout: output.stdout, stderr: output.stderr };
     // Nothing of ours may leak into a forked helper: close our ends of the pipes there.
     let ours: Vec<i32> = [Some(&result_rx), go_tx.as_ref(), stdin_tx.as_ref()]
@@ -496,11 +523,7 @@ fn forked_helper(home: &Home, job_dir: &std::path::Path, fds: HelperFds, ours: &
 fn await_result(s: Spawned, opts: &RunOptions) -> (Helper, Option<HelperResult>) {
     let Spawned { child, result_rx, go_tx, copiers } = s;
     drop(go_tx);
-    publish_pid(opts, child.pid);
-    if opts.forward_signals {
-        FORWARD_PID.store(child.pid, Ordering::SeqCst);
-        sys::signals::forward_on(&[Signal::SIGINT, Signal::SIGTERM, Signal::SIGHUP, Signal::SIGQUIT], &FORWARD_PID);
-    }
+    watch_helper(child.pid, opts);
     // EOF comes when the helper has sent its result (or died): it is the last holder of
     // the write end once the job has exec'd.
     let mut bytes = Vec::new();
@@ -510,6 +533,25 @@ fn await_result(s: Spawned, opts: &RunOptions) -> (Helper, Option<HelperResult>)
     }
     let report = serde_json::from_slice::<HelperResult>(&bytes).ok();
     (Helper { child, copiers }, report)
+}
+
+/// From now on the helper `pid` is the one a supervisor signals (published) and, for
+/// `exec`, the one our own stop signals go to.
+fn watch_helper(pid: i32, opts: &RunOptions) {
+    publish_pid(opts, pid);
+    if opts.forward_signals {
+        FORWARD_PID.store(pid, Ordering::SeqCst);
+        sys::signals::forward_on(&[Signal::SIGINT, Signal::SIGTERM, Signal::SIGHUP, Signal::SIGQUIT], &FORWARD_PID);
+    }
+}
+
+/// A job with a terminal: its pty master, relayed to our own terminal until the job's
+/// side is closed (see [`super::console`]). When the helper ends without a terminal (it
+/// failed before the job existed), nothing to relay: its result says why.
+fn relay_terminal(console: Console, spawned: &Spawned) -> Result<()> {
+    let Some(master) = console.accept(spawned.result_rx.as_fd())? else { return Ok(()) };
+    let (input, output) = (std::io::stdin(), std::io::stdout());
+    Relay { master, input: input.as_fd(), output: output.as_fd() }.run()
 }
 
 /// A helper process of ours (forked or re-executed), reaped by [`HelperProcess::wait`].
@@ -542,6 +584,7 @@ impl Helper {
 
 /// Where the job's stdout and stderr go (None: inherit ours), and the pipes to copy into
 /// files once the helper runs.
+#[derive(Default)]
 struct OutputPlan {
     stdout: Option<OwnedFd>,
     stderr: Option<OwnedFd>,
@@ -552,6 +595,10 @@ struct OutputPlan {
 /// could reopen it through /proc/self/fd/1 and read (or, as root, truncate) everything
 /// in it, e.g. earlier jobs' output in the slot's log. A pipe instead, copied into the
 /// file by a thread (as container shims do). Terminals and pipes are passed through.
+///
+/// Stdout and stderr into the same file (`> f 2>&1`, `>> f 2>&1`) share one pipe and one
+/// copier: the job's lines stay in the order it wrote them, and no two writers race for
+/// the file's offset.
 fn output_plan(opts: &RunOptions) -> Result<OutputPlan> {
     if let Some(path) = &opts.output {
         let file = std::fs::OpenOptions::new()
@@ -563,33 +610,55 @@ fn output_plan(opts: &RunOptions) -> Result<OutputPlan> {
         let w2 = w.try_clone()?;
         return Ok(OutputPlan { stdout: Some(w), stderr: Some(w2), copy: vec![(r, file)] });
     }
-    let mut plan = OutputPlan { stdout: None, stderr: None, copy: vec![] };
-    for fd in [1, 2] {
-        let regular = nix::sys::stat::fstat(fd).map(|st| st.st_mode & libc::S_IFMT == libc::S_IFREG).unwrap_or(false);
-        if !regular {
-            continue;
-        }
+    let regular = |fd: i32| {
+        nix::sys::stat::fstat(fd)
+            .ok()
+            .filter(|st| st.st_mode & libc::S_IFMT == libc::S_IFREG)
+            .map(|st| (st.st_dev, st.st_ino))
+    };
+    let (out, err) = (regular(1), regular(2));
+    let mut plan = OutputPlan::default();
+    if let Some(file) = out {
         // A dup (F_DUPFD_CLOEXEC, at 3 or above) that the copier thread owns.
-        let dup = if fd == 1 {
-            std::io::stdout().as_fd().try_clone_to_owned()
-        } else {
-            std::io::stderr().as_fd().try_clone_to_owned()
-        };
-        let file = std::fs::File::from(dup.context("cannot dup stdio")?);
+        let dup = std::io::stdout().as_fd().try_clone_to_owned().context("cannot dup stdout")?;
         let (r, w) = pipe()?;
-        plan.copy.push((r, file));
-        if fd == 1 {
-            plan.stdout = Some(w);
-        } else {
-            plan.stderr = Some(w);
+        if err == Some(file) {
+            plan.stderr = Some(w.try_clone()?);
         }
+        plan.stdout = Some(w);
+        plan.copy.push((r, std::fs::File::from(dup)));
+    }
+    if err.is_some() && err != out {
+        let dup = std::io::stderr().as_fd().try_clone_to_owned().context("cannot dup stderr")?;
+        let (r, w) = pipe()?;
+        plan.stderr = Some(w);
+        plan.copy.push((r, std::fs::File::from(dup)));
     }
     Ok(plan)
 }
 
+/// Copies the job's output pipe into the file, with read and write: `std::io::copy`
+/// would splice, and splice(2) without an offset takes the file's position when it starts
+/// waiting for data and writes there whenever the data comes, over what another writer
+/// put there meanwhile (issue 21: `exec ... > f 2>&1` lost lines).
 fn copier(from: OwnedFd, mut to: std::fs::File) -> std::thread::JoinHandle<()> {
     std::thread::spawn(move || {
-        let _ = std::io::copy(&mut std::fs::File::from(from), &mut to);
+        let mut from = std::fs::File::from(from);
+        let mut buf = vec![0u8; 64 << 10];
+        loop {
+            match std::io::Read::read(&mut from, &mut buf) {
+                Ok(0) => return,
+                Ok(n) => {
+                    if to.write_all(&buf[..n]).is_err() {
+                        // Keep draining: the job must not block on a full pipe.
+                        let _ = std::io::copy(&mut from, &mut std::io::sink());
+                        return;
+                    }
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(_) => return,
+            }
+        }
     })
 }
 

@@ -85,9 +85,9 @@ pub fn build(plan: &JobPlan, rootfs: &Path, cgroup: &CgroupOwner) -> Result<Spec
     let nofile = nofile_limit();
     let nofile = PosixRlimitBuilder::default().typ(PosixRlimitType::RlimitNofile).soft(nofile).hard(nofile).build()?;
     let process = ProcessBuilder::default()
-        .terminal(false)
+        .terminal(plan.process.terminal)
         .user(UserBuilder::default().uid(plan.uid).gid(plan.gid).build()?)
-        .args(plan.args.clone())
+        .args(process_args(plan))
         .env(environment(plan))
         .cwd(plan.cwd.clone())
         .capabilities(capabilities)
@@ -144,13 +144,29 @@ pub fn build(plan: &JobPlan, rootfs: &Path, cgroup: &CgroupOwner) -> Result<Spec
         .root(RootBuilder::default().path(rootfs).readonly(false).build()?)
         .hostname(plan.hostname.clone())
         .process(process)
-        .mounts(mounts(plan)?)
+        .mounts([mounts(plan)?, init_mount(plan)?].concat())
         .linux(linux)
         .build()?;
     if let Some(hooks) = hooks(plan, rootfs)? {
         spec.set_hooks(Some(hooks));
     }
     Ok(spec)
+}
+
+/// The job's init first (see [`super::init`]), when there is one; then the command.
+fn process_args(plan: &JobPlan) -> Vec<String> {
+    match &plan.process.init {
+        Some(_) => super::init::args(&plan.args),
+        None => plan.args.clone(),
+    }
+}
+
+/// The init's read-only bind, onto a file libcontainer creates on the job's /dev tmpfs
+/// (mounted before it). Executable (no noexec); nosuid and nodev as every bind.
+fn init_mount(plan: &JobPlan) -> Result<Vec<Mount>> {
+    let Some(init) = &plan.process.init else { return Ok(vec![]) };
+    let opts = ["bind", "ro", "nosuid", "nodev", "rprivate"].map(String::from);
+    Ok(vec![bind(init, Path::new(super::init::PATH_IN_JOB), &opts)?])
 }
 
 fn device_type(kind: DeviceKind) -> LinuxDeviceType {
@@ -444,7 +460,30 @@ mod tests {
             cgroup_path: "/azp-sandbox/t-1".into(),
             owned_dirs: vec![],
             rootless: false,
+            process: Default::default(),
         }
+    }
+
+    #[test]
+    fn the_init_is_pid_1_from_a_read_only_bind_on_dev() {
+        let spec = build(&plan(), Path::new("/m"), &CgroupOwner::Libcontainer).unwrap();
+        let args = spec.process().as_ref().unwrap().args().clone().unwrap();
+        assert_eq!(args, ["/bin/sh", "-c", "true"], "no init in the plan: the command is pid 1");
+        let mut p = plan();
+        p.process.init = Some("/home/cache/init/azp-init-1".into());
+        p.process.terminal = true;
+        let spec = build(&p, Path::new("/m"), &CgroupOwner::Libcontainer).unwrap();
+        let process = spec.process().as_ref().unwrap();
+        assert_eq!(process.args().as_ref().unwrap(), &["/dev/.azp-init", "/bin/sh", "-c", "true"]);
+        assert_eq!(process.terminal(), Some(true));
+        let mounts = spec.mounts().as_ref().unwrap();
+        let dev = mounts.iter().position(|m| m.destination() == Path::new("/dev")).unwrap();
+        let init = mounts.iter().position(|m| m.destination() == Path::new("/dev/.azp-init")).unwrap();
+        assert!(init > dev, "on the /dev tmpfs, not under it");
+        let m = &mounts[init];
+        assert_eq!(m.source().as_deref(), Some(Path::new("/home/cache/init/azp-init-1")));
+        let o = m.options().as_ref().unwrap();
+        assert!(o.iter().any(|x| x == "ro") && !o.iter().any(|x| x == "noexec"), "{o:?}");
     }
 
     #[test]

@@ -25,6 +25,7 @@ pub struct FileSettings {
     pub agent_package: Option<String>,
     pub name_prefix: Option<String>,
     pub drain_timeout_secs: Option<u64>,
+    pub cancel_grace_secs: Option<u64>,
     pub hooks_dir: Option<PathBuf>,
     pub hook_timeout_secs: Option<u64>,
     #[serde(default)]

@@ -27,6 +27,7 @@ pub struct FlagSettings {
     pub agent_package: Option<String>,
     pub name_prefix: Option<String>,
     pub drain_timeout: Option<Duration>,
+    pub cancel_grace: Option<Duration>,
     pub hooks_dir: Option<PathBuf>,
     /// Stop after this long without a job (Slurm batch jobs).
     pub exit_when_idle: Option<Duration>,
@@ -54,6 +55,9 @@ pub struct RunSettings {
     pub agent_package: Option<String>,
     pub name_prefix: String,
     pub drain_timeout: Duration,
+    /// After the drain timeout, a running job is cancelled (SIGINT to the agent); it is
+    /// killed if still there this much later.
+    pub cancel_grace: Duration,
     pub hooks_dir: Option<PathBuf>,
     pub hook_timeout: Duration,
     pub extra_lib_dirs: Vec<PathBuf>,
@@ -61,6 +65,11 @@ pub struct RunSettings {
     /// Some: slots start and stop with the queue.
     pub autoscale: Option<AutoscaleSettings>,
 }
+
+/// How long a cancelled agent gets to report its job and exit before it is killed: the
+/// real listener cancels the job's steps (SIGINT, SIGTERM, then kill), reports the result
+/// and deletes its session within a few seconds.
+pub const DEFAULT_CANCEL_GRACE: Duration = Duration::from_secs(30);
 
 /// Environment overrides (AZP_URL, AZP_TOKEN_FILE, AZP_POOL, AZP_AGENT_NAME as the prefix).
 pub fn env_settings(get: impl Fn(&str) -> Option<String>) -> FlagSettings {
@@ -141,6 +150,10 @@ pub fn merge(file: FileSettings, env: FlagSettings, flags: FlagSettings) -> Resu
             .drain_timeout
             .or(file.drain_timeout_secs.map(Duration::from_secs))
             .unwrap_or(Duration::from_secs(600)),
+        cancel_grace: flags
+            .cancel_grace
+            .or(file.cancel_grace_secs.map(Duration::from_secs))
+            .unwrap_or(DEFAULT_CANCEL_GRACE),
         hooks_dir: flags.hooks_dir.or(file.hooks_dir),
         hook_timeout: Duration::from_secs(file.hook_timeout_secs.unwrap_or(60)),
         extra_lib_dirs: file.extra_lib_dirs,
@@ -259,6 +272,12 @@ mod tests {
         assert_eq!(s.url, "https://dev.azure.com/org");
         assert_eq!(s.gpus_per_agent, PerAgent::Count(1));
         assert_eq!(s.drain_timeout, Duration::from_secs(600));
+        assert_eq!(s.cancel_grace, Duration::from_secs(30));
+        let file = parse_file("cancel_grace_secs = 5").unwrap();
+        assert_eq!(merge(file, FlagSettings::default(), flags()).unwrap().cancel_grace, Duration::from_secs(5));
+        let file = parse_file("cancel_grace_secs = 5").unwrap();
+        let f = FlagSettings { cancel_grace: Some(Duration::from_secs(2)), ..flags() };
+        assert_eq!(merge(file, FlagSettings::default(), f).unwrap().cancel_grace, Duration::from_secs(2), "flag wins");
     }
 
     #[test]

@@ -115,6 +115,8 @@ pub struct RunRequest {
     pub limits: crate::sandbox::Limits,
     pub name_prefix: String,
     pub drain_timeout_secs: u64,
+    #[serde(default)]
+    pub cancel_grace_secs: Option<u64>,
     pub exit_when_idle_secs: Option<u64>,
     /// Not allowed in setuid mode (the privileged side refuses them when set): a package
     /// the caller chose, hooks (they run as root on the host), autoscaling.
@@ -142,6 +144,7 @@ impl RunRequest {
             limits: crate::sandbox::Limits { memory_bytes: s.memory, pids: s.pids, cpus_milli: s.cpus_milli },
             name_prefix: s.name_prefix.clone(),
             drain_timeout_secs: s.drain_timeout.as_secs(),
+            cancel_grace_secs: Some(s.cancel_grace.as_secs()),
             exit_when_idle_secs: s.exit_when_idle.map(|d| d.as_secs()),
             agent_package: s.agent_package.clone(),
             hooks_dir: s.hooks_dir.clone(),

@@ -230,6 +230,7 @@ impl Policy {
             cpus_milli: limits.cpus_milli,
             name_prefix: Some(req.name_prefix.clone()),
             drain_timeout: Some(std::time::Duration::from_secs(req.drain_timeout_secs)),
+            cancel_grace: req.cancel_grace_secs.map(std::time::Duration::from_secs),
             exit_when_idle: req.exit_when_idle_secs.map(std::time::Duration::from_secs),
             ..Default::default()
         };
@@ -317,6 +318,7 @@ network = ["host", "none"]
             workdir: "/".into(),
             user: None,
             command: vec!["true".into()],
+            terminal: false,
         }
     }
 
@@ -414,6 +416,7 @@ network = ["host", "none"]
             limits: Limits::default(),
             name_prefix: "alice".into(),
             drain_timeout_secs: 60,
+            cancel_grace_secs: Some(7),
             exit_when_idle_secs: None,
             agent_package: None,
             hooks_dir: None,
@@ -432,6 +435,7 @@ network = ["host", "none"]
             (Some(1), Some(1 << 30), "cuda"),
             "site memory cap applied"
         );
+        assert_eq!(s.cancel_grace, std::time::Duration::from_secs(7), "the caller's cancel grace");
         assert!(s.hooks_dir.is_none() && s.agent_package.is_none() && s.token_file.is_none());
         let refuse = |r: super::super::RunRequest, want: &str| {
             let e = p.authorize_run(&r, &canon).unwrap_err().to_string();

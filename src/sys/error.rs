@@ -188,6 +188,30 @@ pub enum Error {
     #[error("cannot block signals in the helper")]
     BlockSignals(#[source] Errno),
 
+    // ---- the job's init: its lifeline and its terminal ----
+    #[error("cannot move one of the helper's pipes off fd 3 (the job's lifeline)")]
+    MoveFd(#[source] Errno),
+    #[error("cannot reserve fd 3 of the helper for the job's lifeline (open /dev/null)")]
+    ReserveLifelineFd(#[source] Errno),
+    #[error("cannot put the job's lifeline at fd 3")]
+    LifelineFd(#[source] Errno),
+    #[error("cannot listen on the job's console socket {}", path.display())]
+    ConsoleSocket {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error("cannot receive the job's terminal from its console socket")]
+    ReceiveConsole(#[source] Errno),
+    #[error("cannot read the settings of the terminal on fd {fd}")]
+    TerminalAttributes {
+        fd: i32,
+        #[source]
+        source: Errno,
+    },
+    #[error("cannot change the size of the job's terminal")]
+    TerminalSize(#[source] Errno),
+
     // ---- identities (setuid mode, the rootless user namespace) ----
     #[error("cannot make the setuid process non-dumpable")]
     NotDumpable(#[source] Errno),

@@ -6,6 +6,7 @@
 //!   the store and in-tree writes;
 //! - [`mount`], [`ns`], [`cgroup`]: what the sandbox helper sets up;
 //! - [`process`], [`signals`]: forks, the helper's spawn, waits, kills, handlers;
+//! - [`lifeline`], [`tty`]: the job's init's lifeline and the terminal of `exec -t`;
 //! - [`ids`]: setuid mode's and the user namespace's identity changes;
 //! - [`runtime_tmpfs`], [`dir_flags`]: the home's runtime dir and layer buckets.
 //!
@@ -19,12 +20,14 @@ mod error;
 pub mod fs_at;
 pub mod ids;
 pub mod isolate;
+pub mod lifeline;
 pub mod mount;
 pub mod ns;
 pub mod nvml_mig;
 pub mod process;
 pub mod runtime_tmpfs;
 pub mod signals;
+pub mod tty;
 
 pub use cgroup::{CgroupDir, CgroupJoin};
 pub use dir_flags::spread_subdirs;

@@ -72,15 +72,19 @@ pub struct HelperPipes {
 }
 
 /// In the helper, before it runs: PDEATHSIG ties it to its runner (if the runner dies,
-/// it dies, and gc, keyed on the runner's lock, removes the rest); the pipes move to fds
-/// 3 and 4, kept across exec; the signal mask is cleared, because a supervisor may block
-/// signals and masks survive execve: the job must receive its SIGTERM. Only
-/// async-signal-safe calls (prctl, dup2, fcntl, sigprocmask), no allocation: it also
-/// runs between fork and exec of a threaded parent.
+/// it dies, and with it the job: see `sys::lifeline`); a session of its own, so that a
+/// terminal's Ctrl-C (or the SIGHUP of its hang-up) reaches only the runner, which passes
+/// it on once, and not the helper too (issue 21: one Ctrl-C was counted twice); the
+/// pipes move to fds 3 and 4, kept across exec; the signal mask is cleared, because a
+/// supervisor may block signals and masks survive execve: the job must receive its
+/// SIGTERM. Only async-signal-safe calls (prctl, setsid, dup2, fcntl, sigprocmask), no
+/// allocation: it also runs between fork and exec of a threaded parent.
 pub fn child_setup(pipes: HelperPipes) -> std::io::Result<()> {
     use nix::fcntl::{fcntl, FcntlArg, FdFlag};
     use nix::sys::signal::{sigprocmask, SigSet, SigmaskHow};
     nix::sys::prctl::set_pdeathsig(Signal::SIGKILL)?;
+    // EPERM only for a process group leader, which a fresh child never is.
+    let _ = nix::unistd::setsid();
     for (fd, to) in [(pipes.result, 3), (pipes.go, 4)] {
         if fd < 0 {
             continue;
@@ -197,7 +201,7 @@ mod tests {
     fn only_open_fds_above_stdio_are_adopted() {
         assert!(adopt_inherited_fd(1).is_none());
         assert!(adopt_inherited_fd(987_654).is_none());
-        let (r, _w) = nix::unistd::pipe().unwrap();
+        let (r, _w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).unwrap();
         let raw = std::os::fd::IntoRawFd::into_raw_fd(r);
         let fd = adopt_inherited_fd(raw).expect("an open pipe end");
         let flags = nix::fcntl::fcntl(fd.as_raw_fd(), nix::fcntl::FcntlArg::F_GETFD).unwrap();

@@ -13,8 +13,14 @@
 //!   session create) -> 200; the agent is online.
 //! * `GET /_fake/jobs/next?agent=NAME` -> 200 `{"jobId":..,"script":"..","scriptBase64":".."}`
 //!   or 204 when none is queued for it.
-//! * `POST /_fake/jobs/{id}/result?agent=NAME&exitCode=N[&hook=N]`, body = the job's
-//!   output (stdout+stderr) -> 200; the agent is offline again.
+//! * `POST /_fake/jobs/{id}/result?agent=NAME&exitCode=N[&hook=N][&result=canceled]`,
+//!   body = the job's output (stdout+stderr) -> 200; the agent is offline again. The
+//!   listener reports `result=canceled` when a SIGINT or SIGTERM reached it during the
+//!   job (as the real listener cancels its job on either).
+//!
+//! [`FakeAzure::use_bash_run_sh`] swaps in a `run.sh` that behaves as the real one does
+//! (`../shared/azure-agent-entrypoints.md`): bash, no `trap`, no `exec`, the listener as
+//! its child.
 //!
 //! These three authenticate with `Authorization: Bearer <clientId>`: the clientId the
 //! agent got at registration stands in for its RSA key, so it is never returned by the
@@ -94,6 +100,8 @@ pub struct JobResult {
     /// `Some(n)` when run.sh exited `n` through the `#exit-code n` hook.
     pub hook_exit: Option<i32>,
     pub output: String,
+    /// succeeded, failed, canceled or abandoned (the hook).
+    pub result: String,
 }
 
 /// What the package list says about the package's hash.
@@ -362,6 +370,13 @@ impl FakeAzure {
         let bytes = Self::agent_package_targz_version(version);
         self.st().package = Package { version: version.into(), bytes };
     }
+    /// Serves the package with a `run.sh` that behaves as the real one (see the module
+    /// doc): needs bash in the rootfs.
+    pub fn use_bash_run_sh(&self) {
+        let version = self.package_version();
+        let bytes = Self::package_targz(&version, BASH_RUN_SH);
+        self.st().package = Package { version, bytes };
+    }
     /// The package list's `downloadUrl` points here instead of at this server.
     pub fn set_download_url(&self, url: Option<String>) {
         self.st().download_url = url;
@@ -399,6 +414,10 @@ impl FakeAzure {
 
     /// The fake agent package of `version` (its `bin/Agent.Listener --version` says it).
     pub fn agent_package_targz_version(version: &str) -> Vec<u8> {
+        Self::package_targz(version, RUN_SH)
+    }
+
+    fn package_targz(version: &str, run_sh: &str) -> Vec<u8> {
         let gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
         let mut tar = tar::Builder::new(gz);
         let dir = |tar: &mut tar::Builder<_>, path: &str| {
@@ -414,7 +433,7 @@ impl FakeAzure {
         let listener = AGENT_LISTENER.replace("@VERSION@", version);
         for (path, body) in [
             ("config.sh", CONFIG_SH),
-            ("run.sh", RUN_SH),
+            ("run.sh", run_sh),
             ("env.sh", ENV_SH),
             ("bin/Agent.Listener", listener.as_str()),
         ] {
@@ -994,9 +1013,10 @@ impl State {
                 };
                 let exit_code: Option<i32> = r.q("exitCode").and_then(|c| c.parse().ok());
                 let hook_exit: Option<i32> = r.q("hook").and_then(|c| c.parse().ok());
-                let result = match (hook_exit, exit_code) {
-                    (Some(_), _) => "abandoned",
-                    (None, Some(0)) => "succeeded",
+                let result = match (hook_exit, exit_code, r.q("result")) {
+                    (Some(_), _, _) => "abandoned",
+                    (None, _, Some("canceled")) => "canceled",
+                    (None, Some(0), _) => "succeeded",
                     _ => "failed",
                 };
                 j.finished = Some((iso(SystemTime::now()), result.into()));
@@ -1006,6 +1026,7 @@ impl State {
                     exit_code: if hook_exit.is_some() { None } else { exit_code },
                     hook_exit,
                     output: String::from_utf8_lossy(&r.body).into_owned(),
+                    result: result.into(),
                 });
                 self.agents[ai].status = "offline".into();
                 Reply::json(200, serde_json::json!({}))
@@ -1113,6 +1134,22 @@ if [ "$user_id" -eq 0 ] && [ -z "$AGENT_ALLOW_RUNASROOT" ]; then
 fi
 cd "$(dirname "$0")" || exit 1
 exec sh ./bin/Agent.Listener run "$@"
+"#;
+
+/// run.sh as the real agent's behaves (its text is ours): bash, the listener as a child,
+/// no trap, no exec; its exit code is the listener's.
+const BASH_RUN_SH: &str = r#"#!/bin/bash
+user_id=`id -u`
+if [ $user_id -eq 0 -a -z "$AGENT_ALLOW_RUNASROOT" ]; then
+    echo "Must not run interactively with sudo"
+    exit 1
+fi
+DIR="$( cd -P "$( dirname "${BASH_SOURCE[0]}" )" && pwd )"
+cd "$DIR"
+"$DIR"/bin/Agent.Listener run "$@"
+returnCode=$?
+echo "run.sh: the listener exited with $returnCode"
+exit $returnCode
 "#;
 
 const ENV_SH: &str = r#"#!/bin/sh
@@ -1289,6 +1326,11 @@ run_job() {
     say "Running job: Job $job_id"
     mkdir -p "$work" _diag
     out="$root/_diag/job-$job_id.out"
+    # A SIGINT or SIGTERM during the job cancels it (the job's steps got it too: they are
+    # in this process group); the trap runs once the job's shell has ended.
+    canceled=
+    trap 'canceled=SIGINT' INT
+    trap 'canceled=SIGTERM' TERM
     (
         cd "$work" || exit 1
         export AGENT_NAME="$name" AGENT_ID="$agentid" AGENT_HOMEDIRECTORY="$root" AGENT_WORKFOLDER="$root/$work"
@@ -1296,8 +1338,14 @@ run_job() {
         exec sh -c "$script"
     ) < /dev/null > "$out" 2>&1
     ec=$?
-    if [ $ec -eq 0 ]; then result=Succeeded; else result=Failed; fi
-    post_result "$job_id" "exitCode=$ec" "$out" || err "warning: could not report job $job_id"
+    trap 'say "Exiting..."; exit 0' TERM INT
+    query="exitCode=$ec"
+    if [ -n "$canceled" ]; then
+        result=Canceled
+        query="$query&result=canceled"
+        echo "listener: received $canceled: job $job_id canceled" >> "$out"
+    elif [ $ec -eq 0 ]; then result=Succeeded; else result=Failed; fi
+    post_result "$job_id" "$query" "$out" || err "warning: could not report job $job_id"
     rm -f "$out"
     echo "$(date -u '+%Y-%m-%d %H:%M:%SZ') [INFO JobDispatcher] Job $job_id completed with result: $result (exit code $ec)" >> "$diag"
     say "Job Job $job_id completed with result: $result"
@@ -1335,7 +1383,7 @@ run() {
             if [ -n "$job" ]; then
                 run_job "$job"
                 ticks=0
-                if $once; then exit 0; fi
+                if $once || [ -n "$canceled" ]; then exit 0; fi
             fi
         else
             failures=$((failures + 1))

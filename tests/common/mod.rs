@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 pub mod digest;
 pub mod fake_azure;
+pub mod pty;
 pub mod registry;
 pub mod skip;
 
@@ -67,6 +68,46 @@ pub fn busybox_tar() -> PathBuf {
             assert!(st.success(), "make-busybox-rootfs.sh failed");
         }
         out
+    })
+    .clone()
+}
+
+/// The busybox fixture plus bash (Debian's static `bash-static`, as `/bin/bash`): for
+/// scripts that must be bash, as the real agent's `run.sh`. An error (why, for
+/// [`or_skip!`]) when bash-static is not installed (scripts/setup.sh installs it).
+pub fn busybox_bash_tar() -> Result<PathBuf, String> {
+    static P: OnceLock<Result<PathBuf, String>> = OnceLock::new();
+    P.get_or_init(|| {
+        let bash = Path::new("/bin/bash-static");
+        let bytes = std::fs::read(bash).map_err(|e| {
+            format!("{} is missing ({e}): apt-get install bash-static (scripts/setup.sh)", bash.display())
+        })?;
+        let out =
+            fixtures().join(format!("busybox-bash-rootfs-{}.tar", digest::sha256_hex(&bytes).get(..12).unwrap_or("")));
+        if out.exists() {
+            return Ok(out);
+        }
+        let mut b = tar::Builder::new(Vec::new());
+        let mut src = tar::Archive::new(std::fs::File::open(busybox_tar()).unwrap());
+        for e in src.entries().unwrap() {
+            let mut e = e.unwrap();
+            let h = e.header().clone();
+            let mut data = Vec::new();
+            std::io::Read::read_to_end(&mut e, &mut data).unwrap();
+            b.append(&h, &data[..]).unwrap();
+        }
+        let mut h = tar::Header::new_gnu();
+        h.set_path("./bin/bash").unwrap();
+        h.set_size(bytes.len() as u64);
+        h.set_mode(0o755);
+        h.set_mtime(0);
+        h.set_entry_type(tar::EntryType::Regular);
+        h.set_cksum();
+        b.append(&h, &bytes[..]).unwrap();
+        let tmp = out.with_extension(format!("tmp-{}", std::process::id()));
+        std::fs::write(&tmp, b.into_inner().unwrap()).unwrap();
+        std::fs::rename(&tmp, &out).unwrap();
+        Ok(out)
     })
     .clone()
 }

@@ -1,0 +1,444 @@
+//! `azp-init`: pid 1 of every job, as `docker run --init` (tini) and catatonit.
+//!
+//! A separate, tiny, statically linked program (build.rs compiles it with `$RUSTC`; the
+//! main binary embeds it, see `sandbox::init`): the job's rootfs has its own libc, so
+//! the init must need none. It runs as the job's user with the job's capabilities,
+//! seccomp filter and no_new_privileges: it needs no privilege at all.
+//!
+//! `azp-init CMD [ARGS...]`:
+//! - runs CMD (searched in `$PATH`) as its child, in a process group of its own; when
+//!   its stdin is its controlling terminal (`exec -t`, `shell`), that group is made the
+//!   terminal's foreground group, so the keyboard's Ctrl-C reaches the foreground job only;
+//! - forwards every signal it gets (TERM, INT, HUP, QUIT, USR1, USR2, WINCH, ...) to that
+//!   process group (tini -g): the kernel drops a signal sent from outside a pid namespace
+//!   to its pid 1 unless pid 1 handles it, and a shell would not pass it on anyway;
+//! - reaps every zombie (orphans of the job are reparented to it);
+//! - exits with CMD's exit code, 128+n when CMD was killed by signal n, once CMD is gone
+//!   (the kernel then kills what is left of the job: pid 1 ended its pid namespace);
+//! - when CMD cannot run: one line, exit 127 (not found) or 126 (not executable), as
+//!   shells, docker and podman do;
+//! - fd 3, when open, is the lifeline from the job's supervisor (the sandbox helper holds
+//!   the write end): at its EOF the supervisor is gone, by whatever signal, and the init
+//!   ends the job at once instead of leaving it to a later `gc`.
+//!
+//! Every signal stays blocked in the init and is read from a signalfd, so nothing runs
+//! in signal context; the child gets an empty mask and default dispositions back.
+//!
+//! Built as its own crate (`--cfg azp_init_bin`) with `no_std`: it is an exec on every
+//! job's path, and libc alone starts faster and smaller than Rust's std (measured: see
+//! bench/NOTES.md). Also compiled into the library's unit tests, which test the pure parts
+//! here and the built binary as an ordinary process (`sandbox::init`).
+#![cfg_attr(azp_init_bin, no_std, no_main)]
+#![allow(non_camel_case_types, clippy::upper_case_acronyms)]
+
+use core::ffi::{c_char, c_int, c_short, c_ulong, c_void, CStr};
+
+/// glibc's x86_64/aarch64 ABI, declared here: the init links nothing but libc.
+mod c {
+    use super::*;
+    pub type pid_t = c_int;
+
+    /// glibc's sigset_t: 1024 bits.
+    #[repr(C)]
+    pub struct sigset_t {
+        pub val: [u64; 16],
+    }
+
+    #[repr(C)]
+    pub struct pollfd {
+        pub fd: c_int,
+        pub events: c_short,
+        pub revents: c_short,
+    }
+
+    /// struct signalfd_siginfo: 128 bytes, of which the init reads the signal number.
+    #[repr(C)]
+    pub struct signalfd_siginfo {
+        pub ssi_signo: u32,
+        pub rest: [u8; 124],
+    }
+
+    pub const SIG_SETMASK: c_int = 2;
+    pub const SIG_BLOCK: c_int = 0;
+    pub const SFD_CLOEXEC: c_int = 0o2000000;
+    pub const POLLIN: c_short = 1;
+    pub const POLLHUP: c_short = 0x10;
+    pub const POLLERR: c_short = 0x8;
+    pub const WNOHANG: c_int = 1;
+    pub const F_GETFD: c_int = 1;
+    pub const F_SETFD: c_int = 2;
+    pub const FD_CLOEXEC: c_int = 1;
+    pub const PR_SET_CHILD_SUBREAPER: c_int = 36;
+    pub const EINTR: c_int = 4;
+    pub const ENOENT: c_int = 2;
+    pub const EACCES: c_int = 13;
+    pub const ESRCH: c_int = 3;
+    pub const F_OK: c_int = 0;
+    pub const SIG_DFL: usize = 0;
+
+    // As the libc crate links std when crt-static: glibc's archive, then the unwinder
+    // bits its archive refers to.
+    #[cfg_attr(azp_init_bin, link(name = "c", kind = "static", modifiers = "-bundle"))]
+    #[cfg_attr(azp_init_bin, link(name = "gcc_eh", kind = "static", modifiers = "-bundle"))]
+    #[cfg_attr(azp_init_bin, link(name = "gcc", kind = "static", modifiers = "-bundle"))]
+    #[cfg_attr(azp_init_bin, link(name = "c", kind = "static", modifiers = "-bundle"))]
+    extern "C" {
+        pub fn __errno_location() -> *mut c_int;
+        pub fn sigfillset(set: *mut sigset_t) -> c_int;
+        pub fn sigemptyset(set: *mut sigset_t) -> c_int;
+        pub fn sigdelset(set: *mut sigset_t, sig: c_int) -> c_int;
+        pub fn sigprocmask(how: c_int, set: *const sigset_t, old: *mut sigset_t) -> c_int;
+        pub fn signalfd(fd: c_int, mask: *const sigset_t, flags: c_int) -> c_int;
+        pub fn signal(sig: c_int, handler: usize) -> usize;
+        pub fn poll(fds: *mut pollfd, nfds: u64, timeout: c_int) -> c_int;
+        pub fn fork() -> pid_t;
+        pub fn execvp(file: *const c_char, argv: *const *const c_char) -> c_int;
+        pub fn waitpid(pid: pid_t, status: *mut c_int, options: c_int) -> pid_t;
+        pub fn kill(pid: pid_t, sig: c_int) -> c_int;
+        pub fn getpid() -> pid_t;
+        pub fn setpgid(pid: pid_t, pgid: pid_t) -> c_int;
+        pub fn tcsetpgrp(fd: c_int, pgrp: pid_t) -> c_int;
+        pub fn tcgetsid(fd: c_int) -> pid_t;
+        pub fn getsid(pid: pid_t) -> pid_t;
+        pub fn read(fd: c_int, buf: *mut c_void, n: usize) -> isize;
+        pub fn write(fd: c_int, buf: *const c_void, n: usize) -> isize;
+        pub fn fcntl(fd: c_int, cmd: c_int, ...) -> c_int;
+        pub fn prctl(option: c_int, ...) -> c_int;
+        pub fn access(path: *const c_char, mode: c_int) -> c_int;
+        pub fn _exit(code: c_int) -> !;
+    }
+}
+
+/// Signals the kernel raises on a fault of the process itself: never blocked (a blocked
+/// synchronous signal still kills) and never forwarded.
+const SYNCHRONOUS: [c_int; 7] = [
+    4,  /*ILL*/
+    5,  /*TRAP*/
+    6,  /*ABRT*/
+    7,  /*BUS*/
+    8,  /*FPE*/
+    11, /*SEGV*/
+    31, /*SYS*/
+];
+const SIGKILL: c_int = 9;
+const SIGSTOP: c_int = 19;
+const SIGCHLD: c_int = 17;
+/// The lifeline's fd number (see the module doc).
+const LIFELINE_FD: c_int = 3;
+
+/// The init's exit code for the way CMD ended (a raw wait status).
+pub fn exit_code(status: c_int) -> c_int {
+    let signal = status & 0x7f;
+    if signal == 0 {
+        (status >> 8) & 0xff
+    } else {
+        128 + signal
+    }
+}
+
+/// Whether a signal the init received goes on to the job (not its own child's end).
+pub fn forwarded(sig: c_int) -> bool {
+    sig != SIGCHLD && sig != SIGKILL && sig != SIGSTOP && !SYNCHRONOUS.contains(&sig)
+}
+
+/// Exit code and what follows `azp-sandbox: CMD: ` in the one line printed when
+/// `execvp(CMD)` failed with `errno`; `exists`: a file named by CMD (a path) exists, so
+/// ENOENT came from its interpreter or loader.
+pub fn exec_failure(errno: c_int, exists: bool) -> (c_int, &'static str) {
+    match errno {
+        c::ENOENT if exists => (126, "cannot run: its interpreter (#!) or ELF loader is missing"),
+        c::ENOENT => (127, "command not found"),
+        c::EACCES => (126, "permission denied (not an executable file)"),
+        _ => (126, "cannot run"),
+    }
+}
+
+fn errno() -> c_int {
+    // SAFETY: glibc's errno location is valid for the calling thread.
+    unsafe { *c::__errno_location() }
+}
+
+fn write_stderr(msg: &[u8]) {
+    // SAFETY: write(2) reads `msg.len()` bytes from a live buffer; a short or failed
+    // write of a diagnostic is acceptable.
+    unsafe { c::write(2, msg.as_ptr().cast(), msg.len()) };
+}
+
+/// A short message built without an allocator (what does not fit is dropped).
+struct Line {
+    buf: [u8; 512],
+    len: usize,
+}
+
+impl Default for Line {
+    fn default() -> Line {
+        Line { buf: [0; 512], len: 0 }
+    }
+}
+
+impl Line {
+    fn push(&mut self, part: &[u8]) {
+        let n = part.len().min(self.buf.len() - self.len);
+        self.buf[self.len..self.len + n].copy_from_slice(&part[..n]);
+        self.len += n;
+    }
+    fn bytes(&self) -> &[u8] {
+        &self.buf[..self.len]
+    }
+}
+
+/// `n` in decimal, into the end of `buf`; the digits.
+fn decimal(mut n: u32, buf: &mut [u8; 10]) -> &[u8] {
+    let mut i = buf.len();
+    loop {
+        i -= 1;
+        buf[i] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            return &buf[i..];
+        }
+    }
+}
+
+/// Every signal but the synchronous ones (and KILL/STOP, which cannot be blocked).
+fn blockable() -> c::sigset_t {
+    let mut set = c::sigset_t { val: [0; 16] };
+    // SAFETY: sigfillset/sigdelset write into a live, properly sized sigset_t.
+    unsafe {
+        c::sigfillset(&mut set);
+        for s in SYNCHRONOUS {
+            c::sigdelset(&mut set, s);
+        }
+    }
+    set
+}
+
+/// In the forked child, before exec: its own process group (the terminal's foreground
+/// one when there is a terminal), default signal dispositions, an empty mask. Then CMD.
+/// Only async-signal-safe calls until exec; allocation only on the failure path, after
+/// which the child ends with `_exit`.
+fn child(argv: *const *const c_char) -> ! {
+    // SAFETY: argv is main's argument vector (NULL-terminated, at least CMD present);
+    // every call below takes integers or that vector and returns an int.
+    unsafe {
+        c::setpgid(0, 0);
+        // A terminal that is ours (the session's controlling terminal, set up for
+        // `exec -t`): hand it to the job's group. Not a terminal merely passed through as
+        // stdin (then tcgetsid fails or names another session).
+        if c::tcgetsid(0) == c::getsid(0) && c::tcgetsid(0) > 0 {
+            c::tcsetpgrp(0, c::getpid());
+        }
+        // Handlers are reset by exec anyway; what a supervisor ignored (SIG_IGN) would
+        // stay ignored in the job. The standard signals only: an ignored real-time one is
+        // not worth 30 more syscalls on every job's path.
+        for sig in 1..=31 {
+            if sig != SIGKILL && sig != SIGSTOP {
+                c::signal(sig, c::SIG_DFL);
+            }
+        }
+        let mut empty = c::sigset_t { val: [0; 16] };
+        c::sigemptyset(&mut empty);
+        c::sigprocmask(c::SIG_SETMASK, &empty, core::ptr::null_mut());
+        let cmd = *argv.add(1);
+        c::execvp(cmd, argv.add(1));
+        let e = errno();
+        let name = CStr::from_ptr(cmd).to_bytes();
+        let exists = name.contains(&b'/') && c::access(cmd, c::F_OK) == 0;
+        let (code, what) = exec_failure(e, exists);
+        let mut errno_buf = [0u8; 10];
+        let mut line = Line::default();
+        line.push(b"azp-sandbox: ");
+        line.push(&name[..name.len().min(400)]);
+        line.push(b": ");
+        line.push(what.as_bytes());
+        if what == "cannot run" {
+            line.push(b" (errno ");
+            line.push(decimal(e as u32, &mut errno_buf));
+            line.push(b")");
+        }
+        line.push(b"\n");
+        // One write, so that the line is not torn by other output.
+        write_stderr(line.bytes());
+        c::_exit(code)
+    }
+}
+
+/// Sends `sig` to the job: CMD's process group, or CMD alone if it left that group.
+fn forward(child: c::pid_t, sig: c_int) {
+    // SAFETY: kill(2) takes integers only.
+    unsafe {
+        if c::kill(-child, sig) != 0 && errno() == c::ESRCH {
+            c::kill(child, sig);
+        }
+    }
+}
+
+/// The supervisor is gone: end the job now. As pid 1, exiting is enough (the kernel
+/// kills the rest of the pid namespace); otherwise (tests) the init kills CMD's group.
+fn lifeline_lost(child: c::pid_t) -> ! {
+    // SAFETY: kill(2) and _exit(2) take integers only.
+    unsafe {
+        if c::getpid() != 1 {
+            c::kill(-child, SIGKILL);
+            c::kill(child, SIGKILL);
+        }
+        c::_exit(128 + SIGKILL)
+    }
+}
+
+/// Reaps every child that has ended; Some(status) when CMD is among them.
+fn reap(child: c::pid_t) -> Option<c_int> {
+    let mut main = None;
+    loop {
+        let mut status: c_int = 0;
+        // SAFETY: waitpid(2) writes one int into a live local.
+        let pid = unsafe { c::waitpid(-1, &mut status, c::WNOHANG) };
+        if pid <= 0 {
+            return main;
+        }
+        if pid == child {
+            main = Some(status);
+        }
+    }
+}
+
+/// The init: see the module doc. Returns the exit code.
+///
+/// # Safety
+/// `argv` must be a NULL-terminated vector of `argc` C strings (as the C runtime passes
+/// to main).
+pub unsafe fn run(argc: c_int, argv: *const *const c_char) -> c_int {
+    if argc < 2 {
+        write_stderr(b"usage: azp-init CMD [ARGS...]\n");
+        return 2;
+    }
+    let blocked = blockable();
+    // SAFETY: each call takes integers or the live sigset above; results are checked
+    // where a failure changes what the init can do.
+    let (sfd, lifeline) = unsafe {
+        // Never handed on to CMD; absent (EBADF) when the init runs without one.
+        let lifeline = c::fcntl(LIFELINE_FD, c::F_GETFD) >= 0;
+        if lifeline {
+            c::fcntl(LIFELINE_FD, c::F_SETFD, c::FD_CLOEXEC);
+        }
+        // Orphans of CMD come back to us when we are not pid 1 (tests): reaped all the same.
+        c::prctl(c::PR_SET_CHILD_SUBREAPER, 1 as c_ulong);
+        if c::sigprocmask(c::SIG_BLOCK, &blocked, core::ptr::null_mut()) != 0 {
+            write_stderr(b"azp-init: cannot block signals\n");
+            return 125;
+        }
+        let sfd = c::signalfd(-1, &blocked, c::SFD_CLOEXEC);
+        if sfd < 0 {
+            write_stderr(b"azp-init: cannot create a signalfd\n");
+            return 125;
+        }
+        (sfd, lifeline)
+    };
+    // SAFETY: fork(2) in a single-threaded process; the child only runs `child`.
+    let pid = unsafe { c::fork() };
+    if pid < 0 {
+        write_stderr(b"azp-init: cannot fork\n");
+        return 125;
+    }
+    if pid == 0 {
+        child(argv);
+    }
+    // Also from this side, so that a signal forwarded before the child ran setpgid
+    // reaches its group (whichever runs first wins; the other is a no-op or EACCES).
+    // SAFETY: setpgid(2) takes integers only.
+    unsafe { c::setpgid(pid, pid) };
+    let mut fds = [
+        c::pollfd { fd: sfd, events: c::POLLIN, revents: 0 },
+        c::pollfd { fd: if lifeline { LIFELINE_FD } else { -1 }, events: c::POLLIN, revents: 0 },
+    ];
+    loop {
+        // SAFETY: poll(2) on a live array of two pollfds (a negative fd is skipped).
+        let n = unsafe { c::poll(fds.as_mut_ptr(), 2, -1) };
+        if n < 0 {
+            if errno() == c::EINTR {
+                continue;
+            }
+            write_stderr(b"azp-init: poll failed\n");
+            return 125;
+        }
+        if fds[1].revents & (c::POLLIN | c::POLLHUP | c::POLLERR) != 0 {
+            let mut b = [0u8; 64];
+            // SAFETY: read(2) into a live local buffer of its length.
+            let r = unsafe { c::read(LIFELINE_FD, b.as_mut_ptr().cast(), b.len()) };
+            if r <= 0 {
+                lifeline_lost(pid);
+            }
+        }
+        if fds[0].revents & c::POLLIN != 0 {
+            let mut infos: [c::signalfd_siginfo; 8] =
+                core::array::from_fn(|_| c::signalfd_siginfo { ssi_signo: 0, rest: [0; 124] });
+            let size = core::mem::size_of::<c::signalfd_siginfo>();
+            // SAFETY: read(2) into a live array of signalfd_siginfo (128 bytes each).
+            let r = unsafe { c::read(sfd, infos.as_mut_ptr().cast(), size * infos.len()) };
+            let got = if r > 0 { r as usize / size } else { 0 };
+            for info in &infos[..got] {
+                let sig = info.ssi_signo as c_int;
+                if sig == SIGCHLD {
+                    if let Some(status) = reap(pid) {
+                        return exit_code(status);
+                    }
+                } else if forwarded(sig) {
+                    forward(pid, sig);
+                }
+            }
+        }
+    }
+}
+
+#[cfg(azp_init_bin)]
+#[panic_handler]
+fn panic(_: &core::panic::PanicInfo) -> ! {
+    write_stderr(b"azp-init: internal error\n");
+    // SAFETY: _exit(2) takes an integer and does not return.
+    unsafe { c::_exit(125) }
+}
+
+#[cfg(azp_init_bin)]
+#[no_mangle]
+pub extern "C" fn main(argc: c_int, argv: *const *const c_char) -> c_int {
+    // SAFETY: the C runtime passes main a NULL-terminated argv of argc strings.
+    let code = unsafe { run(argc, argv) };
+    // Straight out: nothing of the init's to flush or unwind.
+    // SAFETY: _exit(2) takes an integer and does not return.
+    unsafe { c::_exit(code) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exit_codes_follow_the_shell() {
+        assert_eq!(exit_code(7 << 8), 7);
+        assert_eq!(exit_code(0), 0);
+        assert_eq!(exit_code(2), 130, "SIGINT");
+        assert_eq!(exit_code(9 | 0x80), 137, "SIGKILL with a core flag");
+    }
+
+    #[test]
+    fn which_signals_go_on_to_the_job() {
+        for s in [1, 2, 3, 10, 12, 15, 20, 28, 34, 64] {
+            assert!(forwarded(s), "{s}");
+        }
+        for s in [SIGCHLD, SIGKILL, SIGSTOP, 11, 7] {
+            assert!(!forwarded(s), "{s}");
+        }
+    }
+
+    #[test]
+    fn a_command_that_cannot_run_gets_the_shells_code() {
+        assert_eq!(exec_failure(c::ENOENT, false), (127, "command not found"));
+        assert_eq!(exec_failure(c::EACCES, true), (126, "permission denied (not an executable file)"));
+        let (code, what) = exec_failure(c::ENOENT, true);
+        assert!(code == 126 && what.contains("interpreter"), "{what}");
+        assert_eq!(exec_failure(8, false), (126, "cannot run"));
+        let mut buf = [0u8; 10];
+        assert_eq!(decimal(0, &mut buf), b"0");
+        assert_eq!(decimal(4_294_967_295, &mut buf), b"4294967295");
+    }
+}
