@@ -449,11 +449,15 @@ impl WaitingJob {
     /// `exec --rootfs esc --volume CTL:/ctl OPTS -- sh -c "BEFORE; echo ready; wait"`,
     /// with `global` (e.g. `--driver-root`) before `exec`.
     fn start(h: &TestHome, global: &[&str], opts: &[&str], before: &str) -> WaitingJob {
+        WaitingJob::start_as(h, h.command(), global, opts, before)
+    }
+
+    /// [`WaitingJob::start`] with `command` (azp-sandbox and its `--home`) as the caller.
+    fn start_as(h: &TestHome, mut command: Command, global: &[&str], opts: &[&str], before: &str) -> WaitingJob {
         let ctl = h.dir.join(format!("ctl-{}", unique("c")));
         fs::create_dir_all(&ctl).unwrap();
         let vol = format!("{}:/ctl", ctl.display());
-        let child = h
-            .command()
+        let child = command
             .args(global)
             .args(["exec", "--rootfs", "esc", "--volume", &vol])
             .args(opts)

@@ -128,6 +128,7 @@ fn run(
     let plan = job.read_plan()?;
     let merged = job.merged();
     container.prepare_stdio()?;
+    sys.clear_groups()?;
     sys.private_mount_namespace()?;
     let cgroup_owner = enter_job_cgroup(&plan, cgroups, sys)?;
     let mut plan = plan;
@@ -318,11 +319,17 @@ mod tests {
             into_result(run(&self.home, &self.job, &self.cgroups, rec, &mut container, &reporter, go))
         }
 
+        /// Where the step named `name` (its first word) is in [`Setup::steps`].
+        fn pos(&self, name: &str) -> usize {
+            self.steps().iter().position(|c| c.split(' ').next() == Some(name)).unwrap()
+        }
+
         /// The helper's steps for a root job with a cgroup and no GPU edits.
         fn steps(&self) -> Vec<String> {
             let cg = |h: &str| self.cgroups.root.join(h).join("azp-test-hp/hp-1").display().to_string();
             vec![
                 "prepare_stdio".into(),
+                "clear_groups".into(),
                 "private_mount_namespace".into(),
                 format!("join_cgroup {} {}", cg("memory"), cg("unified")),
                 "hide_cgroupfs".into(),
@@ -401,9 +408,9 @@ mod tests {
             error.starts_with(&format!("cannot mount the job's overlay on {}", s.job.merged().display())),
             "{error}"
         );
-        let r = s.run(&Recorder::failing_at(2, Errno::ENOSPC), None, None);
+        let r = s.run(&Recorder::failing_at(s.pos("join_cgroup"), Errno::ENOSPC), None, None);
         assert_eq!(failed(&r).0, FailureKind::DiskFull, "the cgroup join, out of space");
-        let r = s.run(&Recorder::failing_at(1, Errno::EPERM), None, None);
+        let r = s.run(&Recorder::failing_at(s.pos("private_mount_namespace"), Errno::EPERM), None, None);
         assert_eq!(failed(&r).0, FailureKind::NotPermitted);
         let r = s.run(&Recorder::default(), Some("failed: executable 'true' not found in $PATH"), None);
         let (kind, error) = failed(&r);
@@ -420,7 +427,7 @@ mod tests {
         let rec = Recorder::default();
         let r = s.run(&rec, None, Some(rx));
         assert_eq!(r, HelperResult::Failed { kind: FailureKind::Cancelled, error: "cancelled before start".into() });
-        let mut expected = s.steps()[..6].to_vec();
+        let mut expected = s.steps()[..=s.pos("create")].to_vec();
         expected.extend(["kill_unreaped_init".into(), "delete".into()]);
         expected.push(format!("unmount {}", s.job.merged().display()));
         assert_eq!(rec.calls(), expected);
@@ -438,7 +445,8 @@ mod tests {
         let rec = Recorder::default();
         s.run(&rec, None, None);
         let calls = rec.calls();
-        assert!(calls[2].starts_with("join_cgroup ") && calls[3] == "hide_cgroupfs", "{calls:?}");
+        let after_ns = s.pos("private_mount_namespace") + 1;
+        assert!(calls[after_ns].starts_with("join_cgroup ") && calls[after_ns + 1] == "hide_cgroupfs", "{calls:?}");
         // Rootless without one: only hidden.
         let s = setup(|p, _| {
             p.rootless = true;
@@ -446,13 +454,15 @@ mod tests {
         });
         let rec = Recorder::default();
         s.run(&rec, None, None);
-        assert_eq!(rec.calls()[2], "hide_cgroupfs");
+        assert_eq!(rec.calls()[after_ns], "hide_cgroupfs");
         // Root on a host without cgroup2: libcontainer's v1 manager does it all.
         let mut s = setup(|_, _| {});
         s.cgroups.v2_mount = None;
         let rec = Recorder::default();
         s.run(&rec, None, None);
-        assert!(rec.calls()[2].starts_with("mount_overlay "), "{:?}", rec.calls());
+        let calls = rec.calls();
+        assert!(!calls.iter().any(|c| c.starts_with("join_cgroup") || c == "hide_cgroupfs"), "{calls:?}");
+        assert!(calls.iter().any(|c| c.starts_with("mount_overlay ")), "{calls:?}");
     }
 
     #[test]
@@ -479,8 +489,9 @@ mod tests {
         // Built between the cgroup and the job's overlay, which then has it as its top layer.
         let rec = Recorder::default();
         assert_eq!(s.run(&rec, None, None), HelperResult::Exited { code: 3, signal: None });
+        let at = s.pos("hide_cgroupfs") + 1;
         let mut expected = s.steps();
-        expected.splice(4..4, build.iter().cloned());
+        expected.splice(at..at, build.iter().cloned());
         assert_eq!(rec.calls(), expected);
         // The next job finds it built.
         let rec = Recorder::default();
@@ -488,12 +499,12 @@ mod tests {
         assert_eq!(rec.calls(), s.steps());
         std::fs::remove_dir_all(editlayer::dir(&s.home).join(editlayer::key(&plan))).unwrap();
         // The build's overlay or its unmount fails: the build dir goes, the job fails.
-        for k in [5, 6] {
+        for k in [at + 1, at + 2] {
             let rec = Recorder::failing_at(k, Errno::EIO);
             let r = s.run(&rec, None, None);
             let (_, error) = failed(&r);
-            let mut expected = s.steps()[..4].to_vec();
-            expected.extend(build[..k - 3].iter().cloned());
+            let mut expected = s.steps()[..at].to_vec();
+            expected.extend(build[..=k - at].iter().cloned());
             expected.push(format!("remove_tree {}", b.display()));
             assert_eq!(rec.calls(), expected, "step {k}");
             assert!(error.starts_with("cannot build the sandbox's edit layer in "), "{error}");

@@ -39,6 +39,8 @@ use std::path::{Path, PathBuf};
 /// The privileged steps of the sandbox helper (in the order it takes them), of the
 /// edit layer's build, and of a job's teardown.
 pub trait Sys {
+    /// Drops every supplementary group of the calling process (the job inherits none).
+    fn clear_groups(&self) -> Result<()>;
     /// Gives the calling process its own mount namespace with private propagation, so the
     /// job's mounts exist only there and vanish with it (even on SIGKILL).
     fn private_mount_namespace(&self) -> Result<()>;
@@ -68,6 +70,9 @@ pub trait Sys {
 pub struct Real;
 
 impl Sys for Real {
+    fn clear_groups(&self) -> Result<()> {
+        ids::clear_groups()
+    }
     fn private_mount_namespace(&self) -> Result<()> {
         ns::private_mount_namespace()
     }
@@ -161,6 +166,9 @@ impl Recorder {
 }
 
 impl Sys for Recorder {
+    fn clear_groups(&self) -> Result<()> {
+        self.step("clear_groups".into()).map_err(Error::ClearGroups)
+    }
     fn private_mount_namespace(&self) -> Result<()> {
         self.step("private_mount_namespace".into()).map_err(Error::UnshareMountNs)
     }

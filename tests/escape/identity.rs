@@ -72,3 +72,79 @@ fn t22_seccomp_denies_vsock_alg_socketcall_personality_and_memfd_secret() {
     }
     h.assert_no_residue(&[]);
 }
+
+// ---------------------------------------------------------------------------------------
+// Helpers: the job's processes as the host sees them
+// ---------------------------------------------------------------------------------------
+
+/// `/proc/<pid>/status` of every process of a job whose command line contains `marker`:
+/// those in a pid namespace below the host's (NSpid has two numbers or more), which
+/// leaves out `exec` and its helper (whose command lines may contain it too).
+fn job_statuses(marker: &str) -> Vec<(i32, String)> {
+    processes_matching(marker)
+        .into_iter()
+        .filter_map(|(pid, _)| {
+            let st = fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+            let nspid = st.lines().find(|l| l.starts_with("NSpid:"))?;
+            (nspid.split_whitespace().count() > 2).then_some((pid, st))
+        })
+        .collect()
+}
+
+/// The numbers of a status line (`Uid:`, `Gid:`, `Groups:`).
+fn ids(status: &str, key: &str) -> Vec<u32> {
+    let line = status.lines().find(|l| l.starts_with(key)).unwrap_or_else(|| panic!("no {key} in {status}"));
+    line[key.len()..].split_whitespace().map(|v| v.parse().unwrap()).collect()
+}
+
+/// azp-sandbox (`--home` of `h`) started by a caller that has the supplementary groups
+/// `groups`: root, or the rootless test user (std's `Command::uid` would drop them).
+fn command_with_groups(h: &TestHome, groups: &str) -> Command {
+    let mut c = Command::new("setpriv");
+    c.args(["--groups", groups]);
+    if let Some(u) = test_user() {
+        c.args(["--reuid", &u.uid.to_string(), "--regid", &u.gid.to_string()])
+            .env("HOME", &u.dir)
+            .env("USER", &u.name)
+            .env("LOGNAME", &u.name)
+            .env_remove("XDG_RUNTIME_DIR");
+    }
+    c.arg("--").arg(bin()).arg("--home").arg(&h.dir).env_remove("AZP_SANDBOX_HOME").stdin(Stdio::null());
+    c
+}
+
+// ---------------------------------------------------------------------------------------
+// 21. Supplementary groups
+// ---------------------------------------------------------------------------------------
+
+#[test]
+#[cfg_attr(not(test_as_root), ignore = "needs root: creates real sandboxes (CI runs the suite as root)")]
+fn t21_a_job_has_no_supplementary_groups_even_when_its_caller_has_root_and_others() {
+    require_root!();
+    let h = home("groups");
+    // root (0), disk (6), video (44): the `su -` and `setpriv --groups 6,44` cases.
+    let caller = "0,6,44";
+    let mut check = Command::new("setpriv");
+    check.args(["--groups", caller, "--", "sh", "-c", "grep Groups /proc/self/status"]);
+    let o = check.output().unwrap();
+    assert_eq!(String::from_utf8_lossy(&o.stdout).split_whitespace().collect::<Vec<_>>(), ["Groups:", "0", "6", "44"]);
+    for (who, user) in USERS {
+        let marker = unique("grp");
+        let job = WaitingJob::start_as(
+            &h,
+            command_with_groups(&h, caller),
+            &[],
+            user,
+            &format!("echo {marker} >/dev/null; id -G; probe groups"),
+        );
+        let procs = job_statuses(&marker);
+        assert!(!procs.is_empty(), "as {who}: no job process found");
+        for (pid, st) in &procs {
+            assert_eq!(ids(st, "Groups:"), Vec::<u32>::new(), "as {who}: pid {pid}:\n{st}");
+        }
+        let gid = if who == "root" { "0" } else { "1000" };
+        assert_eq!(job.before, format!("{gid}\ngroups:\n"), "as {who}: the job's own view");
+        assert!(job.finish().success(), "as {who}");
+    }
+    h.assert_no_residue(&[]);
+}
