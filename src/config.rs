@@ -155,6 +155,20 @@ impl Home {
             Err(_) => tag,
         }
     }
+    /// Where each job's helper mounts the job's overlay, in its own private mount
+    /// namespace, so every job of the host uses the same dir (empty outside): the
+    /// runtime tmpfs's `rootfs` as root, `<home>/mnt` otherwise. Not the job's record dir:
+    /// libcontainer sets the job's mounts up as the job's root (of its own user
+    /// namespace), by path, so every dir on the way must be searchable by any id
+    /// ([`crate::sandbox::check_reachable`]); records are private (0700).
+    pub fn mount_point(&self) -> PathBuf {
+        let root = nix::unistd::geteuid().is_root();
+        match tmpfs_base(&self.run_root(), root) {
+            Some(base) => base.join("rootfs"),
+            None => self.root.join("mnt"),
+        }
+    }
+
     /// Caches shared by jobs (agent packages, linker caches, OCI blobs).
     pub fn cache_dir(&self) -> PathBuf {
         self.root.join("cache")

@@ -19,6 +19,7 @@ pub mod digest;
 pub mod edits;
 pub mod gpu;
 pub mod http;
+pub mod identity;
 pub mod json_file;
 pub mod logging;
 pub mod manager;

@@ -318,10 +318,21 @@ fn escape_tar() -> PathBuf {
     .clone()
 }
 
-/// The host uid behind the sandbox's root: 0, or the test user in rootless runs (its
-/// user namespace maps container root onto it).
-fn host_uid_of_container_root() -> u32 {
-    test_user().map(|u| u.uid.as_raw()).unwrap_or(0)
+/// The host uid that owns the image's root-owned files in the rootfs store: 0, or in
+/// rootless runs the test user's first subordinate uid (the store is shifted by one: an
+/// image's uid N is N + 1 in the user's namespace, which a job's N maps to).
+fn store_uid_of_image_root() -> u32 {
+    match test_user() {
+        None => 0,
+        Some(u) => {
+            let text = fs::read_to_string("/etc/subuid").unwrap();
+            let start = text.lines().find_map(|l| {
+                let f: Vec<&str> = l.split(':').collect();
+                (f.len() == 3 && (f[0] == u.name || f[0] == u.uid.to_string())).then(|| f[1].parse().unwrap())
+            });
+            start.expect("the test user has subordinate uids")
+        }
+    }
 }
 
 /// Rootless runs: what the test planted as root in a home must belong to the test user,
@@ -562,17 +573,13 @@ fn t01_job_cannot_write_host_paths() {
         );
         let opts = [user, &["--volume", &vol]].concat();
         let out = exec_ok(&h, &opts, &script);
-        // Rootless, the host's root-owned files are unmapped in the job's user namespace:
-        // its root is refused like any other user (EACCES) before the read-only check.
-        let (want_root, ro_want): (String, Vec<&str>) = if who == "root" && rootless() {
+        // The host's root-owned files are unmapped in the job's user namespace (root mode
+        // too, since issue 19): its root is refused like any other user (EACCES) before
+        // the read-only check.
+        let (want_root, ro_want): (String, Vec<&str>) = if who == "root" {
             (
                 expect(&via_proc_root, |_| "OK".into()),
                 vec!["EROFS", "EACCES", "EROFS", "EACCES", "EACCES", "EACCES", "EPERM", "EPERM"],
-            )
-        } else if who == "root" {
-            (
-                expect(&via_proc_root, |_| "OK".into()),
-                vec!["EROFS", "EROFS", "EROFS", "EROFS", "EROFS", "EROFS", "EPERM", "EPERM"],
             )
         } else {
             (
@@ -808,11 +815,9 @@ fn t06_job_cannot_create_or_open_device_nodes() {
             probe(&host_dev)
         );
         let out = exec_ok(&h, &opts, &script);
-        let want_attempts: Vec<&str> = if who == "root" && rootless() {
+        let want_attempts: Vec<&str> = if who == "root" {
             // The sysfs file is owned by unmapped host root (see t01).
             vec!["EPERM", "EPERM", "EPERM", "EPERM", "ENOENT", "ENOENT", "EROFS", "EACCES"]
-        } else if who == "root" {
-            vec!["EPERM", "EPERM", "EPERM", "EPERM", "ENOENT", "ENOENT", "EROFS", "EROFS"]
         } else {
             vec!["EPERM", "EPERM", "EACCES", "EACCES", "ENOENT", "ENOENT", "EROFS", "EACCES"]
         };
@@ -1088,7 +1093,7 @@ fn t11_setuid_binary_does_not_escalate_and_capabilities_are_minimal() {
         let what = (m.mode() & 0o7777, m.uid());
         assert_eq!(
             what,
-            (0o4755, host_uid_of_container_root()),
+            (0o4755, store_uid_of_image_root()),
             "the rootfs must carry setuid-root binaries, or this test tests nothing"
         );
     }
@@ -1393,15 +1398,15 @@ fn t15b_volume_of_root_or_shadow_is_read_only_nosuid_nodev_all_the_way_down() {
             .iter()
             .map(|t| {
                 let cgroup_hidden = t.contains("/sys/fs/cgroup/") && (rootless() || host_has_cgroup2());
-                let e = match (t.starts_with("create:"), cgroup_hidden, rootless(), who == "root") {
-                    (true, ..) => "EROFS",
+                let e = match (t.starts_with("create:"), cgroup_hidden) {
+                    (true, _) => "EROFS",
                     // The helper covers the host's cgroup tree with its own cgroup2 view
                     // before the job exists (rootless, or as root when the host has a
                     // cgroup2 hierarchy): the v1 hierarchies are not even there.
-                    (false, true, ..) => "ENOENT",
-                    // Host-root-owned files are unmapped for a rootless job's root.
-                    (false, false, true, _) | (false, false, false, false) => "EACCES",
-                    (false, false, false, true) => "EROFS",
+                    (false, true) => "ENOENT",
+                    // Host-root-owned files are unmapped for the job's root (its own user
+                    // namespace), as for any other id.
+                    (false, false) => "EACCES",
                 };
                 format!("{t}: {e}")
             })
@@ -1624,15 +1629,24 @@ fn t18_manager_does_not_follow_files_the_job_planted_in_its_upper_dir() {
 #[cfg_attr(not(test_as_root), ignore = "needs root: creates real sandboxes (CI runs the suite as root)")]
 fn t11b_setuid_binary_left_in_the_upper_dir_is_unreachable_for_host_users() {
     require_root!();
-    // No user namespace in root mode: a root job's files in its upper dir belong to host
-    // root, and it keeps CAP_FOWNER/FSETID, so it can leave a setuid-root binary there.
-    // The upper dir is on the host's filesystem: no host user may reach it.
+    // A root job keeps CAP_FOWNER/FSETID, so it can leave a binary setuid to its root in
+    // its upper dir: setuid to the job's own host uid since issue 19 (host root with
+    // --userns host). The upper dir is on the host's filesystem: no host user may reach
+    // it (running it as the job's uid would let them signal or trace the next job of
+    // that block, or any job with --userns host).
     let h = home("upper-suid");
     let name = unique("esc-upper-suid");
-    let job = WaitingJob::start(&h, &[], &["--name", &name], "cp /bin/probe /p && chmod 4755 /p");
+    let marker = unique("suid");
+    let job = WaitingJob::start(
+        &h,
+        &[],
+        &["--name", &name],
+        &format!("echo {marker} >/dev/null; cp /bin/probe /p && chmod 4755 /p"),
+    );
     let planted = h.home().job_layers_dir(&name).join("upper/p");
     let meta = fs::metadata(&planted).expect("the job's file in its upper dir");
-    assert_eq!((meta.mode() & 0o7777, meta.uid()), (0o4755, host_uid_of_container_root()), "the test is not testing");
+    let root = identity::job_statuses(&marker).first().map(|(_, st)| identity::ids(st, "Uid:")[0]);
+    assert_eq!((meta.mode() & 0o7777, Some(meta.uid())), (0o4755, root), "the test is not testing");
     // A host user (nobody) tries to run it.
     let o = Command::new(&planted).uid(65534).gid(65534).args(["ids", "open-r:/etc/shadow"]).output();
     let st = job.finish();

@@ -44,6 +44,10 @@ pub struct ExecArgs {
     /// Run as UID[:GID] inside the sandbox (numeric; default 0:0)
     #[arg(long, short = 'u', value_parser = parse_user)]
     user: Option<(u32, u32)>,
+    /// auto: the job in a user namespace of its own, as host ids no account has; host:
+    /// as host ids (NOT recommended: kernels < 5.19) [default: auto]
+    #[arg(long, value_enum)]
+    pub userns: Option<azp_sandbox::identity::Choice>,
     /// Command and arguments
     #[arg(trailing_var_arg = true, required = true, value_name = "CMD")]
     command: Vec<String>,
@@ -76,6 +80,7 @@ impl Verb for ExecArgs {
 
     /// The job's own exit code.
     fn run(self: Box<Self>, ctx: &Context) -> Result<i32> {
+        azp_sandbox::identity::init(self.userns.unwrap_or_default())?;
         let request = self.request();
         let outcome = azp_sandbox::sandbox::exec::run(&ctx.home, &ctx.driver_root, &request)?;
         tracing::debug!(

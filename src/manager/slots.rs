@@ -111,6 +111,7 @@ fn configs(
             cgroup_path: PathBuf::new(),
             owned_dirs: vec![],
             rootless: false,
+            userns: None,
         };
         crate::sandbox::runner::validate(&base_plan)?;
         let facts = phases::SlotFacts {

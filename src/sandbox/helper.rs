@@ -6,9 +6,10 @@
 //! deadlock (measured); it also writes oom_score_adj and clears "dumpable" on its caller.
 //! Here those side effects stay in a process that lives exactly as long as the job.
 //!
-//! The straight line: private mount namespace -> job cgroup -> edit layer (GPU jobs; built
-//! once, see [`editlayer`]) -> overlay -> spec -> create -> start ->
-//! wait (forwarding signals) -> delete -> report. The overlay exists only in the helper's
+//! The straight line: no supplementary groups -> private mount namespace -> job cgroup ->
+//! edit layer (GPU jobs; built once, see [`editlayer`]) -> the job's own ids (its user
+//! namespace, the lower layers idmapped, see [`crate::identity`]) -> overlay -> spec ->
+//! create -> start -> wait (forwarding signals) -> delete -> report. The overlay exists only in the helper's
 //! mount namespace, so the kernel unmounts it when the job's last process is gone, even
 //! if everything is SIGKILLed.
 
@@ -22,7 +23,7 @@ use crate::config::Home;
 use crate::rootless::cgroups::CgroupHost;
 use crate::sys::{self, Overlay, Signal, Sys};
 use anyhow::{Context, Result};
-use std::os::fd::OwnedFd;
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::path::Path;
 
 pub use super::report::HelperResult;
@@ -140,6 +141,8 @@ fn run(
     } else {
         None
     };
+    // The fd keeps the job's user namespace alive until libcontainer has joined it.
+    let userns = own_ids(&mut plan, job, sys)?;
     sys.mount_overlay(&Overlay {
         lower: plan.lower.clone(),
         upper: job.upper(),
@@ -149,13 +152,17 @@ fn run(
     })?;
     // What the layer holds when there is one; with CDI hooks, made in the job's own layer.
     editlayer::write_edits(&merged, &plan.edits)?;
+    let (uid, gid) = outside_ids(&plan, plan.uid, plan.gid)?;
     for dir in &plan.owned_dirs {
-        inroot::create_owned_dir(&merged, dir, plan.uid, plan.gid)
+        inroot::create_owned_dir(&merged, dir, uid, gid)
             .with_context(|| format!("cannot give {} to uid {} in the sandbox", dir.display(), plan.uid))?;
     }
     tracing::debug!(job = %plan.id, "overlay mounted");
 
-    let spec = spec::build(&plan, &merged, &cgroup_owner)?;
+    let mut spec = spec::build(&plan, &merged, &cgroup_owner)?;
+    if let Some(ns) = &userns {
+        spec::join_user_namespace(&mut spec, &Path::new("/proc/self/fd").join(ns.as_raw_fd().to_string()))?;
+    }
     spec.save(job.bundle().join("config.json")).context("cannot write the OCI spec")?;
 
     container.create(&plan, job)?;
@@ -181,6 +188,36 @@ fn run(
     // unmount of its own costs one more RCU grace period (~0.7 ms per job measured).
     tracing::debug!(job = %plan.id, "container deleted");
     outcome
+}
+
+/// The job's own ids (see [`crate::identity`]): a user namespace with its maps, the lower
+/// layers mounted idmapped with it in place of the plain ones (root mode: the rootfs's
+/// root-owned files belong to the job's root), and the upper layer's root given to the
+/// job's root (the overlay's root dir is the upper's). None: host ids.
+fn own_ids(plan: &mut super::JobPlan, job: &JobDir, sys: &dyn Sys) -> Result<Option<OwnedFd>> {
+    let Some(ids) = plan.userns.clone() else { return Ok(None) };
+    let ns = sys.new_user_namespace(&ids.uid_map_text(), &ids.gid_map_text())?;
+    if ids.idmap_layers {
+        for (k, layer) in plan.lower.iter_mut().enumerate() {
+            let target = job.idmapped_lower(k);
+            sys.idmap_layer(layer, ns.as_fd(), &target)?;
+            *layer = target;
+        }
+    }
+    let (uid, gid) = outside_ids(plan, 0, 0)?;
+    sys.chown(&job.upper(), uid, gid)?;
+    Ok(Some(ns))
+}
+
+/// The ids (host, or rootless: the process's namespace) of the job's `uid`/`gid`.
+fn outside_ids(plan: &super::JobPlan, uid: u32, gid: u32) -> Result<(u32, u32)> {
+    let Some(ids) = &plan.userns else { return Ok((uid, gid)) };
+    match (ids.uid_outside(uid), ids.gid_outside(gid)) {
+        (Some(u), Some(g)) => Ok((u, g)),
+        _ => anyhow::bail!(
+            "the job's user {uid}:{gid} is outside its user namespace (ids 0-65535): choose another --user"
+        ),
+    }
 }
 
 /// Puts the helper into the job's cgroup (see [`super::cgroup`]), so the job is born there,

@@ -42,6 +42,19 @@ pub struct JobPlan {
     /// [`crate::rootless::mode`]. Changes the overlay options and the spec (see spec.rs).
     #[serde(default)]
     pub rootless: bool,
+    /// The job's own user namespace and host ids (see [`crate::identity`]), set by
+    /// `Sandbox::create`; None: host ids (`--userns host`).
+    #[serde(default)]
+    pub userns: Option<crate::identity::JobIds>,
+}
+
+impl JobPlan {
+    /// In a user namespace of its own or the process's (rootless): device nodes are bound,
+    /// /sys is the host's (a fresh sysfs needs a network namespace the job's user
+    /// namespace owns).
+    pub fn in_user_namespace(&self) -> bool {
+        self.rootless || self.userns.is_some()
+    }
 }
 
 /// Default PATH, as Docker sets it.
@@ -66,5 +79,6 @@ pub(crate) fn test_plan(id: &str, lower: Vec<PathBuf>, cgroup_path: &str) -> Job
         cgroup_path: cgroup_path.into(),
         owned_dirs: vec![],
         rootless: false,
+        userns: None,
     }
 }

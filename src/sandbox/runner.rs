@@ -92,6 +92,21 @@ pub fn validate(plan: &JobPlan) -> Result<()> {
     Ok(())
 }
 
+/// A job with ids of its own binds its volumes, device nodes and driver files as those
+/// ids (libcontainer sets the mounts up as the job's root): every dir on the way to them
+/// must be searchable by any id. Checked here for a one-line error.
+fn validate_reachable(plan: &JobPlan) -> Result<()> {
+    for v in &plan.volumes {
+        super::check_reachable(&v.host)
+            .with_context(|| format!("the job's ids cannot reach volume source {}", v.host.display()))?;
+    }
+    let nodes = plan.edits.device_nodes.iter().map(|n| &n.host_path);
+    for p in nodes.chain(plan.edits.mounts.iter().map(|m| &m.host_path)) {
+        super::check_reachable(p).with_context(|| format!("the job's ids cannot reach {}", p.display()))?;
+    }
+    Ok(())
+}
+
 /// A recorded job dir (upper layer kept across phases) with its lock.
 pub struct Sandbox {
     home: Home,
@@ -103,6 +118,8 @@ pub struct Sandbox {
     pending: Option<(Helper, Option<Arc<AtomicI32>>)>,
     /// A phase whose container is already built, waiting for `run` to start it.
     prepared: Option<(Spawned, String)>,
+    /// The block of host ids the job runs as (root mode), held until it is cleaned up.
+    ids: Option<crate::identity::lease::BlockLease>,
 }
 
 impl Sandbox {
@@ -113,6 +130,16 @@ impl Sandbox {
         plan.edits.mounts.retain(|m| !m.optional || m.host_path.exists());
         // The home's dirs exist: `exec` and `run` ensure them once at start, not per job.
         let job = JobDir::new(home, &plan.id);
+        let ids = match crate::identity::for_sandbox(&job.root, plan.uid, plan.gid)? {
+            Some((ids, lease)) => {
+                plan.userns = Some(ids);
+                lease
+            }
+            None => None,
+        };
+        if plan.userns.is_some() {
+            validate_reachable(&plan)?;
+        }
         let lock = job.create(&plan, &JobState::for_plan(&job, &plan))?;
         tracing::debug!(job = %plan.id, "job dir recorded");
         Ok(Sandbox {
@@ -123,6 +150,7 @@ impl Sandbox {
             created: Instant::now(),
             pending: None,
             prepared: None,
+            ids,
         })
     }
 
@@ -254,6 +282,7 @@ impl Sandbox {
                 created: self.created,
                 pending: self.pending.take(),
                 prepared: self.prepared.take(),
+                ids: self.ids.take(),
             };
             std::thread::spawn(move || {
                 sys::process::lower_priority_of_this_thread();
@@ -292,6 +321,8 @@ impl Sandbox {
         }
         let cleanup = teardown::cleanup_job(&self.home, &self.job);
         drop(self.lock.take());
+        // Its processes are gone and its record with them: the ids are free.
+        drop(self.ids.take());
         tracing::debug!(job = %self.plan.id, age_ms = self.created.elapsed().as_millis() as u64, "cleaned up");
         if let Ok(c) = &cleanup {
             if !c.leftovers.is_empty() {

@@ -112,7 +112,7 @@ pub fn build(plan: &JobPlan, rootfs: &Path, cgroup: &CgroupOwner) -> Result<Spec
         .collect::<Result<Vec<_>, _>>()?;
 
     let mut devices = Vec::new();
-    for node in plan.edits.device_nodes.iter().filter(|_| !plan.rootless) {
+    for node in plan.edits.device_nodes.iter().filter(|_| !plan.in_user_namespace()) {
         devices.push(
             LinuxDeviceBuilder::default()
                 .path(node.path.clone())
@@ -151,6 +151,18 @@ pub fn build(plan: &JobPlan, rootfs: &Path, cgroup: &CgroupOwner) -> Result<Spec
         spec.set_hooks(Some(hooks));
     }
     Ok(spec)
+}
+
+/// The job joins the user namespace its helper made (see [`crate::identity`]) at `path`
+/// (`/proc/self/fd/N` of the helper: libcontainer's processes are its forks). libcontainer
+/// then binds device nodes instead of making them, and writes no id maps.
+pub fn join_user_namespace(spec: &mut Spec, path: &Path) -> Result<()> {
+    let ns = LinuxNamespaceBuilder::default().typ(LinuxNamespaceType::User).path(path).build()?;
+    let linux = spec.linux_mut().as_mut().context("the spec has no linux section")?;
+    let mut namespaces = linux.namespaces().clone().unwrap_or_default();
+    namespaces.insert(0, ns);
+    linux.set_namespaces(Some(namespaces));
+    Ok(())
 }
 
 fn device_type(kind: DeviceKind) -> LinuxDeviceType {
@@ -268,7 +280,7 @@ fn bind(src: &Path, dst: &Path, opts: &[String]) -> Result<Mount> {
 /// it, which `--network host` does not have; as runc does rootless, bind the host's /sys
 /// read-only (recursively) instead.
 fn sysfs(plan: &JobPlan) -> Result<Mount> {
-    if plan.rootless {
+    if plan.in_user_namespace() {
         return bind(
             Path::new("/sys"),
             Path::new("/sys"),
@@ -299,7 +311,7 @@ fn mounts(plan: &JobPlan) -> Result<Vec<Mount>> {
     for v in &plan.volumes {
         m.push(bind(&v.host, &v.container, &ro)?);
     }
-    if plan.rootless {
+    if plan.in_user_namespace() {
         // A user namespace cannot mknod: bind the host's node (its mode decides who may
         // open it). libcontainer would bind the node's *container* path from the host,
         // which is wrong when the host node lives elsewhere (--driver-root, CDI).
@@ -444,6 +456,7 @@ mod tests {
             cgroup_path: "/azp-sandbox/t-1".into(),
             owned_dirs: vec![],
             rootless: false,
+            userns: None,
         }
     }
 

@@ -7,6 +7,7 @@
 //! - [`mount`], [`ns`], [`cgroup`]: what the sandbox helper sets up;
 //! - [`process`], [`signals`]: forks, the helper's spawn, waits, kills, handlers;
 //! - [`ids`]: setuid mode's and the user namespace's identity changes;
+//! - [`userns`]: a job's own user namespace and the layers idmapped with it;
 //! - [`runtime_tmpfs`], [`dir_flags`]: the home's runtime dir and layer buckets.
 //!
 //! What the sandbox helper, the edit layer and teardown do goes through the [`Sys`]
@@ -25,6 +26,7 @@ pub mod nvml_mig;
 pub mod process;
 pub mod runtime_tmpfs;
 pub mod signals;
+pub mod userns;
 
 pub use cgroup::{CgroupDir, CgroupJoin};
 pub use dir_flags::spread_subdirs;
@@ -34,6 +36,7 @@ pub use nix::sys::signal::Signal;
 
 use nix::errno::Errno;
 use std::cell::{Cell, RefCell};
+use std::os::fd::{BorrowedFd, OwnedFd};
 use std::path::{Path, PathBuf};
 
 /// The privileged steps of the sandbox helper (in the order it takes them), of the
@@ -50,6 +53,12 @@ pub trait Sys {
     /// view rooted at the cgroup this process is in: libcontainer's cgroup manager can
     /// change nothing outside the job's cgroup.
     fn hide_cgroupfs(&self) -> Result<()>;
+    /// A new user namespace with these maps (`/proc/PID/uid_map` text): the job's.
+    fn new_user_namespace(&self, uid_map: &str, gid_map: &str) -> Result<OwnedFd>;
+    /// `layer` read-only at `target`, idmapped with the namespace `userns`.
+    fn idmap_layer(&self, layer: &Path, userns: BorrowedFd, target: &Path) -> Result<()>;
+    /// Owner of `path` (not followed).
+    fn chown(&self, path: &Path, uid: u32, gid: u32) -> Result<()>;
     fn mount_overlay(&self, overlay: &Overlay) -> Result<()>;
     /// A plain bind mount of `source` on `target` (a `/proc/self/fd/N` of a target
     /// resolved inside a tree), in this process's private mount namespace.
@@ -81,6 +90,15 @@ impl Sys for Real {
     }
     fn hide_cgroupfs(&self) -> Result<()> {
         ns::private_cgroup_view()
+    }
+    fn new_user_namespace(&self, uid_map: &str, gid_map: &str) -> Result<OwnedFd> {
+        userns::new_user_namespace(uid_map, gid_map)
+    }
+    fn idmap_layer(&self, layer: &Path, ns: BorrowedFd, target: &Path) -> Result<()> {
+        userns::idmap_layer(layer, ns, target)
+    }
+    fn chown(&self, path: &Path, uid: u32, gid: u32) -> Result<()> {
+        userns::chown(path, uid, gid)
     }
     fn mount_overlay(&self, overlay: &Overlay) -> Result<()> {
         mount::mount_overlay(overlay)
@@ -181,6 +199,27 @@ impl Sys for Recorder {
     }
     fn hide_cgroupfs(&self) -> Result<()> {
         self.step("hide_cgroupfs".into()).map_err(Error::MountCgroupView)
+    }
+    fn new_user_namespace(&self, uid_map: &str, gid_map: &str) -> Result<OwnedFd> {
+        let maps = |m: &str| m.trim().replace('\n', ",");
+        self.step(format!("new_user_namespace {} {}", maps(uid_map), maps(gid_map)))
+            .map_err(Error::UserNamespaceChild)?;
+        // Any fd stands for the namespace here.
+        std::fs::File::open("/dev/null")
+            .map(OwnedFd::from)
+            .map_err(|source| Error::OpenUserNs { path: "/dev/null".into(), source })
+    }
+    fn idmap_layer(&self, layer: &Path, _ns: BorrowedFd, target: &Path) -> Result<()> {
+        self.step(format!("idmap_layer {} {}", layer.display(), target.display()))
+            .map_err(|source| Error::IdmapLayer { layer: layer.into(), source })
+    }
+    fn chown(&self, path: &Path, uid: u32, gid: u32) -> Result<()> {
+        self.step(format!("chown {} {uid}:{gid}", path.display())).map_err(|source| Error::Chown {
+            path: path.into(),
+            uid,
+            gid,
+            source,
+        })
     }
     fn mount_overlay(&self, overlay: &Overlay) -> Result<()> {
         let options = overlay.options()?;

@@ -80,7 +80,7 @@ fn t22_seccomp_denies_vsock_alg_socketcall_personality_and_memfd_secret() {
 /// `/proc/<pid>/status` of every process of a job whose command line contains `marker`:
 /// those in a pid namespace below the host's (NSpid has two numbers or more), which
 /// leaves out `exec` and its helper (whose command lines may contain it too).
-fn job_statuses(marker: &str) -> Vec<(i32, String)> {
+pub(super) fn job_statuses(marker: &str) -> Vec<(i32, String)> {
     processes_matching(marker)
         .into_iter()
         .filter_map(|(pid, _)| {
@@ -92,7 +92,7 @@ fn job_statuses(marker: &str) -> Vec<(i32, String)> {
 }
 
 /// The numbers of a status line (`Uid:`, `Gid:`, `Groups:`).
-fn ids(status: &str, key: &str) -> Vec<u32> {
+pub(super) fn ids(status: &str, key: &str) -> Vec<u32> {
     let line = status.lines().find(|l| l.starts_with(key)).unwrap_or_else(|| panic!("no {key} in {status}"));
     line[key.len()..].split_whitespace().map(|v| v.parse().unwrap()).collect()
 }
