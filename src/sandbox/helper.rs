@@ -503,6 +503,66 @@ mod tests {
     }
 
     #[test]
+    fn a_job_with_ids_of_its_own_gets_its_namespace_idmapped_layers_and_upper() {
+        use crate::identity::JobIds;
+        let (uid, gid) = (2147483648 + 2 * 65536, 3000000000 + 2 * 65536);
+        let s = setup(|p, t| {
+            let agent = t.join("agent-pkg");
+            std::fs::create_dir_all(&agent).unwrap();
+            p.lower.insert(0, agent);
+            p.owned_dirs = vec![]; // its chown is inroot's (real), tested elsewhere
+            p.userns = Some(JobIds::block(2, (uid, gid), (1000, 1000)));
+        });
+        let plan = s.job.read_plan().unwrap();
+        let rec = Recorder::default();
+        assert_eq!(s.run(&rec, None, None), HelperResult::Exited { code: 3, signal: None });
+        let mut want = s.steps();
+        let at = s.pos("mount_overlay");
+        want.splice(
+            at..at,
+            [
+                format!("new_user_namespace 0 {uid} 65536 0 {gid} 65536"),
+                format!("idmap_layer {} {}", plan.lower[0].display(), s.job.idmapped_lower(0).display()),
+                format!("idmap_layer {} {}", plan.lower[1].display(), s.job.idmapped_lower(1).display()),
+                format!("chown {} {uid}:{gid}", s.job.upper().display()),
+            ],
+        );
+        assert_eq!(rec.calls(), want);
+        // The job joins that namespace; its devices are binds and /sys the host's.
+        let spec = oci_spec::runtime::Spec::load(s.job.bundle().join("config.json")).unwrap();
+        let ns = spec.linux().as_ref().unwrap().namespaces().as_ref().unwrap();
+        let user = ns.iter().find(|n| n.typ() == oci_spec::runtime::LinuxNamespaceType::User).expect("a user ns");
+        assert!(user.path().as_ref().unwrap().starts_with("/proc/self/fd/"), "{user:?}");
+        // Any of the new steps failing ends the line before the overlay.
+        for k in at..at + 4 {
+            let r = s.run(&Recorder::failing_at(k, Errno::EINVAL), None, None);
+            let (_, error) = failed(&r);
+            assert!(error.contains("EINVAL") || error.contains("Invalid argument"), "step {k}: {error}");
+        }
+        let rec = Recorder::failing_at(at + 1, Errno::EINVAL);
+        s.run(&rec, None, None);
+        assert_eq!(rec.calls(), want[..=at + 1], "nothing after a failed idmap");
+        let e = failed(&s.run(&Recorder::failing_at(at + 1, Errno::EINVAL), None, None)).1.to_string();
+        assert!(e.contains("--userns host") && e.contains("5.19"), "the fallback is named: {e}");
+    }
+
+    #[test]
+    fn a_rootless_job_gets_a_nested_namespace_and_no_idmapped_layers() {
+        let s = setup(|p, _| {
+            p.rootless = true;
+            p.owned_dirs = vec![];
+            p.userns = Some(crate::identity::JobIds::nested());
+        });
+        let rec = Recorder::default();
+        s.run(&rec, None, None);
+        let calls = rec.calls();
+        let at = calls.iter().position(|c| c.starts_with("new_user_namespace")).expect("{calls:?}");
+        assert_eq!(calls[at], "new_user_namespace 0 1 65536 0 1 65536");
+        assert_eq!(calls[at + 1], format!("chown {} 1:1", s.job.upper().display()), "the upper is the job root's");
+        assert!(calls[at + 2].starts_with("mount_overlay "), "{calls:?}");
+    }
+
+    #[test]
     fn a_gpu_job_builds_its_edit_layer_and_a_failed_build_removes_it() {
         let s = setup(|p, t| {
             let lib = t.join("libcuda.so.1");

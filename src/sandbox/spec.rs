@@ -587,6 +587,26 @@ mod tests {
     }
 
     #[test]
+    fn a_root_job_with_ids_of_its_own_binds_devices_and_sys_and_joins_its_namespace() {
+        let mut p = plan();
+        p.userns = Some(crate::identity::JobIds::block(0, (1 << 31, 1 << 31), (0, 0)));
+        p.edits.device_nodes.push(nvidia1("/drv/dev/nvidia1"));
+        let mut spec = build(&p, Path::new("/m"), &CgroupOwner::Helper { leaf: Some("/job".into()) }).unwrap();
+        let mounts = spec.mounts().as_ref().unwrap();
+        let sys = mounts.iter().find(|m| m.destination() == Path::new("/sys")).unwrap();
+        assert_eq!(sys.typ().as_deref(), Some("bind"), "a fresh sysfs needs a netns the job's userns owns");
+        let nv = mounts.iter().find(|m| m.destination() == Path::new("/dev/nvidia1")).unwrap();
+        assert_eq!(nv.source().as_deref(), Some(Path::new("/drv/dev/nvidia1")));
+        assert!(spec.linux().as_ref().unwrap().devices().as_ref().is_none_or(|d| d.is_empty()), "no mknod");
+        assert_eq!(v1_device_allow_lines(&p).unwrap().last().unwrap(), "c 195:1 rwm", "the cgroup still allows it");
+        join_user_namespace(&mut spec, Path::new("/proc/self/fd/7")).unwrap();
+        let ns = spec.linux().as_ref().unwrap().namespaces().as_ref().unwrap();
+        assert_eq!(ns[0].typ(), LinuxNamespaceType::User, "joined first, before the others are made");
+        assert_eq!(ns[0].path().as_deref(), Some(Path::new("/proc/self/fd/7")));
+        assert!(spec.linux().as_ref().unwrap().uid_mappings().is_none(), "the helper wrote the maps");
+    }
+
+    #[test]
     fn root_with_helper_cgroups_gives_libcontainer_only_the_leaf() {
         let mut p = plan();
         p.edits.device_nodes.push(nvidia1("/dev/nvidia1"));
