@@ -25,6 +25,12 @@ pub struct BlockLease {
     file: Flock<File>,
 }
 
+impl std::os::fd::AsRawFd for BlockLease {
+    fn as_raw_fd(&self) -> std::os::fd::RawFd {
+        self.file.as_raw_fd()
+    }
+}
+
 impl Drop for BlockLease {
     fn drop(&mut self) {
         // Free for the next job: no holder named (the lock goes with the file).

@@ -158,6 +158,15 @@ impl Sandbox {
         &self.plan.id
     }
 
+    /// The job's lock and id lease: this runner's, never a helper's. A forked helper
+    /// closes them, so that when this process dies the job is abandoned at once (`gc`
+    /// then kills it from outside the rootless namespace, the only place where a job
+    /// running as subordinate ids can be killed), not only once the helper is gone too.
+    fn held_fds(&self) -> Vec<i32> {
+        let lock = self.lock.as_ref().map(|l| l.as_raw_fd());
+        lock.into_iter().chain(self.ids.as_ref().map(|l| l.as_raw_fd())).collect()
+    }
+
     /// The read-only layers this sandbox was created over.
     pub fn lower(&self) -> &[std::path::PathBuf] {
         &self.plan.lower
@@ -197,7 +206,8 @@ impl Sandbox {
     pub fn prepare(&mut self, phase: &Phase, opts: &RunOptions) -> Result<()> {
         let plan = self.write_phase_plan(phase)?;
         let quiet = RunOptions { helper_pid: None, forward_signals: false, ..opts.clone() };
-        let spawned = spawn_helper(&self.home, &self.job.root, phase.stdin.as_deref(), &quiet, true)?;
+        let held = self.held_fds();
+        let spawned = spawn_helper(&self.home, &self.job.root, phase.stdin.as_deref(), &quiet, true, &held)?;
         self.prepared = Some((spawned, plan.cgroup_path.display().to_string()));
         Ok(())
     }
@@ -215,7 +225,8 @@ impl Sandbox {
             }
             None => {
                 let plan = self.write_phase_plan(phase)?;
-                (spawn_helper(&self.home, &self.job.root, phase.stdin.as_deref(), opts, false)?, plan)
+                let held = self.held_fds();
+                (spawn_helper(&self.home, &self.job.root, phase.stdin.as_deref(), opts, false, &held)?, plan)
             }
         };
         let started = Instant::now();
@@ -413,6 +424,7 @@ fn spawn_helper(
     stdin: Option<&[u8]>,
     opts: &RunOptions,
     prepared: bool,
+    held: &[i32],
 ) -> Result<Spawned> {
     let (result_rx, result_tx) = pipe()?;
     let (go_rx, go_tx) = if prepared {
@@ -436,6 +448,7 @@ fn spawn_helper(
         .flatten()
         .chain(output.copy.iter().map(|(r, _)| r))
         .map(|fd| fd.as_raw_fd())
+        .chain(held.iter().copied())
         .collect();
     let child = match fork_helper(home, job_dir, fds, &ours)? {
         Ok(forked) => forked,
