@@ -248,7 +248,7 @@ fn t20_exec_jobs_are_nobody_on_the_host_and_concurrent_ones_differ_as_root() {
         for (x, y) in [(r, a), (z, a)] {
             assert_ne!(x.0 / 65536, y.0 / 65536, "concurrent jobs {x:?} and {y:?} share a block");
         }
-        assert_eq!(a.0 % 65536, r.0 % 65536 + 1000 % 65536, "uid 1000 at the same offset of its block");
+        assert_eq!(a.0 % 65536, r.0 % 65536 + 1000, "uid 1000 at the same offset of its block");
     }
     for job in [root, zero, azp] {
         assert!(job.finish().success());
