@@ -57,3 +57,31 @@ pub fn check_reachable(path: &std::path::Path) -> anyhow::Result<()> {
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt;
+
+    #[test]
+    fn a_path_is_reachable_when_every_dir_above_it_is_searchable() {
+        let t = tempfile::tempdir().unwrap();
+        let deep = t.path().join("a/b/c");
+        std::fs::create_dir_all(&deep).unwrap();
+        for d in [t.path().to_path_buf(), t.path().join("a"), t.path().join("a/b")] {
+            std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o711)).unwrap();
+        }
+        check_reachable(&deep.join("file")).unwrap();
+        std::fs::set_permissions(t.path().join("a"), std::fs::Permissions::from_mode(0o750)).unwrap();
+        let e = check_reachable(&deep.join("file")).unwrap_err().to_string();
+        let a = t.path().join("a");
+        assert!(
+            e.starts_with(&format!(
+                "{} (mode 750) is not searchable by others: `chmod o+x {}`",
+                a.display(),
+                a.display()
+            )),
+            "{e}"
+        );
+    }
+}
