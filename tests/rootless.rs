@@ -354,3 +354,48 @@ fn a_store_from_before_jobs_had_ids_of_their_own_is_refused_with_one_line() {
     h.ok(&["exec", "--rootfs", "bb", "--", "true"]);
     h.assert_no_residue(&[]);
 }
+
+#[test]
+#[cfg_attr(not(test_as_root), ignore = "needs root: runs azp-sandbox as the rootless test user (scripts/test.sh)")]
+fn a_home_below_a_private_dir_mounts_jobs_in_tmp_and_a_foreign_dir_there_is_refused() {
+    require_rootless!();
+    let u = user();
+    // ~/.local is often 0700: the jobs' ids (subordinate ones) cannot search it, so their
+    // mount point cannot be in such a home.
+    let private = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("rl-private-{}", std::process::id()));
+    let _ = fs::remove_dir_all(&private);
+    fs::create_dir_all(&private).unwrap();
+    nix::unistd::chown(&private, Some(u.uid), Some(u.gid)).unwrap();
+    fs::set_permissions(&private, std::os::unix::fs::PermissionsExt::from_mode(0o700)).unwrap();
+    let home = private.join("home");
+    let run = |args: &[&str]| {
+        let mut c = Command::new(bin());
+        as_test_user(&mut c);
+        c.arg("--home").arg(&home).args(args).output().unwrap()
+    };
+    let o = run(&["rootfs", "import", busybox_tar().to_str().unwrap(), "--name", "bb"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let tmp_point = PathBuf::from(format!("/tmp/azp-sandbox-{}", u.uid));
+    let foreign = !tmp_point.exists();
+    if foreign {
+        // Someone else's dir (or a symlink) there is refused, one line, nothing run.
+        fs::create_dir(&tmp_point).unwrap();
+        let o = run(&["exec", "--rootfs", "bb", "--", "true"]);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(125), "{err}");
+        assert!(err.contains(&format!("{} is not a dir of this user's", tmp_point.display())), "{err}");
+        fs::remove_dir(&tmp_point).unwrap();
+    } else {
+        skip_part(format!("{} already exists: the refusal of a foreign one is not tried", tmp_point.display()));
+    }
+    let o = run(&["exec", "--rootfs", "bb", "--", "sh", "-c", "id -u; cat /etc/passwd | head -1"]);
+    let (out, err) = (String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
+    assert!(o.status.success(), "{err}");
+    assert_eq!(out, "0\nroot:x:0:0:root:/root:/bin/sh\n");
+    let m = fs::symlink_metadata(&tmp_point).unwrap();
+    assert_eq!((m.is_dir(), m.uid()), (true, u.uid.as_raw()), "made by the user");
+    fs::remove_dir_all(&private).unwrap();
+    // Only this test's homes use it (the others' are searchable): gone, so that the next
+    // run tries the refusal again.
+    fs::remove_dir(&tmp_point).unwrap();
+}

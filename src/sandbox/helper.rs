@@ -327,6 +327,8 @@ mod tests {
     /// calling user; cgroups in plain dirs of a hybrid host.
     fn setup(change: impl FnOnce(&mut JobPlan, &Path)) -> Setup {
         let t = tempfile::tempdir().unwrap();
+        // Searchable, so that the jobs' mount point is made in it (see Home::mount_point).
+        std::fs::set_permissions(t.path(), std::os::unix::fs::PermissionsExt::from_mode(0o711)).unwrap();
         std::fs::create_dir_all(t.path().join("xdg")).unwrap();
         let home = Home::for_caller(t.path().join("home"), false, Some(t.path().join("xdg")));
         home.ensure().unwrap();

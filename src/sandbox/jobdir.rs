@@ -253,8 +253,23 @@ fn create_in_runtime_dir(dir: &Path, builder: &fs::DirBuilder) -> Result<()> {
 }
 
 /// The shared mount point (see [`Home::mount_point`]), made the first time (0700: covered
-/// by each helper's mount, and empty for everyone else).
+/// by each helper's mount, and empty for everyone else). One in a shared dir (`/tmp`)
+/// must be ours: a symlink or another user's dir there would put the job's tree where
+/// they choose.
 fn create_mount_point(dir: &Path) -> Result<()> {
+    make_mount_point(dir)?;
+    use std::os::unix::fs::MetadataExt;
+    let m = fs::symlink_metadata(dir).with_context(|| format!("cannot stat {}", dir.display()))?;
+    if !m.is_dir() || m.uid() != nix::unistd::geteuid().as_raw() || m.mode() & 0o022 != 0 {
+        anyhow::bail!(
+            "{} is not a dir of this user's that only it may write: remove it (jobs are mounted there)",
+            dir.display()
+        );
+    }
+    Ok(())
+}
+
+fn make_mount_point(dir: &Path) -> Result<()> {
     match private_dir().create(dir) {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
             let parent = dir.parent().context("mount point has no parent")?;

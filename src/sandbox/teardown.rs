@@ -493,6 +493,8 @@ mod tests {
 
     fn fixture() -> Fixture {
         let t = tempfile::tempdir().unwrap();
+        // Searchable, so that the jobs' mount point is made in it (see Home::mount_point).
+        std::fs::set_permissions(t.path(), std::os::unix::fs::PermissionsExt::from_mode(0o711)).unwrap();
         std::fs::create_dir_all(t.path().join("xdg")).unwrap();
         let home = Home::for_caller(t.path().join("home"), false, Some(t.path().join("xdg")));
         home.ensure().unwrap();
