@@ -250,6 +250,18 @@ if [ -n "$TORCH" ]; then
     done < <(printf '%s\n' "$PY_PATH" | tr ':' '\n' | sort -u)
     PY_VOLUMES=()
     for v in ${VOLS[@]+"${VOLS[@]}"}; do PY_VOLUMES+=(--volume "$v:$v"); done
+    # Jobs run as ids of their own, which must search every dir above a volume. An
+    # environment under a private dir (/root, a 0700 home) is not reachable: this row then
+    # runs with host ids (--userns host) and says so.
+    PY_PRIVATE=""
+    for v in ${VOLS[@]+"${VOLS[@]}"}; do
+        d=$(dirname "$v")
+        while [ "$d" != / ]; do
+            [ $(( 0$(stat -c %a "$d") & 1 )) = 1 ] || { PY_PRIVATE=$d; break 2; }
+            d=$(dirname "$d")
+        done
+    done
+    [ -z "$PY_PRIVATE" ] || PY_VOLUMES+=(--userns host)
     # The libraries torch's extensions load from outside those dirs (libstdc++, libgomp...).
     while read -r so; do
         while read -r lib; do
@@ -419,7 +431,8 @@ if a: print("devices=%d" % torch.cuda.device_count()); print("name=" + torch.cud
     [ "$IN_T_RC" = 0 ] && [ "$(printf '%s\n' "$IN_T" | kv torch)" = "$(printf '%s\n' "$HOST_T" | kv torch)" ]
     ok=$?
     row "PyTorch imports (read-only volume)" "$(printf '%s\n' "$HOST_T" | kv torch)" \
-        "$(printf '%s\n' "$IN_T" | kv torch) ${#VOLS[@]} volume(s)" "$(verdict $ok "$(printf '%s' "$IN_T" | tail -n1)")"
+        "$(printf '%s\n' "$IN_T" | kv torch) ${#VOLS[@]} volume(s)${PY_PRIVATE:+, --userns host ($PY_PRIVATE is private)}" \
+        "$(verdict $ok "$(printf '%s' "$IN_T" | tail -n1)")"
     if [ "$REAL_GPU" = 1 ]; then
         [ "$(summary "$IN_T")" = "$(summary "$HOST_T")" ] && printf '%s\n' "$IN_T" | grep -q '^cuda=True'
         ok=$?

@@ -9,7 +9,7 @@
 #   runc                        the peer in the sandbox benchmark
 #   umoci                       the peer in the pull benchmark (with skopeo)
 #   zstd                        .tar.zst rootfs archives (tests and benchmarks)
-#   uidmap                      newuidmap/newgidmap for rootless mode
+#   uidmap                      newuidmap/newgidmap for rootless mode (and /etc/subuid, /etc/subgid)
 #   libcap2-bin                 setcap (the setuid tests refuse a binary with file capabilities)
 #   ca-certificates, curl       downloads (agent package, registries) in recipes
 set -euo pipefail
@@ -36,4 +36,18 @@ fi
 if ! grep -qE '^(azp-rootless|'"$(id -u azp-rootless)"'):' /etc/subuid 2>/dev/null; then
   usermod --add-subuids 200000-265535 --add-subgids 200000-265535 azp-rootless
 fi
+# The host ids jobs run as in root and setuid modes (src/identity): reserved in
+# /etc/subuid and /etc/subgid as `azp-sandbox`, far from accounts (2^31, 1024 blocks of
+# 65536). `azp-sandbox service install` adds the same entry; both refuse an overlap.
+sub_start=2147483648 sub_count=67108864
+for f in /etc/subuid /etc/subgid; do
+  if ! grep -q '^azp-sandbox:' "$f" 2>/dev/null; then
+    if awk -F: -v s="$sub_start" -v c="$sub_count" \
+        'NF==3 && $2+0 < s+c && s < $2+$3 { print FILENAME ": " $0 " overlaps the azp-sandbox range"; bad=1 } END { exit !bad }' "$f" 2>/dev/null; then
+      echo "setup: cannot reserve $sub_start:$sub_count in $f (see above): move that entry" >&2
+      exit 1
+    fi
+    echo "azp-sandbox:$sub_start:$sub_count" >> "$f"
+  fi
+done
 echo "setup: ok ($(cargo --version))"

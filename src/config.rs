@@ -29,11 +29,17 @@ pub struct Home {
     /// Computed once the home exists (both depend on its canonical path).
     tag: std::sync::OnceLock<String>,
     run_root: std::sync::OnceLock<PathBuf>,
+    mount_point: std::sync::OnceLock<PathBuf>,
 }
 
 impl Home {
     pub fn new(root: impl Into<PathBuf>) -> Home {
-        Home { root: root.into(), tag: std::sync::OnceLock::new(), run_root: std::sync::OnceLock::new() }
+        Home {
+            root: root.into(),
+            tag: std::sync::OnceLock::new(),
+            run_root: std::sync::OnceLock::new(),
+            mount_point: std::sync::OnceLock::new(),
+        }
     }
 
     pub fn root(&self) -> &Path {
@@ -155,6 +161,35 @@ impl Home {
             Err(_) => tag,
         }
     }
+    /// Where each job's helper mounts the job's overlay, in its own private mount
+    /// namespace, so every job of the host uses the same dir (empty outside): the
+    /// runtime tmpfs's `rootfs` as root, `<home>/mnt` otherwise. Not the job's record dir:
+    /// libcontainer sets the job's mounts up as the job's root (of its own user
+    /// namespace), by path, so every dir on the way must be searchable by any id
+    /// ([`crate::sandbox::check_reachable`]); records are private (0700). A home below a
+    /// private dir (`~/.local` is often 0700) uses `/tmp/azp-sandbox-<host uid>` instead
+    /// (made and checked by [`crate::sandbox::jobdir`]).
+    pub fn mount_point(&self) -> PathBuf {
+        self.mount_point
+            .get_or_init(|| {
+                let root = nix::unistd::geteuid().is_root();
+                if let Some(base) = tmpfs_base(&self.run_root(), root) {
+                    return base.join("rootfs");
+                }
+                let in_home = self.root.join("mnt");
+                if crate::sandbox::check_reachable(&in_home).is_ok() {
+                    return in_home;
+                }
+                let uid = if crate::rootless::mode().rootless {
+                    crate::rootless::host_uid_of_root()
+                } else {
+                    nix::unistd::geteuid().as_raw()
+                };
+                PathBuf::from(format!("/tmp/azp-sandbox-{uid}"))
+            })
+            .clone()
+    }
+
     /// Caches shared by jobs (agent packages, linker caches, OCI blobs).
     pub fn cache_dir(&self) -> PathBuf {
         self.root.join("cache")

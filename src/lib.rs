@@ -3,7 +3,8 @@
 //! Data flow of one job (each stage is a module):
 //! `config` -> `rootfs` (pick the lower layer) -> `gpu` (driver files, device nodes,
 //! as [`edits::ContainerEdits`]) -> `sandbox` (job dirs, overlay, OCI spec,
-//! libcontainer in a single-threaded helper, teardown, gc).
+//! libcontainer in a single-threaded helper, teardown, gc), with `identity` deciding
+//! which host ids each job runs as (its own user namespace and block of ids).
 //! Privileged syscalls live in `sys` behind a narrow interface.
 //!
 //! Around it: `settings` turns the config file, the AZP_* environment and the flags
@@ -19,6 +20,7 @@ pub mod digest;
 pub mod edits;
 pub mod gpu;
 pub mod http;
+pub mod identity;
 pub mod json_file;
 pub mod logging;
 pub mod manager;

@@ -19,6 +19,8 @@
 //! SECURITY.md has the results table of this suite.
 
 mod common;
+#[path = "escape/identity.rs"]
+mod identity;
 use common::digest::{hex, sha256_file, sha256_hex};
 use common::*;
 use std::fs;
@@ -45,6 +47,8 @@ const PROBE_C: &str = r#"
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mount.h>
+#include <sys/personality.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/sysmacros.h>
@@ -63,7 +67,7 @@ static const char *ename(int e) {
   case EAGAIN: return "EAGAIN"; case ENOSYS: return "ENOSYS"; case EBADF: return "EBADF";
   case EFAULT: return "EFAULT"; case ENXIO: return "ENXIO"; case ENODEV: return "ENODEV";
   case ENOEXEC: return "ENOEXEC"; case ELOOP: return "ELOOP"; case EXDEV: return "EXDEV";
-  case EOPNOTSUPP: return "EOPNOTSUPP";
+  case EOPNOTSUPP: return "EOPNOTSUPP"; case EAFNOSUPPORT: return "EAFNOSUPPORT";
   }
   snprintf(buf, sizeof buf, "E%d", e);
   return buf;
@@ -75,6 +79,20 @@ static void report(const char *tok, long r) {
 }
 
 static void *park(void *arg) { (void)arg; for (;;) pause(); return NULL; }
+
+#if defined(__x86_64__)
+/* A 32-bit x86 system call from this 64-bit program (int 0x80): seccomp sees it with
+   the i386 audit arch and its numbers. Pointers must be below 4 GiB: static data of a
+   non-PIE static binary is. */
+static unsigned int i386_args[3];
+static long int80(long nr, long a, long b, long c) {
+  long r;
+  __asm__ volatile("int $0x80" : "=a"(r) : "a"(nr), "b"(a), "c"(b), "d"(c) : "memory");
+  r = (int)r;
+  if (r < 0 && r > -4096) { errno = (int)-r; return -1; }
+  return r;
+}
+#endif
 
 int main(int argc, char **argv) {
   for (int i = 1; i < argc; i++) {
@@ -115,6 +133,29 @@ int main(int argc, char **argv) {
       uid_t ru, eu, su;
       getresuid(&ru, &eu, &su);
       printf("%s: ruid=%d euid=%d suid=%d\n", tok, (int)ru, (int)eu, (int)su);
+      fflush(stdout);
+      continue;
+    }
+    else if (!strcmp(op, "socket")) r = socket(atoi(a[1]), atoi(a[2]), 0);
+    /* The family with a bit set above the 32 the kernel reads (it truncates the int). */
+    else if (!strcmp(op, "socket-hi")) r = syscall(SYS_socket, (1UL << 32) | (unsigned long)atoi(a[1]), atoi(a[2]), 0);
+#if defined(__x86_64__)
+    /* i386 socketcall(SYS_SOCKET, {family, type, 0}) and i386 socket(2) (nr 359). */
+    else if (!strcmp(op, "socketcall")) {
+      i386_args[0] = atoi(a[1]); i386_args[1] = atoi(a[2]); i386_args[2] = 0;
+      r = (unsigned long)i386_args >> 32 ? (errno = E2BIG, -1) : int80(102, 1, (long)i386_args, 0);
+    }
+    else if (!strcmp(op, "socket-i386")) r = int80(359, atoi(a[1]), atoi(a[2]), 0);
+#endif
+    else if (!strcmp(op, "personality")) r = personality(strtoul(a[1], NULL, 16));
+    else if (!strcmp(op, "memfd-secret")) r = syscall(447 /* memfd_secret */, 0);
+    else if (!strcmp(op, "memfd-create")) r = syscall(SYS_memfd_create, "p", 0);
+    else if (!strcmp(op, "groups")) {
+      gid_t g[64];
+      int n = getgroups(64, g);
+      printf("%s:", tok);
+      for (int k = 0; k < n; k++) printf(" %d", (int)g[k]);
+      printf("\n");
       fflush(stdout);
       continue;
     }
@@ -277,10 +318,21 @@ fn escape_tar() -> PathBuf {
     .clone()
 }
 
-/// The host uid behind the sandbox's root: 0, or the test user in rootless runs (its
-/// user namespace maps container root onto it).
-fn host_uid_of_container_root() -> u32 {
-    test_user().map(|u| u.uid.as_raw()).unwrap_or(0)
+/// The host uid that owns the image's root-owned files in the rootfs store: 0, or in
+/// rootless runs the test user's first subordinate uid (the store is shifted by one: an
+/// image's uid N is N + 1 in the user's namespace, which a job's N maps to).
+fn store_uid_of_image_root() -> u32 {
+    match test_user() {
+        None => 0,
+        Some(u) => {
+            let text = fs::read_to_string("/etc/subuid").unwrap();
+            let start = text.lines().find_map(|l| {
+                let f: Vec<&str> = l.split(':').collect();
+                (f.len() == 3 && (f[0] == u.name || f[0] == u.uid.to_string())).then(|| f[1].parse().unwrap())
+            });
+            start.expect("the test user has subordinate uids")
+        }
+    }
 }
 
 /// Rootless runs: what the test planted as root in a home must belong to the test user,
@@ -408,11 +460,15 @@ impl WaitingJob {
     /// `exec --rootfs esc --volume CTL:/ctl OPTS -- sh -c "BEFORE; echo ready; wait"`,
     /// with `global` (e.g. `--driver-root`) before `exec`.
     fn start(h: &TestHome, global: &[&str], opts: &[&str], before: &str) -> WaitingJob {
+        WaitingJob::start_as(h, h.command(), global, opts, before)
+    }
+
+    /// [`WaitingJob::start`] with `command` (azp-sandbox and its `--home`) as the caller.
+    fn start_as(h: &TestHome, mut command: Command, global: &[&str], opts: &[&str], before: &str) -> WaitingJob {
         let ctl = h.dir.join(format!("ctl-{}", unique("c")));
         fs::create_dir_all(&ctl).unwrap();
         let vol = format!("{}:/ctl", ctl.display());
-        let child = h
-            .command()
+        let child = command
             .args(global)
             .args(["exec", "--rootfs", "esc", "--volume", &vol])
             .args(opts)
@@ -517,17 +573,13 @@ fn t01_job_cannot_write_host_paths() {
         );
         let opts = [user, &["--volume", &vol]].concat();
         let out = exec_ok(&h, &opts, &script);
-        // Rootless, the host's root-owned files are unmapped in the job's user namespace:
-        // its root is refused like any other user (EACCES) before the read-only check.
-        let (want_root, ro_want): (String, Vec<&str>) = if who == "root" && rootless() {
+        // The host's root-owned files are unmapped in the job's user namespace (root mode
+        // too, since issue 19): its root is refused like any other user (EACCES) before
+        // the read-only check.
+        let (want_root, ro_want): (String, Vec<&str>) = if who == "root" {
             (
                 expect(&via_proc_root, |_| "OK".into()),
                 vec!["EROFS", "EACCES", "EROFS", "EACCES", "EACCES", "EACCES", "EPERM", "EPERM"],
-            )
-        } else if who == "root" {
-            (
-                expect(&via_proc_root, |_| "OK".into()),
-                vec!["EROFS", "EROFS", "EROFS", "EROFS", "EROFS", "EROFS", "EPERM", "EPERM"],
             )
         } else {
             (
@@ -764,11 +816,9 @@ fn t06_job_cannot_create_or_open_device_nodes() {
             probe(&host_dev)
         );
         let out = exec_ok(&h, &opts, &script);
-        let want_attempts: Vec<&str> = if who == "root" && rootless() {
+        let want_attempts: Vec<&str> = if who == "root" {
             // The sysfs file is owned by unmapped host root (see t01).
             vec!["EPERM", "EPERM", "EPERM", "EPERM", "ENOENT", "ENOENT", "EROFS", "EACCES"]
-        } else if who == "root" {
-            vec!["EPERM", "EPERM", "EPERM", "EPERM", "ENOENT", "ENOENT", "EROFS", "EROFS"]
         } else {
             vec!["EPERM", "EPERM", "EACCES", "EACCES", "ENOENT", "ENOENT", "EROFS", "EACCES"]
         };
@@ -1044,7 +1094,7 @@ fn t11_setuid_binary_does_not_escalate_and_capabilities_are_minimal() {
         let what = (m.mode() & 0o7777, m.uid());
         assert_eq!(
             what,
-            (0o4755, host_uid_of_container_root()),
+            (0o4755, store_uid_of_image_root()),
             "the rootfs must carry setuid-root binaries, or this test tests nothing"
         );
     }
@@ -1357,15 +1407,15 @@ fn t15b_volume_of_root_or_shadow_is_read_only_nosuid_nodev_all_the_way_down() {
             .iter()
             .map(|t| {
                 let cgroup_hidden = t.contains("/sys/fs/cgroup/") && (rootless() || host_has_cgroup2());
-                let e = match (t.starts_with("create:"), cgroup_hidden, rootless(), who == "root") {
-                    (true, ..) => "EROFS",
+                let e = match (t.starts_with("create:"), cgroup_hidden) {
+                    (true, _) => "EROFS",
                     // The helper covers the host's cgroup tree with its own cgroup2 view
                     // before the job exists (rootless, or as root when the host has a
                     // cgroup2 hierarchy): the v1 hierarchies are not even there.
-                    (false, true, ..) => "ENOENT",
-                    // Host-root-owned files are unmapped for a rootless job's root.
-                    (false, false, true, _) | (false, false, false, false) => "EACCES",
-                    (false, false, false, true) => "EROFS",
+                    (false, true) => "ENOENT",
+                    // Host-root-owned files are unmapped for the job's root (its own user
+                    // namespace), as for any other id.
+                    (false, false) => "EACCES",
                 };
                 format!("{t}: {e}")
             })
@@ -1588,15 +1638,24 @@ fn t18_manager_does_not_follow_files_the_job_planted_in_its_upper_dir() {
 #[cfg_attr(not(test_as_root), ignore = "needs root: creates real sandboxes (CI runs the suite as root)")]
 fn t11b_setuid_binary_left_in_the_upper_dir_is_unreachable_for_host_users() {
     require_root!();
-    // No user namespace in root mode: a root job's files in its upper dir belong to host
-    // root, and it keeps CAP_FOWNER/FSETID, so it can leave a setuid-root binary there.
-    // The upper dir is on the host's filesystem: no host user may reach it.
+    // A root job keeps CAP_FOWNER/FSETID, so it can leave a binary setuid to its root in
+    // its upper dir: setuid to the job's own host uid since issue 19 (host root with
+    // --userns host). The upper dir is on the host's filesystem: no host user may reach
+    // it (running it as the job's uid would let them signal or trace the next job of
+    // that block, or any job with --userns host).
     let h = home("upper-suid");
     let name = unique("esc-upper-suid");
-    let job = WaitingJob::start(&h, &[], &["--name", &name], "cp /bin/probe /p && chmod 4755 /p");
+    let marker = unique("suid");
+    let job = WaitingJob::start(
+        &h,
+        &[],
+        &["--name", &name],
+        &format!("echo {marker} >/dev/null; cp /bin/probe /p && chmod 4755 /p"),
+    );
     let planted = h.home().job_layers_dir(&name).join("upper/p");
     let meta = fs::metadata(&planted).expect("the job's file in its upper dir");
-    assert_eq!((meta.mode() & 0o7777, meta.uid()), (0o4755, host_uid_of_container_root()), "the test is not testing");
+    let root = identity::job_statuses(&marker).first().map(|(_, st)| identity::ids(st, "Uid:")[0]);
+    assert_eq!((meta.mode() & 0o7777, Some(meta.uid())), (0o4755, root), "the test is not testing");
     // A host user (nobody) tries to run it.
     let o = Command::new(&planted).uid(65534).gid(65534).args(["ids", "open-r:/etc/shadow"]).output();
     let st = job.finish();

@@ -80,30 +80,46 @@ fn job_runs_in_a_user_namespace_over_a_shifted_store() {
     let h = TestHome::with_busybox("rl-shift");
     let u = user();
     let sub = subuid_start();
-    // The store is a shifted copy: the tarball's root-owned files belong to the user.
+    // The store is a shifted copy: the tarball's uid N belongs to N + 1 of the user's
+    // namespace, i.e. its root-owned files to the user's first subordinate uid (issue 19:
+    // the user's own uid belongs to no job).
     let tree = h.dir.join("rootfs/bb/tree");
-    assert_eq!(fs::metadata(tree.join("bin/busybox")).unwrap().uid(), u.uid.as_raw());
-    // Inside: root of a namespace mapping 0 -> the user, 1.. -> the subordinate range.
-    let out = h.ok(&["exec", "--rootfs", "bb", "--", "sh", "-c", "id -u; cat /proc/self/uid_map"]);
+    assert_eq!(fs::metadata(tree.join("bin/busybox")).unwrap().uid(), sub);
+    // Inside: root of a namespace nested in the user's, mapping 0.. onto its 1.. (read
+    // from inside, the map is relative to the parent namespace).
+    let out = h.ok(&["exec", "--rootfs", "bb", "--", "sh", "-c", "id -u; cat /proc/self/uid_map; ls -ln /bin/busybox"]);
     let lines: Vec<Vec<String>> = out.lines().map(|l| l.split_whitespace().map(String::from).collect()).collect();
     assert_eq!(lines[0], ["0"]);
-    assert_eq!(lines[1], ["0".to_string(), u.uid.to_string(), "1".into()]);
-    assert_eq!(lines[2], ["1".to_string(), sub.to_string(), "65536".into()]);
-    // A file written by container uid 1000 is owned by subuid start + 999 on the host.
+    assert_eq!(lines[1], ["0", "1", "65536"]);
+    assert_eq!(lines.len(), 3, "one map line: {out}");
+    assert_eq!((lines[2][2].as_str(), lines[2][3].as_str()), ("0", "0"), "the image's owners, inside: {out}");
+    // A file written by container uid 1000 is owned by subuid start + 1000 on the host.
     let name = unique("rl-owner");
     let mut job = start_waiting(
         &h,
         &["--name", &name, "--user", "1000:1000"],
-        "echo x > /tmp/../home/f 2>/dev/null; echo x > /var/tmp/f",
+        &format!(": {name}; echo x > /tmp/../home/f 2>/dev/null; echo x > /var/tmp/f"),
     );
     let f = h.home().job_layers_dir(&name).join("upper/var/tmp/f");
-    assert_eq!(fs::metadata(&f).unwrap().uid(), sub + 999, "{}", f.display());
-    // No host process runs as host root on the job's behalf: the job's and the helper's
-    // processes belong to the user or its range.
+    assert_eq!(fs::metadata(&f).unwrap().uid(), sub + 1000, "{}", f.display());
+    // No host process runs as host root on the job's behalf, and no job process as the
+    // user: the helper is the user, the job's processes are subordinate ids.
+    let mut job_procs = 0;
     for (pid, cmd) in processes_matching(&name) {
-        let uid = fs::metadata(format!("/proc/{pid}")).map(|m| m.uid()).unwrap_or(u.uid.as_raw());
-        assert!(uid == u.uid.as_raw() || uid >= sub, "pid {pid} ({cmd}) runs as host uid {uid}");
+        let Ok(st) = fs::read_to_string(format!("/proc/{pid}/status")) else { continue };
+        let uids: Vec<u32> = st.lines().find(|l| l.starts_with("Uid:")).unwrap()[4..]
+            .split_whitespace()
+            .map(|v| v.parse().unwrap())
+            .collect();
+        let in_job = st.lines().any(|l| l.starts_with("NSpid:") && l.split_whitespace().count() > 2);
+        if in_job {
+            job_procs += 1;
+            assert!(uids.iter().all(|&u| u >= sub), "job pid {pid} ({cmd}) has host uids {uids:?}");
+        } else {
+            assert!(uids.iter().all(|&id| id == u.uid.as_raw()), "pid {pid} ({cmd}) runs as host uids {uids:?}");
+        }
     }
+    assert!(job_procs > 0, "no job process found");
     nix::sys::signal::kill(nix::unistd::Pid::from_raw(job.id() as i32), nix::sys::signal::SIGTERM).unwrap();
     let st = job.wait().unwrap();
     assert_eq!(st.code(), Some(143), "SIGTERM reaches the job: {st}");
@@ -314,4 +330,72 @@ fn the_agent_runner_without_delegation_warns_at_start_and_in_status() {
 fn as_test_user_owns(p: &Path) {
     let u = user();
     nix::unistd::chown(p, Some(u.uid), Some(u.gid)).unwrap();
+}
+
+#[test]
+#[cfg_attr(not(test_as_root), ignore = "needs root: runs azp-sandbox as the rootless test user (scripts/test.sh)")]
+fn a_store_from_before_jobs_had_ids_of_their_own_is_refused_with_one_line() {
+    require_rootless!();
+    let h = TestHome::with_busybox("rl-oldstore");
+    // A rootfs as an older azp-sandbox imported it: unshifted (no id_shift in meta.json).
+    let meta_path = h.dir.join("rootfs/bb/meta.json");
+    let mut meta: serde_json::Value = serde_json::from_str(&fs::read_to_string(&meta_path).unwrap()).unwrap();
+    assert_eq!(meta["id_shift"], 1, "a rootless import is shifted by one: {meta}");
+    meta.as_object_mut().unwrap().remove("id_shift");
+    fs::write(&meta_path, meta.to_string()).unwrap();
+    let o = h.run(&["exec", "--rootfs", "bb", "--", "true"]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(125), "{err}");
+    assert_eq!(err.trim_end().lines().count(), 1, "one line: {err}");
+    assert!(err.contains("rootfs 'bb' was imported with its ids shifted by 0") && err.contains("re-import"), "{err}");
+    // Re-imported, it runs.
+    h.ok(&["rootfs", "rm", "bb"]);
+    h.import(&busybox_tar(), "bb");
+    h.ok(&["exec", "--rootfs", "bb", "--", "true"]);
+    h.assert_no_residue(&[]);
+}
+
+#[test]
+#[cfg_attr(not(test_as_root), ignore = "needs root: runs azp-sandbox as the rootless test user (scripts/test.sh)")]
+fn a_home_below_a_private_dir_mounts_jobs_in_tmp_and_a_foreign_dir_there_is_refused() {
+    require_rootless!();
+    let u = user();
+    // ~/.local is often 0700: the jobs' ids (subordinate ones) cannot search it, so their
+    // mount point cannot be in such a home.
+    let private = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("rl-private-{}", std::process::id()));
+    let _ = fs::remove_dir_all(&private);
+    fs::create_dir_all(&private).unwrap();
+    nix::unistd::chown(&private, Some(u.uid), Some(u.gid)).unwrap();
+    fs::set_permissions(&private, std::os::unix::fs::PermissionsExt::from_mode(0o700)).unwrap();
+    let home = private.join("home");
+    let run = |args: &[&str]| {
+        let mut c = Command::new(bin());
+        as_test_user(&mut c);
+        c.arg("--home").arg(&home).args(args).output().unwrap()
+    };
+    let o = run(&["rootfs", "import", busybox_tar().to_str().unwrap(), "--name", "bb"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let tmp_point = PathBuf::from(format!("/tmp/azp-sandbox-{}", u.uid));
+    let foreign = !tmp_point.exists();
+    if foreign {
+        // Someone else's dir (or a symlink) there is refused, one line, nothing run.
+        fs::create_dir(&tmp_point).unwrap();
+        let o = run(&["exec", "--rootfs", "bb", "--", "true"]);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(125), "{err}");
+        assert!(err.contains(&format!("{} is not a dir of this user's", tmp_point.display())), "{err}");
+        fs::remove_dir(&tmp_point).unwrap();
+    } else {
+        skip_part(format!("{} already exists: the refusal of a foreign one is not tried", tmp_point.display()));
+    }
+    let o = run(&["exec", "--rootfs", "bb", "--", "sh", "-c", "id -u; cat /etc/passwd | head -1"]);
+    let (out, err) = (String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
+    assert!(o.status.success(), "{err}");
+    assert_eq!(out, "0\nroot:x:0:0:root:/root:/bin/sh\n");
+    let m = fs::symlink_metadata(&tmp_point).unwrap();
+    assert_eq!((m.is_dir(), m.uid()), (true, u.uid.as_raw()), "made by the user");
+    fs::remove_dir_all(&private).unwrap();
+    // Only this test's homes use it (the others' are searchable): gone, so that the next
+    // run tries the refusal again.
+    fs::remove_dir(&tmp_point).unwrap();
 }

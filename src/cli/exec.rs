@@ -13,7 +13,7 @@ use std::path::PathBuf;
 #[derive(clap::Args)]
 pub struct ExecArgs {
     #[command(flatten)]
-    job: JobArgs,
+    pub job: JobArgs,
     /// Give the command a terminal of its own (a pty in the sandbox, relayed to yours):
     /// for interactive programs, job control, `tty`. The default when no command is given
     /// and stdin is a terminal
@@ -62,6 +62,10 @@ pub struct JobArgs {
     /// Run as UID[:GID] inside the sandbox (numeric; default 0:0)
     #[arg(long, short = 'u', value_parser = parse_user)]
     user: Option<(u32, u32)>,
+    /// auto: the job in a user namespace of its own, as host ids no account has; host:
+    /// as host ids (NOT recommended: kernels < 5.19) [default: auto]
+    #[arg(long, value_enum)]
+    pub userns: Option<azp_sandbox::identity::Choice>,
 }
 
 impl ExecArgs {
@@ -105,6 +109,7 @@ impl Verb for ExecArgs {
 
     /// The job's own exit code.
     fn run(self: Box<Self>, ctx: &Context) -> Result<i32> {
+        azp_sandbox::identity::init(self.job.userns.unwrap_or_default())?;
         let request = self.request();
         let outcome = azp_sandbox::sandbox::exec::run(&ctx.home, &ctx.driver_root, &request)?;
         tracing::debug!(

@@ -59,6 +59,10 @@ pub struct RunArgs {
     /// Exit when no job ran for this many seconds (what Slurm batch jobs use)
     #[arg(long, value_name = "SECS")]
     exit_when_idle: Option<u64>,
+    /// auto: every job in a user namespace of its own, as host ids no account has; host:
+    /// jobs as host ids (NOT recommended: kernels < 5.19) [default: auto]
+    #[arg(long, value_enum)]
+    userns: Option<azp_sandbox::identity::Choice>,
 }
 
 impl RunArgs {
@@ -82,6 +86,7 @@ impl RunArgs {
             idle_timeout: self.idle_timeout.map(Duration::from_secs),
             poll_interval: self.poll_interval.map(Duration::from_secs),
             exit_when_idle: self.exit_when_idle.map(Duration::from_secs),
+            userns: self.userns,
             ..self.pool.flags()
         }
     }
@@ -94,6 +99,7 @@ impl RunArgs {
     /// Setuid mode: what the privileged side is asked to run (it checks it against the
     /// site policy). The PAT is read here, as the caller.
     pub fn setuid_request(&self) -> Result<Request> {
+        super::setuid::refuse_userns(self.userns)?;
         let (settings, env_token) = self.settings()?;
         let token = azp_sandbox::settings::read_token(settings.token_file.as_deref(), env_token)?;
         Ok(Request::Run(RunRequest::from_settings(&settings, token)))
@@ -107,6 +113,7 @@ impl Verb for RunArgs {
 
     fn run(self: Box<Self>, ctx: &Context) -> Result<i32> {
         let (settings, env_token) = self.settings()?;
+        azp_sandbox::identity::init(settings.userns)?;
         let run = azp_sandbox::manager::RunContext { driver_root: ctx.driver_root.clone(), env_token, job_user: None };
         azp_sandbox::manager::run(&ctx.home, settings, run)?;
         Ok(0)

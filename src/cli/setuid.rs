@@ -7,6 +7,17 @@ use anyhow::Result;
 use azp_sandbox::setuid::{split, Request, Side};
 use clap::Parser;
 
+/// In setuid mode whose ids jobs run as is the site's choice (`[setuid] userns`).
+pub fn refuse_userns(flag: Option<azp_sandbox::identity::Choice>) -> Result<()> {
+    if flag.is_some() {
+        anyhow::bail!(
+            "--userns is the administrator's choice in setuid mode (userns in the [setuid] table of {})",
+            azp_sandbox::setuid::POLICY_FILE
+        );
+    }
+    Ok(())
+}
+
 /// Call first thing in `main` (before threads, before anything reads the environment).
 pub fn main() -> Result<i32> {
     match split()? {
@@ -14,8 +25,14 @@ pub fn main() -> Result<i32> {
         Side::Unprivileged(sender) => {
             let cli = Cli::parse();
             let request = match cli.command {
-                Command::Exec(args) => Request::Exec(args.request()),
-                Command::Shell(args) => Request::Exec(args.request()),
+                Command::Exec(args) => {
+                    refuse_userns(args.job.userns)?;
+                    Request::Exec(args.request())
+                }
+                Command::Shell(args) => {
+                    refuse_userns(args.job.userns)?;
+                    Request::Exec(args.request())
+                }
                 Command::Run(args) => args.setuid_request()?,
                 other => {
                     drop(sender);

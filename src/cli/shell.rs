@@ -8,7 +8,7 @@ use anyhow::Result;
 #[derive(clap::Args)]
 pub struct ShellArgs {
     #[command(flatten)]
-    job: JobArgs,
+    pub job: JobArgs,
 }
 
 impl ShellArgs {
@@ -25,6 +25,7 @@ impl Verb for ShellArgs {
 
     /// The shell's exit code.
     fn run(self: Box<Self>, ctx: &Context) -> Result<i32> {
+        azp_sandbox::identity::init(self.job.userns.unwrap_or_default())?;
         let request = self.request();
         let outcome = azp_sandbox::sandbox::exec::run(&ctx.home, &ctx.driver_root, &request)?;
         Ok(outcome.code)

@@ -190,6 +190,7 @@ mod tests {
             owned_dirs: vec![],
             rootless: false,
             process: Default::default(),
+            userns: None,
         };
         let caps = advertised_capabilities(&plan, "h-0", "4.252.0", root.path());
         for (k, v) in [

@@ -37,6 +37,7 @@ pub fn install(unit_dir: &Path, name: &str, config: &Path, home: &Home) -> Resul
     std::fs::create_dir_all(unit_dir).with_context(|| format!("cannot create {}", unit_dir.display()))?;
     let path = unit_dir.join(format!("{name}.service"));
     std::fs::write(&path, unit_text(&exe, config, home)).with_context(|| format!("cannot write {}", path.display()))?;
+    reserve_job_ids();
     if !config.exists() {
         tracing::warn!(
             "{} does not exist yet: write it (url, pool, token_file, ...) before starting the service",
@@ -44,4 +45,27 @@ pub fn install(unit_dir: &Path, name: &str, config: &Path, home: &Home) -> Resul
         );
     }
     Ok(path)
+}
+
+/// The service's jobs run as host ids of the azp-sandbox entry of /etc/subuid and
+/// /etc/subgid (see [`crate::identity::range`]): added here when missing.
+fn reserve_job_ids() {
+    use crate::identity::range;
+    if !nix::unistd::geteuid().is_root() {
+        tracing::warn!("not root: the job ids are not reserved; {}", range::how_to_add());
+        return;
+    }
+    match range::ensure(&range::Files::host()) {
+        Ok(changed) => {
+            for f in changed {
+                tracing::info!(
+                    "reserved host ids {}+{} for jobs in {}",
+                    range::DEFAULT_START,
+                    range::DEFAULT_COUNT,
+                    f.display()
+                );
+            }
+        }
+        Err(e) => tracing::warn!("{e:#}"),
+    }
 }

@@ -112,6 +112,7 @@ fn configs(
             owned_dirs: vec![],
             rootless: false,
             process: Default::default(),
+            userns: None,
         };
         crate::sandbox::runner::validate(&base_plan)?;
         let facts = phases::SlotFacts {

@@ -50,6 +50,7 @@ mod tests {
             imported_at: String::new(),
             arch: Some(arch.into()),
             cuda_version: cuda.map(str::to_string),
+            id_shift: 0,
         }
     }
 

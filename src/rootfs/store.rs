@@ -39,6 +39,11 @@ pub struct RootfsInfo {
     pub arch: Option<String>,
     /// From `usr/local/cuda/version.json` (or `version.txt`, or the dpkg database).
     pub cuda_version: Option<String>,
+    /// What was added to the archive's uids and gids (see [`crate::identity::store_shift`]):
+    /// 1 in a rootless store, 0 as root and in rootless stores made before jobs got ids of
+    /// their own (those are refused: re-import).
+    #[serde(default)]
+    pub id_shift: u32,
 }
 
 /// A rootfs in use: while this value lives, `remove` refuses the name.
@@ -237,6 +242,7 @@ impl Store {
             imported_at: rfc3339_now(),
             arch: probe::arch(tree_fd.as_raw_fd()),
             cuda_version: probe::cuda_version(tree_fd.as_raw_fd()),
+            id_shift: if opts.same_owner { opts.id_shift } else { 0 },
         };
         drop(tree_fd);
 
@@ -376,6 +382,15 @@ impl Store {
             Ok(i) => i,
             Err(e) => return Err(e.context(format!("rootfs '{name}' is damaged: remove it and import it again"))),
         };
+        let want = crate::identity::store_shift();
+        if info.id_shift != want {
+            bail!(
+                "rootfs '{name}' was imported with its ids shifted by {} but jobs here need {want} (a rootless store \
+                 made before jobs got ids of their own): re-import it (`azp-sandbox rootfs rm {name}`, then \
+                 `rootfs import` or `rootfs pull` again)",
+                info.id_shift
+            );
+        }
         Ok(RootfsLease { info, _lock: lock })
     }
 
@@ -448,6 +463,7 @@ impl Store {
             imported_at: rfc3339_now(),
             arch: facts.arch.or_else(|| probe::arch(tree_fd.as_raw_fd())),
             cuda_version: facts.cuda_version.or_else(|| probe::cuda_version(tree_fd.as_raw_fd())),
+            id_shift: crate::identity::store_shift(),
         };
         drop(tree_fd);
         self.commit(&mut tmp, name, &final_dir, &info)?;

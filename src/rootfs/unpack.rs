@@ -43,6 +43,9 @@ pub struct UnpackOptions {
     pub follow_symlinks_in_root: bool,
     /// Checked between entries; when set the unpack stops with [`UnpackError::Interrupted`].
     pub cancel: Option<&'static AtomicBool>,
+    /// Added to every uid and gid given to an entry (with `same_owner`): the rootless
+    /// store is shifted by one (see [`crate::identity::store_shift`]). Default: that.
+    pub id_shift: u32,
 }
 
 impl Default for UnpackOptions {
@@ -54,6 +57,7 @@ impl Default for UnpackOptions {
             oci_whiteouts: false,
             follow_symlinks_in_root: false,
             cancel: None,
+            id_shift: crate::identity::store_shift(),
         }
     }
 }
@@ -342,6 +346,12 @@ fn id32(v: u64) -> io::Result<u32> {
 }
 
 impl Unpacker<'_> {
+    /// The owner an entry of the archive's `uid`/`gid` gets in the store.
+    fn owner(&self, uid: u64, gid: u64) -> io::Result<(u32, u32)> {
+        let shift = self.opts.id_shift as u64;
+        Ok((id32(uid + shift)?, id32(gid + shift)?))
+    }
+
     fn cancelled(&self) -> bool {
         self.opts.cancel.is_some_and(|c| c.load(Ordering::Relaxed))
     }
@@ -572,7 +582,7 @@ impl Unpacker<'_> {
     /// clears file capabilities), mtime.
     fn apply_fd(&mut self, fd: RawFd, m: &Meta, is_dir: bool) -> io::Result<()> {
         if self.opts.same_owner {
-            let (uid, gid) = (id32(m.uid)?, id32(m.gid)?);
+            let (uid, gid) = self.owner(m.uid, m.gid)?;
             fs_at::fchown(fd, uid, gid)?;
         }
         let mode = m.mode & 0o7777;
@@ -632,7 +642,7 @@ impl Unpacker<'_> {
     /// Owner, (mode), mtime of a non-regular entry by name, never following it.
     fn lmeta(&mut self, pfd: RawFd, name: &CStr, e: &Entry, chmod: bool) -> io::Result<()> {
         if self.opts.same_owner {
-            let (uid, gid) = (id32(e.uid)?, id32(e.gid)?);
+            let (uid, gid) = self.owner(e.uid, e.gid)?;
             fs_at::fchownat_nofollow(pfd, name, uid, gid)?;
         }
         if chmod {

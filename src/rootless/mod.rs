@@ -95,7 +95,7 @@ pub fn init(cgroup_parent: Option<&Path>, enter_namespace: bool) -> Result<&'sta
 }
 
 /// The host uid that uid 0 of this user namespace maps to.
-fn host_uid_of_root() -> u32 {
+pub fn host_uid_of_root() -> u32 {
     std::fs::read_to_string("/proc/self/uid_map")
         .ok()
         .and_then(|m| {

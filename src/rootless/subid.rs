@@ -13,19 +13,37 @@ pub struct SubIdRange {
     pub count: u32,
 }
 
+impl SubIdRange {
+    /// One past the last id, as u64 (a range may end at 2^32).
+    pub fn end(&self) -> u64 {
+        self.start as u64 + self.count as u64
+    }
+    pub fn overlaps(&self, other: &SubIdRange) -> bool {
+        (self.start as u64) < other.end() && (other.start as u64) < self.end()
+    }
+    pub fn contains(&self, id: u32) -> bool {
+        id >= self.start && (id as u64) < self.end()
+    }
+}
+
 /// The first range granted to `user` (by name or numeric id) in a subuid/subgid file's
 /// text; None when there is none. Malformed lines are skipped, as shadow-utils does.
 pub fn find(text: &str, user: &str, id: u32) -> Option<SubIdRange> {
     let id = id.to_string();
-    text.lines().filter(|l| !l.trim_start().starts_with('#')).find_map(|line| {
-        let mut parts = line.trim().splitn(3, ':');
-        let (owner, start, count) = (parts.next()?, parts.next()?, parts.next()?);
-        if owner != user && owner != id {
-            return None;
-        }
-        let range = SubIdRange { start: start.parse().ok()?, count: count.parse().ok()? };
-        (range.count > 0).then_some(range)
-    })
+    entries(text).into_iter().find_map(|(owner, range)| (owner == user || owner == id).then_some(range))
+}
+
+/// Every well-formed `OWNER:START:COUNT` entry of a subuid/subgid file's text, in order.
+pub fn entries(text: &str) -> Vec<(String, SubIdRange)> {
+    text.lines()
+        .filter(|l| !l.trim_start().starts_with('#'))
+        .filter_map(|line| {
+            let mut parts = line.trim().splitn(3, ':');
+            let (owner, start, count) = (parts.next()?, parts.next()?, parts.next()?);
+            let range = SubIdRange { start: start.parse().ok()?, count: count.parse().ok()? };
+            (range.count > 0).then(|| (owner.to_string(), range))
+        })
+        .collect()
 }
 
 /// Reads the range of `user` from `file` (`/etc/subuid` or `/etc/subgid`), with the fix

@@ -133,6 +133,7 @@ pub fn prepare(home: &Home, driver_root: &Path, req: &ExecRequest) -> Result<(Jo
         owned_dirs: vec![],
         rootless: false,
         process: super::plan::ProcessPlan { init: None, terminal: req.terminal },
+        userns: None,
     };
     Ok((plan, lease))
 }

@@ -6,9 +6,10 @@
 //! deadlock (measured); it also writes oom_score_adj and clears "dumpable" on its caller.
 //! Here those side effects stay in a process that lives exactly as long as the job.
 //!
-//! The straight line: private mount namespace -> job cgroup -> edit layer (GPU jobs; built
-//! once, see [`editlayer`]) -> overlay -> spec -> create -> start ->
-//! wait (forwarding signals) -> delete -> report. The overlay exists only in the helper's
+//! The straight line: no supplementary groups -> private mount namespace -> job cgroup ->
+//! edit layer (GPU jobs; built once, see [`editlayer`]) -> the job's own ids (its user
+//! namespace, the lower layers idmapped, see [`crate::identity`]) -> overlay -> spec ->
+//! create -> start -> wait (forwarding signals) -> delete -> report. The overlay exists only in the helper's
 //! mount namespace, so the kernel unmounts it when the job's last process is gone, even
 //! if everything is SIGKILLed.
 
@@ -22,7 +23,7 @@ use crate::config::Home;
 use crate::rootless::cgroups::CgroupHost;
 use crate::sys::{self, Overlay, Signal, Sys};
 use anyhow::{Context, Result};
-use std::os::fd::OwnedFd;
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::path::Path;
 
 pub use super::report::HelperResult;
@@ -144,6 +145,7 @@ fn run(
     let plan = job.read_plan()?;
     let merged = job.merged();
     container.prepare_stdio()?;
+    sys.clear_groups()?;
     sys.private_mount_namespace()?;
     let cgroup_owner = enter_job_cgroup(&plan, cgroups, sys)?;
     let mut plan = plan;
@@ -155,6 +157,8 @@ fn run(
     } else {
         None
     };
+    // The fd keeps the job's user namespace alive until libcontainer has joined it.
+    let userns = own_ids(&mut plan, job, sys)?;
     sys.mount_overlay(&Overlay {
         lower: plan.lower.clone(),
         upper: job.upper(),
@@ -164,13 +168,17 @@ fn run(
     })?;
     // What the layer holds when there is one; with CDI hooks, made in the job's own layer.
     editlayer::write_edits(&merged, &plan.edits)?;
+    let (uid, gid) = outside_ids(&plan, plan.uid, plan.gid)?;
     for dir in &plan.owned_dirs {
-        inroot::create_owned_dir(&merged, dir, plan.uid, plan.gid)
+        inroot::create_owned_dir(&merged, dir, uid, gid)
             .with_context(|| format!("cannot give {} to uid {} in the sandbox", dir.display(), plan.uid))?;
     }
     tracing::debug!(job = %plan.id, "overlay mounted");
 
-    let spec = spec::build(&plan, &merged, &cgroup_owner)?;
+    let mut spec = spec::build(&plan, &merged, &cgroup_owner)?;
+    if let Some(ns) = &userns {
+        spec::join_user_namespace(&mut spec, &Path::new("/proc/self/fd").join(ns.as_raw_fd().to_string()))?;
+    }
     spec.save(job.bundle().join("config.json")).context("cannot write the OCI spec")?;
 
     container.create(&plan, job)?;
@@ -196,6 +204,36 @@ fn run(
     // unmount of its own costs one more RCU grace period (~0.7 ms per job measured).
     tracing::debug!(job = %plan.id, "container deleted");
     outcome
+}
+
+/// The job's own ids (see [`crate::identity`]): a user namespace with its maps, the lower
+/// layers mounted idmapped with it in place of the plain ones (root mode: the rootfs's
+/// root-owned files belong to the job's root), and the upper layer's root given to the
+/// job's root (the overlay's root dir is the upper's). None: host ids.
+fn own_ids(plan: &mut super::JobPlan, job: &JobDir, sys: &dyn Sys) -> Result<Option<OwnedFd>> {
+    let Some(ids) = plan.userns.clone() else { return Ok(None) };
+    let ns = sys.new_user_namespace(&ids.uid_map_text(), &ids.gid_map_text())?;
+    if ids.idmap_layers {
+        for (k, layer) in plan.lower.iter_mut().enumerate() {
+            let target = job.idmapped_lower(k);
+            sys.idmap_layer(layer, ns.as_fd(), &target)?;
+            *layer = target;
+        }
+    }
+    let (uid, gid) = outside_ids(plan, 0, 0)?;
+    sys.chown(&job.upper(), uid, gid)?;
+    Ok(Some(ns))
+}
+
+/// The ids (host, or rootless: the process's namespace) of the job's `uid`/`gid`.
+fn outside_ids(plan: &super::JobPlan, uid: u32, gid: u32) -> Result<(u32, u32)> {
+    let Some(ids) = &plan.userns else { return Ok((uid, gid)) };
+    match (ids.uid_outside(uid), ids.gid_outside(gid)) {
+        (Some(u), Some(g)) => Ok((u, g)),
+        _ => anyhow::bail!(
+            "the job's user {uid}:{gid} is outside its user namespace (ids 0-65535): choose another --user"
+        ),
+    }
 }
 
 /// Puts the helper into the job's cgroup (see [`super::cgroup`]), so the job is born there,
@@ -305,6 +343,8 @@ mod tests {
     /// calling user; cgroups in plain dirs of a hybrid host.
     fn setup(change: impl FnOnce(&mut JobPlan, &Path)) -> Setup {
         let t = tempfile::tempdir().unwrap();
+        // Searchable, so that the jobs' mount point is made in it (see Home::mount_point).
+        std::fs::set_permissions(t.path(), std::os::unix::fs::PermissionsExt::from_mode(0o711)).unwrap();
         std::fs::create_dir_all(t.path().join("xdg")).unwrap();
         let home = Home::for_caller(t.path().join("home"), false, Some(t.path().join("xdg")));
         home.ensure().unwrap();
@@ -334,11 +374,17 @@ mod tests {
             into_result(run(&self.home, &self.job, &self.cgroups, rec, &mut container, &reporter, go))
         }
 
+        /// Where the step named `name` (its first word) is in [`Setup::steps`].
+        fn pos(&self, name: &str) -> usize {
+            self.steps().iter().position(|c| c.split(' ').next() == Some(name)).unwrap()
+        }
+
         /// The helper's steps for a root job with a cgroup and no GPU edits.
         fn steps(&self) -> Vec<String> {
             let cg = |h: &str| self.cgroups.root.join(h).join("azp-test-hp/hp-1").display().to_string();
             vec![
                 "prepare_stdio".into(),
+                "clear_groups".into(),
                 "private_mount_namespace".into(),
                 format!("join_cgroup {} {}", cg("memory"), cg("unified")),
                 "hide_cgroupfs".into(),
@@ -417,9 +463,9 @@ mod tests {
             error.starts_with(&format!("cannot mount the job's overlay on {}", s.job.merged().display())),
             "{error}"
         );
-        let r = s.run(&Recorder::failing_at(2, Errno::ENOSPC), None, None);
+        let r = s.run(&Recorder::failing_at(s.pos("join_cgroup"), Errno::ENOSPC), None, None);
         assert_eq!(failed(&r).0, FailureKind::DiskFull, "the cgroup join, out of space");
-        let r = s.run(&Recorder::failing_at(1, Errno::EPERM), None, None);
+        let r = s.run(&Recorder::failing_at(s.pos("private_mount_namespace"), Errno::EPERM), None, None);
         assert_eq!(failed(&r).0, FailureKind::NotPermitted);
         let r = s.run(&Recorder::default(), Some("failed: executable 'true' not found in $PATH"), None);
         let (kind, error) = failed(&r);
@@ -436,7 +482,7 @@ mod tests {
         let rec = Recorder::default();
         let r = s.run(&rec, None, Some(rx));
         assert_eq!(r, HelperResult::Failed { kind: FailureKind::Cancelled, error: "cancelled before start".into() });
-        let mut expected = s.steps()[..6].to_vec();
+        let mut expected = s.steps()[..=s.pos("create")].to_vec();
         expected.extend(["kill_unreaped_init".into(), "delete".into()]);
         expected.push(format!("unmount {}", s.job.merged().display()));
         assert_eq!(rec.calls(), expected);
@@ -454,7 +500,8 @@ mod tests {
         let rec = Recorder::default();
         s.run(&rec, None, None);
         let calls = rec.calls();
-        assert!(calls[2].starts_with("join_cgroup ") && calls[3] == "hide_cgroupfs", "{calls:?}");
+        let after_ns = s.pos("private_mount_namespace") + 1;
+        assert!(calls[after_ns].starts_with("join_cgroup ") && calls[after_ns + 1] == "hide_cgroupfs", "{calls:?}");
         // Rootless without one: only hidden.
         let s = setup(|p, _| {
             p.rootless = true;
@@ -462,13 +509,75 @@ mod tests {
         });
         let rec = Recorder::default();
         s.run(&rec, None, None);
-        assert_eq!(rec.calls()[2], "hide_cgroupfs");
+        assert_eq!(rec.calls()[after_ns], "hide_cgroupfs");
         // Root on a host without cgroup2: libcontainer's v1 manager does it all.
         let mut s = setup(|_, _| {});
         s.cgroups.v2_mount = None;
         let rec = Recorder::default();
         s.run(&rec, None, None);
-        assert!(rec.calls()[2].starts_with("mount_overlay "), "{:?}", rec.calls());
+        let calls = rec.calls();
+        assert!(!calls.iter().any(|c| c.starts_with("join_cgroup") || c == "hide_cgroupfs"), "{calls:?}");
+        assert!(calls.iter().any(|c| c.starts_with("mount_overlay ")), "{calls:?}");
+    }
+
+    #[test]
+    fn a_job_with_ids_of_its_own_gets_its_namespace_idmapped_layers_and_upper() {
+        use crate::identity::JobIds;
+        let (uid, gid) = (2147483648 + 2 * 65536, 3000000000 + 2 * 65536);
+        let s = setup(|p, t| {
+            let agent = t.join("agent-pkg");
+            std::fs::create_dir_all(&agent).unwrap();
+            p.lower.insert(0, agent);
+            p.owned_dirs = vec![]; // its chown is inroot's (real), tested elsewhere
+            p.userns = Some(JobIds::block(2, (uid, gid), (1000, 1000)));
+        });
+        let plan = s.job.read_plan().unwrap();
+        let rec = Recorder::default();
+        assert_eq!(s.run(&rec, None, None), HelperResult::Exited { code: 3, signal: None });
+        let mut want = s.steps();
+        let at = s.pos("mount_overlay");
+        want.splice(
+            at..at,
+            [
+                format!("new_user_namespace 0 {uid} 65536 0 {gid} 65536"),
+                format!("idmap_layer {} {}", plan.lower[0].display(), s.job.idmapped_lower(0).display()),
+                format!("idmap_layer {} {}", plan.lower[1].display(), s.job.idmapped_lower(1).display()),
+                format!("chown {} {uid}:{gid}", s.job.upper().display()),
+            ],
+        );
+        assert_eq!(rec.calls(), want);
+        // The job joins that namespace; its devices are binds and /sys the host's.
+        let spec = oci_spec::runtime::Spec::load(s.job.bundle().join("config.json")).unwrap();
+        let ns = spec.linux().as_ref().unwrap().namespaces().as_ref().unwrap();
+        let user = ns.iter().find(|n| n.typ() == oci_spec::runtime::LinuxNamespaceType::User).expect("a user ns");
+        assert!(user.path().as_ref().unwrap().starts_with("/proc/self/fd/"), "{user:?}");
+        // Any of the new steps failing ends the line before the overlay.
+        for k in at..at + 4 {
+            let r = s.run(&Recorder::failing_at(k, Errno::EINVAL), None, None);
+            let (_, error) = failed(&r);
+            assert!(error.contains("EINVAL") || error.contains("Invalid argument"), "step {k}: {error}");
+        }
+        let rec = Recorder::failing_at(at + 1, Errno::EINVAL);
+        s.run(&rec, None, None);
+        assert_eq!(rec.calls(), want[..=at + 1], "nothing after a failed idmap");
+        let e = failed(&s.run(&Recorder::failing_at(at + 1, Errno::EINVAL), None, None)).1.to_string();
+        assert!(e.contains("--userns host") && e.contains("5.19"), "the fallback is named: {e}");
+    }
+
+    #[test]
+    fn a_rootless_job_gets_a_nested_namespace_and_no_idmapped_layers() {
+        let s = setup(|p, _| {
+            p.rootless = true;
+            p.owned_dirs = vec![];
+            p.userns = Some(crate::identity::JobIds::nested());
+        });
+        let rec = Recorder::default();
+        s.run(&rec, None, None);
+        let calls = rec.calls();
+        let at = calls.iter().position(|c| c.starts_with("new_user_namespace")).expect("{calls:?}");
+        assert_eq!(calls[at], "new_user_namespace 0 1 65536 0 1 65536");
+        assert_eq!(calls[at + 1], format!("chown {} 1:1", s.job.upper().display()), "the upper is the job root's");
+        assert!(calls[at + 2].starts_with("mount_overlay "), "{calls:?}");
     }
 
     #[test]
@@ -495,8 +604,9 @@ mod tests {
         // Built between the cgroup and the job's overlay, which then has it as its top layer.
         let rec = Recorder::default();
         assert_eq!(s.run(&rec, None, None), HelperResult::Exited { code: 3, signal: None });
+        let at = s.pos("hide_cgroupfs") + 1;
         let mut expected = s.steps();
-        expected.splice(4..4, build.iter().cloned());
+        expected.splice(at..at, build.iter().cloned());
         assert_eq!(rec.calls(), expected);
         // The next job finds it built.
         let rec = Recorder::default();
@@ -504,12 +614,12 @@ mod tests {
         assert_eq!(rec.calls(), s.steps());
         std::fs::remove_dir_all(editlayer::dir(&s.home).join(editlayer::key(&plan))).unwrap();
         // The build's overlay or its unmount fails: the build dir goes, the job fails.
-        for k in [5, 6] {
+        for k in [at + 1, at + 2] {
             let rec = Recorder::failing_at(k, Errno::EIO);
             let r = s.run(&rec, None, None);
             let (_, error) = failed(&r);
-            let mut expected = s.steps()[..4].to_vec();
-            expected.extend(build[..k - 3].iter().cloned());
+            let mut expected = s.steps()[..at].to_vec();
+            expected.extend(build[..=k - at].iter().cloned());
             expected.push(format!("remove_tree {}", b.display()));
             assert_eq!(rec.calls(), expected, "step {k}");
             assert!(error.starts_with("cannot build the sandbox's edit layer in "), "{error}");

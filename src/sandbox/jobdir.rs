@@ -30,6 +30,8 @@ pub struct JobDir {
     pub root: PathBuf,
     /// The layer dir (home's disk).
     pub layers: PathBuf,
+    /// Where the helper mounts the overlay (see [`Home::mount_point`]).
+    pub mount: PathBuf,
 }
 
 /// What `gc` needs to undo a job when the processes that owned it are gone.
@@ -43,6 +45,9 @@ pub struct JobState {
     pub rootfs: Vec<PathBuf>,
     pub runner_pid: u32,
     pub started_unix: u64,
+    /// The block of host ids the job runs as (root mode): `gc` frees it with the record.
+    #[serde(default)]
+    pub id_block: Option<u32>,
 }
 
 impl JobState {
@@ -55,6 +60,7 @@ impl JobState {
             merged: job.merged(),
             rootfs: plan.lower.clone(),
             runner_pid: std::process::id(),
+            id_block: plan.userns.as_ref().and_then(|ids| ids.block),
             started_unix: std::time::SystemTime::now()
                 .duration_since(std::time::SystemTime::UNIX_EPOCH)
                 .map(|d| d.as_secs())
@@ -65,14 +71,14 @@ impl JobState {
 
 impl JobDir {
     pub fn new(home: &Home, id: &str) -> JobDir {
-        JobDir { root: home.jobs_dir().join(id), layers: home.job_layers_dir(id) }
+        JobDir { root: home.jobs_dir().join(id), layers: home.job_layers_dir(id), mount: home.mount_point() }
     }
     /// The job whose record dir is `record` (as found by a scan of [`Home::jobs_dir`];
     /// a staging record `.new-<id>` names the layers of `<id>`).
     pub fn at(home: &Home, record: &Path) -> JobDir {
         let name = record.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
         let id = name.strip_prefix(STAGING).unwrap_or(&name);
-        JobDir { root: record.to_path_buf(), layers: home.job_layers_dir(id) }
+        JobDir { root: record.to_path_buf(), layers: home.job_layers_dir(id), mount: home.mount_point() }
     }
     /// Where [`JobDir::create`] builds the record before renaming it into place.
     pub fn staging_record(&self) -> PathBuf {
@@ -87,8 +93,13 @@ impl JobDir {
     pub fn work(&self) -> PathBuf {
         self.layers.join("work")
     }
+    /// The job's tree, as the helper (and only it) sees it.
     pub fn merged(&self) -> PathBuf {
-        self.root.join("merged")
+        self.mount.clone()
+    }
+    /// Where the helper mounts lower layer `k` idmapped with the job's ids (root mode).
+    pub fn idmapped_lower(&self, k: usize) -> PathBuf {
+        self.root.join("lower").join(k.to_string())
     }
     /// The OCI bundle: `config.json` (libcontainer reads it from here).
     pub fn bundle(&self) -> PathBuf {
@@ -131,7 +142,7 @@ impl JobDir {
     /// the layer dir is made while the staging record exists, so `gc` never takes it for
     /// an orphan. On failure, what this call made is removed again.
     pub fn create(&self, plan: &JobPlan, state: &JobState) -> Result<JobLock> {
-        let staging = JobDir { root: self.staging_record(), layers: self.layers.clone() };
+        let staging = JobDir { root: self.staging_record(), layers: self.layers.clone(), mount: self.mount.clone() };
         // mkdir fails if the staging dir exists: then nothing here is ours to remove.
         create_in_runtime_dir(&staging.root, &private_dir())?;
         let mut made_layers = false;
@@ -151,9 +162,8 @@ impl JobDir {
         let file = File::create(staging.lock_file()).context("cannot create job lock file")?;
         let lock = nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusiveNonblock)
             .map_err(|(_, e)| anyhow::anyhow!("cannot lock new job dir {}: {e}", staging.root.display()))?;
-        for d in [staging.merged(), staging.bundle()] {
-            fs::create_dir(&d).with_context(|| format!("cannot create {}", d.display()))?;
-        }
+        fs::create_dir(staging.bundle()).with_context(|| format!("cannot create {}", staging.bundle().display()))?;
+        create_mount_point(&self.mount)?;
         create_layer_dir(&self.layers).with_context(|| {
             format!("cannot create job dir {}: check free space under the home dir", self.layers.display())
         })?;
@@ -247,6 +257,39 @@ fn create_in_runtime_dir(dir: &Path, builder: &fs::DirBuilder) -> Result<()> {
             r => return r.with_context(|| format!("cannot create job dir {}", dir.display())),
         }
     }
+}
+
+/// The shared mount point (see [`Home::mount_point`]), made the first time (0700: covered
+/// by each helper's mount, and empty for everyone else). One in a shared dir (`/tmp`)
+/// must be ours: a symlink or another user's dir there would put the job's tree where
+/// they choose.
+fn create_mount_point(dir: &Path) -> Result<()> {
+    make_mount_point(dir)?;
+    use std::os::unix::fs::MetadataExt;
+    let m = fs::symlink_metadata(dir).with_context(|| format!("cannot stat {}", dir.display()))?;
+    if !m.is_dir() || m.uid() != nix::unistd::geteuid().as_raw() || m.mode() & 0o022 != 0 {
+        anyhow::bail!(
+            "{} is not a dir of this user's that only it may write: remove it (jobs are mounted there)",
+            dir.display()
+        );
+    }
+    Ok(())
+}
+
+fn make_mount_point(dir: &Path) -> Result<()> {
+    match private_dir().create(dir) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            let parent = dir.parent().context("mount point has no parent")?;
+            traversable_dir().recursive(true).create(parent)?;
+            match private_dir().create(dir) {
+                Err(e) if e.kind() != std::io::ErrorKind::AlreadyExists => Err(e),
+                _ => Ok(()),
+            }
+        }
+        Err(e) if e.kind() != std::io::ErrorKind::AlreadyExists => Err(e),
+        _ => Ok(()),
+    }
+    .with_context(|| format!("cannot create the jobs' mount point {}", dir.display()))
 }
 
 /// A fresh job id: valid as a container id, a cgroup name and a file name.

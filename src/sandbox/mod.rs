@@ -32,5 +32,58 @@ pub fn prepare_home(home: &Home) -> anyhow::Result<()> {
     if let Some(dir) = home.runtime_tmpfs_dir() {
         crate::sys::runtime_tmpfs::ensure(&dir)?;
     }
+    if !matches!(crate::identity::mode()?, crate::identity::Mode::Host) {
+        use anyhow::Context;
+        let point = home.mount_point();
+        check_reachable(&point)
+            .with_context(|| format!("jobs run as ids of their own, which cannot reach {}", point.display()))?;
+    }
     Ok(())
+}
+
+/// Every dir above `path` is searchable by any id (mode o+x): what a job's own ids need to
+/// reach `path`. The error names the first that is not, and the fix.
+pub fn check_reachable(path: &std::path::Path) -> anyhow::Result<()> {
+    use std::os::unix::fs::MetadataExt;
+    for dir in path.ancestors().skip(1) {
+        let Ok(m) = std::fs::metadata(dir) else { continue };
+        if m.mode() & 0o001 == 0 {
+            anyhow::bail!(
+                "{} (mode {:o}) is not searchable by others: `chmod o+x {}` (search only, not listing), or choose \
+                 a path whose parent dirs are",
+                dir.display(),
+                m.mode() & 0o7777,
+                dir.display()
+            );
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt;
+
+    #[test]
+    fn a_path_is_reachable_when_every_dir_above_it_is_searchable() {
+        let t = tempfile::tempdir().unwrap();
+        let deep = t.path().join("a/b/c");
+        std::fs::create_dir_all(&deep).unwrap();
+        for d in [t.path().to_path_buf(), t.path().join("a"), t.path().join("a/b")] {
+            std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o711)).unwrap();
+        }
+        check_reachable(&deep.join("file")).unwrap();
+        std::fs::set_permissions(t.path().join("a"), std::fs::Permissions::from_mode(0o750)).unwrap();
+        let e = check_reachable(&deep.join("file")).unwrap_err().to_string();
+        let a = t.path().join("a");
+        assert!(
+            e.starts_with(&format!(
+                "{} (mode 750) is not searchable by others: `chmod o+x {}`",
+                a.display(),
+                a.display()
+            )),
+            "{e}"
+        );
+    }
 }

@@ -45,6 +45,10 @@ pub struct JobPlan {
     /// How the command runs: under the jobs' init, with or without a terminal.
     #[serde(default)]
     pub process: ProcessPlan,
+    /// The job's own user namespace and host ids (see [`crate::identity`]), set by
+    /// `Sandbox::create`; None: host ids (`--userns host`).
+    #[serde(default)]
+    pub userns: Option<crate::identity::JobIds>,
 }
 
 /// How a job's command runs (see [`super::init`]).
@@ -57,6 +61,15 @@ pub struct ProcessPlan {
     /// A pseudo-terminal of the job's own (`exec -t`, `shell`): its master comes to the
     /// runner through the job's console socket and is relayed to the user's terminal.
     pub terminal: bool,
+}
+
+impl JobPlan {
+    /// In a user namespace of its own or the process's (rootless): device nodes are bound,
+    /// /sys is the host's (a fresh sysfs needs a network namespace the job's user
+    /// namespace owns).
+    pub fn in_user_namespace(&self) -> bool {
+        self.rootless || self.userns.is_some()
+    }
 }
 
 /// Default PATH, as Docker sets it.
@@ -82,5 +95,6 @@ pub(crate) fn test_plan(id: &str, lower: Vec<PathBuf>, cgroup_path: &str) -> Job
         owned_dirs: vec![],
         rootless: false,
         process: Default::default(),
+        userns: None,
     }
 }

@@ -93,6 +93,21 @@ pub fn validate(plan: &JobPlan) -> Result<()> {
     Ok(())
 }
 
+/// A job with ids of its own binds its volumes, device nodes and driver files as those
+/// ids (libcontainer sets the mounts up as the job's root): every dir on the way to them
+/// must be searchable by any id. Checked here for a one-line error.
+fn validate_reachable(plan: &JobPlan) -> Result<()> {
+    for v in &plan.volumes {
+        super::check_reachable(&v.host)
+            .with_context(|| format!("the job's ids cannot reach volume source {}", v.host.display()))?;
+    }
+    let nodes = plan.edits.device_nodes.iter().map(|n| &n.host_path);
+    for p in nodes.chain(plan.edits.mounts.iter().map(|m| &m.host_path)) {
+        super::check_reachable(p).with_context(|| format!("the job's ids cannot reach {}", p.display()))?;
+    }
+    Ok(())
+}
+
 /// A recorded job dir (upper layer kept across phases) with its lock.
 pub struct Sandbox {
     home: Home,
@@ -104,6 +119,8 @@ pub struct Sandbox {
     pending: Option<(Helper, Option<Arc<AtomicI32>>)>,
     /// A phase whose container is already built, waiting for `run` to start it.
     prepared: Option<(Spawned, String)>,
+    /// The block of host ids the job runs as (root mode), held until it is cleaned up.
+    ids: Option<crate::identity::lease::BlockLease>,
 }
 
 impl Sandbox {
@@ -116,6 +133,16 @@ impl Sandbox {
         plan.edits.mounts.retain(|m| !m.optional || m.host_path.exists());
         // The home's dirs exist: `exec` and `run` ensure them once at start, not per job.
         let job = JobDir::new(home, &plan.id);
+        let ids = match crate::identity::for_sandbox(&job.root, plan.uid, plan.gid)? {
+            Some((ids, lease)) => {
+                plan.userns = Some(ids);
+                lease
+            }
+            None => None,
+        };
+        if plan.userns.is_some() {
+            validate_reachable(&plan)?;
+        }
         let lock = job.create(&plan, &JobState::for_plan(&job, &plan))?;
         tracing::debug!(job = %plan.id, "job dir recorded");
         Ok(Sandbox {
@@ -126,11 +153,21 @@ impl Sandbox {
             created: Instant::now(),
             pending: None,
             prepared: None,
+            ids,
         })
     }
 
     pub fn id(&self) -> &str {
         &self.plan.id
+    }
+
+    /// The job's lock and id lease: this runner's, never a helper's. A forked helper
+    /// closes them, so that when this process dies the job is abandoned at once (`gc`
+    /// then kills it from outside the rootless namespace, the only place where a job
+    /// running as subordinate ids can be killed), not only once the helper is gone too.
+    fn held_fds(&self) -> Vec<i32> {
+        let lock = self.lock.as_ref().map(|l| l.as_raw_fd());
+        lock.into_iter().chain(self.ids.as_ref().map(|l| l.as_raw_fd())).collect()
     }
 
     /// The read-only layers this sandbox was created over.
@@ -173,7 +210,8 @@ impl Sandbox {
         let plan = self.write_phase_plan(phase)?;
         let quiet = RunOptions { helper_pid: None, forward_signals: false, ..opts.clone() };
         let how = Spawn { prepared: true, terminal: false };
-        let spawned = spawn_helper(&self.home, &self.job.root, phase.stdin.as_deref(), &quiet, how)?;
+        let held = self.held_fds();
+        let spawned = spawn_helper(&self.home, &self.job.root, phase.stdin.as_deref(), &quiet, how, &held)?;
         self.prepared = Some((spawned, plan.cgroup_path.display().to_string()));
         Ok(())
     }
@@ -194,7 +232,8 @@ impl Sandbox {
                 // Listening before the helper exists: its container connects during create.
                 let console = plan.process.terminal.then(|| Console::listen(&self.job)).transpose()?;
                 let how = Spawn { prepared: false, terminal: console.is_some() };
-                (spawn_helper(&self.home, &self.job.root, phase.stdin.as_deref(), opts, how)?, plan, console)
+                let held = self.held_fds();
+                (spawn_helper(&self.home, &self.job.root, phase.stdin.as_deref(), opts, how, &held)?, plan, console)
             }
         };
         let started = Instant::now();
@@ -270,6 +309,7 @@ impl Sandbox {
                 created: self.created,
                 pending: self.pending.take(),
                 prepared: self.prepared.take(),
+                ids: self.ids.take(),
             };
             std::thread::spawn(move || {
                 sys::process::lower_priority_of_this_thread();
@@ -308,6 +348,8 @@ impl Sandbox {
         }
         let cleanup = teardown::cleanup_job(&self.home, &self.job);
         drop(self.lock.take());
+        // Its processes are gone and its record with them: the ids are free.
+        drop(self.ids.take());
         tracing::debug!(job = %self.plan.id, age_ms = self.created.elapsed().as_millis() as u64, "cleaned up");
         if let Ok(c) = &cleanup {
             if !c.leftovers.is_empty() {
@@ -407,6 +449,7 @@ fn spawn_helper(
     stdin: Option<&[u8]>,
     opts: &RunOptions,
     how: Spawn,
+    held: &[i32],
 ) -> Result<Spawned> {
     let prepared = how.prepared;
     let (result_rx, result_tx) = pipe()?;
@@ -432,6 +475,7 @@ fn spawn_helper(
         .flatten()
         .chain(output.copy.iter().map(|(r, _)| r))
         .map(|fd| fd.as_raw_fd())
+        .chain(held.iter().copied())
         .collect();
     let child = match fork_helper(home, job_dir, fds, &ours)? {
         Ok(forked) => forked,

@@ -112,7 +112,7 @@ pub fn build(plan: &JobPlan, rootfs: &Path, cgroup: &CgroupOwner) -> Result<Spec
         .collect::<Result<Vec<_>, _>>()?;
 
     let mut devices = Vec::new();
-    for node in plan.edits.device_nodes.iter().filter(|_| !plan.rootless) {
+    for node in plan.edits.device_nodes.iter().filter(|_| !plan.in_user_namespace()) {
         devices.push(
             LinuxDeviceBuilder::default()
                 .path(node.path.clone())
@@ -167,6 +167,18 @@ fn init_mount(plan: &JobPlan) -> Result<Vec<Mount>> {
     let Some(init) = &plan.process.init else { return Ok(vec![]) };
     let opts = ["bind", "ro", "nosuid", "nodev", "rprivate"].map(String::from);
     Ok(vec![bind(init, Path::new(super::init::PATH_IN_JOB), &opts)?])
+}
+
+/// The job joins the user namespace its helper made (see [`crate::identity`]) at `path`
+/// (`/proc/self/fd/N` of the helper: libcontainer's processes are its forks). libcontainer
+/// then binds device nodes instead of making them, and writes no id maps.
+pub fn join_user_namespace(spec: &mut Spec, path: &Path) -> Result<()> {
+    let ns = LinuxNamespaceBuilder::default().typ(LinuxNamespaceType::User).path(path).build()?;
+    let linux = spec.linux_mut().as_mut().context("the spec has no linux section")?;
+    let mut namespaces = linux.namespaces().clone().unwrap_or_default();
+    namespaces.insert(0, ns);
+    linux.set_namespaces(Some(namespaces));
+    Ok(())
 }
 
 fn device_type(kind: DeviceKind) -> LinuxDeviceType {
@@ -284,7 +296,7 @@ fn bind(src: &Path, dst: &Path, opts: &[String]) -> Result<Mount> {
 /// it, which `--network host` does not have; as runc does rootless, bind the host's /sys
 /// read-only (recursively) instead.
 fn sysfs(plan: &JobPlan) -> Result<Mount> {
-    if plan.rootless {
+    if plan.in_user_namespace() {
         return bind(
             Path::new("/sys"),
             Path::new("/sys"),
@@ -315,7 +327,7 @@ fn mounts(plan: &JobPlan) -> Result<Vec<Mount>> {
     for v in &plan.volumes {
         m.push(bind(&v.host, &v.container, &ro)?);
     }
-    if plan.rootless {
+    if plan.in_user_namespace() {
         // A user namespace cannot mknod: bind the host's node (its mode decides who may
         // open it). libcontainer would bind the node's *container* path from the host,
         // which is wrong when the host node lives elsewhere (--driver-root, CDI).
@@ -461,6 +473,7 @@ mod tests {
             owned_dirs: vec![],
             rootless: false,
             process: Default::default(),
+            userns: None,
         }
     }
 
@@ -610,6 +623,26 @@ mod tests {
         let nv = spec.mounts().as_ref().unwrap().iter().find(|m| m.destination() == Path::new("/dev/nvidia1")).unwrap();
         assert_eq!(nv.source().as_deref(), Some(Path::new("/drv/dev/nvidia1")));
         assert!(!nv.options().as_ref().unwrap().iter().any(|o| o == "nodev"));
+    }
+
+    #[test]
+    fn a_root_job_with_ids_of_its_own_binds_devices_and_sys_and_joins_its_namespace() {
+        let mut p = plan();
+        p.userns = Some(crate::identity::JobIds::block(0, (1 << 31, 1 << 31), (0, 0)));
+        p.edits.device_nodes.push(nvidia1("/drv/dev/nvidia1"));
+        let mut spec = build(&p, Path::new("/m"), &CgroupOwner::Helper { leaf: Some("/job".into()) }).unwrap();
+        let mounts = spec.mounts().as_ref().unwrap();
+        let sys = mounts.iter().find(|m| m.destination() == Path::new("/sys")).unwrap();
+        assert_eq!(sys.typ().as_deref(), Some("bind"), "a fresh sysfs needs a netns the job's userns owns");
+        let nv = mounts.iter().find(|m| m.destination() == Path::new("/dev/nvidia1")).unwrap();
+        assert_eq!(nv.source().as_deref(), Some(Path::new("/drv/dev/nvidia1")));
+        assert!(spec.linux().as_ref().unwrap().devices().as_ref().is_none_or(|d| d.is_empty()), "no mknod");
+        assert_eq!(v1_device_allow_lines(&p).unwrap().last().unwrap(), "c 195:1 rwm", "the cgroup still allows it");
+        join_user_namespace(&mut spec, Path::new("/proc/self/fd/7")).unwrap();
+        let ns = spec.linux().as_ref().unwrap().namespaces().as_ref().unwrap();
+        assert_eq!(ns[0].typ(), LinuxNamespaceType::User, "joined first, before the others are made");
+        assert_eq!(ns[0].path().as_deref(), Some(Path::new("/proc/self/fd/7")));
+        assert!(spec.linux().as_ref().unwrap().uid_mappings().is_none(), "the helper wrote the maps");
     }
 
     #[test]

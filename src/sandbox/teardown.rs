@@ -77,6 +77,10 @@ pub fn cleanup_job_with(home: &Home, job: &JobDir, sys: &dyn Sys, cgroups: &Cgro
     if job.root.exists() {
         sys.remove_tree(&job.root)?;
     }
+    if let Some(block) = state.as_ref().and_then(|s| s.id_block) {
+        // Its processes and record are gone: its host ids may go to the next job.
+        crate::identity::lease::forget(Path::new(crate::identity::lease::DIR), block, &job.root);
+    }
     remove_empty_run_root(home, sys);
     out.job_dir_removed = true;
     Ok(out)
@@ -460,7 +464,7 @@ mod tests {
         let t = process_start_time(me).expect("own start time");
         assert!(t > 0);
         let dir = tempfile::tempdir().unwrap();
-        let job = JobDir { root: dir.path().into(), layers: dir.path().join("layers") };
+        let job = JobDir { root: dir.path().into(), layers: dir.path().join("layers"), mount: dir.path().join("m") };
         // A record naming us with another start time is stale: nothing is killed.
         std::fs::write(job.init_file(), format!("{me} {}", t + 1)).unwrap();
         assert_eq!(kill_recorded_init(&job), None);
@@ -489,6 +493,8 @@ mod tests {
 
     fn fixture() -> Fixture {
         let t = tempfile::tempdir().unwrap();
+        // Searchable, so that the jobs' mount point is made in it (see Home::mount_point).
+        std::fs::set_permissions(t.path(), std::os::unix::fs::PermissionsExt::from_mode(0o711)).unwrap();
         std::fs::create_dir_all(t.path().join("xdg")).unwrap();
         let home = Home::for_caller(t.path().join("home"), false, Some(t.path().join("xdg")));
         home.ensure().unwrap();
@@ -522,7 +528,7 @@ mod tests {
                 format!("remove_dir {}", self.host.v1_mounts[1].join("azp-test-td/td-1").display()),
                 format!("remove_tree {}", job.container_root().join("td-1").display()),
                 format!("mounts_under {}", job.root.display()),
-                format!("unmount {}", job.merged().display()),
+                format!("unmount {}", job.idmapped_lower(0).display()),
                 format!("rename {} {}", job.layers.display(), trash.display()),
                 format!("remove_tree {}", trash.display()),
                 format!("remove_tree {}", job.root.display()),
@@ -531,14 +537,14 @@ mod tests {
             ]
         }
 
-        /// The teardown on a recorder that fails call `k` (none: all succeed), with the
-        /// job's overlay left mounted.
+        /// The teardown on a recorder that fails call `k` (none: all succeed), with a mount
+        /// left in the record dir (as if a crashed helper's were visible).
         fn run(&self, k: Option<usize>) -> (Vec<String>, Result<Cleanup>) {
             let rec = match k {
                 Some(k) => crate::sys::Recorder::failing_at(k, nix::errno::Errno::EIO),
                 None => crate::sys::Recorder::default(),
             };
-            rec.mounts.borrow_mut().push(self.job.merged());
+            rec.mounts.borrow_mut().push(self.job.idmapped_lower(0));
             let r = cleanup_job_with(&self.home, &self.job, &rec, &self.host);
             (rec.calls(), r)
         }
@@ -556,7 +562,7 @@ mod tests {
             [
                 format!("job init pid {} (its pid namespace killed)", f.init.id()),
                 format!("container state {}", f.job.container_root().join("td-1").display()),
-                format!("mount {}", f.job.merged().display()),
+                format!("mount {}", f.job.idmapped_lower(0).display()),
             ]
         );
     }

@@ -36,6 +36,8 @@ pub struct FileSettings {
     pub max_agents: Option<usize>,
     pub idle_timeout_secs: Option<u64>,
     pub poll_interval_secs: Option<u64>,
+    /// "auto" (a user namespace and host ids of its own per job) or "host".
+    pub userns: Option<String>,
     /// Setuid mode's site policy (read by `setuid::policy`, not by `run`).
     pub setuid: Option<toml::Value>,
 }

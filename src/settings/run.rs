@@ -36,6 +36,8 @@ pub struct FlagSettings {
     pub max_agents: Option<usize>,
     pub idle_timeout: Option<Duration>,
     pub poll_interval: Option<Duration>,
+    /// `--userns`.
+    pub userns: Option<crate::identity::Choice>,
 }
 
 /// The validated settings of one `run`.
@@ -64,6 +66,8 @@ pub struct RunSettings {
     pub exit_when_idle: Option<Duration>,
     /// Some: slots start and stop with the queue.
     pub autoscale: Option<AutoscaleSettings>,
+    /// Whose ids jobs run as (see [`crate::identity`]).
+    pub userns: crate::identity::Choice,
 }
 
 /// How long a cancelled agent gets to report its job and exit before it is killed: the
@@ -133,6 +137,16 @@ pub fn merge(file: FileSettings, env: FlagSettings, flags: FlagSettings) -> Resu
     if flags.agents == Some(0) || file.agents == Some(0) {
         bail!("--agents must be at least 1");
     }
+    let userns = match flags.userns {
+        Some(c) => c,
+        None => file
+            .userns
+            .as_deref()
+            .map(str::parse)
+            .transpose()
+            .context("bad userns in the config file")?
+            .unwrap_or_default(),
+    };
     Ok(RunSettings {
         url,
         token_file: flags.token_file.or(env.token_file).or(file.token_file),
@@ -159,6 +173,7 @@ pub fn merge(file: FileSettings, env: FlagSettings, flags: FlagSettings) -> Resu
         extra_lib_dirs: file.extra_lib_dirs,
         exit_when_idle: flags.exit_when_idle,
         autoscale,
+        userns,
     })
 }
 

@@ -207,6 +207,7 @@ impl Monitor {
         let caller = caller(self.caller.0, self.caller.1)?;
         policy.allows_caller(&caller)?;
         let resolve = |p: &Path| resolve_as(self.caller, p);
+        crate::identity::init(policy.userns)?;
         match request {
             Request::Exec(request) => {
                 request.validate()?;

@@ -47,6 +47,10 @@ pub struct Policy {
     pub driver_root: PathBuf,
     /// Agent slots one caller's `run` may keep; absent: `run` is not allowed in setuid mode.
     pub max_agents: Option<usize>,
+    /// Whose ids jobs run as: "auto" (the default: a user namespace and host ids of their
+    /// own), or "host" (as the caller, without one: kernels < 5.19 only).
+    #[serde(default)]
+    pub userns: crate::identity::Choice,
 }
 
 fn default_network() -> Vec<String> {

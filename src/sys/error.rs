@@ -241,6 +241,55 @@ pub enum Error {
          check /etc/subuid and /etc/subgid"
     )]
     MapIds { uid_args: Vec<String>, gid_args: Vec<String> },
+
+    // ---- the job's own user namespace (root and setuid modes; rootless nested) ----
+    #[error("cannot create the job's user namespace (unshare CLONE_NEWUSER in a child of the helper)")]
+    UserNamespaceChild(#[source] Errno),
+    #[error("cannot open {}", path.display())]
+    OpenUserNs {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error("cannot map the job's ids ({map}) in {}", file.display())]
+    WriteIdMap {
+        file: PathBuf,
+        map: String,
+        #[source]
+        source: io::Error,
+    },
+    #[error("cannot clone the mount of {} to give it the job's ids (open_tree)", layer.display())]
+    IdmapOpenTree {
+        layer: PathBuf,
+        #[source]
+        source: Errno,
+    },
+    #[error(
+        "cannot mount {} with the job's ids: idmapped mounts need Linux >= 5.19 and a filesystem that \
+         supports them (ext4, xfs, btrfs, tmpfs >= 6.3, ...; not NFS or ZFS): move the home there, or run jobs \
+         with host ids with --userns host (NOT recommended, see SECURITY.md)",
+        layer.display()
+    )]
+    IdmapLayer {
+        layer: PathBuf,
+        #[source]
+        source: Errno,
+    },
+    #[error("cannot attach the idmapped mount of {} at {}", layer.display(), target.display())]
+    IdmapMove {
+        layer: PathBuf,
+        target: PathBuf,
+        #[source]
+        source: Errno,
+    },
+    #[error("cannot give {} to the job's ids {uid}:{gid}", path.display())]
+    Chown {
+        path: PathBuf,
+        uid: u32,
+        gid: u32,
+        #[source]
+        source: Errno,
+    },
 }
 
 impl Error {

@@ -14,6 +14,13 @@ pub fn become_root() -> Result<()> {
     nix::unistd::setresuid(u, u, u).map_err(|source| Error::SetUid { uid: 0, source })
 }
 
+/// No supplementary groups: a job inherits its helper's, and the helper those of whoever
+/// started azp-sandbox (`su -` leaves root's group 0, a login its `video`, `disk`, ...).
+/// The kernel checks them in every user namespace, mapped or not.
+pub fn clear_groups() -> Result<()> {
+    nix::unistd::setgroups(&[]).map_err(Error::ClearGroups)
+}
+
 /// Real, effective and saved ids all become `uid`/`gid`, then checks that root cannot be
 /// regained.
 pub fn drop_privileges_for_good(uid: Uid, gid: Gid) -> Result<()> {

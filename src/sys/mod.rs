@@ -8,6 +8,7 @@
 //! - [`process`], [`signals`]: forks, the helper's spawn, waits, kills, handlers;
 //! - [`lifeline`], [`tty`]: the job's init's lifeline and the terminal of `exec -t`;
 //! - [`ids`]: setuid mode's and the user namespace's identity changes;
+//! - [`userns`]: a job's own user namespace and the layers idmapped with it;
 //! - [`runtime_tmpfs`], [`dir_flags`]: the home's runtime dir and layer buckets.
 //!
 //! What the sandbox helper, the edit layer and teardown do goes through the [`Sys`]
@@ -28,6 +29,7 @@ pub mod process;
 pub mod runtime_tmpfs;
 pub mod signals;
 pub mod tty;
+pub mod userns;
 
 pub use cgroup::{CgroupDir, CgroupJoin};
 pub use dir_flags::spread_subdirs;
@@ -37,11 +39,14 @@ pub use nix::sys::signal::Signal;
 
 use nix::errno::Errno;
 use std::cell::{Cell, RefCell};
+use std::os::fd::{BorrowedFd, OwnedFd};
 use std::path::{Path, PathBuf};
 
 /// The privileged steps of the sandbox helper (in the order it takes them), of the
 /// edit layer's build, and of a job's teardown.
 pub trait Sys {
+    /// Drops every supplementary group of the calling process (the job inherits none).
+    fn clear_groups(&self) -> Result<()>;
     /// Gives the calling process its own mount namespace with private propagation, so the
     /// job's mounts exist only there and vanish with it (even on SIGKILL).
     fn private_mount_namespace(&self) -> Result<()>;
@@ -51,6 +56,12 @@ pub trait Sys {
     /// view rooted at the cgroup this process is in: libcontainer's cgroup manager can
     /// change nothing outside the job's cgroup.
     fn hide_cgroupfs(&self) -> Result<()>;
+    /// A new user namespace with these maps (`/proc/PID/uid_map` text): the job's.
+    fn new_user_namespace(&self, uid_map: &str, gid_map: &str) -> Result<OwnedFd>;
+    /// `layer` read-only at `target`, idmapped with the namespace `userns`.
+    fn idmap_layer(&self, layer: &Path, userns: BorrowedFd, target: &Path) -> Result<()>;
+    /// Owner of `path` (not followed).
+    fn chown(&self, path: &Path, uid: u32, gid: u32) -> Result<()>;
     fn mount_overlay(&self, overlay: &Overlay) -> Result<()>;
     /// A plain bind mount of `source` on `target` (a `/proc/self/fd/N` of a target
     /// resolved inside a tree), in this process's private mount namespace.
@@ -71,6 +82,9 @@ pub trait Sys {
 pub struct Real;
 
 impl Sys for Real {
+    fn clear_groups(&self) -> Result<()> {
+        ids::clear_groups()
+    }
     fn private_mount_namespace(&self) -> Result<()> {
         ns::private_mount_namespace()
     }
@@ -79,6 +93,15 @@ impl Sys for Real {
     }
     fn hide_cgroupfs(&self) -> Result<()> {
         ns::private_cgroup_view()
+    }
+    fn new_user_namespace(&self, uid_map: &str, gid_map: &str) -> Result<OwnedFd> {
+        userns::new_user_namespace(uid_map, gid_map)
+    }
+    fn idmap_layer(&self, layer: &Path, ns: BorrowedFd, target: &Path) -> Result<()> {
+        userns::idmap_layer(layer, ns, target)
+    }
+    fn chown(&self, path: &Path, uid: u32, gid: u32) -> Result<()> {
+        userns::chown(path, uid, gid)
     }
     fn mount_overlay(&self, overlay: &Overlay) -> Result<()> {
         mount::mount_overlay(overlay)
@@ -164,6 +187,9 @@ impl Recorder {
 }
 
 impl Sys for Recorder {
+    fn clear_groups(&self) -> Result<()> {
+        self.step("clear_groups".into()).map_err(Error::ClearGroups)
+    }
     fn private_mount_namespace(&self) -> Result<()> {
         self.step("private_mount_namespace".into()).map_err(Error::UnshareMountNs)
     }
@@ -176,6 +202,27 @@ impl Sys for Recorder {
     }
     fn hide_cgroupfs(&self) -> Result<()> {
         self.step("hide_cgroupfs".into()).map_err(Error::MountCgroupView)
+    }
+    fn new_user_namespace(&self, uid_map: &str, gid_map: &str) -> Result<OwnedFd> {
+        let maps = |m: &str| m.trim().replace('\n', ",");
+        self.step(format!("new_user_namespace {} {}", maps(uid_map), maps(gid_map)))
+            .map_err(Error::UserNamespaceChild)?;
+        // Any fd stands for the namespace here.
+        std::fs::File::open("/dev/null")
+            .map(OwnedFd::from)
+            .map_err(|source| Error::OpenUserNs { path: "/dev/null".into(), source })
+    }
+    fn idmap_layer(&self, layer: &Path, _ns: BorrowedFd, target: &Path) -> Result<()> {
+        self.step(format!("idmap_layer {} {}", layer.display(), target.display()))
+            .map_err(|source| Error::IdmapLayer { layer: layer.into(), source })
+    }
+    fn chown(&self, path: &Path, uid: u32, gid: u32) -> Result<()> {
+        self.step(format!("chown {} {uid}:{gid}", path.display())).map_err(|source| Error::Chown {
+            path: path.into(),
+            uid,
+            gid,
+            source,
+        })
     }
     fn mount_overlay(&self, overlay: &Overlay) -> Result<()> {
         let options = overlay.options()?;

@@ -233,6 +233,7 @@ mod tests {
             owned_dirs: vec![],
             rootless: false,
             process: Default::default(),
+            userns: None,
         };
         p.edits.update_ldcache = true;
         p.edits.mounts.push(BindMount {
