@@ -231,7 +231,7 @@ fn bad_input_gives_one_line_errors() {
     let h = TestHome::new("badinput");
     let cases: &[(&[&str], &str)] = &[
         (&["exec", "--rootfs", "bb", "--volume", "relative:/x", "--", "true"], "malformed --volume"),
-        (&["exec", "--rootfs", "bb", "--memory", "12X", "--", "true"], "bad size"),
+        (&["exec", "--rootfs", "bb", "--memory", "12X", "--", "true"], "bad --memory '12X'"),
         (&["exec", "--rootfs", "bb", "--pids", "0", "--", "true"], "bad --pids"),
         (&["exec", "--rootfs", "bb", "--cpus=-1", "--", "true"], "bad --cpus"),
         (&["exec", "--rootfs", "bb", "--name", "../x", "--", "true"], "bad --name"),

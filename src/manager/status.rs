@@ -16,11 +16,25 @@ pub struct Status {
     /// Why limits are not enforced and how to fix it (rootless without delegation).
     #[serde(default)]
     pub limits_warning: Option<String>,
+    /// The limits every job runs with (the node's defaults where not said).
+    #[serde(default)]
+    pub job_limits: Option<JobLimits>,
     pub stopping: bool,
     pub slots: Vec<SlotStatus>,
     /// Queue-driven autoscaling: queue, knobs and the latest decisions.
     #[serde(default)]
     pub scaler: Option<crate::scaler::ScalerStatus>,
+}
+
+/// The limits of each job, what their defaults came from, and the warnings of the start
+/// (a limit said `unlimited`, no disk quota on the home's filesystem, swap).
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct JobLimits {
+    pub per_job: crate::sandbox::Limits,
+    /// What the defaults were derived from (slots, memory, cores, pid_max, free space).
+    pub basis: String,
+    #[serde(default)]
+    pub warnings: Vec<String>,
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
@@ -69,6 +83,12 @@ pub fn render(s: &Status, alive: bool) -> String {
     );
     if let Some(sc) = &s.scaler {
         out.push_str(&sc.render(now));
+    }
+    if let Some(l) = &s.job_limits {
+        out.push_str(&format!("limits    per job: {} ({})\n", l.per_job, l.basis));
+        for w in &l.warnings {
+            out.push_str(&format!("{w}\n"));
+        }
     }
     if !s.limits_enforced {
         let why = s.limits_warning.as_deref().unwrap_or("WARNING: memory/pids/cpu limits are NOT enforced for jobs");

@@ -90,6 +90,15 @@ impl CgroupHost {
         HOST.get_or_init(CgroupHost::detect)
     }
 
+    /// cgroup v1 with swap accounting: the memory hierarchy has `memory.memsw.*` files
+    /// (a kernel built without it, or booted with swapaccount=0, has none).
+    pub fn v1_memsw(&self) -> bool {
+        self.v1_mounts
+            .iter()
+            .find(|m| m.file_name().is_some_and(|n| n.to_string_lossy().split(',').any(|c| c == "memory")))
+            .is_some_and(|m| m.join("memory.memsw.limit_in_bytes").exists())
+    }
+
     /// Every hierarchy a job's cgroup can have a dir in: the v1 mounts of the job's
     /// controllers ([`JOB_V1_CONTROLLERS`]) and the cgroup2 mount.
     pub fn hierarchies(&self) -> impl Iterator<Item = &Path> {

@@ -59,7 +59,11 @@ pub fn limit_writes(limits: &Limits, v2: bool, hierarchy: &str) -> Vec<(&'static
     }
     let has = |c: &str| hierarchy.split(',').any(|h| h == c);
     if let (Some(b), true) = (limits.memory_bytes, has("memory")) {
+        // Memory + swap at the same value: no swap beyond the limit (cgroup v2's
+        // memory.swap.max = 0). Skipped by the join where the kernel does not account
+        // swap (no such file); the start line says so where the node has swap.
         w.push(("memory.limit_in_bytes", b.to_string()));
+        w.push(("memory.memsw.limit_in_bytes", b.to_string()));
     }
     if let (Some(p), true) = (limits.pids, has("pids")) {
         w.push(("pids.max", p.to_string()));
@@ -139,8 +143,13 @@ mod tests {
 
     #[test]
     fn limit_files_per_hierarchy() {
-        let l = Limits { memory_bytes: Some(64 << 20), pids: Some(100), cpus_milli: Some(1500) };
-        assert_eq!(limit_writes(&l, false, "memory"), vec![("memory.limit_in_bytes", (64u64 << 20).to_string())]);
+        let l = Limits { memory_bytes: Some(64 << 20), pids: Some(100), cpus_milli: Some(1500), ..Default::default() };
+        let mem = (64u64 << 20).to_string();
+        assert_eq!(
+            limit_writes(&l, false, "memory"),
+            vec![("memory.limit_in_bytes", mem.clone()), ("memory.memsw.limit_in_bytes", mem)],
+            "memory, then memory + swap at the same value (in this order: memsw may not be below it)"
+        );
         assert_eq!(limit_writes(&l, false, "pids"), vec![("pids.max", "100".to_string())]);
         assert_eq!(
             limit_writes(&l, false, "cpu,cpuacct"),
@@ -191,14 +200,14 @@ mod tests {
 
     #[test]
     fn a_join_plan_per_host() {
-        let limits = Limits { memory_bytes: Some(1 << 20), pids: None, cpus_milli: None };
+        let limits = Limits { memory_bytes: Some(1 << 20), ..Default::default() };
         let setup = Setup::Root { device_rules: vec!["c 1:3 rwm".into()] };
         let j = plan_join(&hybrid(), Path::new("/a/j"), &limits, &setup);
         assert!(j.v2_levels.is_empty(), "v1 hierarchies pass nothing down");
         let dev = j.dirs.iter().find(|d| d.dir == Path::new("/cg/devices/a/j")).unwrap();
         assert_eq!(dev.device_rules.as_deref(), Some(&["c 1:3 rwm".to_string()][..]));
         let mem = j.dirs.iter().find(|d| d.dir == Path::new("/cg/memory/a/j")).unwrap();
-        assert_eq!((mem.device_rules.as_ref(), mem.limits.len()), (None, 1));
+        assert_eq!((mem.device_rules.as_ref(), mem.limits.len()), (None, 2));
         let v2 = j.dirs.iter().find(|d| d.dir == Path::new("/cg/unified/a/j")).unwrap();
         assert!(v2.limits.is_empty(), "the hybrid v2 tree has no controllers");
         let unified = CgroupHost { unified: true, v1_mounts: vec![], v2_mount: Some("/cg".into()), ..hybrid() };

@@ -8,6 +8,7 @@ pub mod exec;
 pub mod helper;
 pub mod inroot;
 pub mod jobdir;
+pub mod limits;
 pub mod plan;
 pub mod report;
 pub mod runner;
@@ -15,6 +16,7 @@ pub mod seccomp;
 pub mod spec;
 pub mod teardown;
 
+pub use limits::{Ask, LimitsAsk};
 pub use plan::{JobPlan, Limits};
 pub use report::{FailureKind, SandboxError};
 pub use runner::{run_job, JobOutcome, Phase, RunOptions, Sandbox};

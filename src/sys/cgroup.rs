@@ -27,10 +27,14 @@ pub struct CgroupDir {
     pub cpuset: bool,
     /// Some: the v1 devices hierarchy as root: deny everything, then allow these rules.
     pub device_rules: Option<Vec<String>>,
-    /// Files and values, written in this order. `memory.swap.max` is skipped where the
-    /// file is missing (swap accounting off: `memory.max` alone is the limit).
+    /// Files and values, written in this order. `memory.swap.max` (v2) and
+    /// `memory.memsw.limit_in_bytes` (v1) are skipped where the file is missing (swap
+    /// accounting off: the memory limit alone is the limit).
     pub limits: Vec<(&'static str, String)>,
 }
+
+/// The limit files that exist only where the kernel accounts swap per cgroup.
+const SWAP_FILES: [&str; 2] = ["memory.swap.max", "memory.memsw.limit_in_bytes"];
 
 pub fn join(j: &CgroupJoin) -> Result<()> {
     for w in j.v2_levels.windows(2) {
@@ -47,7 +51,7 @@ pub fn join(j: &CgroupJoin) -> Result<()> {
         }
         for (file, value) in &d.limits {
             let path = d.dir.join(file);
-            if *file == "memory.swap.max" && !path.exists() {
+            if SWAP_FILES.contains(file) && !path.exists() {
                 continue;
             }
             std::fs::write(&path, value).map_err(|source| Error::CgroupLimit {
@@ -161,15 +165,34 @@ mod tests {
                     dir: mem.join("a/j"),
                     cpuset: false,
                     device_rules: None,
-                    limits: vec![("memory.limit_in_bytes", "1048576".into()), ("memory.swap.max", "0".into())],
+                    limits: vec![
+                        ("memory.limit_in_bytes", "1048576".into()),
+                        ("memory.memsw.limit_in_bytes", "1048576".into()),
+                        ("memory.swap.max", "0".into()),
+                    ],
                 },
                 CgroupDir { dir: cpuset.join("a/j"), cpuset: true, device_rules: None, limits: vec![] },
             ],
             ..Default::default()
         };
+        // Where the kernel accounts swap, the file is there (a v1 job dir gets it).
+        std::fs::create_dir_all(mem.join("c/j")).unwrap();
+        std::fs::write(mem.join("c/j/memory.memsw.limit_in_bytes"), "").unwrap();
+        let memsw = CgroupJoin {
+            dirs: vec![CgroupDir {
+                dir: mem.join("c/j"),
+                cpuset: false,
+                device_rules: None,
+                limits: vec![("memory.memsw.limit_in_bytes", "1048576".into())],
+            }],
+            ..Default::default()
+        };
+        super::join(&memsw).unwrap();
+        assert_eq!(std::fs::read_to_string(mem.join("c/j/memory.memsw.limit_in_bytes")).unwrap(), "1048576");
         super::join(&join).unwrap();
         assert_eq!(std::fs::read_to_string(mem.join("a/j/memory.limit_in_bytes")).unwrap(), "1048576");
         assert!(!mem.join("a/j/memory.swap.max").exists(), "skipped where swap accounting is off");
+        assert!(!mem.join("a/j/memory.memsw.limit_in_bytes").exists(), "v1 too");
         assert_eq!(std::fs::read_to_string(cpuset.join("a/cpuset.cpus")).unwrap(), "0-1", "each new level");
         assert_eq!(std::fs::read_to_string(cpuset.join("a/j/cpuset.mems")).unwrap(), "0");
         let me = std::process::id().to_string();
