@@ -177,14 +177,16 @@ pub fn quota_why(home: &Path, fs: Option<nix::sys::statfs::FsType>, err: &crate:
     match (what, err.errno()) {
         (_, Some(Errno::ENOSYS)) => format!("{h}: this kernel has no quota support (CONFIG_QUOTA, CONFIG_QFMT_V2)"),
         ("ext4", _) => format!(
-            "{h} is on ext4 without project quotas ({err:#}): unmount it, run `tune2fs -O project,quota DEVICE`, \
-             and mount it with the `prjquota` option"
+            "{h} is on ext4 without project quotas: unmount it, run `tune2fs -O project,quota DEVICE` and mount it \
+             with the `prjquota` option (the kernel needs CONFIG_QFMT_V2)"
         ),
-        ("XFS", _) => {
-            format!("{h} is on XFS without project quotas ({err:#}): mount it with the `prjquota` option")
-        }
+        ("XFS", _) => format!(
+            "{h} is on XFS without project quotas: mount it with the `prjquota` option (the kernel needs \
+             CONFIG_XFS_QUOTA)"
+        ),
         _ => format!(
-            "{h} is not on ext4 or XFS with project quotas ({err:#}): put the home on one mounted with `prjquota`"
+            "{h} is not on ext4 or XFS with project quotas ({}): put the home on one mounted with `prjquota`",
+            err.errno().map(|e| e.desc()).unwrap_or("unknown error")
         ),
     }
 }
