@@ -95,7 +95,7 @@ impl RunArgs {
 
 impl Verb for RunArgs {
     fn needs(&self) -> Needs {
-        Needs::Sandboxes
+        Needs::Service
     }
 
     fn run(self: Box<Self>, ctx: &Context) -> Result<i32> {

@@ -69,6 +69,35 @@ pub fn join(j: &CgroupJoin) -> Result<()> {
     Ok(())
 }
 
+/// Moves the calling process into `dir` (made when missing): a delegated service's
+/// manager into its leaf, before any job's cgroup passes controllers down from the
+/// unit's (see `rootless::cgroups::service_cgroup`).
+pub fn move_self_to(dir: &Path) -> Result<()> {
+    match std::fs::create_dir(dir) {
+        Err(e) if e.kind() != std::io::ErrorKind::AlreadyExists => {
+            return Err(Error::CgroupCreate { dir: dir.to_path_buf(), source: e });
+        }
+        _ => {}
+    }
+    let procs = dir.join("cgroup.procs");
+    std::fs::write(&procs, std::process::id().to_string()).map_err(|source| Error::CgroupJoin { procs, source })
+}
+
+/// systemd marks a cgroup it delegates (`Delegate=yes`) with the xattr
+/// `trusted.delegate=1` (v251+), and `user.delegate=1` too (v252+).
+pub fn delegated(dir: &Path) -> bool {
+    use std::os::unix::ffi::OsStrExt;
+    let Ok(path) = std::ffi::CString::new(dir.as_os_str().as_bytes()) else { return false };
+    [c"trusted.delegate", c"user.delegate"].iter().any(|name| {
+        let mut value = [0u8; 8];
+        // SAFETY: getxattr writes at most `value.len()` bytes into `value`, a live local
+        // buffer borrowed mutably for the call; `path` and `name` are NUL-terminated and
+        // outlive it. The length it returns is checked before the bytes are read.
+        let n = unsafe { libc::getxattr(path.as_ptr(), name.as_ptr(), value.as_mut_ptr().cast(), value.len()) };
+        n > 0 && value[..n as usize].starts_with(b"1")
+    })
+}
+
 fn enable_v2_controllers(dir: &Path, controllers: &[&str]) {
     for c in controllers {
         let _ = std::fs::write(dir.join("cgroup.subtree_control"), c);
@@ -141,6 +170,18 @@ fn inherit_cpuset(dir: &Path) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_service_moves_itself_into_its_leaf() {
+        let t = tempfile::tempdir().unwrap();
+        let leaf = t.path().join("manager");
+        move_self_to(&leaf).unwrap();
+        assert_eq!(std::fs::read_to_string(leaf.join("cgroup.procs")).unwrap(), std::process::id().to_string());
+        move_self_to(&leaf).unwrap(); // exists: joined all the same
+        let e = move_self_to(&t.path().join("no/such/leaf")).unwrap_err();
+        assert!(matches!(e, Error::CgroupCreate { .. }), "{e}");
+        assert!(!delegated(t.path()), "a plain dir has no delegate xattr");
+    }
 
     #[test]
     fn device_rules_deny_all_first() {
