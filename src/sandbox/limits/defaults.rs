@@ -5,8 +5,9 @@
 //! - swap: none beyond the memory limit (cgroup v1 memsw, v2 swap.max = 0);
 //! - pids: 4096, but at most 3/4 of the node's pid_max shared by the slots;
 //! - cpus: cores / slots, at least 1;
-//! - disk: a project quota of (free space - max(1 GiB, 5%)) / slots, at least 256 MiB,
-//!   and (free inodes - 5%) / slots inodes, where the home's filesystem has project
+//! - disk: a project quota of (free space - max(1 GiB, 5%)) / slots (the reserve at
+//!   most half the free space), and (free inodes - 5%) / slots inodes, where the home's
+//!   filesystem has project
 //!   quotas; none (and a warning with the fix) where it has not;
 //! - /tmp: the memory limit; /dev/shm: half of it (tmpfs pages are charged to the
 //!   job's memory cgroup: a bigger tmpfs only invites the OOM killer). Without a memory
@@ -19,7 +20,6 @@ use crate::sandbox::plan::Limits;
 /// The most processes and threads a job gets by default.
 pub const PIDS: i64 = 4096;
 const MIN_MEMORY: u64 = 256 << 20;
-const MIN_DISK: u64 = 256 << 20;
 const MIN_PIDS: i64 = 64;
 
 /// The limits, and the warnings to print once at start (one line each).
@@ -96,10 +96,15 @@ pub fn resolve(ask: &LimitsAsk, node: &Node, slots: usize) -> Resolved {
     }
 }
 
-/// (memory - max(2 GiB, 10%)) / slots, at least 256 MiB.
+/// (memory - max(2 GiB, 10%)) / slots, at least 256 MiB, in whole MiB (the cgroup rounds
+/// a limit down to pages, a tmpfs its size up: /tmp is then exactly the limit).
 fn default_memory(node: &Node, slots: u64) -> u64 {
     let reserve = (2u64 << 30).max(node.memory_bytes / 10);
-    (node.memory_bytes.saturating_sub(reserve) / slots).max(MIN_MEMORY)
+    mib_floor(node.memory_bytes.saturating_sub(reserve) / slots).max(MIN_MEMORY)
+}
+
+fn mib_floor(b: u64) -> u64 {
+    b & !((1 << 20) - 1)
 }
 
 /// 4096, or 3/4 of pid_max shared by the slots when that is less (at least 64).
@@ -108,10 +113,12 @@ fn default_pids(node: &Node, slots: u64) -> i64 {
     PIDS.min(share).max(MIN_PIDS)
 }
 
-/// (free space - max(1 GiB, 5% of the filesystem)) / slots, at least 256 MiB.
+/// (free space - max(1 GiB, 5% of the filesystem)) / slots; on a nearly full or small
+/// filesystem the reserve is half of what is free (a floor above the free space would
+/// let one job fill it).
 fn default_disk(avail: u64, size: u64, slots: u64) -> u64 {
-    let reserve = (1u64 << 30).max(size / 20);
-    (avail.saturating_sub(reserve) / slots).max(MIN_DISK)
+    let reserve = (1u64 << 30).max(size / 20).min(avail / 2);
+    mib_floor((avail - reserve) / slots)
 }
 
 /// (free inodes - 5%) / slots; None on filesystems that report no inode count.
@@ -158,7 +165,7 @@ mod tests {
         let r = resolve(&LimitsAsk::default(), &node(), 4);
         let l = r.limits;
         // (64 - 6.4) / 4 GiB; 4096 pids; 16 / 4 cpus; (500 - 50) / 4 GiB of disk.
-        assert_eq!(l.memory_bytes, Some((64 * G - 64 * G / 10) / 4));
+        assert_eq!(l.memory_bytes, Some(mib_floor((64 * G - 64 * G / 10) / 4)));
         assert_eq!((l.pids, l.cpus_milli), (Some(4096), Some(4000)));
         assert_eq!(l.disk_bytes, Some(450 * G / 4));
         assert_eq!(l.disk_inodes, Some((60_000_000 - 3_200_000) / 4));
@@ -166,7 +173,8 @@ mod tests {
         assert!(r.warnings.is_empty(), "{:?}", r.warnings);
         // One job (exec) gets the whole node less the reserves.
         let one = resolve(&LimitsAsk::default(), &node(), 1).limits;
-        assert_eq!((one.memory_bytes, one.cpus_milli), (Some(64 * G - 64 * G / 10), Some(16000)));
+        assert_eq!((one.memory_bytes, one.cpus_milli), (Some(mib_floor(64 * G - 64 * G / 10)), Some(16000)));
+        assert_eq!(one.memory_bytes.unwrap() % (1 << 20), 0, "whole MiB");
     }
 
     #[test]
@@ -182,7 +190,7 @@ mod tests {
         assert_eq!(l.memory_bytes, Some(256 << 20), "2 GiB reserve leaves 1 GiB: the floor per slot");
         assert_eq!(l.pids, Some(32768 * 3 / 4 / 8), "8 slots of 4096 would take every pid of the node");
         assert_eq!(l.cpus_milli, Some(1000), "at least one CPU");
-        assert_eq!((l.disk_bytes, l.disk_inodes), (Some(256 << 20), None), "floor; no inode count reported");
+        assert_eq!((l.disk_bytes, l.disk_inodes), (Some(G / 2 / 8), None), "half of what is free; no inode count");
     }
 
     #[test]
