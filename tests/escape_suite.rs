@@ -1637,3 +1637,10 @@ fn t19_rootfs_symlinks_do_not_redirect_the_helpers_writes_to_the_host() {
     }
     h.assert_no_residue(&[]);
 }
+
+// ---------------------------------------------------------------------------------------
+// Exhaustion: pids, memory, swap, disk (issue 25)
+// ---------------------------------------------------------------------------------------
+
+#[path = "escape/exhaust.rs"]
+mod exhaust;

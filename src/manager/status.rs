@@ -119,3 +119,31 @@ pub fn render(s: &Status, alive: bool) -> String {
     }
     out
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_limits_in_force_and_their_warnings_are_shown() {
+        let per_job = crate::sandbox::Limits { memory_bytes: Some(4 << 30), pids: Some(4096), ..Default::default() };
+        let st = Status {
+            job_limits: Some(JobLimits {
+                per_job,
+                basis: "2 slot(s) sharing 10.0G of RAM".into(),
+                warnings: vec!["WARNING: no disk quota for jobs: why".into()],
+            }),
+            limits_enforced: true,
+            ..Default::default()
+        };
+        let text = render(&st, true);
+        let lines: Vec<&str> = text.lines().collect();
+        assert!(lines.contains(&"limits    per job: memory 4.0G, pids 4096, cpus unlimited, disk unlimited, /tmp half the RAM, /dev/shm 1.0G (2 slot(s) sharing 10.0G of RAM)"), "{text}");
+        assert!(lines.contains(&"WARNING: no disk quota for jobs: why"), "{text}");
+        // JSON: the numbers, for scripts; a status file of an older manager has none.
+        let json = serde_json::to_value(&st).unwrap();
+        assert_eq!(json["job_limits"]["per_job"]["pids"], 4096);
+        let old: Status = serde_json::from_str(r#"{"pid":1,"url":"","pool":"","started_unix":0,"rootfs":"","limits_enforced":true,"stopping":false,"slots":[]}"#).unwrap();
+        assert!(old.job_limits.is_none());
+    }
+}
