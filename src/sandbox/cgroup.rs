@@ -13,11 +13,23 @@
 //!
 //! The helper stays in the job's cgroup while the job runs: it counts as one process
 //! towards the pids limit, and its few MB of memory towards the memory limit.
+//!
+//! On a cgroup v2 host the helper joins the leaf [`HELPER_LEAF`] of the job's cgroup, and
+//! the limits are on the job's cgroup above it. libcontainer, in the view rooted at the
+//! helper's cgroup, enables every controller it finds in its root and moves the job's
+//! init into a child: in the job's cgroup itself that made it a thread root (the
+//! threaded controllers, pids and cpu, may be enabled beside a process) and the child an
+//! invalid domain (EOPNOTSUPP: no job could start). In the leaf no controller is
+//! available, so there is nothing to enable. (The hybrid host's cgroup2 tree has no
+//! controllers at all; v1 hierarchies have no such rule.)
 
 use super::plan::Limits;
 use crate::rootless::cgroups::CgroupHost;
 use crate::sys::{CgroupDir, CgroupJoin};
 use std::path::{Path, PathBuf};
+
+/// The leaf of a job's cgroup the helper joins on a cgroup v2 host (see above).
+pub const HELPER_LEAF: &str = "sandbox";
 
 /// CFS period used for `--cpus`.
 const CPU_PERIOD_US: u64 = 100_000;
@@ -132,7 +144,8 @@ pub fn plan_join(host: &CgroupHost, cgroup: &Path, limits: &Limits, setup: &Setu
             _ => None,
         };
         let limits = if d.limits { limit_writes(limits, d.v2, &d.hierarchy) } else { vec![] };
-        join.dirs.push(CgroupDir { cpuset: d.hierarchy.contains("cpuset"), dir: d.dir, device_rules, limits });
+        let leaf = host.unified.then_some(HELPER_LEAF);
+        join.dirs.push(CgroupDir { cpuset: d.hierarchy.contains("cpuset"), dir: d.dir, device_rules, leaf, limits });
     }
     join
 }
@@ -215,5 +228,8 @@ mod tests {
         assert_eq!(j.v2_levels, [PathBuf::from("/cg"), "/cg/a".into(), "/cg/a/b".into()]);
         assert_eq!(j.v2_controllers, ["+memory", "+pids", "+cpu"]);
         assert_eq!(j.dirs[0].limits, [("memory.max", "1048576".to_string()), ("memory.swap.max", "0".to_string())]);
+        assert_eq!(j.dirs[0].leaf, Some(HELPER_LEAF), "v2: the limits above, the helper in the leaf");
+        let hybrid = plan_join(&hybrid(), Path::new("/a/j"), &limits, &setup);
+        assert!(hybrid.dirs.iter().all(|d| d.leaf.is_none()), "v1 and the controller-less v2 tree: the dir itself");
     }
 }

@@ -212,6 +212,16 @@ fn remove_cgroup_with(sys: &dyn Sys, cgroups: &CgroupHost, path: &Path) -> Resul
 /// left; None when one could not be removed (busy: processes or child cgroups).
 fn rmdir_if_empty_everywhere(sys: &dyn Sys, cgroups: &CgroupHost, path: &Path) -> Option<bool> {
     let mut existed = false;
+    // cgroup v2: the helper's leaf goes first (libcontainer removed its own below it).
+    if cgroups.unified {
+        for dir in cgroup_dirs_anywhere(cgroups, path) {
+            match sys.remove_dir(&dir.join(super::cgroup::HELPER_LEAF)) {
+                Ok(()) => existed = true,
+                Err(e) if e.errno() == Some(Errno::ENOENT) => {}
+                Err(_) => return None,
+            }
+        }
+    }
     for dir in cgroup_dirs_anywhere(cgroups, path) {
         match sys.remove_dir(&dir) {
             Ok(()) => existed = true,

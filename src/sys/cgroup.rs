@@ -27,6 +27,10 @@ pub struct CgroupDir {
     pub cpuset: bool,
     /// Some: the v1 devices hierarchy as root: deny everything, then allow these rules.
     pub device_rules: Option<Vec<String>>,
+    /// The process joins `<dir>/<leaf>` (made here) instead of `<dir>` itself: on a
+    /// cgroup v2 host, where the job's init must go below the helper's cgroup and a cgroup
+    /// whose children get controllers may hold no process (see `sandbox::cgroup`).
+    pub leaf: Option<&'static str>,
     /// Files and values, written in this order. `memory.swap.max` (v2) and
     /// `memory.memsw.limit_in_bytes` (v1) are skipped where the file is missing (swap
     /// accounting off: the memory limit alone is the limit).
@@ -63,7 +67,19 @@ pub fn join(j: &CgroupJoin) -> Result<()> {
     }
     let me = std::process::id().to_string();
     for d in &j.dirs {
-        let procs = d.dir.join("cgroup.procs");
+        let dir = match d.leaf {
+            Some(leaf) => {
+                let dir = d.dir.join(leaf);
+                match std::fs::create_dir(&dir) {
+                    Err(e) if e.kind() != std::io::ErrorKind::AlreadyExists => {
+                        return Err(Error::CgroupCreate { dir, source: e });
+                    }
+                    _ => dir,
+                }
+            }
+            None => d.dir.clone(),
+        };
+        let procs = dir.join("cgroup.procs");
         std::fs::write(&procs, &me).map_err(|source| Error::CgroupJoin { procs, source })?;
     }
     Ok(())
@@ -172,6 +188,27 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_v2_job_dir_gets_its_limits_and_the_process_joins_its_leaf() {
+        let t = tempfile::tempdir().unwrap();
+        let job = t.path().join("a/j");
+        let join = CgroupJoin {
+            dirs: vec![CgroupDir {
+                dir: job.clone(),
+                cpuset: false,
+                device_rules: None,
+                leaf: Some("sandbox"),
+                limits: vec![("memory.max", "1048576".into())],
+            }],
+            ..Default::default()
+        };
+        super::join(&join).unwrap();
+        assert_eq!(std::fs::read_to_string(job.join("memory.max")).unwrap(), "1048576", "the limit on the job dir");
+        assert!(!job.join("cgroup.procs").exists(), "no process in the job dir itself");
+        let me = std::process::id().to_string();
+        assert_eq!(std::fs::read_to_string(job.join("sandbox/cgroup.procs")).unwrap(), me);
+    }
+
+    #[test]
     fn a_service_moves_itself_into_its_leaf() {
         let t = tempfile::tempdir().unwrap();
         let leaf = t.path().join("manager");
@@ -206,13 +243,14 @@ mod tests {
                     dir: mem.join("a/j"),
                     cpuset: false,
                     device_rules: None,
+                    leaf: None,
                     limits: vec![
                         ("memory.limit_in_bytes", "1048576".into()),
                         ("memory.memsw.limit_in_bytes", "1048576".into()),
                         ("memory.swap.max", "0".into()),
                     ],
                 },
-                CgroupDir { dir: cpuset.join("a/j"), cpuset: true, device_rules: None, limits: vec![] },
+                CgroupDir { dir: cpuset.join("a/j"), cpuset: true, device_rules: None, leaf: None, limits: vec![] },
             ],
             ..Default::default()
         };
@@ -224,6 +262,7 @@ mod tests {
                 dir: mem.join("c/j"),
                 cpuset: false,
                 device_rules: None,
+                leaf: None,
                 limits: vec![("memory.memsw.limit_in_bytes", "1048576".into())],
             }],
             ..Default::default()
@@ -245,6 +284,7 @@ mod tests {
                 dir: mem.join("b/j"),
                 cpuset: false,
                 device_rules: None,
+                leaf: None,
                 limits: vec![("memory.max", "1".into())],
             }],
             ..Default::default()
