@@ -20,7 +20,7 @@ pub struct Node {
     pub cores: u64,
     /// /proc/sys/kernel/pid_max: every task on the node counts against it.
     pub pid_max: u64,
-    /// The home's filesystem (None: statvfs failed).
+    /// The filesystem of the home's layer dirs (None: statvfs failed).
     pub disk: Option<Disk>,
     /// Why jobs can get no disk quota here, and the fix (None: project quotas work).
     pub no_quota: Option<String>,
@@ -56,7 +56,7 @@ impl Node {
                 .ok()
                 .and_then(|s| s.trim().parse().ok())
                 .unwrap_or(32768),
-            disk: disk(home.root()),
+            disk: disk(&home.layers_dir()),
             no_quota: no_quota(home, rootless),
         }
     }
@@ -75,8 +75,8 @@ fn cores() -> u64 {
     }
 }
 
-fn disk(home: &Path) -> Option<Disk> {
-    let s = nix::sys::statvfs::statvfs(home).ok()?;
+fn disk(dir: &Path) -> Option<Disk> {
+    let s = nix::sys::statvfs::statvfs(dir).ok()?;
     let frag = s.fragment_size() as u64;
     Some(Disk {
         avail: s.blocks_available() as u64 * frag,
@@ -159,9 +159,11 @@ fn no_quota(home: &Home, rootless: bool) -> Option<String> {
                 .into(),
         );
     }
-    let err = crate::sys::quota::probe(home.root()).err()?;
-    let fs = nix::sys::statfs::statfs(home.root()).map(|s| s.filesystem_type()).ok();
-    Some(quota_why(home.root(), fs, &err))
+    // The jobs' layer dirs live here (a site may mount it apart from the rest of the home).
+    let layers = home.layers_dir();
+    let err = crate::sys::quota::probe(&layers).err()?;
+    let fs = nix::sys::statfs::statfs(&layers).map(|s| s.filesystem_type()).ok();
+    Some(quota_why(&layers, fs, &err))
 }
 
 /// The one line that says why a home has no project quotas, and what to do.
