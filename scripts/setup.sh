@@ -12,11 +12,12 @@
 #   uidmap                      newuidmap/newgidmap for rootless mode (and /etc/subuid, /etc/subgid)
 #   libcap2-bin                 setcap (the setuid tests refuse a binary with file capabilities)
 #   ca-certificates, curl       downloads (agent package, registries) in recipes
+#   qemu-system-x86             scripts/guest-tests.sh: a guest kernel with project quotas and cgroup v2 only
 set -euo pipefail
 if [ "$(id -u)" != 0 ]; then exec sudo -E "$0" "$@"; fi
 export DEBIAN_FRONTEND=noninteractive
 pkgs=(build-essential libc6-dev pkg-config libseccomp-dev busybox-static bash-static debootstrap runc zstd uidmap libcap2-bin
-      ca-certificates curl git iproute2 procps psmisc docker-registry skopeo apache2-utils umoci)
+      ca-certificates curl git iproute2 procps psmisc docker-registry skopeo apache2-utils umoci qemu-system-x86)
 missing=()
 for p in "${pkgs[@]}"; do dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'ok installed' || missing+=("$p"); done
 if [ ${#missing[@]} -gt 0 ]; then

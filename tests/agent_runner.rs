@@ -95,6 +95,10 @@ fn two_slots_serve_six_jobs_each_in_a_fresh_sandbox() {
     assert!(st.success(), "manager exit {st}; log:\n{}", std::fs::read_to_string(h.dir.join("manager.log")).unwrap());
     let log = std::fs::read_to_string(h.dir.join("manager.log")).unwrap();
     assert!(log.contains("job finished"), "job log lines expected:\n{log}");
+    // The limits in force, at start and in each job's line.
+    assert!(log.contains("job limits: memory 256.0M, pids 200, cpus "), "the start line:\n{log}");
+    let job_lines: Vec<&str> = log.lines().filter(|l| l.contains("job finished")).collect();
+    assert!(job_lines.iter().all(|l| l.contains("limits=memory 256.0M, pids 200")), "{job_lines:?}");
     assert!(fake.agents().is_empty(), "offline records left: {:?}", fake.agents());
     h.assert_no_residue(&[]);
     assert!(processes_matching(h.dir.to_str().unwrap()).is_empty(), "processes left");
@@ -181,6 +185,9 @@ fn update_required_refetches_the_package_and_status_shows_the_slots() {
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{text}");
     assert!(text.contains("upd-0") && text.contains("running") && text.contains("pool      gpu"), "{text}");
+    // No limit flag: every limit has the node's default, shown by `status`.
+    assert!(text.contains("limits    per job: memory ") && text.contains("(1 slot(s) sharing "), "{text}");
+    assert!(!text.contains("memory unlimited") && !text.contains("pids unlimited"), "{text}");
     // The slot counts a job once its sandbox is torn down, a moment after the agent has
     // posted the result the fake server saw: wait for the count instead of racing it.
     let status_json = || -> serde_json::Value { serde_json::from_slice(&h.run(&["status", "--json"]).stdout).unwrap() };
@@ -189,6 +196,10 @@ fn update_required_refetches_the_package_and_status_shows_the_slots() {
     });
     let json = status_json();
     assert_eq!(json["slots"][0]["agent"], "upd-0");
+    let per_job = &json["job_limits"]["per_job"];
+    assert!(per_job["memory_bytes"].as_u64().unwrap() >= 256 << 20, "{json}");
+    assert!(per_job["pids"].as_i64().unwrap() >= 64 && per_job["cpus_milli"].as_u64().unwrap() >= 1000, "{json}");
+    assert_eq!(per_job["tmp_bytes"], per_job["memory_bytes"], "{json}");
     assert!(json["slots"][0]["jobs_done"].as_u64().unwrap() >= 2, "{json}");
 
     assert!(mgr.stop().success());

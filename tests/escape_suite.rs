@@ -1708,3 +1708,10 @@ fn t19_rootfs_symlinks_do_not_redirect_the_helpers_writes_to_the_host() {
 
 #[path = "escape/supervisor.rs"]
 mod supervisor;
+
+// ---------------------------------------------------------------------------------------
+// Exhaustion: pids, memory, swap, disk (issue 25)
+// ---------------------------------------------------------------------------------------
+
+#[path = "escape/exhaust.rs"]
+mod exhaust;

@@ -216,10 +216,13 @@ fn fork_bomb_is_contained_by_the_pids_limit() {
     require_root!();
     let h = TestHome::with_busybox("forkbomb");
     let name = unique("bomb");
+    // The bomb goes off in a child: pid 1's own fork (`&`) comes before the bomb exists,
+    // and `exec sleep` needs none, so pid 1 cannot lose a fork race to it (it did once,
+    // when pid 1 itself ran `bomb | bomb &` and its second fork met a full pids limit).
     let mut child = h
         .command()
         .args(["exec", "--rootfs", "bb", "--name", &name, "--pids", "64", "--", "sh", "-c"])
-        .arg("bomb() { bomb | bomb & }; bomb; exec sleep 4")
+        .arg("bomb() { bomb | bomb & }; bomb & exec sleep 4")
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null())
         .spawn()
@@ -314,7 +317,7 @@ fn bad_input_gives_one_line_errors() {
     let h = TestHome::new("badinput");
     let cases: &[(&[&str], &str)] = &[
         (&["exec", "--rootfs", "bb", "--volume", "relative:/x", "--", "true"], "malformed --volume"),
-        (&["exec", "--rootfs", "bb", "--memory", "12X", "--", "true"], "bad size"),
+        (&["exec", "--rootfs", "bb", "--memory", "12X", "--", "true"], "bad --memory '12X'"),
         (&["exec", "--rootfs", "bb", "--pids", "0", "--", "true"], "bad --pids"),
         (&["exec", "--rootfs", "bb", "--cpus=-1", "--", "true"], "bad --cpus"),
         (&["exec", "--rootfs", "bb", "--name", "../x", "--", "true"], "bad --name"),

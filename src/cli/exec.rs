@@ -88,7 +88,7 @@ impl JobArgs {
             rootfs: self.rootfs,
             volumes: self.volumes,
             env: self.env.into_iter().map(|e| (e.key, e.value)).collect(),
-            limits: self.limits.limits(),
+            limits: self.limits.ask(),
             network: self.network,
             gpus: self.gpus,
             gpu_capabilities: self.gpu_capabilities,
@@ -113,11 +113,13 @@ impl Verb for ExecArgs {
         let request = self.request();
         let outcome = azp_sandbox::sandbox::exec::run(&ctx.home, &ctx.driver_root, &request)?;
         tracing::debug!(
-            "job {} rootfs={} exit={} duration={:.3}s cleanup: {}",
+            "job {} rootfs={} exit={} duration={:.3}s limits: {}{} cleanup: {}",
             outcome.id,
             request.rootfs,
             outcome.code,
             outcome.duration.as_secs_f64(),
+            outcome.limits,
+            azp_sandbox::sandbox::limits::disk_note(outcome.disk.as_ref()),
             outcome.cleanup
         );
         Ok(outcome.code)
@@ -163,7 +165,11 @@ mod tests {
         assert_eq!(r.rootfs, "r");
         assert_eq!(r.env, vec![("A".to_string(), "1=2".to_string())]);
         assert_eq!(r.volumes[0].env.as_deref(), Some("DATA"));
-        assert_eq!((r.limits.memory_bytes, r.limits.pids, r.limits.cpus_milli), (Some(2 << 30), Some(5), Some(2000)));
+        use azp_sandbox::sandbox::Ask;
+        assert_eq!(
+            (r.limits.memory, r.limits.pids, r.limits.cpus_milli),
+            (Ask::Value(2 << 30), Ask::Value(5), Ask::Value(2000))
+        );
         assert_eq!(r.network, azp_sandbox::config::Network::None);
         assert_eq!((r.gpus.as_str(), r.gpu_capabilities.as_str()), ("0,1", "compute,utility"));
         assert_eq!(
@@ -174,6 +180,10 @@ mod tests {
         assert!(!r.terminal);
         let r = request(&["--rootfs=auto", "true"]);
         assert_eq!((r.gpus.as_str(), r.workdir.as_path(), r.user, r.name), ("none", Path::new("/"), None, None));
+        assert_eq!(r.limits, Default::default(), "no flag: every limit is the node's default");
+        let r = request(&["--rootfs=r", "--memory=unlimited", "--disk=50G", "--tmp-size=1G", "--shm-size=512M", "x"]);
+        assert_eq!((r.limits.memory, r.limits.disk), (Ask::Unlimited, Ask::Value(50 << 30)));
+        assert_eq!((r.limits.tmp_size, r.limits.shm_size), (Some(1 << 30), Some(512 << 20)));
         let r = request(&["--rootfs=r", "-t", "-e", "TERM=vt100", "--", "top"]);
         assert!(r.terminal);
         assert_eq!(r.env, [("TERM".to_string(), "vt100".to_string())], "--env wins over ours");

@@ -73,9 +73,7 @@ impl RunArgs {
             rootfs: self.rootfs.clone(),
             volumes: self.volumes.clone(),
             gpus_per_agent: self.gpus_per_agent.clone(),
-            memory: self.limits.memory,
-            pids: self.limits.pids,
-            cpus_milli: self.limits.cpus,
+            limits: self.limits.ask(),
             agent_package: self.agent_package.clone(),
             drain_timeout: self.drain_timeout.map(Duration::from_secs),
             cancel_grace: self.cancel_grace.map(Duration::from_secs),
@@ -108,7 +106,7 @@ impl RunArgs {
 
 impl Verb for RunArgs {
     fn needs(&self) -> Needs {
-        Needs::Sandboxes
+        Needs::Service
     }
 
     fn run(self: Box<Self>, ctx: &Context) -> Result<i32> {
@@ -123,6 +121,7 @@ impl Verb for RunArgs {
 #[cfg(test)]
 mod tests {
     use super::super::{Cli, Command};
+    use azp_sandbox::sandbox::Ask;
     use clap::Parser;
     use std::time::Duration;
 
@@ -147,6 +146,9 @@ mod tests {
             "--memory=1G",
             "--pids=9",
             "--cpus=1.5",
+            "--disk=20G",
+            "--tmp-size=1G",
+            "--shm-size=256M",
             "--agent-package=/pkg.tgz",
             "--drain-timeout=7",
             "--cancel-grace=4",
@@ -166,8 +168,12 @@ mod tests {
         assert_eq!(f.token_file.as_deref(), Some(std::path::Path::new("/t")));
         assert_eq!((f.agents, f.rootfs.as_deref(), f.volumes.len()), (Some(2), Some("r"), 1));
         assert_eq!(
-            (f.gpus_per_agent.as_deref(), f.memory, f.pids, f.cpus_milli),
-            (Some("all"), Some(1 << 30), Some(9), Some(1500))
+            (f.gpus_per_agent.as_deref(), f.limits.memory, f.limits.pids, f.limits.cpus_milli),
+            (Some("all"), Ask::Value(1 << 30), Ask::Value(9), Ask::Value(1500))
+        );
+        assert_eq!(
+            (f.limits.disk, f.limits.tmp_size, f.limits.shm_size),
+            (Ask::Value(20 << 30), Some(1 << 30), Some(256 << 20))
         );
         assert_eq!(
             (f.agent_package.as_deref(), f.hooks_dir.as_deref()),

@@ -251,7 +251,7 @@ fn enter_job_cgroup(plan: &super::JobPlan, host: &CgroupHost, sys: &dyn Sys) -> 
         return Ok(spec::CgroupOwner::Helper { leaf: None });
     }
     if host.v2_mount.is_none() || !has_cgroup {
-        return Ok(spec::CgroupOwner::Libcontainer);
+        return Ok(spec::CgroupOwner::Libcontainer { memsw: host.v1_memsw() });
     }
     let setup = Setup::Root { device_rules: spec::v1_device_allow_lines(plan)? };
     sys.join_cgroup(&plan_join(host, &plan.cgroup_path, &plan.limits, &setup))?;
@@ -354,8 +354,8 @@ mod tests {
         plan.owned_dirs = vec!["/home/agent".into()];
         change(&mut plan, t.path());
         let job = JobDir::new(&home, &plan.id);
-        let state = JobState::for_plan(&job, &plan);
-        let lock = job.create(&plan, &state).unwrap();
+        let mut state = JobState::for_plan(&job, &plan);
+        let lock = job.create(&plan, &mut state, None).unwrap();
         let cg = t.path().join("cg");
         let cgroups = CgroupHost {
             unified: false,

@@ -65,8 +65,10 @@ const BIND_RO: &[&str] = &["rbind", "ro", "nosuid", "nodev", "rro", "rnosuid", "
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum CgroupOwner {
     /// libcontainer's v1 manager, from the spec's cgroupsPath and resources: root mode on
-    /// a host with no cgroup2 hierarchy mounted.
-    Libcontainer,
+    /// a host with no cgroup2 hierarchy mounted. `memsw`: the kernel accounts swap, so
+    /// memory + swap is limited to the memory limit too (libcontainer fails on a host
+    /// without the file).
+    Libcontainer { memsw: bool },
     /// The helper has joined the job's cgroup and applied its limits; libcontainer sees a
     /// private cgroup2 view rooted there and moves the job's init into `leaf` below it
     /// (root mode), or nowhere (rootless: it may not create one).
@@ -127,8 +129,8 @@ pub fn build(plan: &JobPlan, rootfs: &Path, cgroup: &CgroupOwner) -> Result<Spec
     }
     let mut linux = LinuxBuilder::default().namespaces(namespaces).devices(devices);
     match cgroup {
-        CgroupOwner::Libcontainer if !plan.cgroup_path.as_os_str().is_empty() => {
-            linux = linux.resources(resources(plan)?).cgroups_path(plan.cgroup_path.clone());
+        CgroupOwner::Libcontainer { memsw } if !plan.cgroup_path.as_os_str().is_empty() => {
+            linux = linux.resources(resources(plan, *memsw)?).cgroups_path(plan.cgroup_path.clone());
         }
         CgroupOwner::Helper { leaf: Some(leaf) } => linux = linux.cgroups_path(leaf.clone()),
         _ => {}
@@ -227,11 +229,17 @@ pub fn v1_device_allow_lines(plan: &JobPlan) -> Result<Vec<String>> {
         .collect())
 }
 
-/// The spec's resources, for libcontainer's own cgroup manager.
-fn resources(plan: &JobPlan) -> Result<oci_spec::runtime::LinuxResources> {
+/// The spec's resources, for libcontainer's own cgroup manager. `memsw`: memory + swap
+/// gets the memory limit too (OCI's `swap` is memory + swap), as the helper's own join
+/// does (see [`super::cgroup::limit_writes`]).
+fn resources(plan: &JobPlan, memsw: bool) -> Result<oci_spec::runtime::LinuxResources> {
     let mut resources = LinuxResourcesBuilder::default().devices(device_rules(plan)?);
     if let Some(bytes) = plan.limits.memory_bytes {
-        resources = resources.memory(LinuxMemoryBuilder::default().limit(bytes as i64).build()?);
+        let mut memory = LinuxMemoryBuilder::default().limit(bytes as i64);
+        if memsw {
+            memory = memory.swap(bytes as i64);
+        }
+        resources = resources.memory(memory.build()?);
     }
     if let Some(pids) = plan.limits.pids {
         resources = resources.pids(LinuxPidsBuilder::default().limit(pids).build()?);
@@ -307,19 +315,35 @@ fn sysfs(plan: &JobPlan) -> Result<Mount> {
     mount("/sys", "sysfs", "sysfs", &["nosuid", "noexec", "nodev", "ro"])
 }
 
+/// `/dev/shm`: sized from the job's limits (half its memory by default, see
+/// [`super::limits::defaults`]); 1 GiB without a memory limit.
+fn shm(plan: &JobPlan) -> Result<Mount> {
+    let size = plan.limits.shm_bytes.map(|b| format!("size={b}")).unwrap_or_else(|| "size=1g".into());
+    mount("/dev/shm", "tmpfs", "shm", &["nosuid", "noexec", "nodev", "mode=1777", &size])
+}
+
+/// `/tmp`: sized from the job's limits (its memory limit by default: tmpfs pages are
+/// charged to the job's memory cgroup); the kernel's default (half the RAM) without one.
+fn tmp(plan: &JobPlan) -> Result<Mount> {
+    match plan.limits.tmp_bytes {
+        Some(b) => mount("/tmp", "tmpfs", "tmpfs", &["nosuid", "nodev", "mode=1777", &format!("size={b}")]),
+        None => mount("/tmp", "tmpfs", "tmpfs", &["nosuid", "nodev", "mode=1777"]),
+    }
+}
+
 fn mounts(plan: &JobPlan) -> Result<Vec<Mount>> {
     let ro: Vec<String> = BIND_RO.iter().map(|s| s.to_string()).collect();
     let mut m = vec![
         mount("/proc", "proc", "proc", &["nosuid", "noexec", "nodev"])?,
         mount("/dev", "tmpfs", "tmpfs", &["nosuid", "strictatime", "mode=755", "size=65536k"])?,
         mount("/dev/pts", "devpts", "devpts", &["nosuid", "noexec", "newinstance", "ptmxmode=0666", "mode=0620"])?,
-        mount("/dev/shm", "tmpfs", "shm", &["nosuid", "noexec", "nodev", "mode=1777", "size=1g"])?,
+        shm(plan)?,
         mount("/dev/mqueue", "mqueue", "mqueue", &["nosuid", "noexec", "nodev"])?,
         sysfs(plan)?,
         // No /sys/fs/cgroup: libcontainer 0.7 mounts the v1 hierarchies read-write despite
         // "ro", which would let a root job raise its own limits. /sys is read-only sysfs,
         // so nothing can be mounted there either.
-        mount("/tmp", "tmpfs", "tmpfs", &["nosuid", "nodev", "mode=1777"])?,
+        tmp(plan)?,
         // Name resolution as on the host: the agent must reach Azure DevOps.
         bind(Path::new("/etc/resolv.conf"), Path::new("/etc/resolv.conf"), &ro)?,
         bind(Path::new("/etc/hosts"), Path::new("/etc/hosts"), &ro)?,
@@ -466,7 +490,12 @@ mod tests {
                 container: "/datasets/set".into(),
                 env: Some("DATASET".into()),
             }],
-            limits: Limits { memory_bytes: Some(64 << 20), pids: Some(100), cpus_milli: Some(1500) },
+            limits: Limits {
+                memory_bytes: Some(64 << 20),
+                pids: Some(100),
+                cpus_milli: Some(1500),
+                ..Default::default()
+            },
             network: Network::Host,
             edits: ContainerEdits::default(),
             cgroup_path: "/azp-sandbox/t-1".into(),
@@ -507,7 +536,7 @@ mod tests {
 
     #[test]
     fn limits_namespaces_and_security() {
-        let spec = build(&plan(), Path::new("/jobs/t-1/merged"), &CgroupOwner::Libcontainer).unwrap();
+        let spec = build(&plan(), Path::new("/jobs/t-1/merged"), &CgroupOwner::Libcontainer { memsw: false }).unwrap();
         let linux = spec.linux().as_ref().unwrap();
         let res = linux.resources().as_ref().unwrap();
         assert_eq!(res.memory().as_ref().unwrap().limit(), Some(64 << 20));
@@ -531,10 +560,39 @@ mod tests {
     }
 
     #[test]
+    fn libcontainers_v1_manager_limits_swap_where_the_kernel_accounts_it() {
+        let swap = |memsw| {
+            let spec = build(&plan(), Path::new("/m"), &CgroupOwner::Libcontainer { memsw }).unwrap();
+            let res = spec.linux().as_ref().unwrap().resources().clone().unwrap();
+            res.memory().as_ref().unwrap().swap()
+        };
+        assert_eq!(swap(true), Some(64 << 20), "memory + swap = the memory limit: no swap beyond it");
+        assert_eq!(swap(false), None, "no memsw file to write");
+    }
+
+    #[test]
+    fn tmp_and_shm_are_sized_from_the_limits() {
+        let opts = |p: &JobPlan, dst: &str| -> Vec<String> {
+            let spec = build(p, Path::new("/m"), &CgroupOwner::Helper { leaf: None }).unwrap();
+            let m = spec.mounts().as_ref().unwrap().iter().find(|m| m.destination() == Path::new(dst)).cloned();
+            m.unwrap().options().clone().unwrap()
+        };
+        let mut p = plan();
+        p.limits.tmp_bytes = Some(64 << 20);
+        p.limits.shm_bytes = Some(32 << 20);
+        assert!(opts(&p, "/tmp").contains(&format!("size={}", 64 << 20)));
+        assert!(opts(&p, "/dev/shm").contains(&format!("size={}", 32 << 20)));
+        // No limits: the sizes of before.
+        p.limits = Limits::default();
+        assert!(!opts(&p, "/tmp").iter().any(|o| o.starts_with("size=")), "the kernel's default");
+        assert!(opts(&p, "/dev/shm").contains(&"size=1g".to_string()));
+    }
+
+    #[test]
     fn network_none_gets_own_namespace() {
         let mut p = plan();
         p.network = Network::None;
-        let spec = build(&p, Path::new("/m"), &CgroupOwner::Libcontainer).unwrap();
+        let spec = build(&p, Path::new("/m"), &CgroupOwner::Libcontainer { memsw: false }).unwrap();
         let ns: Vec<_> =
             spec.linux().as_ref().unwrap().namespaces().as_ref().unwrap().iter().map(|n| n.typ()).collect();
         assert!(ns.contains(&LinuxNamespaceType::Network));
@@ -549,7 +607,7 @@ mod tests {
             options: vec!["ro".into(), "bind".into()],
             optional: false,
         });
-        let spec = build(&p, Path::new("/m"), &CgroupOwner::Libcontainer).unwrap();
+        let spec = build(&p, Path::new("/m"), &CgroupOwner::Libcontainer { memsw: false }).unwrap();
         let binds: Vec<_> =
             spec.mounts().as_ref().unwrap().iter().filter(|m| m.typ().as_deref() == Some("bind")).collect();
         assert_eq!(binds.len(), 4); // resolv.conf, hosts, volume, lib
@@ -586,7 +644,7 @@ mod tests {
         let mut p = plan();
         p.edits.device_nodes.push(nvidia1("/dev/nvidia1"));
         p.edits.update_ldcache = true;
-        let spec = build(&p, Path::new("/m"), &CgroupOwner::Libcontainer).unwrap();
+        let spec = build(&p, Path::new("/m"), &CgroupOwner::Libcontainer { memsw: false }).unwrap();
         let linux = spec.linux().as_ref().unwrap();
         let devs = linux.devices().as_ref().unwrap();
         assert_eq!(devs.len(), 1);

@@ -4,8 +4,9 @@
 
 use super::env::Env;
 use super::file::{read_file, FileSettings};
-use crate::config::{parse_size, Volume};
+use crate::config::Volume;
 use crate::gpu::PerAgent;
+use crate::sandbox::limits::{self, LimitsAsk};
 use crate::scaler::AutoscaleSettings;
 use anyhow::{bail, Context, Result};
 use std::path::{Path, PathBuf};
@@ -21,9 +22,7 @@ pub struct FlagSettings {
     pub rootfs: Option<String>,
     pub volumes: Vec<Volume>,
     pub gpus_per_agent: Option<String>,
-    pub memory: Option<u64>,
-    pub pids: Option<i64>,
-    pub cpus_milli: Option<u64>,
+    pub limits: LimitsAsk,
     pub agent_package: Option<String>,
     pub name_prefix: Option<String>,
     pub drain_timeout: Option<Duration>,
@@ -51,9 +50,8 @@ pub struct RunSettings {
     pub rootfs: String,
     pub volumes: Vec<Volume>,
     pub gpus_per_agent: PerAgent,
-    pub memory: Option<u64>,
-    pub pids: Option<i64>,
-    pub cpus_milli: Option<u64>,
+    /// Per-job limits as asked (flags over keys); the slots resolve them against the node.
+    pub limits: LimitsAsk,
     pub agent_package: Option<String>,
     pub name_prefix: String,
     pub drain_timeout: Duration,
@@ -95,6 +93,7 @@ pub fn for_run(config: Option<&Path>, env: &Env, flags: FlagSettings) -> Result<
 
 pub fn merge(file: FileSettings, env: FlagSettings, flags: FlagSettings) -> Result<RunSettings> {
     let autoscale = autoscale_settings(&file, &flags)?;
+    let limits = flags.limits.or(file_limits(&file)?);
     let pick = |f: Option<String>, e: Option<String>, c: Option<String>| f.or(e).or(c);
     let url = pick(flags.url, env.url, file.url)
         .context("no Azure DevOps URL: pass --url https://dev.azure.com/ORG, set AZP_URL, or url in the config file")?;
@@ -117,18 +116,6 @@ pub fn merge(file: FileSettings, env: FlagSettings, flags: FlagSettings) -> Resu
     let gpus_per_agent = match flags.gpus_per_agent.or(file.gpus_per_agent).as_deref() {
         None => PerAgent::Count(1),
         Some(s) => parse_per_agent(s)?,
-    };
-    let memory = match flags.memory {
-        Some(m) => Some(m),
-        None => file.memory.as_deref().map(parse_size).transpose().context("bad memory in the config file")?,
-    };
-    let cpus_milli = match flags.cpus_milli {
-        Some(c) => Some(c),
-        None => match file.cpus {
-            Some(c) if c > 0.0 => Some((c * 1000.0).round() as u64),
-            Some(c) => bail!("bad cpus {c} in the config file: use a positive number"),
-            None => None,
-        },
     };
     let name_prefix = pick(flags.name_prefix, env.name_prefix, file.name_prefix).unwrap_or_else(hostname);
     if name_prefix.is_empty() || !name_prefix.chars().all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c)) {
@@ -155,9 +142,7 @@ pub fn merge(file: FileSettings, env: FlagSettings, flags: FlagSettings) -> Resu
         rootfs,
         volumes,
         gpus_per_agent,
-        memory,
-        pids: flags.pids.or(file.pids),
-        cpus_milli,
+        limits,
         agent_package: flags.agent_package.or(file.agent_package),
         name_prefix,
         drain_timeout: flags
@@ -174,6 +159,29 @@ pub fn merge(file: FileSettings, env: FlagSettings, flags: FlagSettings) -> Resu
         exit_when_idle: flags.exit_when_idle,
         autoscale,
         userns,
+    })
+}
+
+/// The limit keys of the config file, parsed as their flags are.
+fn file_limits(file: &FileSettings) -> Result<LimitsAsk> {
+    fn key<T>(name: &str, r: Result<T>) -> Result<T> {
+        r.with_context(|| format!("bad {name} in the config file"))
+    }
+    let size = |name: &str, v: &Option<String>, flag: &str| -> Result<Option<u64>> {
+        v.as_deref().map(|s| key(name, limits::parse_tmpfs_size(flag, s))).transpose()
+    };
+    Ok(LimitsAsk {
+        memory: file.memory.as_deref().map(|s| key("memory", limits::parse_memory(s))).transpose()?.unwrap_or_default(),
+        pids: file.pids.as_ref().map(|v| key("pids", limits::parse_pids(&v.text()))).transpose()?.unwrap_or_default(),
+        cpus_milli: file
+            .cpus
+            .as_ref()
+            .map(|v| key("cpus", limits::parse_cpus(&v.text())))
+            .transpose()?
+            .unwrap_or_default(),
+        disk: file.disk.as_deref().map(|s| key("disk", limits::parse_disk(s))).transpose()?.unwrap_or_default(),
+        tmp_size: size("tmp_size", &file.tmp_size, "--tmp-size")?,
+        shm_size: size("shm_size", &file.shm_size, "--shm-size")?,
     })
 }
 
@@ -260,7 +268,7 @@ mod tests {
         assert_eq!(s.url, "https://env");
         assert_eq!(s.agents, Some(3));
         assert_eq!(s.name_prefix, "fromfile");
-        assert_eq!(s.memory, Some(2 << 30));
+        assert_eq!(s.limits.memory, crate::sandbox::Ask::Value(2 << 30));
         assert_eq!(s.rootfs, "auto");
     }
 
@@ -293,6 +301,33 @@ mod tests {
         let file = parse_file("cancel_grace_secs = 5").unwrap();
         let f = FlagSettings { cancel_grace: Some(Duration::from_secs(2)), ..flags() };
         assert_eq!(merge(file, FlagSettings::default(), f).unwrap().cancel_grace, Duration::from_secs(2), "flag wins");
+    }
+
+    #[test]
+    fn limit_keys_and_flags() {
+        use crate::sandbox::Ask;
+        let file = parse_file(
+            "memory = \"unlimited\"\npids = 100\ncpus = 1.5\ndisk = \"50G\"\ntmp_size = \"2G\"\nshm_size = \"1G\"",
+        )
+        .unwrap();
+        let s = merge(file, FlagSettings::default(), flags()).unwrap();
+        let l = s.limits;
+        assert_eq!(
+            (l.memory, l.pids, l.cpus_milli, l.disk),
+            (Ask::Unlimited, Ask::Value(100), Ask::Value(1500), Ask::Value(50 << 30))
+        );
+        assert_eq!((l.tmp_size, l.shm_size), (Some(2 << 30), Some(1 << 30)));
+        let file = parse_file("pids = \"unlimited\"\ncpus = 2").unwrap();
+        let f = FlagSettings { limits: LimitsAsk { pids: Ask::Value(7), ..Default::default() }, ..flags() };
+        let l = merge(file, FlagSettings::default(), f).unwrap().limits;
+        assert_eq!((l.pids, l.cpus_milli, l.memory), (Ask::Value(7), Ask::Value(2000), Ask::Default), "flag over key");
+        for (text, key) in
+            [("memory = \"lots\"", "memory"), ("pids = 0", "pids"), ("cpus = -1", "cpus"), ("disk = \"x\"", "disk")]
+        {
+            let e = merge(parse_file(text).unwrap(), FlagSettings::default(), flags()).unwrap_err();
+            let e = format!("{e:#}");
+            assert!(e.starts_with(&format!("bad {key} in the config file: bad --")) && !e.contains('\n'), "{e}");
+        }
     }
 
     #[test]

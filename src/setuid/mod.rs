@@ -112,7 +112,7 @@ pub struct RunRequest {
     pub volumes: Vec<crate::config::Volume>,
     /// `--gpus-per-agent`: none, all or N.
     pub gpus_per_agent: String,
-    pub limits: crate::sandbox::Limits,
+    pub limits: crate::sandbox::LimitsAsk,
     pub name_prefix: String,
     pub drain_timeout_secs: u64,
     #[serde(default)]
@@ -141,7 +141,7 @@ impl RunRequest {
                 PerAgent::All => "all".into(),
                 PerAgent::Count(n) => n.to_string(),
             },
-            limits: crate::sandbox::Limits { memory_bytes: s.memory, pids: s.pids, cpus_milli: s.cpus_milli },
+            limits: s.limits,
             name_prefix: s.name_prefix.clone(),
             drain_timeout_secs: s.drain_timeout.as_secs(),
             cancel_grace_secs: Some(s.cancel_grace.as_secs()),
@@ -275,7 +275,14 @@ fn become_root() -> Result<()> {
 fn run_exec(policy: &Policy, request: ExecRequest) -> Result<i32> {
     crate::logging::init(0);
     let outcome = crate::sandbox::exec::run(&Home::new(&policy.home), &policy.driver_root, &request)?;
-    tracing::info!("setuid job {} exit={} duration={:.3}s", outcome.id, outcome.code, outcome.duration.as_secs_f64());
+    tracing::info!(
+        "setuid job {} exit={} duration={:.3}s limits: {}{}",
+        outcome.id,
+        outcome.code,
+        outcome.duration.as_secs_f64(),
+        outcome.limits,
+        crate::sandbox::limits::disk_note(outcome.disk.as_ref())
+    );
     Ok(outcome.code)
 }
 

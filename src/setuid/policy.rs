@@ -9,16 +9,17 @@
 //! rootfs = ["cuda12", "bb"]    # rootfs names from the site store ("*": any)
 //! volumes = ["/datasets"]      # host dirs that may be bound (read-only), with what is below
 //! gpus = ["0", "1"]            # GPU indexes users may request ("all" = every GPU)
-//! max_memory = "32G"           # per job; also the default when a job asks for none
+//! max_memory = "32G"           # per job: the node's default is capped to it
 //! max_pids = 4096
 //! max_cpus = 8
+//! max_disk = "100G"            # disk quota per job (where the home has project quotas)
 //! network = ["host", "none"]   # network modes users may choose
 //! home = "/var/lib/azp-sandbox"  # the site store and job dirs
 //! ```
 
 use crate::config::{parse_size, Network};
 use crate::sandbox::exec::ExecRequest;
-use crate::sandbox::plan::Limits;
+use crate::sandbox::limits::{Ask, LimitsAsk};
 use anyhow::{bail, Context, Result};
 use serde::Deserialize;
 use std::path::{Component, Path, PathBuf};
@@ -39,6 +40,7 @@ pub struct Policy {
     pub max_memory: Option<String>,
     pub max_pids: Option<i64>,
     pub max_cpus: Option<f64>,
+    pub max_disk: Option<String>,
     #[serde(default = "default_network")]
     pub network: Vec<String>,
     #[serde(default = "default_home")]
@@ -88,6 +90,7 @@ pub fn parse(text: &str, file: &Path) -> Result<Policy> {
         }
     }
     p.memory_cap()?;
+    p.disk_cap()?;
     Ok(p)
 }
 
@@ -113,6 +116,13 @@ impl Policy {
             .transpose()
     }
 
+    fn disk_cap(&self) -> Result<Option<u64>> {
+        self.max_disk
+            .as_deref()
+            .map(|m| parse_size(m).map_err(|e| anyhow::anyhow!("bad [setuid] max_disk: {e}")))
+            .transpose()
+    }
+
     pub fn allows_caller(&self, c: &Caller) -> Result<()> {
         if self.users.iter().any(|u| u == &c.name) || self.groups.iter().any(|g| c.groups.contains(g)) {
             return Ok(());
@@ -123,8 +133,9 @@ impl Policy {
         )
     }
 
-    /// Checks `req` and returns it as it will run: volumes canonicalised, limits capped or
-    /// defaulted, the job's user forced to the caller. `canonical` resolves a host path
+    /// Checks `req` and returns it as it will run: volumes canonicalised, limits capped
+    /// (a default: the node's, at most the site's maximum), the job's user forced to the
+    /// caller. `canonical` resolves a host path
     /// (std::fs::canonicalize in production).
     pub fn authorize(
         &self,
@@ -229,9 +240,7 @@ impl Policy {
             rootfs: Some(req.rootfs.clone()),
             volumes,
             gpus_per_agent: Some(req.gpus_per_agent.clone()),
-            memory: limits.memory_bytes,
-            pids: limits.pids,
-            cpus_milli: limits.cpus_milli,
+            limits,
             name_prefix: Some(req.name_prefix.clone()),
             drain_timeout: Some(std::time::Duration::from_secs(req.drain_timeout_secs)),
             cancel_grace: req.cancel_grace_secs.map(std::time::Duration::from_secs),
@@ -261,23 +270,26 @@ impl Policy {
         Ok(())
     }
 
-    fn cap_limits(&self, asked: &Limits) -> Result<Limits> {
-        fn cap<T: PartialOrd + Copy + std::fmt::Display>(
-            what: &str,
-            asked: Option<T>,
-            max: Option<T>,
-        ) -> Result<Option<T>> {
-            match (asked, max) {
-                (Some(a), Some(m)) if a > m => bail!("{what} {a} is above the site maximum {m}"),
-                (None, m) => Ok(m),
-                (a, _) => Ok(a),
+    /// Each limit at most the site's maximum: a value above it or `unlimited` is refused,
+    /// a default becomes "the node's default, at most the maximum".
+    fn cap_limits(&self, asked: &LimitsAsk) -> Result<LimitsAsk> {
+        fn cap<T: PartialOrd + Copy + std::fmt::Display>(what: &str, asked: Ask<T>, max: Option<T>) -> Result<Ask<T>> {
+            let Some(m) = max else { return Ok(asked) };
+            match asked {
+                Ask::Value(a) if a > m => bail!("{what} {a} is above the site maximum {m}"),
+                Ask::Unlimited => bail!("{what} unlimited is above the site maximum {m}"),
+                Ask::Default => Ok(Ask::DefaultUpTo(m)),
+                Ask::DefaultUpTo(a) => Ok(Ask::DefaultUpTo(if a < m { a } else { m })),
+                a => Ok(a),
             }
         }
         let cpus_max = self.max_cpus.map(|c| (c * 1000.0).round() as u64);
-        Ok(Limits {
-            memory_bytes: cap("--memory", asked.memory_bytes, self.memory_cap()?)?,
+        Ok(LimitsAsk {
+            memory: cap("--memory", asked.memory, self.memory_cap()?)?,
             pids: cap("--pids", asked.pids, self.max_pids)?,
             cpus_milli: cap("--cpus (milli-CPUs)", asked.cpus_milli, cpus_max)?,
+            disk: cap("--disk", asked.disk, self.disk_cap()?)?,
+            ..*asked
         })
     }
 }
@@ -297,6 +309,7 @@ volumes = ["/data"]
 gpus = ["0", "1"]
 max_memory = "1G"
 max_pids = 100
+max_disk = "10G"
 network = ["host", "none"]
 "#;
 
@@ -313,7 +326,7 @@ network = ["host", "none"]
             rootfs: "cuda".into(),
             volumes: vec![],
             env: vec![],
-            limits: Limits::default(),
+            limits: LimitsAsk::default(),
             network: Network::Host,
             gpus: "none".into(),
             gpu_capabilities: "compute,utility".into(),
@@ -349,6 +362,8 @@ network = ["host", "none"]
         assert!(e.contains("bridge"), "{e}");
         let e = parse("[setuid]\nmax_memory = \"lots\"\n", f).unwrap_err().to_string();
         assert!(e.contains("max_memory"), "{e}");
+        let e = parse("[setuid]\nmax_disk = \"lots\"\n", f).unwrap_err().to_string();
+        assert!(e.contains("max_disk"), "{e}");
         let e = parse("[setuid\n", f).unwrap_err().to_string();
         assert!(e.contains("bad config file") && !e.contains('\n'), "{e}");
     }
@@ -380,10 +395,21 @@ network = ["host", "none"]
         refuse(ExecRequest { gpus: "2".into(), ..req() }, "--gpus 2 is not allowed");
         refuse(ExecRequest { gpus: "all".into(), ..req() }, "--gpus all is not allowed");
         refuse(
-            ExecRequest { limits: Limits { memory_bytes: Some(2 << 30), ..Default::default() }, ..req() },
+            ExecRequest { limits: LimitsAsk { memory: Ask::Value(2 << 30), ..Default::default() }, ..req() },
             "above the site maximum",
         );
-        refuse(ExecRequest { limits: Limits { pids: Some(101), ..Default::default() }, ..req() }, "--pids 101");
+        refuse(
+            ExecRequest { limits: LimitsAsk { pids: Ask::Value(101), ..Default::default() }, ..req() },
+            "--pids 101",
+        );
+        refuse(
+            ExecRequest { limits: LimitsAsk { memory: Ask::Unlimited, ..Default::default() }, ..req() },
+            "--memory unlimited is above the site maximum",
+        );
+        refuse(
+            ExecRequest { limits: LimitsAsk { disk: Ask::Value(20 << 30), ..Default::default() }, ..req() },
+            "--disk 21474836480 is above the site maximum",
+        );
         refuse(ExecRequest { user: Some((0, 0)), ..req() }, "--user is not allowed");
         refuse(ExecRequest { cdi_spec: Some("/tmp/x.json".into()), ..req() }, "--cdi-spec");
         let p2 = Policy { network: vec!["none".into()], ..policy() };
@@ -398,13 +424,15 @@ network = ["host", "none"]
         let r = ExecRequest {
             volumes: vec![Volume { host: "/data/x".into(), container: "/d".into(), env: Some("D".into()) }],
             gpus: "0,1".into(),
-            limits: Limits { pids: Some(50), ..Default::default() },
+            limits: LimitsAsk { pids: Ask::Value(50), cpus_milli: Ask::Unlimited, ..Default::default() },
             ..req()
         };
         let ok = p.authorize(r, &c, &canon).unwrap();
         assert_eq!(ok.user, Some((1001, 1001)));
-        assert_eq!(ok.limits.memory_bytes, Some(1 << 30), "the site maximum is the default");
-        assert_eq!(ok.limits.pids, Some(50));
+        assert_eq!(ok.limits.memory, Ask::DefaultUpTo(1 << 30), "the node's default, at most the site maximum");
+        assert_eq!(ok.limits.pids, Ask::Value(50));
+        assert_eq!(ok.limits.cpus_milli, Ask::Unlimited, "no site maximum: as asked");
+        assert_eq!(ok.limits.disk, Ask::DefaultUpTo(10 << 30));
         assert_eq!(ok.volumes[0].host, PathBuf::from("/data/x"));
     }
 
@@ -417,7 +445,7 @@ network = ["host", "none"]
             rootfs: "cuda".into(),
             volumes: vec![],
             gpus_per_agent: "none".into(),
-            limits: Limits::default(),
+            limits: LimitsAsk::default(),
             name_prefix: "alice".into(),
             drain_timeout_secs: 60,
             cancel_grace_secs: Some(7),
@@ -435,8 +463,8 @@ network = ["host", "none"]
         let p = Policy { max_agents: Some(2), ..policy() };
         let s = p.authorize_run(&run_req(), &canon).unwrap();
         assert_eq!(
-            (s.agents, s.memory, s.rootfs.as_str()),
-            (Some(1), Some(1 << 30), "cuda"),
+            (s.agents, s.limits.memory, s.rootfs.as_str()),
+            (Some(1), Ask::DefaultUpTo(1 << 30), "cuda"),
             "site memory cap applied"
         );
         assert_eq!(s.cancel_grace, std::time::Duration::from_secs(7), "the caller's cancel grace");

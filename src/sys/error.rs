@@ -120,6 +120,52 @@ pub enum Error {
         source: io::Error,
     },
 
+    // ---- disk quotas of the jobs' layer dirs (see sys::quota) ----
+    #[error("no project quotas on the filesystem of {}", dir.display())]
+    QuotaProbe {
+        dir: PathBuf,
+        #[source]
+        source: Errno,
+    },
+    #[error("cannot open {} to give it a disk quota", dir.display())]
+    ProjectOpen {
+        dir: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error("cannot read the project id of {} (FS_IOC_FSGETXATTR)", dir.display())]
+    ProjectGet {
+        dir: PathBuf,
+        #[source]
+        source: Errno,
+    },
+    #[error("cannot give {} the project id {id} (FS_IOC_FSSETXATTR): is the filesystem's `project` feature on?", dir.display())]
+    ProjectSet {
+        dir: PathBuf,
+        id: u32,
+        #[source]
+        source: Errno,
+    },
+    #[error("cannot read the disk quota of project {id} on the filesystem of {}", dir.display())]
+    QuotaGet {
+        dir: PathBuf,
+        id: u32,
+        #[source]
+        source: Errno,
+    },
+    #[error("cannot set the disk quota of project {id} on the filesystem of {}", dir.display())]
+    QuotaSet {
+        dir: PathBuf,
+        id: u32,
+        #[source]
+        source: Errno,
+    },
+    #[error(
+        "every project id for job quotas (2052000000-2052999999) is in use on the filesystem of {}: \
+         run `azp-sandbox gc`", dir.display()
+    )]
+    ProjectIdsExhausted { dir: PathBuf },
+
     // ---- removal and kills (teardown, gc, failed builds) ----
     #[error("cannot send {signal} to pid {pid}")]
     Kill {

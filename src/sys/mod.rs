@@ -9,7 +9,8 @@
 //! - [`lifeline`], [`tty`]: the job's init's lifeline and the terminal of `exec -t`;
 //! - [`ids`]: setuid mode's and the user namespace's identity changes;
 //! - [`userns`]: a job's own user namespace and the layers idmapped with it;
-//! - [`runtime_tmpfs`], [`dir_flags`]: the home's runtime dir and layer buckets.
+//! - [`runtime_tmpfs`], [`dir_flags`]: the home's runtime dir and layer buckets;
+//! - [`quota`]: the disk quota (a project id and its limits) of a job's layer dir.
 //!
 //! What the sandbox helper, the edit layer and teardown do goes through the [`Sys`]
 //! trait, so the order of their steps and what happens when one fails are unit-tested
@@ -26,6 +27,7 @@ pub mod mount;
 pub mod ns;
 pub mod nvml_mig;
 pub mod process;
+pub mod quota;
 pub mod runtime_tmpfs;
 pub mod signals;
 pub mod tty;
@@ -36,6 +38,7 @@ pub use dir_flags::spread_subdirs;
 pub use error::{Error, Result};
 pub use mount::Overlay;
 pub use nix::sys::signal::Signal;
+pub use quota::DiskQuota;
 
 use nix::errno::Errno;
 use std::cell::{Cell, RefCell};
@@ -76,6 +79,11 @@ pub trait Sys {
     /// A directory tree, never following a symlink in it; a missing one is no error.
     fn remove_tree(&self, dir: &Path) -> Result<()>;
     fn rename(&self, from: &Path, to: &Path) -> Result<()>;
+    /// Gives a job's new, empty layer dir a project id of its own with `quota`'s limits
+    /// (see [`quota`]); returns the id.
+    fn claim_disk_quota(&self, dir: &Path, quota: &DiskQuota) -> Result<u32>;
+    /// Clears the limits of project `id`, if `dir` still has it.
+    fn release_disk_quota(&self, dir: &Path, id: u32) -> Result<()>;
 }
 
 /// The real thing.
@@ -130,6 +138,12 @@ impl Sys for Real {
             to: to.to_path_buf(),
             source,
         })
+    }
+    fn claim_disk_quota(&self, dir: &Path, quota: &DiskQuota) -> Result<u32> {
+        quota::claim(dir, quota)
+    }
+    fn release_disk_quota(&self, dir: &Path, id: u32) -> Result<()> {
+        quota::release(dir, id)
     }
 }
 
@@ -263,6 +277,23 @@ impl Sys for Recorder {
             from: from.into(),
             to: to.into(),
             source: self.io(e),
+        })
+    }
+    /// Claims the first id of the range.
+    fn claim_disk_quota(&self, dir: &Path, quota: &DiskQuota) -> Result<u32> {
+        let id = *quota::PROJECT_IDS.start();
+        self.step(format!("claim_disk_quota {} {}", dir.display(), quota.bytes)).map_err(|source| Error::QuotaSet {
+            dir: dir.into(),
+            id,
+            source,
+        })?;
+        Ok(id)
+    }
+    fn release_disk_quota(&self, dir: &Path, id: u32) -> Result<()> {
+        self.step(format!("release_disk_quota {} {id}", dir.display())).map_err(|source| Error::QuotaSet {
+            dir: dir.into(),
+            id,
+            source,
         })
     }
 }
