@@ -4,7 +4,7 @@
 
 use super::env::Env;
 use super::file::{read_file, FileSettings};
-use crate::config::{parse_size, Volume};
+use crate::config::{parse_size, parse_subnet, Network, NetworkAllow, Volume};
 use crate::gpu::PerAgent;
 use crate::scaler::AutoscaleSettings;
 use anyhow::{bail, Context, Result};
@@ -35,7 +35,14 @@ pub struct FlagSettings {
     pub max_agents: Option<usize>,
     pub idle_timeout: Option<Duration>,
     pub poll_interval: Option<Duration>,
+    pub network: Option<Network>,
+    pub network_allow: Vec<NetworkAllow>,
+    /// The service's HTTP(S)_PROXY and NO_PROXY (either case), from the environment.
+    pub proxy_env: Vec<(String, String)>,
 }
+
+/// The service's proxy variables that jobs get.
+pub const PROXY_VARS: &[&str] = &["HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY", "http_proxy", "https_proxy", "no_proxy"];
 
 /// The validated settings of one `run`.
 #[derive(Debug, Clone)]
@@ -60,6 +67,13 @@ pub struct RunSettings {
     pub exit_when_idle: Option<Duration>,
     /// Some: slots start and stop with the queue.
     pub autoscale: Option<AutoscaleSettings>,
+    pub network: Network,
+    pub network_allow: Vec<NetworkAllow>,
+    /// None: the default (see `sandbox::network::DEFAULT_SUBNET`).
+    pub network_subnet: Option<crate::sys::net::Ipv4Net>,
+    /// What jobs get of HTTP(S)_PROXY and NO_PROXY, as the service has them (a proxy on
+    /// the host's loopback is rewritten to the jobs' gateway when the job plan is made).
+    pub proxy_env: Vec<(String, String)>,
 }
 
 /// Environment overrides (AZP_URL, AZP_TOKEN_FILE, AZP_POOL, AZP_AGENT_NAME as the prefix).
@@ -69,6 +83,7 @@ pub fn env_settings(get: impl Fn(&str) -> Option<String>) -> FlagSettings {
         token_file: get("AZP_TOKEN_FILE").map(PathBuf::from),
         pool: get("AZP_POOL"),
         name_prefix: get("AZP_AGENT_NAME"),
+        proxy_env: PROXY_VARS.iter().filter_map(|k| Some((k.to_string(), get(k)?))).collect(),
         ..Default::default()
     }
 }
@@ -124,6 +139,42 @@ pub fn merge(file: FileSettings, env: FlagSettings, flags: FlagSettings) -> Resu
     if flags.agents == Some(0) || file.agents == Some(0) {
         bail!("--agents must be at least 1");
     }
+    let network = match flags.network {
+        Some(n) => n,
+        None => file
+            .network
+            .as_deref()
+            .map(str::parse)
+            .transpose()
+            .context("bad network in the config file")?
+            .unwrap_or_default(),
+    };
+    let mut network_allow = flags.network_allow;
+    if network_allow.is_empty() {
+        network_allow = file
+            .network_allow
+            .iter()
+            .map(|a| a.parse())
+            .collect::<Result<Vec<NetworkAllow>>>()
+            .context("bad network_allow in the config file")?;
+    }
+    let network_subnet = file
+        .network_subnet
+        .as_deref()
+        .map(parse_subnet)
+        .transpose()
+        .context("bad network_subnet in the config file")?;
+    let mut proxy_env = if flags.proxy_env.is_empty() { env.proxy_env } else { flags.proxy_env };
+    if let Some(p) = file.proxy.filter(|_| {
+        !proxy_env.iter().any(|(k, _)| k.eq_ignore_ascii_case("HTTPS_PROXY") || k.eq_ignore_ascii_case("HTTP_PROXY"))
+    }) {
+        if !(p.starts_with("http://") || p.starts_with("https://")) {
+            bail!("bad proxy '{p}' in the config file: use a URL, e.g. http://127.0.0.1:3128");
+        }
+        for k in ["HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy"] {
+            proxy_env.push((k.to_string(), p.clone()));
+        }
+    }
     Ok(RunSettings {
         url,
         token_file: flags.token_file.or(env.token_file).or(file.token_file),
@@ -146,6 +197,10 @@ pub fn merge(file: FileSettings, env: FlagSettings, flags: FlagSettings) -> Resu
         extra_lib_dirs: file.extra_lib_dirs,
         exit_when_idle: flags.exit_when_idle,
         autoscale,
+        network,
+        network_allow,
+        network_subnet,
+        proxy_env,
     })
 }
 
