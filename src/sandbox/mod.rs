@@ -8,6 +8,7 @@ pub mod exec;
 pub mod helper;
 pub mod inroot;
 pub mod jobdir;
+pub mod network;
 pub mod plan;
 pub mod report;
 pub mod runner;
