@@ -139,8 +139,8 @@ pub enum Error {
          flushed the ruleset): this job does not start without it; the next one re-creates it"
     )]
     NftTableMissing { table: String },
-    #[error("pasta ({}) exited before the job's network was ready (its message is above)", program.display())]
-    PastaFailed { program: PathBuf },
+    #[error("pasta ({}) exited before the job's network was ready: {said}", program.display())]
+    PastaFailed { program: PathBuf, said: String },
 
     // ---- the job's cgroup (the helper joins it; teardown removes it) ----
     #[error("cannot create the job's cgroup {}", dir.display())]

@@ -117,6 +117,8 @@ pub struct Pasta {
     /// Its options, without `--netns` and `-P` (added here).
     pub args: Vec<String>,
     pub routes: Vec<JobRoute>,
+    /// Its messages (`--log-file`, and its stdout and stderr): not the job's output.
+    pub log: PathBuf,
 }
 
 /// What a job's namespace gets.
@@ -198,10 +200,10 @@ fn isolate_pasta(p: &Pasta) -> Result<Made> {
     // Step 3: pasta joins it; it writes its pid once the namespace is configured.
     let _ = nix::unistd::write(&go_tx, b"g");
     drop(go_tx);
-    let mut line = String::new();
-    let _ = std::fs::File::from(ready_rx).read_to_string(&mut line);
-    if line.trim().parse::<i32>().is_err() {
-        return Err(Error::PastaFailed { program: p.program.clone() });
+    if !read_line(ready_rx).trim().parse::<i32>().is_ok_and(|n| n > 0) {
+        let log = std::fs::read_to_string(&p.log).unwrap_or_default();
+        let said = log.lines().rev().find(|l| !l.trim().is_empty()).unwrap_or("no message").trim().to_string();
+        return Err(Error::PastaFailed { program: p.program.clone(), said });
     }
     // Step 4: the job's routes (pasta made its address and default route).
     let gateway = p.args.iter().position(|a| a == "-g").and_then(|i| p.args.get(i + 1)?.parse().ok());
@@ -209,9 +211,25 @@ fn isolate_pasta(p: &Pasta) -> Result<Made> {
     Ok(Made { address: None, pasta_pid: Some(pid) })
 }
 
+/// The first line pasta writes to its pid file (a pipe it keeps open), or what came
+/// before EOF (it exited).
+fn read_line(pipe: OwnedFd) -> String {
+    let mut f = std::fs::File::from(pipe);
+    let mut out = Vec::new();
+    let mut b = [0u8; 64];
+    while let Ok(n @ 1..) = f.read(&mut b) {
+        out.extend_from_slice(&b[..n]);
+        if out.contains(&b'\n') {
+            break;
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
 /// The forked child that becomes pasta: dies with the helper, waits for the helper's
-/// namespace, opens it (it may: same credentials), execs pasta on it. Returns only on
-/// failure, with the exit code.
+/// namespace, opens it (it may: same credentials), execs pasta on it with no fd of the
+/// helper's but those two (the runner's result pipe must not outlive the helper's
+/// copy, nor the job's output). Returns only on failure, with the exit code.
 fn pasta_child(p: &Pasta, parent: i32, go: OwnedFd, ready: OwnedFd) -> i32 {
     use std::os::unix::process::CommandExt;
     if nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL).is_err() {
@@ -221,14 +239,28 @@ fn pasta_child(p: &Pasta, parent: i32, go: OwnedFd, ready: OwnedFd) -> i32 {
     if !matches!(nix::unistd::read(go.as_raw_fd(), &mut b), Ok(1)) {
         return 0; // the helper gave up before its namespace existed
     }
+    drop(go);
     let Ok(ns) = std::fs::File::open(format!("/proc/{parent}/ns/net")) else { return 125 };
     let ns: OwnedFd = ns.into();
+    let Ok(log) = std::fs::OpenOptions::new().create(true).append(true).open(&p.log) else { return 125 };
+    let keep = [ns.as_raw_fd(), ready.as_raw_fd()];
+    // Listed first: the listing's own fd is among them, and closed after it.
+    let open: Vec<i32> = std::fs::read_dir("/proc/self/fd")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse().ok())
+        .collect();
+    for fd in open.into_iter().filter(|fd| *fd > 2 && !keep.contains(fd) && *fd != log.as_raw_fd()) {
+        let _ = nix::unistd::close(fd);
+    }
     // Both fds must reach pasta: clear close-on-exec.
-    for fd in [ns.as_raw_fd(), ready.as_raw_fd()] {
+    for fd in keep {
         if nix::fcntl::fcntl(fd, nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::empty())).is_err() {
             return 125;
         }
     }
+    let Ok(err_log) = log.try_clone() else { return 125 };
     let uid = nix::unistd::geteuid().as_raw();
     let gid = nix::unistd::getegid().as_raw();
     let err = std::process::Command::new(&p.program)
@@ -240,7 +272,11 @@ fn pasta_child(p: &Pasta, parent: i32, go: OwnedFd, ready: OwnedFd) -> i32 {
         .arg(format!("/proc/self/fd/{}", ns.as_raw_fd()))
         .arg("-P")
         .arg(format!("/proc/self/fd/{}", ready.as_raw_fd()))
+        .arg("--log-file")
+        .arg(&p.log)
         .stdin(std::process::Stdio::null())
+        .stdout(log)
+        .stderr(err_log)
         .exec();
     eprintln!("azp-sandbox: cannot run {}: {err}", p.program.display());
     127

@@ -198,7 +198,8 @@ pub fn enter(mut plan: JobPlan, job: &JobDir, sys: &dyn Sys) -> Result<JobPlan> 
             resolv = Some(dns::for_job(&host_resolv, plan.net.gateway(), &host, plan.rootless).resolv_conf);
             if plan.rootless {
                 let routes = job_routes(&host, None, &plan.net.allow);
-                Setup::Pasta(Pasta { program: pasta_program()?, args: pasta_args(&plan.net), routes })
+                let log = job.bundle().join("pasta.log");
+                Setup::Pasta(Pasta { program: pasta_program()?, args: pasta_args(&plan.net), routes, log })
             } else {
                 Setup::Veth(veth(&plan, &host, std::process::id()))
             }
