@@ -19,6 +19,8 @@
 //! SECURITY.md has the results table of this suite.
 
 mod common;
+#[path = "escape/network.rs"]
+mod network;
 use common::digest::{hex, sha256_file, sha256_hex};
 use common::*;
 use std::fs;
@@ -37,6 +39,7 @@ use std::time::{Duration, Instant};
 const PROBE_C: &str = r#"
 #define _GNU_SOURCE
 #include <dirent.h>
+#include <stddef.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
@@ -44,7 +47,12 @@ const PROBE_C: &str = r#"
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <poll.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <sys/mount.h>
+#include <sys/socket.h>
+#include <sys/un.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/sysmacros.h>
@@ -63,7 +71,9 @@ static const char *ename(int e) {
   case EAGAIN: return "EAGAIN"; case ENOSYS: return "ENOSYS"; case EBADF: return "EBADF";
   case EFAULT: return "EFAULT"; case ENXIO: return "ENXIO"; case ENODEV: return "ENODEV";
   case ENOEXEC: return "ENOEXEC"; case ELOOP: return "ELOOP"; case EXDEV: return "EXDEV";
-  case EOPNOTSUPP: return "EOPNOTSUPP";
+  case EOPNOTSUPP: return "EOPNOTSUPP"; case ECONNREFUSED: return "ECONNREFUSED";
+  case ETIMEDOUT: return "ETIMEDOUT"; case EHOSTUNREACH: return "EHOSTUNREACH";
+  case ENETUNREACH: return "ENETUNREACH";
   }
   snprintf(buf, sizeof buf, "E%d", e);
   return buf;
@@ -117,6 +127,27 @@ int main(int argc, char **argv) {
       printf("%s: ruid=%d euid=%d suid=%d\n", tok, (int)ru, (int)eu, (int)su);
       fflush(stdout);
       continue;
+    }
+    else if (!strcmp(op, "connect-tcp")) {
+      /* TCP connect to IP:PORT, 3 s at most (ETIMEDOUT). */
+      struct sockaddr_in sa = { .sin_family = AF_INET, .sin_port = htons(atoi(a[2])) };
+      inet_pton(AF_INET, a[1], &sa.sin_addr);
+      int s = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK, 0);
+      r = connect(s, (struct sockaddr *)&sa, sizeof sa);
+      if (r < 0 && errno == EINPROGRESS) {
+        struct pollfd p = { .fd = s, .events = POLLOUT };
+        int e = 0; socklen_t l = sizeof e;
+        if (poll(&p, 1, 3000) == 0) { errno = ETIMEDOUT; r = -1; }
+        else { getsockopt(s, SOL_SOCKET, SO_ERROR, &e, &l); errno = e; r = e ? -1 : 0; }
+      }
+    }
+    else if (!strcmp(op, "connect-abstract")) {
+      /* connect(2) to the abstract unix socket @NAME. */
+      struct sockaddr_un sa = { .sun_family = AF_UNIX };
+      size_t n = strlen(a[1]);
+      memcpy(sa.sun_path + 1, a[1], n);
+      int s = socket(AF_UNIX, SOCK_STREAM, 0);
+      r = connect(s, (struct sockaddr *)&sa, offsetof(struct sockaddr_un, sun_path) + 1 + n);
     }
     else if (!strcmp(op, "io-uring")) { char params[120] = {0}; r = syscall(SYS_io_uring_setup, 1, params); }
     else if (!strcmp(op, "open-tree")) r = syscall(SYS_open_tree, AT_FDCWD, a[1], 1 /* OPEN_TREE_CLONE */);
