@@ -61,6 +61,11 @@ pub fn check(home: &Home, settings: &RunSettings, ctx: RunContext) -> Result<Rea
     let autoscaling = settings.autoscale.is_some();
     // Autoscaling re-registers a slot's agent when it starts: no record is kept meanwhile.
     prune(&client, pool_id, &settings.name_prefix, |n| !autoscaling && names.iter().any(|m| m == n))?;
+    if settings.network == crate::config::Network::Isolated && !crate::rootless::mode().rootless {
+        // Last, once nothing else can fail: the host's table, with the proxy's port and
+        // the allowed destinations.
+        crate::sandbox::network::ensure_table(&net, true)?;
+    }
     Ok(Ready {
         token,
         client,
@@ -79,8 +84,8 @@ pub fn check(home: &Home, settings: &RunSettings, ctx: RunContext) -> Result<Rea
     })
 }
 
-/// The jobs' network: checked on this host (and in root mode its table made, with the
-/// proxy's port and the allowed destinations), and the proxy variables jobs get.
+/// The jobs' network, checked on this host (nothing made yet), and the proxy variables
+/// jobs get.
 fn network(settings: &RunSettings) -> Result<(crate::sandbox::network::JobNetwork, Vec<(String, String)>)> {
     use crate::sandbox::network;
     let rootless = crate::rootless::mode().rootless;
@@ -94,9 +99,6 @@ fn network(settings: &RunSettings) -> Result<(crate::sandbox::network::JobNetwor
         net.host_ports = ports;
     }
     network::check_host(settings.network, &net, rootless)?;
-    if settings.network == crate::config::Network::Isolated && !rootless {
-        network::ensure_table(&net, true)?;
-    }
     Ok((net, env))
 }
 
