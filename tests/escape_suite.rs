@@ -1416,7 +1416,8 @@ fn t15b_volume_of_root_or_shadow_is_read_only_nosuid_nodev_all_the_way_down() {
 #[cfg_attr(not(test_as_root), ignore = "needs root: creates real sandboxes (CI runs the suite as root)")]
 fn t16_kill_9_of_the_manager_mid_job_then_gc_leaves_nothing() {
     require_root!();
-    let fake = common::fake_azure::FakeAzure::start();
+    let lab = or_skip!(common::netlab::NetLab::new());
+    let fake = common::fake_azure::FakeAzure::start_in(&lab);
     let h = TestHome::with_busybox("esc-mgr-kill");
     let tf = h.dir.join("pat");
     fs::write(&tf, format!("{}\n", fake.pat())).unwrap();
@@ -1426,7 +1427,7 @@ fn t16_kill_9_of_the_manager_mid_job_then_gc_leaves_nothing() {
     ));
     let log = fs::File::create(h.dir.join("manager.log")).unwrap();
     let mut mgr = HostProc(
-        h.command()
+        h.lab_command(&lab)
             .args(["run", "--pool", "gpu", "--url", &fake.url(), "--token-file", tf.to_str().unwrap()])
             .args(["--agents", "1", "--gpus-per-agent", "none", "--rootfs", "bb", "--name-prefix", "esckill"])
             .stdout(Stdio::null())
@@ -1445,7 +1446,7 @@ fn t16_kill_9_of_the_manager_mid_job_then_gc_leaves_nothing() {
     mgr.0.kill().unwrap(); // SIGKILL
     mgr.0.wait().unwrap();
     // The helpers die with the manager (PDEATHSIG); the job's processes are gc's to kill.
-    let out = h.run(&["gc"]);
+    let out = h.lab_command(&lab).arg("gc").output().unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     wait_until("the job's processes to be gone", Duration::from_secs(10), || processes_matching(&m).is_empty());
     let names: Vec<&str> = jobs.iter().map(String::as_str).collect();
@@ -1454,6 +1455,10 @@ fn t16_kill_9_of_the_manager_mid_job_then_gc_leaves_nothing() {
     for j in &jobs {
         assert!(cgroup_dirs_of(j).is_empty(), "cgroup of {j} left");
     }
+    // The jobs' links and the host's table (root mode) are gone too.
+    let out = h.lab_command(&lab).arg("gc").output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(lab.host_network_residue(), Vec::<String>::new());
 }
 
 /// A small tmpfs, unmounted (lazily) when dropped, even when the test fails.
@@ -1576,14 +1581,15 @@ fn t17_job_cannot_read_back_the_file_its_stdout_appends_to() {
 #[cfg_attr(not(test_as_root), ignore = "needs root: creates real sandboxes (CI runs the suite as root)")]
 fn t18_manager_does_not_follow_files_the_job_planted_in_its_upper_dir() {
     require_root!();
-    let fake = common::fake_azure::FakeAzure::start();
+    let lab = or_skip!(common::netlab::NetLab::new());
+    let fake = common::fake_azure::FakeAzure::start_in(&lab);
     let h = TestHome::with_busybox("esc-mgr-fifo");
     let tf = h.dir.join("pat");
     fs::write(&tf, format!("{}\n", fake.pat())).unwrap();
     fake.enqueue_job("mkdir -p /azp/agent/_diag && mkfifo /azp/agent/_diag/zz-evil.log && echo planted");
     let log = fs::File::create(h.dir.join("manager.log")).unwrap();
     let mut mgr = HostProc(
-        h.command()
+        h.lab_command(&lab)
             .args(["run", "--pool", "gpu", "--url", &fake.url(), "--token-file", tf.to_str().unwrap()])
             .args(["--agents", "1", "--gpus-per-agent", "none", "--rootfs", "bb", "--name-prefix", "escfifo"])
             .stdout(Stdio::null())
