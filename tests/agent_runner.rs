@@ -1,5 +1,7 @@
-//! `azp-sandbox run` end to end against the fake Azure DevOps (loopback) and the fake
-//! agent package (busybox sh scripts following the real agent's contract).
+//! `azp-sandbox run` end to end against the fake Azure DevOps and the fake agent package
+//! (busybox sh scripts following the real agent's contract). With the jobs' default
+//! network (a namespace of their own), the fake server is in the network lab's fake
+//! internet and `run` in its fake host, as Azure is outside the host in production.
 
 mod common;
 use common::fake_azure::FakeAzure;
@@ -12,7 +14,8 @@ use std::time::Duration;
 fn two_slots_serve_six_jobs_each_in_a_fresh_sandbox() {
     require_root!();
     let tree = or_skip!(driver_tree());
-    let fake = FakeAzure::start();
+    let lab = or_skip!(netlab::NetLab::new());
+    let fake = FakeAzure::start_in(&lab);
     let h = TestHome::with_busybox("runner");
     let data = h.dir.join("dataset");
     std::fs::create_dir_all(&data).unwrap();
@@ -21,7 +24,7 @@ fn two_slots_serve_six_jobs_each_in_a_fresh_sandbox() {
     let tf = token_file(&h, &pat);
     let log = std::fs::File::create(h.dir.join("manager.log")).unwrap();
     let child = h
-        .command()
+        .lab_command(&lab)
         .arg("--driver-root")
         .arg(&tree)
         .args(["run", "--pool", "gpu", "--url", &fake.url(), "--token-file", tf.to_str().unwrap()])
@@ -50,7 +53,8 @@ fn two_slots_serve_six_jobs_each_in_a_fresh_sandbox() {
              echo env-pat=$(env | has)\n\
              echo proc-pat=$(cat /proc/[0-9]*/environ /proc/[0-9]*/cmdline 2>/dev/null | tr '\\0' '\\n' | has)\n\
              echo file-pat=$(find /azp /etc /tmp /home /root /var -type f 2>/dev/null | while read -r f; do has < \"$f\"; done | grep -vc '^0$')\n\
-             echo input-vars=$(env | grep -c VSTS_AGENT_INPUT)\n"
+             echo input-vars=$(env | grep -c VSTS_AGENT_INPUT)\n\
+             echo links=$(ls /sys/class/net | tr '\\n' ' ')\n"
         ));
     }
     let results = fake.wait_results(6, Duration::from_secs(240));
@@ -70,6 +74,7 @@ fn two_slots_serve_six_jobs_each_in_a_fresh_sandbox() {
         assert!(out.contains("cat,dog"), "dataset visible: {out}");
         assert!(out.contains("previous-leaks=0"), "a previous job's file is visible: {out}");
         assert!(!out.contains("TOUCH-FAILED"), "{out}");
+        assert!(out.contains("links=eth0 lo\n"), "a network of its own: {out}");
         for secret in ["env-pat=0", "proc-pat=0", "file-pat=0", "input-vars=0"] {
             assert!(out.contains(secret), "PAT reachable ({secret}): {out}");
         }
@@ -102,6 +107,7 @@ fn two_slots_serve_six_jobs_each_in_a_fresh_sandbox() {
     assert!(fake.agents().is_empty(), "offline records left: {:?}", fake.agents());
     h.assert_no_residue(&[]);
     assert!(processes_matching(h.dir.to_str().unwrap()).is_empty(), "processes left");
+    assert_eq!(lab.host_network_residue(), Vec::<String>::new(), "the end of run leaves no network state");
 }
 
 #[test]
@@ -154,12 +160,13 @@ fn bad_pat_and_unknown_pool_fail_at_start_with_their_message() {
 #[cfg_attr(not(test_as_root), ignore = "needs root: creates real sandboxes (CI runs the suite as root)")]
 fn update_required_refetches_the_package_and_status_shows_the_slots() {
     require_root!();
-    let fake = FakeAzure::start();
+    let lab = or_skip!(netlab::NetLab::new());
+    let fake = FakeAzure::start_in(&lab);
     let h = TestHome::with_busybox("runner-update");
     let tf = token_file(&h, &fake.pat());
     let log = std::fs::File::create(h.dir.join("manager.log")).unwrap();
     let child = h
-        .command()
+        .lab_command(&lab)
         .args(["run", "--pool", "gpu", "--url", &fake.url(), "--token-file", tf.to_str().unwrap()])
         .args(["--agents", "1", "--gpus-per-agent", "none", "--rootfs", "bb", "--name-prefix", "upd"])
         .stdout(Stdio::null())

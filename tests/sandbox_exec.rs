@@ -187,9 +187,9 @@ fn network_none_has_only_loopback() {
         exec_out(&h, &["--network", "none", "--", "sh", "-c", "tail -n +3 /proc/net/dev | cut -d: -f1"]);
     assert_eq!(code, 0, "{err}");
     assert_eq!(out.split_whitespace().collect::<Vec<_>>(), vec!["lo"]);
-    let (_, out, _) = exec_out(&h, &["--", "sh", "-c", "tail -n +3 /proc/net/dev | wc -l"]);
+    let (_, out, _) = exec_out(&h, &["--network", "host", "--", "sh", "-c", "tail -n +3 /proc/net/dev | wc -l"]);
     let host_ifaces = std::fs::read_to_string("/proc/net/dev").unwrap().lines().count() - 2;
-    assert_eq!(out.trim(), host_ifaces.to_string(), "default shares the host network");
+    assert_eq!(out.trim(), host_ifaces.to_string(), "--network host shares the host network");
 }
 
 #[test]

@@ -46,6 +46,22 @@ impl LimitArgs {
     }
 }
 
+/// The jobs' network, the same flags for `exec` and `run`.
+#[derive(clap::Args, Clone, Default)]
+pub struct NetworkArgs {
+    /// isolated: a network of its own, outbound only [default]; none: loopback only;
+    /// host: the host's network (reaches the host's 127.0.0.1 and the other jobs)
+    #[arg(long, value_enum, value_name = "MODE")]
+    pub network: Option<azp_sandbox::config::Network>,
+    /// A blocked destination jobs may reach: IP or IP:PORT, e.g. 169.254.169.254:80 (repeat)
+    #[arg(long = "network-allow", value_name = "IP[:PORT]", value_parser = checked_allow)]
+    pub network_allow: Vec<azp_sandbox::config::NetworkAllow>,
+}
+
+fn checked_allow(s: &str) -> Result<azp_sandbox::config::NetworkAllow, String> {
+    s.parse().map_err(|e: anyhow::Error| e.to_string().replacen("network_allow", "--network-allow", 1))
+}
+
 /// The pool and where the rest of the settings are: `run`, `slurm`, `agents prune`.
 #[derive(clap::Args, Default)]
 pub struct PoolArgs {

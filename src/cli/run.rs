@@ -1,7 +1,7 @@
 //! `azp-sandbox run`: keep N agent slots, one job per fresh sandbox (see
 //! `azp_sandbox::manager`).
 
-use super::args::{LimitArgs, PoolArgs};
+use super::args::{LimitArgs, NetworkArgs, PoolArgs};
 use super::{Context, Needs, Verb};
 use anyhow::Result;
 use azp_sandbox::config::Volume;
@@ -28,6 +28,8 @@ pub struct RunArgs {
     gpus_per_agent: Option<String>,
     #[command(flatten)]
     limits: LimitArgs,
+    #[command(flatten)]
+    network: NetworkArgs,
     /// Agent package (FILE or URL) for air-gapped sites [default: the server's newest]
     #[arg(long)]
     agent_package: Option<String>,
@@ -85,6 +87,8 @@ impl RunArgs {
             poll_interval: self.poll_interval.map(Duration::from_secs),
             exit_when_idle: self.exit_when_idle.map(Duration::from_secs),
             userns: self.userns,
+            network: self.network.network,
+            network_allow: self.network.network_allow.clone(),
             ..self.pool.flags()
         }
     }
@@ -159,6 +163,8 @@ mod tests {
             "--idle-timeout=30",
             "--poll-interval=5",
             "--exit-when-idle=60",
+            "--network=none",
+            "--network-allow=10.1.2.3",
         ]);
         let f = a.flags();
         assert_eq!(
@@ -184,6 +190,10 @@ mod tests {
         assert_eq!((f.min_agents, f.max_agents), (Some(1), Some(3)));
         assert_eq!((f.idle_timeout, f.poll_interval), (Some(Duration::from_secs(30)), Some(Duration::from_secs(5))));
         assert_eq!(f.exit_when_idle, Some(Duration::from_secs(60)));
+        assert_eq!(
+            (f.network, f.network_allow[0].to_string()),
+            (Some(azp_sandbox::config::Network::None), "10.1.2.3".into())
+        );
         let f = run_args(&[]).flags();
         assert!(f.pool.is_none() && f.agents.is_none() && f.drain_timeout.is_none() && !f.autoscale, "{f:?}");
     }

@@ -20,6 +20,9 @@ pub struct ExecRequest {
     /// As asked; the node's defaults fill in what was not said (see [`limits::resolve`]).
     pub limits: LimitsAsk,
     pub network: Network,
+    /// Blocked destinations the job may reach (`--network-allow`).
+    #[serde(default)]
+    pub network_allow: Vec<crate::config::NetworkAllow>,
     /// `--gpus` as given (all, none, indexes, UUIDs, CDI names).
     pub gpus: String,
     /// `--gpu-capabilities` as given.
@@ -76,6 +79,13 @@ impl ExecRequest {
 /// process forwarded to it), its clean-up. The rootfs stays leased until the job is gone.
 pub fn run(home: &Home, driver_root: &Path, req: &ExecRequest) -> Result<super::JobOutcome> {
     super::prepare_home(home)?;
+    let rootless = crate::rootless::mode().rootless;
+    let net = super::network::JobNetwork { allow: req.network_allow.clone(), ..Default::default() };
+    super::network::check_host(req.network, &net, rootless)?;
+    if req.network == Network::Isolated && !rootless && !net.allow.is_empty() {
+        // The allowed destinations' elements in the host's table (once per list).
+        super::network::ensure_table(&net, true)?;
+    }
     super::gc_before_job(home).context("gc before exec failed")?.log();
     let (plan, lease) = prepare(home, driver_root, req)?;
     let outcome = super::run_job(home, plan, &super::RunOptions { forward_signals: true, ..Default::default() });
@@ -133,6 +143,7 @@ pub fn prepare(home: &Home, driver_root: &Path, req: &ExecRequest) -> Result<(Jo
         volumes: req.volumes.clone(),
         limits: resolved.limits,
         network: req.network,
+        net: super::network::JobNetwork { allow: req.network_allow.clone(), ..Default::default() },
         edits,
         cgroup_path: super::teardown::cgroup_path_for(home, &id),
         owned_dirs: vec![],

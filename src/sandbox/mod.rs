@@ -11,6 +11,7 @@ pub mod init;
 pub mod inroot;
 pub mod jobdir;
 pub mod limits;
+pub mod network;
 pub mod plan;
 pub mod report;
 pub mod runner;

@@ -62,6 +62,10 @@ pub struct JobPlan {
     pub volumes: Vec<Volume>,
     pub limits: Limits,
     pub network: Network,
+    /// The network's settings, and what the helper made for the spec (see
+    /// [`super::network`]).
+    #[serde(default)]
+    pub net: super::network::JobNetwork,
     /// Device, mount and env edits from GPU discovery or CDI.
     pub edits: ContainerEdits,
     /// Cgroup path relative to the cgroup root (v1: below each controller).
@@ -122,6 +126,7 @@ pub(crate) fn test_plan(id: &str, lower: Vec<PathBuf>, cgroup_path: &str) -> Job
         volumes: vec![],
         limits: Limits::default(),
         network: Default::default(),
+        net: Default::default(),
         edits: Default::default(),
         cgroup_path: cgroup_path.into(),
         owned_dirs: vec![],

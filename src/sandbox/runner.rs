@@ -135,6 +135,11 @@ impl Sandbox {
         plan.rootless = crate::rootless::mode().rootless;
         // Every job runs under the init (one stat once it is written).
         plan.process.init = Some(super::init::ensure(home)?);
+        if plan.network == crate::config::Network::Isolated && !plan.rootless {
+            // The host's table, made again if a firewall reload flushed it (one netlink
+            // query when it exists): the helper refuses to start a job without it.
+            super::network::ensure_table(&plan.net, false)?;
+        }
         // Optional mounts whose source is missing are dropped here, never failing the job.
         plan.edits.mounts.retain(|m| !m.optional || m.host_path.exists());
         // The home's dirs exist: `exec` and `run` ensure them once at start, not per job.

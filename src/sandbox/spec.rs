@@ -6,7 +6,6 @@
 //! before the host's services), and every bind is nosuid,nodev.
 
 use super::plan::{JobPlan, DEFAULT_PATH};
-use crate::config::Network;
 use crate::edits::{DeviceKind, HookStage};
 use anyhow::{Context, Result};
 use oci_spec::runtime::{
@@ -98,20 +97,18 @@ pub fn build(plan: &JobPlan, rootfs: &Path, cgroup: &CgroupOwner) -> Result<Spec
         .oom_score_adj(JOB_OOM_SCORE_ADJ)
         .build()?;
 
-    let mut namespaces = vec![
+    // No network namespace entry: the container inherits the helper's, which is the job's
+    // own (made by the helper, see super::network) or the host's (`--network host`).
+    let namespaces = [
         LinuxNamespaceType::Pid,
         LinuxNamespaceType::Mount,
         LinuxNamespaceType::Ipc,
         LinuxNamespaceType::Uts,
         LinuxNamespaceType::Cgroup,
-    ];
-    if plan.network == Network::None {
-        namespaces.push(LinuxNamespaceType::Network);
-    }
-    let namespaces = namespaces
-        .into_iter()
-        .map(|t| LinuxNamespaceBuilder::default().typ(t).build())
-        .collect::<Result<Vec<_>, _>>()?;
+    ]
+    .into_iter()
+    .map(|t| LinuxNamespaceBuilder::default().typ(t).build())
+    .collect::<Result<Vec<_>, _>>()?;
 
     let mut devices = Vec::new();
     for node in plan.edits.device_nodes.iter().filter(|_| !plan.in_user_namespace()) {
@@ -300,10 +297,19 @@ fn bind(src: &Path, dst: &Path, opts: &[String]) -> Result<Mount> {
     Ok(MountBuilder::default().destination(dst).typ("bind").source(src).options(opts.to_vec()).build()?)
 }
 
-/// Read-only /sys. In a user namespace a fresh sysfs needs a network namespace owned by
-/// it, which `--network host` does not have; as runc does rootless, bind the host's /sys
+/// Read-only /sys. A job with a network namespace of its own gets the sysfs the helper
+/// mounted in it (see super::network: in a user namespace only the namespace's owner may
+/// mount one). In a user namespace a fresh sysfs needs a network namespace owned by it,
+/// which `--network host` does not have; as runc does rootless, bind the host's /sys
 /// read-only (recursively) instead.
 fn sysfs(plan: &JobPlan) -> Result<Mount> {
+    if let Some(own) = &plan.net.sysfs {
+        return bind(
+            own,
+            Path::new("/sys"),
+            &["bind", "ro", "nosuid", "nodev", "noexec", "rprivate"].map(String::from),
+        );
+    }
     if plan.in_user_namespace() {
         return bind(
             Path::new("/sys"),
@@ -344,8 +350,13 @@ fn mounts(plan: &JobPlan) -> Result<Vec<Mount>> {
         // "ro", which would let a root job raise its own limits. /sys is read-only sysfs,
         // so nothing can be mounted there either.
         tmp(plan)?,
-        // Name resolution as on the host: the agent must reach Azure DevOps.
-        bind(Path::new("/etc/resolv.conf"), Path::new("/etc/resolv.conf"), &ro)?,
+        // Name resolution as on the host (the agent must reach Azure DevOps), or through
+        // the job's gateway when the host's resolver is out of its reach (super::network).
+        bind(
+            plan.net.resolv_conf.as_deref().unwrap_or(Path::new("/etc/resolv.conf")),
+            Path::new("/etc/resolv.conf"),
+            &ro,
+        )?,
         bind(Path::new("/etc/hosts"), Path::new("/etc/hosts"), &ro)?,
     ];
     for v in &plan.volumes {
@@ -471,7 +482,7 @@ fn default_device_rules() -> Result<Vec<LinuxDeviceCgroup>> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::Volume;
+    use crate::config::{Network, Volume};
     use crate::edits::{BindMount, ContainerEdits, DeviceNode};
     use crate::sandbox::plan::Limits;
 
@@ -497,6 +508,7 @@ mod tests {
                 ..Default::default()
             },
             network: Network::Host,
+            net: Default::default(),
             edits: ContainerEdits::default(),
             cgroup_path: "/azp-sandbox/t-1".into(),
             owned_dirs: vec![],
@@ -544,7 +556,7 @@ mod tests {
         assert_eq!(res.cpu().as_ref().unwrap().quota(), Some(150_000));
         let ns: Vec<_> = linux.namespaces().as_ref().unwrap().iter().map(|n| n.typ()).collect();
         assert!(ns.contains(&LinuxNamespaceType::Pid) && ns.contains(&LinuxNamespaceType::Cgroup));
-        assert!(!ns.contains(&LinuxNamespaceType::Network), "host network by default");
+        assert!(!ns.contains(&LinuxNamespaceType::Network), "the helper's network namespace is inherited");
         let proc_ = spec.process().as_ref().unwrap();
         assert_eq!(proc_.no_new_privileges(), Some(true));
         assert_eq!(proc_.oom_score_adj(), Some(JOB_OOM_SCORE_ADJ));
@@ -589,13 +601,26 @@ mod tests {
     }
 
     #[test]
-    fn network_none_gets_own_namespace() {
+        fn a_job_with_its_own_network_binds_the_helpers_sysfs_and_resolv_conf() {
         let mut p = plan();
-        p.network = Network::None;
-        let spec = build(&p, Path::new("/m"), &CgroupOwner::Libcontainer { memsw: false }).unwrap();
-        let ns: Vec<_> =
-            spec.linux().as_ref().unwrap().namespaces().as_ref().unwrap().iter().map(|n| n.typ()).collect();
-        assert!(ns.contains(&LinuxNamespaceType::Network));
+        p.network = Network::Isolated;
+        p.net.sysfs = Some("/run/j/bundle/sys".into());
+        p.net.resolv_conf = Some("/run/j/bundle/resolv.conf".into());
+        for rootless in [false, true] {
+            p.rootless = rootless;
+            let spec = build(&p, Path::new("/m"), &CgroupOwner::Libcontainer { memsw: false }).unwrap();
+            let ns: Vec<_> =
+                spec.linux().as_ref().unwrap().namespaces().as_ref().unwrap().iter().map(|n| n.typ()).collect();
+            assert!(!ns.contains(&LinuxNamespaceType::Network), "inherited from the helper");
+            let m = spec.mounts().as_ref().unwrap();
+            let sys = m.iter().find(|m| m.destination() == Path::new("/sys")).unwrap();
+            assert_eq!(sys.source().as_deref(), Some(Path::new("/run/j/bundle/sys")));
+            for o in ["ro", "nosuid", "nodev", "noexec"] {
+                assert!(sys.options().as_ref().unwrap().iter().any(|x| x == o), "{o}");
+            }
+            let r = m.iter().find(|m| m.destination() == Path::new("/etc/resolv.conf")).unwrap();
+            assert_eq!(r.source().as_deref(), Some(Path::new("/run/j/bundle/resolv.conf")));
+        }
     }
 
     #[test]

@@ -318,7 +318,8 @@ impl GcReport {
     }
 }
 
-/// [`gc`], stale edit layers (see [`super::editlayer::prune`]), then, when no job of any home is left, the service's own cgroup parent
+/// [`gc`], stale edit layers (see [`super::editlayer::prune`]), the jobs' network table
+/// (see [`super::network::gc`]), then, when no job of any home is left, the service's own cgroup parent
 /// (`/azp-sandbox`, root mode only: a delegated or `--cgroup-parent` dir belongs to the
 /// admin). For `azp-sandbox gc` and the end of `run`; the gc at the start of every `exec`
 /// keeps the parent, which the next job would only make again (a mkdir and an rmdir in
@@ -330,6 +331,13 @@ pub fn gc_all(home: &Home) -> Result<GcReport> {
     let root_parent = Path::new(crate::rootless::cgroups::ROOT_PARENT);
     if !mode.rootless && mode.cgroups.parent() == Some(root_parent) {
         remove_if_empty(root_parent);
+    }
+    // The jobs' network table of the host (root mode), when no job of any home has a
+    // link left: the gc before each `exec` keeps it, which its next job would make again.
+    match super::network::gc() {
+        Ok(Some(what)) => report.removed.push(what),
+        Ok(None) => {}
+        Err(e) => report.failed.push(format!("the jobs' network table: {e:#}")),
     }
     Ok(report)
 }

@@ -42,6 +42,16 @@ pub struct FileSettings {
     pub poll_interval_secs: Option<u64>,
     /// "auto" (a user namespace and host ids of its own per job) or "host".
     pub userns: Option<String>,
+    /// Jobs' network: `isolated` (default), `none` or `host` (see `run --network`).
+    pub network: Option<String>,
+    /// Destinations jobs may reach although blocked (`IP[:PORT]`, e.g. `169.254.169.254:80`).
+    #[serde(default)]
+    pub network_allow: Vec<String>,
+    /// Where jobs' addresses come from (root mode; default 10.87.0.0/16).
+    pub network_subnet: Option<String>,
+    /// The HTTP(S) proxy jobs use (HTTP_PROXY and HTTPS_PROXY), when the service's
+    /// environment names none; one on the host's loopback is reached at the jobs' gateway.
+    pub proxy: Option<String>,
     /// Setuid mode's site policy (read by `setuid::policy`, not by `run`).
     pub setuid: Option<toml::Value>,
 }

@@ -4,7 +4,7 @@
 
 use super::env::Env;
 use super::file::{read_file, FileSettings};
-use crate::config::Volume;
+use crate::config::{parse_subnet, Network, NetworkAllow, Volume};
 use crate::gpu::PerAgent;
 use crate::sandbox::limits::{self, LimitsAsk};
 use crate::scaler::AutoscaleSettings;
@@ -37,7 +37,14 @@ pub struct FlagSettings {
     pub poll_interval: Option<Duration>,
     /// `--userns`.
     pub userns: Option<crate::identity::Choice>,
+    pub network: Option<Network>,
+    pub network_allow: Vec<NetworkAllow>,
+    /// The service's HTTP(S)_PROXY and NO_PROXY (either case), from the environment.
+    pub proxy_env: Vec<(String, String)>,
 }
+
+/// The service's proxy variables that jobs get.
+pub const PROXY_VARS: &[&str] = &["HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY", "http_proxy", "https_proxy", "no_proxy"];
 
 /// The validated settings of one `run`.
 #[derive(Debug, Clone)]
@@ -66,6 +73,13 @@ pub struct RunSettings {
     pub autoscale: Option<AutoscaleSettings>,
     /// Whose ids jobs run as (see [`crate::identity`]).
     pub userns: crate::identity::Choice,
+    pub network: Network,
+    pub network_allow: Vec<NetworkAllow>,
+    /// None: the default (see `sandbox::network::DEFAULT_SUBNET`).
+    pub network_subnet: Option<crate::sys::net::Ipv4Net>,
+    /// What jobs get of HTTP(S)_PROXY and NO_PROXY, as the service has them (a proxy on
+    /// the host's loopback is rewritten to the jobs' gateway when the job plan is made).
+    pub proxy_env: Vec<(String, String)>,
 }
 
 /// How long a cancelled agent gets to report its job and exit before it is killed: the
@@ -80,6 +94,7 @@ pub fn env_settings(get: impl Fn(&str) -> Option<String>) -> FlagSettings {
         token_file: get("AZP_TOKEN_FILE").map(PathBuf::from),
         pool: get("AZP_POOL"),
         name_prefix: get("AZP_AGENT_NAME"),
+        proxy_env: PROXY_VARS.iter().filter_map(|k| Some((k.to_string(), get(k)?))).collect(),
         ..Default::default()
     }
 }
@@ -134,6 +149,42 @@ pub fn merge(file: FileSettings, env: FlagSettings, flags: FlagSettings) -> Resu
             .context("bad userns in the config file")?
             .unwrap_or_default(),
     };
+    let network = match flags.network {
+        Some(n) => n,
+        None => file
+            .network
+            .as_deref()
+            .map(str::parse)
+            .transpose()
+            .context("bad network in the config file")?
+            .unwrap_or_default(),
+    };
+    let mut network_allow = flags.network_allow;
+    if network_allow.is_empty() {
+        network_allow = file
+            .network_allow
+            .iter()
+            .map(|a| a.parse())
+            .collect::<Result<Vec<NetworkAllow>>>()
+            .context("bad network_allow in the config file")?;
+    }
+    let network_subnet = file
+        .network_subnet
+        .as_deref()
+        .map(parse_subnet)
+        .transpose()
+        .context("bad network_subnet in the config file")?;
+    let mut proxy_env = if flags.proxy_env.is_empty() { env.proxy_env } else { flags.proxy_env };
+    if let Some(p) = file.proxy.filter(|_| {
+        !proxy_env.iter().any(|(k, _)| k.eq_ignore_ascii_case("HTTPS_PROXY") || k.eq_ignore_ascii_case("HTTP_PROXY"))
+    }) {
+        if !(p.starts_with("http://") || p.starts_with("https://")) {
+            bail!("bad proxy '{p}' in the config file: use a URL, e.g. http://127.0.0.1:3128");
+        }
+        for k in ["HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy"] {
+            proxy_env.push((k.to_string(), p.clone()));
+        }
+    }
     Ok(RunSettings {
         url,
         token_file: flags.token_file.or(env.token_file).or(file.token_file),
@@ -159,6 +210,10 @@ pub fn merge(file: FileSettings, env: FlagSettings, flags: FlagSettings) -> Resu
         exit_when_idle: flags.exit_when_idle,
         autoscale,
         userns,
+        network,
+        network_allow,
+        network_subnet,
+        proxy_env,
     })
 }
 

@@ -123,6 +123,13 @@ pub struct RunRequest {
     pub agent_package: Option<String>,
     pub hooks_dir: Option<PathBuf>,
     pub autoscale: bool,
+    #[serde(default)]
+    pub network: crate::config::Network,
+    #[serde(default)]
+    pub network_allow: Vec<crate::config::NetworkAllow>,
+    /// The caller's HTTP(S)_PROXY and NO_PROXY, for its jobs.
+    #[serde(default)]
+    pub proxy_env: Vec<(String, String)>,
 }
 
 impl RunRequest {
@@ -149,6 +156,9 @@ impl RunRequest {
             agent_package: s.agent_package.clone(),
             hooks_dir: s.hooks_dir.clone(),
             autoscale: s.autoscale.is_some(),
+            network: s.network,
+            network_allow: s.network_allow.clone(),
+            proxy_env: s.proxy_env.clone(),
         }
     }
 }

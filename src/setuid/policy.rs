@@ -13,11 +13,12 @@
 //! max_pids = 4096
 //! max_cpus = 8
 //! max_disk = "100G"            # disk quota per job (where the home has project quotas)
-//! network = ["host", "none"]   # network modes users may choose
+//! network = ["isolated", "none"]  # network modes users may choose (default; "host" opts in)
+//! network_allow = ["169.254.169.254:80"]  # blocked destinations users may allow
 //! home = "/var/lib/azp-sandbox"  # the site store and job dirs
 //! ```
 
-use crate::config::{parse_size, Network};
+use crate::config::{parse_size, Network, NetworkAllow};
 use crate::sandbox::exec::ExecRequest;
 use crate::sandbox::limits::{Ask, LimitsAsk};
 use anyhow::{bail, Context, Result};
@@ -43,6 +44,9 @@ pub struct Policy {
     pub max_disk: Option<String>,
     #[serde(default = "default_network")]
     pub network: Vec<String>,
+    /// Entries of `--network-allow` users may give (`IP[:PORT]`).
+    #[serde(default)]
+    pub network_allow: Vec<String>,
     #[serde(default = "default_home")]
     pub home: PathBuf,
     #[serde(default = "default_driver_root")]
@@ -55,8 +59,9 @@ pub struct Policy {
     pub userns: crate::identity::Choice,
 }
 
+/// Jobs get their own network; sharing the host's is for the site to allow.
 fn default_network() -> Vec<String> {
-    vec!["host".into()]
+    vec!["isolated".into(), "none".into()]
 }
 fn default_home() -> PathBuf {
     PathBuf::from("/var/lib/azp-sandbox")
@@ -85,9 +90,12 @@ pub fn parse(text: &str, file: &Path) -> Result<Policy> {
         }
     }
     for n in &p.network {
-        if n != "host" && n != "none" {
-            bail!("bad [setuid] network entry '{n}' in {}: use \"host\" and/or \"none\"", file.display());
+        if n.parse::<Network>().is_err() {
+            bail!("bad [setuid] network entry '{n}' in {}: use \"isolated\", \"none\" and/or \"host\"", file.display());
         }
+    }
+    for a in &p.network_allow {
+        a.parse::<NetworkAllow>().map_err(|e| anyhow::anyhow!("bad [setuid] {e} in {}", file.display()))?;
     }
     p.memory_cap()?;
     p.disk_cap()?;
@@ -149,13 +157,7 @@ impl Policy {
         if req.cdi_spec.is_some() {
             bail!("--cdi-spec is not allowed in setuid mode: the site's GPUs come from the policy");
         }
-        let net = match req.network {
-            Network::Host => "host",
-            Network::None => "none",
-        };
-        if !self.network.iter().any(|n| n == net) {
-            bail!("--network {net} is not allowed by site policy (allowed: {})", self.network.join(", "));
-        }
+        self.check_network(req.network, &req.network_allow)?;
         req.limits = self.cap_limits(&req.limits)?;
         if let Some((u, g)) = req.user {
             if (u, g) != (caller.uid, caller.gid) {
@@ -164,6 +166,21 @@ impl Policy {
         }
         req.user = Some((caller.uid, caller.gid));
         Ok(req)
+    }
+
+    fn check_network(&self, mode: Network, allow: &[NetworkAllow]) -> Result<()> {
+        if !self.network.iter().any(|n| n == mode.name()) {
+            bail!("--network {mode} is not allowed by site policy (allowed: {})", self.network.join(", "));
+        }
+        for a in allow {
+            if !self.network_allow.iter().any(|p| p.parse::<NetworkAllow>().is_ok_and(|p| p == *a)) {
+                bail!(
+                    "--network-allow {a} is not allowed by site policy (allowed: {})",
+                    if self.network_allow.is_empty() { "none".into() } else { self.network_allow.join(", ") }
+                );
+            }
+        }
+        Ok(())
     }
 
     fn check_rootfs(&self, name: &str) -> Result<()> {
@@ -229,8 +246,9 @@ impl Policy {
                 req.gpus_per_agent
             );
         }
-        // Rootfs, volumes and limits: the exec rules.
+        // Rootfs, volumes, limits and the network: the exec rules.
         self.check_rootfs(&req.rootfs)?;
+        self.check_network(req.network, &req.network_allow)?;
         let volumes = self.resolve_volumes(&req.volumes, canonical)?;
         let limits = self.cap_limits(&req.limits)?;
         let flags = crate::settings::FlagSettings {
@@ -245,6 +263,9 @@ impl Policy {
             drain_timeout: Some(std::time::Duration::from_secs(req.drain_timeout_secs)),
             cancel_grace: req.cancel_grace_secs.map(std::time::Duration::from_secs),
             exit_when_idle: req.exit_when_idle_secs.map(std::time::Duration::from_secs),
+            network: Some(req.network),
+            network_allow: req.network_allow.clone(),
+            proxy_env: req.proxy_env.clone(),
             ..Default::default()
         };
         // No config file and no environment here: only what was checked.
@@ -310,7 +331,8 @@ gpus = ["0", "1"]
 max_memory = "1G"
 max_pids = 100
 max_disk = "10G"
-network = ["host", "none"]
+network = ["isolated", "host", "none"]
+network_allow = ["169.254.169.254:80"]
 "#;
 
     fn policy() -> Policy {
@@ -328,6 +350,7 @@ network = ["host", "none"]
             env: vec![],
             limits: LimitsAsk::default(),
             network: Network::Host,
+            network_allow: vec![],
             gpus: "none".into(),
             gpu_capabilities: "compute,utility".into(),
             cdi_spec: None,
@@ -360,6 +383,8 @@ network = ["host", "none"]
         assert!(e.contains("not /"), "{e}");
         let e = parse("[setuid]\nnetwork = [\"bridge\"]\n", f).unwrap_err().to_string();
         assert!(e.contains("bridge"), "{e}");
+        let e = parse("[setuid]\nnetwork_allow = [\"metadata\"]\n", f).unwrap_err().to_string();
+        assert!(e.starts_with("bad [setuid] bad network_allow entry 'metadata'") && !e.contains('\n'), "{e}");
         let e = parse("[setuid]\nmax_memory = \"lots\"\n", f).unwrap_err().to_string();
         assert!(e.contains("max_memory"), "{e}");
         let e = parse("[setuid]\nmax_disk = \"lots\"\n", f).unwrap_err().to_string();
@@ -415,6 +440,20 @@ network = ["host", "none"]
         let p2 = Policy { network: vec!["none".into()], ..policy() };
         let e = p2.authorize(req(), &c, &canon).unwrap_err().to_string();
         assert!(e.contains("--network host is not allowed"), "{e}");
+        let e = p2.authorize(ExecRequest { network: Network::Isolated, ..req() }, &c, &canon).unwrap_err().to_string();
+        assert!(e.contains("--network isolated is not allowed"), "{e}");
+        let allow = |s: &str| vec![s.parse::<NetworkAllow>().unwrap()];
+        refuse(
+            ExecRequest { network_allow: allow("169.254.169.254"), ..req() },
+            "--network-allow 169.254.169.254 is not",
+        );
+        assert!(p.authorize(ExecRequest { network_allow: allow("169.254.169.254:80"), ..req() }, &c, &canon).is_ok());
+        // The default policy: a job's own network, never the host's.
+        let d = parse("[setuid]\nusers = [\"alice\"]\nrootfs = [\"*\"]\n", Path::new("/p")).unwrap();
+        assert_eq!(d.network, ["isolated", "none"]);
+        assert!(d.authorize(ExecRequest { network: Network::Isolated, ..req() }, &c, &canon).is_ok());
+        let e = d.authorize(req(), &c, &canon).unwrap_err().to_string();
+        assert_eq!(e, "--network host is not allowed by site policy (allowed: isolated, none)");
     }
 
     #[test]
@@ -453,6 +492,9 @@ network = ["host", "none"]
             agent_package: None,
             hooks_dir: None,
             autoscale: false,
+            network: Network::Isolated,
+            network_allow: vec![],
+            proxy_env: vec![],
         }
     }
 
@@ -478,6 +520,11 @@ network = ["host", "none"]
         refuse(super::super::RunRequest { gpus_per_agent: "1".into(), ..run_req() }, "gpus = [\"all\"]");
         refuse(super::super::RunRequest { hooks_dir: Some("/h".into()), ..run_req() }, "--hooks-dir");
         refuse(super::super::RunRequest { autoscale: true, ..run_req() }, "--autoscale");
+        let p3 = Policy { network: vec!["isolated".into()], ..p.clone() };
+        let e =
+            p3.authorize_run(&super::super::RunRequest { network: Network::Host, ..run_req() }, &canon).unwrap_err();
+        assert!(e.to_string().contains("--network host is not allowed"), "{e}");
+        assert_eq!(p.authorize_run(&run_req(), &canon).unwrap().network, Network::Isolated);
         let vol = Volume { host: "/etc".into(), container: "/e".into(), env: None };
         refuse(super::super::RunRequest { volumes: vec![vol], ..run_req() }, "--volume /etc is not allowed");
     }

@@ -4,7 +4,8 @@
 //!
 //! - [`fs_at`]: directory-fd-relative file calls (`*at`, `openat2`) for the unpacker,
 //!   the store and in-tree writes;
-//! - [`mount`], [`ns`], [`cgroup`]: what the sandbox helper sets up;
+//! - [`mount`], [`ns`], [`cgroup`], [`net`]: what the sandbox helper sets up ([`netlink`]:
+//!   the messages of [`net`]);
 //! - [`process`], [`signals`]: forks, the helper's spawn, waits, kills, handlers;
 //! - [`lifeline`], [`tty`]: the job's init's lifeline and the terminal of `exec -t`;
 //! - [`ids`]: setuid mode's and the user namespace's identity changes;
@@ -24,6 +25,8 @@ pub mod ids;
 pub mod isolate;
 pub mod lifeline;
 pub mod mount;
+pub mod net;
+pub mod netlink;
 pub mod ns;
 pub mod nvml_mig;
 pub mod process;
@@ -84,6 +87,14 @@ pub trait Sys {
     fn claim_disk_quota(&self, dir: &Path, quota: &DiskQuota) -> Result<u32>;
     /// Clears the limits of project `id`, if `dir` still has it.
     fn release_disk_quota(&self, dir: &Path, id: u32) -> Result<()>;
+    /// The host's IPv4 addresses, read before the helper leaves the host's network
+    /// namespace (the job's routes block them).
+    fn host_addresses(&self) -> Result<Vec<std::net::Ipv4Addr>>;
+    /// Moves the helper into the job's own network namespace, set up as `setup` says
+    /// (see [`net`]).
+    fn isolate_network(&self, setup: &net::Setup) -> Result<net::Made>;
+    /// Mounts a sysfs of the job's network namespace on `target`, for the spec to bind.
+    fn mount_sysfs(&self, target: &Path) -> Result<()>;
 }
 
 /// The real thing.
@@ -144,6 +155,15 @@ impl Sys for Real {
     }
     fn release_disk_quota(&self, dir: &Path, id: u32) -> Result<()> {
         quota::release(dir, id)
+    }
+    fn host_addresses(&self) -> Result<Vec<std::net::Ipv4Addr>> {
+        net::addresses()
+    }
+    fn isolate_network(&self, setup: &net::Setup) -> Result<net::Made> {
+        net::isolate(setup)
+    }
+    fn mount_sysfs(&self, target: &Path) -> Result<()> {
+        net::mount_sysfs(target)
     }
 }
 
@@ -295,6 +315,28 @@ impl Sys for Recorder {
             id,
             source,
         })
+    }
+    /// The host's addresses: 127.0.0.1 and 192.0.2.2.
+    fn host_addresses(&self) -> Result<Vec<std::net::Ipv4Addr>> {
+        self.step("host_addresses".into()).map_err(|source| Error::NetlinkDump { what: "addresses", source })?;
+        Ok(vec![std::net::Ipv4Addr::LOCALHOST, std::net::Ipv4Addr::new(192, 0, 2, 2)])
+    }
+    /// A veth job gets the pool's third address.
+    fn isolate_network(&self, setup: &net::Setup) -> Result<net::Made> {
+        let what = match setup {
+            net::Setup::Loopback => "loopback".to_string(),
+            net::Setup::Veth(v) => format!("veth {}", v.host_name),
+            net::Setup::Pasta(_) => "pasta".to_string(),
+        };
+        self.step(format!("isolate_network {what}")).map_err(Error::UnshareNetNs)?;
+        Ok(match setup {
+            net::Setup::Veth(v) => net::Made { address: Some(v.pool.nth(2)), pasta_pid: None },
+            _ => net::Made::default(),
+        })
+    }
+    fn mount_sysfs(&self, target: &Path) -> Result<()> {
+        self.step(format!("mount_sysfs {}", target.display()))
+            .map_err(|source| Error::MountSysfs { target: target.into(), source })
     }
 }
 
