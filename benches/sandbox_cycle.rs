@@ -2,8 +2,18 @@
 //! teardown) against `runc run` (and `podman run --rm` when installed) on the same
 //! busybox rootfs, in the same run. Prints medians and ratios.
 //!
+//! Equal work: runc's default spec gives the container a network namespace of its own
+//! (empty: loopback, down), so the headline rows compare it with `exec`'s own network
+//! namespace: the default (`isolated`: a veth, routes, the host's table) and `none`
+//! (loopback only). `--network host` is shown for reference. Everything runs in a
+//! network namespace of the bench's own (tests/common/netlab.rs's fake host), so the
+//! host's table and forwarding setting are made there and go with it.
+//!
 //! `cargo bench --bench sandbox_cycle` (root). AZP_BENCH_RUNS=N changes the sample size
 //! (default 30).
+
+#[path = "../tests/common/netlab.rs"]
+mod netlab;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -69,6 +79,10 @@ fn main() {
     ok(Command::new(&bin).arg("--home").arg(&home).args(["-q", "rootfs", "import"]).arg(&tar).args(["--name", "bb"]));
     let dataset = work.join("dataset");
     std::fs::create_dir_all(&dataset).unwrap();
+    // The fake host: this (single-threaded) process joins it, and every command it starts
+    // is born there.
+    let lab = netlab::NetLab::new().expect("the bench's network lab");
+    lab.enter_host();
 
     let exec_global = |global: &[&str], extra: &[&str]| {
         let mut c = Command::new(&bin);
@@ -136,10 +150,14 @@ fn main() {
     if gpu {
         warm(&|| exec_global(&gpu_args, &["--gpus", "all", "--memory", "256M", "--volume", &vol]));
     }
+    warm(&|| exec(&["--network", "none"]));
+    warm(&|| exec(&["--network", "host"]));
     let (mut plain, mut limited, mut runc, mut gpu_t, mut pod) = (vec![], vec![], vec![], vec![], vec![]);
+    let (mut none, mut host) = (vec![], vec![]);
+    const KINDS: usize = 7;
     for i in 0..runs {
-        for k in 0..5 {
-            match (i + k) % 5 {
+        for k in 0..KINDS {
+            match (i + k) % KINDS {
                 0 => plain.push(timed(|| exec(&[]))),
                 1 => limited
                     .push(timed(|| exec(&["--memory", "256M", "--pids", "100", "--cpus", "1", "--volume", &vol]))),
@@ -150,15 +168,19 @@ fn main() {
                     pod.push(timed(podman_run));
                     settle_podman();
                 }
+                5 => none.push(timed(|| exec(&["--network", "none"]))),
+                6 => host.push(timed(|| exec(&["--network", "host"]))),
                 _ => {}
             }
         }
     }
 
     let mut rows = vec![
-        ("azp-sandbox exec -- /bin/true", plain.clone()),
+        ("azp-sandbox exec -- /bin/true (default: --network isolated)", plain.clone()),
+        ("azp-sandbox exec --network none", none.clone()),
+        ("azp-sandbox exec --network host (reference: no network namespace)", host),
         ("azp-sandbox exec (limits + volume)", limited),
-        ("runc run (same rootfs)", runc.clone()),
+        ("runc run (same rootfs; default spec: own network namespace)", runc.clone()),
     ];
     if gpu {
         rows.push(("azp-sandbox exec --gpus all (driver tree via the edit layer, limits, volume)", gpu_t));
@@ -184,7 +206,9 @@ fn main() {
     }
     let runc_median = median(runc).as_secs_f64();
     let ratio = median(plain.clone()).as_secs_f64() / runc_median;
-    md.push_str(&format!("\nazp-sandbox / runc (medians): **{ratio:.2}x** (target <= 0.5x)\n"));
+    md.push_str(&format!("\nazp-sandbox (isolated) / runc (medians): **{ratio:.2}x** (target <= 0.5x)\n"));
+    let ratio_none = median(none).as_secs_f64() / runc_median;
+    md.push_str(&format!("azp-sandbox --network none / runc (medians): **{ratio_none:.2}x** (target <= 0.45x)\n"));
     if let Some((_, g)) = rows.iter().find(|(n, _)| n.contains("--gpus all")) {
         // Issue 7's cycle includes a GPU driver tree's binds, limits and a dataset.
         md.push_str(&format!(
@@ -203,6 +227,9 @@ fn main() {
         md.push_str("podman: not installed, not measured\n");
     }
     md.push('\n');
+    // The host's table of the isolated rows goes with the lab's namespace; gc says so.
+    ok(Command::new(&bin).arg("--home").arg(&home).args(["-q", "gc"]));
+    drop(lab);
     println!("\n{md}");
     std::fs::create_dir_all(repo.join("target/bench-results")).unwrap();
     std::fs::write(repo.join("target/bench-results/sandbox_cycle.md"), md).unwrap();

@@ -12,17 +12,26 @@
 #   uidmap                      newuidmap/newgidmap for rootless mode (and /etc/subuid, /etc/subgid)
 #   libcap2-bin                 setcap (the setuid tests refuse a binary with file capabilities)
 #   ca-certificates, curl       downloads (agent package, registries) in recipes
+#   nftables                    jobs' own network in root mode (the host's table, issue 23)
+#   passt                       jobs' own network in rootless mode (pasta)
+#   dnsmasq-base, iperf3        the network tests' fake host and internet, and the throughput bench
 set -euo pipefail
 if [ "$(id -u)" != 0 ]; then exec sudo -E "$0" "$@"; fi
 export DEBIAN_FRONTEND=noninteractive
 pkgs=(build-essential libc6-dev pkg-config libseccomp-dev busybox-static bash-static debootstrap runc zstd uidmap libcap2-bin
-      ca-certificates curl git iproute2 procps psmisc docker-registry skopeo apache2-utils umoci)
+      ca-certificates curl git iproute2 procps psmisc docker-registry skopeo apache2-utils umoci
+      nftables passt dnsmasq-base iperf3)
 missing=()
 for p in "${pkgs[@]}"; do dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'ok installed' || missing+=("$p"); done
 if [ ${#missing[@]} -gt 0 ]; then
   echo "setup: installing ${missing[*]}"
   apt-get update -q
   apt-get install -y -q --no-install-recommends "${missing[@]}"
+fi
+# pasta (rootless jobs' network) opens /dev/net/tun as the user: 0666, as Debian's udev
+# sets it (a host without udev, like a container or a minimal VM, has 0600).
+if [ -c /dev/net/tun ] && [ "$(stat -c %a /dev/net/tun)" != 666 ]; then
+  chmod 0666 /dev/net/tun
 fi
 if ! command -v cargo >/dev/null; then
   echo "setup: Rust (cargo >= 1.85) is required: install it with rustup (https://rustup.rs), then re-run" >&2

@@ -309,14 +309,108 @@ pub fn parse_size(s: &str) -> Result<u64> {
     Ok(bytes as u64)
 }
 
-/// `--network host|none`.
+/// `--network isolated|none|host` (`network = ...` in config.toml and the setuid policy).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize, clap::ValueEnum)]
 pub enum Network {
-    /// Share the host's network (the agent must reach Azure DevOps).
+    /// A network namespace of its own: outbound IPv4 and DNS, nothing of the host, of the
+    /// other jobs or of link-local addresses (cloud metadata) (see sandbox::network).
     #[default]
-    Host,
+    Isolated,
     /// A new, empty network namespace (loopback only).
     None,
+    /// The host's network namespace: every host service on 127.0.0.1, the host's
+    /// abstract unix sockets, the other jobs' ports, the cloud metadata service.
+    Host,
+}
+
+impl Network {
+    pub fn name(self) -> &'static str {
+        match self {
+            Network::Isolated => "isolated",
+            Network::None => "none",
+            Network::Host => "host",
+        }
+    }
+
+    /// The one line printed when jobs share the host's network (`--network host`).
+    pub const HOST_WARNING: &'static str = "WARNING: --network host: jobs share the host's network: they reach every \
+         service on the host's 127.0.0.1, its abstract unix sockets, the other jobs' ports and the cloud \
+         metadata service (169.254.169.254)";
+}
+
+impl std::fmt::Display for Network {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl std::str::FromStr for Network {
+    type Err = anyhow::Error;
+    fn from_str(s: &str) -> Result<Network> {
+        match s {
+            "isolated" => Ok(Network::Isolated),
+            "none" => Ok(Network::None),
+            "host" => Ok(Network::Host),
+            _ => bail!("unknown network mode '{s}': use isolated (the default), none or host"),
+        }
+    }
+}
+
+/// A destination jobs may reach although it is blocked (`network_allow`, `--network-allow`):
+/// `IP` or `IP:PORT` (IPv4), e.g. the cloud metadata service `169.254.169.254:80`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+pub struct NetworkAllow {
+    pub addr: std::net::Ipv4Addr,
+    /// None: every TCP and UDP port.
+    pub port: Option<u16>,
+}
+
+impl std::fmt::Display for NetworkAllow {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.port {
+            Some(p) => write!(f, "{}:{p}", self.addr),
+            None => write!(f, "{}", self.addr),
+        }
+    }
+}
+
+impl std::str::FromStr for NetworkAllow {
+    type Err = anyhow::Error;
+    fn from_str(s: &str) -> Result<NetworkAllow> {
+        let bad = || {
+            anyhow::anyhow!(
+                "bad network_allow entry '{s}': use an IPv4 address with an optional port, e.g. 169.254.169.254:80"
+            )
+        };
+        if s.contains('[') || s.matches(':').count() > 1 {
+            bail!("bad network_allow entry '{s}': jobs have IPv4 only; give an IPv4 address, e.g. 169.254.169.254:80");
+        }
+        let (addr, port) = match s.split_once(':') {
+            Some((a, p)) => (a, Some(p.parse::<u16>().ok().filter(|p| *p > 0).ok_or_else(bad)?)),
+            None => (s, None),
+        };
+        let addr: std::net::Ipv4Addr = addr.parse().map_err(|_| bad())?;
+        if addr.is_unspecified() || addr.is_broadcast() || addr.is_multicast() {
+            return Err(bad());
+        }
+        Ok(NetworkAllow { addr, port })
+    }
+}
+
+/// `network_subnet = "10.87.0.0/16"`: where jobs' addresses come from (root mode).
+pub fn parse_subnet(s: &str) -> Result<crate::sys::net::Ipv4Net> {
+    let bad = || anyhow::anyhow!("bad network_subnet '{s}': use an IPv4 network of /8 to /24, e.g. 10.87.0.0/16");
+    let (a, p) = s.split_once('/').ok_or_else(bad)?;
+    let addr: std::net::Ipv4Addr = a.parse().map_err(|_| bad())?;
+    let prefix: u8 = p.parse().map_err(|_| bad())?;
+    if !(8..=24).contains(&prefix) || addr.is_loopback() || addr.is_multicast() || addr.is_link_local() {
+        return Err(bad());
+    }
+    let net = crate::sys::net::Ipv4Net::new(addr, prefix);
+    if net.addr != addr {
+        bail!("bad network_subnet '{s}': {addr} is not the first address of a /{prefix}; did you mean {net}?");
+    }
+    Ok(net)
 }
 
 #[cfg(test)]
@@ -422,5 +516,34 @@ mod tests {
         assert_eq!((e.key.as_str(), e.value.as_str()), ("A_1", "x=y"));
         assert!("1A=x".parse::<EnvVar>().is_err());
         assert!("novalue".parse::<EnvVar>().is_err());
+    }
+
+    #[test]
+    fn network_modes_allow_entries_and_subnets() {
+        assert_eq!(Network::default(), Network::Isolated, "jobs get their own network by default");
+        for m in [Network::Isolated, Network::None, Network::Host] {
+            assert_eq!(m.name().parse::<Network>().unwrap(), m);
+        }
+        let e = "bridge".parse::<Network>().unwrap_err().to_string();
+        assert_eq!(e, "unknown network mode 'bridge': use isolated (the default), none or host");
+        let a: NetworkAllow = "169.254.169.254:80".parse().unwrap();
+        assert_eq!(
+            (a.addr, a.port, a.to_string().as_str()),
+            ([169, 254, 169, 254].into(), Some(80), "169.254.169.254:80")
+        );
+        assert_eq!("10.0.0.1".parse::<NetworkAllow>().unwrap().port, None);
+        for bad in ["", "metadata", "169.254.169.254:", "169.254.169.254:0", "1.2.3.4:99999", "0.0.0.0", "1.2.3.4/8"] {
+            let e = bad.parse::<NetworkAllow>().unwrap_err().to_string();
+            assert!(e.starts_with(&format!("bad network_allow entry '{bad}': use an IPv4 address")), "{bad}: {e}");
+            assert!(!e.contains('\n'));
+        }
+        let e = "[fe80::1]:80".parse::<NetworkAllow>().unwrap_err().to_string();
+        assert!(e.contains("IPv4 only"), "{e}");
+        assert_eq!(parse_subnet("10.87.0.0/16").unwrap().to_string(), "10.87.0.0/16");
+        let e = parse_subnet("10.87.1.0/16").unwrap_err().to_string();
+        assert!(e.contains("did you mean 10.87.0.0/16?"), "{e}");
+        for bad in ["10.87.0.0", "10.0.0.0/30", "127.0.0.0/8", "169.254.0.0/16", "x/16"] {
+            assert!(parse_subnet(bad).unwrap_err().to_string().starts_with("bad network_subnet"), "{bad}");
+        }
     }
 }

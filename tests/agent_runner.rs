@@ -1,5 +1,7 @@
-//! `azp-sandbox run` end to end against the fake Azure DevOps (loopback) and the fake
-//! agent package (busybox sh scripts following the real agent's contract).
+//! `azp-sandbox run` end to end against the fake Azure DevOps and the fake agent package
+//! (busybox sh scripts following the real agent's contract). With the jobs' default
+//! network (a namespace of their own), the fake server is in the network lab's fake
+//! internet and `run` in its fake host, as Azure is outside the host in production.
 
 mod common;
 use common::fake_azure::FakeAzure;
@@ -12,7 +14,8 @@ use std::time::Duration;
 fn two_slots_serve_six_jobs_each_in_a_fresh_sandbox() {
     require_root!();
     let tree = or_skip!(driver_tree());
-    let fake = FakeAzure::start();
+    let lab = or_skip!(netlab::NetLab::new());
+    let fake = FakeAzure::start_in(&lab);
     let h = TestHome::with_busybox("runner");
     let data = h.dir.join("dataset");
     std::fs::create_dir_all(&data).unwrap();
@@ -21,7 +24,7 @@ fn two_slots_serve_six_jobs_each_in_a_fresh_sandbox() {
     let tf = token_file(&h, &pat);
     let log = std::fs::File::create(h.dir.join("manager.log")).unwrap();
     let child = h
-        .command()
+        .lab_command(&lab)
         .arg("--driver-root")
         .arg(&tree)
         .args(["run", "--pool", "gpu", "--url", &fake.url(), "--token-file", tf.to_str().unwrap()])
@@ -50,7 +53,8 @@ fn two_slots_serve_six_jobs_each_in_a_fresh_sandbox() {
              echo env-pat=$(env | has)\n\
              echo proc-pat=$(cat /proc/[0-9]*/environ /proc/[0-9]*/cmdline 2>/dev/null | tr '\\0' '\\n' | has)\n\
              echo file-pat=$(find /azp /etc /tmp /home /root /var -type f 2>/dev/null | while read -r f; do has < \"$f\"; done | grep -vc '^0$')\n\
-             echo input-vars=$(env | grep -c VSTS_AGENT_INPUT)\n"
+             echo input-vars=$(env | grep -c VSTS_AGENT_INPUT)\n\
+             echo links=$(ls /sys/class/net | tr '\\n' ' ')\n"
         ));
     }
     let results = fake.wait_results(6, Duration::from_secs(240));
@@ -70,6 +74,7 @@ fn two_slots_serve_six_jobs_each_in_a_fresh_sandbox() {
         assert!(out.contains("cat,dog"), "dataset visible: {out}");
         assert!(out.contains("previous-leaks=0"), "a previous job's file is visible: {out}");
         assert!(!out.contains("TOUCH-FAILED"), "{out}");
+        assert!(out.contains("links=eth0 lo\n"), "a network of its own: {out}");
         for secret in ["env-pat=0", "proc-pat=0", "file-pat=0", "input-vars=0"] {
             assert!(out.contains(secret), "PAT reachable ({secret}): {out}");
         }
@@ -95,9 +100,14 @@ fn two_slots_serve_six_jobs_each_in_a_fresh_sandbox() {
     assert!(st.success(), "manager exit {st}; log:\n{}", std::fs::read_to_string(h.dir.join("manager.log")).unwrap());
     let log = std::fs::read_to_string(h.dir.join("manager.log")).unwrap();
     assert!(log.contains("job finished"), "job log lines expected:\n{log}");
+    // The limits in force, at start and in each job's line.
+    assert!(log.contains("job limits: memory 256.0M, pids 200, cpus "), "the start line:\n{log}");
+    let job_lines: Vec<&str> = log.lines().filter(|l| l.contains("job finished")).collect();
+    assert!(job_lines.iter().all(|l| l.contains("limits=memory 256.0M, pids 200")), "{job_lines:?}");
     assert!(fake.agents().is_empty(), "offline records left: {:?}", fake.agents());
     h.assert_no_residue(&[]);
     assert!(processes_matching(h.dir.to_str().unwrap()).is_empty(), "processes left");
+    assert_eq!(lab.host_network_residue(), Vec::<String>::new(), "the end of run leaves no network state");
 }
 
 #[test]
@@ -150,12 +160,13 @@ fn bad_pat_and_unknown_pool_fail_at_start_with_their_message() {
 #[cfg_attr(not(test_as_root), ignore = "needs root: creates real sandboxes (CI runs the suite as root)")]
 fn update_required_refetches_the_package_and_status_shows_the_slots() {
     require_root!();
-    let fake = FakeAzure::start();
+    let lab = or_skip!(netlab::NetLab::new());
+    let fake = FakeAzure::start_in(&lab);
     let h = TestHome::with_busybox("runner-update");
     let tf = token_file(&h, &fake.pat());
     let log = std::fs::File::create(h.dir.join("manager.log")).unwrap();
     let child = h
-        .command()
+        .lab_command(&lab)
         .args(["run", "--pool", "gpu", "--url", &fake.url(), "--token-file", tf.to_str().unwrap()])
         .args(["--agents", "1", "--gpus-per-agent", "none", "--rootfs", "bb", "--name-prefix", "upd"])
         .stdout(Stdio::null())
@@ -181,6 +192,9 @@ fn update_required_refetches_the_package_and_status_shows_the_slots() {
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{text}");
     assert!(text.contains("upd-0") && text.contains("running") && text.contains("pool      gpu"), "{text}");
+    // No limit flag: every limit has the node's default, shown by `status`.
+    assert!(text.contains("limits    per job: memory ") && text.contains("(1 slot(s) sharing "), "{text}");
+    assert!(!text.contains("memory unlimited") && !text.contains("pids unlimited"), "{text}");
     // The slot counts a job once its sandbox is torn down, a moment after the agent has
     // posted the result the fake server saw: wait for the count instead of racing it.
     let status_json = || -> serde_json::Value { serde_json::from_slice(&h.run(&["status", "--json"]).stdout).unwrap() };
@@ -189,6 +203,10 @@ fn update_required_refetches_the_package_and_status_shows_the_slots() {
     });
     let json = status_json();
     assert_eq!(json["slots"][0]["agent"], "upd-0");
+    let per_job = &json["job_limits"]["per_job"];
+    assert!(per_job["memory_bytes"].as_u64().unwrap() >= 256 << 20, "{json}");
+    assert!(per_job["pids"].as_i64().unwrap() >= 64 && per_job["cpus_milli"].as_u64().unwrap() >= 1000, "{json}");
+    assert_eq!(per_job["tmp_bytes"], per_job["memory_bytes"], "{json}");
     assert!(json["slots"][0]["jobs_done"].as_u64().unwrap() >= 2, "{json}");
 
     assert!(mgr.stop().success());

@@ -32,7 +32,8 @@ const NOT_OURS: &[&str] = &["cuda_version -equals 99.9"];
 #[cfg_attr(not(test_as_root), ignore = "needs root: creates real sandboxes (CI runs the suite as root)")]
 fn autoscale_serves_exactly_the_matching_jobs_then_scales_to_zero() {
     require_root!();
-    let fake = FakeAzure::start();
+    let lab = or_skip!(common::netlab::NetLab::new());
+    let fake = FakeAzure::start_in(&lab);
     let h = TestHome::with_busybox("autoscale");
     let tf = token_file(&h, &fake.pat());
     // One job runs longer than the idle timeout: its agent must not be stopped under it.
@@ -44,7 +45,7 @@ fn autoscale_serves_exactly_the_matching_jobs_then_scales_to_zero() {
 
     let log = h.dir.join("manager.log");
     let child = h
-        .command()
+        .lab_command(&lab)
         .args(["run", "--pool", "gpu", "--url", &fake.url(), "--token-file", tf.to_str().unwrap()])
         .args(["--autoscale", "--min-agents", "0", "--max-agents", "2", "--idle-timeout", "3", "--poll-interval", "1"])
         .args(["--gpus-per-agent", "none", "--rootfs", "bb", "--name-prefix", "asc", "--drain-timeout", "20"])
@@ -120,14 +121,15 @@ fn autoscale_serves_exactly_the_matching_jobs_then_scales_to_zero() {
 #[cfg_attr(not(test_as_root), ignore = "needs root: creates real sandboxes (CI runs the suite as root)")]
 fn exit_when_idle_ends_run_after_its_jobs() {
     require_root!();
-    let fake = FakeAzure::start();
+    let lab = or_skip!(common::netlab::NetLab::new());
+    let fake = FakeAzure::start_in(&lab);
     let h = TestHome::with_busybox("exit-idle");
     let tf = token_file(&h, &fake.pat());
     let job = fake.enqueue_job("sleep 4; echo done");
     let log = h.dir.join("manager.log");
     let started = Instant::now();
     let child = h
-        .command()
+        .lab_command(&lab)
         .args(["run", "--pool", "gpu", "--url", &fake.url(), "--token-file", tf.to_str().unwrap()])
         .args([
             "--agents",
@@ -420,6 +422,9 @@ fn real_slurm_runs_a_batch_job_that_serves_a_job() {
         .args(["--idle-timeout", "10", "--remote-home"])
         .arg(&h.dir)
         .args(["--sbatch-arg=--time=00:05:00"])
+        // The fake server is on this host's loopback, which jobs with a network of their
+        // own cannot reach; the batch job runs under the real Slurm, out of the test's lab.
+        .arg("--run-arg=--network=host")
         .stdout(Stdio::null())
         .stderr(std::fs::File::create(&log).unwrap())
         .spawn()

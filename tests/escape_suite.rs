@@ -21,6 +21,8 @@
 mod common;
 #[path = "escape/identity.rs"]
 mod identity;
+#[path = "escape/network.rs"]
+mod network;
 use common::digest::{hex, sha256_file, sha256_hex};
 use common::*;
 use std::fs;
@@ -39,6 +41,7 @@ use std::time::{Duration, Instant};
 const PROBE_C: &str = r#"
 #define _GNU_SOURCE
 #include <dirent.h>
+#include <stddef.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
@@ -46,9 +49,13 @@ const PROBE_C: &str = r#"
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <poll.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <sys/mount.h>
 #include <sys/personality.h>
 #include <sys/socket.h>
+#include <sys/un.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/sysmacros.h>
@@ -68,6 +75,9 @@ static const char *ename(int e) {
   case EFAULT: return "EFAULT"; case ENXIO: return "ENXIO"; case ENODEV: return "ENODEV";
   case ENOEXEC: return "ENOEXEC"; case ELOOP: return "ELOOP"; case EXDEV: return "EXDEV";
   case EOPNOTSUPP: return "EOPNOTSUPP"; case EAFNOSUPPORT: return "EAFNOSUPPORT";
+  case ECONNREFUSED: return "ECONNREFUSED";
+  case ETIMEDOUT: return "ETIMEDOUT"; case EHOSTUNREACH: return "EHOSTUNREACH";
+  case ENETUNREACH: return "ENETUNREACH";
   }
   snprintf(buf, sizeof buf, "E%d", e);
   return buf;
@@ -158,6 +168,27 @@ int main(int argc, char **argv) {
       printf("\n");
       fflush(stdout);
       continue;
+    }
+    else if (!strcmp(op, "connect-tcp")) {
+      /* TCP connect to IP:PORT, 3 s at most (ETIMEDOUT). */
+      struct sockaddr_in sa = { .sin_family = AF_INET, .sin_port = htons(atoi(a[2])) };
+      inet_pton(AF_INET, a[1], &sa.sin_addr);
+      int s = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK, 0);
+      r = connect(s, (struct sockaddr *)&sa, sizeof sa);
+      if (r < 0 && errno == EINPROGRESS) {
+        struct pollfd p = { .fd = s, .events = POLLOUT };
+        int e = 0; socklen_t l = sizeof e;
+        if (poll(&p, 1, 3000) == 0) { errno = ETIMEDOUT; r = -1; }
+        else { getsockopt(s, SOL_SOCKET, SO_ERROR, &e, &l); errno = e; r = e ? -1 : 0; }
+      }
+    }
+    else if (!strcmp(op, "connect-abstract")) {
+      /* connect(2) to the abstract unix socket @NAME. */
+      struct sockaddr_un sa = { .sun_family = AF_UNIX };
+      size_t n = strlen(a[1]);
+      memcpy(sa.sun_path + 1, a[1], n);
+      int s = socket(AF_UNIX, SOCK_STREAM, 0);
+      r = connect(s, (struct sockaddr *)&sa, offsetof(struct sockaddr_un, sun_path) + 1 + n);
     }
     else if (!strcmp(op, "io-uring")) { char params[120] = {0}; r = syscall(SYS_io_uring_setup, 1, params); }
     else if (!strcmp(op, "open-tree")) r = syscall(SYS_open_tree, AT_FDCWD, a[1], 1 /* OPEN_TREE_CLONE */);
@@ -1447,7 +1478,8 @@ fn t15b_volume_of_root_or_shadow_is_read_only_nosuid_nodev_all_the_way_down() {
 #[cfg_attr(not(test_as_root), ignore = "needs root: creates real sandboxes (CI runs the suite as root)")]
 fn t16_kill_9_of_the_manager_mid_job_then_gc_leaves_nothing() {
     require_root!();
-    let fake = common::fake_azure::FakeAzure::start();
+    let lab = or_skip!(common::netlab::NetLab::new());
+    let fake = common::fake_azure::FakeAzure::start_in(&lab);
     let h = TestHome::with_busybox("esc-mgr-kill");
     let tf = h.dir.join("pat");
     fs::write(&tf, format!("{}\n", fake.pat())).unwrap();
@@ -1457,7 +1489,7 @@ fn t16_kill_9_of_the_manager_mid_job_then_gc_leaves_nothing() {
     ));
     let log = fs::File::create(h.dir.join("manager.log")).unwrap();
     let mut mgr = HostProc(
-        h.command()
+        h.lab_command(&lab)
             .args(["run", "--pool", "gpu", "--url", &fake.url(), "--token-file", tf.to_str().unwrap()])
             .args(["--agents", "1", "--gpus-per-agent", "none", "--rootfs", "bb", "--name-prefix", "esckill"])
             .stdout(Stdio::null())
@@ -1476,7 +1508,7 @@ fn t16_kill_9_of_the_manager_mid_job_then_gc_leaves_nothing() {
     mgr.0.kill().unwrap(); // SIGKILL
     mgr.0.wait().unwrap();
     // The helpers die with the manager (PDEATHSIG); the job's processes are gc's to kill.
-    let out = h.run(&["gc"]);
+    let out = h.lab_command(&lab).arg("gc").output().unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     wait_until("the job's processes to be gone", Duration::from_secs(10), || processes_matching(&m).is_empty());
     let names: Vec<&str> = jobs.iter().map(String::as_str).collect();
@@ -1485,6 +1517,10 @@ fn t16_kill_9_of_the_manager_mid_job_then_gc_leaves_nothing() {
     for j in &jobs {
         assert!(cgroup_dirs_of(j).is_empty(), "cgroup of {j} left");
     }
+    // The jobs' links and the host's table (root mode) are gone too.
+    let out = h.lab_command(&lab).arg("gc").output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(lab.host_network_residue(), Vec::<String>::new());
 }
 
 /// A small tmpfs, unmounted (lazily) when dropped, even when the test fails.
@@ -1610,14 +1646,15 @@ fn t17_job_cannot_read_back_the_file_its_stdout_appends_to() {
 #[cfg_attr(not(test_as_root), ignore = "needs root: creates real sandboxes (CI runs the suite as root)")]
 fn t18_manager_does_not_follow_files_the_job_planted_in_its_upper_dir() {
     require_root!();
-    let fake = common::fake_azure::FakeAzure::start();
+    let lab = or_skip!(common::netlab::NetLab::new());
+    let fake = common::fake_azure::FakeAzure::start_in(&lab);
     let h = TestHome::with_busybox("esc-mgr-fifo");
     let tf = h.dir.join("pat");
     fs::write(&tf, format!("{}\n", fake.pat())).unwrap();
     fake.enqueue_job("mkdir -p /azp/agent/_diag && mkfifo /azp/agent/_diag/zz-evil.log && echo planted");
     let log = fs::File::create(h.dir.join("manager.log")).unwrap();
     let mut mgr = HostProc(
-        h.command()
+        h.lab_command(&lab)
             .args(["run", "--pool", "gpu", "--url", &fake.url(), "--token-file", tf.to_str().unwrap()])
             .args(["--agents", "1", "--gpus-per-agent", "none", "--rootfs", "bb", "--name-prefix", "escfifo"])
             .stdout(Stdio::null())
@@ -1714,3 +1751,10 @@ fn t19_rootfs_symlinks_do_not_redirect_the_helpers_writes_to_the_host() {
 
 #[path = "escape/supervisor.rs"]
 mod supervisor;
+
+// ---------------------------------------------------------------------------------------
+// Exhaustion: pids, memory, swap, disk (issue 25)
+// ---------------------------------------------------------------------------------------
+
+#[path = "escape/exhaust.rs"]
+mod exhaust;

@@ -288,12 +288,13 @@ fn a_user_without_subordinate_ids_gets_a_one_line_fix() {
 #[cfg_attr(not(test_as_root), ignore = "needs root: runs azp-sandbox as the rootless test user (scripts/test.sh)")]
 fn the_agent_runner_without_delegation_warns_at_start_and_in_status() {
     require_rootless!();
-    let fake = FakeAzure::start();
+    let lab = or_skip!(common::netlab::NetLab::new());
+    let fake = FakeAzure::start_in(&lab);
     let h = TestHome::with_busybox("rl-run-warn");
     let tf = token_file(&h, &fake.pat());
     as_test_user_owns(&tf);
     let parent = format!("/azp-sandbox/not-delegated-{}", std::process::id());
-    let mut cmd = h.command();
+    let mut cmd = h.lab_command(&lab);
     cmd.args([
         "--cgroup-parent",
         &parent,

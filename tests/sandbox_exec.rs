@@ -187,9 +187,9 @@ fn network_none_has_only_loopback() {
         exec_out(&h, &["--network", "none", "--", "sh", "-c", "tail -n +3 /proc/net/dev | cut -d: -f1"]);
     assert_eq!(code, 0, "{err}");
     assert_eq!(out.split_whitespace().collect::<Vec<_>>(), vec!["lo"]);
-    let (_, out, _) = exec_out(&h, &["--", "sh", "-c", "tail -n +3 /proc/net/dev | wc -l"]);
+    let (_, out, _) = exec_out(&h, &["--network", "host", "--", "sh", "-c", "tail -n +3 /proc/net/dev | wc -l"]);
     let host_ifaces = std::fs::read_to_string("/proc/net/dev").unwrap().lines().count() - 2;
-    assert_eq!(out.trim(), host_ifaces.to_string(), "default shares the host network");
+    assert_eq!(out.trim(), host_ifaces.to_string(), "--network host shares the host network");
 }
 
 #[test]
@@ -216,10 +216,13 @@ fn fork_bomb_is_contained_by_the_pids_limit() {
     require_root!();
     let h = TestHome::with_busybox("forkbomb");
     let name = unique("bomb");
+    // The bomb goes off in a child: pid 1's own fork (`&`) comes before the bomb exists,
+    // and `exec sleep` needs none, so pid 1 cannot lose a fork race to it (it did once,
+    // when pid 1 itself ran `bomb | bomb &` and its second fork met a full pids limit).
     let mut child = h
         .command()
         .args(["exec", "--rootfs", "bb", "--name", &name, "--pids", "64", "--", "sh", "-c"])
-        .arg("bomb() { bomb | bomb & }; bomb; exec sleep 4")
+        .arg("bomb() { bomb | bomb & }; bomb & exec sleep 4")
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null())
         .spawn()
@@ -314,7 +317,7 @@ fn bad_input_gives_one_line_errors() {
     let h = TestHome::new("badinput");
     let cases: &[(&[&str], &str)] = &[
         (&["exec", "--rootfs", "bb", "--volume", "relative:/x", "--", "true"], "malformed --volume"),
-        (&["exec", "--rootfs", "bb", "--memory", "12X", "--", "true"], "bad size"),
+        (&["exec", "--rootfs", "bb", "--memory", "12X", "--", "true"], "bad --memory '12X'"),
         (&["exec", "--rootfs", "bb", "--pids", "0", "--", "true"], "bad --pids"),
         (&["exec", "--rootfs", "bb", "--cpus=-1", "--", "true"], "bad --cpus"),
         (&["exec", "--rootfs", "bb", "--name", "../x", "--", "true"], "bad --name"),

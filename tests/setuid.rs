@@ -175,7 +175,7 @@ fn requests_outside_the_policy_are_refused_with_one_line() {
         (vec!["--user".into(), "0:0".into()], "--user is not allowed"),
         (vec!["--pids".into(), "1000".into()], "--pids 1000 is above the site maximum 50"),
         (vec!["--memory".into(), "1g".into()], "above the site maximum"),
-        (vec!["--network".into(), "none".into()], "--network none is not allowed"),
+        (vec!["--network".into(), "host".into()], "--network host is not allowed"),
         (vec!["--gpus".into(), "0".into()], "--gpus 0 is not allowed"),
     ];
     for (opts, want) in cases {
@@ -310,14 +310,18 @@ fn the_privileged_side_cannot_be_inspected_by_the_caller_and_other_commands_run_
 #[cfg_attr(not(test_as_root), ignore = "needs root: installs a setuid binary and a site policy")]
 fn a_permitted_user_runs_agents_as_itself_under_the_policy() {
     let site = or_skip!(Site::new("run"));
-    let fake = FakeAzure::start();
+    let lab = or_skip!(common::netlab::NetLab::new());
+    let fake = FakeAzure::start_in(&lab);
     // The caller's own token file, readable by the caller only.
     let tf = site.dir.join("pat");
     fs::write(&tf, format!("{}\n", fake.pat())).unwrap();
     nix::unistd::chown(&tf, Some(site.user.uid), Some(site.user.gid)).unwrap();
     fs::set_permissions(&tf, fs::Permissions::from_mode(0o600)).unwrap();
     let run_args = |extra: &[&str]| {
-        let mut c = site.cmd(None);
+        // In the lab's fake host, as the caller.
+        let mut c =
+            lab.host_command(site.dir.join("azp-sandbox"), Some((site.user.uid.as_raw(), site.user.gid.as_raw())));
+        c.current_dir("/").env("HOME", &site.user.dir).stdin(Stdio::null());
         c.args(["run", "--pool", "gpu", "--url", &fake.url(), "--token-file", tf.to_str().unwrap()])
             .args(["--gpus-per-agent", "none", "--rootfs", "bb", "--name-prefix", "suid"])
             .args(extra);

@@ -1,28 +1,65 @@
 //! Flag groups that more than one verb takes, and the parsers of single flag values.
 
 use anyhow::{bail, Result};
-use azp_sandbox::sandbox::Limits;
+use azp_sandbox::sandbox::limits;
+use azp_sandbox::sandbox::{Ask, LimitsAsk};
 use azp_sandbox::settings::{self, Env, FlagSettings, RunSettings};
 use std::path::PathBuf;
 
-/// Per-job cgroup limits, the same flags for `exec` and `run`.
+/// Per-job limits, the same flags for `exec` and `run`. Each has a default derived from
+/// the node and the number of slots (README: "Limits"); `unlimited` must be said.
 #[derive(clap::Args, Clone, Copy, Default)]
 pub struct LimitArgs {
-    /// Memory limit per job, e.g. 4G (the job is OOM-killed above it)
-    #[arg(long, value_parser = azp_sandbox::config::parse_size)]
-    pub memory: Option<u64>,
-    /// Maximum number of processes/threads per job
-    #[arg(long, value_parser = parse_pids)]
-    pub pids: Option<i64>,
-    /// CPU quota per job in CPUs, e.g. 2 or 0.5
-    #[arg(long, value_parser = parse_cpus)]
-    pub cpus: Option<u64>,
+    /// Memory (and memory + swap) per job, e.g. 4G, or unlimited; the job is OOM-killed
+    /// above it [default: (RAM - max(2G, 10%)) / slots]
+    #[arg(long, value_name = "SIZE", value_parser = limits::parse_memory)]
+    pub memory: Option<Ask<u64>>,
+    /// Processes and threads per job, or unlimited [default: 4096]
+    #[arg(long, value_name = "N", value_parser = limits::parse_pids)]
+    pub pids: Option<Ask<i64>>,
+    /// CPU quota per job in CPUs, e.g. 2 or 0.5, or unlimited [default: cores / slots]
+    #[arg(long, value_name = "CPUS", value_parser = limits::parse_cpus)]
+    pub cpus: Option<Ask<u64>>,
+    /// Disk quota on each job's writable layer, e.g. 50G, or unlimited; needs project
+    /// quotas on the home's filesystem [default: (free space - max(1G, 5%)) / slots]
+    #[arg(long, value_name = "SIZE", value_parser = limits::parse_disk)]
+    pub disk: Option<Ask<u64>>,
+    /// Size of the job's /tmp (a tmpfs, counted as its memory) [default: the memory limit]
+    #[arg(long, value_name = "SIZE", value_parser = |s: &str| limits::parse_tmpfs_size("--tmp-size", s))]
+    pub tmp_size: Option<u64>,
+    /// Size of the job's /dev/shm [default: half the memory limit]
+    #[arg(long, value_name = "SIZE", value_parser = |s: &str| limits::parse_tmpfs_size("--shm-size", s))]
+    pub shm_size: Option<u64>,
 }
 
 impl LimitArgs {
-    pub fn limits(self) -> Limits {
-        Limits { memory_bytes: self.memory, pids: self.pids, cpus_milli: self.cpus }
+    /// What the flags ask for (not given: the default).
+    pub fn ask(self) -> LimitsAsk {
+        LimitsAsk {
+            memory: self.memory.unwrap_or_default(),
+            pids: self.pids.unwrap_or_default(),
+            cpus_milli: self.cpus.unwrap_or_default(),
+            disk: self.disk.unwrap_or_default(),
+            tmp_size: self.tmp_size,
+            shm_size: self.shm_size,
+        }
     }
+}
+
+/// The jobs' network, the same flags for `exec` and `run`.
+#[derive(clap::Args, Clone, Default)]
+pub struct NetworkArgs {
+    /// isolated: a network of its own, outbound only [default]; none: loopback only;
+    /// host: the host's network (reaches the host's 127.0.0.1 and the other jobs)
+    #[arg(long, value_enum, value_name = "MODE")]
+    pub network: Option<azp_sandbox::config::Network>,
+    /// A blocked destination jobs may reach: IP or IP:PORT, e.g. 169.254.169.254:80 (repeat)
+    #[arg(long = "network-allow", value_name = "IP[:PORT]", value_parser = checked_allow)]
+    pub network_allow: Vec<azp_sandbox::config::NetworkAllow>,
+}
+
+fn checked_allow(s: &str) -> Result<azp_sandbox::config::NetworkAllow, String> {
+    s.parse().map_err(|e: anyhow::Error| e.to_string().replacen("network_allow", "--network-allow", 1))
 }
 
 /// The pool and where the rest of the settings are: `run`, `slurm`, `agents prune`.
@@ -84,21 +121,6 @@ pub fn parse_user(s: &str) -> Result<(u32, u32)> {
     }
 }
 
-pub fn parse_pids(s: &str) -> Result<i64> {
-    match s.parse::<i64>() {
-        Ok(n) if n > 0 => Ok(n),
-        _ => bail!("bad --pids '{s}': use a positive number of processes"),
-    }
-}
-
-/// CPUs -> milli-CPUs.
-pub fn parse_cpus(s: &str) -> Result<u64> {
-    match s.parse::<f64>() {
-        Ok(c) if c > 0.0 && c <= 4096.0 => Ok((c * 1000.0).round().max(1.0) as u64),
-        _ => bail!("bad --cpus '{s}': use a positive number of CPUs such as 2 or 0.5"),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -109,16 +131,6 @@ mod tests {
         assert_eq!(parse_user("1000:100").unwrap(), (1000, 100));
         for bad in ["", "x", "1:x", "-1"] {
             assert!(parse_user(bad).unwrap_err().to_string().starts_with("bad --user"), "{bad}");
-        }
-        assert_eq!(parse_pids("64").unwrap(), 64);
-        for bad in ["0", "-3", "x"] {
-            assert!(parse_pids(bad).unwrap_err().to_string().starts_with("bad --pids"), "{bad}");
-        }
-        assert_eq!(parse_cpus("2").unwrap(), 2000);
-        assert_eq!(parse_cpus("0.5").unwrap(), 500);
-        assert_eq!(parse_cpus("0.0001").unwrap(), 1, "never rounded to no CPU at all");
-        for bad in ["0", "-1", "5000", "NaN", "x"] {
-            assert!(parse_cpus(bad).unwrap_err().to_string().starts_with("bad --cpus"), "{bad}");
         }
         assert!(checked::<u32>("7").is_ok() && checked::<u32>("x").is_err());
     }

@@ -1,10 +1,10 @@
 //! `azp-sandbox exec`: run a command in a fresh, throwaway sandbox (no command: the
 //! rootfs's shell). The sandbox's flags ([`JobArgs`]) are `shell`'s too.
 
-use super::args::{checked, parse_job_name, parse_user, LimitArgs};
+use super::args::{checked, parse_job_name, parse_user, LimitArgs, NetworkArgs};
 use super::{Context, Needs, Verb};
 use anyhow::Result;
-use azp_sandbox::config::{EnvVar, Network, Volume};
+use azp_sandbox::config::{EnvVar, Volume};
 use azp_sandbox::gpu::{Capabilities, GpuRequest};
 use azp_sandbox::sandbox::exec::ExecRequest;
 use std::io::IsTerminal;
@@ -40,9 +40,8 @@ pub struct JobArgs {
     env: Vec<EnvVar>,
     #[command(flatten)]
     limits: LimitArgs,
-    /// host: share the host network (default); none: empty network namespace
-    #[arg(long, value_enum, default_value_t = Network::Host)]
-    network: Network,
+    #[command(flatten)]
+    network: NetworkArgs,
     /// GPUs for the job: all, none, or a comma list of indexes or UUIDs (as
     /// NVIDIA_VISIBLE_DEVICES), or CDI names like nvidia.com/gpu=0
     #[arg(long, default_value = "none", value_parser = checked::<GpuRequest>)]
@@ -88,8 +87,9 @@ impl JobArgs {
             rootfs: self.rootfs,
             volumes: self.volumes,
             env: self.env.into_iter().map(|e| (e.key, e.value)).collect(),
-            limits: self.limits.limits(),
-            network: self.network,
+            limits: self.limits.ask(),
+            network: self.network.network.unwrap_or_default(),
+            network_allow: self.network.network_allow,
             gpus: self.gpus,
             gpu_capabilities: self.gpu_capabilities,
             cdi_spec: self.cdi_spec,
@@ -113,11 +113,13 @@ impl Verb for ExecArgs {
         let request = self.request();
         let outcome = azp_sandbox::sandbox::exec::run(&ctx.home, &ctx.driver_root, &request)?;
         tracing::debug!(
-            "job {} rootfs={} exit={} duration={:.3}s cleanup: {}",
+            "job {} rootfs={} exit={} duration={:.3}s limits: {}{} cleanup: {}",
             outcome.id,
             request.rootfs,
             outcome.code,
             outcome.duration.as_secs_f64(),
+            outcome.limits,
+            azp_sandbox::sandbox::limits::disk_note(outcome.disk.as_ref()),
             outcome.cleanup
         );
         Ok(outcome.code)
@@ -149,6 +151,7 @@ mod tests {
             "--pids=5",
             "--cpus=2",
             "--network=none",
+            "--network-allow=169.254.169.254:80",
             "--gpus=0,1",
             "--name=job-1",
             "-w",
@@ -163,8 +166,13 @@ mod tests {
         assert_eq!(r.rootfs, "r");
         assert_eq!(r.env, vec![("A".to_string(), "1=2".to_string())]);
         assert_eq!(r.volumes[0].env.as_deref(), Some("DATA"));
-        assert_eq!((r.limits.memory_bytes, r.limits.pids, r.limits.cpus_milli), (Some(2 << 30), Some(5), Some(2000)));
+        use azp_sandbox::sandbox::Ask;
+        assert_eq!(
+            (r.limits.memory, r.limits.pids, r.limits.cpus_milli),
+            (Ask::Value(2 << 30), Ask::Value(5), Ask::Value(2000))
+        );
         assert_eq!(r.network, azp_sandbox::config::Network::None);
+        assert_eq!(r.network_allow[0].to_string(), "169.254.169.254:80");
         assert_eq!((r.gpus.as_str(), r.gpu_capabilities.as_str()), ("0,1", "compute,utility"));
         assert_eq!(
             (r.name.as_deref(), r.workdir.as_path(), r.user),
@@ -174,6 +182,10 @@ mod tests {
         assert!(!r.terminal);
         let r = request(&["--rootfs=auto", "true"]);
         assert_eq!((r.gpus.as_str(), r.workdir.as_path(), r.user, r.name), ("none", Path::new("/"), None, None));
+        assert_eq!(r.limits, Default::default(), "no flag: every limit is the node's default");
+        let r = request(&["--rootfs=r", "--memory=unlimited", "--disk=50G", "--tmp-size=1G", "--shm-size=512M", "x"]);
+        assert_eq!((r.limits.memory, r.limits.disk), (Ask::Unlimited, Ask::Value(50 << 30)));
+        assert_eq!((r.limits.tmp_size, r.limits.shm_size), (Some(1 << 30), Some(512 << 20)));
         let r = request(&["--rootfs=r", "-t", "-e", "TERM=vt100", "--", "top"]);
         assert!(r.terminal);
         assert_eq!(r.env, [("TERM".to_string(), "vt100".to_string())], "--env wins over ours");
@@ -182,5 +194,10 @@ mod tests {
         // No command: the rootfs's shell (the library picks it from the rootfs).
         let r = request(&["--rootfs=r"]);
         assert!(r.command.is_empty());
+        assert_eq!(r.network, azp_sandbox::config::Network::Isolated, "a network of its own by default");
+        let e = Cli::try_parse_from(["azp-sandbox", "exec", "--rootfs=r", "--network=bridge", "true"]).err().unwrap();
+        assert!(e.to_string().contains("invalid value 'bridge' for '--network <MODE>'"), "{e}");
+        let e = Cli::try_parse_from(["azp-sandbox", "exec", "--rootfs=r", "--network-allow=x", "true"]).err().unwrap();
+        assert!(e.to_string().contains("bad --network-allow entry 'x'"), "{e}");
     }
 }

@@ -119,6 +119,9 @@ enum Needs {
     Namespace,
     /// Sandboxes: the user namespace too, and a warning when limits cannot be enforced.
     Sandboxes,
+    /// Sandboxes, from a long-running service (`run`): under a systemd unit that
+    /// delegates its cgroup, the jobs' cgroups go below it.
+    Service,
 }
 
 /// What every verb gets: the global options, resolved.
@@ -144,14 +147,14 @@ pub fn dispatch(cli: Cli) -> Result<i32> {
 /// the store run inside the user namespace when started by an ordinary user; this must
 /// happen before any thread exists.
 fn enter_mode(needs: Needs, cgroup_parent: Option<&Path>, home: &Home) -> Result<()> {
-    let namespace = matches!(needs, Needs::Namespace | Needs::Sandboxes);
+    let namespace = matches!(needs, Needs::Namespace | Needs::Sandboxes | Needs::Service);
     if namespace && !nix::unistd::geteuid().is_root() {
         // Jobs of a crashed rootless run live in a user namespace that is a child of ours
         // only from out here: kill them before entering a new one (gc does the rest).
         azp_sandbox::sandbox::teardown::kill_abandoned_inits(home);
     }
-    let mode = azp_sandbox::rootless::init(cgroup_parent, namespace)?;
-    if let (Some(warning), Needs::Sandboxes) = (mode.limits_warning(), needs) {
+    let mode = azp_sandbox::rootless::init(cgroup_parent, namespace, needs == Needs::Service)?;
+    if let (Some(warning), Needs::Sandboxes | Needs::Service) = (mode.limits_warning(), needs) {
         tracing::warn!("{warning}");
     }
     Ok(())
@@ -170,7 +173,7 @@ mod tests {
     #[test]
     fn each_verb_says_what_it_needs() {
         let needs = |args: &[&str]| Cli::try_parse_from(args).unwrap().command.into_verb().needs();
-        assert_eq!(needs(&["azp-sandbox", "run"]), Needs::Sandboxes);
+        assert_eq!(needs(&["azp-sandbox", "run"]), Needs::Service);
         assert_eq!(needs(&["azp-sandbox", "exec", "--rootfs", "r", "true"]), Needs::Sandboxes);
         assert_eq!(needs(&["azp-sandbox", "shell", "--rootfs", "r"]), Needs::Sandboxes);
         assert_eq!(needs(&["azp-sandbox", "rootfs", "list"]), Needs::Namespace);

@@ -1,7 +1,7 @@
 //! `azp-sandbox run`: keep N agent slots, one job per fresh sandbox (see
 //! `azp_sandbox::manager`).
 
-use super::args::{LimitArgs, PoolArgs};
+use super::args::{LimitArgs, NetworkArgs, PoolArgs};
 use super::{Context, Needs, Verb};
 use anyhow::Result;
 use azp_sandbox::config::Volume;
@@ -28,6 +28,8 @@ pub struct RunArgs {
     gpus_per_agent: Option<String>,
     #[command(flatten)]
     limits: LimitArgs,
+    #[command(flatten)]
+    network: NetworkArgs,
     /// Agent package (FILE or URL) for air-gapped sites [default: the server's newest]
     #[arg(long)]
     agent_package: Option<String>,
@@ -73,9 +75,7 @@ impl RunArgs {
             rootfs: self.rootfs.clone(),
             volumes: self.volumes.clone(),
             gpus_per_agent: self.gpus_per_agent.clone(),
-            memory: self.limits.memory,
-            pids: self.limits.pids,
-            cpus_milli: self.limits.cpus,
+            limits: self.limits.ask(),
             agent_package: self.agent_package.clone(),
             drain_timeout: self.drain_timeout.map(Duration::from_secs),
             cancel_grace: self.cancel_grace.map(Duration::from_secs),
@@ -87,6 +87,8 @@ impl RunArgs {
             poll_interval: self.poll_interval.map(Duration::from_secs),
             exit_when_idle: self.exit_when_idle.map(Duration::from_secs),
             userns: self.userns,
+            network: self.network.network,
+            network_allow: self.network.network_allow.clone(),
             ..self.pool.flags()
         }
     }
@@ -108,7 +110,7 @@ impl RunArgs {
 
 impl Verb for RunArgs {
     fn needs(&self) -> Needs {
-        Needs::Sandboxes
+        Needs::Service
     }
 
     fn run(self: Box<Self>, ctx: &Context) -> Result<i32> {
@@ -123,6 +125,7 @@ impl Verb for RunArgs {
 #[cfg(test)]
 mod tests {
     use super::super::{Cli, Command};
+    use azp_sandbox::sandbox::Ask;
     use clap::Parser;
     use std::time::Duration;
 
@@ -147,6 +150,9 @@ mod tests {
             "--memory=1G",
             "--pids=9",
             "--cpus=1.5",
+            "--disk=20G",
+            "--tmp-size=1G",
+            "--shm-size=256M",
             "--agent-package=/pkg.tgz",
             "--drain-timeout=7",
             "--cancel-grace=4",
@@ -157,6 +163,8 @@ mod tests {
             "--idle-timeout=30",
             "--poll-interval=5",
             "--exit-when-idle=60",
+            "--network=none",
+            "--network-allow=10.1.2.3",
         ]);
         let f = a.flags();
         assert_eq!(
@@ -166,8 +174,12 @@ mod tests {
         assert_eq!(f.token_file.as_deref(), Some(std::path::Path::new("/t")));
         assert_eq!((f.agents, f.rootfs.as_deref(), f.volumes.len()), (Some(2), Some("r"), 1));
         assert_eq!(
-            (f.gpus_per_agent.as_deref(), f.memory, f.pids, f.cpus_milli),
-            (Some("all"), Some(1 << 30), Some(9), Some(1500))
+            (f.gpus_per_agent.as_deref(), f.limits.memory, f.limits.pids, f.limits.cpus_milli),
+            (Some("all"), Ask::Value(1 << 30), Ask::Value(9), Ask::Value(1500))
+        );
+        assert_eq!(
+            (f.limits.disk, f.limits.tmp_size, f.limits.shm_size),
+            (Ask::Value(20 << 30), Some(1 << 30), Some(256 << 20))
         );
         assert_eq!(
             (f.agent_package.as_deref(), f.hooks_dir.as_deref()),
@@ -178,6 +190,10 @@ mod tests {
         assert_eq!((f.min_agents, f.max_agents), (Some(1), Some(3)));
         assert_eq!((f.idle_timeout, f.poll_interval), (Some(Duration::from_secs(30)), Some(Duration::from_secs(5))));
         assert_eq!(f.exit_when_idle, Some(Duration::from_secs(60)));
+        assert_eq!(
+            (f.network, f.network_allow[0].to_string()),
+            (Some(azp_sandbox::config::Network::None), "10.1.2.3".into())
+        );
         let f = run_args(&[]).flags();
         assert!(f.pool.is_none() && f.agents.is_none() && f.drain_timeout.is_none() && !f.autoscale, "{f:?}");
     }

@@ -185,6 +185,7 @@ mod tests {
             volumes: vec!["/data:/datasets/d:DATASET".parse().unwrap()],
             limits: Default::default(),
             network: crate::config::Network::Host,
+            net: Default::default(),
             edits: Default::default(),
             cgroup_path: PathBuf::new(),
             owned_dirs: vec![],

@@ -22,8 +22,14 @@ pub fn unit_text(exe: &Path, config: &Path, home: &Home) -> String {
          RestartSec=10\n\
          # The manager must outlive jobs under memory pressure (jobs get oom_score_adj 1000).\n\
          OOMScoreAdjust=-500\n\
-         # Jobs get their own cgroups below /azp-sandbox, not below this unit.\n\
-         Delegate=yes\n\n\
+         # cgroup v2: the manager moves into this unit's cgroup's leaf `manager`, and each job\n\
+         # gets a cgroup below this unit's: MemoryMax=, TasksMax=, CPUQuota= here cap all\n\
+         # jobs together, and `systemctl stop` reaches every one. (cgroup v1: jobs' cgroups\n\
+         # are below /azp-sandbox in each hierarchy, outside this unit; README \"Limits\".)\n\
+         Delegate=yes\n\
+         # Each job has its own pids limit (4096 by default, at most 3/4 of pid_max shared\n\
+         # by the slots); systemd's default TasksMax (15% of pid_max) would cap them all.\n\
+         TasksMax=infinity\n\n\
          [Install]\n\
          WantedBy=multi-user.target\n",
         exe = exe.display(),
@@ -67,5 +73,24 @@ fn reserve_job_ids() {
             }
         }
         Err(e) => tracing::warn!("{e:#}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_unit_delegates_its_cgroup() {
+        let text = unit_text(Path::new("/usr/bin/azp-sandbox"), Path::new("/etc/c.toml"), &Home::new("/h"));
+        let lines: Vec<&str> = text.lines().collect();
+        for want in [
+            "Delegate=yes",
+            "TasksMax=infinity",
+            "KillMode=mixed",
+            "ExecStart=/usr/bin/azp-sandbox --home /h run --config /etc/c.toml",
+        ] {
+            assert!(lines.contains(&want), "{want}: {text}");
+        }
     }
 }

@@ -208,8 +208,15 @@ fn one_job(
         refill_ms = refill_ms.map(|m| format!("{m:.1}")).unwrap_or_else(|| "-".into()),
         exit = r.code,
         result = result.as_deref().unwrap_or(if worked { "unknown" } else { "no job" }),
+        limits = %format!("{}{}", r.limits, crate::sandbox::limits::disk_note(r.disk.as_ref())),
         "job finished; {cleanup}"
     );
+    if r.disk.is_some_and(|d| d.full()) {
+        // The job got ENOSPC/EDQUOT in its own layer (the agent reports the job's failure
+        // itself); the host and the other slots kept their space, and the next job gets a
+        // fresh layer.
+        tracing::warn!(slot = cfg.index, agent = %cfg.agent_name, job = seq, "the job filled its disk quota; the slot refills with a fresh layer");
+    }
     shared.update_slot(cfg.index, |s| {
         s.jobs_done += u64::from(worked);
         s.last_exit = Some(r.code);

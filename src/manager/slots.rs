@@ -3,11 +3,12 @@
 //! once or one by one by the autoscaler; and [`Slots`], the slot threads.
 
 use super::startup::Ready;
-use super::status::{now_unix, SlotStatus, Status};
+use super::status::{now_unix, JobLimits, SlotStatus, Status};
 use super::{autoscale, phases, slot, Shared};
 use crate::config::Home;
 use crate::gpu;
 use crate::rootfs::RootfsLease;
+use crate::sandbox::limits::{self, node::Node};
 use crate::sandbox::{JobPlan, Limits};
 use crate::settings::RunSettings;
 use anyhow::Result;
@@ -30,6 +31,7 @@ pub struct Running {
 
 pub fn start(home: &Home, settings: RunSettings, ready: Ready) -> Result<Running> {
     let autoscaling = settings.autoscale.is_some();
+    let job_limits = job_limits(home, &settings, ready.split.len());
     let status = Status {
         pid: std::process::id(),
         url: settings.url.clone(),
@@ -38,6 +40,7 @@ pub fn start(home: &Home, settings: RunSettings, ready: Ready) -> Result<Running
         rootfs: ready.rootfs_name.clone(),
         limits_enforced: crate::rootless::mode().cgroups.parent().is_some(),
         limits_warning: crate::rootless::mode().limits_warning(),
+        job_limits: Some(job_limits.clone()),
         stopping: false,
         slots: ready
             .names
@@ -53,7 +56,7 @@ pub fn start(home: &Home, settings: RunSettings, ready: Ready) -> Result<Running
         scaler: None,
     };
     let agent_version = ready.package.version.to_string();
-    let (configs, shapes) = configs(&settings, &ready, &agent_version)?;
+    let (configs, shapes) = configs(&settings, &ready, &agent_version, job_limits.per_job)?;
     let shared = Arc::new(Shared {
         home: home.clone(),
         settings: settings.clone(),
@@ -78,6 +81,19 @@ pub fn start(home: &Home, settings: RunSettings, ready: Ready) -> Result<Running
     Ok(Running { shared, slots, scaler, pool_id: ready.pool_id, names: ready.names, lease: ready.lease })
 }
 
+/// The limits of every job, from the settings and the node shared by `slots` slots: one
+/// line at start, and one per warning.
+fn job_limits(home: &Home, settings: &RunSettings, slots: usize) -> JobLimits {
+    let node = Node::read(home, crate::rootless::mode().rootless);
+    let resolved = limits::resolve(&settings.limits, &node, slots);
+    let basis = limits::defaults::basis(&node, slots);
+    tracing::info!("job limits: {} per job ({basis})", resolved.limits);
+    for w in &resolved.warnings {
+        tracing::warn!("{w}");
+    }
+    JobLimits { per_job: resolved.limits, basis, warnings: resolved.warnings }
+}
+
 /// Per slot: its config, and the capabilities its listener advertises (matched against
 /// the queue's demands by the autoscaler).
 #[allow(clippy::type_complexity)]
@@ -85,6 +101,7 @@ fn configs(
     settings: &RunSettings,
     ready: &Ready,
     agent_version: &str,
+    limits: Limits,
 ) -> Result<(Vec<slot::SlotConfig>, Vec<BTreeMap<String, String>>)> {
     let (driver, lease, user, names) = (&ready.driver, &ready.lease, ready.user, &ready.names);
     let caps = gpu::Capabilities::default();
@@ -99,14 +116,15 @@ fn configs(
             id: String::new(),
             lower: vec![lease.path().to_path_buf()],
             args: vec![],
-            env: vec![],
+            env: ready.proxy_env.clone(),
             cwd: phases::agent_dir(),
             uid: 0,
             gid: 0,
             hostname: names[i].clone(),
             volumes: settings.volumes.clone(),
-            limits: Limits { memory_bytes: settings.memory, pids: settings.pids, cpus_milli: settings.cpus_milli },
-            network: crate::config::Network::Host,
+            limits,
+            network: settings.network,
+            net: ready.net.clone(),
             edits,
             cgroup_path: PathBuf::new(),
             owned_dirs: vec![],

@@ -32,11 +32,15 @@ pub struct Ready {
     pub package: AgentPackage,
     /// The rootfs's CUDA against the driver's (GPU slots only; see [`gpu::compat`]).
     pub compat: Option<gpu::compat::Compat>,
+    /// The jobs' network settings, and the service's proxy variables as jobs get them.
+    pub net: crate::sandbox::network::JobNetwork,
+    pub proxy_env: Vec<(String, String)>,
 }
 
 pub fn check(home: &Home, settings: &RunSettings, ctx: RunContext) -> Result<Ready> {
     crate::sandbox::prepare_home(home)?;
     crate::sandbox::gc(home)?.log();
+    let (net, proxy_env) = network(settings)?;
     let (token, client, pool_id) = server(settings, ctx.env_token)?;
     let (driver, split) = gpus(settings, &ctx.driver_root)?;
     let (rootfs_name, lease) = rootfs(home, settings, &driver)?;
@@ -57,7 +61,45 @@ pub fn check(home: &Home, settings: &RunSettings, ctx: RunContext) -> Result<Rea
     let autoscaling = settings.autoscale.is_some();
     // Autoscaling re-registers a slot's agent when it starts: no record is kept meanwhile.
     prune(&client, pool_id, &settings.name_prefix, |n| !autoscaling && names.iter().any(|m| m == n))?;
-    Ok(Ready { token, client, pool_id, driver, split, names, rootfs_name, lease, user, packages, package, compat })
+    if settings.network == crate::config::Network::Isolated && !crate::rootless::mode().rootless {
+        // Last, once nothing else can fail: the host's table, with the proxy's port and
+        // the allowed destinations.
+        crate::sandbox::network::ensure_table(&net, true)?;
+    }
+    Ok(Ready {
+        token,
+        client,
+        pool_id,
+        driver,
+        split,
+        names,
+        rootfs_name,
+        lease,
+        user,
+        packages,
+        package,
+        compat,
+        net,
+        proxy_env,
+    })
+}
+
+/// The jobs' network, checked on this host (nothing made yet), and the proxy variables
+/// jobs get.
+fn network(settings: &RunSettings) -> Result<(crate::sandbox::network::JobNetwork, Vec<(String, String)>)> {
+    use crate::sandbox::network;
+    let rootless = crate::rootless::mode().rootless;
+    let mut net = network::JobNetwork {
+        allow: settings.network_allow.clone(),
+        subnet: settings.network_subnet,
+        ..Default::default()
+    };
+    let (env, ports) = network::proxy_env(&settings.proxy_env, &net, rootless);
+    if settings.network == crate::config::Network::Isolated {
+        net.host_ports = ports;
+    }
+    network::check_host(settings.network, &net, rootless)?;
+    Ok((net, env))
 }
 
 /// The PAT works, the pool exists and we may manage its agents. Returns the PAT, the

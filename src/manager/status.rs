@@ -16,11 +16,25 @@ pub struct Status {
     /// Why limits are not enforced and how to fix it (rootless without delegation).
     #[serde(default)]
     pub limits_warning: Option<String>,
+    /// The limits every job runs with (the node's defaults where not said).
+    #[serde(default)]
+    pub job_limits: Option<JobLimits>,
     pub stopping: bool,
     pub slots: Vec<SlotStatus>,
     /// Queue-driven autoscaling: queue, knobs and the latest decisions.
     #[serde(default)]
     pub scaler: Option<crate::scaler::ScalerStatus>,
+}
+
+/// The limits of each job, what their defaults came from, and the warnings of the start
+/// (a limit said `unlimited`, no disk quota on the home's filesystem, swap).
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct JobLimits {
+    pub per_job: crate::sandbox::Limits,
+    /// What the defaults were derived from (slots, memory, cores, pid_max, free space).
+    pub basis: String,
+    #[serde(default)]
+    pub warnings: Vec<String>,
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
@@ -70,6 +84,12 @@ pub fn render(s: &Status, alive: bool) -> String {
     if let Some(sc) = &s.scaler {
         out.push_str(&sc.render(now));
     }
+    if let Some(l) = &s.job_limits {
+        out.push_str(&format!("limits    per job: {} ({})\n", l.per_job, l.basis));
+        for w in &l.warnings {
+            out.push_str(&format!("{w}\n"));
+        }
+    }
     if !s.limits_enforced {
         let why = s.limits_warning.as_deref().unwrap_or("WARNING: memory/pids/cpu limits are NOT enforced for jobs");
         out.push_str(&format!("{why}\n"));
@@ -98,4 +118,32 @@ pub fn render(s: &Status, alive: bool) -> String {
         ));
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_limits_in_force_and_their_warnings_are_shown() {
+        let per_job = crate::sandbox::Limits { memory_bytes: Some(4 << 30), pids: Some(4096), ..Default::default() };
+        let st = Status {
+            job_limits: Some(JobLimits {
+                per_job,
+                basis: "2 slot(s) sharing 10.0G of RAM".into(),
+                warnings: vec!["WARNING: no disk quota for jobs: why".into()],
+            }),
+            limits_enforced: true,
+            ..Default::default()
+        };
+        let text = render(&st, true);
+        let lines: Vec<&str> = text.lines().collect();
+        assert!(lines.contains(&"limits    per job: memory 4.0G, pids 4096, cpus unlimited, disk unlimited, /tmp half the RAM, /dev/shm 1.0G (2 slot(s) sharing 10.0G of RAM)"), "{text}");
+        assert!(lines.contains(&"WARNING: no disk quota for jobs: why"), "{text}");
+        // JSON: the numbers, for scripts; a status file of an older manager has none.
+        let json = serde_json::to_value(&st).unwrap();
+        assert_eq!(json["job_limits"]["per_job"]["pids"], 4096);
+        let old: Status = serde_json::from_str(r#"{"pid":1,"url":"","pool":"","started_unix":0,"rootfs":"","limits_enforced":true,"stopping":false,"slots":[]}"#).unwrap();
+        assert!(old.job_limits.is_none());
+    }
 }

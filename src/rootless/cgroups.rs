@@ -90,6 +90,15 @@ impl CgroupHost {
         HOST.get_or_init(CgroupHost::detect)
     }
 
+    /// cgroup v1 with swap accounting: the memory hierarchy has `memory.memsw.*` files
+    /// (a kernel built without it, or booted with swapaccount=0, has none).
+    pub fn v1_memsw(&self) -> bool {
+        self.v1_mounts
+            .iter()
+            .find(|m| m.file_name().is_some_and(|n| n.to_string_lossy().split(',').any(|c| c == "memory")))
+            .is_some_and(|m| m.join("memory.memsw.limit_in_bytes").exists())
+    }
+
     /// Every hierarchy a job's cgroup can have a dir in: the v1 mounts of the job's
     /// controllers ([`JOB_V1_CONTROLLERS`]) and the cgroup2 mount.
     pub fn hierarchies(&self) -> impl Iterator<Item = &Path> {
@@ -256,6 +265,54 @@ fn place_v2(host: &CgroupHost, requested: Option<&Path>, writable: &dyn Fn(&Path
     }
 }
 
+/// Where a root service's jobs go under systemd on a cgroup v2 host (see
+/// [`service_cgroup`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ServiceCgroup {
+    /// The unit delegates its cgroup (`Delegate=yes`): the manager moves itself into
+    /// `manager_leaf` (cgroup v2 lets no process sit in a cgroup whose controllers are
+    /// passed down) and the jobs' cgroups go below `unit`, so the unit's MemoryMax=,
+    /// TasksMax= and `systemctl stop` cover them.
+    Below { unit: PathBuf, manager_leaf: PathBuf },
+    /// A systemd unit on cgroup v2 that does not delegate: jobs go below [`ROOT_PARENT`],
+    /// outside the unit.
+    NotDelegated { unit: PathBuf },
+    /// Not cgroup v2 only, or not in a unit: the default layout.
+    Elsewhere,
+}
+
+/// The leaf of a delegated unit's cgroup that the manager moves into.
+pub const MANAGER_LEAF: &str = "manager";
+
+/// Decides [`ServiceCgroup`] from this process's /proc/self/cgroup, the mount table and
+/// whether a cgroup dir is delegated (systemd marks one with the `trusted.delegate` or
+/// `user.delegate` xattr; read by [`crate::sys::cgroup::delegated`]). Pure.
+pub fn service_cgroup(proc_self_cgroup: &str, mountinfo: &str, delegated: &dyn Fn(&Path) -> bool) -> ServiceCgroup {
+    let root = Path::new(libcgroups::common::DEFAULT_CGROUP_ROOT);
+    let unified = cgroup2_mount(mountinfo).as_deref() == Some(root)
+        && v1_controller_mounts(mountinfo, ALL_V1_CONTROLLERS).is_empty();
+    let own = proc_self_cgroup.lines().find_map(|l| l.strip_prefix("0::")).map(Path::new);
+    let Some(own) = own.filter(|o| unified && *o != Path::new("/")) else { return ServiceCgroup::Elsewhere };
+    let abs = |p: &Path| root.join(p.strip_prefix("/").unwrap_or(p));
+    // Already in the leaf (a manager started again in it): the unit is its parent.
+    let unit = match (own.file_name(), own.parent()) {
+        (Some(n), Some(parent)) if n == MANAGER_LEAF && delegated(&abs(parent)) => parent,
+        _ => own,
+    };
+    if delegated(&abs(unit)) {
+        return ServiceCgroup::Below { unit: unit.to_path_buf(), manager_leaf: unit.join(MANAGER_LEAF) };
+    }
+    let is_unit = unit.file_name().is_some_and(|n| {
+        let n = n.to_string_lossy();
+        n.ends_with(".service") || n.ends_with(".scope")
+    });
+    if is_unit {
+        ServiceCgroup::NotDelegated { unit: unit.to_path_buf() }
+    } else {
+        ServiceCgroup::Elsewhere
+    }
+}
+
 /// `access(W_OK)` for the real process.
 pub fn writable(p: &Path) -> bool {
     nix::unistd::access(p, nix::unistd::AccessFlags::W_OK).is_ok()
@@ -325,6 +382,42 @@ mod tests {
         );
         // Present but not ours: not delegated.
         assert!(place(&|| h.clone(), None, true, 1001, &|p| !p.ends_with("user-1001")).parent().is_none());
+    }
+
+    const V2_MOUNTS: &str = "30 23 0:26 / /sys/fs/cgroup rw,nosuid,nodev,noexec - cgroup2 cgroup2 rw,nsdelegate\n\
+                             24 1 8:1 / / rw,relatime - ext4 /dev/sda1 rw\n";
+    const HYBRID_MOUNTS: &str = "35 25 0:30 / /sys/fs/cgroup/memory rw - cgroup cgroup rw,memory\n\
+                                 38 25 0:33 / /sys/fs/cgroup/unified rw - cgroup2 cgroup2 rw\n";
+
+    #[test]
+    fn a_delegated_service_on_cgroup_v2_keeps_its_jobs_below_itself() {
+        let svc = "0::/system.slice/azp-sandbox.service\n";
+        let unit = Path::new("/sys/fs/cgroup/system.slice/azp-sandbox.service");
+        let delegated = |p: &Path| p == unit;
+        assert_eq!(
+            service_cgroup(svc, V2_MOUNTS, &delegated),
+            ServiceCgroup::Below {
+                unit: "/system.slice/azp-sandbox.service".into(),
+                manager_leaf: "/system.slice/azp-sandbox.service/manager".into(),
+            }
+        );
+        // Started again inside the leaf: the same unit.
+        let again = "0::/system.slice/azp-sandbox.service/manager\n";
+        assert_eq!(service_cgroup(again, V2_MOUNTS, &delegated), service_cgroup(svc, V2_MOUNTS, &delegated));
+        // Delegate= missing from the unit: jobs stay outside it (and the start line says so).
+        assert_eq!(
+            service_cgroup(svc, V2_MOUNTS, &|_| false),
+            ServiceCgroup::NotDelegated { unit: "/system.slice/azp-sandbox.service".into() }
+        );
+        // A login shell (a session scope, never delegated), the root cgroup, a hybrid or
+        // v1 host, no cgroup line: the default layout.
+        let shell = "0::/user.slice/user-0.slice/session-4.scope\n";
+        assert!(matches!(service_cgroup(shell, V2_MOUNTS, &|_| false), ServiceCgroup::NotDelegated { .. }));
+        assert_eq!(service_cgroup("0::/\n", V2_MOUNTS, &|_| true), ServiceCgroup::Elsewhere);
+        assert_eq!(service_cgroup("0::/a/b\n", V2_MOUNTS, &|_| false), ServiceCgroup::Elsewhere, "not a unit");
+        let hybrid = "4:memory:/system.slice/azp-sandbox.service\n0::/system.slice/azp-sandbox.service\n";
+        assert_eq!(service_cgroup(hybrid, HYBRID_MOUNTS, &|_| true), ServiceCgroup::Elsewhere, "v1: today's layout");
+        assert_eq!(service_cgroup("", V2_MOUNTS, &|_| true), ServiceCgroup::Elsewhere);
     }
 
     #[test]

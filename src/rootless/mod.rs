@@ -68,8 +68,10 @@ pub fn mode() -> &'static Mode {
 
 /// Decides the mode. As an ordinary user with `enter_namespace`, first enters the user
 /// namespace (so call this before any thread is started). `cgroup_parent` is
-/// `--cgroup-parent`.
-pub fn init(cgroup_parent: Option<&Path>, enter_namespace: bool) -> Result<&'static Mode> {
+/// `--cgroup-parent`. `service`: the caller is `run`, which as root under a systemd unit
+/// that delegates its cgroup (cgroup v2) keeps its jobs below it (see
+/// [`cgroups::service_cgroup`]); it moves itself into the unit's leaf here.
+pub fn init(cgroup_parent: Option<&Path>, enter_namespace: bool, service: bool) -> Result<&'static Mode> {
     let euid = nix::unistd::geteuid();
     if !euid.is_root() && enter_namespace {
         let uid = euid.as_raw();
@@ -90,8 +92,51 @@ pub fn init(cgroup_parent: Option<&Path>, enter_namespace: bool) -> Result<&'sta
     let in_ns = userns::in_child_user_namespace();
     let rootless = in_ns || !nix::unistd::geteuid().is_root();
     let host_uid = if in_ns { host_uid_of_root() } else { nix::unistd::getuid().as_raw() };
-    let placement = cgroups::place(&CgroupHost::detect, cgroup_parent, rootless, host_uid, &cgroups::writable);
+    let mut placement = cgroups::place(&CgroupHost::detect, cgroup_parent, rootless, host_uid, &cgroups::writable);
+    if service && !rootless && cgroup_parent.is_none() {
+        if let Some(parent) = below_service() {
+            placement = CgroupPlacement::Enforced { parent };
+        }
+    }
     Ok(MODE.get_or_init(|| Mode { rootless, cgroups: placement }))
+}
+
+/// A root service under systemd on cgroup v2: the parent of its jobs' cgroups when its
+/// unit delegates (the manager moved into the unit's leaf first), with one line saying
+/// where jobs go either way. None: the default layout.
+fn below_service() -> Option<PathBuf> {
+    use crate::sys::cgroup::{delegated, move_self_to};
+    let own = std::fs::read_to_string("/proc/self/cgroup").unwrap_or_default();
+    let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    let root = Path::new(libcgroups::common::DEFAULT_CGROUP_ROOT);
+    let abs = |p: &Path| root.join(p.strip_prefix("/").unwrap_or(p));
+    match cgroups::service_cgroup(&own, &mounts, &delegated) {
+        cgroups::ServiceCgroup::Below { unit, manager_leaf } => match move_self_to(&abs(&manager_leaf)) {
+            Ok(()) => {
+                tracing::info!(
+                    "jobs' cgroups go below this service's own cgroup {} (delegated; the manager is in {}): \
+                     the unit's limits and `systemctl stop` cover them",
+                    unit.display(),
+                    manager_leaf.display()
+                );
+                Some(unit)
+            }
+            Err(e) => {
+                tracing::warn!("jobs' cgroups go below {}: {e:#}", cgroups::ROOT_PARENT);
+                None
+            }
+        },
+        cgroups::ServiceCgroup::NotDelegated { unit } => {
+            tracing::info!(
+                "jobs' cgroups go below {}, outside this service's cgroup {} (add Delegate=yes to its unit, as \
+                 `azp-sandbox service install` writes it, to keep them below it)",
+                cgroups::ROOT_PARENT,
+                unit.display()
+            );
+            None
+        }
+        cgroups::ServiceCgroup::Elsewhere => None,
+    }
 }
 
 /// The host uid that uid 0 of this user namespace maps to.

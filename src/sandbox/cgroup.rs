@@ -13,11 +13,23 @@
 //!
 //! The helper stays in the job's cgroup while the job runs: it counts as one process
 //! towards the pids limit, and its few MB of memory towards the memory limit.
+//!
+//! On a cgroup v2 host the helper joins the leaf [`HELPER_LEAF`] of the job's cgroup, and
+//! the limits are on the job's cgroup above it. libcontainer, in the view rooted at the
+//! helper's cgroup, enables every controller it finds in its root and moves the job's
+//! init into a child: in the job's cgroup itself that made it a thread root (the
+//! threaded controllers, pids and cpu, may be enabled beside a process) and the child an
+//! invalid domain (EOPNOTSUPP: no job could start). In the leaf no controller is
+//! available, so there is nothing to enable. (The hybrid host's cgroup2 tree has no
+//! controllers at all; v1 hierarchies have no such rule.)
 
 use super::plan::Limits;
 use crate::rootless::cgroups::CgroupHost;
 use crate::sys::{CgroupDir, CgroupJoin};
 use std::path::{Path, PathBuf};
+
+/// The leaf of a job's cgroup the helper joins on a cgroup v2 host (see above).
+pub const HELPER_LEAF: &str = "sandbox";
 
 /// CFS period used for `--cpus`.
 const CPU_PERIOD_US: u64 = 100_000;
@@ -59,7 +71,11 @@ pub fn limit_writes(limits: &Limits, v2: bool, hierarchy: &str) -> Vec<(&'static
     }
     let has = |c: &str| hierarchy.split(',').any(|h| h == c);
     if let (Some(b), true) = (limits.memory_bytes, has("memory")) {
+        // Memory + swap at the same value: no swap beyond the limit (cgroup v2's
+        // memory.swap.max = 0). Skipped by the join where the kernel does not account
+        // swap (no such file); the start line says so where the node has swap.
         w.push(("memory.limit_in_bytes", b.to_string()));
+        w.push(("memory.memsw.limit_in_bytes", b.to_string()));
     }
     if let (Some(p), true) = (limits.pids, has("pids")) {
         w.push(("pids.max", p.to_string()));
@@ -128,7 +144,8 @@ pub fn plan_join(host: &CgroupHost, cgroup: &Path, limits: &Limits, setup: &Setu
             _ => None,
         };
         let limits = if d.limits { limit_writes(limits, d.v2, &d.hierarchy) } else { vec![] };
-        join.dirs.push(CgroupDir { cpuset: d.hierarchy.contains("cpuset"), dir: d.dir, device_rules, limits });
+        let leaf = host.unified.then_some(HELPER_LEAF);
+        join.dirs.push(CgroupDir { cpuset: d.hierarchy.contains("cpuset"), dir: d.dir, device_rules, leaf, limits });
     }
     join
 }
@@ -139,8 +156,13 @@ mod tests {
 
     #[test]
     fn limit_files_per_hierarchy() {
-        let l = Limits { memory_bytes: Some(64 << 20), pids: Some(100), cpus_milli: Some(1500) };
-        assert_eq!(limit_writes(&l, false, "memory"), vec![("memory.limit_in_bytes", (64u64 << 20).to_string())]);
+        let l = Limits { memory_bytes: Some(64 << 20), pids: Some(100), cpus_milli: Some(1500), ..Default::default() };
+        let mem = (64u64 << 20).to_string();
+        assert_eq!(
+            limit_writes(&l, false, "memory"),
+            vec![("memory.limit_in_bytes", mem.clone()), ("memory.memsw.limit_in_bytes", mem)],
+            "memory, then memory + swap at the same value (in this order: memsw may not be below it)"
+        );
         assert_eq!(limit_writes(&l, false, "pids"), vec![("pids.max", "100".to_string())]);
         assert_eq!(
             limit_writes(&l, false, "cpu,cpuacct"),
@@ -191,14 +213,14 @@ mod tests {
 
     #[test]
     fn a_join_plan_per_host() {
-        let limits = Limits { memory_bytes: Some(1 << 20), pids: None, cpus_milli: None };
+        let limits = Limits { memory_bytes: Some(1 << 20), ..Default::default() };
         let setup = Setup::Root { device_rules: vec!["c 1:3 rwm".into()] };
         let j = plan_join(&hybrid(), Path::new("/a/j"), &limits, &setup);
         assert!(j.v2_levels.is_empty(), "v1 hierarchies pass nothing down");
         let dev = j.dirs.iter().find(|d| d.dir == Path::new("/cg/devices/a/j")).unwrap();
         assert_eq!(dev.device_rules.as_deref(), Some(&["c 1:3 rwm".to_string()][..]));
         let mem = j.dirs.iter().find(|d| d.dir == Path::new("/cg/memory/a/j")).unwrap();
-        assert_eq!((mem.device_rules.as_ref(), mem.limits.len()), (None, 1));
+        assert_eq!((mem.device_rules.as_ref(), mem.limits.len()), (None, 2));
         let v2 = j.dirs.iter().find(|d| d.dir == Path::new("/cg/unified/a/j")).unwrap();
         assert!(v2.limits.is_empty(), "the hybrid v2 tree has no controllers");
         let unified = CgroupHost { unified: true, v1_mounts: vec![], v2_mount: Some("/cg".into()), ..hybrid() };
@@ -206,5 +228,8 @@ mod tests {
         assert_eq!(j.v2_levels, [PathBuf::from("/cg"), "/cg/a".into(), "/cg/a/b".into()]);
         assert_eq!(j.v2_controllers, ["+memory", "+pids", "+cpu"]);
         assert_eq!(j.dirs[0].limits, [("memory.max", "1048576".to_string()), ("memory.swap.max", "0".to_string())]);
+        assert_eq!(j.dirs[0].leaf, Some(HELPER_LEAF), "v2: the limits above, the helper in the leaf");
+        let hybrid = plan_join(&hybrid(), Path::new("/a/j"), &limits, &setup);
+        assert!(hybrid.dirs.iter().all(|d| d.leaf.is_none()), "v1 and the controller-less v2 tree: the dir itself");
     }
 }

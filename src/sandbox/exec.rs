@@ -2,7 +2,8 @@
 //! job plan it becomes. Shared by the plain `exec` and by setuid mode, where the request
 //! is parsed by the unprivileged side and checked against site policy before this runs.
 
-use super::plan::{JobPlan, Limits};
+use super::limits::{self, LimitsAsk};
+use super::plan::JobPlan;
 use crate::config::{Home, Network, Volume};
 use crate::gpu::{self, Capabilities, DiscoverOptions, GpuRequest};
 use crate::rootfs::{RootfsLease, Store};
@@ -16,8 +17,12 @@ pub struct ExecRequest {
     pub rootfs: String,
     pub volumes: Vec<Volume>,
     pub env: Vec<(String, String)>,
-    pub limits: Limits,
+    /// As asked; the node's defaults fill in what was not said (see [`limits::resolve`]).
+    pub limits: LimitsAsk,
     pub network: Network,
+    /// Blocked destinations the job may reach (`--network-allow`).
+    #[serde(default)]
+    pub network_allow: Vec<crate::config::NetworkAllow>,
     /// `--gpus` as given (all, none, indexes, UUIDs, CDI names).
     pub gpus: String,
     /// `--gpu-capabilities` as given.
@@ -74,6 +79,13 @@ impl ExecRequest {
 /// process forwarded to it), its clean-up. The rootfs stays leased until the job is gone.
 pub fn run(home: &Home, driver_root: &Path, req: &ExecRequest) -> Result<super::JobOutcome> {
     super::prepare_home(home)?;
+    let rootless = crate::rootless::mode().rootless;
+    let net = super::network::JobNetwork { allow: req.network_allow.clone(), ..Default::default() };
+    super::network::check_host(req.network, &net, rootless)?;
+    if req.network == Network::Isolated && !rootless && !net.allow.is_empty() {
+        // The allowed destinations' elements in the host's table (once per list).
+        super::network::ensure_table(&net, true)?;
+    }
     super::gc_before_job(home).context("gc before exec failed")?.log();
     let (plan, lease) = prepare(home, driver_root, req)?;
     let outcome = super::run_job(home, plan, &super::RunOptions { forward_signals: true, ..Default::default() });
@@ -116,6 +128,9 @@ pub fn prepare(home: &Home, driver_root: &Path, req: &ExecRequest) -> Result<(Jo
         true => vec![default_shell(lease.path(), uid)],
         false => req.command.clone(),
     };
+    // One job: the node's defaults for one slot.
+    let node = limits::node::Node::read(home, crate::rootless::mode().rootless);
+    let resolved = limits::resolve(&req.limits, &node, 1);
     let plan = JobPlan {
         id: id.clone(),
         lower: vec![lease.path().to_path_buf()],
@@ -126,8 +141,9 @@ pub fn prepare(home: &Home, driver_root: &Path, req: &ExecRequest) -> Result<(Jo
         gid: req.user.map(|u| u.1).unwrap_or(0),
         hostname: id.clone(),
         volumes: req.volumes.clone(),
-        limits: req.limits.clone(),
+        limits: resolved.limits,
         network: req.network,
+        net: super::network::JobNetwork { allow: req.network_allow.clone(), ..Default::default() },
         edits,
         cgroup_path: super::teardown::cgroup_path_for(home, &id),
         owned_dirs: vec![],
@@ -135,6 +151,12 @@ pub fn prepare(home: &Home, driver_root: &Path, req: &ExecRequest) -> Result<(Jo
         process: super::plan::ProcessPlan { init: None, terminal: req.terminal },
         userns: None,
     };
+    // Bad input fails in one line first; then the limits' warnings (unlimited, no disk
+    // quota), once per exec, as the rootless limits warning.
+    super::runner::validate(&plan)?;
+    for w in &resolved.warnings {
+        tracing::warn!("{w}");
+    }
     Ok((plan, lease))
 }
 
@@ -166,7 +188,7 @@ mod tests {
 
     fn req() -> ExecRequest {
         serde_json::from_str(
-            r#"{"rootfs":"bb","volumes":[],"env":[],"limits":{"memory_bytes":null,"pids":null,"cpus_milli":null},
+            r#"{"rootfs":"bb","volumes":[],"env":[],"limits":{},
                "network":"Host","gpus":"none","gpu_capabilities":"compute","cdi_spec":null,"name":null,
                "workdir":"/","user":null,"command":["true"]}"#,
         )

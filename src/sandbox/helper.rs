@@ -6,10 +6,11 @@
 //! deadlock (measured); it also writes oom_score_adj and clears "dumpable" on its caller.
 //! Here those side effects stay in a process that lives exactly as long as the job.
 //!
-//! The straight line: no supplementary groups -> private mount namespace -> job cgroup ->
-//! edit layer (GPU jobs; built once, see [`editlayer`]) -> the job's own ids (its user
-//! namespace, the lower layers idmapped, see [`crate::identity`]) -> overlay -> spec ->
-//! create -> start -> wait (forwarding signals) -> delete -> report. The overlay exists only in the helper's
+//! The straight line: no supplementary groups -> private mount namespace -> network
+//! namespace -> job cgroup -> edit layer (GPU jobs; built once, see [`editlayer`]) -> the
+//! job's own ids (its user namespace, the lower layers idmapped, see [`crate::identity`])
+//! -> overlay -> spec -> create -> start -> wait (forwarding signals) -> delete -> report.
+//! The overlay exists only in the helper's
 //! mount namespace, so the kernel unmounts it when the job's last process is gone, even
 //! if everything is SIGKILLed.
 
@@ -147,6 +148,7 @@ fn run(
     container.prepare_stdio()?;
     sys.clear_groups()?;
     sys.private_mount_namespace()?;
+    let plan = super::network::enter(plan, job, sys)?;
     let cgroup_owner = enter_job_cgroup(&plan, cgroups, sys)?;
     let mut plan = plan;
     // Held (locked against gc) until this helper exits with the job.
@@ -251,7 +253,7 @@ fn enter_job_cgroup(plan: &super::JobPlan, host: &CgroupHost, sys: &dyn Sys) -> 
         return Ok(spec::CgroupOwner::Helper { leaf: None });
     }
     if host.v2_mount.is_none() || !has_cgroup {
-        return Ok(spec::CgroupOwner::Libcontainer);
+        return Ok(spec::CgroupOwner::Libcontainer { memsw: host.v1_memsw() });
     }
     let setup = Setup::Root { device_rules: spec::v1_device_allow_lines(plan)? };
     sys.join_cgroup(&plan_join(host, &plan.cgroup_path, &plan.limits, &setup))?;
@@ -352,10 +354,12 @@ mod tests {
         std::fs::create_dir_all(&lower).unwrap();
         let mut plan = test_plan("hp-1", vec![lower], "/azp-test-hp/hp-1");
         plan.owned_dirs = vec!["/home/agent".into()];
+        // The network's own steps: see `the_network_steps_per_mode`.
+        plan.network = crate::config::Network::Host;
         change(&mut plan, t.path());
         let job = JobDir::new(&home, &plan.id);
-        let state = JobState::for_plan(&job, &plan);
-        let lock = job.create(&plan, &state).unwrap();
+        let mut state = JobState::for_plan(&job, &plan);
+        let lock = job.create(&plan, &mut state, None).unwrap();
         let cg = t.path().join("cg");
         let cgroups = CgroupHost {
             unified: false,
@@ -625,6 +629,64 @@ mod tests {
             assert!(error.starts_with("cannot build the sandbox's edit layer in "), "{error}");
             // The double removes nothing: clear the dir for the next round.
             std::fs::remove_dir_all(&b).unwrap();
+        }
+    }
+
+    #[test]
+    fn the_network_steps_per_mode() {
+        use crate::config::Network;
+        let link = crate::sandbox::network::link_name("hp-1", std::process::id());
+        for (network, rootless, net_steps) in [
+            (Network::Isolated, false, vec!["host_addresses".to_string(), format!("isolate_network veth {link}")]),
+            (Network::Isolated, true, vec!["host_addresses".into(), "isolate_network pasta".into()]),
+            (Network::None, false, vec!["isolate_network loopback".into()]),
+            (Network::Host, false, vec![]),
+        ] {
+            if rootless && crate::sandbox::network::find_program("pasta", &[]).is_none() {
+                crate::test_skip::skip_part("pasta (Debian passt) is not installed: the rootless network's plan");
+                continue;
+            }
+            let s = setup(|p, _| {
+                p.network = network;
+                p.rootless = rootless;
+            });
+            let rec = Recorder::default();
+            assert_eq!(s.run(&rec, None, None), HelperResult::Exited { code: 3, signal: None }, "{network}");
+            let calls = rec.calls();
+            // Right after the private mount namespace (the sysfs is mounted in it), before
+            // the cgroup and the container.
+            let mut expected: Vec<String> = net_steps.clone();
+            if network != Network::Host {
+                expected.push(format!("mount_sysfs {}", s.job.bundle().join("sys").display()));
+            }
+            assert_eq!(calls[2..2 + expected.len()], expected[..], "{network} rootless={rootless}: {calls:?}");
+            let spec: serde_json::Value =
+                serde_json::from_slice(&std::fs::read(s.job.bundle().join("config.json")).unwrap()).unwrap();
+            let mounts = spec["mounts"].as_array().unwrap();
+            let source = |dst: &str| mounts.iter().find(|m| m["destination"] == dst).unwrap()["source"].clone();
+            let own = |f: &str| serde_json::Value::from(s.job.bundle().join(f).display().to_string());
+            match network {
+                Network::Host => assert_eq!(source("/etc/resolv.conf"), "/etc/resolv.conf"),
+                Network::None => {
+                    assert_eq!(source("/sys"), own("sys"));
+                    assert_eq!(source("/etc/resolv.conf"), "/etc/resolv.conf", "no network: the host's file");
+                }
+                Network::Isolated => {
+                    assert_eq!((source("/sys"), source("/etc/resolv.conf")), (own("sys"), own("resolv.conf")));
+                    let r = std::fs::read_to_string(s.job.bundle().join("resolv.conf")).unwrap();
+                    assert!(!r.contains("nameserver 127."), "no loopback resolver for the job: {r}");
+                }
+            }
+        }
+        // A failed network step ends the line there.
+        for (k, want) in [(2, FailureKind::Other), (3, FailureKind::NotPermitted), (4, FailureKind::Other)] {
+            let s = setup(|p, _| p.network = Network::Isolated);
+            let rec = Recorder::failing_at(k, Errno::EPERM);
+            let r = s.run(&rec, None, None);
+            let (kind, error) = failed(&r);
+            assert_eq!(rec.calls().len(), k + 1, "{error}");
+            assert_eq!(kind, want, "{error}");
+            assert!(error.ends_with("EPERM: Operation not permitted"), "{error}");
         }
     }
 }

@@ -10,6 +10,7 @@
 
 use super::plan::JobPlan;
 use crate::config::Home;
+use crate::sys::{DiskQuota, Sys};
 use anyhow::{Context, Result};
 use serde::{Deserialize, Serialize};
 use std::fs::{self, File};
@@ -48,6 +49,10 @@ pub struct JobState {
     /// The block of host ids the job runs as (root mode): `gc` frees it with the record.
     #[serde(default)]
     pub id_block: Option<u32>,
+    /// The project id of the layer dir's disk quota (see [`crate::sys::quota`]): its
+    /// limits are cleared by the teardown, or by `gc` after a crash.
+    #[serde(default)]
+    pub project_id: Option<u32>,
 }
 
 impl JobState {
@@ -65,6 +70,7 @@ impl JobState {
                 .duration_since(std::time::SystemTime::UNIX_EPOCH)
                 .map(|d| d.as_secs())
                 .unwrap_or(0),
+            project_id: None,
         }
     }
 }
@@ -135,30 +141,47 @@ impl JobDir {
     }
 
     /// Creates the dirs, takes the lock, records the state and writes the plan.
-    /// Returns the lock; dropping it marks the job as abandoned for `gc`.
+    /// Returns the lock; dropping it marks the job as abandoned for `gc`. With a `quota`,
+    /// the layer dir gets its disk quota before its upper and work dirs are made (they
+    /// inherit its project id), and `state` records the id.
     ///
     /// The record is built under `.new-<id>` and renamed into place with the lock already
     /// held (flock follows the inode), so `gc` never sees a record that is not locked yet;
     /// the layer dir is made while the staging record exists, so `gc` never takes it for
     /// an orphan. On failure, what this call made is removed again.
-    pub fn create(&self, plan: &JobPlan, state: &JobState) -> Result<JobLock> {
+    pub fn create(
+        &self,
+        plan: &JobPlan,
+        state: &mut JobState,
+        quota: Option<(&dyn Sys, &DiskQuota)>,
+    ) -> Result<JobLock> {
         let staging = JobDir { root: self.staging_record(), layers: self.layers.clone(), mount: self.mount.clone() };
         // mkdir fails if the staging dir exists: then nothing here is ours to remove.
         create_in_runtime_dir(&staging.root, &private_dir())?;
         let mut made_layers = false;
-        let made = self.fill(&staging, plan, state, &mut made_layers);
+        let made = self.fill(&staging, plan, state, quota, &mut made_layers);
         if made.is_err() {
             // Only what this call made: the layer dir or the final record may belong to a
             // live job of the same name (its mkdir and the rename failed then).
             let _ = fs::remove_dir_all(&staging.root);
             if made_layers {
+                if let (Some((sys, _)), Some(id)) = (quota, state.project_id.take()) {
+                    let _ = sys.release_disk_quota(&self.layers, id);
+                }
                 let _ = fs::remove_dir_all(&self.layers);
             }
         }
         made
     }
 
-    fn fill(&self, staging: &JobDir, plan: &JobPlan, state: &JobState, made_layers: &mut bool) -> Result<JobLock> {
+    fn fill(
+        &self,
+        staging: &JobDir,
+        plan: &JobPlan,
+        state: &mut JobState,
+        quota: Option<(&dyn Sys, &DiskQuota)>,
+        made_layers: &mut bool,
+    ) -> Result<JobLock> {
         let file = File::create(staging.lock_file()).context("cannot create job lock file")?;
         let lock = nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusiveNonblock)
             .map_err(|(_, e)| anyhow::anyhow!("cannot lock new job dir {}: {e}", staging.root.display()))?;
@@ -168,6 +191,9 @@ impl JobDir {
             format!("cannot create job dir {}: check free space under the home dir", self.layers.display())
         })?;
         *made_layers = true;
+        if let Some((sys, quota)) = quota {
+            state.project_id = Some(sys.claim_disk_quota(&self.layers, quota)?);
+        }
         for d in [self.upper(), self.work()] {
             fs::create_dir(&d).with_context(|| format!("cannot create {}: disk full?", d.display()))?;
         }
@@ -301,4 +327,41 @@ pub fn new_job_id(prefix: &str) -> String {
     }
     let hex = crate::digest::hex(&bytes);
     format!("{prefix}-{hex}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sys::Recorder;
+
+    fn home(t: &Path) -> Home {
+        std::fs::create_dir_all(t.join("xdg")).unwrap();
+        let home = Home::for_caller(t.join("home"), false, Some(t.join("xdg")));
+        home.ensure().unwrap();
+        home
+    }
+
+    #[test]
+    fn a_disk_quota_is_claimed_on_the_layer_dir_before_upper_and_work_and_recorded() {
+        let t = tempfile::tempdir().unwrap();
+        let home = home(t.path());
+        let plan = super::super::plan::test_plan("jd-1", vec![], "");
+        let job = JobDir::new(&home, "jd-1");
+        let mut state = JobState::for_plan(&job, &plan);
+        let quota = DiskQuota { bytes: 1 << 30, inodes: Some(1000), lock: t.path().join("lock") };
+        let rec = Recorder::default();
+        let _lock = job.create(&plan, &mut state, Some((&rec, &quota))).unwrap();
+        assert_eq!(rec.calls(), [format!("claim_disk_quota {} {}", job.layers.display(), 1u64 << 30)]);
+        let id = *crate::sys::quota::PROJECT_IDS.start();
+        assert_eq!(state.project_id, Some(id));
+        assert_eq!(job.read_state().unwrap().project_id, Some(id), "in the record, for the teardown and gc");
+        assert!(job.upper().is_dir() && job.work().is_dir());
+        // A refused claim: the job is not created, and nothing of it is left.
+        let job = JobDir::new(&home, "jd-2");
+        let mut state = JobState::for_plan(&job, &plan);
+        let rec = Recorder::failing_at(0, nix::errno::Errno::EPERM);
+        let e = job.create(&plan, &mut state, Some((&rec, &quota))).unwrap_err();
+        assert!(e.to_string().starts_with("cannot set the disk quota of project"), "{e}");
+        assert!(!job.layers.exists() && !job.root.exists() && !job.staging_record().exists());
+    }
 }

@@ -10,6 +10,8 @@ pub mod helper;
 pub mod init;
 pub mod inroot;
 pub mod jobdir;
+pub mod limits;
+pub mod network;
 pub mod plan;
 pub mod report;
 pub mod runner;
@@ -17,6 +19,7 @@ pub mod seccomp;
 pub mod spec;
 pub mod teardown;
 
+pub use limits::{Ask, LimitsAsk};
 pub use plan::{JobPlan, Limits};
 pub use report::{FailureKind, SandboxError};
 pub use runner::{run_job, JobOutcome, Phase, RunOptions, Sandbox};

@@ -6,12 +6,44 @@ use crate::edits::ContainerEdits;
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
 
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+/// The limits a job runs with, each None when it has none (said `unlimited`, or not
+/// enforceable here). Decided before the job starts (see [`super::limits::resolve`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Limits {
+    /// Memory (and, where the kernel accounts swap, memory + swap: no swap beyond it).
     pub memory_bytes: Option<u64>,
     pub pids: Option<i64>,
     /// CPUs as a fraction (e.g. 1.5); enforced as a CFS quota.
     pub cpus_milli: Option<u64>,
+    /// Project quota on the job's writable layer (upper and work dirs), in bytes.
+    #[serde(default)]
+    pub disk_bytes: Option<u64>,
+    /// ... and in inodes (files and dirs), so that no job can use up the home's inodes.
+    #[serde(default)]
+    pub disk_inodes: Option<u64>,
+    /// Size of the job's `/tmp` tmpfs (None: the kernel's default, half the RAM).
+    #[serde(default)]
+    pub tmp_bytes: Option<u64>,
+    /// Size of the job's `/dev/shm` tmpfs (None: 1 GiB).
+    #[serde(default)]
+    pub shm_bytes: Option<u64>,
+}
+
+impl std::fmt::Display for Limits {
+    /// One line for logs and `status`: `memory 4.0G, pids 4096, cpus 2, disk 50.0G, /tmp
+    /// 4.0G, /dev/shm 2.0G`, "unlimited" where a limit is absent.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let size = |b: Option<u64>| b.map(super::limits::human_size).unwrap_or_else(|| "unlimited".into());
+        let cpus = self.cpus_milli.map(|m| format!("{}", m as f64 / 1000.0)).unwrap_or_else(|| "unlimited".into());
+        let pids = self.pids.map(|p| p.to_string()).unwrap_or_else(|| "unlimited".into());
+        write!(f, "memory {}, pids {pids}, cpus {cpus}, disk {}", size(self.memory_bytes), size(self.disk_bytes))?;
+        if let Some(i) = self.disk_inodes {
+            write!(f, " ({i} inodes)")?;
+        }
+        let tmp = self.tmp_bytes.map(super::limits::human_size).unwrap_or_else(|| "half the RAM".into());
+        let shm = self.shm_bytes.map(super::limits::human_size).unwrap_or_else(|| "1.0G".into());
+        write!(f, ", /tmp {tmp}, /dev/shm {shm}")
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -30,6 +62,10 @@ pub struct JobPlan {
     pub volumes: Vec<Volume>,
     pub limits: Limits,
     pub network: Network,
+    /// The network's settings, and what the helper made for the spec (see
+    /// [`super::network`]).
+    #[serde(default)]
+    pub net: super::network::JobNetwork,
     /// Device, mount and env edits from GPU discovery or CDI.
     pub edits: ContainerEdits,
     /// Cgroup path relative to the cgroup root (v1: below each controller).
@@ -90,6 +126,7 @@ pub(crate) fn test_plan(id: &str, lower: Vec<PathBuf>, cgroup_path: &str) -> Job
         volumes: vec![],
         limits: Limits::default(),
         network: Default::default(),
+        net: Default::default(),
         edits: Default::default(),
         cgroup_path: cgroup_path.into(),
         owned_dirs: vec![],

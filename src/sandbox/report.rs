@@ -72,9 +72,10 @@ fn kind_of_cause(cause: &(dyn std::error::Error + 'static)) -> Option<FailureKin
         return match e {
             S::MountOverlay { source: Errno::ENOENT, .. } => Some(FailureKind::RootfsMissing),
             S::CgroupLimit { .. } => Some(FailureKind::LimitRefused),
-            S::UnshareMountNs(Errno::EPERM) | S::UnshareCgroupNs(Errno::EPERM) | S::UnshareUserNs(_) => {
-                Some(FailureKind::NotPermitted)
-            }
+            S::UnshareMountNs(Errno::EPERM)
+            | S::UnshareCgroupNs(Errno::EPERM)
+            | S::UnshareNetNs(Errno::EPERM)
+            | S::UnshareUserNs(_) => Some(FailureKind::NotPermitted),
             _ => None,
         };
     }

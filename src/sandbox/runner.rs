@@ -29,6 +29,10 @@ pub struct JobOutcome {
     pub signal: Option<i32>,
     pub duration: Duration,
     pub cleanup: Cleanup,
+    /// The limits it ran with.
+    pub limits: super::Limits,
+    /// Its disk quota's usage when it ended (None: it had no quota).
+    pub disk: Option<sys::quota::Usage>,
 }
 
 /// Options of one run.
@@ -121,6 +125,8 @@ pub struct Sandbox {
     prepared: Option<(Spawned, String)>,
     /// The block of host ids the job runs as (root mode), held until it is cleaned up.
     ids: Option<crate::identity::lease::BlockLease>,
+    /// The project id of the layer dir's disk quota.
+    project_id: Option<u32>,
 }
 
 impl Sandbox {
@@ -129,6 +135,11 @@ impl Sandbox {
         plan.rootless = crate::rootless::mode().rootless;
         // Every job runs under the init (one stat once it is written).
         plan.process.init = Some(super::init::ensure(home)?);
+        if plan.network == crate::config::Network::Isolated && !plan.rootless {
+            // The host's table, made again if a firewall reload flushed it (one netlink
+            // query when it exists): the helper refuses to start a job without it.
+            super::network::ensure_table(&plan.net, false)?;
+        }
         // Optional mounts whose source is missing are dropped here, never failing the job.
         plan.edits.mounts.retain(|m| !m.optional || m.host_path.exists());
         // The home's dirs exist: `exec` and `run` ensure them once at start, not per job.
@@ -143,7 +154,9 @@ impl Sandbox {
         if plan.userns.is_some() {
             validate_reachable(&plan)?;
         }
-        let lock = job.create(&plan, &JobState::for_plan(&job, &plan))?;
+        let mut state = JobState::for_plan(&job, &plan);
+        let quota = disk_quota(home, &plan);
+        let lock = job.create(&plan, &mut state, quota.as_ref().map(|q| (&sys::Real as &dyn sys::Sys, q)))?;
         tracing::debug!(job = %plan.id, "job dir recorded");
         Ok(Sandbox {
             home: home.clone(),
@@ -154,6 +167,7 @@ impl Sandbox {
             pending: None,
             prepared: None,
             ids,
+            project_id: state.project_id,
         })
     }
 
@@ -267,11 +281,22 @@ impl Sandbox {
         };
         let duration = started.elapsed();
         match result? {
-            HelperResult::Exited { code, signal } => {
-                Ok(JobOutcome { id: plan.id, code, signal, duration, cleanup: Cleanup::default() })
-            }
+            HelperResult::Exited { code, signal } => Ok(JobOutcome {
+                id: plan.id,
+                code,
+                signal,
+                duration,
+                cleanup: Cleanup::default(),
+                limits: plan.limits,
+                disk: self.disk_usage(),
+            }),
             HelperResult::Failed { kind, error } => Err(SandboxError { kind, message: error }.into()),
         }
+    }
+
+    /// What the job's layer has used of its disk quota (None: no quota, or unreadable).
+    pub fn disk_usage(&self) -> Option<sys::quota::Usage> {
+        sys::quota::usage(&self.job.layers, self.project_id?).ok()
     }
 
     /// A prepared container that will not be started: closing the go pipe makes its
@@ -310,6 +335,7 @@ impl Sandbox {
                 pending: self.pending.take(),
                 prepared: self.prepared.take(),
                 ids: self.ids.take(),
+                project_id: self.project_id,
             };
             std::thread::spawn(move || {
                 sys::process::lower_priority_of_this_thread();
@@ -333,9 +359,9 @@ impl Sandbox {
             // namespace, was reaped); its helper is still deleting the container and
             // exiting. Meanwhile its layers go: on a disk where each freed dir block
             // waits for a discard, that wait now overlaps the helper's.
-            let (home, job) = (self.home.clone(), self.job.clone());
+            let (home, job, project) = (self.home.clone(), self.job.clone(), self.project_id);
             std::thread::scope(|s| {
-                let layers = s.spawn(move || teardown::remove_layers(&home, &job));
+                let layers = s.spawn(move || teardown::remove_layers(&home, &job, project));
                 self.wait_pending();
                 layers.join().unwrap_or_else(|_| Err(anyhow::anyhow!("layer removal panicked")))
             })
@@ -371,6 +397,15 @@ impl Drop for Sandbox {
             }
         }
     }
+}
+
+/// The disk quota a job's layer dir gets: its limits (see [`super::limits`], which set
+/// them only where project quotas work), and the host-wide lock under which project ids
+/// are taken (beside the homes' runtime dirs: `/run/azp-sandbox` as root).
+fn disk_quota(home: &Home, plan: &JobPlan) -> Option<sys::DiskQuota> {
+    let bytes = plan.limits.disk_bytes.filter(|_| !plan.rootless)?;
+    let lock = home.run_root().with_file_name(".project-ids.lock");
+    Some(sys::DiskQuota { bytes, inodes: plan.limits.disk_inodes, lock })
 }
 
 /// Runs one command to completion in a fresh sandbox and removes everything it left.

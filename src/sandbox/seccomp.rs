@@ -161,6 +161,37 @@ const SOCKET_FAMILY_BITS: u32 = 6;
 /// process (READ_IMPLIES_EXEC, ADDR_NO_RANDOMIZE, MMAP_PAGE_ZERO, ...). gdb then warns
 /// that it cannot disable address randomization, as it does under Docker.
 pub const ALLOWED_PERSONALITIES: &[u32] = &[0, 0x8, 0x20000, 0x20008, 0xffff_ffff];
+/// The calls that change a file's project id or PROJINHERIT: with them a job (the owner
+/// of its files, or root with CAP_FOWNER) could move what it writes out of its layer's
+/// disk quota (see `sys::quota`). The kernel refuses that only from a user namespace
+/// other than the initial one. EPERM for the FS_IOC_FSSETXATTR and FS_IOC_SETFLAGS
+/// ioctls (both ABIs' numbers; the kernel reads the command as 32 bits, so only those
+/// are compared); `chattr` in a job fails with it. Not covered: file_setattr(2) (Linux
+/// 6.17), which libseccomp 2.5 cannot name (libcontainer skips unknown names); a job
+/// in a user namespace of its own is refused by the kernel itself (SECURITY.md).
+const FS_IOC_FSSETXATTR: u64 = 0x401c_5820;
+const FS_IOC_SETFLAGS: [u64; 2] = [0x4008_6602, 0x4004_6602];
+
+fn project_quota_rules() -> Result<Vec<oci_spec::runtime::LinuxSyscall>> {
+    let mut rules = vec![];
+    for cmd in [FS_IOC_FSSETXATTR, FS_IOC_SETFLAGS[0], FS_IOC_SETFLAGS[1]] {
+        let is_cmd = LinuxSeccompArgBuilder::default()
+            .index(1usize)
+            .value(cmd)
+            .value_two(0xffff_ffffu64)
+            .op(LinuxSeccompOperator::ScmpCmpMaskedEq)
+            .build()?;
+        rules.push(
+            LinuxSyscallBuilder::default()
+                .names(vec!["ioctl".to_string()])
+                .action(LinuxSeccompAction::ScmpActErrno)
+                .errno_ret(libc::EPERM as u32)
+                .args(vec![is_cmd])
+                .build()?,
+        );
+    }
+    Ok(rules)
+}
 
 pub fn default_profile() -> Result<LinuxSeccomp> {
     let arches = match std::env::consts::ARCH {
@@ -178,6 +209,7 @@ pub fn default_profile() -> Result<LinuxSeccomp> {
     for &flag in CLONE_NAMESPACE_FLAGS {
         syscalls.push(masked_rule("clone", flag, flag, libc::EPERM)?);
     }
+    syscalls.extend(project_quota_rules()?);
     // clone3(2) passes its flags in memory, which seccomp cannot inspect: ENOSYS (not
     // EPERM) makes glibc >= 2.34 and other libcs fall back to clone(2), as Docker's default
     // profile does.

@@ -6,7 +6,6 @@
 //! before the host's services), and every bind is nosuid,nodev.
 
 use super::plan::{JobPlan, DEFAULT_PATH};
-use crate::config::Network;
 use crate::edits::{DeviceKind, HookStage};
 use anyhow::{Context, Result};
 use oci_spec::runtime::{
@@ -65,8 +64,10 @@ const BIND_RO: &[&str] = &["rbind", "ro", "nosuid", "nodev", "rro", "rnosuid", "
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum CgroupOwner {
     /// libcontainer's v1 manager, from the spec's cgroupsPath and resources: root mode on
-    /// a host with no cgroup2 hierarchy mounted.
-    Libcontainer,
+    /// a host with no cgroup2 hierarchy mounted. `memsw`: the kernel accounts swap, so
+    /// memory + swap is limited to the memory limit too (libcontainer fails on a host
+    /// without the file).
+    Libcontainer { memsw: bool },
     /// The helper has joined the job's cgroup and applied its limits; libcontainer sees a
     /// private cgroup2 view rooted there and moves the job's init into `leaf` below it
     /// (root mode), or nowhere (rootless: it may not create one).
@@ -96,20 +97,18 @@ pub fn build(plan: &JobPlan, rootfs: &Path, cgroup: &CgroupOwner) -> Result<Spec
         .oom_score_adj(JOB_OOM_SCORE_ADJ)
         .build()?;
 
-    let mut namespaces = vec![
+    // No network namespace entry: the container inherits the helper's, which is the job's
+    // own (made by the helper, see super::network) or the host's (`--network host`).
+    let namespaces = [
         LinuxNamespaceType::Pid,
         LinuxNamespaceType::Mount,
         LinuxNamespaceType::Ipc,
         LinuxNamespaceType::Uts,
         LinuxNamespaceType::Cgroup,
-    ];
-    if plan.network == Network::None {
-        namespaces.push(LinuxNamespaceType::Network);
-    }
-    let namespaces = namespaces
-        .into_iter()
-        .map(|t| LinuxNamespaceBuilder::default().typ(t).build())
-        .collect::<Result<Vec<_>, _>>()?;
+    ]
+    .into_iter()
+    .map(|t| LinuxNamespaceBuilder::default().typ(t).build())
+    .collect::<Result<Vec<_>, _>>()?;
 
     let mut devices = Vec::new();
     for node in plan.edits.device_nodes.iter().filter(|_| !plan.in_user_namespace()) {
@@ -127,8 +126,8 @@ pub fn build(plan: &JobPlan, rootfs: &Path, cgroup: &CgroupOwner) -> Result<Spec
     }
     let mut linux = LinuxBuilder::default().namespaces(namespaces).devices(devices);
     match cgroup {
-        CgroupOwner::Libcontainer if !plan.cgroup_path.as_os_str().is_empty() => {
-            linux = linux.resources(resources(plan)?).cgroups_path(plan.cgroup_path.clone());
+        CgroupOwner::Libcontainer { memsw } if !plan.cgroup_path.as_os_str().is_empty() => {
+            linux = linux.resources(resources(plan, *memsw)?).cgroups_path(plan.cgroup_path.clone());
         }
         CgroupOwner::Helper { leaf: Some(leaf) } => linux = linux.cgroups_path(leaf.clone()),
         _ => {}
@@ -227,11 +226,17 @@ pub fn v1_device_allow_lines(plan: &JobPlan) -> Result<Vec<String>> {
         .collect())
 }
 
-/// The spec's resources, for libcontainer's own cgroup manager.
-fn resources(plan: &JobPlan) -> Result<oci_spec::runtime::LinuxResources> {
+/// The spec's resources, for libcontainer's own cgroup manager. `memsw`: memory + swap
+/// gets the memory limit too (OCI's `swap` is memory + swap), as the helper's own join
+/// does (see [`super::cgroup::limit_writes`]).
+fn resources(plan: &JobPlan, memsw: bool) -> Result<oci_spec::runtime::LinuxResources> {
     let mut resources = LinuxResourcesBuilder::default().devices(device_rules(plan)?);
     if let Some(bytes) = plan.limits.memory_bytes {
-        resources = resources.memory(LinuxMemoryBuilder::default().limit(bytes as i64).build()?);
+        let mut memory = LinuxMemoryBuilder::default().limit(bytes as i64);
+        if memsw {
+            memory = memory.swap(bytes as i64);
+        }
+        resources = resources.memory(memory.build()?);
     }
     if let Some(pids) = plan.limits.pids {
         resources = resources.pids(LinuxPidsBuilder::default().limit(pids).build()?);
@@ -292,10 +297,19 @@ fn bind(src: &Path, dst: &Path, opts: &[String]) -> Result<Mount> {
     Ok(MountBuilder::default().destination(dst).typ("bind").source(src).options(opts.to_vec()).build()?)
 }
 
-/// Read-only /sys. In a user namespace a fresh sysfs needs a network namespace owned by
-/// it, which `--network host` does not have; as runc does rootless, bind the host's /sys
+/// Read-only /sys. A job with a network namespace of its own gets the sysfs the helper
+/// mounted in it (see super::network: in a user namespace only the namespace's owner may
+/// mount one). In a user namespace a fresh sysfs needs a network namespace owned by it,
+/// which `--network host` does not have; as runc does rootless, bind the host's /sys
 /// read-only (recursively) instead.
 fn sysfs(plan: &JobPlan) -> Result<Mount> {
+    if let Some(own) = &plan.net.sysfs {
+        return bind(
+            own,
+            Path::new("/sys"),
+            &["bind", "ro", "nosuid", "nodev", "noexec", "rprivate"].map(String::from),
+        );
+    }
     if plan.in_user_namespace() {
         return bind(
             Path::new("/sys"),
@@ -307,21 +321,42 @@ fn sysfs(plan: &JobPlan) -> Result<Mount> {
     mount("/sys", "sysfs", "sysfs", &["nosuid", "noexec", "nodev", "ro"])
 }
 
+/// `/dev/shm`: sized from the job's limits (half its memory by default, see
+/// [`super::limits::defaults`]); 1 GiB without a memory limit.
+fn shm(plan: &JobPlan) -> Result<Mount> {
+    let size = plan.limits.shm_bytes.map(|b| format!("size={b}")).unwrap_or_else(|| "size=1g".into());
+    mount("/dev/shm", "tmpfs", "shm", &["nosuid", "noexec", "nodev", "mode=1777", &size])
+}
+
+/// `/tmp`: sized from the job's limits (its memory limit by default: tmpfs pages are
+/// charged to the job's memory cgroup); the kernel's default (half the RAM) without one.
+fn tmp(plan: &JobPlan) -> Result<Mount> {
+    match plan.limits.tmp_bytes {
+        Some(b) => mount("/tmp", "tmpfs", "tmpfs", &["nosuid", "nodev", "mode=1777", &format!("size={b}")]),
+        None => mount("/tmp", "tmpfs", "tmpfs", &["nosuid", "nodev", "mode=1777"]),
+    }
+}
+
 fn mounts(plan: &JobPlan) -> Result<Vec<Mount>> {
     let ro: Vec<String> = BIND_RO.iter().map(|s| s.to_string()).collect();
     let mut m = vec![
         mount("/proc", "proc", "proc", &["nosuid", "noexec", "nodev"])?,
         mount("/dev", "tmpfs", "tmpfs", &["nosuid", "strictatime", "mode=755", "size=65536k"])?,
         mount("/dev/pts", "devpts", "devpts", &["nosuid", "noexec", "newinstance", "ptmxmode=0666", "mode=0620"])?,
-        mount("/dev/shm", "tmpfs", "shm", &["nosuid", "noexec", "nodev", "mode=1777", "size=1g"])?,
+        shm(plan)?,
         mount("/dev/mqueue", "mqueue", "mqueue", &["nosuid", "noexec", "nodev"])?,
         sysfs(plan)?,
         // No /sys/fs/cgroup: libcontainer 0.7 mounts the v1 hierarchies read-write despite
         // "ro", which would let a root job raise its own limits. /sys is read-only sysfs,
         // so nothing can be mounted there either.
-        mount("/tmp", "tmpfs", "tmpfs", &["nosuid", "nodev", "mode=1777"])?,
-        // Name resolution as on the host: the agent must reach Azure DevOps.
-        bind(Path::new("/etc/resolv.conf"), Path::new("/etc/resolv.conf"), &ro)?,
+        tmp(plan)?,
+        // Name resolution as on the host (the agent must reach Azure DevOps), or through
+        // the job's gateway when the host's resolver is out of its reach (super::network).
+        bind(
+            plan.net.resolv_conf.as_deref().unwrap_or(Path::new("/etc/resolv.conf")),
+            Path::new("/etc/resolv.conf"),
+            &ro,
+        )?,
         bind(Path::new("/etc/hosts"), Path::new("/etc/hosts"), &ro)?,
     ];
     for v in &plan.volumes {
@@ -447,7 +482,7 @@ fn default_device_rules() -> Result<Vec<LinuxDeviceCgroup>> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::Volume;
+    use crate::config::{Network, Volume};
     use crate::edits::{BindMount, ContainerEdits, DeviceNode};
     use crate::sandbox::plan::Limits;
 
@@ -466,8 +501,14 @@ mod tests {
                 container: "/datasets/set".into(),
                 env: Some("DATASET".into()),
             }],
-            limits: Limits { memory_bytes: Some(64 << 20), pids: Some(100), cpus_milli: Some(1500) },
+            limits: Limits {
+                memory_bytes: Some(64 << 20),
+                pids: Some(100),
+                cpus_milli: Some(1500),
+                ..Default::default()
+            },
             network: Network::Host,
+            net: Default::default(),
             edits: ContainerEdits::default(),
             cgroup_path: "/azp-sandbox/t-1".into(),
             owned_dirs: vec![],
@@ -507,7 +548,7 @@ mod tests {
 
     #[test]
     fn limits_namespaces_and_security() {
-        let spec = build(&plan(), Path::new("/jobs/t-1/merged"), &CgroupOwner::Libcontainer).unwrap();
+        let spec = build(&plan(), Path::new("/jobs/t-1/merged"), &CgroupOwner::Libcontainer { memsw: false }).unwrap();
         let linux = spec.linux().as_ref().unwrap();
         let res = linux.resources().as_ref().unwrap();
         assert_eq!(res.memory().as_ref().unwrap().limit(), Some(64 << 20));
@@ -515,7 +556,7 @@ mod tests {
         assert_eq!(res.cpu().as_ref().unwrap().quota(), Some(150_000));
         let ns: Vec<_> = linux.namespaces().as_ref().unwrap().iter().map(|n| n.typ()).collect();
         assert!(ns.contains(&LinuxNamespaceType::Pid) && ns.contains(&LinuxNamespaceType::Cgroup));
-        assert!(!ns.contains(&LinuxNamespaceType::Network), "host network by default");
+        assert!(!ns.contains(&LinuxNamespaceType::Network), "the helper's network namespace is inherited");
         let proc_ = spec.process().as_ref().unwrap();
         assert_eq!(proc_.no_new_privileges(), Some(true));
         assert_eq!(proc_.oom_score_adj(), Some(JOB_OOM_SCORE_ADJ));
@@ -531,13 +572,55 @@ mod tests {
     }
 
     #[test]
-    fn network_none_gets_own_namespace() {
+    fn libcontainers_v1_manager_limits_swap_where_the_kernel_accounts_it() {
+        let swap = |memsw| {
+            let spec = build(&plan(), Path::new("/m"), &CgroupOwner::Libcontainer { memsw }).unwrap();
+            let res = spec.linux().as_ref().unwrap().resources().clone().unwrap();
+            res.memory().as_ref().unwrap().swap()
+        };
+        assert_eq!(swap(true), Some(64 << 20), "memory + swap = the memory limit: no swap beyond it");
+        assert_eq!(swap(false), None, "no memsw file to write");
+    }
+
+    #[test]
+    fn tmp_and_shm_are_sized_from_the_limits() {
+        let opts = |p: &JobPlan, dst: &str| -> Vec<String> {
+            let spec = build(p, Path::new("/m"), &CgroupOwner::Helper { leaf: None }).unwrap();
+            let m = spec.mounts().as_ref().unwrap().iter().find(|m| m.destination() == Path::new(dst)).cloned();
+            m.unwrap().options().clone().unwrap()
+        };
         let mut p = plan();
-        p.network = Network::None;
-        let spec = build(&p, Path::new("/m"), &CgroupOwner::Libcontainer).unwrap();
-        let ns: Vec<_> =
-            spec.linux().as_ref().unwrap().namespaces().as_ref().unwrap().iter().map(|n| n.typ()).collect();
-        assert!(ns.contains(&LinuxNamespaceType::Network));
+        p.limits.tmp_bytes = Some(64 << 20);
+        p.limits.shm_bytes = Some(32 << 20);
+        assert!(opts(&p, "/tmp").contains(&format!("size={}", 64 << 20)));
+        assert!(opts(&p, "/dev/shm").contains(&format!("size={}", 32 << 20)));
+        // No limits: the sizes of before.
+        p.limits = Limits::default();
+        assert!(!opts(&p, "/tmp").iter().any(|o| o.starts_with("size=")), "the kernel's default");
+        assert!(opts(&p, "/dev/shm").contains(&"size=1g".to_string()));
+    }
+
+    #[test]
+        fn a_job_with_its_own_network_binds_the_helpers_sysfs_and_resolv_conf() {
+        let mut p = plan();
+        p.network = Network::Isolated;
+        p.net.sysfs = Some("/run/j/bundle/sys".into());
+        p.net.resolv_conf = Some("/run/j/bundle/resolv.conf".into());
+        for rootless in [false, true] {
+            p.rootless = rootless;
+            let spec = build(&p, Path::new("/m"), &CgroupOwner::Libcontainer { memsw: false }).unwrap();
+            let ns: Vec<_> =
+                spec.linux().as_ref().unwrap().namespaces().as_ref().unwrap().iter().map(|n| n.typ()).collect();
+            assert!(!ns.contains(&LinuxNamespaceType::Network), "inherited from the helper");
+            let m = spec.mounts().as_ref().unwrap();
+            let sys = m.iter().find(|m| m.destination() == Path::new("/sys")).unwrap();
+            assert_eq!(sys.source().as_deref(), Some(Path::new("/run/j/bundle/sys")));
+            for o in ["ro", "nosuid", "nodev", "noexec"] {
+                assert!(sys.options().as_ref().unwrap().iter().any(|x| x == o), "{o}");
+            }
+            let r = m.iter().find(|m| m.destination() == Path::new("/etc/resolv.conf")).unwrap();
+            assert_eq!(r.source().as_deref(), Some(Path::new("/run/j/bundle/resolv.conf")));
+        }
     }
 
     #[test]
@@ -549,7 +632,7 @@ mod tests {
             options: vec!["ro".into(), "bind".into()],
             optional: false,
         });
-        let spec = build(&p, Path::new("/m"), &CgroupOwner::Libcontainer).unwrap();
+        let spec = build(&p, Path::new("/m"), &CgroupOwner::Libcontainer { memsw: false }).unwrap();
         let binds: Vec<_> =
             spec.mounts().as_ref().unwrap().iter().filter(|m| m.typ().as_deref() == Some("bind")).collect();
         assert_eq!(binds.len(), 4); // resolv.conf, hosts, volume, lib
@@ -586,7 +669,7 @@ mod tests {
         let mut p = plan();
         p.edits.device_nodes.push(nvidia1("/dev/nvidia1"));
         p.edits.update_ldcache = true;
-        let spec = build(&p, Path::new("/m"), &CgroupOwner::Libcontainer).unwrap();
+        let spec = build(&p, Path::new("/m"), &CgroupOwner::Libcontainer { memsw: false }).unwrap();
         let linux = spec.linux().as_ref().unwrap();
         let devs = linux.devices().as_ref().unwrap();
         assert_eq!(devs.len(), 1);

@@ -73,7 +73,7 @@ pub fn cleanup_job_with(home: &Home, job: &JobDir, sys: &dyn Sys, cgroups: &Cgro
     // The layers (disk, maybe gigabytes) go first, the record (runtime dir, small) last:
     // a concurrent gc never sees this job's layers without their record (it would take
     // them for an orphan).
-    remove_layers_with(home, job, sys)?;
+    remove_layers_with(home, job, sys, state.as_ref().and_then(|s| s.project_id))?;
     if job.root.exists() {
         sys.remove_tree(&job.root)?;
     }
@@ -89,13 +89,17 @@ pub fn cleanup_job_with(home: &Home, job: &JobDir, sys: &dyn Sys, cgroups: &Cgro
 /// Moves a finished job's layers to the trash and deletes them (its record stays, so gc
 /// leaves it alone meanwhile). Only for a job whose processes are all gone: the helper's
 /// overlay may still be mounted over them, which only holds the dirs' inodes until it
-/// goes.
-pub fn remove_layers(home: &Home, job: &JobDir) -> Result<()> {
-    remove_layers_with(home, job, &sys::Real)
+/// goes. The layer dir's disk quota (`project`) is cleared first: while the dir still
+/// holds usage, no other job can have taken its project id (see [`crate::sys::quota`]).
+pub fn remove_layers(home: &Home, job: &JobDir, project: Option<u32>) -> Result<()> {
+    remove_layers_with(home, job, &sys::Real, project)
 }
 
-fn remove_layers_with(home: &Home, job: &JobDir, sys: &dyn Sys) -> Result<()> {
+fn remove_layers_with(home: &Home, job: &JobDir, sys: &dyn Sys, project: Option<u32>) -> Result<()> {
     if job.layers.exists() {
+        if let Some(id) = project {
+            sys.release_disk_quota(&job.layers, id)?;
+        }
         remove_dir(home, &job.layers, sys)?;
     }
     Ok(())
@@ -212,6 +216,16 @@ fn remove_cgroup_with(sys: &dyn Sys, cgroups: &CgroupHost, path: &Path) -> Resul
 /// left; None when one could not be removed (busy: processes or child cgroups).
 fn rmdir_if_empty_everywhere(sys: &dyn Sys, cgroups: &CgroupHost, path: &Path) -> Option<bool> {
     let mut existed = false;
+    // cgroup v2: the helper's leaf goes first (libcontainer removed its own below it).
+    if cgroups.unified {
+        for dir in cgroup_dirs_anywhere(cgroups, path) {
+            match sys.remove_dir(&dir.join(super::cgroup::HELPER_LEAF)) {
+                Ok(()) => existed = true,
+                Err(e) if e.errno() == Some(Errno::ENOENT) => {}
+                Err(_) => return None,
+            }
+        }
+    }
     for dir in cgroup_dirs_anywhere(cgroups, path) {
         match sys.remove_dir(&dir) {
             Ok(()) => existed = true,
@@ -304,7 +318,8 @@ impl GcReport {
     }
 }
 
-/// [`gc`], stale edit layers (see [`super::editlayer::prune`]), then, when no job of any home is left, the service's own cgroup parent
+/// [`gc`], stale edit layers (see [`super::editlayer::prune`]), the jobs' network table
+/// (see [`super::network::gc`]), then, when no job of any home is left, the service's own cgroup parent
 /// (`/azp-sandbox`, root mode only: a delegated or `--cgroup-parent` dir belongs to the
 /// admin). For `azp-sandbox gc` and the end of `run`; the gc at the start of every `exec`
 /// keeps the parent, which the next job would only make again (a mkdir and an rmdir in
@@ -316,6 +331,13 @@ pub fn gc_all(home: &Home) -> Result<GcReport> {
     let root_parent = Path::new(crate::rootless::cgroups::ROOT_PARENT);
     if !mode.rootless && mode.cgroups.parent() == Some(root_parent) {
         remove_if_empty(root_parent);
+    }
+    // The jobs' network table of the host (root mode), when no job of any home has a
+    // link left: the gc before each `exec` keeps it, which its next job would make again.
+    match super::network::gc() {
+        Ok(Some(what)) => report.removed.push(what),
+        Ok(None) => {}
+        Err(e) => report.failed.push(format!("the jobs' network table: {e:#}")),
     }
     Ok(report)
 }
@@ -500,8 +522,8 @@ mod tests {
         home.ensure().unwrap();
         let plan = crate::sandbox::plan::test_plan("td-1", vec![], "/azp-test-td/td-1");
         let job = JobDir::new(&home, "td-1");
-        let state = super::super::jobdir::JobState::for_plan(&job, &plan);
-        let lock = job.create(&plan, &state).unwrap();
+        let mut state = super::super::jobdir::JobState::for_plan(&job, &plan);
+        let lock = job.create(&plan, &mut state, None).unwrap();
         std::fs::create_dir_all(&state.container_state).unwrap();
         let init = std::process::Command::new("sleep").arg("60").spawn().unwrap();
         let start = process_start_time(init.id() as i32).unwrap();
@@ -602,6 +624,25 @@ mod tests {
         let (calls, r) = f.run(Some(all.len() - 2));
         assert_eq!(calls, all[..all.len() - 1], "the run root is not tried while the jobs dir is left");
         assert!(r.unwrap().job_dir_removed);
+    }
+
+    #[test]
+    fn a_disk_quota_is_cleared_while_its_layer_dir_still_holds_the_project_id() {
+        let f = fixture();
+        let mut state = f.job.read_state().unwrap();
+        state.project_id = Some(2_052_000_007);
+        std::fs::write(f.job.state_file(), serde_json::to_vec(&state).unwrap()).unwrap();
+        let (calls, r) = f.run(None);
+        r.unwrap();
+        let mut want = f.steps();
+        let rename = want.iter().position(|s| s.starts_with("rename ")).unwrap();
+        want.insert(rename, format!("release_disk_quota {} 2052000007", f.job.layers.display()));
+        assert_eq!(calls, want, "before the layers go: nobody can have taken the id meanwhile");
+        // A release that fails stops the teardown there, before the layers and the record
+        // go: gc retries.
+        let (calls, r) = f.run(Some(rename));
+        assert_eq!(calls, want[..=rename]);
+        assert!(r.unwrap_err().to_string().starts_with("cannot set the disk quota of project 2052000007"));
     }
 
     #[test]

@@ -19,9 +19,13 @@ pub struct FileSettings {
     #[serde(default)]
     pub volumes: Vec<String>,
     pub gpus_per_agent: Option<String>,
+    /// Per-job limits: a size ("4G"), a number, or "unlimited" (see `settings::run`).
     pub memory: Option<String>,
-    pub pids: Option<i64>,
-    pub cpus: Option<f64>,
+    pub pids: Option<NumberOrWord>,
+    pub cpus: Option<NumberOrWord>,
+    pub disk: Option<String>,
+    pub tmp_size: Option<String>,
+    pub shm_size: Option<String>,
     pub agent_package: Option<String>,
     pub name_prefix: Option<String>,
     pub drain_timeout_secs: Option<u64>,
@@ -38,8 +42,36 @@ pub struct FileSettings {
     pub poll_interval_secs: Option<u64>,
     /// "auto" (a user namespace and host ids of its own per job) or "host".
     pub userns: Option<String>,
+    /// Jobs' network: `isolated` (default), `none` or `host` (see `run --network`).
+    pub network: Option<String>,
+    /// Destinations jobs may reach although blocked (`IP[:PORT]`, e.g. `169.254.169.254:80`).
+    #[serde(default)]
+    pub network_allow: Vec<String>,
+    /// Where jobs' addresses come from (root mode; default 10.87.0.0/16).
+    pub network_subnet: Option<String>,
+    /// The HTTP(S) proxy jobs use (HTTP_PROXY and HTTPS_PROXY), when the service's
+    /// environment names none; one on the host's loopback is reached at the jobs' gateway.
+    pub proxy: Option<String>,
     /// Setuid mode's site policy (read by `setuid::policy`, not by `run`).
     pub setuid: Option<toml::Value>,
+}
+
+/// A key that takes a number or a word (`pids = 4096`, `pids = "unlimited"`).
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(untagged)]
+pub enum NumberOrWord {
+    Number(f64),
+    Word(String),
+}
+
+impl NumberOrWord {
+    /// As the flag's text, for the flag's parser.
+    pub fn text(&self) -> String {
+        match self {
+            NumberOrWord::Number(n) => n.to_string(),
+            NumberOrWord::Word(w) => w.clone(),
+        }
+    }
 }
 
 /// Reads the config file: `explicit` must exist; the default path may be absent.

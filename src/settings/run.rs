@@ -4,8 +4,9 @@
 
 use super::env::Env;
 use super::file::{read_file, FileSettings};
-use crate::config::{parse_size, Volume};
+use crate::config::{parse_subnet, Network, NetworkAllow, Volume};
 use crate::gpu::PerAgent;
+use crate::sandbox::limits::{self, LimitsAsk};
 use crate::scaler::AutoscaleSettings;
 use anyhow::{bail, Context, Result};
 use std::path::{Path, PathBuf};
@@ -21,9 +22,7 @@ pub struct FlagSettings {
     pub rootfs: Option<String>,
     pub volumes: Vec<Volume>,
     pub gpus_per_agent: Option<String>,
-    pub memory: Option<u64>,
-    pub pids: Option<i64>,
-    pub cpus_milli: Option<u64>,
+    pub limits: LimitsAsk,
     pub agent_package: Option<String>,
     pub name_prefix: Option<String>,
     pub drain_timeout: Option<Duration>,
@@ -38,7 +37,14 @@ pub struct FlagSettings {
     pub poll_interval: Option<Duration>,
     /// `--userns`.
     pub userns: Option<crate::identity::Choice>,
+    pub network: Option<Network>,
+    pub network_allow: Vec<NetworkAllow>,
+    /// The service's HTTP(S)_PROXY and NO_PROXY (either case), from the environment.
+    pub proxy_env: Vec<(String, String)>,
 }
+
+/// The service's proxy variables that jobs get.
+pub const PROXY_VARS: &[&str] = &["HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY", "http_proxy", "https_proxy", "no_proxy"];
 
 /// The validated settings of one `run`.
 #[derive(Debug, Clone)]
@@ -51,9 +57,8 @@ pub struct RunSettings {
     pub rootfs: String,
     pub volumes: Vec<Volume>,
     pub gpus_per_agent: PerAgent,
-    pub memory: Option<u64>,
-    pub pids: Option<i64>,
-    pub cpus_milli: Option<u64>,
+    /// Per-job limits as asked (flags over keys); the slots resolve them against the node.
+    pub limits: LimitsAsk,
     pub agent_package: Option<String>,
     pub name_prefix: String,
     pub drain_timeout: Duration,
@@ -68,6 +73,13 @@ pub struct RunSettings {
     pub autoscale: Option<AutoscaleSettings>,
     /// Whose ids jobs run as (see [`crate::identity`]).
     pub userns: crate::identity::Choice,
+    pub network: Network,
+    pub network_allow: Vec<NetworkAllow>,
+    /// None: the default (see `sandbox::network::DEFAULT_SUBNET`).
+    pub network_subnet: Option<crate::sys::net::Ipv4Net>,
+    /// What jobs get of HTTP(S)_PROXY and NO_PROXY, as the service has them (a proxy on
+    /// the host's loopback is rewritten to the jobs' gateway when the job plan is made).
+    pub proxy_env: Vec<(String, String)>,
 }
 
 /// How long a cancelled agent gets to report its job and exit before it is killed: the
@@ -82,6 +94,7 @@ pub fn env_settings(get: impl Fn(&str) -> Option<String>) -> FlagSettings {
         token_file: get("AZP_TOKEN_FILE").map(PathBuf::from),
         pool: get("AZP_POOL"),
         name_prefix: get("AZP_AGENT_NAME"),
+        proxy_env: PROXY_VARS.iter().filter_map(|k| Some((k.to_string(), get(k)?))).collect(),
         ..Default::default()
     }
 }
@@ -95,6 +108,7 @@ pub fn for_run(config: Option<&Path>, env: &Env, flags: FlagSettings) -> Result<
 
 pub fn merge(file: FileSettings, env: FlagSettings, flags: FlagSettings) -> Result<RunSettings> {
     let autoscale = autoscale_settings(&file, &flags)?;
+    let limits = flags.limits.or(file_limits(&file)?);
     let pick = |f: Option<String>, e: Option<String>, c: Option<String>| f.or(e).or(c);
     let url = pick(flags.url, env.url, file.url)
         .context("no Azure DevOps URL: pass --url https://dev.azure.com/ORG, set AZP_URL, or url in the config file")?;
@@ -118,18 +132,6 @@ pub fn merge(file: FileSettings, env: FlagSettings, flags: FlagSettings) -> Resu
         None => PerAgent::Count(1),
         Some(s) => parse_per_agent(s)?,
     };
-    let memory = match flags.memory {
-        Some(m) => Some(m),
-        None => file.memory.as_deref().map(parse_size).transpose().context("bad memory in the config file")?,
-    };
-    let cpus_milli = match flags.cpus_milli {
-        Some(c) => Some(c),
-        None => match file.cpus {
-            Some(c) if c > 0.0 => Some((c * 1000.0).round() as u64),
-            Some(c) => bail!("bad cpus {c} in the config file: use a positive number"),
-            None => None,
-        },
-    };
     let name_prefix = pick(flags.name_prefix, env.name_prefix, file.name_prefix).unwrap_or_else(hostname);
     if name_prefix.is_empty() || !name_prefix.chars().all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c)) {
         bail!("bad agent name prefix '{name_prefix}': use letters, digits, '-', '_' or '.'");
@@ -147,6 +149,42 @@ pub fn merge(file: FileSettings, env: FlagSettings, flags: FlagSettings) -> Resu
             .context("bad userns in the config file")?
             .unwrap_or_default(),
     };
+    let network = match flags.network {
+        Some(n) => n,
+        None => file
+            .network
+            .as_deref()
+            .map(str::parse)
+            .transpose()
+            .context("bad network in the config file")?
+            .unwrap_or_default(),
+    };
+    let mut network_allow = flags.network_allow;
+    if network_allow.is_empty() {
+        network_allow = file
+            .network_allow
+            .iter()
+            .map(|a| a.parse())
+            .collect::<Result<Vec<NetworkAllow>>>()
+            .context("bad network_allow in the config file")?;
+    }
+    let network_subnet = file
+        .network_subnet
+        .as_deref()
+        .map(parse_subnet)
+        .transpose()
+        .context("bad network_subnet in the config file")?;
+    let mut proxy_env = if flags.proxy_env.is_empty() { env.proxy_env } else { flags.proxy_env };
+    if let Some(p) = file.proxy.filter(|_| {
+        !proxy_env.iter().any(|(k, _)| k.eq_ignore_ascii_case("HTTPS_PROXY") || k.eq_ignore_ascii_case("HTTP_PROXY"))
+    }) {
+        if !(p.starts_with("http://") || p.starts_with("https://")) {
+            bail!("bad proxy '{p}' in the config file: use a URL, e.g. http://127.0.0.1:3128");
+        }
+        for k in ["HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy"] {
+            proxy_env.push((k.to_string(), p.clone()));
+        }
+    }
     Ok(RunSettings {
         url,
         token_file: flags.token_file.or(env.token_file).or(file.token_file),
@@ -155,9 +193,7 @@ pub fn merge(file: FileSettings, env: FlagSettings, flags: FlagSettings) -> Resu
         rootfs,
         volumes,
         gpus_per_agent,
-        memory,
-        pids: flags.pids.or(file.pids),
-        cpus_milli,
+        limits,
         agent_package: flags.agent_package.or(file.agent_package),
         name_prefix,
         drain_timeout: flags
@@ -174,6 +210,33 @@ pub fn merge(file: FileSettings, env: FlagSettings, flags: FlagSettings) -> Resu
         exit_when_idle: flags.exit_when_idle,
         autoscale,
         userns,
+        network,
+        network_allow,
+        network_subnet,
+        proxy_env,
+    })
+}
+
+/// The limit keys of the config file, parsed as their flags are.
+fn file_limits(file: &FileSettings) -> Result<LimitsAsk> {
+    fn key<T>(name: &str, r: Result<T>) -> Result<T> {
+        r.with_context(|| format!("bad {name} in the config file"))
+    }
+    let size = |name: &str, v: &Option<String>, flag: &str| -> Result<Option<u64>> {
+        v.as_deref().map(|s| key(name, limits::parse_tmpfs_size(flag, s))).transpose()
+    };
+    Ok(LimitsAsk {
+        memory: file.memory.as_deref().map(|s| key("memory", limits::parse_memory(s))).transpose()?.unwrap_or_default(),
+        pids: file.pids.as_ref().map(|v| key("pids", limits::parse_pids(&v.text()))).transpose()?.unwrap_or_default(),
+        cpus_milli: file
+            .cpus
+            .as_ref()
+            .map(|v| key("cpus", limits::parse_cpus(&v.text())))
+            .transpose()?
+            .unwrap_or_default(),
+        disk: file.disk.as_deref().map(|s| key("disk", limits::parse_disk(s))).transpose()?.unwrap_or_default(),
+        tmp_size: size("tmp_size", &file.tmp_size, "--tmp-size")?,
+        shm_size: size("shm_size", &file.shm_size, "--shm-size")?,
     })
 }
 
@@ -260,7 +323,7 @@ mod tests {
         assert_eq!(s.url, "https://env");
         assert_eq!(s.agents, Some(3));
         assert_eq!(s.name_prefix, "fromfile");
-        assert_eq!(s.memory, Some(2 << 30));
+        assert_eq!(s.limits.memory, crate::sandbox::Ask::Value(2 << 30));
         assert_eq!(s.rootfs, "auto");
     }
 
@@ -293,6 +356,33 @@ mod tests {
         let file = parse_file("cancel_grace_secs = 5").unwrap();
         let f = FlagSettings { cancel_grace: Some(Duration::from_secs(2)), ..flags() };
         assert_eq!(merge(file, FlagSettings::default(), f).unwrap().cancel_grace, Duration::from_secs(2), "flag wins");
+    }
+
+    #[test]
+    fn limit_keys_and_flags() {
+        use crate::sandbox::Ask;
+        let file = parse_file(
+            "memory = \"unlimited\"\npids = 100\ncpus = 1.5\ndisk = \"50G\"\ntmp_size = \"2G\"\nshm_size = \"1G\"",
+        )
+        .unwrap();
+        let s = merge(file, FlagSettings::default(), flags()).unwrap();
+        let l = s.limits;
+        assert_eq!(
+            (l.memory, l.pids, l.cpus_milli, l.disk),
+            (Ask::Unlimited, Ask::Value(100), Ask::Value(1500), Ask::Value(50 << 30))
+        );
+        assert_eq!((l.tmp_size, l.shm_size), (Some(2 << 30), Some(1 << 30)));
+        let file = parse_file("pids = \"unlimited\"\ncpus = 2").unwrap();
+        let f = FlagSettings { limits: LimitsAsk { pids: Ask::Value(7), ..Default::default() }, ..flags() };
+        let l = merge(file, FlagSettings::default(), f).unwrap().limits;
+        assert_eq!((l.pids, l.cpus_milli, l.memory), (Ask::Value(7), Ask::Value(2000), Ask::Default), "flag over key");
+        for (text, key) in
+            [("memory = \"lots\"", "memory"), ("pids = 0", "pids"), ("cpus = -1", "cpus"), ("disk = \"x\"", "disk")]
+        {
+            let e = merge(parse_file(text).unwrap(), FlagSettings::default(), flags()).unwrap_err();
+            let e = format!("{e:#}");
+            assert!(e.starts_with(&format!("bad {key} in the config file: bad --")) && !e.contains('\n'), "{e}");
+        }
     }
 
     #[test]

@@ -112,7 +112,7 @@ pub struct RunRequest {
     pub volumes: Vec<crate::config::Volume>,
     /// `--gpus-per-agent`: none, all or N.
     pub gpus_per_agent: String,
-    pub limits: crate::sandbox::Limits,
+    pub limits: crate::sandbox::LimitsAsk,
     pub name_prefix: String,
     pub drain_timeout_secs: u64,
     #[serde(default)]
@@ -123,6 +123,13 @@ pub struct RunRequest {
     pub agent_package: Option<String>,
     pub hooks_dir: Option<PathBuf>,
     pub autoscale: bool,
+    #[serde(default)]
+    pub network: crate::config::Network,
+    #[serde(default)]
+    pub network_allow: Vec<crate::config::NetworkAllow>,
+    /// The caller's HTTP(S)_PROXY and NO_PROXY, for its jobs.
+    #[serde(default)]
+    pub proxy_env: Vec<(String, String)>,
 }
 
 impl RunRequest {
@@ -141,7 +148,7 @@ impl RunRequest {
                 PerAgent::All => "all".into(),
                 PerAgent::Count(n) => n.to_string(),
             },
-            limits: crate::sandbox::Limits { memory_bytes: s.memory, pids: s.pids, cpus_milli: s.cpus_milli },
+            limits: s.limits,
             name_prefix: s.name_prefix.clone(),
             drain_timeout_secs: s.drain_timeout.as_secs(),
             cancel_grace_secs: Some(s.cancel_grace.as_secs()),
@@ -149,6 +156,9 @@ impl RunRequest {
             agent_package: s.agent_package.clone(),
             hooks_dir: s.hooks_dir.clone(),
             autoscale: s.autoscale.is_some(),
+            network: s.network,
+            network_allow: s.network_allow.clone(),
+            proxy_env: s.proxy_env.clone(),
         }
     }
 }
@@ -275,7 +285,14 @@ fn become_root() -> Result<()> {
 fn run_exec(policy: &Policy, request: ExecRequest) -> Result<i32> {
     crate::logging::init(0);
     let outcome = crate::sandbox::exec::run(&Home::new(&policy.home), &policy.driver_root, &request)?;
-    tracing::info!("setuid job {} exit={} duration={:.3}s", outcome.id, outcome.code, outcome.duration.as_secs_f64());
+    tracing::info!(
+        "setuid job {} exit={} duration={:.3}s limits: {}{}",
+        outcome.id,
+        outcome.code,
+        outcome.duration.as_secs_f64(),
+        outcome.limits,
+        crate::sandbox::limits::disk_note(outcome.disk.as_ref())
+    );
     Ok(outcome.code)
 }
 

@@ -9,16 +9,18 @@
 //! rootfs = ["cuda12", "bb"]    # rootfs names from the site store ("*": any)
 //! volumes = ["/datasets"]      # host dirs that may be bound (read-only), with what is below
 //! gpus = ["0", "1"]            # GPU indexes users may request ("all" = every GPU)
-//! max_memory = "32G"           # per job; also the default when a job asks for none
+//! max_memory = "32G"           # per job: the node's default is capped to it
 //! max_pids = 4096
 //! max_cpus = 8
-//! network = ["host", "none"]   # network modes users may choose
+//! max_disk = "100G"            # disk quota per job (where the home has project quotas)
+//! network = ["isolated", "none"]  # network modes users may choose (default; "host" opts in)
+//! network_allow = ["169.254.169.254:80"]  # blocked destinations users may allow
 //! home = "/var/lib/azp-sandbox"  # the site store and job dirs
 //! ```
 
-use crate::config::{parse_size, Network};
+use crate::config::{parse_size, Network, NetworkAllow};
 use crate::sandbox::exec::ExecRequest;
-use crate::sandbox::plan::Limits;
+use crate::sandbox::limits::{Ask, LimitsAsk};
 use anyhow::{bail, Context, Result};
 use serde::Deserialize;
 use std::path::{Component, Path, PathBuf};
@@ -39,8 +41,12 @@ pub struct Policy {
     pub max_memory: Option<String>,
     pub max_pids: Option<i64>,
     pub max_cpus: Option<f64>,
+    pub max_disk: Option<String>,
     #[serde(default = "default_network")]
     pub network: Vec<String>,
+    /// Entries of `--network-allow` users may give (`IP[:PORT]`).
+    #[serde(default)]
+    pub network_allow: Vec<String>,
     #[serde(default = "default_home")]
     pub home: PathBuf,
     #[serde(default = "default_driver_root")]
@@ -53,8 +59,9 @@ pub struct Policy {
     pub userns: crate::identity::Choice,
 }
 
+/// Jobs get their own network; sharing the host's is for the site to allow.
 fn default_network() -> Vec<String> {
-    vec!["host".into()]
+    vec!["isolated".into(), "none".into()]
 }
 fn default_home() -> PathBuf {
     PathBuf::from("/var/lib/azp-sandbox")
@@ -83,11 +90,15 @@ pub fn parse(text: &str, file: &Path) -> Result<Policy> {
         }
     }
     for n in &p.network {
-        if n != "host" && n != "none" {
-            bail!("bad [setuid] network entry '{n}' in {}: use \"host\" and/or \"none\"", file.display());
+        if n.parse::<Network>().is_err() {
+            bail!("bad [setuid] network entry '{n}' in {}: use \"isolated\", \"none\" and/or \"host\"", file.display());
         }
     }
+    for a in &p.network_allow {
+        a.parse::<NetworkAllow>().map_err(|e| anyhow::anyhow!("bad [setuid] {e} in {}", file.display()))?;
+    }
     p.memory_cap()?;
+    p.disk_cap()?;
     Ok(p)
 }
 
@@ -113,6 +124,13 @@ impl Policy {
             .transpose()
     }
 
+    fn disk_cap(&self) -> Result<Option<u64>> {
+        self.max_disk
+            .as_deref()
+            .map(|m| parse_size(m).map_err(|e| anyhow::anyhow!("bad [setuid] max_disk: {e}")))
+            .transpose()
+    }
+
     pub fn allows_caller(&self, c: &Caller) -> Result<()> {
         if self.users.iter().any(|u| u == &c.name) || self.groups.iter().any(|g| c.groups.contains(g)) {
             return Ok(());
@@ -123,8 +141,9 @@ impl Policy {
         )
     }
 
-    /// Checks `req` and returns it as it will run: volumes canonicalised, limits capped or
-    /// defaulted, the job's user forced to the caller. `canonical` resolves a host path
+    /// Checks `req` and returns it as it will run: volumes canonicalised, limits capped
+    /// (a default: the node's, at most the site's maximum), the job's user forced to the
+    /// caller. `canonical` resolves a host path
     /// (std::fs::canonicalize in production).
     pub fn authorize(
         &self,
@@ -138,13 +157,7 @@ impl Policy {
         if req.cdi_spec.is_some() {
             bail!("--cdi-spec is not allowed in setuid mode: the site's GPUs come from the policy");
         }
-        let net = match req.network {
-            Network::Host => "host",
-            Network::None => "none",
-        };
-        if !self.network.iter().any(|n| n == net) {
-            bail!("--network {net} is not allowed by site policy (allowed: {})", self.network.join(", "));
-        }
+        self.check_network(req.network, &req.network_allow)?;
         req.limits = self.cap_limits(&req.limits)?;
         if let Some((u, g)) = req.user {
             if (u, g) != (caller.uid, caller.gid) {
@@ -153,6 +166,21 @@ impl Policy {
         }
         req.user = Some((caller.uid, caller.gid));
         Ok(req)
+    }
+
+    fn check_network(&self, mode: Network, allow: &[NetworkAllow]) -> Result<()> {
+        if !self.network.iter().any(|n| n == mode.name()) {
+            bail!("--network {mode} is not allowed by site policy (allowed: {})", self.network.join(", "));
+        }
+        for a in allow {
+            if !self.network_allow.iter().any(|p| p.parse::<NetworkAllow>().is_ok_and(|p| p == *a)) {
+                bail!(
+                    "--network-allow {a} is not allowed by site policy (allowed: {})",
+                    if self.network_allow.is_empty() { "none".into() } else { self.network_allow.join(", ") }
+                );
+            }
+        }
+        Ok(())
     }
 
     fn check_rootfs(&self, name: &str) -> Result<()> {
@@ -218,8 +246,9 @@ impl Policy {
                 req.gpus_per_agent
             );
         }
-        // Rootfs, volumes and limits: the exec rules.
+        // Rootfs, volumes, limits and the network: the exec rules.
         self.check_rootfs(&req.rootfs)?;
+        self.check_network(req.network, &req.network_allow)?;
         let volumes = self.resolve_volumes(&req.volumes, canonical)?;
         let limits = self.cap_limits(&req.limits)?;
         let flags = crate::settings::FlagSettings {
@@ -229,13 +258,14 @@ impl Policy {
             rootfs: Some(req.rootfs.clone()),
             volumes,
             gpus_per_agent: Some(req.gpus_per_agent.clone()),
-            memory: limits.memory_bytes,
-            pids: limits.pids,
-            cpus_milli: limits.cpus_milli,
+            limits,
             name_prefix: Some(req.name_prefix.clone()),
             drain_timeout: Some(std::time::Duration::from_secs(req.drain_timeout_secs)),
             cancel_grace: req.cancel_grace_secs.map(std::time::Duration::from_secs),
             exit_when_idle: req.exit_when_idle_secs.map(std::time::Duration::from_secs),
+            network: Some(req.network),
+            network_allow: req.network_allow.clone(),
+            proxy_env: req.proxy_env.clone(),
             ..Default::default()
         };
         // No config file and no environment here: only what was checked.
@@ -261,23 +291,26 @@ impl Policy {
         Ok(())
     }
 
-    fn cap_limits(&self, asked: &Limits) -> Result<Limits> {
-        fn cap<T: PartialOrd + Copy + std::fmt::Display>(
-            what: &str,
-            asked: Option<T>,
-            max: Option<T>,
-        ) -> Result<Option<T>> {
-            match (asked, max) {
-                (Some(a), Some(m)) if a > m => bail!("{what} {a} is above the site maximum {m}"),
-                (None, m) => Ok(m),
-                (a, _) => Ok(a),
+    /// Each limit at most the site's maximum: a value above it or `unlimited` is refused,
+    /// a default becomes "the node's default, at most the maximum".
+    fn cap_limits(&self, asked: &LimitsAsk) -> Result<LimitsAsk> {
+        fn cap<T: PartialOrd + Copy + std::fmt::Display>(what: &str, asked: Ask<T>, max: Option<T>) -> Result<Ask<T>> {
+            let Some(m) = max else { return Ok(asked) };
+            match asked {
+                Ask::Value(a) if a > m => bail!("{what} {a} is above the site maximum {m}"),
+                Ask::Unlimited => bail!("{what} unlimited is above the site maximum {m}"),
+                Ask::Default => Ok(Ask::DefaultUpTo(m)),
+                Ask::DefaultUpTo(a) => Ok(Ask::DefaultUpTo(if a < m { a } else { m })),
+                a => Ok(a),
             }
         }
         let cpus_max = self.max_cpus.map(|c| (c * 1000.0).round() as u64);
-        Ok(Limits {
-            memory_bytes: cap("--memory", asked.memory_bytes, self.memory_cap()?)?,
+        Ok(LimitsAsk {
+            memory: cap("--memory", asked.memory, self.memory_cap()?)?,
             pids: cap("--pids", asked.pids, self.max_pids)?,
             cpus_milli: cap("--cpus (milli-CPUs)", asked.cpus_milli, cpus_max)?,
+            disk: cap("--disk", asked.disk, self.disk_cap()?)?,
+            ..*asked
         })
     }
 }
@@ -297,7 +330,9 @@ volumes = ["/data"]
 gpus = ["0", "1"]
 max_memory = "1G"
 max_pids = 100
-network = ["host", "none"]
+max_disk = "10G"
+network = ["isolated", "host", "none"]
+network_allow = ["169.254.169.254:80"]
 "#;
 
     fn policy() -> Policy {
@@ -313,8 +348,9 @@ network = ["host", "none"]
             rootfs: "cuda".into(),
             volumes: vec![],
             env: vec![],
-            limits: Limits::default(),
+            limits: LimitsAsk::default(),
             network: Network::Host,
+            network_allow: vec![],
             gpus: "none".into(),
             gpu_capabilities: "compute,utility".into(),
             cdi_spec: None,
@@ -347,8 +383,12 @@ network = ["host", "none"]
         assert!(e.contains("not /"), "{e}");
         let e = parse("[setuid]\nnetwork = [\"bridge\"]\n", f).unwrap_err().to_string();
         assert!(e.contains("bridge"), "{e}");
+        let e = parse("[setuid]\nnetwork_allow = [\"metadata\"]\n", f).unwrap_err().to_string();
+        assert!(e.starts_with("bad [setuid] bad network_allow entry 'metadata'") && !e.contains('\n'), "{e}");
         let e = parse("[setuid]\nmax_memory = \"lots\"\n", f).unwrap_err().to_string();
         assert!(e.contains("max_memory"), "{e}");
+        let e = parse("[setuid]\nmax_disk = \"lots\"\n", f).unwrap_err().to_string();
+        assert!(e.contains("max_disk"), "{e}");
         let e = parse("[setuid\n", f).unwrap_err().to_string();
         assert!(e.contains("bad config file") && !e.contains('\n'), "{e}");
     }
@@ -380,15 +420,40 @@ network = ["host", "none"]
         refuse(ExecRequest { gpus: "2".into(), ..req() }, "--gpus 2 is not allowed");
         refuse(ExecRequest { gpus: "all".into(), ..req() }, "--gpus all is not allowed");
         refuse(
-            ExecRequest { limits: Limits { memory_bytes: Some(2 << 30), ..Default::default() }, ..req() },
+            ExecRequest { limits: LimitsAsk { memory: Ask::Value(2 << 30), ..Default::default() }, ..req() },
             "above the site maximum",
         );
-        refuse(ExecRequest { limits: Limits { pids: Some(101), ..Default::default() }, ..req() }, "--pids 101");
+        refuse(
+            ExecRequest { limits: LimitsAsk { pids: Ask::Value(101), ..Default::default() }, ..req() },
+            "--pids 101",
+        );
+        refuse(
+            ExecRequest { limits: LimitsAsk { memory: Ask::Unlimited, ..Default::default() }, ..req() },
+            "--memory unlimited is above the site maximum",
+        );
+        refuse(
+            ExecRequest { limits: LimitsAsk { disk: Ask::Value(20 << 30), ..Default::default() }, ..req() },
+            "--disk 21474836480 is above the site maximum",
+        );
         refuse(ExecRequest { user: Some((0, 0)), ..req() }, "--user is not allowed");
         refuse(ExecRequest { cdi_spec: Some("/tmp/x.json".into()), ..req() }, "--cdi-spec");
         let p2 = Policy { network: vec!["none".into()], ..policy() };
         let e = p2.authorize(req(), &c, &canon).unwrap_err().to_string();
         assert!(e.contains("--network host is not allowed"), "{e}");
+        let e = p2.authorize(ExecRequest { network: Network::Isolated, ..req() }, &c, &canon).unwrap_err().to_string();
+        assert!(e.contains("--network isolated is not allowed"), "{e}");
+        let allow = |s: &str| vec![s.parse::<NetworkAllow>().unwrap()];
+        refuse(
+            ExecRequest { network_allow: allow("169.254.169.254"), ..req() },
+            "--network-allow 169.254.169.254 is not",
+        );
+        assert!(p.authorize(ExecRequest { network_allow: allow("169.254.169.254:80"), ..req() }, &c, &canon).is_ok());
+        // The default policy: a job's own network, never the host's.
+        let d = parse("[setuid]\nusers = [\"alice\"]\nrootfs = [\"*\"]\n", Path::new("/p")).unwrap();
+        assert_eq!(d.network, ["isolated", "none"]);
+        assert!(d.authorize(ExecRequest { network: Network::Isolated, ..req() }, &c, &canon).is_ok());
+        let e = d.authorize(req(), &c, &canon).unwrap_err().to_string();
+        assert_eq!(e, "--network host is not allowed by site policy (allowed: isolated, none)");
     }
 
     #[test]
@@ -398,13 +463,15 @@ network = ["host", "none"]
         let r = ExecRequest {
             volumes: vec![Volume { host: "/data/x".into(), container: "/d".into(), env: Some("D".into()) }],
             gpus: "0,1".into(),
-            limits: Limits { pids: Some(50), ..Default::default() },
+            limits: LimitsAsk { pids: Ask::Value(50), cpus_milli: Ask::Unlimited, ..Default::default() },
             ..req()
         };
         let ok = p.authorize(r, &c, &canon).unwrap();
         assert_eq!(ok.user, Some((1001, 1001)));
-        assert_eq!(ok.limits.memory_bytes, Some(1 << 30), "the site maximum is the default");
-        assert_eq!(ok.limits.pids, Some(50));
+        assert_eq!(ok.limits.memory, Ask::DefaultUpTo(1 << 30), "the node's default, at most the site maximum");
+        assert_eq!(ok.limits.pids, Ask::Value(50));
+        assert_eq!(ok.limits.cpus_milli, Ask::Unlimited, "no site maximum: as asked");
+        assert_eq!(ok.limits.disk, Ask::DefaultUpTo(10 << 30));
         assert_eq!(ok.volumes[0].host, PathBuf::from("/data/x"));
     }
 
@@ -417,7 +484,7 @@ network = ["host", "none"]
             rootfs: "cuda".into(),
             volumes: vec![],
             gpus_per_agent: "none".into(),
-            limits: Limits::default(),
+            limits: LimitsAsk::default(),
             name_prefix: "alice".into(),
             drain_timeout_secs: 60,
             cancel_grace_secs: Some(7),
@@ -425,6 +492,9 @@ network = ["host", "none"]
             agent_package: None,
             hooks_dir: None,
             autoscale: false,
+            network: Network::Isolated,
+            network_allow: vec![],
+            proxy_env: vec![],
         }
     }
 
@@ -435,8 +505,8 @@ network = ["host", "none"]
         let p = Policy { max_agents: Some(2), ..policy() };
         let s = p.authorize_run(&run_req(), &canon).unwrap();
         assert_eq!(
-            (s.agents, s.memory, s.rootfs.as_str()),
-            (Some(1), Some(1 << 30), "cuda"),
+            (s.agents, s.limits.memory, s.rootfs.as_str()),
+            (Some(1), Ask::DefaultUpTo(1 << 30), "cuda"),
             "site memory cap applied"
         );
         assert_eq!(s.cancel_grace, std::time::Duration::from_secs(7), "the caller's cancel grace");
@@ -450,6 +520,11 @@ network = ["host", "none"]
         refuse(super::super::RunRequest { gpus_per_agent: "1".into(), ..run_req() }, "gpus = [\"all\"]");
         refuse(super::super::RunRequest { hooks_dir: Some("/h".into()), ..run_req() }, "--hooks-dir");
         refuse(super::super::RunRequest { autoscale: true, ..run_req() }, "--autoscale");
+        let p3 = Policy { network: vec!["isolated".into()], ..p.clone() };
+        let e =
+            p3.authorize_run(&super::super::RunRequest { network: Network::Host, ..run_req() }, &canon).unwrap_err();
+        assert!(e.to_string().contains("--network host is not allowed"), "{e}");
+        assert_eq!(p.authorize_run(&run_req(), &canon).unwrap().network, Network::Isolated);
         let vol = Volume { host: "/etc".into(), container: "/e".into(), env: None };
         refuse(super::super::RunRequest { volumes: vec![vol], ..run_req() }, "--volume /etc is not allowed");
     }

@@ -27,10 +27,18 @@ pub struct CgroupDir {
     pub cpuset: bool,
     /// Some: the v1 devices hierarchy as root: deny everything, then allow these rules.
     pub device_rules: Option<Vec<String>>,
-    /// Files and values, written in this order. `memory.swap.max` is skipped where the
-    /// file is missing (swap accounting off: `memory.max` alone is the limit).
+    /// The process joins `<dir>/<leaf>` (made here) instead of `<dir>` itself: on a
+    /// cgroup v2 host, where the job's init must go below the helper's cgroup and a cgroup
+    /// whose children get controllers may hold no process (see `sandbox::cgroup`).
+    pub leaf: Option<&'static str>,
+    /// Files and values, written in this order. `memory.swap.max` (v2) and
+    /// `memory.memsw.limit_in_bytes` (v1) are skipped where the file is missing (swap
+    /// accounting off: the memory limit alone is the limit).
     pub limits: Vec<(&'static str, String)>,
 }
+
+/// The limit files that exist only where the kernel accounts swap per cgroup.
+const SWAP_FILES: [&str; 2] = ["memory.swap.max", "memory.memsw.limit_in_bytes"];
 
 pub fn join(j: &CgroupJoin) -> Result<()> {
     for w in j.v2_levels.windows(2) {
@@ -47,7 +55,7 @@ pub fn join(j: &CgroupJoin) -> Result<()> {
         }
         for (file, value) in &d.limits {
             let path = d.dir.join(file);
-            if *file == "memory.swap.max" && !path.exists() {
+            if SWAP_FILES.contains(file) && !path.exists() {
                 continue;
             }
             std::fs::write(&path, value).map_err(|source| Error::CgroupLimit {
@@ -59,10 +67,51 @@ pub fn join(j: &CgroupJoin) -> Result<()> {
     }
     let me = std::process::id().to_string();
     for d in &j.dirs {
-        let procs = d.dir.join("cgroup.procs");
+        let dir = match d.leaf {
+            Some(leaf) => {
+                let dir = d.dir.join(leaf);
+                match std::fs::create_dir(&dir) {
+                    Err(e) if e.kind() != std::io::ErrorKind::AlreadyExists => {
+                        return Err(Error::CgroupCreate { dir, source: e });
+                    }
+                    _ => dir,
+                }
+            }
+            None => d.dir.clone(),
+        };
+        let procs = dir.join("cgroup.procs");
         std::fs::write(&procs, &me).map_err(|source| Error::CgroupJoin { procs, source })?;
     }
     Ok(())
+}
+
+/// Moves the calling process into `dir` (made when missing): a delegated service's
+/// manager into its leaf, before any job's cgroup passes controllers down from the
+/// unit's (see `rootless::cgroups::service_cgroup`).
+pub fn move_self_to(dir: &Path) -> Result<()> {
+    match std::fs::create_dir(dir) {
+        Err(e) if e.kind() != std::io::ErrorKind::AlreadyExists => {
+            return Err(Error::CgroupCreate { dir: dir.to_path_buf(), source: e });
+        }
+        _ => {}
+    }
+    let procs = dir.join("cgroup.procs");
+    std::fs::write(&procs, std::process::id().to_string()).map_err(|source| Error::CgroupJoin { procs, source })
+}
+
+/// systemd marks a cgroup it delegates (`Delegate=yes`) with the xattr
+/// `trusted.delegate=1` (v251+), and `user.delegate=1` too (v252+).
+pub fn delegated(dir: &Path) -> bool {
+    use std::os::unix::ffi::OsStrExt;
+    let Ok(path) = std::ffi::CString::new(dir.as_os_str().as_bytes()) else { return false };
+    [c"trusted.delegate", c"user.delegate"].iter().any(|name| {
+        let mut value = [0u8; 8];
+        // SAFETY: getxattr writes at most `value.len()` bytes into `value`, a live local
+        // buffer borrowed mutably for the call; `path` and `name` are NUL-terminated and
+        // outlive it. The length it returns is checked before the bytes are read.
+        let n = unsafe { libc::getxattr(path.as_ptr(), name.as_ptr(), value.as_mut_ptr().cast(), value.len()) };
+        n > 0 && value[..n as usize].starts_with(b"1")
+    })
 }
 
 fn enable_v2_controllers(dir: &Path, controllers: &[&str]) {
@@ -139,6 +188,39 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_v2_job_dir_gets_its_limits_and_the_process_joins_its_leaf() {
+        let t = tempfile::tempdir().unwrap();
+        let job = t.path().join("a/j");
+        let join = CgroupJoin {
+            dirs: vec![CgroupDir {
+                dir: job.clone(),
+                cpuset: false,
+                device_rules: None,
+                leaf: Some("sandbox"),
+                limits: vec![("memory.max", "1048576".into())],
+            }],
+            ..Default::default()
+        };
+        super::join(&join).unwrap();
+        assert_eq!(std::fs::read_to_string(job.join("memory.max")).unwrap(), "1048576", "the limit on the job dir");
+        assert!(!job.join("cgroup.procs").exists(), "no process in the job dir itself");
+        let me = std::process::id().to_string();
+        assert_eq!(std::fs::read_to_string(job.join("sandbox/cgroup.procs")).unwrap(), me);
+    }
+
+    #[test]
+    fn a_service_moves_itself_into_its_leaf() {
+        let t = tempfile::tempdir().unwrap();
+        let leaf = t.path().join("manager");
+        move_self_to(&leaf).unwrap();
+        assert_eq!(std::fs::read_to_string(leaf.join("cgroup.procs")).unwrap(), std::process::id().to_string());
+        move_self_to(&leaf).unwrap(); // exists: joined all the same
+        let e = move_self_to(&t.path().join("no/such/leaf")).unwrap_err();
+        assert!(matches!(e, Error::CgroupCreate { .. }), "{e}");
+        assert!(!delegated(t.path()), "a plain dir has no delegate xattr");
+    }
+
+    #[test]
     fn device_rules_deny_all_first() {
         let t = tempfile::tempdir().unwrap();
         // A plain dir stands in for a cgroup: each write replaces the file, so the
@@ -161,15 +243,36 @@ mod tests {
                     dir: mem.join("a/j"),
                     cpuset: false,
                     device_rules: None,
-                    limits: vec![("memory.limit_in_bytes", "1048576".into()), ("memory.swap.max", "0".into())],
+                    leaf: None,
+                    limits: vec![
+                        ("memory.limit_in_bytes", "1048576".into()),
+                        ("memory.memsw.limit_in_bytes", "1048576".into()),
+                        ("memory.swap.max", "0".into()),
+                    ],
                 },
-                CgroupDir { dir: cpuset.join("a/j"), cpuset: true, device_rules: None, limits: vec![] },
+                CgroupDir { dir: cpuset.join("a/j"), cpuset: true, device_rules: None, leaf: None, limits: vec![] },
             ],
             ..Default::default()
         };
+        // Where the kernel accounts swap, the file is there (a v1 job dir gets it).
+        std::fs::create_dir_all(mem.join("c/j")).unwrap();
+        std::fs::write(mem.join("c/j/memory.memsw.limit_in_bytes"), "").unwrap();
+        let memsw = CgroupJoin {
+            dirs: vec![CgroupDir {
+                dir: mem.join("c/j"),
+                cpuset: false,
+                device_rules: None,
+                leaf: None,
+                limits: vec![("memory.memsw.limit_in_bytes", "1048576".into())],
+            }],
+            ..Default::default()
+        };
+        super::join(&memsw).unwrap();
+        assert_eq!(std::fs::read_to_string(mem.join("c/j/memory.memsw.limit_in_bytes")).unwrap(), "1048576");
         super::join(&join).unwrap();
         assert_eq!(std::fs::read_to_string(mem.join("a/j/memory.limit_in_bytes")).unwrap(), "1048576");
         assert!(!mem.join("a/j/memory.swap.max").exists(), "skipped where swap accounting is off");
+        assert!(!mem.join("a/j/memory.memsw.limit_in_bytes").exists(), "v1 too");
         assert_eq!(std::fs::read_to_string(cpuset.join("a/cpuset.cpus")).unwrap(), "0-1", "each new level");
         assert_eq!(std::fs::read_to_string(cpuset.join("a/j/cpuset.mems")).unwrap(), "0");
         let me = std::process::id().to_string();
@@ -181,6 +284,7 @@ mod tests {
                 dir: mem.join("b/j"),
                 cpuset: false,
                 device_rules: None,
+                leaf: None,
                 limits: vec![("memory.max", "1".into())],
             }],
             ..Default::default()

@@ -78,6 +78,94 @@ pub enum Error {
     StepChroot(#[source] Errno),
     #[error("cannot chdir to / in the tree")]
     StepChdir(#[source] Errno),
+    // ---- the job's network namespace (the helper; see sys::net) ----
+    #[error("cannot create a network namespace for the job (unshare CLONE_NEWNET)")]
+    UnshareNetNs(#[source] Errno),
+    #[error("cannot open a netlink socket")]
+    NetlinkSocket(#[source] Errno),
+    #[error("cannot list the host's {what} (netlink)")]
+    NetlinkDump {
+        what: &'static str,
+        #[source]
+        source: Errno,
+    },
+    #[error("cannot bring {name} up in the job's network namespace")]
+    LinkUp {
+        name: String,
+        #[source]
+        source: Errno,
+    },
+    #[error("cannot open the job's network namespace (/proc/self/ns/net)")]
+    OpenNetns(#[source] io::Error),
+    #[error("cannot create the veth pair {name} <-> eth0 for the job")]
+    CreateVeth {
+        name: String,
+        #[source]
+        source: Errno,
+    },
+    #[error("cannot find the link {name}")]
+    LinkIndex {
+        name: String,
+        #[source]
+        source: Errno,
+    },
+    #[error("cannot configure the link {name}")]
+    ConfigureLink {
+        name: String,
+        #[source]
+        source: Errno,
+    },
+    #[error("cannot claim the address {addr} for the job (its host route)")]
+    ClaimAddress {
+        addr: std::net::Ipv4Addr,
+        #[source]
+        source: Errno,
+    },
+    #[error("no free job address left in {pool}: set a larger network_subnet")]
+    NoFreeAddress { pool: String },
+    #[error("cannot give the job its address {addr}")]
+    AddAddress {
+        addr: std::net::Ipv4Addr,
+        #[source]
+        source: Errno,
+    },
+    #[error("cannot add the route {route} in the job's network namespace")]
+    AddRoute {
+        route: String,
+        #[source]
+        source: Errno,
+    },
+    #[error("cannot add the job's gateway {addr} as a neighbour")]
+    AddNeighbour {
+        addr: std::net::Ipv4Addr,
+        #[source]
+        source: Errno,
+    },
+    #[error("cannot mount a sysfs for the job on {}", target.display())]
+    MountSysfs {
+        target: PathBuf,
+        #[source]
+        source: Errno,
+    },
+    #[error("cannot lock {}", path.display())]
+    NetLock {
+        path: PathBuf,
+        #[source]
+        source: Errno,
+    },
+    #[error("cannot look up the nftables table inet {table}")]
+    NftQuery {
+        table: String,
+        #[source]
+        source: Errno,
+    },
+    #[error(
+        "the nftables table inet {table} that filters jobs' traffic is gone (gc, or a firewall reload \
+         flushed the ruleset): this job does not start without it; the next one re-creates it"
+    )]
+    NftTableMissing { table: String },
+    #[error("pasta ({}) exited before the job's network was ready: {said}", program.display())]
+    PastaFailed { program: PathBuf, said: String },
 
     // ---- the job's cgroup (the helper joins it; teardown removes it) ----
     #[error("cannot create the job's cgroup {}", dir.display())]
@@ -119,6 +207,52 @@ pub enum Error {
         #[source]
         source: io::Error,
     },
+
+    // ---- disk quotas of the jobs' layer dirs (see sys::quota) ----
+    #[error("no project quotas on the filesystem of {}", dir.display())]
+    QuotaProbe {
+        dir: PathBuf,
+        #[source]
+        source: Errno,
+    },
+    #[error("cannot open {} to give it a disk quota", dir.display())]
+    ProjectOpen {
+        dir: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error("cannot read the project id of {} (FS_IOC_FSGETXATTR)", dir.display())]
+    ProjectGet {
+        dir: PathBuf,
+        #[source]
+        source: Errno,
+    },
+    #[error("cannot give {} the project id {id} (FS_IOC_FSSETXATTR): is the filesystem's `project` feature on?", dir.display())]
+    ProjectSet {
+        dir: PathBuf,
+        id: u32,
+        #[source]
+        source: Errno,
+    },
+    #[error("cannot read the disk quota of project {id} on the filesystem of {}", dir.display())]
+    QuotaGet {
+        dir: PathBuf,
+        id: u32,
+        #[source]
+        source: Errno,
+    },
+    #[error("cannot set the disk quota of project {id} on the filesystem of {}", dir.display())]
+    QuotaSet {
+        dir: PathBuf,
+        id: u32,
+        #[source]
+        source: Errno,
+    },
+    #[error(
+        "every project id for job quotas (2052000000-2052999999) is in use on the filesystem of {}: \
+         run `azp-sandbox gc`", dir.display()
+    )]
+    ProjectIdsExhausted { dir: PathBuf },
 
     // ---- removal and kills (teardown, gc, failed builds) ----
     #[error("cannot send {signal} to pid {pid}")]

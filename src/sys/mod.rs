@@ -4,12 +4,14 @@
 //!
 //! - [`fs_at`]: directory-fd-relative file calls (`*at`, `openat2`) for the unpacker,
 //!   the store and in-tree writes;
-//! - [`mount`], [`ns`], [`cgroup`]: what the sandbox helper sets up;
+//! - [`mount`], [`ns`], [`cgroup`], [`net`]: what the sandbox helper sets up ([`netlink`]:
+//!   the messages of [`net`]);
 //! - [`process`], [`signals`]: forks, the helper's spawn, waits, kills, handlers;
 //! - [`lifeline`], [`tty`]: the job's init's lifeline and the terminal of `exec -t`;
 //! - [`ids`]: setuid mode's and the user namespace's identity changes;
 //! - [`userns`]: a job's own user namespace and the layers idmapped with it;
-//! - [`runtime_tmpfs`], [`dir_flags`]: the home's runtime dir and layer buckets.
+//! - [`runtime_tmpfs`], [`dir_flags`]: the home's runtime dir and layer buckets;
+//! - [`quota`]: the disk quota (a project id and its limits) of a job's layer dir.
 //!
 //! What the sandbox helper, the edit layer and teardown do goes through the [`Sys`]
 //! trait, so the order of their steps and what happens when one fails are unit-tested
@@ -23,9 +25,12 @@ pub mod ids;
 pub mod isolate;
 pub mod lifeline;
 pub mod mount;
+pub mod net;
+pub mod netlink;
 pub mod ns;
 pub mod nvml_mig;
 pub mod process;
+pub mod quota;
 pub mod runtime_tmpfs;
 pub mod signals;
 pub mod tty;
@@ -36,6 +41,7 @@ pub use dir_flags::spread_subdirs;
 pub use error::{Error, Result};
 pub use mount::Overlay;
 pub use nix::sys::signal::Signal;
+pub use quota::DiskQuota;
 
 use nix::errno::Errno;
 use std::cell::{Cell, RefCell};
@@ -76,6 +82,19 @@ pub trait Sys {
     /// A directory tree, never following a symlink in it; a missing one is no error.
     fn remove_tree(&self, dir: &Path) -> Result<()>;
     fn rename(&self, from: &Path, to: &Path) -> Result<()>;
+    /// Gives a job's new, empty layer dir a project id of its own with `quota`'s limits
+    /// (see [`quota`]); returns the id.
+    fn claim_disk_quota(&self, dir: &Path, quota: &DiskQuota) -> Result<u32>;
+    /// Clears the limits of project `id`, if `dir` still has it.
+    fn release_disk_quota(&self, dir: &Path, id: u32) -> Result<()>;
+    /// The host's IPv4 addresses, read before the helper leaves the host's network
+    /// namespace (the job's routes block them).
+    fn host_addresses(&self) -> Result<Vec<std::net::Ipv4Addr>>;
+    /// Moves the helper into the job's own network namespace, set up as `setup` says
+    /// (see [`net`]).
+    fn isolate_network(&self, setup: &net::Setup) -> Result<net::Made>;
+    /// Mounts a sysfs of the job's network namespace on `target`, for the spec to bind.
+    fn mount_sysfs(&self, target: &Path) -> Result<()>;
 }
 
 /// The real thing.
@@ -130,6 +149,21 @@ impl Sys for Real {
             to: to.to_path_buf(),
             source,
         })
+    }
+    fn claim_disk_quota(&self, dir: &Path, quota: &DiskQuota) -> Result<u32> {
+        quota::claim(dir, quota)
+    }
+    fn release_disk_quota(&self, dir: &Path, id: u32) -> Result<()> {
+        quota::release(dir, id)
+    }
+    fn host_addresses(&self) -> Result<Vec<std::net::Ipv4Addr>> {
+        net::addresses()
+    }
+    fn isolate_network(&self, setup: &net::Setup) -> Result<net::Made> {
+        net::isolate(setup)
+    }
+    fn mount_sysfs(&self, target: &Path) -> Result<()> {
+        net::mount_sysfs(target)
     }
 }
 
@@ -264,6 +298,45 @@ impl Sys for Recorder {
             to: to.into(),
             source: self.io(e),
         })
+    }
+    /// Claims the first id of the range.
+    fn claim_disk_quota(&self, dir: &Path, quota: &DiskQuota) -> Result<u32> {
+        let id = *quota::PROJECT_IDS.start();
+        self.step(format!("claim_disk_quota {} {}", dir.display(), quota.bytes)).map_err(|source| Error::QuotaSet {
+            dir: dir.into(),
+            id,
+            source,
+        })?;
+        Ok(id)
+    }
+    fn release_disk_quota(&self, dir: &Path, id: u32) -> Result<()> {
+        self.step(format!("release_disk_quota {} {id}", dir.display())).map_err(|source| Error::QuotaSet {
+            dir: dir.into(),
+            id,
+            source,
+        })
+    }
+    /// The host's addresses: 127.0.0.1 and 192.0.2.2.
+    fn host_addresses(&self) -> Result<Vec<std::net::Ipv4Addr>> {
+        self.step("host_addresses".into()).map_err(|source| Error::NetlinkDump { what: "addresses", source })?;
+        Ok(vec![std::net::Ipv4Addr::LOCALHOST, std::net::Ipv4Addr::new(192, 0, 2, 2)])
+    }
+    /// A veth job gets the pool's third address.
+    fn isolate_network(&self, setup: &net::Setup) -> Result<net::Made> {
+        let what = match setup {
+            net::Setup::Loopback => "loopback".to_string(),
+            net::Setup::Veth(v) => format!("veth {}", v.host_name),
+            net::Setup::Pasta(_) => "pasta".to_string(),
+        };
+        self.step(format!("isolate_network {what}")).map_err(Error::UnshareNetNs)?;
+        Ok(match setup {
+            net::Setup::Veth(v) => net::Made { address: Some(v.pool.nth(2)), pasta_pid: None },
+            _ => net::Made::default(),
+        })
+    }
+    fn mount_sysfs(&self, target: &Path) -> Result<()> {
+        self.step(format!("mount_sysfs {}", target.display()))
+            .map_err(|source| Error::MountSysfs { target: target.into(), source })
     }
 }
 

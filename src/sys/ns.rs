@@ -20,15 +20,22 @@ pub fn private_mount_namespace() -> Result<()> {
 
 /// A cgroup namespace of our own (rooted at the cgroup the caller has joined) and a
 /// cgroup2 view of it over /sys/fs/cgroup, in the caller's private mount namespace.
+///
+/// On a cgroup v2 host /sys/fs/cgroup is the cgroup2 mount itself, and the kernel
+/// refuses to mount a filesystem on the root of a mount of the same superblock (EBUSY):
+/// there a small tmpfs covers it first (found in a v2 guest; the test VM is hybrid).
 pub fn private_cgroup_view() -> Result<()> {
     unshare(CloneFlags::CLONE_NEWCGROUP).map_err(Error::UnshareCgroupNs)?;
-    mount(
-        Some("cgroup2"),
-        "/sys/fs/cgroup",
-        Some("cgroup2"),
-        MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC,
-        None::<&str>,
-    )
+    let flags = MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC;
+    let view = || mount(Some("cgroup2"), "/sys/fs/cgroup", Some("cgroup2"), flags, None::<&str>);
+    match view() {
+        Err(nix::errno::Errno::EBUSY) => {
+            mount(Some("tmpfs"), "/sys/fs/cgroup", Some("tmpfs"), flags, Some("mode=755,size=4k"))
+                .map_err(Error::MountCgroupView)?;
+            view()
+        }
+        r => r,
+    }
     .map_err(Error::MountCgroupView)
 }
 

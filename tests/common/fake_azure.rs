@@ -1,5 +1,5 @@
-//! A fake Azure DevOps organization for tests: a real HTTP server on 127.0.0.1 (one
-//! handler thread) that speaks the REST calls azp-sandbox and the agent use, with the
+//! A fake Azure DevOps organization for tests: a real HTTP server on 127.0.0.1, or in
+//! the network lab's fake internet ([`FakeAzure::start_in`]) (one handler thread) that speaks the REST calls azp-sandbox and the agent use, with the
 //! service's JSON shapes (camelCase, `{"count":n,"value":[...]}`), status codes and
 //! auth (HTTP Basic, the PAT as password), plus failure modes for tests.
 //!
@@ -167,15 +167,41 @@ pub struct FakeAzure {
 }
 
 impl FakeAzure {
-    /// Starts a fake org with pools "Default" (id 1) and "gpu" (id 10).
+    /// Starts a fake org with pools "Default" (id 1) and "gpu" (id 10), on 127.0.0.1.
     pub fn start() -> FakeAzure {
-        let server = Server::http("127.0.0.1:0").expect("cannot start the fake Azure DevOps");
-        let port = server.server_addr().to_ip().expect("ip listener").port();
-        let base = format!("http://127.0.0.1:{port}/{ORG}");
-        let pat = format!("fakepat{:016x}", random_u64());
+        Self::start_at("127.0.0.1", None)
+    }
+
+    /// The same in the network lab's fake internet (as Azure DevOps is outside the host
+    /// in production): jobs with a network of their own reach it there.
+    pub fn start_in(lab: &super::netlab::NetLab) -> FakeAzure {
+        Self::start_at(super::netlab::INTERNET_IP, Some(lab.internet_path()))
+    }
+
+    /// On `ip`, by a server thread in the network namespace at `netns` (ours if None).
+    fn start_at(ip: &str, netns: Option<std::path::PathBuf>) -> FakeAzure {
+        let (tx, rx) = std::sync::mpsc::channel();
+        let bind = format!("{ip}:0");
+        let stop = Arc::new(AtomicBool::new(false));
+        let server_thread = |state: Arc<Mutex<State>>, stop: Arc<AtomicBool>| {
+            move || {
+                if let Some(ns) = netns {
+                    super::netlab::enter(&ns);
+                }
+                let server = Server::http(bind.as_str()).expect("cannot start the fake Azure DevOps");
+                tx.send(server.server_addr().to_ip().expect("ip listener").port()).unwrap();
+                while !stop.load(Ordering::SeqCst) {
+                    match server.recv_timeout(Duration::from_millis(50)) {
+                        Ok(Some(req)) => handle(&state, req),
+                        Ok(None) => {}
+                        Err(_) => break,
+                    }
+                }
+            }
+        };
         let state = Arc::new(Mutex::new(State {
-            base,
-            pat,
+            base: String::new(),
+            pat: format!("fakepat{:016x}", random_u64()),
             pools: vec![(1, "Default".into()), (10, "gpu".into())],
             agents: vec![],
             next_agent_id: 1,
@@ -195,23 +221,12 @@ impl FakeAzure {
             agents_manage: true,
             overrides: vec![],
         }));
-        let stop = Arc::new(AtomicBool::new(false));
-        let thread = {
-            let state = state.clone();
-            let stop = stop.clone();
-            std::thread::Builder::new()
-                .name("fake-azure".into())
-                .spawn(move || {
-                    while !stop.load(Ordering::SeqCst) {
-                        match server.recv_timeout(Duration::from_millis(50)) {
-                            Ok(Some(req)) => handle(&state, req),
-                            Ok(None) => {}
-                            Err(_) => break,
-                        }
-                    }
-                })
-                .unwrap()
-        };
+        let thread = std::thread::Builder::new()
+            .name("fake-azure".into())
+            .spawn(server_thread(state.clone(), stop.clone()))
+            .unwrap();
+        let port = rx.recv().expect("the fake Azure DevOps did not start");
+        state.lock().unwrap().base = format!("http://{ip}:{port}/{ORG}");
         FakeAzure { state, port, stop, thread: Some(thread) }
     }
 

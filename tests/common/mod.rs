@@ -4,6 +4,7 @@
 pub mod digest;
 pub mod fake_azure;
 pub mod pty;
+pub mod netlab;
 pub mod registry;
 pub mod skip;
 
@@ -189,6 +190,17 @@ impl TestHome {
         let mut c = Command::new(bin());
         c.arg("--home").arg(&self.dir).env_remove("AZP_SANDBOX_HOME").stdin(Stdio::null());
         as_test_user(&mut c);
+        c
+    }
+
+    /// [`TestHome::command`] in the network lab's fake host (see [`netlab`]).
+    pub fn lab_command(&self, lab: &netlab::NetLab) -> Command {
+        let user = test_user().map(|u| (u.uid.as_raw(), u.gid.as_raw()));
+        let mut c = lab.host_command(bin(), user);
+        c.arg("--home").arg(&self.dir).env_remove("AZP_SANDBOX_HOME").stdin(Stdio::null());
+        if let Some(u) = test_user() {
+            c.env("HOME", &u.dir).env("USER", &u.name).env("LOGNAME", &u.name).env_remove("XDG_RUNTIME_DIR");
+        }
         c
     }
 

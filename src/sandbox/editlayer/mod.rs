@@ -228,6 +228,7 @@ mod tests {
             volumes: vec![],
             limits: Default::default(),
             network: Default::default(),
+            net: Default::default(),
             edits: Default::default(),
             cgroup_path: "/x".into(),
             owned_dirs: vec![],

@@ -1,0 +1,124 @@
+#!/usr/bin/env bash
+# Runs test binaries (already built: cargo build --tests) in a QEMU guest with Debian's
+# stock kernel, for what the test VM's own kernel cannot show: project quotas (its kernel
+# has no CONFIG_QFMT_V2: ext4 with `-O quota,project` does not mount) and a cgroup v2 only
+# host. The guest runs the host's own / over 9p (so the binaries' compiled-in paths hold),
+# with a fresh /run, /tmp, cgroup2 at /sys/fs/cgroup, and `target/tmp` (the tests'
+# CARGO_TARGET_TMPDIR, where every test home is made) on an ext4 disk mounted `prjquota`:
+# every job of every test gets a disk quota there.
+#
+#   sudo scripts/guest-tests.sh [TEST ...]     default: escape_suite sandbox_exec
+#   sudo scripts/guest-tests.sh --bench N      the disk quota's cost: N interleaved rounds of
+#                                              `exec -- true` (release build), a home with
+#                                              project quotas against one without
+#
+# Needs qemu-system-x86 (scripts/setup.sh), and the Debian mirror once (the kernel package
+# is cached in target/guest). TCG by default: nested KVM hung in early boot on the test VM
+# (AZP_GUEST_ACCEL=kvm to try it elsewhere). Results: target/guest/out/*.log.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+repo=$(pwd)
+g=$repo/target/guest
+mkdir -p "$g" && cd "$g"
+bench=""
+if [ "${1:-}" = "--bench" ]; then bench=${2:?--bench N}; shift 2; fi
+tests=${*:-escape_suite sandbox_exec}
+
+# 1. Debian's kernel and the modules the guest needs (virtio, 9p, ext4 + quota, loop, overlay).
+if [ ! -f vmlinuz ]; then
+  apt-get download "$(apt-cache depends linux-image-amd64 | awk '/Depends: linux-image-[0-9]/{print $2; exit}')"
+  rm -rf k && mkdir k && dpkg-deb -x linux-image-*.deb k && rm -f linux-image-*.deb
+  cp k/boot/vmlinuz-* vmlinuz
+  rm -rf initrd && mkdir -p initrd/bin initrd/mods
+  python3 - <<'EOF'
+import os, subprocess
+root = [os.path.join("k/lib/modules", d, "kernel") for d in os.listdir("k/lib/modules")][0]
+idx = {f[:-3].replace("-", "_"): os.path.join(d, f) for d, _, fs in os.walk(root) for f in fs if f.endswith(".ko")}
+def deps(m):
+    for l in subprocess.run(["strings", "-a", idx[m]], capture_output=True, text=True).stdout.splitlines():
+        if l.startswith("depends="):
+            return [x.replace("-", "_") for x in l[8:].split(",") if x]
+    return []
+order = []
+def visit(m):
+    if m in order or m not in idx: return
+    for d in deps(m): visit(d)
+    order.append(m)
+for m in ["virtio_pci", "virtio_blk", "9pnet_virtio", "9p", "ext4", "quota_v2", "loop", "overlay"]:
+    visit(m)
+for m in order:
+    subprocess.run(["cp", idx[m], "initrd/mods/"], check=True)
+open("initrd/modorder", "w").write("".join(os.path.basename(idx[m]) + "\n" for m in order))
+EOF
+  rm -rf k
+  tar -xf "$repo/target/fixtures/busybox-rootfs.tar" -C initrd ./bin/busybox
+  for l in sh mount insmod mkdir switch_root cat sed tr poweroff; do ln -sf busybox "initrd/bin/$l"; done
+  cat > initrd/init <<'EOF'
+#!/bin/sh
+mkdir -p /proc /sys /dev /newroot
+mount -t proc proc /proc; mount -t sysfs sysfs /sys; mount -t devtmpfs dev /dev
+for m in $(cat /modorder); do insmod /mods/$m || echo "insmod $m failed"; done
+mount -t 9p -o trans=virtio,version=9p2000.L,msize=512000 host /newroot || poweroff -f
+exec switch_root /newroot /bin/sh "$(tr ' ' '\n' < /proc/cmdline | sed -n 's/^azp.script=//p')"
+EOF
+  chmod +x initrd/init
+  python3 - <<'EOF'
+import os, stat
+out = open("initrd.cpio", "wb"); ino = [1]
+def hdr(name, mode, size, nlink=1):
+    n = name.encode() + b"\0"
+    h = "070701" + "".join("%08X" % v for v in [ino[0], mode, 0, 0, nlink, 0, size, 0, 0, 0, 0, len(n), 0])
+    ino[0] += 1; b = h.encode() + n
+    return b + b"\0" * ((4 - len(b) % 4) % 4)
+pad = lambda n: b"\0" * ((4 - n % 4) % 4)
+for d, _, fs in os.walk("initrd"):
+    rel = os.path.relpath(d, "initrd")
+    if rel != ".": out.write(hdr(rel, stat.S_IFDIR | 0o755, 0, 2))
+    for f in sorted(fs):
+        p = os.path.join(d, f); r = os.path.normpath(os.path.join(rel, f)); st = os.lstat(p)
+        data = os.readlink(p).encode() if stat.S_ISLNK(st.st_mode) else open(p, "rb").read()
+        mode = stat.S_IFLNK | 0o777 if stat.S_ISLNK(st.st_mode) else stat.S_IFREG | (st.st_mode & 0o7777)
+        out.write(hdr(r, mode, len(data))); out.write(data + pad(len(data)))
+out.write(hdr("TRAILER!!!", 0, 0))
+EOF
+fi
+
+# 2. Two disks: ext4 with project quotas (the tests' target/tmp) and plain ext4 (the bench).
+rm -f quota.img plain.img
+truncate -s 3G quota.img && mkfs.ext4 -q -F -O quota,project -I 256 -E lazy_itable_init=1 quota.img
+truncate -s 1G plain.img && mkfs.ext4 -q -F -E lazy_itable_init=1 plain.img
+
+# 3. What the guest runs, over the host's /.
+[ -n "$bench" ] && tests=""
+cat > guest.sh <<EOF
+#!/bin/sh
+mount -t proc proc /proc; mount -t sysfs sys /sys; mount -t devtmpfs dev /dev
+mkdir -p /dev/pts /dev/shm; mount -t devpts devpts /dev/pts; mount -t tmpfs tmpfs /dev/shm
+mount -t tmpfs tmpfs /run; mount -t tmpfs tmpfs /tmp; mount -t cgroup2 cgroup2 /sys/fs/cgroup
+ip link set lo up; hostname azp-guest
+export HOME=/root PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin AZP_SANDBOX_SKIP_LOG=$g/out/skips.log
+mount -o prjquota /dev/vda $repo/target/tmp && cd $repo
+{ uname -r; cat /sys/fs/cgroup/cgroup.controllers; findmnt -no OPTIONS $repo/target/tmp; } > $g/out/env.txt 2>&1
+for t in $tests; do
+  bin=\$(ls -t target/debug/deps/\$t-* | grep -v '\.d\$' | head -1)
+  timeout 3000 \$bin --test-threads=2 > $g/out/\$t.log 2>&1; echo "exit \$?" >> $g/out/\$t.log
+done
+if [ -n "$bench" ]; then
+  mkdir -p /mnt/plain && mount /dev/vdb /mnt/plain
+  python3 $repo/bench/quota_cycle.py target/release/azp-sandbox target/tmp/bench-quota /mnt/plain/bench $bench \
+    > $g/out/bench.log 2>&1
+fi
+sync; echo 1 > /proc/sys/kernel/sysrq; echo o > /proc/sysrq-trigger
+EOF
+rm -rf out && mkdir out
+accel=${AZP_GUEST_ACCEL:-tcg}
+cpu=max; [ "$accel" = kvm ] && cpu=host
+timeout 5400 qemu-system-x86_64 -accel "$accel" -cpu "$cpu" -m 4096 -smp 2 -nographic -no-reboot -nic none \
+  -kernel vmlinuz -initrd initrd.cpio -append "console=ttyS0 quiet panic=-1 azp.script=$g/guest.sh" \
+  -virtfs local,path=/,mount_tag=host,security_model=passthrough,id=host,multidevs=remap \
+  -drive file=quota.img,if=virtio,format=raw,cache=unsafe -drive file=plain.img,if=virtio,format=raw,cache=unsafe \
+  > console.log 2>&1 || true
+rm -f quota.img plain.img
+cat out/env.txt
+for f in out/*.log; do echo "== $f"; grep -E '^test .*(ok|FAILED)$|^test result|^exit|median' "$f" || tail -5 "$f"; done
+[ -s out/skips.log ] && { echo "== skipped"; cat out/skips.log; }

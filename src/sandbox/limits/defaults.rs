@@ -1,0 +1,267 @@
+//! From what was asked and what the node has to the limits a job runs with. Pure.
+//!
+//! The defaults, for `slots` jobs at once (`run`: one per slot; `exec`: 1):
+//! - memory: (memory - max(2 GiB, 10%)) / slots, at least 256 MiB;
+//! - swap: none beyond the memory limit (cgroup v1 memsw, v2 swap.max = 0);
+//! - pids: 4096, but at most 3/4 of the node's pid_max shared by the slots;
+//! - cpus: cores / slots, at least 1;
+//! - disk: a project quota of (free space - max(1 GiB, 5%)) / slots (the reserve at
+//!   most half the free space), and (free inodes - 5%) / slots inodes, where the home's
+//!   filesystem has project
+//!   quotas; none (and a warning with the fix) where it has not;
+//! - /tmp: the memory limit; /dev/shm: half of it (tmpfs pages are charged to the
+//!   job's memory cgroup: a bigger tmpfs only invites the OOM killer). Without a memory
+//!   limit, the sizes of before: half the RAM, 1 GiB.
+
+use super::node::Node;
+use super::{human_size, Ask, LimitsAsk};
+use crate::sandbox::plan::Limits;
+
+/// The most processes and threads a job gets by default.
+pub const PIDS: i64 = 4096;
+const MIN_MEMORY: u64 = 256 << 20;
+const MIN_PIDS: i64 = 64;
+
+/// The limits, and the warnings to print once at start (one line each).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Resolved {
+    pub limits: Limits,
+    pub warnings: Vec<String>,
+}
+
+/// The limits a job runs with when `slots` jobs share `node`.
+pub fn resolve(ask: &LimitsAsk, node: &Node, slots: usize) -> Resolved {
+    let slots = slots.max(1) as u64;
+    let mut warnings = vec![];
+    let mut unlimited = vec![];
+    let mut pick = |what: &'static str, ask: Ask<u64>, default: Option<u64>| -> Option<u64> {
+        match ask {
+            Ask::Default => default,
+            Ask::DefaultUpTo(max) => Some(default.map_or(max, |d| d.min(max))),
+            Ask::Value(v) => Some(v),
+            Ask::Unlimited => {
+                unlimited.push(what);
+                None
+            }
+        }
+    };
+    let memory = pick("memory", ask.memory, Some(default_memory(node, slots)));
+    let pids = pick("pids", ask.pids.map(|p| p as u64), Some(default_pids(node, slots) as u64)).map(|p| p as i64);
+    let cpus_milli = pick("cpus", ask.cpus_milli, Some((node.cores * 1000 / slots).max(1000)));
+    let disk_said = !matches!(ask.disk, Ask::Default);
+    let disk = pick("disk", ask.disk, node.disk.map(|d| default_disk(d.avail, d.size, slots)));
+    let (disk_bytes, disk_inodes) = match (&node.no_quota, disk) {
+        (_, None) => (None, None),
+        (Some(why), Some(bytes)) => {
+            let what = if disk_said {
+                format!("--disk {} cannot be enforced", human_size(bytes))
+            } else {
+                "no disk quota for jobs".into()
+            };
+            warnings.push(format!("WARNING: {what}: {why}"));
+            (None, None)
+        }
+        (None, Some(bytes)) => (Some(bytes), node.disk.and_then(|d| default_inodes(d.inodes_avail, d.inodes, slots))),
+    };
+    if !unlimited.is_empty() {
+        warnings.push(format!(
+            "WARNING: jobs have no {} limit (said unlimited): one job can exhaust the node",
+            unlimited.join(", ")
+        ));
+    }
+    if let (Some(_), false) = (memory, node.swap_limited) {
+        warnings.push(format!(
+            "WARNING: jobs may swap beyond their memory limit ({} of swap): this kernel does not account swap \
+             per cgroup; boot it with swapaccount=1",
+            human_size(node.swap_bytes)
+        ));
+    }
+    let tmp_bytes = ask.tmp_size.or(memory);
+    let shm_bytes = ask.shm_size.or(memory.map(|m| m / 2));
+    for (flag, size) in [("--tmp-size", ask.tmp_size), ("--shm-size", ask.shm_size)] {
+        if let (Some(s), Some(m)) = (size, memory) {
+            if s > m {
+                warnings.push(format!(
+                    "WARNING: {flag} {} is above the memory limit {}: tmpfs pages count as the job's memory, \
+                     so a job that fills it is OOM-killed first",
+                    human_size(s),
+                    human_size(m)
+                ));
+            }
+        }
+    }
+    Resolved {
+        limits: Limits { memory_bytes: memory, pids, cpus_milli, disk_bytes, disk_inodes, tmp_bytes, shm_bytes },
+        warnings,
+    }
+}
+
+/// (memory - max(2 GiB, 10%)) / slots, at least 256 MiB, in whole MiB (the cgroup rounds
+/// a limit down to pages, a tmpfs its size up: /tmp is then exactly the limit).
+fn default_memory(node: &Node, slots: u64) -> u64 {
+    let reserve = (2u64 << 30).max(node.memory_bytes / 10);
+    mib_floor(node.memory_bytes.saturating_sub(reserve) / slots).max(MIN_MEMORY)
+}
+
+fn mib_floor(b: u64) -> u64 {
+    b & !((1 << 20) - 1)
+}
+
+/// 4096, or 3/4 of pid_max shared by the slots when that is less (at least 64).
+fn default_pids(node: &Node, slots: u64) -> i64 {
+    let share = (node.pid_max * 3 / 4 / slots) as i64;
+    PIDS.min(share).max(MIN_PIDS)
+}
+
+/// (free space - max(1 GiB, 5% of the filesystem)) / slots; on a nearly full or small
+/// filesystem the reserve is half of what is free (a floor above the free space would
+/// let one job fill it).
+fn default_disk(avail: u64, size: u64, slots: u64) -> u64 {
+    let reserve = (1u64 << 30).max(size / 20).min(avail / 2);
+    mib_floor((avail - reserve) / slots)
+}
+
+/// (free inodes - 5%) / slots; None on filesystems that report no inode count.
+fn default_inodes(avail: u64, total: u64, slots: u64) -> Option<u64> {
+    (total > 0).then(|| (avail.saturating_sub(total / 20) / slots).max(10_000))
+}
+
+/// What the defaults were derived from, for the start line.
+pub fn basis(node: &Node, slots: usize) -> String {
+    let disk =
+        node.disk.map(|d| format!(", {} free on the home's filesystem", human_size(d.avail))).unwrap_or_default();
+    format!(
+        "{} slot(s) sharing {} of {}, {} core(s), pid_max {}{disk}",
+        slots.max(1),
+        human_size(node.memory_bytes),
+        node.memory_from,
+        node.cores,
+        node.pid_max
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::node::Disk;
+    use super::*;
+
+    const G: u64 = 1 << 30;
+
+    fn node() -> Node {
+        Node {
+            memory_bytes: 64 * G,
+            memory_from: "RAM".into(),
+            swap_bytes: 0,
+            swap_limited: true,
+            cores: 16,
+            pid_max: 4 << 20,
+            disk: Some(Disk { avail: 500 * G, size: 1000 * G, inodes_avail: 60_000_000, inodes: 64_000_000 }),
+            no_quota: None,
+        }
+    }
+
+    #[test]
+    fn with_no_flags_every_limit_has_a_default_that_shares_the_node() {
+        let r = resolve(&LimitsAsk::default(), &node(), 4);
+        let l = r.limits;
+        // (64 - 6.4) / 4 GiB; 4096 pids; 16 / 4 cpus; (500 - 50) / 4 GiB of disk.
+        assert_eq!(l.memory_bytes, Some(mib_floor((64 * G - 64 * G / 10) / 4)));
+        assert_eq!((l.pids, l.cpus_milli), (Some(4096), Some(4000)));
+        assert_eq!(l.disk_bytes, Some(450 * G / 4));
+        assert_eq!(l.disk_inodes, Some((60_000_000 - 3_200_000) / 4));
+        assert_eq!((l.tmp_bytes, l.shm_bytes), (l.memory_bytes, l.memory_bytes.map(|m| m / 2)));
+        assert!(r.warnings.is_empty(), "{:?}", r.warnings);
+        // One job (exec) gets the whole node less the reserves.
+        let one = resolve(&LimitsAsk::default(), &node(), 1).limits;
+        assert_eq!((one.memory_bytes, one.cpus_milli), (Some(mib_floor(64 * G - 64 * G / 10)), Some(16000)));
+        assert_eq!(one.memory_bytes.unwrap() % (1 << 20), 0, "whole MiB");
+    }
+
+    #[test]
+    fn small_nodes_keep_a_floor_and_the_host_its_share() {
+        let small = Node {
+            memory_bytes: 3 * G,
+            cores: 2,
+            pid_max: 32768,
+            disk: Some(Disk { avail: G, size: 8 * G, inodes_avail: 0, inodes: 0 }),
+            ..node()
+        };
+        let l = resolve(&LimitsAsk::default(), &small, 8).limits;
+        assert_eq!(l.memory_bytes, Some(256 << 20), "2 GiB reserve leaves 1 GiB: the floor per slot");
+        assert_eq!(l.pids, Some(32768 * 3 / 4 / 8), "8 slots of 4096 would take every pid of the node");
+        assert_eq!(l.cpus_milli, Some(1000), "at least one CPU");
+        assert_eq!((l.disk_bytes, l.disk_inodes), (Some(G / 2 / 8), None), "half of what is free; no inode count");
+    }
+
+    #[test]
+    fn values_win_and_unlimited_is_warned_about_once() {
+        let ask = LimitsAsk {
+            memory: Ask::Value(2 * G),
+            pids: Ask::Unlimited,
+            cpus_milli: Ask::Unlimited,
+            disk: Ask::Value(50 * G),
+            ..Default::default()
+        };
+        let r = resolve(&ask, &node(), 4);
+        assert_eq!((r.limits.memory_bytes, r.limits.pids, r.limits.cpus_milli), (Some(2 * G), None, None));
+        assert_eq!(r.limits.disk_bytes, Some(50 * G));
+        assert_eq!(
+            r.warnings,
+            ["WARNING: jobs have no pids, cpus limit (said unlimited): one job can exhaust the node"]
+        );
+        let r = resolve(&LimitsAsk { memory: Ask::Unlimited, ..Default::default() }, &node(), 1);
+        assert_eq!((r.limits.memory_bytes, r.limits.tmp_bytes, r.limits.shm_bytes), (None, None, None), "as before");
+    }
+
+    #[test]
+    fn a_site_maximum_caps_the_default() {
+        let ask = LimitsAsk { memory: Ask::DefaultUpTo(G), pids: Ask::DefaultUpTo(100_000), ..Default::default() };
+        let l = resolve(&ask, &node(), 1).limits;
+        assert_eq!((l.memory_bytes, l.pids), (Some(G), Some(4096)), "the lower of the two");
+    }
+
+    #[test]
+    fn no_quota_no_disk_limit_and_one_line_why() {
+        let n = Node { no_quota: Some("/h is on ext4 without project quotas: fix it".into()), ..node() };
+        let r = resolve(&LimitsAsk::default(), &n, 2);
+        assert_eq!((r.limits.disk_bytes, r.limits.disk_inodes), (None, None));
+        assert_eq!(r.warnings, ["WARNING: no disk quota for jobs: /h is on ext4 without project quotas: fix it"]);
+        let r = resolve(&LimitsAsk { disk: Ask::Value(50 * G), ..Default::default() }, &n, 2);
+        assert!(
+            r.warnings[0].starts_with("WARNING: --disk 50.0G cannot be enforced: /h is on ext4"),
+            "{:?}",
+            r.warnings
+        );
+        let r = resolve(&LimitsAsk { disk: Ask::Unlimited, ..Default::default() }, &n, 2);
+        assert_eq!(r.warnings.len(), 1, "unlimited: only that warning: {:?}", r.warnings);
+    }
+
+    #[test]
+    fn tmpfs_sizes_follow_memory_unless_said() {
+        let ask = LimitsAsk { memory: Ask::Value(4 * G), tmp_size: Some(8 * G), ..Default::default() };
+        let r = resolve(&ask, &node(), 1);
+        assert_eq!((r.limits.tmp_bytes, r.limits.shm_bytes), (Some(8 * G), Some(2 * G)));
+        assert!(
+            r.warnings[0].starts_with("WARNING: --tmp-size 8.0G is above the memory limit 4.0G"),
+            "{:?}",
+            r.warnings
+        );
+    }
+
+    #[test]
+    fn swap_beyond_memory_is_warned_about_where_the_kernel_cannot_limit_it() {
+        let n = Node { swap_bytes: 8 * G, swap_limited: false, ..node() };
+        let r = resolve(&LimitsAsk::default(), &n, 1);
+        assert!(r.warnings[0].contains("swapaccount=1") && r.warnings[0].contains("8.0G of swap"), "{:?}", r.warnings);
+        let r = resolve(&LimitsAsk { memory: Ask::Unlimited, ..Default::default() }, &n, 1);
+        assert!(!r.warnings.iter().any(|w| w.contains("swapaccount")), "no memory limit to swap beyond");
+    }
+
+    #[test]
+    fn the_basis_line() {
+        assert_eq!(
+            basis(&node(), 4),
+            "4 slot(s) sharing 64.0G of RAM, 16 core(s), pid_max 4194304, 500.0G free on the home's filesystem"
+        );
+    }
+}

@@ -1,0 +1,268 @@
+//! What the node has, read once per `exec` and once per `run`: memory, swap, cores,
+//! pid_max, the home's filesystem, and whether project quotas work there. A handful of
+//! syscalls and small reads (no mountinfo): this is on the `exec` path.
+
+use crate::config::Home;
+use crate::rootless::cgroups::CgroupHost;
+use std::path::Path;
+
+/// The node as job defaults are derived from it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Node {
+    /// Memory the jobs share: the RAM, or this process's cgroup memory limit when that
+    /// is lower (a Slurm allocation, a systemd unit's MemoryMax).
+    pub memory_bytes: u64,
+    /// Where `memory_bytes` comes from, for the start line.
+    pub memory_from: String,
+    pub swap_bytes: u64,
+    /// The kernel limits swap per cgroup (v1 `memory.memsw.*`, v2 `memory.swap.max`).
+    pub swap_limited: bool,
+    pub cores: u64,
+    /// /proc/sys/kernel/pid_max: every task on the node counts against it.
+    pub pid_max: u64,
+    /// The filesystem of the home's layer dirs (None: statvfs failed).
+    pub disk: Option<Disk>,
+    /// Why jobs can get no disk quota here, and the fix (None: project quotas work).
+    pub no_quota: Option<String>,
+}
+
+/// Space and inodes of the home's filesystem (statvfs, for unprivileged users).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Disk {
+    pub avail: u64,
+    pub size: u64,
+    pub inodes_avail: u64,
+    pub inodes: u64,
+}
+
+impl Node {
+    /// Reads the node; `rootless`: no quota (quotactl needs CAP_SYS_ADMIN in the initial
+    /// user namespace).
+    pub fn read(home: &Home, rootless: bool) -> Node {
+        let (ram, swap) = ram_and_swap();
+        let cgroups = CgroupHost::get();
+        let own = std::fs::read_to_string("/proc/self/cgroup").unwrap_or_default();
+        let (memory_bytes, memory_from) = match own_memory_limit(cgroups, &own) {
+            Some((limit, at)) if limit < ram => (limit, format!("the memory limit of cgroup {at}")),
+            _ => (ram, "RAM".into()),
+        };
+        Node {
+            memory_bytes,
+            memory_from,
+            swap_bytes: swap,
+            swap_limited: swap == 0 || swap_limited(cgroups, &own),
+            cores: cores(),
+            pid_max: std::fs::read_to_string("/proc/sys/kernel/pid_max")
+                .ok()
+                .and_then(|s| s.trim().parse().ok())
+                .unwrap_or(32768),
+            disk: disk(&home.layers_dir()),
+            no_quota: no_quota(home, rootless),
+        }
+    }
+}
+
+fn ram_and_swap() -> (u64, u64) {
+    nix::sys::sysinfo::sysinfo().map(|s| (s.ram_total(), s.swap_total())).unwrap_or((0, 0))
+}
+
+/// CPUs this process may run on (its affinity mask; a cgroup's CFS quota is not read:
+/// jobs' cgroups are not below ours on cgroup v1).
+fn cores() -> u64 {
+    match nix::sched::sched_getaffinity(nix::unistd::Pid::from_raw(0)) {
+        Ok(set) => (0..nix::sched::CpuSet::count()).filter(|&i| set.is_set(i).unwrap_or(false)).count().max(1) as u64,
+        Err(_) => 1,
+    }
+}
+
+fn disk(dir: &Path) -> Option<Disk> {
+    let s = nix::sys::statvfs::statvfs(dir).ok()?;
+    let frag = s.fragment_size() as u64;
+    Some(Disk {
+        avail: s.blocks_available() as u64 * frag,
+        size: s.blocks() as u64 * frag,
+        inodes_avail: s.files_available() as u64,
+        inodes: s.files() as u64,
+    })
+}
+
+/// The memory limit of this process's cgroup and its ancestors, and the cgroup that has
+/// it (None: no limit, or no memory controller).
+pub fn own_memory_limit(host: &CgroupHost, proc_self_cgroup: &str) -> Option<(u64, String)> {
+    if host.unified {
+        let own = v2_path(proc_self_cgroup)?;
+        let mut best: Option<(u64, String)> = None;
+        let mut at = Some(Path::new(own));
+        while let Some(p) = at.filter(|p| *p != Path::new("/")) {
+            let rel = p.strip_prefix("/").unwrap_or(p);
+            let max = std::fs::read_to_string(host.root.join(rel).join("memory.max")).ok();
+            if let Some(b) = max.as_deref().and_then(parse_limit) {
+                if best.as_ref().is_none_or(|(m, _)| b < *m) {
+                    best = Some((b, p.display().to_string()));
+                }
+            }
+            at = p.parent();
+        }
+        return best;
+    }
+    let (mount, path) = v1_memory(host, proc_self_cgroup)?;
+    let rel = path.strip_prefix('/').unwrap_or(path);
+    let stat = std::fs::read_to_string(mount.join(rel).join("memory.stat")).ok()?;
+    let limit = stat.lines().find_map(|l| l.strip_prefix("hierarchical_memory_limit "))?;
+    parse_limit(limit).map(|b| (b, path.to_string()))
+}
+
+/// The `0::` path of /proc/self/cgroup.
+fn v2_path(proc_self_cgroup: &str) -> Option<&str> {
+    proc_self_cgroup.lines().find_map(|l| l.strip_prefix("0::"))
+}
+
+/// The v1 memory hierarchy's mount and this process's path in it.
+fn v1_memory<'a>(host: &'a CgroupHost, proc_self_cgroup: &'a str) -> Option<(&'a Path, &'a str)> {
+    let path = proc_self_cgroup.lines().find_map(|l| {
+        let mut f = l.splitn(3, ':');
+        let (_, controllers, path) = (f.next()?, f.next()?, f.next()?);
+        controllers.split(',').any(|c| c == "memory").then_some(path)
+    })?;
+    let mount = host
+        .v1_mounts
+        .iter()
+        .find(|m| m.file_name().is_some_and(|n| n.to_string_lossy().split(',').any(|c| c == "memory")))?;
+    Some((mount, path))
+}
+
+/// A limit file's value; None for "max" and v1's "unlimited" (2^63 rounded to pages).
+fn parse_limit(s: &str) -> Option<u64> {
+    let b: u64 = s.trim().parse().ok()?;
+    (b < 1 << 62).then_some(b)
+}
+
+/// Whether a job's cgroup can limit its swap: v1 with swap accounting has
+/// `memory.memsw.limit_in_bytes`, v2 has `memory.swap.max` in every non-root cgroup.
+fn swap_limited(host: &CgroupHost, proc_self_cgroup: &str) -> bool {
+    if host.unified {
+        let own = v2_path(proc_self_cgroup).unwrap_or("/");
+        let rel = own.strip_prefix('/').unwrap_or(own);
+        // The root cgroup has no memory.swap.max: then the question stays open (true).
+        return rel.is_empty() || host.root.join(rel).join("memory.swap.max").exists();
+    }
+    host.v1_memsw()
+}
+
+/// Why jobs get no disk quota here, with the fix; None when project quotas work on the
+/// home's filesystem.
+fn no_quota(home: &Home, rootless: bool) -> Option<String> {
+    if rootless {
+        return Some(
+            "rootless mode: setting a quota (quotactl) needs CAP_SYS_ADMIN in the initial user namespace; \
+             run as root or in setuid mode for disk quotas"
+                .into(),
+        );
+    }
+    // The jobs' layer dirs live here (a site may mount it apart from the rest of the home).
+    let layers = home.layers_dir();
+    let err = crate::sys::quota::probe(&layers).err()?;
+    let fs = nix::sys::statfs::statfs(&layers).map(|s| s.filesystem_type()).ok();
+    Some(quota_why(&layers, fs, &err))
+}
+
+/// The one line that says why a home has no project quotas, and what to do.
+pub fn quota_why(home: &Path, fs: Option<nix::sys::statfs::FsType>, err: &crate::sys::Error) -> String {
+    use nix::errno::Errno;
+    use nix::sys::statfs::{EXT4_SUPER_MAGIC, XFS_SUPER_MAGIC};
+    let h = home.display();
+    let what = match fs {
+        Some(t) if t == EXT4_SUPER_MAGIC => "ext4",
+        Some(t) if t == XFS_SUPER_MAGIC => "XFS",
+        _ => "",
+    };
+    match (what, err.errno()) {
+        (_, Some(Errno::ENOSYS)) => format!("{h}: this kernel has no quota support (CONFIG_QUOTA, CONFIG_QFMT_V2)"),
+        ("ext4", _) => format!(
+            "{h} is on ext4 without project quotas: unmount it, run `tune2fs -O project,quota DEVICE` and mount it \
+             with the `prjquota` option (the kernel needs CONFIG_QFMT_V2)"
+        ),
+        ("XFS", _) => format!(
+            "{h} is on XFS without project quotas: mount it with the `prjquota` option (the kernel needs \
+             CONFIG_XFS_QUOTA)"
+        ),
+        _ => format!(
+            "{h} is not on ext4 or XFS with project quotas ({}): put the home on one mounted with `prjquota`",
+            err.errno().map(|e| e.desc()).unwrap_or("unknown error")
+        ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::path::PathBuf;
+
+    fn host(root: &Path, unified: bool) -> CgroupHost {
+        CgroupHost {
+            unified,
+            v1_mounts: if unified { vec![] } else { vec![root.join("cpu,cpuacct"), root.join("memory")] },
+            root: root.into(),
+            own_v2: None,
+            v2_mount: Some(root.into()),
+        }
+    }
+
+    #[test]
+    fn the_lowest_memory_limit_above_us() {
+        let t = tempfile::tempdir().unwrap();
+        // v1: memory.stat's hierarchical limit already is the lowest on the way up.
+        let me = t.path().join("memory/slurm/job_7");
+        std::fs::create_dir_all(&me).unwrap();
+        std::fs::write(me.join("memory.stat"), "cache 0\nhierarchical_memory_limit 8589934592\n").unwrap();
+        let v1 = host(t.path(), false);
+        let own = "4:memory:/slurm/job_7\n2:cpu,cpuacct:/\n0::/\n";
+        assert_eq!(own_memory_limit(&v1, own), Some((8 << 30, "/slurm/job_7".into())));
+        std::fs::write(me.join("memory.stat"), "hierarchical_memory_limit 9223372036854771712\n").unwrap();
+        assert_eq!(own_memory_limit(&v1, own), None, "unlimited");
+        assert_eq!(own_memory_limit(&v1, "0::/\n"), None, "no memory hierarchy line");
+        // v2: the lowest memory.max from our cgroup up.
+        let svc = t.path().join("system.slice/azp.service");
+        std::fs::create_dir_all(svc.join("manager")).unwrap();
+        std::fs::write(t.path().join("system.slice/memory.max"), "max\n").unwrap();
+        std::fs::write(svc.join("memory.max"), "17179869184\n").unwrap();
+        std::fs::write(svc.join("manager/memory.max"), "max\n").unwrap();
+        let v2 = host(t.path(), true);
+        let own = "0::/system.slice/azp.service/manager\n";
+        assert_eq!(own_memory_limit(&v2, own), Some((16 << 30, "/system.slice/azp.service".into())));
+        assert_eq!(own_memory_limit(&v2, "0::/\n"), None);
+    }
+
+    #[test]
+    fn swap_can_be_limited_where_the_files_are() {
+        let t = tempfile::tempdir().unwrap();
+        let v1 = host(t.path(), false);
+        std::fs::create_dir_all(t.path().join("memory")).unwrap();
+        assert!(!swap_limited(&v1, ""), "no memsw: swap accounting is off");
+        std::fs::write(t.path().join("memory/memory.memsw.limit_in_bytes"), "").unwrap();
+        assert!(swap_limited(&v1, ""));
+        let v2 = host(t.path(), true);
+        std::fs::create_dir_all(t.path().join("a")).unwrap();
+        assert!(!swap_limited(&v2, "0::/a\n"));
+        std::fs::write(t.path().join("a/memory.swap.max"), "max\n").unwrap();
+        assert!(swap_limited(&v2, "0::/a\n"));
+    }
+
+    #[test]
+    fn why_no_quota_names_the_fix() {
+        use nix::errno::Errno;
+        use nix::sys::statfs::{EXT4_SUPER_MAGIC, TMPFS_MAGIC, XFS_SUPER_MAGIC};
+        let e = |errno| crate::sys::Error::QuotaProbe { dir: PathBuf::from("/h"), source: errno };
+        let ext4 = quota_why(Path::new("/h"), Some(EXT4_SUPER_MAGIC), &e(Errno::ESRCH));
+        assert!(ext4.contains("tune2fs -O project,quota") && ext4.contains("prjquota"), "{ext4}");
+        let xfs = quota_why(Path::new("/h"), Some(XFS_SUPER_MAGIC), &e(Errno::ESRCH));
+        assert!(xfs.contains("XFS") && xfs.contains("prjquota") && !xfs.contains("tune2fs"), "{xfs}");
+        let tmpfs = quota_why(Path::new("/h"), Some(TMPFS_MAGIC), &e(Errno::ESRCH));
+        assert!(tmpfs.contains("not on ext4 or XFS"), "{tmpfs}");
+        let kernel = quota_why(Path::new("/h"), Some(EXT4_SUPER_MAGIC), &e(Errno::ENOSYS));
+        assert!(kernel.contains("CONFIG_QUOTA"), "{kernel}");
+        for line in [ext4, xfs, tmpfs, kernel] {
+            assert!(!line.contains('\n'));
+        }
+    }
+}

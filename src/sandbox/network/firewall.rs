@@ -1,0 +1,303 @@
+//! The host's side of root-mode jobs' network: one nftables table, `inet azp-sandbox`,
+//! made once when absent (by the first `exec` or `run` that needs it) and removed by
+//! `gc` and at the end of `run` when no job link is left. It matches the jobs' host-end
+//! links by their name prefix (`azp*`) and their allowed destinations by the link's
+//! group, so a job's start changes nothing in it: no `nft` on the hot path.
+//!
+//! What it does (the job's own routes block the same destinations again inside its
+//! namespace, so a table flushed by a firewall reload fails closed):
+//! - masquerades the jobs' outbound traffic;
+//! - forwards port 53 (and a proxy's port) at the gateway address to the host
+//!   resolver on the host's loopback (`host_services`; `route_localnet` is set on each
+//!   host end, and dies with it);
+//! - drops everything from a job link to the host itself (any address, any port) but
+//!   those forwarded ports and the destinations `network_allow` lists for that job;
+//! - drops what is new towards a job link (another job, the world: jobs are outbound
+//!   only), and refuses what a job sends to link-local addresses (cloud metadata) and
+//!   to the jobs' subnet (the gateway's other ports), unless allowed;
+//! - when it had to turn IPv4 forwarding on (net.ipv4.ip_forward was 0), drops forwarded
+//!   traffic that involves no job link (the host does not become a router for others),
+//!   and the table's comment says so: whoever removes the table turns forwarding off
+//!   again. After a reboot neither exists.
+
+use crate::config::NetworkAllow;
+use crate::sys::net::Ipv4Net;
+use anyhow::{bail, Context, Result};
+use std::io::Write;
+use std::net::Ipv4Addr;
+use std::path::{Path, PathBuf};
+
+pub const TABLE: &str = "azp-sandbox";
+/// Held exclusively while the table is made or removed; a helper holds it shared from
+/// its check of the table to its link's creation (see `sys::net::Veth::lock`).
+pub const LOCK: &str = "/run/azp-sandbox/network.lock";
+const IP_FORWARD: &str = "/proc/sys/net/ipv4/ip_forward";
+const FORWARDING_WAS_OFF: &str = "ip_forward was 0";
+
+/// A host service on the host's loopback that jobs reach at their gateway.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HostService {
+    pub proto: Proto,
+    pub port: u16,
+    pub target: Ipv4Addr,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Proto {
+    Tcp,
+    Udp,
+}
+
+impl std::fmt::Display for HostService {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let p = match self.proto {
+            Proto::Tcp => "tcp",
+            Proto::Udp => "udp",
+        };
+        write!(f, "{p} . {} : {}", self.port, self.target)
+    }
+}
+
+/// DNS at `target` (TCP and UDP port 53).
+pub fn dns(target: Ipv4Addr) -> [HostService; 2] {
+    [Proto::Udp, Proto::Tcp].map(|proto| HostService { proto, port: 53, target })
+}
+
+/// The table's text for `nft -f`.
+pub fn script(subnet: Ipv4Net, gateway: Ipv4Addr, services: &[HostService], forwarding_was_off: bool) -> String {
+    let elements = if services.is_empty() {
+        String::new()
+    } else {
+        format!(" elements = {{ {} }}", services.iter().map(|s| s.to_string()).collect::<Vec<_>>().join(", "))
+    };
+    let blocked = format!("{{ 169.254.0.0/16, {subnet} }}");
+    let mut s = format!(
+        r#"table inet {TABLE} {{
+  comment "{}"
+  map host_services {{ type inet_proto . inet_service : ipv4_addr;{elements}
+  }}
+  set allow_port {{ type devgroup . ipv4_addr . inet_service;
+  }}
+  set allow_addr {{ type devgroup . ipv4_addr;
+  }}
+  chain prerouting {{ type nat hook prerouting priority dstnat; policy accept;
+    iifname "azp*" ip daddr {gateway} dnat ip to meta l4proto . th dport map @host_services
+  }}
+  chain postrouting {{ type nat hook postrouting priority srcnat; policy accept;
+    iifname "azp*" oifname != "azp*" masquerade
+  }}
+  chain input {{ type filter hook input priority filter; policy accept;
+    iifname "azp*" ct status dnat accept
+    iifname "azp*" meta iifgroup . ip daddr . th dport @allow_port accept
+    iifname "azp*" meta iifgroup . ip daddr @allow_addr accept
+    iifname "azp*" drop
+  }}
+  chain forward {{ type filter hook forward priority filter; policy accept;
+    oifname "azp*" ct state established,related accept
+    oifname "azp*" drop
+    iifname "azp*" ip daddr {blocked} meta iifgroup . ip daddr . th dport @allow_port accept
+    iifname "azp*" ip daddr {blocked} meta iifgroup . ip daddr @allow_addr accept
+    iifname "azp*" ip daddr {blocked} reject with icmpx type admin-prohibited
+    iifname "azp*" meta nfproto ipv6 drop
+"#,
+        comment(subnet, forwarding_was_off)
+    );
+    if forwarding_was_off {
+        s.push_str("    iifname != \"azp*\" oifname != \"azp*\" drop\n");
+    }
+    s.push_str("  }\n}\n");
+    s
+}
+
+fn comment(subnet: Ipv4Net, forwarding_was_off: bool) -> String {
+    let mut c = format!("azp-sandbox jobs: subnet {subnet}");
+    if forwarding_was_off {
+        c.push_str(&format!(", {FORWARDING_WAS_OFF}"));
+    }
+    c
+}
+
+/// The subnet a table's comment names.
+fn subnet_of(comment: &str) -> Option<&str> {
+    comment.split("subnet ").nth(1)?.split([',', ' ']).next()
+}
+
+/// `nft add element` commands for services and the allowed destinations of group `group`.
+pub fn elements(services: &[HostService], group: u32, allow: &[NetworkAllow]) -> String {
+    let mut s = String::new();
+    for svc in services {
+        s.push_str(&format!("add element inet {TABLE} host_services {{ {svc} }}\n"));
+    }
+    for a in allow {
+        match a.port {
+            Some(p) => s.push_str(&format!("add element inet {TABLE} allow_port {{ {group} . {} . {p} }}\n", a.addr)),
+            None => s.push_str(&format!("add element inet {TABLE} allow_addr {{ {group} . {} }}\n", a.addr)),
+        }
+    }
+    s
+}
+
+/// The `nft` binary, or a one-line error naming the package.
+pub fn nft() -> Result<PathBuf> {
+    crate::sandbox::network::find_program("nft", &["/usr/sbin/nft", "/sbin/nft"]).context(
+        "nft not found: jobs' own network (--network isolated, the default) in root mode needs it: \
+         install the Debian package nftables (or use --network none)",
+    )
+}
+
+fn run_nft(nft: &Path, input: &str) -> Result<()> {
+    let mut child = std::process::Command::new(nft)
+        .args(["-f", "-"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .with_context(|| format!("cannot run {}", nft.display()))?;
+    child.stdin.take().context("nft's stdin")?.write_all(input.as_bytes())?;
+    let out = child.wait_with_output()?;
+    if !out.status.success() {
+        let err = String::from_utf8_lossy(&out.stderr);
+        let first = err.lines().find(|l| l.contains("Error")).unwrap_or(err.lines().next().unwrap_or("")).trim();
+        bail!("nft could not set up the table inet {TABLE} for jobs' network: {first}");
+    }
+    Ok(())
+}
+
+fn lock() -> Result<nix::fcntl::Flock<std::fs::File>> {
+    if let Some(dir) = Path::new(LOCK).parent() {
+        std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    }
+    let f = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(LOCK)
+        .with_context(|| format!("cannot open {LOCK}"))?;
+    nix::fcntl::Flock::lock(f, nix::fcntl::FlockArg::LockExclusive)
+        .map_err(|(_, e)| anyhow::anyhow!("cannot lock {LOCK}: {e}"))
+}
+
+/// Makes the table when it is absent (turning IPv4 forwarding on when it is off), and
+/// adds `extra` elements (a run's proxy port, a job's allowed destinations). A table of
+/// another subnet is an error: two subnets would need two gateways in one table.
+pub fn ensure(
+    subnet: Ipv4Net,
+    gateway: Ipv4Addr,
+    services: impl FnOnce() -> Vec<HostService>,
+    extra: &str,
+) -> Result<()> {
+    if exists_for(subnet)? && extra.is_empty() {
+        return Ok(());
+    }
+    let nft = nft()?;
+    let _lock = lock()?;
+    if !exists_for(subnet)? {
+        let forwarding_was_off = std::fs::read_to_string(IP_FORWARD).map(|v| v.trim() == "0").unwrap_or(false);
+        run_nft(&nft, &script(subnet, gateway, &services(), forwarding_was_off))?;
+        if forwarding_was_off {
+            std::fs::write(IP_FORWARD, "1")
+                .with_context(|| format!("cannot turn IPv4 forwarding on ({IP_FORWARD})"))?;
+        }
+        tracing::info!(
+            "jobs' network: made the nftables table inet {TABLE} (subnet {subnet}{})",
+            if forwarding_was_off { "; IPv4 forwarding turned on until it is removed" } else { "" }
+        );
+    }
+    if !extra.is_empty() {
+        run_nft(&nft, extra)?;
+    }
+    Ok(())
+}
+
+/// The table exists (for `subnet`: else an error that says what to change).
+fn exists_for(subnet: Ipv4Net) -> Result<bool> {
+    let Some(comment) = crate::sys::net::nft_table(TABLE)? else { return Ok(false) };
+    let theirs = comment.as_deref().and_then(subnet_of).unwrap_or("?");
+    if theirs != subnet.to_string() {
+        bail!(
+            "jobs on this host already use network_subnet {theirs} (nftables table inet {TABLE}): \
+             use the same network_subnet, or stop them and run `azp-sandbox gc`"
+        );
+    }
+    Ok(true)
+}
+
+/// Removes the table when no job link exists (waiting up to `grace` for the links of
+/// jobs just ended: the kernel removes them with their namespace, asynchronously), and
+/// turns IPv4 forwarding back off when the table turned it on. What was removed, or None.
+pub fn remove_if_unused(grace: std::time::Duration) -> Result<Option<String>> {
+    if !nix::unistd::geteuid().is_root() {
+        return Ok(None);
+    }
+    let Some(comment) = crate::sys::net::nft_table(TABLE).unwrap_or(None) else { return Ok(None) };
+    let _lock = lock()?;
+    let deadline = std::time::Instant::now() + grace;
+    loop {
+        let links = job_links()?;
+        if links.is_empty() {
+            break;
+        }
+        if std::time::Instant::now() >= deadline {
+            tracing::debug!("jobs' network: {} job link(s) left ({}): the table stays", links.len(), links.join(", "));
+            return Ok(None);
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    run_nft(&nft()?, &format!("delete table inet {TABLE}\n"))?;
+    let mut what = format!("nftables table inet {TABLE}");
+    if comment.as_deref().is_some_and(|c| c.contains(FORWARDING_WAS_OFF)) {
+        std::fs::write(IP_FORWARD, "0")
+            .with_context(|| format!("cannot turn IPv4 forwarding back off ({IP_FORWARD})"))?;
+        what.push_str(" (IPv4 forwarding turned back off)");
+    }
+    Ok(Some(what))
+}
+
+/// The host ends of jobs' veth pairs in this namespace.
+pub fn job_links() -> Result<Vec<String>> {
+    Ok(crate::sys::net::links()?.into_iter().map(|(_, n)| n).filter(|n| super::is_job_link(n)).collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn net() -> Ipv4Net {
+        Ipv4Net::new(Ipv4Addr::new(10, 87, 0, 0), 16)
+    }
+
+    #[test]
+    fn the_table_text() {
+        let s = script(net(), Ipv4Addr::new(10, 87, 0, 1), &dns(Ipv4Addr::new(127, 0, 0, 53)), true);
+        assert!(
+            s.starts_with(
+                "table inet azp-sandbox {\n  comment \"azp-sandbox jobs: subnet 10.87.0.0/16, ip_forward was 0\"\n"
+            ),
+            "{s}"
+        );
+        assert!(s.contains("elements = { udp . 53 : 127.0.0.53, tcp . 53 : 127.0.0.53 }"), "{s}");
+        assert!(s.contains("iifname \"azp*\" ip daddr 10.87.0.1 dnat ip to meta l4proto . th dport map @host_services"));
+        assert!(s.contains("iifname \"azp*\" ip daddr { 169.254.0.0/16, 10.87.0.0/16 } reject with icmpx"));
+        assert!(
+            s.contains("iifname != \"azp*\" oifname != \"azp*\" drop"),
+            "forwarding was off: only ours is forwarded"
+        );
+        assert!(s.ends_with("  }\n}\n"));
+        let s = script(net(), Ipv4Addr::new(10, 87, 0, 1), &[], false);
+        assert!(!s.contains("elements") && !s.contains("iifname != \"azp*\" oifname"), "{s}");
+        assert_eq!(subnet_of("azp-sandbox jobs: subnet 10.87.0.0/16, ip_forward was 0"), Some("10.87.0.0/16"));
+        assert_eq!(subnet_of("azp-sandbox jobs: subnet 10.9.0.0/16"), Some("10.9.0.0/16"));
+    }
+
+    #[test]
+    fn elements_of_a_run() {
+        let proxy = HostService { proto: Proto::Tcp, port: 3128, target: Ipv4Addr::LOCALHOST };
+        let allow: Vec<NetworkAllow> = vec!["169.254.169.254:80".parse().unwrap(), "10.1.1.1".parse().unwrap()];
+        assert_eq!(
+            elements(&[proxy], 77, &allow),
+            "add element inet azp-sandbox host_services { tcp . 3128 : 127.0.0.1 }\n\
+             add element inet azp-sandbox allow_port { 77 . 169.254.169.254 . 80 }\n\
+             add element inet azp-sandbox allow_addr { 77 . 10.1.1.1 }\n"
+        );
+    }
+}

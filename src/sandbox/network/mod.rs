@@ -1,0 +1,457 @@
+//! A job's network (issue 23): by default (`--network isolated`) every job gets a
+//! network namespace of its own with outbound IPv4 and DNS, and nothing of the host
+//! (its loopback services, its abstract unix sockets, its addresses), of the other jobs
+//! or of link-local addresses (cloud metadata services) unless `network_allow` names a
+//! destination. `none` is loopback only; `host` is the host's namespace (opt-in, loud).
+//!
+//! The helper makes the namespace before libcontainer creates the container, so it
+//! belongs to the helper's user namespace (the initial one in root mode): the job, which
+//! has no CAP_NET_ADMIN there (not even as root of a user namespace of its own), cannot
+//! change its addresses, routes or neighbours. The helper also mounts a sysfs of that
+//! namespace for the spec to bind (see [`enter`]).
+//!
+//! - Root mode: a veth pair per job. The host end (`azp` + 12 hex digits, from the job's
+//!   id and the helper's pid) has no address; the job's end `eth0` gets one address
+//!   from the subnet (default 10.87.0.0/16, `network_subnet`), claimed through its host
+//!   route (`sys::net`), and a default route via the gateway, the subnet's first address,
+//!   which the host end answers for (a permanent neighbour entry). The host's side is
+//!   one nftables table made once ([`firewall`]): nothing per job on the host but the link
+//!   and its route, which the kernel removes with the namespace. Why not pasta here too:
+//!   a veth forwards in the kernel at the host's speed (bench: iperf3), pasta copies
+//!   every byte through a process.
+//! - Rootless: pasta (Debian `passt`) on the host's side, attached to the namespace, with
+//!   no port of either side forwarded to the other (`-t/-u/-T/-U none`), the gateway not
+//!   mapped to the host's loopback (`--no-map-gw`) and DNS at the gateway forwarded to the
+//!   host's resolver (`--dns-forward`). Why not slirp4netns: pasta needs no TCP stack of
+//!   its own (it maps the job's connections onto host sockets, faster) and is what
+//!   Podman uses by default since 5.0.
+//! - In both, the job's own routes prohibit link-local addresses, the host's addresses
+//!   and (root mode) the jobs' subnet, with a route through the gateway for each allowed
+//!   destination: what the host's table drops is refused in the job's namespace already
+//!   (a table flushed by a firewall reload fails closed), and in rootless mode, where
+//!   pasta would connect to any address from the host, the routes are the block.
+//!
+//! IPv6: jobs get none (no address but loopback's; the host's table drops IPv6 from job
+//! links). The host's IPv6 default route would need net.ipv6.conf.all.forwarding, which
+//! makes the host stop accepting router advertisements on every link.
+
+pub mod dns;
+pub mod firewall;
+
+use super::jobdir::JobDir;
+use super::plan::JobPlan;
+use crate::config::{Network, NetworkAllow};
+use crate::sys::net::{Ipv4Net, JobRoute, Pasta, Setup, Veth};
+use crate::sys::Sys;
+use anyhow::{bail, Context, Result};
+use serde::{Deserialize, Serialize};
+use std::net::Ipv4Addr;
+use std::path::PathBuf;
+
+/// Where jobs' addresses come from by default (root mode).
+pub const DEFAULT_SUBNET: Ipv4Net = Ipv4Net { addr: Ipv4Addr::new(10, 87, 0, 0), prefix: 16 };
+/// Job links on the host: `azp` and 12 hex digits.
+const LINK_PREFIX: &str = "azp";
+/// The host end's MAC (locally administered): every job's gateway has it.
+const HOST_MAC: [u8; 6] = [0x02, 0x61, 0x7a, 0x70, 0x00, 0x01];
+const LINK_LOCAL: Ipv4Net = Ipv4Net { addr: Ipv4Addr::new(169, 254, 0, 0), prefix: 16 };
+
+/// TCP ports on the host's loopback jobs reach: `(port, host address)`.
+pub type HostPorts = Vec<(u16, Ipv4Addr)>;
+
+/// A job's network settings (in its plan), and what the helper made for its spec.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct JobNetwork {
+    /// Blocked destinations the job may reach.
+    #[serde(default)]
+    pub allow: Vec<NetworkAllow>,
+    /// None: [`DEFAULT_SUBNET`].
+    #[serde(default)]
+    pub subnet: Option<Ipv4Net>,
+    /// TCP ports of services on the host's loopback (a proxy) the job reaches: root mode
+    /// at its gateway, rootless at its own loopback (pasta `-T`). `(port, host address)`.
+    #[serde(default)]
+    pub host_ports: HostPorts,
+    /// Made by the helper: a sysfs of the job's namespace, and the job's resolv.conf.
+    #[serde(default)]
+    pub sysfs: Option<PathBuf>,
+    #[serde(default)]
+    pub resolv_conf: Option<PathBuf>,
+}
+
+impl JobNetwork {
+    pub fn subnet(&self) -> Ipv4Net {
+        self.subnet.unwrap_or(DEFAULT_SUBNET)
+    }
+    /// The jobs' gateway: the subnet's first address (never a job's).
+    pub fn gateway(&self) -> Ipv4Addr {
+        self.subnet().nth(1)
+    }
+}
+
+/// A host end of a job's veth pair (`azp` and 12 hex digits).
+pub fn is_job_link(name: &str) -> bool {
+    name.len() == LINK_PREFIX.len() + 12
+        && name.starts_with(LINK_PREFIX)
+        && name[LINK_PREFIX.len()..].bytes().all(|b| b.is_ascii_hexdigit())
+}
+
+fn fnv64(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ *b as u64).wrapping_mul(0x0100_0000_01b3))
+}
+
+/// The host end of job `id`'s link, made by helper `pid`: a phase's next helper makes a
+/// new link while the kernel may still be removing the last one.
+pub fn link_name(id: &str, pid: u32) -> String {
+    format!("{LINK_PREFIX}{:012x}", fnv64(format!("{id}/{pid}").as_bytes()) & 0xffff_ffff_ffff)
+}
+
+/// The link group that keys the allowed destinations of `allow` in the host's table
+/// (0: none). The same list gets the same group, so a run registers it once.
+pub fn allow_group(allow: &[NetworkAllow]) -> u32 {
+    if allow.is_empty() {
+        return 0;
+    }
+    let mut entries: Vec<String> = allow.iter().map(|a| a.to_string()).collect();
+    entries.sort();
+    1 + (fnv64(entries.join(",").as_bytes()) % 0x7fff_fffe) as u32
+}
+
+/// The job's routes besides its default route: link-local, the host's addresses and
+/// (`subnet`, root mode) the other jobs prohibited; each allowed destination inside
+/// them through the gateway.
+pub fn job_routes(host: &[Ipv4Addr], subnet: Option<Ipv4Net>, allow: &[NetworkAllow]) -> Vec<JobRoute> {
+    let mut blocked = vec![LINK_LOCAL];
+    blocked.extend(subnet);
+    for a in host.iter().filter(|a| !a.is_loopback()) {
+        let n = Ipv4Net::host(*a);
+        if !blocked.iter().any(|b| b.overlaps(&n)) {
+            blocked.push(n);
+        }
+    }
+    let mut routes: Vec<JobRoute> = blocked.iter().map(|b| JobRoute::Prohibit(*b)).collect();
+    for a in allow {
+        let n = Ipv4Net::host(a.addr);
+        if blocked.iter().any(|b| b.contains(a.addr)) && !routes.contains(&JobRoute::Allow(n)) {
+            routes.push(JobRoute::Allow(n));
+        }
+    }
+    routes
+}
+
+/// The job's address behind pasta (the same in every job: each has its own pasta).
+fn pasta_address(net: &JobNetwork) -> Ipv4Addr {
+    net.subnet().nth(2)
+}
+
+/// pasta's options: the job's address, the gateway, DNS at the gateway, no port
+/// forwarded either way but the host's loopback services the job may use, the gateway
+/// not mapped to the host, IPv4 only, no DHCP/NDP server (the namespace is configured
+/// directly), in the foreground and quiet.
+fn pasta_args(net: &JobNetwork) -> Vec<String> {
+    let gateway = net.gateway().to_string();
+    let ns_to_host = if net.host_ports.is_empty() {
+        "none".to_string()
+    } else {
+        net.host_ports.iter().map(|(p, _)| p.to_string()).collect::<Vec<_>>().join(",")
+    };
+    let mut a: Vec<String> =
+        ["--foreground", "--quiet", "--ipv4-only", "--config-net", "--ns-ifname", crate::sys::net::JOB_IFNAME]
+            .map(String::from)
+            .to_vec();
+    a.extend(["--address".into(), pasta_address(net).to_string(), "--netmask".into(), "30".into()]);
+    a.extend(["-g".into(), gateway.clone(), "--dns-forward".into(), gateway, "--no-map-gw".into()]);
+    a.extend(["-t", "none", "-u", "none", "-T"].map(String::from));
+    a.push(ns_to_host);
+    a.extend(["-U", "none", "--no-dhcp", "--no-ndp", "--no-dhcpv6", "--no-ra"].map(String::from));
+    a
+}
+
+/// A program of the host: the first of `candidates` that exists, or `name` on PATH.
+pub fn find_program(name: &str, candidates: &[&str]) -> Option<PathBuf> {
+    let on_path = std::env::var_os("PATH").map(|p| std::env::split_paths(&p).map(|d| d.join(name)).collect::<Vec<_>>());
+    candidates.iter().map(PathBuf::from).chain(on_path.into_iter().flatten()).find(|p| p.is_file())
+}
+
+fn pasta_program() -> Result<PathBuf> {
+    find_program("pasta", &["/usr/bin/pasta", "/usr/local/bin/pasta"]).context(
+        "pasta not found: jobs' own network (--network isolated, the default) in rootless mode needs it: \
+         install the Debian package passt (or use --network none)",
+    )
+}
+
+/// The host's resolver configuration (in the helper: the runner's mount namespace's).
+const HOST_RESOLV_CONF: &str = "/etc/resolv.conf";
+
+/// The helper's step (after its private mount namespace, before the container): the
+/// job's own network namespace, a sysfs of it and (isolated) its resolv.conf, recorded
+/// in the plan for the spec. `host` mode: nothing.
+pub fn enter(mut plan: JobPlan, job: &JobDir, sys: &dyn Sys) -> Result<JobPlan> {
+    if plan.network == Network::Host {
+        return Ok(plan);
+    }
+    let mut resolv = None;
+    let setup = match plan.network {
+        Network::Isolated => {
+            let host = sys.host_addresses()?;
+            let host_resolv = std::fs::read_to_string(HOST_RESOLV_CONF).unwrap_or_default();
+            resolv = Some(dns::for_job(&host_resolv, plan.net.gateway(), &host, plan.rootless).resolv_conf);
+            if plan.rootless {
+                let routes = job_routes(&host, None, &plan.net.allow);
+                let log = job.bundle().join("pasta.log");
+                Setup::Pasta(Pasta { program: pasta_program()?, args: pasta_args(&plan.net), routes, log })
+            } else {
+                Setup::Veth(veth(&plan, &host, std::process::id()))
+            }
+        }
+        _ => Setup::Loopback,
+    };
+    let made = sys.isolate_network(&setup)?;
+    let sysfs = job.bundle().join("sys");
+    std::fs::create_dir_all(&sysfs).with_context(|| format!("cannot create {}", sysfs.display()))?;
+    sys.mount_sysfs(&sysfs)?;
+    plan.net.sysfs = Some(sysfs);
+    if let Some(text) = resolv {
+        let path = job.bundle().join("resolv.conf");
+        std::fs::write(&path, text).with_context(|| format!("cannot write the job's {}", path.display()))?;
+        plan.net.resolv_conf = Some(path);
+    }
+    match (&setup, made.address, made.pasta_pid) {
+        (Setup::Veth(v), Some(a), _) => tracing::debug!(job = %plan.id, "network: {a} on {} (host end)", v.host_name),
+        (_, _, Some(pid)) => tracing::debug!(job = %plan.id, "network: pasta (pid {pid})"),
+        _ => tracing::debug!(job = %plan.id, "network: loopback only"),
+    }
+    Ok(plan)
+}
+
+fn veth(plan: &JobPlan, host: &[Ipv4Addr], pid: u32) -> Veth {
+    let subnet = plan.net.subnet();
+    Veth {
+        host_name: link_name(&plan.id, pid),
+        host_mac: HOST_MAC,
+        group: allow_group(&plan.net.allow),
+        gateway: plan.net.gateway(),
+        pool: subnet,
+        // Spread over the pool: the first try is free unless the pool fills up.
+        first_try: (fnv64(format!("{}/{pid}", plan.id).as_bytes()) % subnet.size()) as u32,
+        routes: job_routes(host, Some(subnet), &plan.net.allow),
+        lock: PathBuf::from(firewall::LOCK),
+        table: firewall::TABLE.into(),
+    }
+}
+
+/// What `exec` and `run` check once at start, before any job: the programs, the
+/// subnet against the host's routes (root), the device pasta needs and allowed ports
+/// (rootless); `host` mode gets its warning line.
+pub fn check_host(mode: Network, net: &JobNetwork, rootless: bool) -> Result<()> {
+    match mode {
+        Network::Host => {
+            tracing::warn!("{}", Network::HOST_WARNING);
+            Ok(())
+        }
+        Network::None => Ok(()),
+        Network::Isolated if rootless => {
+            pasta_program()?;
+            if let Some(a) = net.allow.iter().find(|a| a.port.is_some()) {
+                bail!(
+                    "network_allow {a}: rootless jobs' allowed destinations cannot be limited to a port \
+                     (pasta reaches any port of an allowed address): give the address alone ({})",
+                    a.addr
+                );
+            }
+            if let Err(e) = std::fs::OpenOptions::new().read(true).write(true).open("/dev/net/tun") {
+                bail!(
+                    "pasta needs /dev/net/tun for jobs' own network and cannot open it ({e}): give it mode 0666 \
+                     (as Debian's udev does: chmod 0666 /dev/net/tun), or use --network none"
+                );
+            }
+            Ok(())
+        }
+        Network::Isolated => {
+            firewall::nft()?;
+            check_subnet(net.subnet())
+        }
+    }
+}
+
+/// The subnet must not overlap a route or address of the host's (but the jobs' own).
+fn check_subnet(subnet: Ipv4Net) -> Result<()> {
+    let links = crate::sys::net::links()?;
+    let name = |i: Option<i32>| links.iter().find(|(x, _)| Some(*x) == i).map(|(_, n)| n.as_str()).unwrap_or("?");
+    for r in crate::sys::net::routes()? {
+        if r.dst.prefix == 0 || is_job_link(name(r.oif)) || !r.dst.overlaps(&subnet) {
+            continue;
+        }
+        bail!(
+            "jobs' network_subnet {subnet} overlaps the host's route {} (dev {}): set network_subnet in the \
+             config file to a free range, e.g. {}",
+            r.dst,
+            name(r.oif),
+            if subnet == DEFAULT_SUBNET { "10.88.0.0/16" } else { "10.87.0.0/16" }
+        );
+    }
+    Ok(())
+}
+
+/// Root mode, isolated: the host's table exists (made when absent, with the DNS and
+/// host ports of `net`). `register`: also add `net`'s host ports and allowed
+/// destinations (once per run or exec that has any). A job's sandbox checks it cheaply.
+pub fn ensure_table(net: &JobNetwork, register: bool) -> Result<()> {
+    let ports: Vec<firewall::HostService> = net
+        .host_ports
+        .iter()
+        .map(|(port, target)| firewall::HostService { proto: firewall::Proto::Tcp, port: *port, target: *target })
+        .collect();
+    let services = || {
+        let host_resolv = std::fs::read_to_string(HOST_RESOLV_CONF).unwrap_or_default();
+        let host = crate::sys::net::addresses().unwrap_or_default();
+        let mut services: Vec<firewall::HostService> = Vec::new();
+        if let Some(t) = dns::for_job(&host_resolv, net.gateway(), &host, false).forward_to {
+            services.extend(firewall::dns(t));
+        }
+        services.extend(ports.iter().copied());
+        services
+    };
+    let extra = if register { firewall::elements(&ports, allow_group(&net.allow), &net.allow) } else { String::new() };
+    firewall::ensure(net.subnet(), net.gateway(), services, &extra)
+}
+
+/// The service's proxy variables as a job gets them, and the host ports the job
+/// reaches for them: a proxy on the host's loopback (`http://127.0.0.1:3128`) is at the
+/// gateway in root mode (its port forwarded by the host's table) and at the job's own
+/// loopback rootless (pasta forwards that port to the host's). Other values unchanged.
+pub fn proxy_env(vars: &[(String, String)], net: &JobNetwork, rootless: bool) -> (Vec<(String, String)>, HostPorts) {
+    let mut ports = Vec::new();
+    let env = vars
+        .iter()
+        .map(|(k, v)| {
+            if k.eq_ignore_ascii_case("NO_PROXY") {
+                return (k.clone(), v.clone());
+            }
+            match loopback_proxy(v) {
+                Some((host, port, addr)) => {
+                    if !ports.contains(&(port, addr)) {
+                        ports.push((port, addr));
+                    }
+                    let value = if rootless { v.clone() } else { v.replacen(host, &net.gateway().to_string(), 1) };
+                    (k.clone(), value)
+                }
+                None => (k.clone(), v.clone()),
+            }
+        })
+        .collect();
+    (env, ports)
+}
+
+/// `scheme://[user@]HOST[:PORT][/...]` with HOST on the host's loopback: the host text,
+/// the port (the scheme's default when none) and the address.
+fn loopback_proxy(url: &str) -> Option<(&str, u16, Ipv4Addr)> {
+    let (scheme, rest) = url.split_once("://")?;
+    let authority = rest.split('/').next()?;
+    let hostport = authority.rsplit('@').next()?;
+    let (host, port) = match hostport.rsplit_once(':') {
+        Some((h, p)) => (h, p.parse().ok()?),
+        None => (hostport, if scheme.eq_ignore_ascii_case("https") { 443 } else { 80 }),
+    };
+    let addr = match host {
+        "localhost" => Ipv4Addr::LOCALHOST,
+        h => h.parse::<Ipv4Addr>().ok().filter(|a| a.is_loopback())?,
+    };
+    Some((host, port, addr))
+}
+
+/// gc's part (and the end of `run`'s): the host's table when no job link is left.
+pub fn gc() -> Result<Option<String>> {
+    firewall::remove_if_unused(std::time::Duration::from_secs(2))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn allow(s: &[&str]) -> Vec<NetworkAllow> {
+        s.iter().map(|a| a.parse().unwrap()).collect()
+    }
+
+    #[test]
+    fn link_names_and_groups() {
+        let n = link_name("host-0-17", 4242);
+        assert!(is_job_link(&n) && n.len() == 15, "{n}: an interface name has at most 15 bytes");
+        assert_ne!(n, link_name("host-0-17", 4243), "a phase's next helper makes a new link");
+        assert!(!is_job_link("azp") && !is_job_link("azpXYZ123456789") && !is_job_link("eth0"));
+        assert_eq!(allow_group(&[]), 0);
+        let g = allow_group(&allow(&["169.254.169.254:80", "10.0.0.1"]));
+        assert!(g > 0);
+        assert_eq!(g, allow_group(&allow(&["10.0.0.1", "169.254.169.254:80"])), "the order does not matter");
+        assert_ne!(g, allow_group(&allow(&["169.254.169.254:80"])));
+    }
+
+    #[test]
+    fn the_jobs_routes_block_link_local_the_host_and_other_jobs_but_what_is_allowed() {
+        let host = [Ipv4Addr::LOCALHOST, Ipv4Addr::new(192, 0, 2, 2), Ipv4Addr::new(169, 254, 1, 1)];
+        let r = job_routes(&host, Some(DEFAULT_SUBNET), &allow(&["169.254.169.254:80", "192.0.2.2", "8.8.8.8"]));
+        let show: Vec<String> = r.iter().map(|r| r.to_string()).collect();
+        assert_eq!(
+            show,
+            [
+                "prohibit 169.254.0.0/16",
+                "prohibit 10.87.0.0/16",
+                "prohibit 192.0.2.2/32",
+                "169.254.169.254/32 via the gateway",
+                "192.0.2.2/32 via the gateway",
+            ],
+            "8.8.8.8 is not blocked: no route for it; 169.254.1.1 is inside link-local"
+        );
+        let r = job_routes(&host, None, &[]);
+        assert_eq!(r.len(), 2, "rootless: no jobs' subnet to block: {r:?}");
+    }
+
+    #[test]
+    fn pasta_forwards_nothing_but_dns_and_the_hosts_loopback_services_asked_for() {
+        let net = JobNetwork::default();
+        let a = pasta_args(&net).join(" ");
+        assert!(a.contains("-t none -u none -T none -U none"), "{a}");
+        assert!(
+            a.contains("--no-map-gw") && a.contains("--dns-forward 10.87.0.1") && a.contains("-g 10.87.0.1"),
+            "{a}"
+        );
+        assert!(a.contains("--address 10.87.0.2") && a.contains("--ipv4-only"), "{a}");
+        let net = JobNetwork { host_ports: vec![(3128, Ipv4Addr::LOCALHOST)], ..Default::default() };
+        assert!(pasta_args(&net).join(" ").contains("-T 3128 -U none"));
+    }
+
+    #[test]
+    fn a_proxy_on_the_hosts_loopback_is_at_the_gateway() {
+        let net = JobNetwork::default();
+        let vars = vec![
+            ("HTTP_PROXY".to_string(), "http://127.0.0.1:3128".to_string()),
+            ("https_proxy".to_string(), "http://user:pw@localhost:3128/".to_string()),
+            ("HTTPS_PROXY".to_string(), "http://proxy.corp:8080".to_string()),
+            ("NO_PROXY".to_string(), "localhost,127.0.0.1".to_string()),
+        ];
+        let (env, ports) = proxy_env(&vars, &net, false);
+        assert_eq!(env[0].1, "http://10.87.0.1:3128");
+        assert_eq!(env[1].1, "http://user:pw@10.87.0.1:3128/");
+        assert_eq!(env[2].1, "http://proxy.corp:8080");
+        assert_eq!(env[3].1, "localhost,127.0.0.1");
+        assert_eq!(ports, vec![(3128, Ipv4Addr::LOCALHOST)]);
+        let (env, ports) = proxy_env(&vars, &net, true);
+        assert_eq!((env[0].1.as_str(), ports.len()), ("http://127.0.0.1:3128", 1), "rootless: pasta forwards it");
+        assert_eq!(loopback_proxy("https://127.0.0.2"), Some(("127.0.0.2", 443, Ipv4Addr::new(127, 0, 0, 2))));
+        assert_eq!(loopback_proxy("http://10.0.0.1:3128"), None);
+    }
+
+    #[test]
+    fn a_veth_job_plan() {
+        let mut plan = super::super::plan::test_plan("job-1", vec![], "/cg");
+        plan.net.allow = allow(&["169.254.169.254:80"]);
+        let v = veth(&plan, &[Ipv4Addr::new(192, 0, 2, 2)], 99);
+        assert_eq!(
+            (v.host_name.as_str(), v.gateway, v.pool),
+            (link_name("job-1", 99).as_str(), Ipv4Addr::new(10, 87, 0, 1), DEFAULT_SUBNET)
+        );
+        assert_eq!(v.group, allow_group(&plan.net.allow));
+        assert!(v.first_try < 65536);
+        assert!(v.routes.contains(&JobRoute::Allow(Ipv4Net::host(Ipv4Addr::new(169, 254, 169, 254)))));
+    }
+}

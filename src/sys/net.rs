@@ -1,0 +1,559 @@
+//! A job's own network namespace, made by the sandbox helper before libcontainer
+//! creates the container (which inherits it: the spec has no network namespace entry).
+//! What goes in it and why is `crate::sandbox::network`'s; here are the privileged steps,
+//! each with its own [`Error`] variant:
+//!
+//! - loopback only ([`Setup::Loopback`], `--network none`): unshare, `lo` up;
+//! - a veth pair to the host (root mode, [`Veth`]): a host netlink socket opened first
+//!   (it keeps talking to the host's namespace), unshare, the pair created with its host
+//!   end in the host's namespace, an address claimed for the job (its host route, added
+//!   with `NLM_F_EXCL`, is the lock: the kernel refuses a second), the job's end
+//!   configured, the job's routes;
+//! - pasta (rootless, [`Pasta`]): a child forked first, still in the host's namespace,
+//!   waits; unshare; the child opens the new namespace and becomes pasta; pasta's pid
+//!   file (a pipe) says when it is ready; the job's routes.
+//!
+//! The namespace belongs to the helper's user namespace (the initial one in root mode),
+//! in which the job has no CAP_NET_ADMIN: its routes and addresses are out of its reach.
+
+use super::error::{Error, Result};
+use super::netlink::{self as nl, Message, Proto, Socket};
+use nix::errno::Errno;
+use nix::sched::{unshare, CloneFlags};
+use std::io::Read;
+use std::net::Ipv4Addr;
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::path::{Path, PathBuf};
+
+/// An IPv4 network: `addr/prefix` (the address is the network's first).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+pub struct Ipv4Net {
+    pub addr: Ipv4Addr,
+    pub prefix: u8,
+}
+
+impl Ipv4Net {
+    pub fn new(addr: Ipv4Addr, prefix: u8) -> Ipv4Net {
+        let prefix = prefix.min(32);
+        Ipv4Net { addr: Ipv4Addr::from(u32::from(addr) & Self::mask(prefix)), prefix }
+    }
+    pub fn host(addr: Ipv4Addr) -> Ipv4Net {
+        Ipv4Net { addr, prefix: 32 }
+    }
+    fn mask(prefix: u8) -> u32 {
+        if prefix == 0 {
+            0
+        } else {
+            u32::MAX << (32 - prefix as u32)
+        }
+    }
+    pub fn contains(&self, a: Ipv4Addr) -> bool {
+        u32::from(a) & Self::mask(self.prefix) == u32::from(self.addr)
+    }
+    /// True when the two networks share an address.
+    pub fn overlaps(&self, other: &Ipv4Net) -> bool {
+        let p = self.prefix.min(other.prefix);
+        u32::from(self.addr) & Self::mask(p) == u32::from(other.addr) & Self::mask(p)
+    }
+    /// Address number `n` of the network (0 = the network's own).
+    pub fn nth(&self, n: u32) -> Ipv4Addr {
+        Ipv4Addr::from(u32::from(self.addr).wrapping_add(n))
+    }
+    pub fn size(&self) -> u64 {
+        1u64 << (32 - self.prefix as u32)
+    }
+}
+
+impl std::fmt::Display for Ipv4Net {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}", self.addr, self.prefix)
+    }
+}
+
+/// A route in the job's namespace besides its default route.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub enum JobRoute {
+    /// Refused at once (EACCES): a destination the job must not reach.
+    Prohibit(Ipv4Net),
+    /// Through the gateway: an allowed destination inside a prohibited one.
+    Allow(Ipv4Net),
+}
+
+impl std::fmt::Display for JobRoute {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            JobRoute::Prohibit(n) => write!(f, "prohibit {n}"),
+            JobRoute::Allow(n) => write!(f, "{n} via the gateway"),
+        }
+    }
+}
+
+/// Root mode: a veth pair, the host end (`host_name`) unnumbered in the host's
+/// namespace, the job's end `eth0` with one address from `pool`, and the `gateway` a
+/// fixed address that the host end answers for (a permanent neighbour entry in the job).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Veth {
+    pub host_name: String,
+    pub host_mac: [u8; 6],
+    /// The link's group on the host: the key of the job's allowed destinations in the
+    /// host's nftables table (0: none).
+    pub group: u32,
+    pub gateway: Ipv4Addr,
+    /// Job addresses are taken from here, trying `pool.nth(first_try)` first.
+    pub pool: Ipv4Net,
+    pub first_try: u32,
+    pub routes: Vec<JobRoute>,
+    /// Held shared from the table check to the veth's creation (gc takes it exclusively
+    /// before it removes the table when no job link is left).
+    pub lock: PathBuf,
+    /// The host's nftables table that filters the job links (must exist).
+    pub table: String,
+}
+
+/// Rootless: pasta (passt) on the host's side, attached to the job's namespace.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Pasta {
+    pub program: PathBuf,
+    /// Its options, without `--netns` and `-P` (added here).
+    pub args: Vec<String>,
+    pub routes: Vec<JobRoute>,
+    /// Its messages (`--log-file`, and its stdout and stderr): not the job's output.
+    pub log: PathBuf,
+}
+
+/// What a job's namespace gets.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Setup {
+    Loopback,
+    Veth(Veth),
+    Pasta(Pasta),
+}
+
+/// What [`isolate`] made.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Made {
+    /// The job's address (veth).
+    pub address: Option<Ipv4Addr>,
+    /// pasta's pid: it dies with the helper (PDEATHSIG).
+    pub pasta_pid: Option<i32>,
+}
+
+/// The job's interface inside its namespace.
+pub const JOB_IFNAME: &str = "eth0";
+/// Its index there: a new namespace has only `lo` (1), and the veth's peer is given 2.
+const JOB_IFINDEX: i32 = 2;
+const LO_IFINDEX: i32 = 1;
+
+/// Moves the calling (single-threaded) helper into a new network namespace set up as
+/// `setup` says.
+pub fn isolate(setup: &Setup) -> Result<Made> {
+    match setup {
+        Setup::Loopback => {
+            unshare_network()?;
+            loopback_up(&socket()?)?;
+            Ok(Made::default())
+        }
+        Setup::Veth(v) => isolate_veth(v),
+        Setup::Pasta(p) => isolate_pasta(p),
+    }
+}
+
+fn isolate_veth(v: &Veth) -> Result<Made> {
+    // Step 1: the host's side, before the unshare: its netlink socket, the lock, the table.
+    let host = socket()?;
+    let _lock = lock_shared(&v.lock)?;
+    nft_table_exists(&v.table)?;
+    // Step 2: the namespace, its loopback.
+    unshare_network()?;
+    let job = socket()?;
+    loopback_up(&job)?;
+    // Step 3: the pair, its host end configured and up.
+    let ns = std::fs::File::open("/proc/self/ns/net").map_err(Error::OpenNetns)?;
+    create_veth(&host, v, &ns)?;
+    let index = link_index(&host, &v.host_name)?;
+    configure_host_end(&host, &v.host_name, index)?;
+    // Step 4: the job's address, claimed by its host route.
+    let address = claim_address(&host, v, index)?;
+    // Step 5: the job's end, its gateway and routes.
+    configure_job_end(&job, v, address)?;
+    add_routes(&job, &v.routes, v.gateway)?;
+    Ok(Made { address: Some(address), pasta_pid: None })
+}
+
+fn isolate_pasta(p: &Pasta) -> Result<Made> {
+    // Step 1: pasta's process, forked while we are still in the host's namespace.
+    let (ready_rx, ready_tx) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(Error::Pipe)?;
+    let (go_rx, go_tx) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(Error::Pipe)?;
+    let parent = nix::unistd::getpid().as_raw();
+    let pid = match super::process::fork("pasta")? {
+        super::process::Forked::Child => {
+            drop((ready_rx, go_tx));
+            super::process::exit_now(pasta_child(p, parent, go_rx, ready_tx))
+        }
+        super::process::Forked::Parent(pid) => pid.as_raw(),
+    };
+    drop((go_rx, ready_tx));
+    // Step 2: the namespace, its loopback.
+    unshare_network()?;
+    let job = socket()?;
+    loopback_up(&job)?;
+    // Step 3: pasta joins it; it writes its pid once the namespace is configured.
+    let _ = nix::unistd::write(&go_tx, b"g");
+    drop(go_tx);
+    if !read_line(ready_rx).trim().parse::<i32>().is_ok_and(|n| n > 0) {
+        let log = std::fs::read_to_string(&p.log).unwrap_or_default();
+        let said = log.lines().rev().find(|l| !l.trim().is_empty()).unwrap_or("no message").trim().to_string();
+        return Err(Error::PastaFailed { program: p.program.clone(), said });
+    }
+    // Step 4: the job's routes (pasta made its address and default route).
+    let gateway = p.args.iter().position(|a| a == "-g").and_then(|i| p.args.get(i + 1)?.parse().ok());
+    add_routes(&job, &p.routes, gateway.unwrap_or(Ipv4Addr::UNSPECIFIED))?;
+    Ok(Made { address: None, pasta_pid: Some(pid) })
+}
+
+/// The first line pasta writes to its pid file (a pipe it keeps open), or what came
+/// before EOF (it exited).
+fn read_line(pipe: OwnedFd) -> String {
+    let mut f = std::fs::File::from(pipe);
+    let mut out = Vec::new();
+    let mut b = [0u8; 64];
+    while let Ok(n @ 1..) = f.read(&mut b) {
+        out.extend_from_slice(&b[..n]);
+        if out.contains(&b'\n') {
+            break;
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// The forked child that becomes pasta: dies with the helper, waits for the helper's
+/// namespace, opens it (it may: same credentials), execs pasta on it with no fd of the
+/// helper's but those two (the runner's result pipe must not outlive the helper's
+/// copy, nor the job's output). Returns only on failure, with the exit code.
+fn pasta_child(p: &Pasta, parent: i32, go: OwnedFd, ready: OwnedFd) -> i32 {
+    use std::os::unix::process::CommandExt;
+    if nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL).is_err() {
+        return 125;
+    }
+    let mut b = [0u8; 1];
+    if !matches!(nix::unistd::read(go.as_raw_fd(), &mut b), Ok(1)) {
+        return 0; // the helper gave up before its namespace existed
+    }
+    drop(go);
+    let Ok(ns) = std::fs::File::open(format!("/proc/{parent}/ns/net")) else { return 125 };
+    let ns: OwnedFd = ns.into();
+    let Ok(log) = std::fs::OpenOptions::new().create(true).append(true).open(&p.log) else { return 125 };
+    let keep = [ns.as_raw_fd(), ready.as_raw_fd()];
+    // Listed first: the listing's own fd is among them, and closed after it.
+    let open: Vec<i32> = std::fs::read_dir("/proc/self/fd")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse().ok())
+        .collect();
+    for fd in open.into_iter().filter(|fd| *fd > 2 && !keep.contains(fd) && *fd != log.as_raw_fd()) {
+        let _ = nix::unistd::close(fd);
+    }
+    // Both fds must reach pasta: clear close-on-exec.
+    for fd in keep {
+        if nix::fcntl::fcntl(fd, nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::empty())).is_err() {
+            return 125;
+        }
+    }
+    let Ok(err_log) = log.try_clone() else { return 125 };
+    let uid = nix::unistd::geteuid().as_raw();
+    let gid = nix::unistd::getegid().as_raw();
+    let err = std::process::Command::new(&p.program)
+        .args(&p.args)
+        // Its own uid: a change of credentials would clear the death signal.
+        .arg("--runas")
+        .arg(format!("{uid}:{gid}"))
+        .arg("--netns")
+        .arg(format!("/proc/self/fd/{}", ns.as_raw_fd()))
+        .arg("-P")
+        .arg(format!("/proc/self/fd/{}", ready.as_raw_fd()))
+        .arg("--log-file")
+        .arg(&p.log)
+        .stdin(std::process::Stdio::null())
+        .stdout(log)
+        .stderr(err_log)
+        .exec();
+    eprintln!("azp-sandbox: cannot run {}: {err}", p.program.display());
+    127
+}
+
+fn socket() -> Result<Socket> {
+    Socket::open(Proto::Route).map_err(Error::NetlinkSocket)
+}
+
+fn unshare_network() -> Result<()> {
+    unshare(CloneFlags::CLONE_NEWNET).map_err(Error::UnshareNetNs)
+}
+
+fn loopback_up(job: &Socket) -> Result<()> {
+    job.request(Message::link(nl::RTM_NEWLINK, 0, LO_IFINDEX, nl::IFF_UP, nl::IFF_UP))
+        .map_err(|source| Error::LinkUp { name: "lo".into(), source })
+}
+
+fn lock_shared(path: &Path) -> Result<nix::fcntl::Flock<std::fs::File>> {
+    let f =
+        std::fs::OpenOptions::new().create(true).truncate(false).write(true).open(path).map_err(|e| {
+            Error::NetLock { path: path.into(), source: Errno::from_raw(e.raw_os_error().unwrap_or(0)) }
+        })?;
+    nix::fcntl::Flock::lock(f, nix::fcntl::FlockArg::LockShared)
+        .map_err(|(_, source)| Error::NetLock { path: path.into(), source })
+}
+
+/// The host's nftables table `name` (inet family) exists: its comment, if any.
+pub fn nft_table(name: &str) -> Result<Option<Option<String>>> {
+    let s = Socket::open(Proto::Netfilter).map_err(Error::NetlinkSocket)?;
+    match s.call(Message::nft_get_table(name)) {
+        Ok(replies) => Ok(Some(replies.first().and_then(|r| nl::nft_table_comment(r)))),
+        Err(Errno::ENOENT) => Ok(None),
+        Err(source) => Err(Error::NftQuery { table: name.into(), source }),
+    }
+}
+
+fn nft_table_exists(name: &str) -> Result<()> {
+    match nft_table(name)? {
+        Some(_) => Ok(()),
+        None => Err(Error::NftTableMissing { table: name.into() }),
+    }
+}
+
+fn create_veth(host: &Socket, v: &Veth, job_ns: &std::fs::File) -> Result<()> {
+    let mut m = Message::link(nl::RTM_NEWLINK, nl::NLM_F_CREATE | nl::NLM_F_EXCL, 0, 0, 0);
+    m.attr_str(nl::IFLA_IFNAME, &v.host_name).attr(nl::IFLA_ADDRESS, &v.host_mac).attr_u32(nl::IFLA_GROUP, v.group);
+    m.nest(nl::IFLA_LINKINFO).attr_str(nl::IFLA_INFO_KIND, "veth").nest(nl::IFLA_INFO_DATA);
+    m.nest(nl::VETH_INFO_PEER).raw(&nl::ifinfomsg(JOB_IFINDEX, 0, 0));
+    m.attr_str(nl::IFLA_IFNAME, JOB_IFNAME).attr_u32(nl::IFLA_NET_NS_FD, job_ns.as_raw_fd() as u32);
+    host.request(m).map_err(|source| Error::CreateVeth { name: v.host_name.clone(), source })
+}
+
+fn link_index(s: &Socket, name: &str) -> Result<i32> {
+    let mut m = Message::link(nl::RTM_GETLINK, 0, 0, 0, 0);
+    m.attr_str(nl::IFLA_IFNAME, name);
+    let replies = s.call(m).map_err(|source| Error::LinkIndex { name: name.into(), source })?;
+    replies
+        .first()
+        .and_then(|r| r.get(4..8))
+        .map(|b| i32::from_ne_bytes(b.try_into().unwrap()))
+        .ok_or(Error::LinkIndex { name: name.into(), source: Errno::ENODEV })
+}
+
+/// No IPv6 link-local address (nothing of the host to reach over it, and no DAD or
+/// router solicitation work), strict reverse-path filtering (a job cannot send from an
+/// address that is not its own), `route_localnet` (the gateway's DNAT to a resolver on
+/// the host's loopback, e.g. systemd-resolved's 127.0.0.53); then up. All of it is the
+/// link's own and goes with it.
+fn configure_host_end(host: &Socket, name: &str, index: i32) -> Result<()> {
+    let conf =
+        |s: &Socket, m: Message| s.request(m).map_err(|source| Error::ConfigureLink { name: name.into(), source });
+    conf(host, af_spec(index, true))?;
+    conf(host, Message::link(nl::RTM_NEWLINK, 0, index, nl::IFF_UP, nl::IFF_UP))
+}
+
+/// The per-link settings of [`configure_host_end`] (`host`) or the job's end.
+fn af_spec(index: i32, host: bool) -> Message {
+    let mut m = Message::link(nl::RTM_NEWLINK, 0, index, 0, 0);
+    m.nest(nl::IFLA_AF_SPEC);
+    if host {
+        m.nest(nl::AF_INET as u16).nest(nl::IFLA_INET_CONF);
+        m.attr_u32(nl::IPV4_DEVCONF_RP_FILTER, 1).attr_u32(nl::IPV4_DEVCONF_ROUTE_LOCALNET, 1);
+        m.end().end();
+    }
+    m.nest(nl::AF_INET6 as u16).attr(nl::IFLA_INET6_ADDR_GEN_MODE, &[nl::IN6_ADDR_GEN_MODE_NONE]).end();
+    m.end();
+    m
+}
+
+/// The job's address: the first of `pool` (from `first_try` on, skipping the network,
+/// the gateway and the broadcast address) whose host route `address/32 dev <host end>`
+/// the kernel accepts. A route the kernel has is an address taken, by a live job or one
+/// whose namespace is still being torn down; it goes with its link.
+fn claim_address(host: &Socket, v: &Veth, index: i32) -> Result<Ipv4Addr> {
+    let count = v.pool.size().min(u32::MAX as u64) as u32;
+    for k in 0..count {
+        let a = v.pool.nth((v.first_try.wrapping_add(k)) % count);
+        if a == v.pool.addr || a == v.gateway || a == v.pool.nth(count.wrapping_sub(1)) {
+            continue;
+        }
+        let mut m = Message::route(nl::NLM_F_CREATE | nl::NLM_F_EXCL, 32, nl::RT_SCOPE_LINK, nl::RTN_UNICAST);
+        m.attr_ipv4(nl::RTA_DST, a).attr_u32(nl::RTA_OIF, index as u32);
+        match host.request(m) {
+            Ok(()) => return Ok(a),
+            Err(Errno::EEXIST) => continue,
+            Err(source) => return Err(Error::ClaimAddress { addr: a, source }),
+        }
+    }
+    Err(Error::NoFreeAddress { pool: v.pool.to_string() })
+}
+
+fn configure_job_end(job: &Socket, v: &Veth, address: Ipv4Addr) -> Result<()> {
+    let link = |source| Error::ConfigureLink { name: JOB_IFNAME.into(), source };
+    job.request(af_spec(JOB_IFINDEX, false)).map_err(link)?;
+    let mut m =
+        Message::addr(nl::RTM_NEWADDR, nl::NLM_F_CREATE | nl::NLM_F_EXCL, nl::AF_INET, 32, 0, JOB_IFINDEX as u32);
+    m.attr_ipv4(nl::IFA_LOCAL, address).attr_ipv4(nl::IFA_ADDRESS, address);
+    job.request(m).map_err(|source| Error::AddAddress { addr: address, source })?;
+    job.request(Message::link(nl::RTM_NEWLINK, 0, JOB_IFINDEX, nl::IFF_UP, nl::IFF_UP)).map_err(link)?;
+    // The gateway is the host end: on the link, at the host end's MAC, without ARP.
+    let mut m = Message::neigh(nl::NLM_F_CREATE | nl::NLM_F_REPLACE, nl::AF_INET, JOB_IFINDEX, nl::NUD_PERMANENT);
+    m.attr_ipv4(nl::NDA_DST, v.gateway).attr(nl::NDA_LLADDR, &v.host_mac);
+    job.request(m).map_err(|source| Error::AddNeighbour { addr: v.gateway, source })?;
+    let mut m = Message::route(nl::NLM_F_CREATE | nl::NLM_F_EXCL, 32, nl::RT_SCOPE_LINK, nl::RTN_UNICAST);
+    m.attr_ipv4(nl::RTA_DST, v.gateway).attr_u32(nl::RTA_OIF, JOB_IFINDEX as u32);
+    job.request(m).map_err(|source| Error::AddRoute { route: format!("{}/32 dev eth0", v.gateway), source })?;
+    let mut m = Message::route(nl::NLM_F_CREATE | nl::NLM_F_EXCL, 0, nl::RT_SCOPE_UNIVERSE, nl::RTN_UNICAST);
+    m.attr_ipv4(nl::RTA_GATEWAY, v.gateway).attr_u32(nl::RTA_OIF, JOB_IFINDEX as u32);
+    job.request(m).map_err(|source| Error::AddRoute { route: format!("default via {}", v.gateway), source })
+}
+
+fn add_routes(job: &Socket, routes: &[JobRoute], gateway: Ipv4Addr) -> Result<()> {
+    for r in routes {
+        let m = match r {
+            JobRoute::Prohibit(n) => {
+                let mut m = Message::route(
+                    nl::NLM_F_CREATE | nl::NLM_F_EXCL,
+                    n.prefix,
+                    nl::RT_SCOPE_UNIVERSE,
+                    nl::RTN_PROHIBIT,
+                );
+                m.attr_ipv4(nl::RTA_DST, n.addr);
+                m
+            }
+            JobRoute::Allow(n) => {
+                let mut m =
+                    Message::route(nl::NLM_F_CREATE | nl::NLM_F_EXCL, n.prefix, nl::RT_SCOPE_UNIVERSE, nl::RTN_UNICAST);
+                m.attr_ipv4(nl::RTA_DST, n.addr).attr_ipv4(nl::RTA_GATEWAY, gateway);
+                m
+            }
+        };
+        match job.request(m) {
+            // Two host addresses in one network, or a block inside another: one is enough.
+            Ok(()) | Err(Errno::EEXIST) => {}
+            Err(source) => return Err(Error::AddRoute { route: r.to_string(), source }),
+        }
+    }
+    Ok(())
+}
+
+/// Mounts a fresh sysfs (read-only, nosuid, nodev, noexec) on `target`: it shows the
+/// namespace of its mounter, so mounted after the unshare it lists the job's links only.
+/// In a user namespace only the owner of the network namespace may mount one, which the
+/// helper is and the job's own user namespace (if any) is not: the spec binds this one.
+pub fn mount_sysfs(target: &Path) -> Result<()> {
+    use nix::mount::{mount, MsFlags};
+    let flags = MsFlags::MS_RDONLY | MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC;
+    mount(Some("sysfs"), target, Some("sysfs"), flags, None::<&str>)
+        .map_err(|source| Error::MountSysfs { target: target.into(), source })
+}
+
+/// An IPv4 route of a dump: destination and the name-resolved output link's index.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HostRoute {
+    pub dst: Ipv4Net,
+    pub oif: Option<i32>,
+    pub table: u32,
+}
+
+/// The IPv4 addresses of this namespace's links (all of them, loopback included).
+pub fn addresses() -> Result<Vec<Ipv4Addr>> {
+    let s = socket()?;
+    let replies = s
+        .call(Message::dump(nl::RTM_GETADDR, nl::AF_INET))
+        .map_err(|source| Error::NetlinkDump { what: "addresses", source })?;
+    Ok(replies
+        .iter()
+        .filter_map(|r| {
+            let attrs = nl::attributes(r, 8);
+            let a = attrs
+                .iter()
+                .find(|(t, _)| *t == nl::IFA_LOCAL)
+                .or(attrs.iter().find(|(t, _)| *t == nl::IFA_ADDRESS))?;
+            let b: [u8; 4] = a.1.try_into().ok()?;
+            Some(Ipv4Addr::from(b))
+        })
+        .collect())
+}
+
+/// The IPv4 routes of this namespace (every table).
+pub fn routes() -> Result<Vec<HostRoute>> {
+    let s = socket()?;
+    let replies = s
+        .call(Message::dump(nl::RTM_GETROUTE, nl::AF_INET))
+        .map_err(|source| Error::NetlinkDump { what: "routes", source })?;
+    Ok(replies
+        .iter()
+        .filter_map(|r| {
+            let prefix = *r.get(1)?;
+            let mut table = *r.get(4)? as u32;
+            let attrs = nl::attributes(r, 12);
+            let mut dst = Ipv4Addr::UNSPECIFIED;
+            let mut oif = None;
+            for (t, d) in attrs {
+                match t {
+                    nl::RTA_DST => dst = Ipv4Addr::from(<[u8; 4]>::try_from(d).ok()?),
+                    nl::RTA_OIF => oif = Some(i32::from_ne_bytes(d.try_into().ok()?)),
+                    nl::RTA_TABLE => table = u32::from_ne_bytes(d.try_into().ok()?),
+                    _ => {}
+                }
+            }
+            Some(HostRoute { dst: Ipv4Net::new(dst, prefix), oif, table })
+        })
+        .collect())
+}
+
+/// The links of this namespace: `(index, name)`.
+pub fn links() -> Result<Vec<(i32, String)>> {
+    let s = socket()?;
+    let replies =
+        s.call(Message::dump(nl::RTM_GETLINK, 0)).map_err(|source| Error::NetlinkDump { what: "links", source })?;
+    Ok(replies
+        .iter()
+        .filter_map(|r| {
+            let index = i32::from_ne_bytes(r.get(4..8)?.try_into().ok()?);
+            let name = nl::attributes(r, 16).into_iter().find(|(t, _)| *t == nl::IFLA_IFNAME)?.1;
+            Some((index, nl::attr_text(name)))
+        })
+        .collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn networks() {
+        let n = Ipv4Net::new(Ipv4Addr::new(10, 87, 3, 9), 16);
+        assert_eq!(n.to_string(), "10.87.0.0/16");
+        assert!(n.contains(Ipv4Addr::new(10, 87, 255, 1)) && !n.contains(Ipv4Addr::new(10, 88, 0, 1)));
+        assert!(n.overlaps(&Ipv4Net::new(Ipv4Addr::new(10, 0, 0, 0), 8)));
+        assert!(n.overlaps(&Ipv4Net::host(Ipv4Addr::new(10, 87, 1, 1))));
+        assert!(!n.overlaps(&Ipv4Net::new(Ipv4Addr::new(10, 86, 0, 0), 16)));
+        assert!(Ipv4Net::new(Ipv4Addr::UNSPECIFIED, 0).overlaps(&n), "a default route overlaps everything");
+        assert_eq!((n.nth(1), n.size()), (Ipv4Addr::new(10, 87, 0, 1), 65536));
+    }
+
+    #[test]
+    fn the_host_end_gets_its_settings_before_it_comes_up() {
+        let m = af_spec(7, true);
+        let b = m.finish(1, 0);
+        let spec = nl::attributes(&b[16..], 16);
+        assert_eq!(spec[0].0, nl::IFLA_AF_SPEC);
+        let fams = nl::attributes(spec[0].1, 0);
+        assert_eq!((fams[0].0, fams[1].0), (nl::AF_INET as u16, nl::AF_INET6 as u16));
+        let conf = nl::attributes(nl::attributes(fams[0].1, 0)[0].1, 0);
+        assert_eq!(
+            conf,
+            vec![
+                (nl::IPV4_DEVCONF_RP_FILTER, &1u32.to_ne_bytes()[..]),
+                (nl::IPV4_DEVCONF_ROUTE_LOCALNET, &1u32.to_ne_bytes()[..])
+            ]
+        );
+        assert_eq!(nl::attributes(fams[1].1, 0), vec![(nl::IFLA_INET6_ADDR_GEN_MODE, &[1u8][..])]);
+        let job = af_spec(2, false).finish(1, 0);
+        let fams = nl::attributes(nl::attributes(&job[16..], 16)[0].1, 0);
+        assert_eq!(fams.len(), 1, "the job's end gets no IPv4 settings");
+    }
+}

@@ -1,0 +1,414 @@
+//! Netlink, by hand: the few route-netlink (rtnetlink) requests and dumps of a job's
+//! network (a link up, a veth pair, an address, routes, a neighbour; the host's links,
+//! addresses and routes) and one nftables query (does our table exist).
+//!
+//! Why by hand: a request is a header and a few attributes; the crates that model all of
+//! rtnetlink are async (rtnetlink) or emit some attributes in their dump layout, which
+//! the kernel does not take in a request (`IFLA_INET_CONF`). Every message built here
+//! has a unit test of its bytes.
+//!
+//! A netlink socket talks to the network namespace its opener was in when it was opened:
+//! one opened before the helper's `unshare(CLONE_NEWNET)` keeps talking to the host's,
+//! one opened after talks to the job's, without any `setns` back and forth.
+
+use nix::errno::Errno;
+use nix::sys::socket::{self, AddressFamily, MsgFlags, NetlinkAddr, SockFlag, SockProtocol, SockType};
+use std::cell::Cell;
+use std::net::Ipv4Addr;
+use std::os::fd::{AsRawFd, OwnedFd};
+
+// Message types and flags (linux/netlink.h, linux/rtnetlink.h).
+pub const RTM_NEWLINK: u16 = 16;
+pub const RTM_GETLINK: u16 = 18;
+pub const RTM_NEWADDR: u16 = 20;
+pub const RTM_GETADDR: u16 = 22;
+pub const RTM_NEWROUTE: u16 = 24;
+pub const RTM_GETROUTE: u16 = 26;
+pub const RTM_NEWNEIGH: u16 = 28;
+const NLMSG_ERROR: u16 = 2;
+const NLMSG_DONE: u16 = 3;
+const NLM_F_REQUEST: u16 = 0x1;
+const NLM_F_ACK: u16 = 0x4;
+const NLM_F_DUMP: u16 = 0x300;
+pub const NLM_F_REPLACE: u16 = 0x100;
+pub const NLM_F_EXCL: u16 = 0x200;
+pub const NLM_F_CREATE: u16 = 0x400;
+const NLMSG_HDRLEN: usize = 16;
+
+// Link attributes (linux/if_link.h).
+pub const IFLA_ADDRESS: u16 = 1;
+pub const IFLA_IFNAME: u16 = 3;
+pub const IFLA_LINKINFO: u16 = 18;
+pub const IFLA_AF_SPEC: u16 = 26;
+pub const IFLA_GROUP: u16 = 27;
+pub const IFLA_NET_NS_FD: u16 = 28;
+pub const IFLA_INFO_KIND: u16 = 1;
+pub const IFLA_INFO_DATA: u16 = 2;
+pub const VETH_INFO_PEER: u16 = 1;
+pub const IFLA_INET_CONF: u16 = 1;
+pub const IFLA_INET6_ADDR_GEN_MODE: u16 = 8;
+pub const IN6_ADDR_GEN_MODE_NONE: u8 = 1;
+/// Index (1-based) of `rp_filter` in the IPv4 per-device settings (`IPV4_DEVCONF_*`).
+pub const IPV4_DEVCONF_RP_FILTER: u16 = 8;
+/// Index of `route_localnet`.
+pub const IPV4_DEVCONF_ROUTE_LOCALNET: u16 = 26;
+pub const IFF_UP: u32 = 0x1;
+
+// Address, route and neighbour attributes.
+pub const IFA_ADDRESS: u16 = 1;
+pub const IFA_LOCAL: u16 = 2;
+pub const RTA_DST: u16 = 1;
+pub const RTA_OIF: u16 = 4;
+pub const RTA_GATEWAY: u16 = 5;
+pub const RTA_TABLE: u16 = 15;
+pub const NDA_DST: u16 = 1;
+pub const NDA_LLADDR: u16 = 2;
+pub const RT_TABLE_MAIN: u8 = 254;
+pub const RTPROT_BOOT: u8 = 3;
+pub const RT_SCOPE_UNIVERSE: u8 = 0;
+pub const RT_SCOPE_LINK: u8 = 253;
+pub const RTN_UNICAST: u8 = 1;
+pub const RTN_PROHIBIT: u8 = 8;
+pub const NUD_PERMANENT: u16 = 0x80;
+pub const AF_INET: u8 = libc::AF_INET as u8;
+pub const AF_INET6: u8 = libc::AF_INET6 as u8;
+
+// nftables over nfnetlink (linux/netfilter/nfnetlink.h, nf_tables.h).
+const NFNL_SUBSYS_NFTABLES: u16 = 10;
+const NFT_MSG_GETTABLE: u16 = 1;
+const NFTA_TABLE_NAME: u16 = 1;
+const NFTA_TABLE_USERDATA: u16 = 6;
+const NFPROTO_INET: u8 = 1;
+
+/// Which netlink family a socket speaks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Proto {
+    Route,
+    Netfilter,
+}
+
+/// A netlink socket of this process's network namespace at the time it was opened.
+pub struct Socket {
+    fd: OwnedFd,
+    seq: Cell<u32>,
+}
+
+impl Socket {
+    pub fn open(proto: Proto) -> Result<Socket, Errno> {
+        let protocol = match proto {
+            Proto::Route => SockProtocol::NetlinkRoute,
+            Proto::Netfilter => SockProtocol::NetlinkNetFilter,
+        };
+        let fd = socket::socket(AddressFamily::Netlink, SockType::Raw, SockFlag::SOCK_CLOEXEC, protocol)?;
+        socket::bind(fd.as_raw_fd(), &NetlinkAddr::new(0, 0))?;
+        Ok(Socket { fd, seq: Cell::new(1) })
+    }
+
+    /// Sends `msg` (with an ack asked for) and returns the replies before the ack or the
+    /// end of a dump; the kernel's error (a negative errno in the ack) as `Err`.
+    pub fn call(&self, msg: Message) -> Result<Vec<Vec<u8>>, Errno> {
+        let seq = self.seq.get();
+        self.seq.set(seq.wrapping_add(1));
+        let dump = msg.flags & NLM_F_DUMP == NLM_F_DUMP;
+        let bytes = msg.finish(seq, if dump { 0 } else { NLM_F_ACK });
+        let sent = socket::send(self.fd.as_raw_fd(), &bytes, MsgFlags::empty())?;
+        if sent != bytes.len() {
+            return Err(Errno::EMSGSIZE);
+        }
+        let mut replies = Vec::new();
+        let mut buf = vec![0u8; 64 * 1024];
+        loop {
+            let n = socket::recv(self.fd.as_raw_fd(), &mut buf, MsgFlags::empty())?;
+            for (typ, msg_seq, payload) in messages(&buf[..n]) {
+                if msg_seq != seq {
+                    continue; // a late reply to an earlier request
+                }
+                match typ {
+                    NLMSG_ERROR => {
+                        let code = payload.get(..4).map(|b| i32::from_ne_bytes(b.try_into().unwrap())).unwrap_or(0);
+                        return if code == 0 { Ok(replies) } else { Err(Errno::from_raw(-code)) };
+                    }
+                    NLMSG_DONE => return Ok(replies),
+                    _ => replies.push(payload.to_vec()),
+                }
+            }
+        }
+    }
+
+    /// A request that returns nothing but its ack.
+    pub fn request(&self, msg: Message) -> Result<(), Errno> {
+        self.call(msg).map(|_| ())
+    }
+}
+
+/// `(type, seq, payload)` of each message in a received buffer.
+fn messages(mut buf: &[u8]) -> Vec<(u16, u32, &[u8])> {
+    let mut out = Vec::new();
+    while buf.len() >= NLMSG_HDRLEN {
+        let len = u32::from_ne_bytes(buf[0..4].try_into().unwrap()) as usize;
+        if len < NLMSG_HDRLEN || len > buf.len() {
+            break;
+        }
+        let typ = u16::from_ne_bytes(buf[4..6].try_into().unwrap());
+        let seq = u32::from_ne_bytes(buf[8..12].try_into().unwrap());
+        out.push((typ, seq, &buf[NLMSG_HDRLEN..len]));
+        buf = &buf[align(len).min(buf.len())..];
+    }
+    out
+}
+
+fn align(n: usize) -> usize {
+    (n + 3) & !3
+}
+
+/// One netlink message being built: the family header, then attributes (nested ones
+/// between [`Message::nest`] and [`Message::end`]).
+#[derive(Debug, Clone)]
+pub struct Message {
+    typ: u16,
+    flags: u16,
+    buf: Vec<u8>,
+    nests: Vec<usize>,
+}
+
+impl Message {
+    fn new(typ: u16, flags: u16, header: &[u8]) -> Message {
+        let mut buf = vec![0u8; NLMSG_HDRLEN];
+        buf.extend_from_slice(header);
+        buf.resize(align(buf.len()), 0);
+        Message { typ, flags: flags | NLM_F_REQUEST, buf, nests: vec![] }
+    }
+
+    /// `RTM_NEWLINK` (or GETLINK) with an `ifinfomsg`: family, index, flags and the
+    /// flags that change.
+    pub fn link(typ: u16, flags: u16, index: i32, ifi_flags: u32, change: u32) -> Message {
+        Message::new(typ, flags, &ifinfomsg(index, ifi_flags, change))
+    }
+
+    /// `RTM_NEWADDR` of an IPv4 address with an `ifaddrmsg`.
+    pub fn addr(typ: u16, flags: u16, family: u8, prefix: u8, scope: u8, index: u32) -> Message {
+        let mut h = vec![family, prefix, 0, scope];
+        h.extend_from_slice(&index.to_ne_bytes());
+        Message::new(typ, flags, &h)
+    }
+
+    /// A dump request of `typ` (links, addresses, routes) for one address family (0: all).
+    pub fn dump(typ: u16, family: u8) -> Message {
+        let header: Vec<u8> = match typ {
+            RTM_GETLINK => ifinfomsg(0, 0, 0).to_vec(),
+            RTM_GETADDR => vec![family, 0, 0, 0, 0, 0, 0, 0],
+            _ => rtmsg(family, 0, 0, 0, 0).to_vec(),
+        };
+        let mut m = Message::new(typ, NLM_F_DUMP, &header);
+        if typ == RTM_GETLINK {
+            m.buf[NLMSG_HDRLEN] = family;
+        }
+        m
+    }
+
+    /// `RTM_NEWROUTE` in the main table: `dst/dst_len`, of `kind` (RTN_*), `scope`.
+    pub fn route(flags: u16, dst_len: u8, scope: u8, kind: u8) -> Message {
+        Message::new(RTM_NEWROUTE, flags, &rtmsg(AF_INET, dst_len, RT_TABLE_MAIN, scope, kind))
+    }
+
+    /// `RTM_NEWNEIGH` with an `ndmsg`: a neighbour entry on link `index` in `state`.
+    pub fn neigh(flags: u16, family: u8, index: i32, state: u16) -> Message {
+        let mut h = vec![family, 0, 0, 0];
+        h.extend_from_slice(&index.to_ne_bytes());
+        h.extend_from_slice(&state.to_ne_bytes());
+        h.extend_from_slice(&[0, 0]);
+        Message::new(RTM_NEWNEIGH, flags, &h)
+    }
+
+    /// nftables `GETTABLE` of `name` in the inet family.
+    pub fn nft_get_table(name: &str) -> Message {
+        // nfgenmsg: family, version, res_id (big endian: the subsystem's resource id).
+        let mut m = Message::new((NFNL_SUBSYS_NFTABLES << 8) | NFT_MSG_GETTABLE, 0, &[NFPROTO_INET, 0, 0, 0]);
+        m.attr_str(NFTA_TABLE_NAME, name);
+        m
+    }
+
+    pub fn attr(&mut self, typ: u16, data: &[u8]) -> &mut Message {
+        let len = 4 + data.len();
+        self.buf.extend_from_slice(&(len as u16).to_ne_bytes());
+        self.buf.extend_from_slice(&typ.to_ne_bytes());
+        self.buf.extend_from_slice(data);
+        self.buf.resize(align(self.buf.len()), 0);
+        self
+    }
+
+    pub fn attr_u32(&mut self, typ: u16, v: u32) -> &mut Message {
+        self.attr(typ, &v.to_ne_bytes())
+    }
+
+    /// A NUL-terminated string attribute (interface names, the link kind, table names).
+    pub fn attr_str(&mut self, typ: u16, s: &str) -> &mut Message {
+        let mut b = s.as_bytes().to_vec();
+        b.push(0);
+        self.attr(typ, &b)
+    }
+
+    pub fn attr_ipv4(&mut self, typ: u16, a: Ipv4Addr) -> &mut Message {
+        self.attr(typ, &a.octets())
+    }
+
+    /// Starts a nested attribute; [`Message::end`] closes the innermost one.
+    pub fn nest(&mut self, typ: u16) -> &mut Message {
+        self.nests.push(self.buf.len());
+        self.buf.extend_from_slice(&[0, 0]);
+        self.buf.extend_from_slice(&typ.to_ne_bytes());
+        self
+    }
+
+    /// Raw bytes inside the current nest (e.g. the peer's `ifinfomsg` of a veth).
+    pub fn raw(&mut self, data: &[u8]) -> &mut Message {
+        self.buf.extend_from_slice(data);
+        self.buf.resize(align(self.buf.len()), 0);
+        self
+    }
+
+    pub fn end(&mut self) -> &mut Message {
+        if let Some(start) = self.nests.pop() {
+            let len = (self.buf.len() - start) as u16;
+            self.buf[start..start + 2].copy_from_slice(&len.to_ne_bytes());
+        }
+        self
+    }
+
+    /// The bytes to send: the header filled in (length, type, flags, `seq`).
+    pub(crate) fn finish(mut self, seq: u32, extra_flags: u16) -> Vec<u8> {
+        while !self.nests.is_empty() {
+            self.end();
+        }
+        let len = self.buf.len() as u32;
+        self.buf[0..4].copy_from_slice(&len.to_ne_bytes());
+        self.buf[4..6].copy_from_slice(&self.typ.to_ne_bytes());
+        self.buf[6..8].copy_from_slice(&(self.flags | extra_flags).to_ne_bytes());
+        self.buf[8..12].copy_from_slice(&seq.to_ne_bytes());
+        self.buf
+    }
+}
+
+/// `struct ifinfomsg`: family AF_UNSPEC, type, index, flags, change.
+pub fn ifinfomsg(index: i32, flags: u32, change: u32) -> [u8; 16] {
+    let mut h = [0u8; 16];
+    h[4..8].copy_from_slice(&index.to_ne_bytes());
+    h[8..12].copy_from_slice(&flags.to_ne_bytes());
+    h[12..16].copy_from_slice(&change.to_ne_bytes());
+    h
+}
+
+/// `struct rtmsg` with protocol `boot` (as `ip route add`).
+fn rtmsg(family: u8, dst_len: u8, table: u8, scope: u8, kind: u8) -> [u8; 12] {
+    [family, dst_len, 0, 0, table, RTPROT_BOOT, scope, kind, 0, 0, 0, 0]
+}
+
+/// The attributes of a reply's payload after its `header_len`-byte family header:
+/// `(type without the nested/byte-order bits, data)`.
+pub fn attributes(payload: &[u8], header_len: usize) -> Vec<(u16, &[u8])> {
+    let mut out = Vec::new();
+    let mut rest = payload.get(align(header_len)..).unwrap_or_default();
+    while rest.len() >= 4 {
+        let len = u16::from_ne_bytes(rest[0..2].try_into().unwrap()) as usize;
+        let typ = u16::from_ne_bytes(rest[2..4].try_into().unwrap()) & 0x3fff;
+        if len < 4 || len > rest.len() {
+            break;
+        }
+        out.push((typ, &rest[4..len]));
+        rest = &rest[align(len).min(rest.len())..];
+    }
+    out
+}
+
+/// A NUL-terminated string attribute's text.
+pub fn attr_text(data: &[u8]) -> String {
+    String::from_utf8_lossy(data.split(|b| *b == 0).next().unwrap_or_default()).into_owned()
+}
+
+/// The comment of an nftables table from its `GETTABLE` reply, if it has one (the
+/// user data is TLVs of libnftnl: type 0 = the comment).
+pub fn nft_table_comment(reply: &[u8]) -> Option<String> {
+    let data = attributes(reply, 4).into_iter().find(|(t, _)| *t == NFTA_TABLE_USERDATA)?.1;
+    let mut rest = data;
+    while rest.len() >= 2 {
+        let (typ, len) = (rest[0], rest[1] as usize);
+        let value = rest.get(2..2 + len)?;
+        if typ == 0 {
+            return Some(attr_text(value));
+        }
+        rest = &rest[2 + len..];
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn hex(b: &[u8]) -> String {
+        b.iter().map(|x| format!("{x:02x}")).collect()
+    }
+
+    #[test]
+    fn a_link_up_request() {
+        let m = Message::link(RTM_NEWLINK, 0, 1, IFF_UP, IFF_UP);
+        let b = m.finish(7, NLM_F_ACK);
+        // len 32, type 16, flags REQUEST|ACK, seq 7, pid 0; ifinfomsg: index 1, up/up.
+        assert_eq!(hex(&b), "20000000100005000700000000000000000000000100000001000000 01000000".replace(' ', ""));
+    }
+
+    #[test]
+    fn nested_attributes_get_their_lengths_and_padding() {
+        let mut m = Message::link(RTM_NEWLINK, NLM_F_CREATE | NLM_F_EXCL, 0, 0, 0);
+        m.attr_str(IFLA_IFNAME, "azp1").nest(IFLA_LINKINFO).attr_str(IFLA_INFO_KIND, "veth").nest(IFLA_INFO_DATA);
+        m.nest(VETH_INFO_PEER).raw(&ifinfomsg(2, 0, 0)).attr_str(IFLA_IFNAME, "eth0").attr_u32(IFLA_NET_NS_FD, 9);
+        let b = m.finish(1, NLM_F_ACK);
+        let attrs = attributes(&b[NLMSG_HDRLEN..], 16);
+        assert_eq!(attrs.len(), 2);
+        assert_eq!((attrs[0].0, attr_text(attrs[0].1).as_str()), (IFLA_IFNAME, "azp1"));
+        assert_eq!(attrs[0].1.len(), 5, "the name and its NUL, padded after");
+        let info = attributes(attrs[1].1, 0);
+        assert_eq!((info[0].0, attr_text(info[0].1).as_str()), (IFLA_INFO_KIND, "veth"));
+        let data = attributes(info[1].1, 0);
+        let peer = data[0].1;
+        assert_eq!(data[0].0, VETH_INFO_PEER);
+        assert_eq!(&peer[..16], &ifinfomsg(2, 0, 0));
+        let peer_attrs = attributes(peer, 16);
+        assert_eq!(attr_text(peer_attrs[0].1), "eth0");
+        assert_eq!(peer_attrs[1], (IFLA_NET_NS_FD, &9u32.to_ne_bytes()[..]));
+        assert_eq!(u32::from_ne_bytes(b[0..4].try_into().unwrap()) as usize, b.len());
+        assert_eq!(b.len() % 4, 0);
+    }
+
+    #[test]
+    fn route_and_address_headers() {
+        let mut m = Message::route(NLM_F_CREATE | NLM_F_EXCL, 32, RT_SCOPE_LINK, RTN_UNICAST);
+        m.attr_ipv4(RTA_DST, Ipv4Addr::new(10, 87, 0, 5)).attr_u32(RTA_OIF, 42);
+        let b = m.finish(3, NLM_F_ACK);
+        assert_eq!(&b[16..28], &[AF_INET, 32, 0, 0, 254, 3, 253, 1, 0, 0, 0, 0]);
+        assert_eq!(attributes(&b[16..], 12), vec![(RTA_DST, &[10, 87, 0, 5][..]), (RTA_OIF, &42u32.to_ne_bytes()[..])]);
+        let b = Message::addr(RTM_NEWADDR, 0, AF_INET, 32, 0, 2).finish(1, 0);
+        assert_eq!(&b[16..24], &[AF_INET, 32, 0, 0, 2, 0, 0, 0]);
+        let b = Message::neigh(NLM_F_CREATE, AF_INET, 2, NUD_PERMANENT).finish(1, 0);
+        assert_eq!(&b[16..28], &[AF_INET, 0, 0, 0, 2, 0, 0, 0, 0x80, 0, 0, 0]);
+    }
+
+    #[test]
+    fn replies_are_split_and_a_table_comment_is_read() {
+        let mut buf = Message::link(RTM_NEWLINK, 0, 3, 0, 0).finish(9, 0);
+        buf.extend(Message::link(RTM_NEWLINK, 0, 4, 0, 0).finish(9, 0));
+        let msgs = messages(&buf);
+        assert_eq!(msgs.len(), 2);
+        assert_eq!(msgs[1].0, RTM_NEWLINK);
+        assert_eq!(&msgs[1].2[4..8], &4i32.to_ne_bytes());
+        // A GETTABLE reply: nfgenmsg, name, user data with a comment TLV.
+        let mut reply = vec![NFPROTO_INET, 0, 0, 0];
+        let mut ud = vec![0u8, 6];
+        ud.extend_from_slice(b"hello\0");
+        let mut m = Message::new(0, 0, &reply);
+        m.attr_str(NFTA_TABLE_NAME, "azp-sandbox").attr(NFTA_TABLE_USERDATA, &ud);
+        reply = m.finish(1, 0)[NLMSG_HDRLEN..].to_vec();
+        assert_eq!(nft_table_comment(&reply).as_deref(), Some("hello"));
+        assert_eq!(nft_table_comment(&[1, 0, 0, 0]), None);
+    }
+}

@@ -1,0 +1,345 @@
+//! A small network for the tests of jobs' network (issue 23), made of network namespaces
+//! the test creates: traffic goes only to loopback and to these namespaces, never to the
+//! machine's real interfaces or addresses.
+//!
+//! ```text
+//!  fake host (azp-sandbox runs here)                     fake internet
+//!  lo 127.0.0.1:8080  HTTP "host-loopback-secret"        lo 198.19.0.1:80   HTTP "internet-ok"
+//!  *:8081              the same, on every address
+//!  lo 127.0.0.53:53   dnsmasq -> 198.19.0.53             lo 198.19.0.53:53  dnsmasq: fake.example
+//!  @azp-netlab-NAME   an abstract unix socket                                = 198.19.0.1
+//!  resolv.conf: nameserver 127.0.0.53                    lo 169.254.169.254:80 HTTP "metadata-secret"
+//!  NAMEh 198.18.0.1/30 ----------------- veth ---------- NAMEi 198.18.0.2/30
+//!  default via 198.18.0.2; 169.254.169.254/32 via 198.18.0.2 (only here)
+//! ```
+//!
+//! Commands run in the fake host through `unshare -m` (its resolv.conf bound over
+//! `/etc/resolv.conf` in a mount namespace of their own) and `nsenter --net`, not `ip
+//! netns exec`, which remounts `/sys` without the cgroup hierarchies azp-sandbox needs.
+//! Servers are busybox httpd (Python's http.server waits for reverse DNS here) and
+//! Debian's dnsmasq. A thread of the test process can join either namespace
+//! ([`NetLab::enter_internet`]): the namespace is per thread.
+//!
+//! Self-contained (std and nix only): the benchmarks include it too.
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
+use std::sync::Arc;
+
+pub const INTERNET_IP: &str = "198.19.0.1";
+pub const INTERNET_DNS: &str = "198.19.0.53";
+pub const INTERNET_NAME: &str = "fake.example";
+pub const METADATA_IP: &str = "169.254.169.254";
+pub const HOST_IP: &str = "198.18.0.1";
+pub const HOST_LOOPBACK_PORT: u16 = 8080;
+/// A fake host service on all its addresses (its own, not loopback's).
+pub const HOST_ANY_PORT: u16 = 8081;
+pub const INTERNET_BODY: &str = "internet-ok";
+pub const METADATA_BODY: &str = "metadata-secret";
+pub const HOST_BODY: &str = "host-loopback-secret";
+
+pub struct NetLab {
+    /// Names of the two namespaces (`ip netns`), and the lab's own prefix.
+    pub name: String,
+    pub host: String,
+    pub internet: String,
+    dir: PathBuf,
+    servers: Vec<Child>,
+    abstract_accepts: Arc<AtomicUsize>,
+    stop: Arc<std::sync::atomic::AtomicBool>,
+    listener: Option<std::thread::JoinHandle<()>>,
+}
+
+/// The lab cannot be made here: why (for a visible skip).
+pub type Unavailable = String;
+
+fn run(args: &[&str]) -> Result<(), String> {
+    let out = Command::new(args[0]).args(&args[1..]).output().map_err(|e| format!("cannot run {}: {e}", args[0]))?;
+    if !out.status.success() {
+        return Err(format!("{} failed: {}", args.join(" "), String::from_utf8_lossy(&out.stderr).trim()));
+    }
+    Ok(())
+}
+
+fn have(program: &str) -> bool {
+    std::env::var_os("PATH").map(|p| std::env::split_paths(&p).any(|d| d.join(program).is_file())).unwrap_or(false)
+}
+
+impl NetLab {
+    /// Makes the two namespaces and their servers. Err: why it cannot be made here.
+    pub fn new() -> Result<NetLab, Unavailable> {
+        if !nix::unistd::geteuid().is_root() {
+            return Err("the network lab needs root (network namespaces)".into());
+        }
+        for p in ["ip", "dnsmasq", "busybox", "unshare", "nsenter", "setpriv"] {
+            if !have(p) {
+                return Err(format!("the network lab needs {p} (scripts/setup.sh installs it)"));
+            }
+        }
+        static N: AtomicU32 = AtomicU32::new(0);
+        // Never "azp...": job links on the host are azp*, and the host's table matches that.
+        let name = format!("nl{:x}{}", std::process::id(), N.fetch_add(1, Ordering::SeqCst));
+        let dir = std::env::temp_dir().join(format!("azp-netlab-{name}"));
+        let _ = std::fs::remove_dir_all(&dir);
+        let mut lab = NetLab {
+            host: format!("{name}-host"),
+            internet: format!("{name}-inet"),
+            name,
+            dir,
+            servers: vec![],
+            abstract_accepts: Arc::new(AtomicUsize::new(0)),
+            stop: Arc::new(std::sync::atomic::AtomicBool::new(false)),
+            listener: None,
+        };
+        lab.build()?;
+        Ok(lab)
+    }
+
+    fn build(&mut self) -> Result<(), String> {
+        let (h, i) = (self.host.clone(), self.internet.clone());
+        let (hl, il) = (format!("{}h", self.name), format!("{}i", self.name));
+        run(&["ip", "netns", "add", &h])?;
+        run(&["ip", "netns", "add", &i])?;
+        run(&["ip", "-n", &h, "link", "add", &hl, "type", "veth", "peer", "name", &il, "netns", &i])?;
+        for (ns, cmds) in [
+            (
+                &h,
+                vec![
+                    vec!["link", "set", "lo", "up"],
+                    vec!["addr", "add", "198.18.0.1/30", "dev", &hl],
+                    vec!["link", "set", &hl, "up"],
+                    vec!["route", "add", "default", "via", "198.18.0.2"],
+                    // The metadata address is routed in the fake host only.
+                    vec!["route", "add", "169.254.169.254/32", "via", "198.18.0.2"],
+                ],
+            ),
+            (
+                &i,
+                vec![
+                    vec!["link", "set", "lo", "up"],
+                    vec!["addr", "add", "198.18.0.2/30", "dev", &il],
+                    vec!["link", "set", &il, "up"],
+                    vec!["addr", "add", "198.19.0.1/32", "dev", "lo"],
+                    vec!["addr", "add", "198.19.0.53/32", "dev", "lo"],
+                    vec!["addr", "add", "169.254.169.254/32", "dev", "lo"],
+                    vec!["route", "add", "default", "via", "198.18.0.1"],
+                ],
+            ),
+        ] {
+            for c in cmds {
+                let mut args = vec!["ip", "-n", ns.as_str()];
+                args.extend(c);
+                run(&args)?;
+            }
+        }
+        for (sub, body) in [("www", INTERNET_BODY), ("meta", METADATA_BODY), ("host", HOST_BODY)] {
+            std::fs::create_dir_all(self.dir.join(sub)).map_err(|e| e.to_string())?;
+            std::fs::write(self.dir.join(sub).join("index.html"), format!("{body}\n")).map_err(|e| e.to_string())?;
+        }
+        let www = self.dir.join("www").display().to_string();
+        let meta = self.dir.join("meta").display().to_string();
+        let host = self.dir.join("host").display().to_string();
+        let httpd = |at: &str, root: &str| {
+            vec!["busybox".to_string(), "httpd".into(), "-f".into(), "-p".into(), at.into(), "-h".into(), root.into()]
+        };
+        self.server(&i, httpd("198.19.0.1:80", &www))?;
+        self.server(&i, httpd("169.254.169.254:80", &meta))?;
+        self.server(&h, httpd(&format!("127.0.0.1:{HOST_LOOPBACK_PORT}"), &host))?;
+        self.server(&h, httpd(&format!("{HOST_ANY_PORT}"), &host))?;
+        let dnsmasq = |listen: &str, rest: &[&str]| {
+            let mut a: Vec<String> =
+                ["dnsmasq", "-k", "-C", "/dev/null", "--no-resolv", "--no-hosts", "--bind-interfaces"]
+                    .map(String::from)
+                    .to_vec();
+            a.push(format!("--listen-address={listen}"));
+            a.push("--pid-file=".into());
+            a.extend(rest.iter().map(|s| s.to_string()));
+            a
+        };
+        self.server(&i, dnsmasq(INTERNET_DNS, &["--address=/fake.example/198.19.0.1"]))?;
+        self.server(&h, dnsmasq("127.0.0.53", &["--server=198.19.0.53"]))?;
+        let etc = PathBuf::from("/etc/netns").join(&h);
+        std::fs::create_dir_all(&etc).map_err(|e| e.to_string())?;
+        std::fs::write(etc.join("resolv.conf"), "nameserver 127.0.0.53\n").map_err(|e| e.to_string())?;
+        self.abstract_listener()?;
+        self.wait_ready()
+    }
+
+    fn server(&mut self, ns: &str, argv: Vec<String>) -> Result<(), String> {
+        let child = Command::new("ip")
+            .args(["netns", "exec", ns])
+            .args(&argv)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .map_err(|e| format!("cannot start {}: {e}", argv[0]))?;
+        self.servers.push(child);
+        Ok(())
+    }
+
+    /// The servers answer (dnsmasq and httpd take a moment to bind).
+    fn wait_ready(&self) -> Result<(), String> {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        loop {
+            let ok = self.in_host(&["busybox", "wget", "-q", "-O", "/dev/null", &format!("http://{INTERNET_NAME}/")])
+                && self.in_host(&[
+                    "busybox",
+                    "wget",
+                    "-q",
+                    "-O",
+                    "/dev/null",
+                    &format!("http://127.0.0.1:{HOST_LOOPBACK_PORT}/"),
+                ])
+                && self.in_host(&["busybox", "wget", "-q", "-O", "/dev/null", &format!("http://{METADATA_IP}/")]);
+            if ok {
+                return Ok(());
+            }
+            if std::time::Instant::now() > deadline {
+                return Err("the network lab's servers did not answer within 10 s".into());
+            }
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+    }
+
+    fn in_host(&self, argv: &[&str]) -> bool {
+        self.host_command(argv[0], None)
+            .args(&argv[1..])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success())
+    }
+
+    /// `program` run in the fake host (its network namespace, its resolv.conf), as `user`
+    /// (uid, gid) when given.
+    pub fn host_command(&self, program: impl AsRef<std::ffi::OsStr>, user: Option<(u32, u32)>) -> Command {
+        let mut c = Command::new("unshare");
+        c.args(["-m", "--propagation", "private", "sh", "-c"]);
+        c.arg(r#"r=$1; n=$2; shift 2; mount --bind "$r" /etc/resolv.conf && exec nsenter --net="$n" -- "$@""#);
+        c.arg("sh").arg(self.resolv_conf()).arg(self.netns_path(&self.host));
+        if let Some((uid, gid)) = user {
+            c.args(["setpriv", &format!("--reuid={uid}"), &format!("--regid={gid}"), "--init-groups", "--"]);
+        }
+        c.arg(program);
+        c
+    }
+
+    fn resolv_conf(&self) -> PathBuf {
+        PathBuf::from("/etc/netns").join(&self.host).join("resolv.conf")
+    }
+
+    fn netns_path(&self, ns: &str) -> PathBuf {
+        PathBuf::from("/run/netns").join(ns)
+    }
+
+    /// Moves the calling thread into the fake internet (for a server of the test's).
+    pub fn enter_internet(&self) {
+        enter(&self.netns_path(&self.internet));
+    }
+
+    /// Moves the calling thread into the fake host.
+    pub fn enter_host(&self) {
+        enter(&self.netns_path(&self.host));
+    }
+
+    /// The path of a namespace, for a thread that enters it later ([`enter`]).
+    pub fn internet_path(&self) -> PathBuf {
+        self.netns_path(&self.internet)
+    }
+
+    /// The fake host's abstract unix socket (`@NAME`) and how many connections it took.
+    pub fn abstract_name(&self) -> String {
+        format!("azp-netlab-{}", self.name)
+    }
+    pub fn abstract_accepts(&self) -> usize {
+        self.abstract_accepts.load(Ordering::SeqCst)
+    }
+
+    /// A thread in the fake host that accepts on the abstract socket until the lab goes
+    /// (its socket would keep the namespace alive).
+    fn abstract_listener(&mut self) -> Result<(), String> {
+        use std::os::linux::net::SocketAddrExt;
+        let ns = self.netns_path(&self.host);
+        let name = self.abstract_name();
+        let (count, stop) = (self.abstract_accepts.clone(), self.stop.clone());
+        let (tx, rx) = std::sync::mpsc::channel();
+        self.listener = Some(std::thread::spawn(move || {
+            enter(&ns);
+            let addr = std::os::unix::net::SocketAddr::from_abstract_name(name.as_bytes()).unwrap();
+            let l = match std::os::unix::net::UnixListener::bind_addr(&addr).and_then(|l| {
+                l.set_nonblocking(true)?;
+                Ok(l)
+            }) {
+                Ok(l) => l,
+                Err(e) => return tx.send(Err(e.to_string())).unwrap(),
+            };
+            tx.send(Ok(())).unwrap();
+            while !stop.load(Ordering::SeqCst) {
+                match l.accept() {
+                    Ok(_) => {
+                        count.fetch_add(1, Ordering::SeqCst);
+                    }
+                    Err(_) => std::thread::sleep(std::time::Duration::from_millis(20)),
+                }
+            }
+        }));
+        rx.recv().map_err(|e| e.to_string())?.map_err(|e| format!("abstract socket: {e}"))
+    }
+
+    /// A job link (`azp*`) or the nftables table left in the fake host.
+    pub fn host_network_residue(&self) -> Vec<String> {
+        let mut out = vec![];
+        let links = Command::new("ip").args(["-n", &self.host, "-o", "link"]).output().unwrap();
+        for l in String::from_utf8_lossy(&links.stdout).lines() {
+            if let Some(n) = l.split(": ").nth(1).map(|n| n.split('@').next().unwrap_or(n)) {
+                if n.starts_with("azp") {
+                    out.push(format!("link {n}"));
+                }
+            }
+        }
+        let nft = Command::new("ip").args(["netns", "exec", &self.host, "nft", "list", "tables"]).output();
+        if let Ok(o) = nft {
+            out.extend(
+                String::from_utf8_lossy(&o.stdout).lines().map(|l| l.trim().to_string()).filter(|l| !l.is_empty()),
+            );
+        }
+        out
+    }
+
+    /// net.ipv4.ip_forward of the fake host.
+    pub fn host_ip_forward(&self) -> String {
+        let o = Command::new("ip")
+            .args(["netns", "exec", &self.host, "sysctl", "-n", "net.ipv4.ip_forward"])
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&o.stdout).trim().to_string()
+    }
+}
+
+/// Moves the calling thread into the network namespace at `path`.
+pub fn enter(path: &Path) {
+    let f = std::fs::File::open(path).unwrap_or_else(|e| panic!("cannot open {}: {e}", path.display()));
+    nix::sched::setns(f, nix::sched::CloneFlags::CLONE_NEWNET)
+        .unwrap_or_else(|e| panic!("setns {}: {e}", path.display()));
+}
+
+impl Drop for NetLab {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        if let Some(t) = self.listener.take() {
+            let _ = t.join();
+        }
+        for s in &mut self.servers {
+            let _ = s.kill();
+            let _ = s.wait();
+        }
+        // Whatever jobs left in the fake host (links, the table) goes with it.
+        let _ = Command::new("ip").args(["netns", "del", &self.host]).status();
+        let _ = Command::new("ip").args(["netns", "del", &self.internet]).status();
+        let _ = std::fs::remove_dir_all(PathBuf::from("/etc/netns").join(&self.host));
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}

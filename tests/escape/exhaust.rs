@@ -1,0 +1,450 @@
+//! Exhaustion (issue 25): with no flag at all, one job cannot take the node down: not
+//! its pids (a fork bomb), its memory (a balloon), its swap (v1 memsw, v2 swap.max), its
+//! home's disk (a project quota on the job's layer), nor by moving its files out of that
+//! quota. `unlimited` must be said, and is warned about.
+//!
+//! The disk quota needs a home on a filesystem with project quotas: the test makes an
+//! ext4 image (`mkfs.ext4 -O quota,project`), loop-mounts it with `prjquota` and puts a
+//! home on it; where the kernel cannot mount that (no CONFIG_QFMT_V2, as on the test VM)
+//! it is skipped, visibly. Rootless, quotas cannot be set (quotactl needs CAP_SYS_ADMIN
+//! in the initial user namespace): the test checks the warning instead.
+
+use super::*;
+
+/// A limit file of job `name`'s cgroup, from the host (any hierarchy that has it).
+fn job_cgroup_file(name: &str, file: &str) -> Option<String> {
+    cgroup_dirs_of(name).into_iter().find_map(|d| fs::read_to_string(d.join(file)).ok()).map(|s| s.trim().to_string())
+}
+
+/// A job that waits (see [`WaitingJob`]) with `--name NAME` and `opts`.
+fn waiting(h: &TestHome, name: &str, opts: &[&str]) -> WaitingJob {
+    WaitingJob::start(h, &[], &[&["--name", name], opts].concat(), "")
+}
+
+/// Rootless without a delegated cgroup no limit is enforced (and `exec` says so): the
+/// tests that read the job's cgroup skip then.
+fn cgroups_enforced(h: &TestHome) -> Result<(), String> {
+    let o = exec(h, &[], "true");
+    if o.err.contains("limits are NOT enforced") {
+        return Err(format!("rootless without a delegated cgroup: {}", o.err.trim()));
+    }
+    Ok(())
+}
+
+#[test]
+#[cfg_attr(not(test_as_root), ignore = "needs root: creates real sandboxes (CI runs the suite as root)")]
+fn e01_fork_bomb_with_no_flags_is_contained_by_the_default_pids_limit() {
+    require_root!();
+    let h = home("exh-bomb");
+    or_skip!(cgroups_enforced(&h));
+    let name = unique("exh-bomb");
+    // No --pids. The bomb in a child of pid 1 (see sandbox_exec.rs); pid 1 then sleeps,
+    // reaping nothing, so the bomb's dead keep their pids: it ends at the limit exactly.
+    let mut exec = HostProc(
+        h.command()
+            .args(["exec", "--rootfs", "esc", "--name", &name, "--", "sh", "-c"])
+            .arg("bomb() { bomb | bomb & }; bomb & exec sleep 600")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let pid_max: u64 = fs::read_to_string("/proc/sys/kernel/pid_max").unwrap().trim().parse().unwrap();
+    let default = 4096u64.min(pid_max * 3 / 4);
+    let mut pids_max = None;
+    // Until the bomb is at the limit, however slow the machine; never above it.
+    let deadline = Instant::now() + Duration::from_secs(240);
+    loop {
+        let current: Option<u64> = job_cgroup_file(&name, "pids.current").and_then(|s| s.parse().ok());
+        pids_max = pids_max.or_else(|| job_cgroup_file(&name, "pids.max"));
+        if let Some(n) = current {
+            assert!(n <= default, "pids.current reached {n} > {default}");
+            if n == default {
+                break;
+            }
+        }
+        assert!(Instant::now() < deadline, "the bomb did not reach the limit in 240 s (at {current:?} of {default})");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(pids_max.as_deref(), Some(default.to_string().as_str()), "the default pids limit");
+    // The node is fine: the host starts processes while the bomb sits at its limit.
+    let host = Command::new("sh").args(["-c", "for i in 1 2 3 4 5 6 7 8; do /bin/true & done; wait; echo ok"]).output();
+    assert_eq!(String::from_utf8_lossy(&host.unwrap().stdout), "ok\n");
+    // pid 1 lived through it (exec returns when it ends); then a second SIGTERM to exec
+    // kills the job (a pid 1 without a handler ignores the first).
+    assert!(exec.0.try_wait().unwrap().is_none(), "pid 1 (sleep 600) died under the bomb");
+    for _ in 0..2 {
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(exec.0.id() as i32), nix::sys::signal::SIGTERM).unwrap();
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let status = exec.0.wait().unwrap();
+    assert!(matches!(status.code(), Some(137 | 143)), "ended by the signals: {status}");
+    eprintln!("fork bomb with no flags: pids.current reached {default} of {default}; the host forked on");
+    h.assert_no_residue(&[&name]);
+}
+
+/// A v1 memory cgroup (or v2, as root) with `limit`, for the test's own processes: the
+/// node's default memory per job is derived from it (as under a Slurm allocation or a
+/// unit's MemoryMax), and the job's own cgroup is elsewhere (below /azp-sandbox), so
+/// only the default can stop a job that grows past it.
+struct MemoryCgroup(PathBuf);
+
+impl MemoryCgroup {
+    fn create(limit: u64) -> Result<MemoryCgroup, String> {
+        let name = unique("azp-test-exhaust");
+        let v1 = Path::new("/sys/fs/cgroup/memory");
+        let dir = if v1.join("memory.limit_in_bytes").exists() {
+            let d = v1.join(&name);
+            fs::create_dir(&d).unwrap();
+            fs::write(d.join("memory.limit_in_bytes"), limit.to_string()).unwrap();
+            d
+        } else if rootless() {
+            return Err("cgroup v2: a process may move only within a subtree it owns".into());
+        } else {
+            let root = Path::new("/sys/fs/cgroup");
+            // The root passes the memory controller down (it may not yet, on a fresh mount).
+            let _ = fs::write(root.join("cgroup.subtree_control"), "+memory");
+            let d = root.join(&name);
+            fs::create_dir(&d).map_err(|e| format!("cannot make a cgroup v2 dir: {e}"))?;
+            fs::write(d.join("memory.max"), limit.to_string()).map_err(|e| format!("no v2 memory controller: {e}"))?;
+            d
+        };
+        if let Some(u) = test_user() {
+            for f in ["cgroup.procs", "tasks"] {
+                let _ = nix::unistd::chown(&dir.join(f), Some(u.uid), Some(u.gid));
+            }
+        }
+        Ok(MemoryCgroup(dir))
+    }
+}
+
+impl Drop for MemoryCgroup {
+    fn drop(&mut self) {
+        let _ = fs::remove_dir(&self.0);
+    }
+}
+
+#[test]
+#[cfg_attr(not(test_as_root), ignore = "needs root: creates real sandboxes (CI runs the suite as root)")]
+fn e02_memory_balloon_with_no_flags_is_killed_at_the_default_memory_limit() {
+    require_root!();
+    let h = home("exh-balloon");
+    or_skip!(cgroups_enforced(&h));
+    // 3 GiB for the test's exec: the default per job is 3 GiB - 2 GiB (the reserve) = 1 GiB.
+    let cg = or_skip!(MemoryCgroup::create(3 << 30));
+    let name = unique("exh-balloon");
+    let mut cmd = Command::new("sh");
+    cmd.arg("-c")
+        .arg(format!("echo $$ > {}/cgroup.procs && exec \"$@\"", cg.0.display()))
+        .arg("sh")
+        .arg(bin())
+        .arg("--home")
+        .arg(&h.dir)
+        .args(["exec", "--rootfs", "esc", "--name", &name, "--", "sh", "-c"])
+        // 2 GiB: a job that got no limit survives it (and it harms no host).
+        .arg("probe hog:2048; echo hog=$?; echo alive")
+        .env_remove("AZP_SANDBOX_HOME")
+        .stdin(Stdio::null());
+    as_test_user(&mut cmd);
+    let started = Instant::now();
+    let o = cmd.output().unwrap();
+    let (out, err) = (String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
+    assert_eq!((o.status.code(), out.as_ref()), (Some(0), "hog=137\nalive\n"), "{err}");
+    assert!(started.elapsed() < Duration::from_secs(60));
+    h.assert_no_residue(&[&name]);
+    // The default itself, read from a job's cgroup: 1 GiB, and swap no further (v1).
+    let mut cmd = Command::new("sh");
+    let job = unique("exh-default");
+    let ctl = h.dir.join("ctl-default");
+    fs::create_dir_all(&ctl).unwrap();
+    cmd.arg("-c")
+        .arg(format!("echo $$ > {}/cgroup.procs && exec \"$@\"", cg.0.display()))
+        .arg("sh")
+        .arg(bin())
+        .arg("--home")
+        .arg(&h.dir)
+        .args(["exec", "--rootfs", "esc", "--name", &job, "--volume"])
+        .arg(format!("{}:/ctl", ctl.display()))
+        .args(["--", "sh", "-c", "echo ready; while [ ! -e /ctl/go ]; do sleep 0.05; done"])
+        .env_remove("AZP_SANDBOX_HOME")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null());
+    as_test_user(&mut cmd);
+    let mut child = HostProc(cmd.spawn().unwrap());
+    let mut line = String::new();
+    std::io::BufRead::read_line(&mut std::io::BufReader::new(child.0.stdout.take().unwrap()), &mut line).unwrap();
+    assert_eq!(line, "ready\n");
+    let limit = job_cgroup_file(&job, "memory.limit_in_bytes").or_else(|| job_cgroup_file(&job, "memory.max"));
+    fs::write(ctl.join("go"), "").unwrap();
+    assert!(child.0.wait().unwrap().success());
+    assert_eq!(limit, Some((1u64 << 30).to_string()), "(3 GiB - 2 GiB) / 1 slot");
+    h.assert_no_residue(&[&job]);
+}
+
+#[test]
+#[cfg_attr(not(test_as_root), ignore = "needs root: creates real sandboxes (CI runs the suite as root)")]
+fn e03_the_memory_limit_covers_swap() {
+    require_root!();
+    let h = home("exh-swap");
+    or_skip!(cgroups_enforced(&h));
+    for opts in [&["--memory", "64M"][..], &[]] {
+        let name = unique("exh-swap");
+        let job = waiting(&h, &name, opts);
+        let v1 = job_cgroup_file(&name, "memory.limit_in_bytes");
+        let memsw = job_cgroup_file(&name, "memory.memsw.limit_in_bytes");
+        let (v2, swap_max) = (job_cgroup_file(&name, "memory.max"), job_cgroup_file(&name, "memory.swap.max"));
+        assert!(job.finish().success());
+        match (v1, memsw, v2, swap_max) {
+            (Some(limit), Some(memsw), _, _) => {
+                if !opts.is_empty() {
+                    assert_eq!(limit, (64u64 << 20).to_string());
+                }
+                assert_eq!(memsw, limit, "v1: memory + swap = memory: no swap beyond the limit ({opts:?})");
+            }
+            (Some(_), None, _, _) => skip_part("cgroup v1 without swap accounting (no memory.memsw.* files)"),
+            (None, _, Some(_), Some(swap)) => assert_eq!(swap, "0", "v2: no swap ({opts:?})"),
+            other => panic!("no memory limit files for the job: {other:?}"),
+        }
+        h.assert_no_residue(&[&name]);
+    }
+}
+
+#[test]
+#[cfg_attr(not(test_as_root), ignore = "needs root: creates real sandboxes (CI runs the suite as root)")]
+fn e04_tmp_and_dev_shm_follow_the_memory_limit() {
+    require_root!();
+    let h = home("exh-tmp");
+    let kib = |out: &str, mount: &str| -> u64 {
+        let l = out.lines().find(|l| l.ends_with(mount)).unwrap_or_else(|| panic!("{mount}: {out}"));
+        l.split_whitespace().nth(1).unwrap().parse().unwrap()
+    };
+    let df = "df -k /tmp /dev/shm";
+    let out = exec_ok(&h, &["--memory", "64M"], df);
+    assert_eq!((kib(&out, "/tmp"), kib(&out, "/dev/shm")), (65536, 32768), "the limit, half of it: {out}");
+    let out = exec_ok(&h, &["--memory", "64M", "--tmp-size", "16M", "--shm-size", "8M"], df);
+    assert_eq!((kib(&out, "/tmp"), kib(&out, "/dev/shm")), (16384, 8192), "{out}");
+    // No flags: the default memory limit, as the job's cgroup has it.
+    let name = unique("exh-tmp");
+    let job = WaitingJob::start(&h, &[], &["--name", &name], df);
+    let limit = job_cgroup_file(&name, "memory.limit_in_bytes").or_else(|| job_cgroup_file(&name, "memory.max"));
+    let out = job.before.clone();
+    assert!(job.finish().success());
+    match limit {
+        Some(limit) => {
+            let limit: u64 = limit.parse().unwrap();
+            assert_eq!(kib(&out, "/tmp"), limit / 1024, "/tmp is the default memory limit: {out}");
+            assert_eq!(kib(&out, "/dev/shm"), limit / 2 / 1024, "{out}");
+        }
+        None => skip_part("rootless without a delegated cgroup: no limit file to compare with"),
+    }
+    h.assert_no_residue(&[&name]);
+}
+
+#[test]
+#[cfg_attr(not(test_as_root), ignore = "needs root: creates real sandboxes (CI runs the suite as root)")]
+fn e05_unlimited_must_be_said_and_is_warned_about() {
+    require_root!();
+    let h = home("exh-unlimited");
+    let o = exec(
+        &h,
+        &["--memory", "unlimited", "--pids", "unlimited", "--cpus", "unlimited", "--disk", "unlimited"],
+        "true",
+    );
+    assert_eq!(o.code, 0, "{}", o.err);
+    let warning = "WARNING: jobs have no memory, pids, cpus, disk limit (said unlimited): one job can exhaust the node";
+    assert_eq!(o.err.lines().filter(|l| l.contains("said unlimited")).count(), 1, "{}", o.err);
+    assert!(o.err.contains(warning), "{}", o.err);
+    // Only what was said: the others keep their defaults, and nothing is warned about.
+    let o = exec(&h, &["--pids", "unlimited", "--disk", "unlimited"], "true");
+    assert!(o.err.contains("WARNING: jobs have no pids, disk limit (said unlimited)"), "{}", o.err);
+    let o = exec(&h, &["--disk", "unlimited"], "true");
+    assert!(o.err.contains("no disk limit (said unlimited)") && !o.err.contains("memory"), "{}", o.err);
+    if cgroups_enforced(&h).is_ok() {
+        let name = unique("exh-unl");
+        let job = waiting(&h, &name, &["--pids", "unlimited"]);
+        let pids = job_cgroup_file(&name, "pids.max");
+        assert!(job.finish().success());
+        assert_eq!(pids.as_deref(), Some("max"), "no pids limit written");
+        h.assert_no_residue(&[&name]);
+    }
+}
+
+/// A static program that changes a file's project attributes as a job would to move
+/// it out of its layer's quota: `OP:PATH` for OP in getflags, setflags (FS_IOC_SETFLAGS
+/// with the flags it has), fsgetxattr, fssetxattr (FS_IOC_FSSETXATTR with what it has),
+/// fssetxattr-hi (the same, the command with high bits set, which the kernel ignores).
+const ATTRS_C: &str = r#"
+#include <errno.h>
+#include <fcntl.h>
+#include <linux/fs.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/ioctl.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+int main(int argc, char **argv) {
+  for (int i = 1; i < argc; i++) {
+    char op[64] = {0};
+    const char *path = strchr(argv[i], ':');
+    if (!path) return 2;
+    memcpy(op, argv[i], path - argv[i] < 63 ? path - argv[i] : 63);
+    path++;
+    int fd = open(path, O_RDONLY);
+    long r = fd;
+    long flags = 0;
+    struct fsxattr x;
+    memset(&x, 0, sizeof x);
+    if (fd >= 0) {
+      if (!strcmp(op, "getflags")) r = ioctl(fd, FS_IOC_GETFLAGS, &flags);
+      else if (!strcmp(op, "setflags")) { r = ioctl(fd, FS_IOC_GETFLAGS, &flags); if (r == 0) r = ioctl(fd, FS_IOC_SETFLAGS, &flags); }
+      else if (!strcmp(op, "fsgetxattr")) r = ioctl(fd, FS_IOC_FSGETXATTR, &x);
+      else if (!strcmp(op, "fssetxattr")) { r = ioctl(fd, FS_IOC_FSGETXATTR, &x); if (r == 0) r = ioctl(fd, FS_IOC_FSSETXATTR, &x); }
+      else if (!strcmp(op, "fssetxattr-hi")) { r = ioctl(fd, FS_IOC_FSGETXATTR, &x); if (r == 0) r = syscall(SYS_ioctl, fd, 0xdead000000000000UL | FS_IOC_FSSETXATTR, &x); }
+      else return 2;
+    }
+    if (r >= 0) printf("%s: OK\n", op);
+    else printf("%s: %s\n", op, errno == EPERM ? "EPERM" : errno == ENOTTY ? "ENOTTY" : errno == EOPNOTSUPP ? "EOPNOTSUPP" : strerror(errno));
+  }
+  return 0;
+}
+"#;
+
+/// The program above, compiled once (cached under target/fixtures, keyed on source), in a
+/// dir of its own to bind into jobs.
+fn attrs_dir() -> PathBuf {
+    static P: OnceLock<PathBuf> = OnceLock::new();
+    P.get_or_init(|| {
+        let tag = &sha256_hex(ATTRS_C.as_bytes())[..12];
+        let dir = fixtures().join(format!("exhaust-attrs-{tag}"));
+        if !dir.join("attrs").exists() {
+            fs::create_dir_all(&dir).unwrap();
+            let src = dir.join("attrs.c");
+            fs::write(&src, ATTRS_C).unwrap();
+            let tmp = dir.join(format!("attrs.partial-{}", std::process::id()));
+            let o = Command::new("cc").args(["-static", "-O1", "-o"]).arg(&tmp).arg(&src).output().unwrap();
+            assert!(o.status.success(), "cannot compile attrs.c: {}", String::from_utf8_lossy(&o.stderr));
+            fs::rename(&tmp, dir.join("attrs")).unwrap();
+            fs::set_permissions(&dir, fs::Permissions::from_mode(0o755)).unwrap();
+        }
+        dir
+    })
+    .clone()
+}
+
+#[test]
+#[cfg_attr(not(test_as_root), ignore = "needs root: creates real sandboxes (CI runs the suite as root)")]
+fn e06_job_cannot_move_its_files_out_of_its_disk_quota() {
+    require_root!();
+    let h = home("exh-chproj");
+    let attrs = attrs_dir();
+    let ops = |p: &str| {
+        ["getflags", "setflags", "fsgetxattr", "fssetxattr", "fssetxattr-hi"].map(|o| format!("{o}:{p}")).join(" ")
+    };
+    // On the host the same calls work on a file of the home's filesystem: the job's EPERM
+    // is the sandbox's doing.
+    let host_file = h.dir.join("host-file");
+    fs::write(&host_file, "x").unwrap();
+    let o = Command::new(attrs.join("attrs")).args(ops(host_file.to_str().unwrap()).split(' ')).output().unwrap();
+    let host = String::from_utf8_lossy(&o.stdout).into_owned();
+    assert_eq!(host.matches(": OK").count(), 5, "on the host: {host}");
+    let vol = format!("{}:/t", attrs.display());
+    for (who, user) in USERS {
+        // In the job's writable layer (on the home's disk), where either user may write.
+        let script =
+            format!("touch /var/tmp/f && mkdir /var/tmp/d && /t/attrs {} {}", ops("/var/tmp/f"), ops("/var/tmp/d"));
+        let out = exec_ok(&h, &[&["--volume", vol.as_str(), "--disk", "unlimited"], user].concat(), &script);
+        let want = "getflags: OK\nsetflags: EPERM\nfsgetxattr: OK\nfssetxattr: EPERM\nfssetxattr-hi: EPERM\n".repeat(2);
+        assert_eq!(out, want, "as {who}: project id and PROJINHERIT stay as the quota set them");
+    }
+    h.assert_no_residue(&[]);
+}
+
+/// An ext4 image with project quotas, loop-mounted with `prjquota` (removed on drop).
+struct QuotaFs {
+    dir: PathBuf,
+    mnt: PathBuf,
+}
+
+impl QuotaFs {
+    fn mount(size_mb: u64) -> Result<QuotaFs, String> {
+        let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(unique("exhaust-prjquota"));
+        let (img, mnt) = (dir.join("fs.img"), dir.join("mnt"));
+        fs::create_dir_all(&mnt).unwrap();
+        let fs = QuotaFs { dir: dir.clone(), mnt: mnt.clone() };
+        fs::File::create(&img).unwrap().set_len(size_mb << 20).unwrap();
+        let o = Command::new("mkfs.ext4").args(["-q", "-F", "-O", "quota,project", "-I", "256"]).arg(&img).output();
+        match o {
+            Ok(o) if o.status.success() => {}
+            Ok(o) => return Err(format!("mkfs.ext4 -O quota,project failed: {}", String::from_utf8_lossy(&o.stderr))),
+            Err(e) => return Err(format!("no mkfs.ext4 (e2fsprogs): {e}")),
+        }
+        let o = Command::new("mount").args(["-o", "loop,prjquota"]).arg(&img).arg(&mnt).output().unwrap();
+        if !o.status.success() {
+            return Err(format!(
+                "this kernel cannot mount ext4 with project quotas (it needs CONFIG_QUOTA and CONFIG_QFMT_V2): \
+                 mount -o loop,prjquota: {}",
+                String::from_utf8_lossy(&o.stderr).lines().next().unwrap_or("").trim()
+            ));
+        }
+        Ok(fs)
+    }
+}
+
+impl Drop for QuotaFs {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(&self.mnt).output();
+        let _ = fs::remove_dir_all(&self.dir);
+    }
+}
+
+#[test]
+#[cfg_attr(not(test_as_root), ignore = "needs root: creates real sandboxes (CI runs the suite as root)")]
+fn e07_a_job_writing_past_its_disk_quota_gets_edquot_while_the_host_writes_on() {
+    require_root!();
+    if rootless() {
+        // No quota rootless (quotactl needs CAP_SYS_ADMIN in the initial user namespace):
+        // the job runs without one, and the start says so in one line.
+        let h = home("exh-quota-rootless");
+        let o = exec(&h, &["--disk", "32M"], "true");
+        assert_eq!(o.code, 0, "{}", o.err);
+        assert!(o.err.contains("WARNING: --disk 32.0M cannot be enforced: rootless mode"), "{}", o.err);
+        let o = exec(&h, &[], "true");
+        assert!(o.err.contains("WARNING: no disk quota for jobs: rootless mode"), "{}", o.err);
+        return;
+    }
+    let qfs = or_skip!(QuotaFs::mount(512));
+    let h = TestHome { dir: qfs.mnt.join("home") };
+    fs::create_dir_all(&h.dir).unwrap();
+    h.import(&escape_tar(), "esc");
+    let fill =
+        "dd if=/dev/zero of=/fill bs=1M count=512 2>&1 | grep -oE 'Disk quota exceeded|No space left on device' \
+                | head -1; echo more > /more 2>/dev/null || echo more=failed; echo end";
+    for (what, opts) in [("--disk 32M", &["--disk", "32M"][..]), ("no flags", &[][..])] {
+        let name = unique("exh-quota");
+        // The host writes 64 MiB on the same filesystem while the job fills its quota.
+        let host_file = qfs.mnt.join(format!("host-{name}"));
+        let writer = {
+            let host_file = host_file.clone();
+            std::thread::spawn(move || fs::write(&host_file, vec![7u8; 64 << 20]))
+        };
+        let o = exec(&h, &[&["--name", name.as_str()], opts].concat(), fill);
+        writer.join().unwrap().expect("the host's own write on the same filesystem");
+        assert_eq!(o.code, 0, "{what}: {}", o.err);
+        let quota_error = o.out.lines().next().unwrap_or("");
+        assert!(
+            quota_error == "Disk quota exceeded" || quota_error == "No space left on device",
+            "{what}: the job's write stops at its quota: {}",
+            o.out
+        );
+        assert!(o.out.ends_with("more=failed\nend\n"), "{what}: {}", o.out);
+        eprintln!("{what}: the job's writes stopped with \"{quota_error}\"; the host wrote 64 MiB");
+        assert_eq!(fs::metadata(&host_file).unwrap().len(), 64 << 20, "{what}: the host wrote all of it");
+        fs::remove_file(&host_file).unwrap();
+        h.assert_no_residue(&[&name]);
+        // The quota's limits are cleared with the job (the first id of the range).
+        let u = azp_sandbox::sys::quota::usage(&qfs.mnt, *azp_sandbox::sys::quota::PROJECT_IDS.start()).unwrap();
+        assert_eq!((u.bytes_limit, u.inodes_limit, u.bytes), (0, 0, 0), "{what}: {u:?}");
+    }
+    std::mem::forget(h); // its dir is on the image: the guard unmounts it
+}

@@ -1,0 +1,300 @@
+// ---------------------------------------------------------------------------------------
+// 20. The network (issue 23): every job has a network namespace of its own, outbound
+// only. Run in the network lab (tests/common/netlab.rs): a fake host (where azp-sandbox
+// runs) joined to a fake internet; the jobs' traffic never reaches a real interface.
+// Root mode (veth + the host's nftables table) and, in the rootless pass, pasta.
+// ---------------------------------------------------------------------------------------
+
+use super::*;
+use common::netlab::{self, NetLab, HOST_BODY, HOST_IP, INTERNET_BODY, INTERNET_IP, INTERNET_NAME, METADATA_BODY};
+
+/// `exec --rootfs esc OPTS -- sh -c SCRIPT` in the lab's fake host.
+fn exec_in(lab: &NetLab, h: &TestHome, opts: &[&str], script: &str) -> Out {
+    let o = h
+        .lab_command(lab)
+        .args(["exec", "--rootfs", "esc"])
+        .args(opts)
+        .args(["--", "sh", "-c", script])
+        .output()
+        .unwrap();
+    Out {
+        code: o.status.code().unwrap_or(-1),
+        out: String::from_utf8_lossy(&o.stdout).into_owned(),
+        err: String::from_utf8_lossy(&o.stderr).into_owned(),
+    }
+}
+
+fn exec_in_ok(lab: &NetLab, h: &TestHome, opts: &[&str], script: &str) -> String {
+    let o = exec_in(lab, h, opts, script);
+    assert_eq!(o.code, 0, "job failed ({opts:?}): stdout:\n{}\nstderr:\n{}", o.out, o.err);
+    o.out
+}
+
+/// An HTTP GET in the job: the body, or `GET-FAILED`.
+fn get(url: &str) -> String {
+    // busybox wget crashes with -q and -T together: timeout(1) bounds it instead.
+    format!("timeout 5 wget -q -O- {url} 2>/dev/null || echo GET-FAILED")
+}
+
+/// The job's gateway (the default subnet's first address).
+const GATEWAY: &str = "10.87.0.1";
+
+/// What the job's `connect-tcp` to a blocked destination may say: refused by its own
+/// routes (EACCES), by the host (EHOSTUNREACH: rejected), or unanswered (ETIMEDOUT,
+/// rootless: pasta's connection to an address nobody has). Never OK.
+fn blocked(result: &str) -> bool {
+    ["EACCES", "EHOSTUNREACH", "ETIMEDOUT", "ECONNREFUSED", "ENETUNREACH"].contains(&result)
+}
+
+fn probe_results(out: &str) -> std::collections::BTreeMap<String, String> {
+    out.lines().filter_map(|l| l.split_once(": ")).map(|(k, v)| (k.to_string(), v.trim().to_string())).collect()
+}
+
+#[test]
+#[cfg_attr(not(test_as_root), ignore = "needs root: creates real sandboxes and network namespaces")]
+fn t20_job_reaches_the_internet_by_name_and_address_with_a_network_of_its_own() {
+    require_root!();
+    let lab = or_skip!(NetLab::new());
+    let h = home("net-out");
+    for (who, opts) in USERS {
+        let script = format!(
+            "{}; {}; echo links=$(ls /sys/class/net | tr '\\n' ' '); grep nameserver /etc/resolv.conf; \
+             echo mtu=$(cat /sys/class/net/eth0/mtu)",
+            get(&format!("http://{INTERNET_NAME}/")),
+            get(&format!("http://{INTERNET_IP}/"))
+        );
+        let out = exec_in_ok(&lab, &h, opts, &script);
+        assert_eq!(out.matches(INTERNET_BODY).count(), 2, "{who}: by name and by address: {out}");
+        // Its own sysfs (the helper's, of the job's namespace) and the host's resolver
+        // (127.0.0.53 in the fake host) reached at the gateway.
+        assert!(out.contains("links=eth0 lo\n"), "{who}: {out}");
+        assert!(out.contains(&format!("nameserver {GATEWAY}")) && !out.contains("nameserver 127."), "{who}: {out}");
+        // The link says which mode made it: a veth (root) or pasta's tap (rootless).
+        let mtu = if rootless() { "mtu=65520" } else { "mtu=1500" };
+        assert!(out.contains(mtu), "{who}: {out}");
+    }
+    h.assert_no_residue(&[]);
+}
+
+#[test]
+#[cfg_attr(not(test_as_root), ignore = "needs root: creates real sandboxes and network namespaces")]
+fn t21_job_cannot_reach_the_hosts_loopback_or_addresses() {
+    require_root!();
+    let lab = or_skip!(NetLab::new());
+    let h = home("net-host");
+    let loopback = format!("http://127.0.0.1:{}/", netlab::HOST_LOOPBACK_PORT);
+    // The control: with the host's network, the job reads the host's loopback service.
+    let out = exec_in_ok(&lab, &h, &["--network", "host"], &get(&loopback));
+    assert!(out.contains(HOST_BODY), "the fake host's server must be up: {out}");
+    for (who, opts) in USERS {
+        let targets = toks(&[
+            &format!("connect-tcp:127.0.0.1:{}", netlab::HOST_LOOPBACK_PORT),
+            &format!("connect-tcp:{HOST_IP}:{}", netlab::HOST_ANY_PORT),
+            &format!("connect-tcp:{GATEWAY}:{}", netlab::HOST_LOOPBACK_PORT),
+            &format!("connect-tcp:{GATEWAY}:{}", netlab::HOST_ANY_PORT),
+        ]);
+        let script = format!(
+            "{}; {}; {}; {}",
+            probe(&targets),
+            get(&loopback),
+            get(&format!("http://{HOST_IP}:{}/", netlab::HOST_ANY_PORT)),
+            get(&format!("http://{GATEWAY}:{}/", netlab::HOST_LOOPBACK_PORT))
+        );
+        let out = exec_in_ok(&lab, &h, opts, &script);
+        assert!(!out.contains(HOST_BODY), "{who} read a host service: {out}");
+        let r = probe_results(&out);
+        assert_eq!(r[&targets[0]], "ECONNREFUSED", "{who}: 127.0.0.1 is the job's own loopback: {out}");
+        assert_eq!(r[&targets[1]], "EACCES", "{who}: the host's address is prohibited in the job: {out}");
+        for t in &targets[2..] {
+            assert!(blocked(&r[t]), "{who}: {t}: {out}");
+        }
+    }
+    h.assert_no_residue(&[]);
+}
+
+#[test]
+#[cfg_attr(not(test_as_root), ignore = "needs root: creates real sandboxes and network namespaces")]
+fn t22_job_cannot_connect_to_the_hosts_abstract_unix_sockets() {
+    require_root!();
+    let lab = or_skip!(NetLab::new());
+    let h = home("net-abstract");
+    let tok = toks(&[&format!("connect-abstract:{}", lab.abstract_name())]);
+    // The control: in the host's network namespace the socket is there.
+    let out = exec_in_ok(&lab, &h, &["--network", "host"], &probe(&tok));
+    assert_eq!(out, expect(&tok, |_| "OK".into()));
+    wait_until("the host socket's accept", Duration::from_secs(5), || lab.abstract_accepts() == 1);
+    for (who, opts) in USERS {
+        for mode in ["isolated", "none"] {
+            let out = exec_in_ok(&lab, &h, &[opts, &["--network", mode]].concat(), &probe(&tok));
+            assert_eq!(out, expect(&tok, |_| "ECONNREFUSED".into()), "{who} --network {mode}");
+        }
+    }
+    std::thread::sleep(Duration::from_millis(100));
+    assert_eq!(lab.abstract_accepts(), 1, "no job got through");
+    h.assert_no_residue(&[]);
+}
+
+#[test]
+#[cfg_attr(not(test_as_root), ignore = "needs root: creates real sandboxes and network namespaces")]
+fn t23_job_cannot_reach_another_slots_listener() {
+    require_root!();
+    use std::io::BufRead;
+    let lab = or_skip!(NetLab::new());
+    let h = home("net-slots");
+    // Slot A: a listener on all its addresses, its address and a self-check printed.
+    let mut a = h
+        .lab_command(&lab)
+        .args(["exec", "--rootfs", "esc", "--", "sh", "-c"])
+        .arg(format!(
+            "mkdir /tmp/w && echo slot-a-secret > /tmp/w/index.html && httpd -f -p 9000 -h /tmp/w & \
+             sleep 0.5; echo addr=$(ip -4 -o addr show eth0 | awk '{{print $4}}' | cut -d/ -f1); \
+             {}; sleep 60",
+            get("http://127.0.0.1:9000/")
+        ))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut lines = std::io::BufReader::new(a.stdout.take().unwrap()).lines();
+    let addr = lines.next().unwrap().unwrap();
+    let addr = addr.strip_prefix("addr=").unwrap_or_else(|| panic!("{addr}")).to_string();
+    assert_eq!(lines.next().unwrap().unwrap(), "slot-a-secret", "slot A's own listener answers it");
+    // Slot B, at the same time: A's address, the gateway, the host's address.
+    for (who, opts) in USERS {
+        let targets = toks(&[
+            &format!("connect-tcp:{addr}:9000"),
+            &format!("connect-tcp:{GATEWAY}:9000"),
+            &format!("connect-tcp:{HOST_IP}:9000"),
+        ]);
+        let script = format!("{}; {}", probe(&targets), get(&format!("http://{addr}:9000/")));
+        let out = exec_in_ok(&lab, &h, opts, &script);
+        assert!(!out.contains("slot-a-secret"), "{who} reached slot A: {out}");
+        let r = probe_results(&out);
+        for t in &targets {
+            assert!(blocked(&r[t]), "{who}: {t}: {out}");
+        }
+    }
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(a.id() as i32), nix::sys::signal::SIGTERM).unwrap();
+    a.wait().unwrap();
+    h.assert_no_residue(&[]);
+}
+
+#[test]
+#[cfg_attr(not(test_as_root), ignore = "needs root: creates real sandboxes and network namespaces")]
+fn t24_metadata_service_is_blocked_unless_allowed() {
+    require_root!();
+    let lab = or_skip!(NetLab::new());
+    let h = home("net-metadata");
+    let url = format!("http://{}/", netlab::METADATA_IP);
+    let tok = toks(&[&format!("connect-tcp:{}:80", netlab::METADATA_IP)]);
+    for (who, opts) in USERS {
+        let out = exec_in_ok(&lab, &h, opts, &format!("{}; {}", probe(&tok), get(&url)));
+        assert!(!out.contains(METADATA_BODY), "{who}: {out}");
+        assert_eq!(probe_results(&out)[&tok[0]], "EACCES", "{who}: {out}");
+    }
+    // An operator's allow entry opens it (rootless: the address alone; pasta cannot
+    // limit it to a port).
+    let allow = if rootless() { netlab::METADATA_IP.to_string() } else { format!("{}:80", netlab::METADATA_IP) };
+    let out = exec_in_ok(&lab, &h, &["--network-allow", &allow], &get(&url));
+    assert!(out.contains(METADATA_BODY), "--network-allow {allow}: {out}");
+    if !rootless() {
+        // Only that port: another one is refused by the host's table (nothing listens
+        // there, which would say ECONNREFUSED).
+        let other = toks(&[&format!("connect-tcp:{}:81", netlab::METADATA_IP)]);
+        let out = exec_in_ok(&lab, &h, &["--network-allow", &allow], &probe(&other));
+        assert_eq!(probe_results(&out)[&other[0]], "EHOSTUNREACH", "{out}");
+    } else {
+        let o = exec_in(&lab, &h, &["--network-allow", "169.254.169.254:80"], "true");
+        assert_eq!(o.code, 125, "{}", o.err);
+        assert!(o.err.contains("cannot be limited to a port") && o.err.lines().count() == 1, "{}", o.err);
+    }
+    h.assert_no_residue(&[]);
+}
+
+#[test]
+#[cfg_attr(not(test_as_root), ignore = "needs root: creates real sandboxes and network namespaces")]
+fn t25_job_cannot_change_its_network_even_as_root() {
+    require_root!();
+    let lab = or_skip!(NetLab::new());
+    let h = home("net-admin");
+    let script = format!(
+        "ip route del default 2>&1; ip addr add 10.87.9.9/32 dev eth0 2>&1; ip route del prohibit 169.254.0.0/16 2>&1; \
+         ip link set eth0 down 2>&1; {}",
+        get(&format!("http://{INTERNET_IP}/"))
+    );
+    let out = exec_in_ok(&lab, &h, &[], &script);
+    assert_eq!(out.matches("Operation not permitted").count(), 4, "{out}");
+    assert!(out.contains(INTERNET_BODY), "its network is unchanged: {out}");
+    h.assert_no_residue(&[]);
+}
+
+#[test]
+#[cfg_attr(not(test_as_root), ignore = "needs root: creates real sandboxes and network namespaces")]
+fn t26_network_none_is_loopback_only() {
+    require_root!();
+    let lab = or_skip!(NetLab::new());
+    let h = home("net-none");
+    let tok = toks(&[&format!("connect-tcp:{INTERNET_IP}:80")]);
+    let out = exec_in_ok(&lab, &h, &["--network", "none"], &format!("ls /sys/class/net; {}", probe(&tok)));
+    assert_eq!(out, format!("lo\n{}", expect(&tok, |_| "ENETUNREACH".into())));
+    h.assert_no_residue(&[]);
+}
+
+#[test]
+#[cfg_attr(not(test_as_root), ignore = "needs root: creates real sandboxes and network namespaces")]
+fn t27_no_network_state_is_left_after_jobs_a_kill_9_and_gc() {
+    require_root!();
+    let lab = or_skip!(NetLab::new());
+    let h = home("net-residue");
+    exec_in_ok(&lab, &h, &[], "true");
+    let forward_before_gc = lab.host_ip_forward();
+    // A job killed with its `exec` (SIGKILL: nothing of ours runs), then gc.
+    let m = unique("net-kill9");
+    let mut job = HostProc(
+        h.lab_command(&lab)
+            .args(["exec", "--rootfs", "esc", "--", "sh", "-c"])
+            .arg(format!("exec sleep 60 {m}"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    wait_until("the job to run", Duration::from_secs(30), || !processes_matching(&m).is_empty());
+    job.0.kill().unwrap();
+    job.0.wait().unwrap();
+    let out = h.lab_command(&lab).arg("gc").output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    wait_until("the job's processes to be gone", Duration::from_secs(10), || processes_matching(&m).is_empty());
+    let out = h.lab_command(&lab).arg("gc").output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(lab.host_network_residue(), Vec::<String>::new(), "links or the table left in the fake host");
+    if rootless() {
+        assert_eq!(forward_before_gc, "0", "rootless jobs change nothing on the host");
+    } else {
+        assert_eq!(forward_before_gc, "1", "root mode: forwarding on while the table exists");
+    }
+    assert_eq!(lab.host_ip_forward(), "0", "IPv4 forwarding back off with the table");
+    assert!(processes_matching(h.dir.to_str().unwrap()).is_empty(), "processes of this home left (pasta?)");
+    h.assert_no_residue(&[]);
+}
+
+#[test]
+fn t28_bad_network_input_gets_one_line() {
+    let h = TestHome::new("net-bad");
+    for (args, want) in [
+        (vec!["--network", "bridge"], "invalid value 'bridge' for '--network <MODE>'"),
+        (vec!["--network-allow", "metadata"], "bad --network-allow entry 'metadata': use an IPv4 address"),
+        (vec!["--network-allow", "[fe80::1]:80"], "jobs have IPv4 only"),
+    ] {
+        let out = h.command().args(["exec", "--rootfs", "esc"]).args(&args).args(["--", "true"]).output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        assert!(err.contains(want), "{args:?}: {err}");
+    }
+    let cfg = h.dir.join("config.toml");
+    std::fs::write(&cfg, "url = \"https://dev.azure.com/o\"\npool = \"p\"\nnetwork = \"bridge\"\n").unwrap();
+    let out = h.command().args(["run", "--config"]).arg(&cfg).arg("--token-file=/nonexistent").output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("unknown network mode 'bridge': use isolated (the default), none or host"), "{err}");
+    assert_eq!(err.lines().filter(|l| l.contains("error")).count(), 1, "{err}");
+}
