@@ -520,13 +520,13 @@ mod tests {
 
     #[test]
     fn the_init_is_pid_1_from_a_read_only_bind_on_dev() {
-        let spec = build(&plan(), Path::new("/m"), &CgroupOwner::Libcontainer).unwrap();
+        let spec = build(&plan(), Path::new("/m"), &CgroupOwner::Libcontainer { memsw: false }).unwrap();
         let args = spec.process().as_ref().unwrap().args().clone().unwrap();
         assert_eq!(args, ["/bin/sh", "-c", "true"], "no init in the plan: the command is pid 1");
         let mut p = plan();
         p.process.init = Some("/home/cache/init/azp-init-1".into());
         p.process.terminal = true;
-        let spec = build(&p, Path::new("/m"), &CgroupOwner::Libcontainer).unwrap();
+        let spec = build(&p, Path::new("/m"), &CgroupOwner::Libcontainer { memsw: false }).unwrap();
         let process = spec.process().as_ref().unwrap();
         assert_eq!(process.args().as_ref().unwrap(), &["/dev/.azp-init", "/bin/sh", "-c", "true"]);
         assert_eq!(process.terminal(), Some(true));
