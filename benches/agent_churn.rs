@@ -13,6 +13,8 @@
 mod digest;
 #[path = "../tests/common/fake_azure.rs"]
 mod fake_azure;
+#[path = "../tests/common/netlab.rs"]
+mod netlab;
 #[path = "common/proc_events.rs"]
 mod proc_events;
 
@@ -228,7 +230,12 @@ fn main() {
         .status()
         .unwrap()
         .success());
-    let fake = FakeAzure::start();
+    // Jobs have a network of their own (the default): the fake Azure DevOps is in the
+    // network lab's fake internet, and this process (so every `run` it starts) in its
+    // fake host, as Azure is outside the host in production.
+    let lab = netlab::NetLab::new().expect("the bench's network lab");
+    let fake = FakeAzure::start_in(&lab);
+    lab.enter_host();
     let token = work.join("pat");
     std::fs::write(&token, fake.pat()).unwrap();
     let ctx = Ctx { bin, home: home.clone(), fake, token };
