@@ -55,6 +55,17 @@ pub struct RunArgs {
     /// Exit when no job ran for this many seconds (what Slurm batch jobs use)
     #[arg(long, value_name = "SECS")]
     exit_when_idle: Option<u64>,
+    /// Host dir (e.g. local NVMe) for each job's agent work folder, made empty per job
+    /// and deleted after it [env: AZP_WORK; default: in the job's writable layer]
+    #[arg(long, value_name = "DIR")]
+    work_dir: Option<PathBuf>,
+    /// Keep the writable layer and logs of the last N failed jobs in HOME/failed
+    /// (`status` lists them, `gc --failed` removes them) [default: 0]
+    #[arg(long, value_name = "N")]
+    keep_failed: Option<usize>,
+    /// Most bytes of agent _diag logs kept per agent in HOME/logs/AGENT/ [default: 200M]
+    #[arg(long, value_name = "SIZE", value_parser = azp_sandbox::config::parse_size)]
+    diag_logs_max: Option<u64>,
 }
 
 impl RunArgs {
@@ -77,6 +88,9 @@ impl RunArgs {
             idle_timeout: self.idle_timeout.map(Duration::from_secs),
             poll_interval: self.poll_interval.map(Duration::from_secs),
             exit_when_idle: self.exit_when_idle.map(Duration::from_secs),
+            work_dir: self.work_dir.clone(),
+            keep_failed: self.keep_failed,
+            diag_logs_max: self.diag_logs_max,
             ..self.pool.flags()
         }
     }
@@ -144,6 +158,9 @@ mod tests {
             "--idle-timeout=30",
             "--poll-interval=5",
             "--exit-when-idle=60",
+            "--work-dir=/scratch",
+            "--keep-failed=2",
+            "--diag-logs-max=10M",
         ]);
         let f = a.flags();
         assert_eq!(
@@ -165,6 +182,10 @@ mod tests {
         assert_eq!((f.min_agents, f.max_agents), (Some(1), Some(3)));
         assert_eq!((f.idle_timeout, f.poll_interval), (Some(Duration::from_secs(30)), Some(Duration::from_secs(5))));
         assert_eq!(f.exit_when_idle, Some(Duration::from_secs(60)));
+        assert_eq!(
+            (f.work_dir.as_deref(), f.keep_failed, f.diag_logs_max),
+            (Some(std::path::Path::new("/scratch")), Some(2), Some(10 << 20))
+        );
         let f = run_args(&[]).flags();
         assert!(f.pool.is_none() && f.agents.is_none() && f.drain_timeout.is_none() && !f.autoscale, "{f:?}");
     }

@@ -27,7 +27,7 @@ use crate::settings::{self, RunSettings};
 use anyhow::{bail, Context, Result};
 use slots::{job_in_progress, Slots};
 use status::{SlotStatus, Status};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, RwLock};
 use std::time::{Duration, Instant};
@@ -147,15 +147,6 @@ pub fn prune(client: &AzureClient, pool_id: u64, prefix: &str, keep: impl Fn(&st
         }
     }
     Ok(removed)
-}
-
-/// uid/gid of `user` from the rootfs's /etc/passwd.
-pub fn passwd_user(rootfs: &Path, user: &str) -> Option<(u32, u32)> {
-    let text = std::fs::read_to_string(rootfs.join("etc/passwd")).ok()?;
-    text.lines().find_map(|l| {
-        let f: Vec<&str> = l.split(':').collect();
-        (f.len() >= 4 && f[0] == user).then(|| Some((f[2].parse().ok()?, f[3].parse().ok()?))).flatten()
-    })
 }
 
 /// `azp-sandbox agents prune --pool P`: removes every offline agent with our prefix.

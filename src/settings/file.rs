@@ -35,6 +35,12 @@ pub struct FileSettings {
     pub max_agents: Option<usize>,
     pub idle_timeout_secs: Option<u64>,
     pub poll_interval_secs: Option<u64>,
+    /// Host dir for the jobs' agent work folders (`run --work-dir`).
+    pub work_dir: Option<PathBuf>,
+    /// Failed jobs kept for inspection (`run --keep-failed`).
+    pub keep_failed: Option<usize>,
+    /// Size bound of each agent's kept `_diag` logs, e.g. "200M".
+    pub diag_logs_max: Option<String>,
     /// Setuid mode's site policy (read by `setuid::policy`, not by `run`).
     pub setuid: Option<toml::Value>,
 }
