@@ -10,8 +10,11 @@
 //! them), [`drain`] (when to stop, and the slots' drain), [`shutdown`] (records, gc).
 
 pub mod autoscale;
+pub mod diag;
 pub mod drain;
+pub mod failed;
 pub mod hooks;
+pub mod joblog;
 pub mod phases;
 pub mod service;
 pub mod shutdown;
@@ -19,6 +22,7 @@ pub mod slot;
 pub mod slots;
 pub mod startup;
 pub mod status;
+pub mod workdir;
 
 use crate::agent::package::{AgentPackage, PackageCache};
 use crate::azure::AzureClient;
@@ -57,6 +61,21 @@ impl Shared {
         if let Err(e) = status::write(&status::path(&self.home), &st) {
             tracing::warn!("{e:#}");
         }
+    }
+
+    /// Where this home's per-job work dirs go (`--work-dir`), if anywhere.
+    pub fn work_root(&self) -> Option<PathBuf> {
+        workdir::root(&self.home, &self.settings)
+    }
+
+    /// The rootfs the slots run on.
+    pub fn rootfs_name(&self) -> String {
+        self.status.lock().unwrap_or_else(|p| p.into_inner()).rootfs.clone()
+    }
+
+    /// The agent package's version (it changes after an update).
+    pub fn package_version(&self) -> String {
+        self.package.read().unwrap_or_else(|p| p.into_inner()).version.clone()
     }
 
     /// The lower layer holding the agent package at `/azp/agent`.

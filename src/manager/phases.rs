@@ -189,6 +189,7 @@ mod tests {
             cgroup_path: PathBuf::new(),
             owned_dirs: vec![],
             rootless: false,
+            scratch: None,
         };
         let caps = advertised_capabilities(&plan, "h-0", "4.252.0", root.path());
         for (k, v) in [

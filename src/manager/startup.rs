@@ -38,6 +38,9 @@ pub struct Ready {
 pub fn check(home: &Home, settings: &RunSettings, ctx: RunContext) -> Result<Ready> {
     crate::sandbox::prepare_home(home)?;
     crate::sandbox::gc(home)?.log();
+    for stale in super::workdir::prepare(home, settings)? {
+        tracing::info!("removed the work dir {} left by an earlier run", stale.display());
+    }
     let (token, client, pool_id) = server(settings, ctx.env_token)?;
     let (driver, split) = gpus(settings, &ctx.driver_root)?;
     let (rootfs_name, lease) = rootfs(home, settings, &driver)?;

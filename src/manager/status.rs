@@ -21,6 +21,10 @@ pub struct Status {
     /// Queue-driven autoscaling: queue, knobs and the latest decisions.
     #[serde(default)]
     pub scaler: Option<crate::scaler::ScalerStatus>,
+    /// Failed jobs kept for inspection (`--keep-failed`), oldest first: read from
+    /// `HOME/failed` by `status`, not written by the manager.
+    #[serde(default)]
+    pub failed_jobs: Vec<super::failed::KeptJob>,
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
@@ -97,5 +101,6 @@ pub fn render(s: &Status, alive: bool) -> String {
             note
         ));
     }
+    out.push_str(&super::failed::render(&s.failed_jobs));
     out
 }

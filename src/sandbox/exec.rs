@@ -126,6 +126,7 @@ pub fn prepare(home: &Home, driver_root: &Path, req: &ExecRequest) -> Result<(Jo
         cgroup_path: super::teardown::cgroup_path_for(home, &id),
         owned_dirs: vec![],
         rootless: false,
+        scratch: None,
     };
     Ok((plan, lease))
 }

@@ -41,6 +41,9 @@ pub struct JobState {
     pub rootfs: Vec<PathBuf>,
     pub runner_pid: u32,
     pub started_unix: u64,
+    /// The job's scratch dir on the host (removed with the job).
+    #[serde(default)]
+    pub scratch: Option<PathBuf>,
 }
 
 impl JobState {
@@ -57,6 +60,7 @@ impl JobState {
                 .duration_since(std::time::SystemTime::UNIX_EPOCH)
                 .map(|d| d.as_secs())
                 .unwrap_or(0),
+            scratch: plan.scratch.as_ref().map(|s| s.host.clone()),
         }
     }
 }

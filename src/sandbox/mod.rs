@@ -15,7 +15,7 @@ pub mod seccomp;
 pub mod spec;
 pub mod teardown;
 
-pub use plan::{JobPlan, Limits};
+pub use plan::{JobPlan, Limits, ScratchDir};
 pub use report::{FailureKind, SandboxError};
 pub use runner::{run_job, JobOutcome, Phase, RunOptions, Sandbox};
 pub use teardown::{gc, gc_all, gc_before_job, GcReport};

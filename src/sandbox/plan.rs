@@ -42,6 +42,22 @@ pub struct JobPlan {
     /// [`crate::rootless::mode`]. Changes the overlay options and the spec (see spec.rs).
     #[serde(default)]
     pub rootless: bool,
+    /// A host dir of the job's own, bound read-write (the agent's work folder on a scratch
+    /// filesystem; see [`ScratchDir`]).
+    #[serde(default)]
+    pub scratch: Option<ScratchDir>,
+}
+
+/// A per-job host dir bound read-write into the sandbox, e.g. the agent's `_work` on a
+/// node's local NVMe: made empty by `Sandbox::create` (its parent must exist), given to
+/// the job's user by the helper, removed by the teardown, and by gc after a crash (the
+/// job's record names it).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ScratchDir {
+    /// On the host; its name is the job's (`<parent>/<job id>`).
+    pub host: PathBuf,
+    /// Where the job sees it.
+    pub container: PathBuf,
 }
 
 /// Default PATH, as Docker sets it.
@@ -66,5 +82,6 @@ pub(crate) fn test_plan(id: &str, lower: Vec<PathBuf>, cgroup_path: &str) -> Job
         cgroup_path: cgroup_path.into(),
         owned_dirs: vec![],
         rootless: false,
+        scratch: None,
     }
 }

@@ -115,7 +115,7 @@ impl Sandbox {
         let job = JobDir::new(home, &plan.id);
         let lock = job.create(&plan, &JobState::for_plan(&job, &plan))?;
         tracing::debug!(job = %plan.id, "job dir recorded");
-        Ok(Sandbox {
+        let sandbox = Sandbox {
             home: home.clone(),
             job,
             plan,
@@ -123,7 +123,12 @@ impl Sandbox {
             created: Instant::now(),
             pending: None,
             prepared: None,
-        })
+        };
+        // Recorded first, so gc removes it if we die from here on (dropped on an error).
+        if let Some(s) = &sandbox.plan.scratch {
+            make_scratch(&s.host)?;
+        }
+        Ok(sandbox)
     }
 
     pub fn id(&self) -> &str {
@@ -138,6 +143,22 @@ impl Sandbox {
     /// The job's writable layer on the host (what the job wrote, e.g. agent logs).
     pub fn upper(&self) -> std::path::PathBuf {
         self.job.upper()
+    }
+
+    /// Waits until the last phase's helper has exited: by then everything the phase printed
+    /// is in its output file. (Not done after every phase: the helper deletes its container
+    /// while the next phase already runs.)
+    pub fn settle(&mut self) {
+        self.wait_pending();
+    }
+
+    /// Moves the job's writable layers (`upper/`, `work/`) to `dest` (which must not exist,
+    /// on the home's filesystem), so that the teardown leaves them: a failed job kept for
+    /// inspection. Waits for the last helper first (its overlay holds the dirs).
+    pub fn keep_layers(&mut self, dest: &std::path::Path) -> Result<()> {
+        self.wait_pending();
+        std::fs::rename(&self.job.layers, dest)
+            .with_context(|| format!("cannot move {} to {}", self.job.layers.display(), dest.display()))
     }
 
     /// Writes the phase's plan for the next helper; returns the job id.
@@ -313,6 +334,16 @@ impl Drop for Sandbox {
             }
         }
     }
+}
+
+/// The job's scratch dir, empty and ours (0700): whatever a crashed run left under its
+/// name goes first. Its parent must exist.
+fn make_scratch(dir: &std::path::Path) -> Result<()> {
+    use std::os::unix::fs::DirBuilderExt;
+    sys::fs_at::remove_tree(dir).with_context(|| format!("cannot empty the job's work dir {}", dir.display()))?;
+    std::fs::DirBuilder::new().mode(0o700).create(dir).with_context(|| {
+        format!("cannot create the job's work dir {}: check that its parent exists and has free space", dir.display())
+    })
 }
 
 /// Runs one command to completion in a fresh sandbox and removes everything it left.

@@ -62,6 +62,9 @@ pub trait Sys {
     /// A directory tree, never following a symlink in it; a missing one is no error.
     fn remove_tree(&self, dir: &Path) -> Result<()>;
     fn rename(&self, from: &Path, to: &Path) -> Result<()>;
+    /// Gives the directory `dir` (not a symlink) to `uid`:`gid`: a job's scratch dir, made
+    /// by its runner, handed to the job's user.
+    fn give_dir(&self, dir: &Path, uid: u32, gid: u32) -> Result<()>;
 }
 
 /// The real thing.
@@ -102,6 +105,15 @@ impl Sys for Real {
         std::fs::rename(from, to).map_err(|source| Error::Rename {
             from: from.to_path_buf(),
             to: to.to_path_buf(),
+            source,
+        })
+    }
+    fn give_dir(&self, dir: &Path, uid: u32, gid: u32) -> Result<()> {
+        use std::os::fd::AsRawFd;
+        fs_at::open_dir(dir).and_then(|fd| fs_at::fchown(fd.as_raw_fd(), uid, gid)).map_err(|source| Error::GiveDir {
+            path: dir.to_path_buf(),
+            uid,
+            gid,
             source,
         })
     }
@@ -212,6 +224,14 @@ impl Sys for Recorder {
         self.step(format!("rename {} {}", from.display(), to.display())).map_err(|e| Error::Rename {
             from: from.into(),
             to: to.into(),
+            source: self.io(e),
+        })
+    }
+    fn give_dir(&self, dir: &Path, uid: u32, gid: u32) -> Result<()> {
+        self.step(format!("give_dir {} {uid}:{gid}", dir.display())).map_err(|e| Error::GiveDir {
+            path: dir.into(),
+            uid,
+            gid,
             source: self.io(e),
         })
     }

@@ -232,6 +232,7 @@ mod tests {
             cgroup_path: "/x".into(),
             owned_dirs: vec![],
             rootless: false,
+            scratch: None,
         };
         p.edits.update_ldcache = true;
         p.edits.mounts.push(BindMount {
