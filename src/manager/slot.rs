@@ -221,7 +221,8 @@ fn one_job(
     if let Some(reason) = &failure {
         sandbox.settle();
         last = log.last_lines_since(run_start, joblog::TAIL_LINES);
-        if shared.settings.keep_failed > 0 {
+        // An agent that had no job and was stopped by a drain is no failed job.
+        if shared.settings.keep_failed > 0 && (worked || !cfg.stopping(shared)) {
             if let Err(e) = keep_failed(shared, cfg, &mut sandbox, &plan.id, reason, &log, section) {
                 tracing::warn!(slot = cfg.index, job = %plan.id, "could not keep the failed job: {e:#}");
             }

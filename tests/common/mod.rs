@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 pub mod digest;
 pub mod fake_azure;
+pub mod real_agent;
 pub mod registry;
 pub mod skip;
 
