@@ -62,7 +62,8 @@ fn give_to_test_user(dir: &Path) {
 
 /// The job dirs under `dir` (`<prefix>-<slot>-<n>`).
 fn job_dirs(dir: &Path) -> Vec<PathBuf> {
-    let mut v: Vec<PathBuf> = std::fs::read_dir(dir).map(|r| r.flatten().map(|e| e.path()).collect()).unwrap_or_default();
+    let mut v: Vec<PathBuf> =
+        std::fs::read_dir(dir).map(|r| r.flatten().map(|e| e.path()).collect()).unwrap_or_default();
     v.sort();
     v
 }
@@ -207,7 +208,9 @@ fn failed_jobs_are_kept_listed_bounded_and_removed_by_gc() {
     assert_eq!(results.len(), 5, "{}", mgr.log());
     assert_eq!(results[0].result, "failed");
     assert_eq!(results[4].result, "succeeded");
-    wait_until("three failures kept", Duration::from_secs(60), || mgr.log().matches("kept the failed job").count() == 3);
+    wait_until("three failures kept", Duration::from_secs(60), || {
+        mgr.log().matches("kept the failed job").count() == 3
+    });
     let log = mgr.log();
     assert!(
         log.contains("run.sh --once exited with 10; its last output: \"")
@@ -314,7 +317,9 @@ fn a_drain_cancels_the_running_job_through_the_listener() {
     assert!(r.output.contains("started") && !r.output.contains("never"), "{r:?}");
     assert!(r.at >= signalled + drain, "the job had its drain timeout first");
     assert!(r.at <= stopped, "reported before the slot was gone");
-    assert!(p.fake.agents().iter().all(|a| a.name != "drain-0") || p.fake.agent("drain-0").unwrap().sessions_deleted >= 1);
+    assert!(
+        p.fake.agents().iter().all(|a| a.name != "drain-0") || p.fake.agent("drain-0").unwrap().sessions_deleted >= 1
+    );
     assert!(log.contains("result=Canceled"), "{log}");
     p.h.assert_no_residue(&[]);
 }
@@ -351,7 +356,8 @@ fn the_entry_scripts_refuse_root_and_check_the_dotnet_dependencies() {
     let pkg = unpacked(&Variant { coreclr_needs: Some("libazp-test-missing.so.1") });
     let dir = pkg.path();
     if is_root() {
-        for (script, says) in [("config.sh", "Must not run with sudo"), ("run.sh", "Must not run interactively with sudo")]
+        for (script, says) in
+            [("config.sh", "Must not run with sudo"), ("run.sh", "Must not run interactively with sudo")]
         {
             let out = sh(dir, script, &[], &[]).output().unwrap();
             assert_eq!(out.status.code(), Some(1), "{script}");
@@ -468,8 +474,10 @@ fn the_listener_cancels_on_its_own_signal_but_run_sh_passes_none_on() {
         fake.agent("host-stand-in").is_some_and(|a| a.sessions_deleted == 1)
     });
     wait_until("the listener exited", Duration::from_secs(10), || !Path::new(&format!("/proc/{listener}")).exists());
-    let diag_text: String =
-        files_in(&dir.join("_diag")).iter().map(|f| std::fs::read_to_string(dir.join("_diag").join(f)).unwrap()).collect();
+    let diag_text: String = files_in(&dir.join("_diag"))
+        .iter()
+        .map(|f| std::fs::read_to_string(dir.join("_diag").join(f)).unwrap())
+        .collect();
     assert!(diag_text.contains("Received SIGINT"), "{diag_text}");
     assert!(diag_text.contains(&format!("Job {job} completed with result: Canceled")), "{diag_text}");
 }

@@ -63,7 +63,8 @@ pub struct RunArgs {
     /// (`status` lists them, `gc --failed` removes them) [default: 0]
     #[arg(long, value_name = "N")]
     keep_failed: Option<usize>,
-    /// Most bytes of agent _diag logs kept per agent in HOME/logs/AGENT/ [default: 200M]
+    /// Most bytes of agent _diag logs kept per agent in HOME/logs/AGENT/ (0: none)
+    /// [default: 200M]
     #[arg(long, value_name = "SIZE", value_parser = azp_sandbox::config::parse_size)]
     diag_logs_max: Option<u64>,
 }

@@ -1,6 +1,9 @@
 //! Each job's agent `_diag` logs, kept after the job whatever its result:
 //! `HOME/logs/<agent>/<job>/`, root-only, at most `diag_logs_max` bytes per agent (the
 //! oldest jobs' copies go first; a job whose logs alone are bigger keeps their ends).
+//! At most [`MAX_JOBS`] jobs' copies are kept per agent. The copy runs in the thread that
+//! tears the job down, not before the slot's next agent starts; each slot keeps a
+//! [`Ledger`] of its copies, so no job rescans them all.
 //!
 //! The upper dir is the job's: it may have planted symlinks, fifos or device nodes there
 //! (`_diag -> /etc`, `Agent_1.log -> /etc/shadow`). Everything is opened relative to the
@@ -20,6 +23,9 @@ use std::path::{Path, PathBuf};
 const DIAG: [&CStr; 3] = [c"azp", c"agent", c"_diag"];
 /// Subdirectories of `_diag` followed (the agent writes `pages/` there).
 const MAX_DEPTH: usize = 2;
+/// The most jobs' copies kept per agent, whatever their size: tiny logs must not fill
+/// the disk's inodes (nor the ledger the memory) before they fill the size bound.
+pub const MAX_JOBS: usize = 1000;
 
 /// What was kept of one job's `_diag`.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
@@ -31,12 +37,74 @@ pub struct Kept {
     pub skipped: Vec<String>,
 }
 
+/// The copies of one agent's jobs, oldest first, and their total size: read from disk
+/// once when the slot starts, kept up to date by [`keep`].
+#[derive(Debug, Default)]
+pub struct Ledger {
+    agent: String,
+    dir: PathBuf,
+    /// (job number, job name, bytes)
+    jobs: std::collections::VecDeque<(u64, String, u64)>,
+    total: u64,
+}
+
+impl Ledger {
+    /// What `HOME/logs/<agent>/` holds now.
+    pub fn scan(home: &Home, agent: &str) -> Ledger {
+        let dir = home.logs_dir().join(agent);
+        let mut jobs: Vec<(u64, String, u64)> = std::fs::read_dir(&dir)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter_map(|e| {
+                let name = e.file_name().to_string_lossy().into_owned();
+                let n = super::joblog::job_number(&name, agent)?;
+                Some((n, name, dir_bytes(&e.path())))
+            })
+            .collect();
+        jobs.sort();
+        let total = jobs.iter().map(|j| j.2).sum();
+        Ledger { agent: agent.to_string(), dir, jobs: jobs.into(), total }
+    }
+
+    /// Records job `name`'s copy of `bytes`, then removes the oldest copies (never that
+    /// one) until the total fits in `budget` and at most [`MAX_JOBS`] are left.
+    fn add(&mut self, name: &str, bytes: u64, budget: u64) {
+        let n = super::joblog::job_number(name, &self.agent).unwrap_or(u64::MAX);
+        self.jobs.retain(|j| j.1 != name);
+        let at = self.jobs.iter().position(|j| j.0 > n).unwrap_or(self.jobs.len());
+        self.jobs.insert(at, (n, name.to_string(), bytes));
+        self.total = self.jobs.iter().map(|j| j.2).sum();
+        while self.total > budget || self.jobs.len() > MAX_JOBS {
+            let Some(i) = self.jobs.iter().position(|j| j.1 != name) else { break };
+            let (_, old, b) = self.jobs.remove(i).unwrap_or_default();
+            let path = self.dir.join(&old);
+            match fs_at::remove_tree(&path) {
+                Ok(()) => tracing::debug!("removed old diag logs {} ({b} bytes)", path.display()),
+                Err(e) => tracing::warn!("cannot remove old diag logs {}: {e}", path.display()),
+            }
+            self.total -= b;
+        }
+    }
+}
+
 /// Copies the `_diag` of the job whose upper dir is `upper` into
 /// `HOME/logs/<agent>/<job>/` (at most `budget` bytes), then removes the oldest jobs'
-/// copies of `agent` until all of them fit in `budget`. None when the job has no `_diag`.
-pub fn keep(home: &Home, agent: &str, job: &str, upper: &Path, budget: u64) -> std::io::Result<Option<Kept>> {
+/// copies of the agent until all of them fit in `budget`. None when the job has no `_diag`
+/// or `budget` is 0 (none kept).
+pub fn keep(
+    home: &Home,
+    ledger: &std::sync::Mutex<Ledger>,
+    job: &str,
+    upper: &Path,
+    budget: u64,
+) -> std::io::Result<Option<Kept>> {
+    if budget == 0 {
+        return Ok(None);
+    }
     let Some(diag) = open_diag(upper)? else { return Ok(None) };
-    let agent_dir = home.logs_dir().join(agent);
+    let agent = ledger.lock().unwrap_or_else(|p| p.into_inner()).agent.clone();
+    let agent_dir = home.logs_dir().join(&agent);
     std::fs::DirBuilder::new().recursive(true).mode(0o700).create(&agent_dir)?;
     let dest = agent_dir.join(job);
     let _ = fs_at::remove_tree(&dest); // a leftover of a run that died mid-copy
@@ -44,7 +112,7 @@ pub fn keep(home: &Home, agent: &str, job: &str, upper: &Path, budget: u64) -> s
     let mut kept = Kept { dir: dest.clone(), ..Default::default() };
     let mut left = budget;
     copy_dir(diag.as_raw_fd(), &dest, &mut left, &mut kept, 0)?;
-    prune(&agent_dir, budget, job);
+    ledger.lock().unwrap_or_else(|p| p.into_inner()).add(job, kept.bytes, budget);
     Ok(Some(kept))
 }
 
@@ -121,36 +189,6 @@ fn copy_tail(mut from: std::fs::File, to: &Path, max: u64) -> std::io::Result<u6
     Ok(n)
 }
 
-/// Removes the oldest job dirs of `agent_dir` (by job number) until all fit in `budget`;
-/// `current` stays.
-fn prune(agent_dir: &Path, budget: u64, current: &str) {
-    let agent = agent_dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-    let mut jobs: Vec<(u64, PathBuf, u64)> = std::fs::read_dir(agent_dir)
-        .into_iter()
-        .flatten()
-        .flatten()
-        .filter_map(|e| {
-            let name = e.file_name().to_string_lossy().into_owned();
-            let n = super::joblog::job_number(&name, &agent)?;
-            Some((n, e.path(), dir_bytes(&e.path())))
-        })
-        .collect();
-    jobs.sort();
-    let mut total: u64 = jobs.iter().map(|j| j.2).sum();
-    for (_, path, bytes) in jobs {
-        if total <= budget {
-            break;
-        }
-        if path.file_name().is_some_and(|n| n == current) {
-            continue;
-        }
-        if fs_at::remove_tree(&path).is_ok() {
-            tracing::debug!("removed old diag logs {} ({bytes} bytes)", path.display());
-            total -= bytes;
-        }
-    }
-}
-
 /// Bytes of the files below `dir` (our own copies: no symlinks in them).
 fn dir_bytes(dir: &Path) -> u64 {
     std::fs::read_dir(dir)
@@ -191,7 +229,8 @@ mod tests {
         std::os::unix::fs::symlink(t.path(), diag.join("dirlink")).unwrap();
         nix::unistd::mkfifo(&diag.join("fifo.log"), nix::sys::stat::Mode::from_bits_truncate(0o644)).unwrap();
         let home = Home::new(t.path().join("home"));
-        let kept = keep(&home, "h-0", "h-0-1", &t.path().join("upper"), 1 << 20).unwrap().unwrap();
+        let ledger = std::sync::Mutex::new(Ledger::scan(&home, "h-0"));
+        let kept = keep(&home, &ledger, "h-0-1", &t.path().join("upper"), 1 << 20).unwrap().unwrap();
         let dest = t.path().join("home/logs/h-0/h-0-1");
         assert_eq!(kept.dir, dest);
         assert_eq!((kept.files, kept.bytes), (2, 9));
@@ -214,28 +253,34 @@ mod tests {
         std::fs::write(t.path().join("etc/shadow"), "x").unwrap();
         std::os::unix::fs::symlink(t.path().join("etc"), agent.join("_diag")).unwrap();
         let home = Home::new(t.path().join("home"));
-        assert_eq!(keep(&home, "h-0", "h-0-1", &t.path().join("upper"), 1 << 20).unwrap(), None);
+        let ledger = std::sync::Mutex::new(Ledger::scan(&home, "h-0"));
+        assert_eq!(keep(&home, &ledger, "h-0-1", &t.path().join("upper"), 1 << 20).unwrap(), None);
         // A symlinked parent too.
         std::fs::remove_file(agent.join("_diag")).unwrap();
         std::fs::remove_dir(&agent).unwrap();
         std::os::unix::fs::symlink(t.path().join("etc"), &agent).unwrap();
-        assert_eq!(keep(&home, "h-0", "h-0-1", &t.path().join("upper"), 1 << 20).unwrap(), None);
+        assert_eq!(keep(&home, &ledger, "h-0-1", &t.path().join("upper"), 1 << 20).unwrap(), None);
     }
 
     #[test]
     fn the_budget_keeps_the_newest_jobs_and_the_ends_of_big_logs() {
         let home_dir = tempfile::tempdir().unwrap();
         let home = Home::new(home_dir.path());
-        for n in 1..=3 {
+        // An earlier run's copy, found by the scan when the slot starts.
+        std::fs::create_dir_all(home.logs_dir().join("h-0/h-0-1")).unwrap();
+        std::fs::write(home.logs_dir().join("h-0/h-0-1/Agent.log"), [b'a'; 40]).unwrap();
+        let ledger = std::sync::Mutex::new(Ledger::scan(&home, "h-0"));
+        assert_eq!(ledger.lock().unwrap().total, 40);
+        for n in 2..=3 {
             let t = upper_with_diag(&[("Agent.log", &[b'a' + n as u8; 40])]);
-            keep(&home, "h-0", &format!("h-0-{n}"), &t.path().join("upper"), 100).unwrap();
+            keep(&home, &ledger, &format!("h-0-{n}"), &t.path().join("upper"), 100).unwrap();
         }
         let logs = home.logs_dir().join("h-0");
         assert!(!logs.join("h-0-1").exists(), "the oldest went");
         assert!(logs.join("h-0-2").exists() && logs.join("h-0-3").exists());
         // One job bigger than the budget: its files' ends, nothing older kept.
         let t = upper_with_diag(&[("Agent.log", b"0123456789"), ("Worker.log", b"abcdefghij")]);
-        let kept = keep(&home, "h-0", "h-0-4", &t.path().join("upper"), 15).unwrap().unwrap();
+        let kept = keep(&home, &ledger, "h-0-4", &t.path().join("upper"), 15).unwrap().unwrap();
         assert_eq!(std::fs::read(logs.join("h-0-4/Agent.log")).unwrap(), b"0123456789");
         assert_eq!(std::fs::read(logs.join("h-0-4/Worker.log")).unwrap(), b"fghij");
         assert_eq!(kept.bytes, 15);

@@ -50,6 +50,7 @@ pub fn run_slot(shared: Arc<Shared>, cfg: SlotConfig, helper_pid: Arc<AtomicI32>
     let mut backoff = Backoff(0);
     // Job numbers go on from the last run's: they name the jobs' kept logs.
     let mut seq: u64 = joblog::last_job_number(&shared.home, &cfg.agent_name);
+    let ledger = Arc::new(std::sync::Mutex::new(diag::Ledger::scan(&shared.home, &cfg.agent_name)));
     // When the previous agent exited: refill latency is measured from here.
     let mut last_exit: Option<Instant> = None;
     // The next job's sandbox, built while the current job runs (dropped = cancelled).
@@ -69,7 +70,7 @@ pub fn run_slot(shared: Arc<Shared>, cfg: SlotConfig, helper_pid: Arc<AtomicI32>
             }
         }
         seq += 1;
-        match one_job(&shared, &cfg, seq, &helper_pid, &mut last_exit, &mut prepared) {
+        match one_job(&shared, &cfg, seq, &helper_pid, &ledger, &mut last_exit, &mut prepared) {
             Ok(JobEnd::Ran) => backoff = Backoff(0),
             Ok(JobEnd::UpdateRequired) => {
                 tracing::info!(slot = cfg.index, agent = %cfg.agent_name, "agent asked for an update (exit 4): refreshing the package");
@@ -107,6 +108,7 @@ fn one_job(
     cfg: &SlotConfig,
     seq: u64,
     helper_pid: &Arc<AtomicI32>,
+    ledger: &Arc<std::sync::Mutex<diag::Ledger>>,
     last_exit: &mut Option<Instant>,
     prepared: &mut Option<Sandbox>,
 ) -> anyhow::Result<JobEnd> {
@@ -172,7 +174,7 @@ fn one_job(
         // Its helper gone, everything config.sh printed is in the log: quote its end.
         sandbox.settle();
         let last = log.last_lines_since(configure_start, joblog::TAIL_LINES);
-        keep_diag(shared, cfg, &plan.id, &sandbox.upper());
+        copy_diag(shared, ledger, cfg.index, &plan.id)(&sandbox.upper());
         anyhow::bail!(
             "config.sh failed with exit {}{} (all of it: {}; is the PAT allowed to register agents in pool '{}'?)",
             c.code,
@@ -214,22 +216,28 @@ fn one_job(
     let upper = sandbox.upper();
     let result = job_result(&upper);
     let worked = ran_a_job(&upper, plan.scratch.as_ref().map(|s| s.host.as_path())) || result.is_some();
-    // The agent's own logs, whatever the result (the job's processes are gone).
-    keep_diag(shared, cfg, &plan.id, &upper);
+    // The agent's own logs are copied whatever the result: here on a failure (the job is
+    // kept, or quoted), else by the teardown's thread, off the refill's path.
     let failure = failure_of(&r);
+    let copy = copy_diag(shared, ledger, cfg.index, &plan.id);
     let mut last = vec![];
-    if let Some(reason) = &failure {
-        sandbox.settle();
-        last = log.last_lines_since(run_start, joblog::TAIL_LINES);
-        // An agent that had no job and was stopped by a drain is no failed job.
-        if shared.settings.keep_failed > 0 && (worked || !cfg.stopping(shared)) {
-            if let Err(e) = keep_failed(shared, cfg, &mut sandbox, &plan.id, reason, &log, section) {
-                tracing::warn!(slot = cfg.index, job = %plan.id, "could not keep the failed job: {e:#}");
+    let stopping = cfg.stopping(shared);
+    let cleanup = match &failure {
+        Some(reason) => {
+            sandbox.settle();
+            last = log.last_lines_since(run_start, joblog::TAIL_LINES);
+            copy(&upper);
+            // An agent that had no job and was stopped by a drain is no failed job.
+            if shared.settings.keep_failed > 0 && (worked || !stopping) {
+                if let Err(e) = keep_failed(shared, cfg, &mut sandbox, &plan.id, reason, &log, section) {
+                    tracing::warn!(slot = cfg.index, job = %plan.id, "could not keep the failed job: {e:#}");
+                }
             }
+            // A stopping slot's thread ends next: clean up in the foreground (see above).
+            sandbox.teardown(!stopping)
         }
-    }
-    // A stopping slot's thread ends next: clean up in the foreground (see above).
-    let cleanup = sandbox.teardown(!cfg.stopping(shared));
+        None => sandbox.teardown_after(!stopping, copy),
+    };
     let r = r?;
     let cleanup = cleanup?;
     tracing::info!(
@@ -290,11 +298,19 @@ fn failure_of(r: &anyhow::Result<crate::sandbox::JobOutcome>) -> Option<String> 
     }
 }
 
-/// Copies the job's `_diag` to `HOME/logs/<agent>/<job>/` (bounded; see [`diag`]).
-fn keep_diag(shared: &Shared, cfg: &SlotConfig, job: &str, upper: &Path) {
-    match diag::keep(&shared.home, &cfg.agent_name, job, upper, shared.settings.diag_logs_max) {
+/// What copies the job's `_diag` to `HOME/logs/<agent>/<job>/` (bounded; see [`diag`]),
+/// given the job's upper dir, in whichever thread runs it.
+fn copy_diag(
+    shared: &Shared,
+    ledger: &Arc<std::sync::Mutex<diag::Ledger>>,
+    slot: usize,
+    job: &str,
+) -> impl FnOnce(&Path) + Send + 'static {
+    let (home, ledger, job, budget) =
+        (shared.home.clone(), ledger.clone(), job.to_string(), shared.settings.diag_logs_max);
+    move |upper: &Path| match diag::keep(&home, &ledger, &job, upper, budget) {
         Ok(Some(k)) if !k.skipped.is_empty() => tracing::warn!(
-            slot = cfg.index,
+            slot,
             job,
             "kept {} diag file(s) in {}; left out: {}",
             k.files,
@@ -302,7 +318,7 @@ fn keep_diag(shared: &Shared, cfg: &SlotConfig, job: &str, upper: &Path) {
             k.skipped.join(", ")
         ),
         Ok(_) => {}
-        Err(e) => tracing::warn!(slot = cfg.index, job, "could not keep the job's _diag logs: {e}"),
+        Err(e) => tracing::warn!(slot, job, "could not keep the job's _diag logs: {e}"),
     }
 }
 

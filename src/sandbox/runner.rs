@@ -262,7 +262,18 @@ impl Sandbox {
     /// Removes everything; the lock goes last so gc never races us. With `background`,
     /// the whole clean-up (waiting for the helper's container deletion, removing the dirs)
     /// runs in a thread and this returns at once: the slot's next job does not wait.
-    pub fn teardown(mut self, background: bool) -> Result<Cleanup> {
+    pub fn teardown(self, background: bool) -> Result<Cleanup> {
+        self.teardown_after(background, |_| {})
+    }
+
+    /// [`Sandbox::teardown`] that first calls `first` with the job's upper dir, in the
+    /// thread that cleans up: a copy of what the job left (its logs) costs the caller, a
+    /// slot about to start its next agent, nothing. The job's processes are gone by then.
+    pub fn teardown_after(
+        mut self,
+        background: bool,
+        first: impl FnOnce(&std::path::Path) + Send + 'static,
+    ) -> Result<Cleanup> {
         // Backpressure: at most MAX_BACKGROUND clean-ups at once, so jobs that each wrote
         // gigabytes cannot outrun their deletion and fill the disk.
         const MAX_BACKGROUND: usize = 2;
@@ -278,6 +289,7 @@ impl Sandbox {
             };
             std::thread::spawn(move || {
                 sys::process::lower_priority_of_this_thread();
+                first(&sb.job.upper());
                 if let Err(e) = sb.finish() {
                     tracing::warn!("clean-up failed ({e:#}); `azp-sandbox gc` will retry");
                 }
@@ -288,6 +300,7 @@ impl Sandbox {
         if background {
             BACKGROUND_CLEANUPS.fetch_sub(1, Ordering::SeqCst);
         }
+        first(&self.job.upper());
         self.finish()
     }
 
@@ -334,6 +347,20 @@ impl Drop for Sandbox {
             }
         }
     }
+}
+
+/// Waits (at most `max`) for the clean-ups [`Sandbox::teardown`] left running in the
+/// background; false when some are still running. `run` calls it before it exits, so
+/// that what they do (the jobs' log copies, the layers' removal) is not cut short.
+pub fn wait_for_background_cleanups(max: Duration) -> bool {
+    let end = Instant::now() + max;
+    while BACKGROUND_CLEANUPS.load(Ordering::SeqCst) > 0 {
+        if Instant::now() >= end {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    true
 }
 
 /// The job's scratch dir, empty and ours (0700): whatever a crashed run left under its

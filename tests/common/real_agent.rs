@@ -67,9 +67,12 @@ pub fn package(variant: &Variant) -> Vec<u8> {
     tar.into_inner().unwrap().finish().unwrap()
 }
 
-/// The three .NET libraries: (file name, ELF bytes).
-fn native_libs(variant: &Variant) -> Vec<(&'static str, Vec<u8>)> {
-    static BUILT: OnceLock<std::sync::Mutex<Vec<(String, Vec<(&'static str, Vec<u8>)>)>>> = OnceLock::new();
+/// (file name, ELF bytes) of the three .NET libraries.
+type Libs = Vec<(&'static str, Vec<u8>)>;
+
+/// The three .NET libraries of `variant`.
+fn native_libs(variant: &Variant) -> Libs {
+    static BUILT: OnceLock<std::sync::Mutex<Vec<(String, Libs)>>> = OnceLock::new();
     let key = format!("{variant:?}");
     // Held while building: tests of one binary run in parallel and share the build dir.
     let mut cache = BUILT.get_or_init(Default::default).lock().unwrap_or_else(|p| p.into_inner());
