@@ -12,6 +12,8 @@ use std::path::{Path, PathBuf};
 
 /// Rotated when bigger than this at the start of a job.
 const ROTATE_AT: u64 = 16 << 20;
+/// The most of a job's section kept with a failed job (its end).
+pub const SECTION_MAX: u64 = ROTATE_AT;
 /// How much of a failed phase's output is read for its last lines.
 const TAIL_BYTES: u64 = 64 << 10;
 /// Lines quoted from a failed phase, and the longest quoted line.

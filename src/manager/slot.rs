@@ -335,7 +335,7 @@ fn keep_failed(
 ) -> anyhow::Result<()> {
     let dir = failed::make_dir(&shared.home, &cfg.agent_name, job)?;
     sandbox.keep_layers(&dir.join(failed::LAYER))?;
-    std::fs::write(dir.join("agent.log"), log.section_since(section, shared.settings.diag_logs_max))?;
+    std::fs::write(dir.join("agent.log"), log.section_since(section, joblog::SECTION_MAX))?;
     let kept = failed::KeptJob {
         job: job.to_string(),
         agent: cfg.agent_name.clone(),
@@ -453,4 +453,24 @@ fn read_tail_of_regular_file(path: &Path, max: u64) -> Option<String> {
     let mut buf = Vec::new();
     f.take(max).read_to_end(&mut buf).ok()?;
     Some(String::from_utf8_lossy(&buf).into_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sandbox::{JobOutcome, SandboxError};
+
+    fn outcome(code: i32, signal: Option<i32>) -> anyhow::Result<JobOutcome> {
+        Ok(JobOutcome { id: "h-0-1".into(), code, signal, duration: Duration::ZERO, cleanup: Default::default() })
+    }
+
+    #[test]
+    fn what_counts_as_a_failed_job() {
+        assert_eq!(failure_of(&outcome(0, None)), None, "whatever the pipeline's result");
+        assert_eq!(failure_of(&outcome(4, None)), None, "an update");
+        assert_eq!(failure_of(&outcome(1, None)).as_deref(), Some("run.sh --once exited with 1"));
+        assert_eq!(failure_of(&outcome(137, Some(9))).as_deref(), Some("killed by signal 9"));
+        let e = Err(SandboxError::new(FailureKind::DiskFull, "no space left").into());
+        assert_eq!(failure_of(&e).as_deref(), Some("sandbox error: no space left"));
+    }
 }
