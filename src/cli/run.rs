@@ -65,7 +65,7 @@ pub struct RunArgs {
     keep_failed: Option<usize>,
     /// Most bytes of agent _diag logs kept per agent in HOME/logs/AGENT/ (0: none)
     /// [default: 200M]
-    #[arg(long, value_name = "SIZE", value_parser = azp_sandbox::config::parse_size)]
+    #[arg(long, value_name = "SIZE", value_parser = azp_sandbox::settings::parse_logs_max)]
     diag_logs_max: Option<u64>,
 }
 

@@ -83,6 +83,14 @@ pub struct RunSettings {
 /// Default of [`RunSettings::diag_logs_max`]: 200 MiB.
 pub const DEFAULT_DIAG_LOGS_MAX: u64 = 200 << 20;
 
+/// `--diag-logs-max`: a size (`200M`), or 0 to keep none.
+pub fn parse_logs_max(s: &str) -> Result<u64> {
+    if s.trim() == "0" {
+        return Ok(0);
+    }
+    parse_size(s)
+}
+
 /// Environment overrides (AZP_URL, AZP_TOKEN_FILE, AZP_POOL, AZP_AGENT_NAME as the prefix,
 /// AZP_WORK as `--work-dir`), and AGENT_ALLOW_RUNASROOT (no flag: the agent's own opt-in).
 pub fn env_settings(get: impl Fn(&str) -> Option<String>) -> FlagSettings {
@@ -157,7 +165,7 @@ pub fn merge(file: FileSettings, env: FlagSettings, flags: FlagSettings) -> Resu
         None => file
             .diag_logs_max
             .as_deref()
-            .map(parse_size)
+            .map(parse_logs_max)
             .transpose()
             .context("bad diag_logs_max in the config file")?
             .unwrap_or(DEFAULT_DIAG_LOGS_MAX),
@@ -354,6 +362,8 @@ mod tests {
         let s = merge(file, env, flags()).unwrap();
         assert_eq!(s.work_dir.as_deref(), Some(Path::new("/env")), "the environment beats the file");
         assert_eq!((s.keep_failed, s.diag_logs_max, s.agents_as_root), (3, 50 << 20, true));
+        assert_eq!(parse_logs_max("0").unwrap(), 0);
+        assert_eq!(parse_logs_max("1K").unwrap(), 1024);
         let f = FlagSettings { work_dir: Some("scratch".into()), ..flags() };
         let e = merge(FileSettings::default(), FlagSettings::default(), f).unwrap_err();
         assert!(e.to_string().contains("give an absolute host path to --work-dir"), "{e}");
