@@ -54,6 +54,8 @@ impl Ctx {
             .arg(&self.home)
             .args(["run", "--pool", "gpu", "--url", &self.fake.url(), "--token-file"])
             .arg(&self.token)
+            // A/B runs of one build: e.g. AZP_BENCH_RUN_ARGS="--diag-logs-max 0".
+            .args(std::env::var("AZP_BENCH_RUN_ARGS").unwrap_or_default().split_whitespace())
             .args([
                 "--agents",
                 &agents.to_string(),

@@ -190,6 +190,15 @@ impl Home {
             .clone()
     }
 
+    /// Logs for a sysadmin: each agent's output (`<agent>.log`) and its jobs' `_diag`
+    /// logs (`<agent>/<job>/`), rootfs builds.
+    pub fn logs_dir(&self) -> PathBuf {
+        self.root.join("logs")
+    }
+    /// Failed jobs kept for inspection (`run --keep-failed`): `<agent>/<job>/`, root-only.
+    pub fn failed_dir(&self) -> PathBuf {
+        self.root.join("failed")
+    }
     /// Caches shared by jobs (agent packages, linker caches, OCI blobs).
     pub fn cache_dir(&self) -> PathBuf {
         self.root.join("cache")

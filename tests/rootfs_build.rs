@@ -24,7 +24,8 @@ fn recipe_files() -> Vec<PathBuf> {
     v
 }
 
-const SHIPPED: [&str; 5] = [
+const SHIPPED: [&str; 6] = [
+    "debian-bookworm-agent",
     "debian-bookworm-cuda11.8",
     "debian-bookworm-cuda11.8-runtime",
     "debian-bookworm-minbase",
@@ -81,6 +82,11 @@ fn shipped_recipes_parse_and_say_what_they_build() {
         assert!(rt.packages.iter().any(|q| q == p), "runtime: {p}");
     }
     assert!(!rt.packages.iter().any(|p| p.contains("toolkit")), "runtime-only recipe installs a toolkit");
+    // What agent::preflight checks, in bookworm's names (tests/real_agent.rs builds it).
+    let agent = get("debian-bookworm-agent");
+    for p in ["libicu72", "libkrb5-3", "libgssapi-krb5-2", "libssl3", "zlib1g", "ca-certificates", "git", "curl"] {
+        assert!(agent.packages.iter().any(|q| q == p), "agent: {p}");
+    }
     let ubuntu = get("ubuntu-22.04-cuda12.4");
     assert!(ubuntu.text.contains("NOT TESTED"), "the Ubuntu recipe must say it is untested");
     assert!(ubuntu.packages.iter().any(|p| p == "cuda-toolkit-12-4"));

@@ -1,5 +1,6 @@
 //! The Azure Pipelines agent: package cache, configure/run phases.
 
 pub mod package;
+pub mod preflight;
 
 pub use package::{AgentPackage, PackageCache};

@@ -4,7 +4,11 @@ use super::{Context, Needs, Verb};
 use anyhow::{bail, Result};
 
 #[derive(clap::Args)]
-pub struct GcArgs {}
+pub struct GcArgs {
+    /// Also remove the failed jobs kept by `run --keep-failed` (HOME/failed)
+    #[arg(long)]
+    failed: bool,
+}
 
 impl Verb for GcArgs {
     fn needs(&self) -> Needs {
@@ -12,7 +16,10 @@ impl Verb for GcArgs {
     }
 
     fn run(self: Box<Self>, ctx: &Context) -> Result<i32> {
-        let report = azp_sandbox::sandbox::gc_all(&ctx.home)?;
+        let mut report = azp_sandbox::sandbox::gc_all(&ctx.home)?;
+        if self.failed {
+            report.removed.extend(azp_sandbox::manager::failed::remove_all(&ctx.home)?);
+        }
         report.log();
         if !report.failed.is_empty() {
             bail!("gc could not remove {} item(s) (see warnings above)", report.failed.len());

@@ -3,8 +3,9 @@
 
 use super::{Context, Needs, Verb};
 use anyhow::{Context as _, Result};
+use azp_sandbox::agent::preflight::{self, Readiness, UserRule};
 use azp_sandbox::config::Home;
-use azp_sandbox::rootfs::Store;
+use azp_sandbox::rootfs::{RootfsInfo, Store};
 use clap::Subcommand;
 use std::path::PathBuf;
 
@@ -131,23 +132,41 @@ fn import(home: &Home, store: &Store, file: PathBuf, name: &str) -> Result<()> {
     Ok(())
 }
 
+/// One row of `rootfs list`: what the store recorded, and whether the rootfs can run the
+/// Azure Pipelines agent (checked now, on the tree: see `agent::preflight`).
+#[derive(serde::Serialize)]
+struct Listed {
+    #[serde(flatten)]
+    info: RootfsInfo,
+    agent: Readiness,
+}
+
 fn list(store: &Store, json: bool) -> Result<()> {
-    let list = store.list()?;
+    let rule = UserRule::Rootfs { allow_root: false };
+    let list: Vec<Listed> = store
+        .list()?
+        .into_iter()
+        .map(|info| Listed { agent: preflight::check(&info.path, &preflight::Needs::real_agent(), rule), info })
+        .collect();
     if json {
         println!("{}", serde_json::to_string_pretty(&list)?);
         return Ok(());
     }
-    println!("{:<24} {:>10} {:>9} {:<8} {:<6} {:<20} SOURCE", "NAME", "SIZE", "ENTRIES", "ARCH", "CUDA", "IMPORTED");
-    for r in list {
+    println!(
+        "{:<24} {:>10} {:>9} {:<8} {:<6} {:<20} {:<40} AGENT",
+        "NAME", "SIZE", "ENTRIES", "ARCH", "CUDA", "IMPORTED", "SOURCE"
+    );
+    for Listed { info: r, agent } in list {
         println!(
-            "{:<24} {:>9.1}M {:>9} {:<8} {:<6} {:<20} {}",
+            "{:<24} {:>9.1}M {:>9} {:<8} {:<6} {:<20} {:<40} {}",
             r.name,
             r.size_bytes as f64 / 1e6,
             r.entries,
             r.arch.as_deref().unwrap_or("-"),
             r.cuda_version.as_deref().unwrap_or("-"),
             r.imported_at,
-            r.source
+            r.source,
+            agent.column()
         );
     }
     Ok(())

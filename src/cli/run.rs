@@ -65,6 +65,18 @@ pub struct RunArgs {
     /// jobs as host ids (NOT recommended: kernels < 5.19) [default: auto]
     #[arg(long, value_enum)]
     userns: Option<azp_sandbox::identity::Choice>,
+    /// Host dir (e.g. local NVMe) for each job's agent work folder, made empty per job
+    /// and deleted after it [env: AZP_WORK; default: in the job's writable layer]
+    #[arg(long, value_name = "DIR")]
+    work_dir: Option<PathBuf>,
+    /// Keep the writable layer and logs of the last N failed jobs in HOME/failed
+    /// (`status` lists them, `gc --failed` removes them) [default: 0]
+    #[arg(long, value_name = "N")]
+    keep_failed: Option<usize>,
+    /// Most bytes of agent _diag logs kept per agent in HOME/logs/AGENT/ (0: none)
+    /// [default: 200M]
+    #[arg(long, value_name = "SIZE", value_parser = azp_sandbox::settings::parse_logs_max)]
+    diag_logs_max: Option<u64>,
 }
 
 impl RunArgs {
@@ -89,6 +101,9 @@ impl RunArgs {
             userns: self.userns,
             network: self.network.network,
             network_allow: self.network.network_allow.clone(),
+            work_dir: self.work_dir.clone(),
+            keep_failed: self.keep_failed,
+            diag_logs_max: self.diag_logs_max,
             ..self.pool.flags()
         }
     }
@@ -165,6 +180,9 @@ mod tests {
             "--exit-when-idle=60",
             "--network=none",
             "--network-allow=10.1.2.3",
+            "--work-dir=/scratch",
+            "--keep-failed=2",
+            "--diag-logs-max=10M",
         ]);
         let f = a.flags();
         assert_eq!(
@@ -193,6 +211,10 @@ mod tests {
         assert_eq!(
             (f.network, f.network_allow[0].to_string()),
             (Some(azp_sandbox::config::Network::None), "10.1.2.3".into())
+        );
+        assert_eq!(
+            (f.work_dir.as_deref(), f.keep_failed, f.diag_logs_max),
+            (Some(std::path::Path::new("/scratch")), Some(2), Some(10 << 20))
         );
         let f = run_args(&[]).flags();
         assert!(f.pool.is_none() && f.agents.is_none() && f.drain_timeout.is_none() && !f.autoscale, "{f:?}");

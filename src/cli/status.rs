@@ -39,6 +39,8 @@ trait Report: Serialize + DeserializeOwned {
     fn path(home: &Home) -> PathBuf;
     fn pid(&self) -> u32;
     fn render(&self, alive: bool) -> String;
+    /// Adds what is read from the home rather than the file.
+    fn add_from_home(&mut self, _home: &Home) {}
 }
 
 impl Report for Status {
@@ -52,6 +54,9 @@ impl Report for Status {
     }
     fn render(&self, alive: bool) -> String {
         azp_sandbox::manager::status::render(self, alive)
+    }
+    fn add_from_home(&mut self, home: &Home) {
+        self.failed_jobs = azp_sandbox::manager::failed::list(home);
     }
 }
 
@@ -75,7 +80,8 @@ fn show<R: Report>(home: &Home, json: bool) -> Result<(String, i32)> {
     let bytes = std::fs::read(&path).with_context(|| {
         format!("no {} status at {}: is `azp-sandbox {}` running with this --home?", R::WHAT, path.display(), R::WRITER)
     })?;
-    let status: R = serde_json::from_slice(&bytes).with_context(|| format!("corrupt {}", path.display()))?;
+    let mut status: R = serde_json::from_slice(&bytes).with_context(|| format!("corrupt {}", path.display()))?;
+    status.add_from_home(home);
     let alive = nix::sys::signal::kill(nix::unistd::Pid::from_raw(status.pid() as i32), None).is_ok();
     let text = if json { format!("{}\n", serde_json::to_string_pretty(&status)?) } else { status.render(alive) };
     Ok((text, if alive { 0 } else { EXIT_NOT_RUNNING }))

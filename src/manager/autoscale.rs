@@ -156,7 +156,7 @@ impl Scaler {
         if h.cfg.stop.load(Ordering::SeqCst) {
             return SlotState::Stopping;
         }
-        if job_in_progress(layer_dirs, &h.cfg.agent_name) {
+        if job_in_progress(layer_dirs, &h.cfg.agent_name, shared.work_root().as_deref()) {
             self.busy_seen[i] = Some(Instant::now());
             return SlotState::Busy;
         }
@@ -181,18 +181,20 @@ impl Scaler {
         let home = &shared.home;
         let record = client.list_agents(self.pool_id, Some(name))?.into_iter().find(|a| a.name == *name);
         if let Some(a) = &record {
-            if a.assigned_request.is_some() || job_in_progress(&home.job_layer_dirs(), name) {
+            if a.assigned_request.is_some()
+                || job_in_progress(&home.job_layer_dirs(), name, shared.work_root().as_deref())
+            {
                 return Ok(false);
             }
             client.set_agent_enabled(self.pool_id, a.id, false)?;
             let again = client.list_agents(self.pool_id, Some(name))?.into_iter().find(|x| x.name == *name);
             if again.as_ref().is_some_and(|x| x.assigned_request.is_some())
-                || job_in_progress(&home.job_layer_dirs(), name)
+                || job_in_progress(&home.job_layer_dirs(), name, shared.work_root().as_deref())
             {
                 client.set_agent_enabled(self.pool_id, a.id, true)?;
                 return Ok(false);
             }
-        } else if job_in_progress(&home.job_layer_dirs(), name) {
+        } else if job_in_progress(&home.job_layer_dirs(), name, shared.work_root().as_deref()) {
             return Ok(false);
         }
         h.cfg.stop.store(true, Ordering::SeqCst);

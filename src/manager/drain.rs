@@ -42,7 +42,7 @@ pub fn wait_for_stop(sigs: &SigSet, home: &Home, r: &mut Running) -> Stop {
             None => {}
         }
         if let Some(w) = idle.as_mut() {
-            if w.expired(Instant::now(), r.slots.any_busy(home)) {
+            if w.expired(Instant::now(), r.slots.any_busy(home, r.shared.work_root().as_deref())) {
                 tracing::info!("no job for {}s (--exit-when-idle): stopping", w.limit.as_secs());
                 return Stop::Ended;
             }
@@ -74,7 +74,8 @@ pub fn drain(sigs: &SigSet, home: &Home, r: &mut Running, stop: Stop) {
             .iter()
             .map(|h| SlotView { running: h.thread.is_some(), pid: h.pid.load(Ordering::SeqCst) })
             .collect();
-        let busy = |i: usize| job_in_progress(&layer_dirs, &r.names[i]);
+        let work_root = r.shared.work_root();
+        let busy = |i: usize| job_in_progress(&layer_dirs, &r.names[i], work_root.as_deref());
         let forced = || wait_signal(sigs, Duration::ZERO).is_some();
         for act in plan.due(Instant::now(), &views, busy, forced) {
             let name = &r.names[act.slot];

@@ -10,8 +10,11 @@
 //! them), [`drain`] (when to stop, and the slots' drain), [`shutdown`] (records, gc).
 
 pub mod autoscale;
+pub mod diag;
 pub mod drain;
+pub mod failed;
 pub mod hooks;
+pub mod joblog;
 pub mod phases;
 pub mod service;
 pub mod shutdown;
@@ -19,6 +22,7 @@ pub mod slot;
 pub mod slots;
 pub mod startup;
 pub mod status;
+pub mod workdir;
 
 use crate::agent::package::{AgentPackage, PackageCache};
 use crate::azure::AzureClient;
@@ -27,7 +31,7 @@ use crate::settings::{self, RunSettings};
 use anyhow::{bail, Context, Result};
 use slots::{job_in_progress, Slots};
 use status::{SlotStatus, Status};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, RwLock};
 use std::time::{Duration, Instant};
@@ -57,6 +61,21 @@ impl Shared {
         if let Err(e) = status::write(&status::path(&self.home), &st) {
             tracing::warn!("{e:#}");
         }
+    }
+
+    /// Where this home's per-job work dirs go (`--work-dir`), if anywhere.
+    pub fn work_root(&self) -> Option<PathBuf> {
+        workdir::root(&self.home, &self.settings)
+    }
+
+    /// The rootfs the slots run on.
+    pub fn rootfs_name(&self) -> String {
+        self.status.lock().unwrap_or_else(|p| p.into_inner()).rootfs.clone()
+    }
+
+    /// The agent package's version (it changes after an update).
+    pub fn package_version(&self) -> String {
+        self.package.read().unwrap_or_else(|p| p.into_inner()).version.clone()
     }
 
     /// The lower layer holding the agent package at `/azp/agent`.
@@ -147,15 +166,6 @@ pub fn prune(client: &AzureClient, pool_id: u64, prefix: &str, keep: impl Fn(&st
         }
     }
     Ok(removed)
-}
-
-/// uid/gid of `user` from the rootfs's /etc/passwd.
-pub fn passwd_user(rootfs: &Path, user: &str) -> Option<(u32, u32)> {
-    let text = std::fs::read_to_string(rootfs.join("etc/passwd")).ok()?;
-    text.lines().find_map(|l| {
-        let f: Vec<&str> = l.split(':').collect();
-        (f.len() >= 4 && f[0] == user).then(|| Some((f[2].parse().ok()?, f[3].parse().ok()?))).flatten()
-    })
 }
 
 /// `azp-sandbox agents prune --pool P`: removes every offline agent with our prefix.

@@ -192,6 +192,7 @@ mod tests {
             rootless: false,
             process: Default::default(),
             userns: None,
+            scratch: None,
         };
         let caps = advertised_capabilities(&plan, "h-0", "4.252.0", root.path());
         for (k, v) in [

@@ -18,6 +18,9 @@ pub fn shutdown(home: &Home, r: Running) -> Result<()> {
         sc.shutdown(client);
     }
     drop(r.lease);
+    if !crate::sandbox::wait_for_background_cleanups(std::time::Duration::from_secs(60)) {
+        tracing::warn!("jobs' clean-ups still running after 60 s: `azp-sandbox gc` finishes them");
+    }
     crate::sandbox::gc_all(home)?.log();
     tracing::info!(
         "stopped; {} job(s) served",

@@ -2,9 +2,11 @@
 //! sandbox and refills at once (no polling).
 
 use super::hooks::{self, Stage};
+use super::joblog::{self, AgentLog};
 use super::phases::{self, AgentJob};
 use super::status::now_unix;
 use super::Shared;
+use super::{diag, failed};
 use crate::sandbox::{FailureKind, JobPlan, Phase, RunOptions, Sandbox};
 use anyhow::Context;
 use std::path::{Path, PathBuf};
@@ -46,7 +48,9 @@ impl Backoff {
 
 pub fn run_slot(shared: Arc<Shared>, cfg: SlotConfig, helper_pid: Arc<AtomicI32>) {
     let mut backoff = Backoff(0);
-    let mut seq: u64 = 0;
+    // Job numbers go on from the last run's: they name the jobs' kept logs.
+    let mut seq: u64 = joblog::last_job_number(&shared.home, &cfg.agent_name);
+    let ledger = Arc::new(std::sync::Mutex::new(diag::Ledger::scan(&shared.home, &cfg.agent_name)));
     // When the previous agent exited: refill latency is measured from here.
     let mut last_exit: Option<Instant> = None;
     // The next job's sandbox, built while the current job runs (dropped = cancelled).
@@ -66,7 +70,7 @@ pub fn run_slot(shared: Arc<Shared>, cfg: SlotConfig, helper_pid: Arc<AtomicI32>
             }
         }
         seq += 1;
-        match one_job(&shared, &cfg, seq, &helper_pid, &mut last_exit, &mut prepared) {
+        match one_job(&shared, &cfg, seq, &helper_pid, &ledger, &mut last_exit, &mut prepared) {
             Ok(JobEnd::Ran) => backoff = Backoff(0),
             Ok(JobEnd::UpdateRequired) => {
                 tracing::info!(slot = cfg.index, agent = %cfg.agent_name, "agent asked for an update (exit 4): refreshing the package");
@@ -104,6 +108,7 @@ fn one_job(
     cfg: &SlotConfig,
     seq: u64,
     helper_pid: &Arc<AtomicI32>,
+    ledger: &Arc<std::sync::Mutex<diag::Ledger>>,
     last_exit: &mut Option<Instant>,
     prepared: &mut Option<Sandbox>,
 ) -> anyhow::Result<JobEnd> {
@@ -116,6 +121,7 @@ fn one_job(
         plan.uid = uid;
         plan.gid = gid;
         plan.owned_dirs = vec![phases::agent_dir()];
+        plan.scratch = shared.work_root().map(|root| super::workdir::scratch_for(&root, &plan.id));
         plan
     };
     let plan = plan_for(seq);
@@ -125,13 +131,16 @@ fn one_job(
         agent_name: &cfg.agent_name,
         as_root: cfg.user.is_none(),
     };
-    let output = agent_log(&shared.home, &cfg.agent_name)?;
+    let log = AgentLog::open(&shared.home, &cfg.agent_name)?;
     let opts = RunOptions {
         background_delete: true,
         forward_signals: false,
         helper_pid: Some(helper_pid.clone()),
-        output: Some(output),
+        output: Some(log.path().to_path_buf()),
     };
+    // The job's section of the agent log starts here, with a header a sysadmin can find.
+    let section = log.offset();
+    log.append_line(&header(shared, cfg, &plan, seq).line())?;
 
     shared.update_slot(cfg.index, |s| {
         s.state = "configuring".into();
@@ -157,11 +166,22 @@ fn one_job(
         stdin: Some(format!("{}\n", shared.token).into_bytes()),
         ..Default::default()
     };
+    let configure_start = log.offset();
     let c = sandbox.run(&configure, &opts)?;
     // Previous agent's exit -> this agent configured (registration included).
     let refill_ms = last_exit.take().map(|t| t.elapsed().as_secs_f64() * 1e3);
     if c.code != 0 {
-        anyhow::bail!("config.sh failed with exit {} (see the agent's _diag logs; is the PAT allowed to register agents in pool '{}'?)", c.code, shared.settings.pool);
+        // Its helper gone, everything config.sh printed is in the log: quote its end.
+        sandbox.settle();
+        let last = log.last_lines_since(configure_start, joblog::TAIL_LINES);
+        copy_diag(shared, ledger, cfg.index, &plan.id)(&sandbox.upper());
+        anyhow::bail!(
+            "config.sh failed with exit {}{} (all of it: {}; is the PAT allowed to register agents in pool '{}'?)",
+            c.code,
+            joblog::quoted(&last),
+            log.path().display(),
+            shared.settings.pool
+        );
     }
     if cfg.stopping(shared) {
         // In the foreground: the helper dies with this thread (PDEATHSIG), which is about
@@ -190,13 +210,34 @@ fn one_job(
     }
     let run = Phase { args: phases::run_args(), env, cwd: Some(phases::agent_dir()), ..Default::default() };
     let started = Instant::now();
+    let run_start = log.offset();
     let r = sandbox.run(&run, &opts);
     *last_exit = Some(Instant::now());
     let upper = sandbox.upper();
     let result = job_result(&upper);
-    let worked = ran_a_job(&upper) || result.is_some();
-    // A stopping slot's thread ends next: clean up in the foreground (see above).
-    let cleanup = sandbox.teardown(!cfg.stopping(shared));
+    let worked = ran_a_job(&upper, plan.scratch.as_ref().map(|s| s.host.as_path())) || result.is_some();
+    // The agent's own logs are copied whatever the result: here on a failure (the job is
+    // kept, or quoted), else by the teardown's thread, off the refill's path.
+    let failure = failure_of(&r);
+    let copy = copy_diag(shared, ledger, cfg.index, &plan.id);
+    let mut last = vec![];
+    let stopping = cfg.stopping(shared);
+    let cleanup = match &failure {
+        Some(reason) => {
+            sandbox.settle();
+            last = log.last_lines_since(run_start, joblog::TAIL_LINES);
+            copy(&upper);
+            // An agent that had no job and was stopped by a drain is no failed job.
+            if shared.settings.keep_failed > 0 && (worked || !stopping) {
+                if let Err(e) = keep_failed(shared, cfg, &mut sandbox, &plan.id, reason, &log, section) {
+                    tracing::warn!(slot = cfg.index, job = %plan.id, "could not keep the failed job: {e:#}");
+                }
+            }
+            // A stopping slot's thread ends next: clean up in the foreground (see above).
+            sandbox.teardown(!stopping)
+        }
+        None => sandbox.teardown_after(!stopping, copy),
+    };
     let r = r?;
     let cleanup = cleanup?;
     tracing::info!(
@@ -231,19 +272,89 @@ fn one_job(
     match r.code {
         0 => Ok(JobEnd::Ran),
         4 => Ok(JobEnd::UpdateRequired),
-        code => anyhow::bail!("run.sh --once exited with {code}"),
+        code => anyhow::bail!("run.sh --once exited with {code}{}", joblog::quoted(&last)),
     }
 }
 
-/// `HOME/logs/<agent>.log`: what the agent printed, rotated at 16 MiB (one old copy).
-fn agent_log(home: &crate::config::Home, agent: &str) -> anyhow::Result<PathBuf> {
-    let dir = home.root().join("logs");
-    std::fs::create_dir_all(&dir)?;
-    let path = dir.join(format!("{agent}.log"));
-    if std::fs::metadata(&path).map(|m| m.len() > 16 << 20).unwrap_or(false) {
-        let _ = std::fs::rename(&path, path.with_extension("log.1"));
+/// The header of the job's section in the agent log.
+fn header<'a>(shared: &Shared, cfg: &'a SlotConfig, plan: &'a JobPlan, seq: u64) -> joblog::Header<'a> {
+    joblog::Header {
+        job: &plan.id,
+        slot: cfg.index,
+        number: seq,
+        unix: now_unix(),
+        rootfs: shared.rootfs_name(),
+        gpus: &cfg.gpu_names,
+        limits: &plan.limits,
+        user: cfg.user,
+        work_dir: plan.scratch.as_ref().map(|s| s.host.as_path()),
+        agent_version: shared.package_version(),
     }
-    Ok(path)
+}
+
+/// Why the run phase counts as failed (kept with `--keep-failed`): the agent exited
+/// non-zero (4 is an update, not a failure), was killed, or the sandbox failed.
+fn failure_of(r: &anyhow::Result<crate::sandbox::JobOutcome>) -> Option<String> {
+    match r {
+        Err(e) => Some(format!("sandbox error: {e:#}")),
+        Ok(o) => match (o.code, o.signal) {
+            (_, Some(sig)) => Some(format!("killed by signal {sig}")),
+            (0 | 4, None) => None,
+            (code, None) => Some(format!("run.sh --once exited with {code}")),
+        },
+    }
+}
+
+/// What copies the job's `_diag` to `HOME/logs/<agent>/<job>/` (bounded; see [`diag`]),
+/// given the job's upper dir, in whichever thread runs it.
+fn copy_diag(
+    shared: &Shared,
+    ledger: &Arc<std::sync::Mutex<diag::Ledger>>,
+    slot: usize,
+    job: &str,
+) -> impl FnOnce(&Path) + Send + 'static {
+    let (home, ledger, job, budget) =
+        (shared.home.clone(), ledger.clone(), job.to_string(), shared.settings.diag_logs_max);
+    move |upper: &Path| match diag::keep(&home, &ledger, &job, upper, budget) {
+        Ok(Some(k)) if !k.skipped.is_empty() => tracing::warn!(
+            slot,
+            job,
+            "kept {} diag file(s) in {}; left out: {}",
+            k.files,
+            k.dir.display(),
+            k.skipped.join(", ")
+        ),
+        Ok(_) => {}
+        Err(e) => tracing::warn!(slot, job, "could not keep the job's _diag logs: {e}"),
+    }
+}
+
+/// Moves the failed job's writable layer under `HOME/failed/<agent>/<job>/` with its
+/// logs and a record (see [`failed`]).
+fn keep_failed(
+    shared: &Shared,
+    cfg: &SlotConfig,
+    sandbox: &mut Sandbox,
+    job: &str,
+    reason: &str,
+    log: &AgentLog,
+    section: u64,
+) -> anyhow::Result<()> {
+    let dir = failed::make_dir(&shared.home, &cfg.agent_name, job)?;
+    sandbox.keep_layers(&dir.join(failed::LAYER))?;
+    std::fs::write(dir.join("agent.log"), log.section_since(section, joblog::SECTION_MAX))?;
+    let kept = failed::KeptJob {
+        job: job.to_string(),
+        agent: cfg.agent_name.clone(),
+        slot: cfg.index,
+        failed_unix: now_unix(),
+        reason: reason.to_string(),
+        rootfs: shared.rootfs_name(),
+        dir: dir.clone(),
+    };
+    failed::record(&shared.home, &dir, &kept, shared.settings.keep_failed)?;
+    tracing::info!(slot = cfg.index, job, "kept the failed job ({reason}) in {}", dir.display());
+    Ok(())
 }
 
 fn pause(shared: &Shared, cfg: &SlotConfig, backoff: &mut Backoff, reason: String) {
@@ -296,15 +407,21 @@ fn real_dir_below(upper: &Path, path: &Path) -> bool {
 }
 
 /// Has the agent taken a job? The real agent starts a `_diag/Worker_*.log` and creates
-/// its work folder when a job arrives (heuristic: the agent has no API for it). Looks at
-/// names only: safe while the job runs.
-pub fn ran_a_job(upper: &Path) -> bool {
+/// its work folder when a job arrives (heuristic: the agent has no API for it); with
+/// `--work-dir` that folder is `scratch` on the host (empty until a job fills it; the
+/// `_work` in the upper dir is only its mount point then). Looks at names only: safe
+/// while the job runs.
+pub fn ran_a_job(upper: &Path, scratch: Option<&Path>) -> bool {
     let diag = diag_dir(upper);
     let worker_log = real_dir_below(upper, &diag)
         && std::fs::read_dir(&diag)
             .map(|rd| rd.flatten().any(|e| e.file_name().to_string_lossy().starts_with("Worker_")))
             .unwrap_or(false);
-    worker_log || real_dir_below(upper, &diag.with_file_name(phases::WORK_DIR))
+    worker_log
+        || match scratch {
+            Some(dir) => std::fs::read_dir(dir).map(|mut d| d.next().is_some()).unwrap_or(false),
+            None => real_dir_below(upper, &diag.with_file_name(phases::WORK_DIR)),
+        }
 }
 
 /// The job's result from the agent's diag logs: the listener logs
@@ -343,4 +460,24 @@ fn read_tail_of_regular_file(path: &Path, max: u64) -> Option<String> {
     let mut buf = Vec::new();
     f.take(max).read_to_end(&mut buf).ok()?;
     Some(String::from_utf8_lossy(&buf).into_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sandbox::{JobOutcome, SandboxError};
+
+    fn outcome(code: i32, signal: Option<i32>) -> anyhow::Result<JobOutcome> {
+        Ok(JobOutcome { id: "h-0-1".into(), code, signal, duration: Duration::ZERO, cleanup: Default::default() })
+    }
+
+    #[test]
+    fn what_counts_as_a_failed_job() {
+        assert_eq!(failure_of(&outcome(0, None)), None, "whatever the pipeline's result");
+        assert_eq!(failure_of(&outcome(4, None)), None, "an update");
+        assert_eq!(failure_of(&outcome(1, None)).as_deref(), Some("run.sh --once exited with 1"));
+        assert_eq!(failure_of(&outcome(137, Some(9))).as_deref(), Some("killed by signal 9"));
+        let e = Err(SandboxError::new(FailureKind::DiskFull, "no space left").into());
+        assert_eq!(failure_of(&e).as_deref(), Some("sandbox error: no space left"));
+    }
 }

@@ -13,7 +13,7 @@ use crate::sandbox::{JobPlan, Limits};
 use crate::settings::RunSettings;
 use anyhow::Result;
 use std::collections::BTreeMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 
@@ -54,6 +54,7 @@ pub fn start(home: &Home, settings: RunSettings, ready: Ready) -> Result<Running
             })
             .collect(),
         scaler: None,
+        failed_jobs: vec![],
     };
     let agent_version = ready.package.version.to_string();
     let (configs, shapes) = configs(&settings, &ready, &agent_version, job_limits.per_job)?;
@@ -131,6 +132,7 @@ fn configs(
             rootless: false,
             process: Default::default(),
             userns: None,
+            scratch: None,
         };
         crate::sandbox::runner::validate(&base_plan)?;
         let facts = phases::SlotFacts {
@@ -233,20 +235,21 @@ impl Slots {
     }
 
     /// Some slot's agent is running a job.
-    pub(super) fn any_busy(&self, home: &Home) -> bool {
+    pub(super) fn any_busy(&self, home: &Home, work_root: Option<&Path>) -> bool {
         let layer_dirs = home.job_layer_dirs();
-        self.v.iter().any(|h| h.thread.is_some() && job_in_progress(&layer_dirs, &h.cfg.agent_name))
+        self.v.iter().any(|h| h.thread.is_some() && job_in_progress(&layer_dirs, &h.cfg.agent_name, work_root))
     }
 }
 
 /// Is the slot's current job (its layer dir, among `layer_dirs` from
-/// [`Home::job_layer_dirs`], listed once for all slots) showing a job the agent has taken?
-pub(super) fn job_in_progress(layer_dirs: &[PathBuf], agent_name: &str) -> bool {
+/// [`Home::job_layer_dirs`], listed once for all slots; its work dir under `work_root`
+/// with `--work-dir`) showing a job the agent has taken?
+pub(super) fn job_in_progress(layer_dirs: &[PathBuf], agent_name: &str, work_root: Option<&Path>) -> bool {
     layer_dirs.iter().any(|dir| {
         let n = dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
         n.strip_prefix(agent_name)
             .is_some_and(|rest| rest.starts_with('-') && rest[1..].chars().all(|c| c.is_ascii_digit()))
-            && slot::ran_a_job(&dir.join("upper"))
+            && slot::ran_a_job(&dir.join("upper"), work_root.map(|r| r.join(&n)).as_deref())
     })
 }
 
@@ -264,9 +267,9 @@ mod tests {
             tmp.path().join(name)
         };
         let dirs = [layer("host-1-7", false), layer("host-10-3", true), layer("host-2-x", true)];
-        assert!(!job_in_progress(&dirs, "host-1"), "host-1's agent took no job; host-10 is another slot");
-        assert!(job_in_progress(&dirs, "host-10"));
-        assert!(!job_in_progress(&dirs, "host-2"), "not one of its job ids");
-        assert!(job_in_progress(&[layer("host-1-8", true)], "host-1"));
+        assert!(!job_in_progress(&dirs, "host-1", None), "host-1's agent took no job; host-10 is another slot");
+        assert!(job_in_progress(&dirs, "host-10", None));
+        assert!(!job_in_progress(&dirs, "host-2", None), "not one of its job ids");
+        assert!(job_in_progress(&[layer("host-1-8", true)], "host-1", None));
     }
 }

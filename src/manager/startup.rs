@@ -3,8 +3,9 @@
 //! permission), the GPUs and their split among the slots, the rootfs, the agent
 //! package, and the pool's stale records of this host.
 
-use super::{passwd_user, prune, RunContext};
+use super::{prune, RunContext};
 use crate::agent::package::{AgentPackage, PackageCache};
+use crate::agent::preflight::{self, UserRule};
 use crate::azure::AzureClient;
 use crate::config::Home;
 use crate::gpu::{self, DiscoverOptions, GpuInfo, PerAgent};
@@ -40,23 +41,28 @@ pub struct Ready {
 pub fn check(home: &Home, settings: &RunSettings, ctx: RunContext) -> Result<Ready> {
     crate::sandbox::prepare_home(home)?;
     crate::sandbox::gc(home)?.log();
+    for stale in super::workdir::prepare(home, settings)? {
+        tracing::info!("removed the work dir {} left by an earlier run", stale.display());
+    }
     let (net, proxy_env) = network(settings)?;
     let (token, client, pool_id) = server(settings, ctx.env_token)?;
     let (driver, split) = gpus(settings, &ctx.driver_root)?;
     let (rootfs_name, lease) = rootfs(home, settings, &driver)?;
     let compat = cuda_compat(&rootfs_name, &lease, &driver, &split)?;
-    let user = ctx.job_user.or_else(|| passwd_user(lease.path(), "azp"));
-    if user.is_none() {
-        tracing::warn!(
-            "rootfs '{rootfs_name}' has no 'azp' user: agents run as root in the sandbox (AGENT_ALLOW_RUNASROOT=1)"
-        );
-    }
     let packages = PackageCache::new(home);
     let package = match &settings.agent_package {
         Some(src) => packages.ensure_from(src)?,
         None => packages.ensure_latest(&client, crate::azure::host_platform())?,
     };
     tracing::info!("agent package {} at {}", package.version, package.dir.display());
+    agent_preflight(&rootfs_name, &lease, &package, settings, ctx.job_user.is_some())?;
+    let user = ctx.job_user.or_else(|| preflight::rootfs_user(lease.path()));
+    if user.is_none() {
+        tracing::warn!(
+            "rootfs '{rootfs_name}' has no '{}' user: agents run as root in the sandbox (AGENT_ALLOW_RUNASROOT is set)",
+            preflight::AGENT_USER
+        );
+    }
     let names = slot_names(&settings.name_prefix, split.len());
     let autoscaling = settings.autoscale.is_some();
     // Autoscaling re-registers a slot's agent when it starts: no record is kept meanwhile.
@@ -187,6 +193,30 @@ fn rootfs(home: &Home, settings: &RunSettings, driver: &gpu::Driver) -> Result<(
     let name = crate::rootfs::select::resolve(&store, &settings.rootfs, driver_cuda)?;
     let lease = store.lease(&name)?;
     Ok((name, lease))
+}
+
+/// The rootfs against what the agent package needs, before any slot: a rootfs that cannot
+/// run the agent fails here in one line naming what is missing and how to add it, instead
+/// of as a config.sh failure that every slot would retry forever.
+fn agent_preflight(
+    rootfs_name: &str,
+    lease: &RootfsLease,
+    package: &AgentPackage,
+    settings: &RunSettings,
+    user_given: bool,
+) -> Result<()> {
+    let needs = preflight::Needs::of_package(&package.dir, &settings.url);
+    let rule = if user_given { UserRule::Given } else { UserRule::Rootfs { allow_root: settings.agents_as_root } };
+    let r = preflight::check(lease.path(), &needs, rule);
+    if !r.ready {
+        bail!("{}", r.error_line(rootfs_name));
+    }
+    tracing::info!(
+        "rootfs '{rootfs_name}' can run agent package {} (glibc {})",
+        package.version,
+        r.glibc.as_deref().unwrap_or("-")
+    );
+    Ok(())
 }
 
 /// The rootfs's CUDA against the driver's, before any slot takes a job: a rootfs newer

@@ -24,6 +24,10 @@ pub struct Status {
     /// Queue-driven autoscaling: queue, knobs and the latest decisions.
     #[serde(default)]
     pub scaler: Option<crate::scaler::ScalerStatus>,
+    /// Failed jobs kept for inspection (`--keep-failed`), oldest first: read from
+    /// `HOME/failed` by `status`, not written by the manager.
+    #[serde(default)]
+    pub failed_jobs: Vec<super::failed::KeptJob>,
 }
 
 /// The limits of each job, what their defaults came from, and the warnings of the start
@@ -117,6 +121,7 @@ pub fn render(s: &Status, alive: bool) -> String {
             note
         ));
     }
+    out.push_str(&super::failed::render(&s.failed_jobs));
     out
 }
 

@@ -10,7 +10,7 @@
 
 pub mod archive;
 pub mod oci;
-mod probe;
+pub(crate) mod probe;
 pub mod recipe;
 pub mod select;
 mod size;

@@ -9,7 +9,7 @@ use std::os::fd::{AsRawFd, RawFd};
 
 /// Opens `path` (relative, inside `root`) for reading if it is a regular file, and reads
 /// at most `limit` bytes.
-fn read_in_root(root: RawFd, path: &str, limit: u64) -> Option<Vec<u8>> {
+pub(crate) fn read_in_root(root: RawFd, path: &str, limit: u64) -> Option<Vec<u8>> {
     let c = fs_at::cstring(path.as_bytes()).ok()?;
     let resolve = fs_at::RESOLVE_IN_ROOT | fs_at::RESOLVE_NO_MAGICLINKS;
     let p = fs_at::openat2(root, &c, libc::O_PATH, resolve).ok()?;
@@ -25,6 +25,26 @@ fn read_in_root(root: RawFd, path: &str, limit: u64) -> Option<Vec<u8>> {
     let mut v = Vec::new();
     std::fs::File::from(fd).take(limit).read_to_end(&mut v).ok()?;
     Some(v)
+}
+
+/// What is at `path` (relative, inside `root`; symlinks resolved inside the tree), if
+/// anything.
+pub(crate) fn stat_in_root(root: RawFd, path: &str) -> Option<libc::stat> {
+    let c = fs_at::cstring(path.as_bytes()).ok()?;
+    let fd = fs_at::openat2(root, &c, libc::O_PATH, fs_at::RESOLVE_IN_ROOT | fs_at::RESOLVE_NO_MAGICLINKS).ok()?;
+    fs_at::fstat(fd.as_raw_fd()).ok()
+}
+
+/// The names in the directory `path` (relative, inside `root`), empty when there is none.
+pub(crate) fn list_in_root(root: RawFd, path: &str) -> Vec<String> {
+    let Ok(c) = fs_at::cstring(path.as_bytes()) else { return vec![] };
+    let flags = libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NONBLOCK;
+    let Ok(fd) = fs_at::openat2(root, &c, flags, fs_at::RESOLVE_IN_ROOT | fs_at::RESOLVE_NO_MAGICLINKS) else {
+        return vec![];
+    };
+    fs_at::read_dir_names(fd.as_raw_fd())
+        .map(|v| v.into_iter().map(|n| n.to_string_lossy().into_owned()).collect())
+        .unwrap_or_default()
 }
 
 /// `uname -m` style name of the ELF machine in `head` (the first 20 bytes of a file).

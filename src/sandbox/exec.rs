@@ -150,6 +150,7 @@ pub fn prepare(home: &Home, driver_root: &Path, req: &ExecRequest) -> Result<(Jo
         rootless: false,
         process: super::plan::ProcessPlan { init: None, terminal: req.terminal },
         userns: None,
+        scratch: None,
     };
     // Bad input fails in one line first; then the limits' warnings (unlimited, no disk
     // quota), once per exec, as the rootless limits warning.

@@ -175,6 +175,9 @@ fn run(
         inroot::create_owned_dir(&merged, dir, uid, gid)
             .with_context(|| format!("cannot give {} to uid {} in the sandbox", dir.display(), plan.uid))?;
     }
+    if let Some(scratch) = &plan.scratch {
+        sys.give_dir(&scratch.host, uid, gid)?;
+    }
     tracing::debug!(job = %plan.id, "overlay mounted");
 
     let mut spec = spec::build(&plan, &merged, &cgroup_owner)?;
@@ -421,6 +424,32 @@ mod tests {
         assert!(init.starts_with(&format!("{} ", std::process::id())), "init.pid for gc: {init}");
         let reported: HelperResult = serde_json::from_slice(&std::fs::read(s.job.result_file()).unwrap()).unwrap();
         assert_eq!(reported, r, "reported as soon as the job exited, before the delete");
+    }
+
+    #[test]
+    fn a_scratch_dir_is_given_to_the_job_user_before_the_container() {
+        let s = setup(|plan, t| {
+            plan.uid = 1000;
+            plan.gid = 1001;
+            plan.scratch =
+                Some(crate::sandbox::ScratchDir { host: t.join("nvme/hp-1"), container: "/azp/agent/_work".into() });
+        });
+        let rec = Recorder::default();
+        s.run(&rec, None, None);
+        let mut want = s.steps();
+        let at = want.iter().position(|c| c == "create").unwrap();
+        let host = s._t.path().join("nvme/hp-1");
+        want.insert(at, format!("give_dir {} 1000:1001", host.display()));
+        assert_eq!(rec.calls(), want);
+        // Refused: the line ends there, before any container.
+        let rec = Recorder::failing_at(at, Errno::EPERM);
+        let (kind, error) = match s.run(&rec, None, None) {
+            HelperResult::Failed { kind, error } => (kind, error),
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(kind, FailureKind::Other);
+        assert!(error.starts_with(&format!("cannot give {} to uid 1000 gid 1001", host.display())), "{error}");
+        assert_eq!(rec.calls(), want[..=at]);
     }
 
     #[test]

@@ -53,6 +53,9 @@ pub struct JobState {
     /// limits are cleared by the teardown, or by `gc` after a crash.
     #[serde(default)]
     pub project_id: Option<u32>,
+    /// The job's scratch dir on the host (removed with the job).
+    #[serde(default)]
+    pub scratch: Option<PathBuf>,
 }
 
 impl JobState {
@@ -71,6 +74,7 @@ impl JobState {
                 .map(|d| d.as_secs())
                 .unwrap_or(0),
             project_id: None,
+            scratch: plan.scratch.as_ref().map(|s| s.host.clone()),
         }
     }
 }

@@ -85,6 +85,22 @@ pub struct JobPlan {
     /// `Sandbox::create`; None: host ids (`--userns host`).
     #[serde(default)]
     pub userns: Option<crate::identity::JobIds>,
+    /// A host dir of the job's own, bound read-write (the agent's work folder on a scratch
+    /// filesystem; see [`ScratchDir`]).
+    #[serde(default)]
+    pub scratch: Option<ScratchDir>,
+}
+
+/// A per-job host dir bound read-write into the sandbox, e.g. the agent's `_work` on a
+/// node's local NVMe: made empty by `Sandbox::create` (its parent must exist), given to
+/// the job's user by the helper, removed by the teardown, and by gc after a crash (the
+/// job's record names it).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ScratchDir {
+    /// On the host; its name is the job's (`<parent>/<job id>`).
+    pub host: PathBuf,
+    /// Where the job sees it.
+    pub container: PathBuf,
 }
 
 /// How a job's command runs (see [`super::init`]).
@@ -133,5 +149,6 @@ pub(crate) fn test_plan(id: &str, lower: Vec<PathBuf>, cgroup_path: &str) -> Job
         rootless: false,
         process: Default::default(),
         userns: None,
+        scratch: None,
     }
 }

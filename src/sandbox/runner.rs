@@ -158,7 +158,7 @@ impl Sandbox {
         let quota = disk_quota(home, &plan);
         let lock = job.create(&plan, &mut state, quota.as_ref().map(|q| (&sys::Real as &dyn sys::Sys, q)))?;
         tracing::debug!(job = %plan.id, "job dir recorded");
-        Ok(Sandbox {
+        let sandbox = Sandbox {
             home: home.clone(),
             job,
             plan,
@@ -168,7 +168,12 @@ impl Sandbox {
             prepared: None,
             ids,
             project_id: state.project_id,
-        })
+        };
+        // Recorded first, so gc removes it if we die from here on (dropped on an error).
+        if let Some(s) = &sandbox.plan.scratch {
+            make_scratch(&s.host)?;
+        }
+        Ok(sandbox)
     }
 
     pub fn id(&self) -> &str {
@@ -192,6 +197,22 @@ impl Sandbox {
     /// The job's writable layer on the host (what the job wrote, e.g. agent logs).
     pub fn upper(&self) -> std::path::PathBuf {
         self.job.upper()
+    }
+
+    /// Waits until the last phase's helper has exited: by then everything the phase printed
+    /// is in its output file. (Not done after every phase: the helper deletes its container
+    /// while the next phase already runs.)
+    pub fn settle(&mut self) {
+        self.wait_pending();
+    }
+
+    /// Moves the job's writable layers (`upper/`, `work/`) to `dest` (which must not exist,
+    /// on the home's filesystem), so that the teardown leaves them: a failed job kept for
+    /// inspection. Waits for the last helper first (its overlay holds the dirs).
+    pub fn keep_layers(&mut self, dest: &std::path::Path) -> Result<()> {
+        self.wait_pending();
+        std::fs::rename(&self.job.layers, dest)
+            .with_context(|| format!("cannot move {} to {}", self.job.layers.display(), dest.display()))
     }
 
     /// Writes the phase's plan for the next helper; returns the job id.
@@ -321,7 +342,18 @@ impl Sandbox {
     /// Removes everything; the lock goes last so gc never races us. With `background`,
     /// the whole clean-up (waiting for the helper's container deletion, removing the dirs)
     /// runs in a thread and this returns at once: the slot's next job does not wait.
-    pub fn teardown(mut self, background: bool) -> Result<Cleanup> {
+    pub fn teardown(self, background: bool) -> Result<Cleanup> {
+        self.teardown_after(background, |_| {})
+    }
+
+    /// [`Sandbox::teardown`] that first calls `first` with the job's upper dir, in the
+    /// thread that cleans up: a copy of what the job left (its logs) costs the caller, a
+    /// slot about to start its next agent, nothing. The job's processes are gone by then.
+    pub fn teardown_after(
+        mut self,
+        background: bool,
+        first: impl FnOnce(&std::path::Path) + Send + 'static,
+    ) -> Result<Cleanup> {
         // Backpressure: at most MAX_BACKGROUND clean-ups at once, so jobs that each wrote
         // gigabytes cannot outrun their deletion and fill the disk.
         const MAX_BACKGROUND: usize = 2;
@@ -339,6 +371,7 @@ impl Sandbox {
             };
             std::thread::spawn(move || {
                 sys::process::lower_priority_of_this_thread();
+                first(&sb.job.upper());
                 if let Err(e) = sb.finish() {
                     tracing::warn!("clean-up failed ({e:#}); `azp-sandbox gc` will retry");
                 }
@@ -349,6 +382,7 @@ impl Sandbox {
         if background {
             BACKGROUND_CLEANUPS.fetch_sub(1, Ordering::SeqCst);
         }
+        first(&self.job.upper());
         self.finish()
     }
 
@@ -406,6 +440,30 @@ fn disk_quota(home: &Home, plan: &JobPlan) -> Option<sys::DiskQuota> {
     let bytes = plan.limits.disk_bytes.filter(|_| !plan.rootless)?;
     let lock = home.run_root().with_file_name(".project-ids.lock");
     Some(sys::DiskQuota { bytes, inodes: plan.limits.disk_inodes, lock })
+}
+
+/// Waits (at most `max`) for the clean-ups [`Sandbox::teardown`] left running in the
+/// background; false when some are still running. `run` calls it before it exits, so
+/// that what they do (the jobs' log copies, the layers' removal) is not cut short.
+pub fn wait_for_background_cleanups(max: Duration) -> bool {
+    let end = Instant::now() + max;
+    while BACKGROUND_CLEANUPS.load(Ordering::SeqCst) > 0 {
+        if Instant::now() >= end {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    true
+}
+
+/// The job's scratch dir, empty and ours (0700): whatever a crashed run left under its
+/// name goes first. Its parent must exist.
+fn make_scratch(dir: &std::path::Path) -> Result<()> {
+    use std::os::unix::fs::DirBuilderExt;
+    sys::fs_at::remove_tree(dir).with_context(|| format!("cannot empty the job's work dir {}", dir.display()))?;
+    std::fs::DirBuilder::new().mode(0o700).create(dir).with_context(|| {
+        format!("cannot create the job's work dir {}: check that its parent exists and has free space", dir.display())
+    })
 }
 
 /// Runs one command to completion in a fresh sandbox and removes everything it left.

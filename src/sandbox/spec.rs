@@ -143,7 +143,7 @@ pub fn build(plan: &JobPlan, rootfs: &Path, cgroup: &CgroupOwner) -> Result<Spec
         .root(RootBuilder::default().path(rootfs).readonly(false).build()?)
         .hostname(plan.hostname.clone())
         .process(process)
-        .mounts([mounts(plan)?, init_mount(plan)?].concat())
+        .mounts([mounts(plan)?, init_mount(plan)?, scratch_mount(plan)?].concat())
         .linux(linux)
         .build()?;
     if let Some(hooks) = hooks(plan, rootfs)? {
@@ -389,6 +389,12 @@ fn mounts(plan: &JobPlan) -> Result<Vec<Mount>> {
     Ok(m)
 }
 
+/// The job's scratch dir (see [`super::ScratchDir`]), read-write: its own, empty at start.
+fn scratch_mount(plan: &JobPlan) -> Result<Vec<Mount>> {
+    let Some(s) = &plan.scratch else { return Ok(vec![]) };
+    Ok(vec![bind(&s.host, &s.container, &["rbind", "rw", "nosuid", "nodev", "rprivate"].map(String::from))?])
+}
+
 /// The host's `ldconfig`, which rebuilds a tree's linker cache with `-r TREE`.
 pub fn host_ldconfig() -> Result<&'static Path> {
     ["/sbin/ldconfig", "/usr/sbin/ldconfig"]
@@ -515,6 +521,7 @@ mod tests {
             rootless: false,
             process: Default::default(),
             userns: None,
+            scratch: None,
         }
     }
 
@@ -569,6 +576,23 @@ mod tests {
         for s in ["mount", "unshare", "bpf", "keyctl", "userfaultfd", "kexec_load", "open_by_handle_at"] {
             assert!(denied.iter().any(|n| n == s), "{s} not denied");
         }
+    }
+
+    #[test]
+    fn a_scratch_dir_is_bound_read_write_nosuid_nodev() {
+        let mut p = plan();
+        assert!(scratch_mount(&p).unwrap().is_empty());
+        p.scratch =
+            Some(crate::sandbox::ScratchDir { host: "/nvme/h-1/t-1".into(), container: "/azp/agent/_work".into() });
+        let spec = build(&p, Path::new("/m"), &CgroupOwner::Libcontainer { memsw: false }).unwrap();
+        let m =
+            spec.mounts().as_ref().unwrap().iter().find(|m| m.destination() == Path::new("/azp/agent/_work")).unwrap();
+        assert_eq!(m.source().as_deref(), Some(Path::new("/nvme/h-1/t-1")));
+        let o = m.options().as_ref().unwrap();
+        for want in ["rw", "nosuid", "nodev"] {
+            assert!(o.iter().any(|x| x == want), "{o:?} lacks {want}");
+        }
+        assert!(!o.iter().any(|x| x == "ro"), "{o:?}");
     }
 
     #[test]

@@ -74,6 +74,9 @@ pub fn cleanup_job_with(home: &Home, job: &JobDir, sys: &dyn Sys, cgroups: &Cgro
     // a concurrent gc never sees this job's layers without their record (it would take
     // them for an orphan).
     remove_layers_with(home, job, sys, state.as_ref().and_then(|s| s.project_id))?;
+    if let Some(dir) = state.as_ref().and_then(|s| s.scratch.as_ref()) {
+        sys.remove_tree(dir)?;
+    }
     if job.root.exists() {
         sys.remove_tree(&job.root)?;
     }
@@ -587,6 +590,21 @@ mod tests {
                 format!("mount {}", f.job.idmapped_lower(0).display()),
             ]
         );
+    }
+
+    #[test]
+    fn a_jobs_scratch_dir_goes_after_its_layers_before_its_record() {
+        let f = fixture();
+        let mut state = f.job.read_state().unwrap();
+        let scratch = f._t.path().join("nvme/td-1");
+        state.scratch = Some(scratch.clone());
+        std::fs::write(f.job.state_file(), serde_json::to_vec(&state).unwrap()).unwrap();
+        let (calls, c) = f.run(None);
+        assert!(c.unwrap().job_dir_removed);
+        let mut want = f.steps();
+        let at = want.iter().position(|c| c == &format!("remove_tree {}", f.job.root.display())).unwrap();
+        want.insert(at, format!("remove_tree {}", scratch.display()));
+        assert_eq!(calls, want);
     }
 
     #[test]

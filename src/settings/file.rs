@@ -52,6 +52,12 @@ pub struct FileSettings {
     /// The HTTP(S) proxy jobs use (HTTP_PROXY and HTTPS_PROXY), when the service's
     /// environment names none; one on the host's loopback is reached at the jobs' gateway.
     pub proxy: Option<String>,
+    /// Host dir for the jobs' agent work folders (`run --work-dir`).
+    pub work_dir: Option<PathBuf>,
+    /// Failed jobs kept for inspection (`run --keep-failed`).
+    pub keep_failed: Option<usize>,
+    /// Size bound of each agent's kept `_diag` logs, e.g. "200M".
+    pub diag_logs_max: Option<String>,
     /// Setuid mode's site policy (read by `setuid::policy`, not by `run`).
     pub setuid: Option<toml::Value>,
 }

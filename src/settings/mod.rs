@@ -23,6 +23,6 @@ pub mod token;
 pub use env::Env;
 pub use file::{parse_file, read_file, FileSettings, DEFAULT_CONFIG};
 pub use global::home;
-pub use run::{env_settings, for_run, hostname, merge, parse_per_agent, FlagSettings, RunSettings};
+pub use run::{env_settings, for_run, hostname, merge, parse_logs_max, parse_per_agent, FlagSettings, RunSettings};
 pub use slurm::{for_slurm, SlurmFlags, SlurmSettings};
 pub use token::read_token;

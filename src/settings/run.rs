@@ -41,6 +41,14 @@ pub struct FlagSettings {
     pub network_allow: Vec<NetworkAllow>,
     /// The service's HTTP(S)_PROXY and NO_PROXY (either case), from the environment.
     pub proxy_env: Vec<(String, String)>,
+    /// Where each job's agent work folder lives on the host (AZP_WORK).
+    pub work_dir: Option<PathBuf>,
+    /// Keep the layers and logs of this many failed jobs.
+    pub keep_failed: Option<usize>,
+    /// The most bytes of agent `_diag` logs kept per agent.
+    pub diag_logs_max: Option<u64>,
+    /// AGENT_ALLOW_RUNASROOT: agents may run as root when the rootfs has no `azp` user.
+    pub agents_as_root: bool,
 }
 
 /// The service's proxy variables that jobs get.
@@ -80,6 +88,16 @@ pub struct RunSettings {
     /// What jobs get of HTTP(S)_PROXY and NO_PROXY, as the service has them (a proxy on
     /// the host's loopback is rewritten to the jobs' gateway when the job plan is made).
     pub proxy_env: Vec<(String, String)>,
+    /// A host dir (absolute) holding a fresh dir per job for the agent's work folder
+    /// (`_work`), bound read-write; None: in the job's writable layer.
+    pub work_dir: Option<PathBuf>,
+    /// The layers and logs of the last this-many failed jobs are kept (`HOME/failed`).
+    pub keep_failed: usize,
+    /// The most bytes of `_diag` logs kept per agent under `HOME/logs/<agent>/`.
+    pub diag_logs_max: u64,
+    /// The rootfs may lack an unprivileged user: agents then run as root in the sandbox
+    /// (the agent's own opt-in, `AGENT_ALLOW_RUNASROOT`, set for `run`).
+    pub agents_as_root: bool,
 }
 
 /// How long a cancelled agent gets to report its job and exit before it is killed: the
@@ -87,7 +105,19 @@ pub struct RunSettings {
 /// and deletes its session within a few seconds.
 pub const DEFAULT_CANCEL_GRACE: Duration = Duration::from_secs(30);
 
-/// Environment overrides (AZP_URL, AZP_TOKEN_FILE, AZP_POOL, AZP_AGENT_NAME as the prefix).
+/// Default of [`RunSettings::diag_logs_max`]: 200 MiB.
+pub const DEFAULT_DIAG_LOGS_MAX: u64 = 200 << 20;
+
+/// `--diag-logs-max`: a size (`200M`), or 0 to keep none.
+pub fn parse_logs_max(s: &str) -> Result<u64> {
+    if s.trim() == "0" {
+        return Ok(0);
+    }
+    parse_size(s)
+}
+
+/// Environment overrides (AZP_URL, AZP_TOKEN_FILE, AZP_POOL, AZP_AGENT_NAME as the prefix,
+/// AZP_WORK as `--work-dir`), and AGENT_ALLOW_RUNASROOT (no flag: the agent's own opt-in).
 pub fn env_settings(get: impl Fn(&str) -> Option<String>) -> FlagSettings {
     FlagSettings {
         url: get("AZP_URL"),
@@ -95,6 +125,8 @@ pub fn env_settings(get: impl Fn(&str) -> Option<String>) -> FlagSettings {
         pool: get("AZP_POOL"),
         name_prefix: get("AZP_AGENT_NAME"),
         proxy_env: PROXY_VARS.iter().filter_map(|k| Some((k.to_string(), get(k)?))).collect(),
+        work_dir: get("AZP_WORK").map(PathBuf::from),
+        agents_as_root: get("AGENT_ALLOW_RUNASROOT").is_some(),
         ..Default::default()
     }
 }
@@ -185,6 +217,20 @@ pub fn merge(file: FileSettings, env: FlagSettings, flags: FlagSettings) -> Resu
             proxy_env.push((k.to_string(), p.clone()));
         }
     }
+    let work_dir = flags.work_dir.or(env.work_dir).or(file.work_dir);
+    if let Some(w) = work_dir.as_ref().filter(|w| !w.is_absolute()) {
+        bail!("bad work dir '{}': give an absolute host path to --work-dir (AZP_WORK, work_dir)", w.display());
+    }
+    let diag_logs_max = match flags.diag_logs_max {
+        Some(m) => m,
+        None => file
+            .diag_logs_max
+            .as_deref()
+            .map(parse_logs_max)
+            .transpose()
+            .context("bad diag_logs_max in the config file")?
+            .unwrap_or(DEFAULT_DIAG_LOGS_MAX),
+    };
     Ok(RunSettings {
         url,
         token_file: flags.token_file.or(env.token_file).or(file.token_file),
@@ -214,6 +260,10 @@ pub fn merge(file: FileSettings, env: FlagSettings, flags: FlagSettings) -> Resu
         network_allow,
         network_subnet,
         proxy_env,
+        work_dir,
+        keep_failed: flags.keep_failed.or(file.keep_failed).unwrap_or(0),
+        diag_logs_max,
+        agents_as_root: flags.agents_as_root || env.agents_as_root,
     })
 }
 
@@ -421,6 +471,26 @@ mod tests {
         )
         .unwrap_err();
         assert!(e.to_string().contains("--poll-interval"), "{e}");
+    }
+
+    #[test]
+    fn work_dir_keep_failed_and_logs() {
+        let s = merge(FileSettings::default(), FlagSettings::default(), flags()).unwrap();
+        assert_eq!((s.work_dir, s.keep_failed, s.diag_logs_max, s.agents_as_root), (None, 0, 200 << 20, false));
+        let file = parse_file("work_dir = \"/file\"\nkeep_failed = 3\ndiag_logs_max = \"50M\"").unwrap();
+        let env = env_settings(|k| match k {
+            "AZP_WORK" => Some("/env".into()),
+            "AGENT_ALLOW_RUNASROOT" => Some("1".into()),
+            _ => None,
+        });
+        let s = merge(file, env, flags()).unwrap();
+        assert_eq!(s.work_dir.as_deref(), Some(Path::new("/env")), "the environment beats the file");
+        assert_eq!((s.keep_failed, s.diag_logs_max, s.agents_as_root), (3, 50 << 20, true));
+        assert_eq!(parse_logs_max("0").unwrap(), 0);
+        assert_eq!(parse_logs_max("1K").unwrap(), 1024);
+        let f = FlagSettings { work_dir: Some("scratch".into()), ..flags() };
+        let e = merge(FileSettings::default(), FlagSettings::default(), f).unwrap_err();
+        assert!(e.to_string().contains("give an absolute host path to --work-dir"), "{e}");
     }
 
     #[test]

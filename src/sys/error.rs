@@ -274,6 +274,14 @@ pub enum Error {
         #[source]
         source: io::Error,
     },
+    #[error("cannot give {} to uid {uid} gid {gid}", path.display())]
+    GiveDir {
+        path: PathBuf,
+        uid: u32,
+        gid: u32,
+        #[source]
+        source: io::Error,
+    },
     #[error("cannot move {} to {}", from.display(), to.display())]
     Rename {
         from: PathBuf,

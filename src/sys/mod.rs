@@ -95,6 +95,9 @@ pub trait Sys {
     fn isolate_network(&self, setup: &net::Setup) -> Result<net::Made>;
     /// Mounts a sysfs of the job's network namespace on `target`, for the spec to bind.
     fn mount_sysfs(&self, target: &Path) -> Result<()>;
+    /// Gives the directory `dir` (not a symlink) to `uid`:`gid`: a job's scratch dir, made
+    /// by its runner, handed to the job's user.
+    fn give_dir(&self, dir: &Path, uid: u32, gid: u32) -> Result<()>;
 }
 
 /// The real thing.
@@ -164,6 +167,15 @@ impl Sys for Real {
     }
     fn mount_sysfs(&self, target: &Path) -> Result<()> {
         net::mount_sysfs(target)
+    }
+    fn give_dir(&self, dir: &Path, uid: u32, gid: u32) -> Result<()> {
+        use std::os::fd::AsRawFd;
+        fs_at::open_dir(dir).and_then(|fd| fs_at::fchown(fd.as_raw_fd(), uid, gid)).map_err(|source| Error::GiveDir {
+            path: dir.to_path_buf(),
+            uid,
+            gid,
+            source,
+        })
     }
 }
 
@@ -337,6 +349,14 @@ impl Sys for Recorder {
     fn mount_sysfs(&self, target: &Path) -> Result<()> {
         self.step(format!("mount_sysfs {}", target.display()))
             .map_err(|source| Error::MountSysfs { target: target.into(), source })
+    }
+    fn give_dir(&self, dir: &Path, uid: u32, gid: u32) -> Result<()> {
+        self.step(format!("give_dir {} {uid}:{gid}", dir.display())).map_err(|e| Error::GiveDir {
+            path: dir.into(),
+            uid,
+            gid,
+            source: self.io(e),
+        })
     }
 }
 

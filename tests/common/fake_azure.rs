@@ -83,6 +83,8 @@ pub struct FakeAgent {
     pub registrations: u32,
     /// Session creations (`run.sh` starts).
     pub sessions: u32,
+    /// Session deletions (a listener that stops cleanly deletes its session).
+    pub sessions_deleted: u32,
     /// The system capabilities last posted (registration or session).
     pub capabilities: BTreeMap<String, String>,
     /// Its current credential (see the module doc).
@@ -100,8 +102,14 @@ pub struct JobResult {
     /// `Some(n)` when run.sh exited `n` through the `#exit-code n` hook.
     pub hook_exit: Option<i32>,
     pub output: String,
-    /// succeeded, failed, canceled or abandoned (the hook).
+    /// The job's result as the server recorded it: what the agent reported (`result=`,
+    /// e.g. `canceled`), else `succeeded`/`failed` from the exit code, `abandoned` for
+    /// the hook.
     pub result: String,
+    /// The signal the agent said it got (`signal=`, e.g. `INT`) when it cancelled the job.
+    pub signal: Option<String>,
+    /// When the server got it.
+    pub at: Instant,
 }
 
 /// What the package list says about the package's hash.
@@ -268,6 +276,7 @@ impl FakeAzure {
             version: FAKE_AGENT_VERSION.into(),
             registrations: 1,
             sessions: 0,
+            sessions_deleted: 0,
             capabilities: BTreeMap::new(),
             client_id,
             enabled: true,
@@ -894,6 +903,7 @@ impl State {
                         version,
                         registrations: 1,
                         sessions: 0,
+                        sessions_deleted: 0,
                         capabilities: caps,
                         client_id,
                         enabled: body.get("enabled").and_then(|e| e.as_bool()).unwrap_or(true),
@@ -983,6 +993,11 @@ impl State {
             return Reply::empty(401);
         };
         match (r.method.as_str(), &segs[1..]) {
+            ("DELETE", ["sessions"]) => {
+                self.agents[ai].sessions_deleted += 1;
+                self.agents[ai].status = "offline".into();
+                Reply::empty(204)
+            }
             ("POST", ["sessions"]) => {
                 if let Ok(serde_json::Value::Object(o)) = serde_json::from_slice::<serde_json::Value>(&r.body) {
                     self.agents[ai].capabilities = o
@@ -1028,20 +1043,23 @@ impl State {
                 };
                 let exit_code: Option<i32> = r.q("exitCode").and_then(|c| c.parse().ok());
                 let hook_exit: Option<i32> = r.q("hook").and_then(|c| c.parse().ok());
-                let result = match (hook_exit, exit_code, r.q("result")) {
-                    (Some(_), _, _) => "abandoned",
-                    (None, _, Some("canceled")) => "canceled",
-                    (None, Some(0), _) => "succeeded",
-                    _ => "failed",
+                let reported = r.q("result").map(str::to_ascii_lowercase);
+                let result = match (hook_exit, reported.as_deref(), exit_code) {
+                    (Some(_), _, _) => "abandoned".to_string(),
+                    (None, Some(r), _) => r.to_string(),
+                    (None, None, Some(0)) => "succeeded".to_string(),
+                    _ => "failed".to_string(),
                 };
-                j.finished = Some((iso(SystemTime::now()), result.into()));
+                j.finished = Some((iso(SystemTime::now()), result.clone()));
                 self.results.push(JobResult {
                     job_id: id,
                     agent: name.clone(),
                     exit_code: if hook_exit.is_some() { None } else { exit_code },
                     hook_exit,
                     output: String::from_utf8_lossy(&r.body).into_owned(),
-                    result: result.into(),
+                    result,
+                    signal: r.q("signal").map(str::to_owned),
+                    at: Instant::now(),
                 });
                 self.agents[ai].status = "offline".into();
                 Reply::json(200, serde_json::json!({}))

@@ -5,6 +5,7 @@ pub mod digest;
 pub mod fake_azure;
 pub mod pty;
 pub mod netlab;
+pub mod real_agent;
 pub mod registry;
 pub mod skip;
 

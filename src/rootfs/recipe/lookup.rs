@@ -12,6 +12,7 @@ const BUILTIN: &[(&str, &str)] = &[
     ("debian-bookworm-cuda11.8", include_str!("../../../rootfs-recipes/debian-bookworm-cuda11.8.toml")),
     ("debian-bookworm-cuda11.8-runtime", include_str!("../../../rootfs-recipes/debian-bookworm-cuda11.8-runtime.toml")),
     ("debian-bookworm-minbase", include_str!("../../../rootfs-recipes/debian-bookworm-minbase.toml")),
+    ("debian-bookworm-agent", include_str!("../../../rootfs-recipes/debian-bookworm-agent.toml")),
     ("ubuntu-22.04-cuda12.4", include_str!("../../../rootfs-recipes/ubuntu-22.04-cuda12.4.toml")),
 ];
 

@@ -235,6 +235,7 @@ mod tests {
             rootless: false,
             process: Default::default(),
             userns: None,
+            scratch: None,
         };
         p.edits.update_ldcache = true;
         p.edits.mounts.push(BindMount {
