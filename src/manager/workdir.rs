@@ -93,7 +93,7 @@ mod tests {
         std::fs::create_dir_all(root.join("h-0-3/src")).unwrap();
         let plan = crate::sandbox::plan::test_plan("h-0-4", vec![], "");
         let live = JobDir::new(&home, "h-0-4");
-        let _lock = live.create(&plan, &crate::sandbox::jobdir::JobState::for_plan(&live, &plan)).unwrap();
+        let _lock = live.create(&plan, &mut crate::sandbox::jobdir::JobState::for_plan(&live, &plan), None).unwrap();
         std::fs::create_dir_all(root.join("h-0-4")).unwrap();
         assert_eq!(prepare(&home, &s).unwrap(), [root.join("h-0-3")]);
         assert!(root.join("h-0-4").is_dir());

@@ -4,7 +4,7 @@
 
 use super::env::Env;
 use super::file::{read_file, FileSettings};
-use crate::config::{parse_subnet, Network, NetworkAllow, Volume};
+use crate::config::{parse_size, parse_subnet, Network, NetworkAllow, Volume};
 use crate::gpu::PerAgent;
 use crate::sandbox::limits::{self, LimitsAsk};
 use crate::scaler::AutoscaleSettings;
