@@ -688,7 +688,8 @@ mod tests {
             if network != Network::Host {
                 expected.push(format!("mount_sysfs {}", s.job.bundle().join("sys").display()));
             }
-            assert_eq!(calls[2..2 + expected.len()], expected[..], "{network} rootless={rootless}: {calls:?}");
+            let at = calls.iter().position(|c| c == "private_mount_namespace").unwrap() + 1;
+            assert_eq!(calls[at..at + expected.len()], expected[..], "{network} rootless={rootless}: {calls:?}");
             let spec: serde_json::Value =
                 serde_json::from_slice(&std::fs::read(s.job.bundle().join("config.json")).unwrap()).unwrap();
             let mounts = spec["mounts"].as_array().unwrap();
