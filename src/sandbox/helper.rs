@@ -709,7 +709,8 @@ mod tests {
             }
         }
         // A failed network step ends the line there.
-        for (k, want) in [(2, FailureKind::Other), (3, FailureKind::NotPermitted), (4, FailureKind::Other)] {
+        // (0 prepare_stdio, 1 clear_groups, 2 private_mount_namespace, then the network.)
+        for (k, want) in [(3, FailureKind::Other), (4, FailureKind::NotPermitted), (5, FailureKind::Other)] {
             let s = setup(|p, _| p.network = Network::Isolated);
             let rec = Recorder::failing_at(k, Errno::EPERM);
             let r = s.run(&rec, None, None);
