@@ -686,7 +686,7 @@ mod tests {
             // the cgroup and the container.
             let mut expected: Vec<String> = net_steps.clone();
             if network != Network::Host {
-                expected.push(format!("mount_sysfs {}", s.job.bundle().join("sys").display()));
+                expected.push(format!("mount_job_net_dir {}", s.job.net_dir().display()));
             }
             let at = calls.iter().position(|c| c == "private_mount_namespace").unwrap() + 1;
             assert_eq!(calls[at..at + expected.len()], expected[..], "{network} rootless={rootless}: {calls:?}");
@@ -694,7 +694,7 @@ mod tests {
                 serde_json::from_slice(&std::fs::read(s.job.bundle().join("config.json")).unwrap()).unwrap();
             let mounts = spec["mounts"].as_array().unwrap();
             let source = |dst: &str| mounts.iter().find(|m| m["destination"] == dst).unwrap()["source"].clone();
-            let own = |f: &str| serde_json::Value::from(s.job.bundle().join(f).display().to_string());
+            let own = |f: &str| serde_json::Value::from(s.job.net_dir().join(f).display().to_string());
             match network {
                 Network::Host => assert_eq!(source("/etc/resolv.conf"), "/etc/resolv.conf"),
                 Network::None => {
@@ -703,7 +703,7 @@ mod tests {
                 }
                 Network::Isolated => {
                     assert_eq!((source("/sys"), source("/etc/resolv.conf")), (own("sys"), own("resolv.conf")));
-                    let r = std::fs::read_to_string(s.job.bundle().join("resolv.conf")).unwrap();
+                    let r = std::fs::read_to_string(s.job.net_dir().join("resolv.conf")).unwrap();
                     assert!(!r.contains("nameserver 127."), "no loopback resolver for the job: {r}");
                 }
             }

@@ -112,6 +112,14 @@ impl JobDir {
         self.root.join("lower").join(k.to_string())
     }
     /// The OCI bundle: `config.json` (libcontainer reads it from here).
+    /// Where the helper mounts the job's network files (see [`crate::sys::net::mount_job_net_dir`]):
+    /// beside the overlay's mount point, one path for all jobs.
+    pub fn net_dir(&self) -> PathBuf {
+        let mut name = self.mount.file_name().unwrap_or_default().to_os_string();
+        name.push("-net");
+        self.mount.with_file_name(name)
+    }
+
     pub fn bundle(&self) -> PathBuf {
         self.root.join("bundle")
     }
@@ -293,7 +301,7 @@ fn create_in_runtime_dir(dir: &Path, builder: &fs::DirBuilder) -> Result<()> {
 /// by each helper's mount, and empty for everyone else). One in a shared dir (`/tmp`)
 /// must be ours: a symlink or another user's dir there would put the job's tree where
 /// they choose.
-fn create_mount_point(dir: &Path) -> Result<()> {
+pub(super) fn create_mount_point(dir: &Path) -> Result<()> {
     make_mount_point(dir)?;
     use std::os::unix::fs::MetadataExt;
     let m = fs::symlink_metadata(dir).with_context(|| format!("cannot stat {}", dir.display()))?;

@@ -93,8 +93,9 @@ pub trait Sys {
     /// Moves the helper into the job's own network namespace, set up as `setup` says
     /// (see [`net`]).
     fn isolate_network(&self, setup: &net::Setup) -> Result<net::Made>;
-    /// Mounts a sysfs of the job's network namespace on `target`, for the spec to bind.
-    fn mount_sysfs(&self, target: &Path) -> Result<()>;
+    /// Mounts the dir of the job's network files on `dir` (see [`net::mount_job_net_dir`]):
+    /// a sysfs of the job's network namespace at `dir/sys`, for the spec to bind.
+    fn mount_job_net_dir(&self, dir: &Path) -> Result<()>;
     /// Gives the directory `dir` (not a symlink) to `uid`:`gid`: a job's scratch dir, made
     /// by its runner, handed to the job's user.
     fn give_dir(&self, dir: &Path, uid: u32, gid: u32) -> Result<()>;
@@ -165,8 +166,8 @@ impl Sys for Real {
     fn isolate_network(&self, setup: &net::Setup) -> Result<net::Made> {
         net::isolate(setup)
     }
-    fn mount_sysfs(&self, target: &Path) -> Result<()> {
-        net::mount_sysfs(target)
+    fn mount_job_net_dir(&self, dir: &Path) -> Result<()> {
+        net::mount_job_net_dir(dir)
     }
     fn give_dir(&self, dir: &Path, uid: u32, gid: u32) -> Result<()> {
         use std::os::fd::AsRawFd;
@@ -346,9 +347,12 @@ impl Sys for Recorder {
             _ => net::Made::default(),
         })
     }
-    fn mount_sysfs(&self, target: &Path) -> Result<()> {
-        self.step(format!("mount_sysfs {}", target.display()))
-            .map_err(|source| Error::MountSysfs { target: target.into(), source })
+    /// Makes `dir/sys`, as the tmpfs would hold it.
+    fn mount_job_net_dir(&self, dir: &Path) -> Result<()> {
+        self.step(format!("mount_job_net_dir {}", dir.display()))
+            .map_err(|source| Error::MountTmpfs { dir: dir.into(), source })?;
+        let _ = std::fs::create_dir_all(dir.join("sys"));
+        Ok(())
     }
     fn give_dir(&self, dir: &Path, uid: u32, gid: u32) -> Result<()> {
         self.step(format!("give_dir {} {uid}:{gid}", dir.display())).map_err(|e| Error::GiveDir {

@@ -449,6 +449,25 @@ pub fn mount_sysfs(target: &Path) -> Result<()> {
         .map_err(|source| Error::MountSysfs { target: target.into(), source })
 }
 
+/// The dir of the job's network files (its sysfs at `dir/sys`, its resolv.conf written
+/// there afterwards): a small tmpfs, mode 0755, mounted on `dir` in the helper's private
+/// mount namespace. libcontainer binds them as the job's root, which in a user namespace
+/// of its own cannot pass the job's private record dir; `dir` is one path for all jobs
+/// (each helper sees only its own tmpfs there), beside the overlay's mount point, which
+/// is reachable by any id for the same reason. The tmpfs goes with the namespace.
+pub fn mount_job_net_dir(dir: &Path) -> Result<()> {
+    use nix::mount::{mount, MsFlags};
+    let flags = MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC;
+    mount(Some("azp-sandbox-net"), dir, Some("tmpfs"), flags, Some("mode=0755,size=64k"))
+        .map_err(|source| Error::MountTmpfs { dir: dir.to_path_buf(), source })?;
+    let sys = dir.join("sys");
+    std::fs::create_dir(&sys).map_err(|e| Error::MountSysfs {
+        target: sys.clone(),
+        source: nix::errno::Errno::from_raw(e.raw_os_error().unwrap_or(libc::EIO)),
+    })?;
+    mount_sysfs(&sys)
+}
+
 /// An IPv4 route of a dump: destination and the name-resolved output link's index.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct HostRoute {

@@ -207,12 +207,12 @@ pub fn enter(mut plan: JobPlan, job: &JobDir, sys: &dyn Sys) -> Result<JobPlan> 
         _ => Setup::Loopback,
     };
     let made = sys.isolate_network(&setup)?;
-    let sysfs = job.bundle().join("sys");
-    std::fs::create_dir_all(&sysfs).with_context(|| format!("cannot create {}", sysfs.display()))?;
-    sys.mount_sysfs(&sysfs)?;
-    plan.net.sysfs = Some(sysfs);
+    let dir = job.net_dir();
+    super::jobdir::create_mount_point(&dir)?;
+    sys.mount_job_net_dir(&dir)?;
+    plan.net.sysfs = Some(dir.join("sys"));
     if let Some(text) = resolv {
-        let path = job.bundle().join("resolv.conf");
+        let path = dir.join("resolv.conf");
         std::fs::write(&path, text).with_context(|| format!("cannot write the job's {}", path.display()))?;
         plan.net.resolv_conf = Some(path);
     }
