@@ -252,8 +252,10 @@ fn service_install_writes_a_unit() {
 fn drain_timeout_cancels_the_running_job_through_the_listener() {
     require_root!();
     let bash_rootfs = or_skip!(busybox_bash_tar());
+    // The job reaches the fake Azure DevOps in the network lab's fake internet.
+    let lab = or_skip!(netlab::NetLab::new());
     for bash in [false, true] {
-        let fake = FakeAzure::start();
+        let fake = FakeAzure::start_in(&lab);
         if bash {
             fake.use_bash_run_sh();
         }
@@ -261,7 +263,7 @@ fn drain_timeout_cancels_the_running_job_through_the_listener() {
         h.import(&bash_rootfs, "bb");
         let tf = token_file(&h, &fake.pat());
         let marker = format!("drain-job-{}-{bash}", std::process::id());
-        let mut cmd = h.command();
+        let mut cmd = h.lab_command(&lab);
         cmd.args(["run", "--pool", "gpu", "--url", &fake.url(), "--token-file", tf.to_str().unwrap()])
             .args(["--agents", "1", "--gpus-per-agent", "none", "--rootfs", "bb", "--name-prefix", "drain"])
             .args(["--drain-timeout", "2", "--cancel-grace", "40"]);

@@ -19,21 +19,25 @@ struct Pool {
     h: TestHome,
     pkg: PathBuf,
     token_file: PathBuf,
+    /// Jobs have a network of their own: the fake Azure DevOps is in the lab's fake
+    /// internet and `run` in its fake host, as Azure is outside the host in production.
+    lab: netlab::NetLab,
 }
 
 impl Pool {
     fn new(name: &str, rootfs_tar: &Path, variant: &Variant) -> Pool {
-        let fake = FakeAzure::start();
+        let lab = netlab::NetLab::new().unwrap_or_else(|why| panic!("the network lab: {why}"));
+        let fake = FakeAzure::start_in(&lab);
         let h = TestHome::new(name);
         h.import(rootfs_tar, "agent");
         let pkg = real_agent::write_package(&h.dir, variant);
         let token_file = token_file(&h, &fake.pat());
-        Pool { fake, h, pkg, token_file }
+        Pool { lab, fake, h, pkg, token_file }
     }
 
     /// `run` on CPU slots named `<prefix>-<n>`, plus `extra`.
     fn run(&self, prefix: &str, extra: &[&str]) -> Command {
-        let mut c = self.h.command();
+        let mut c = self.h.lab_command(&self.lab);
         c.args(["run", "--pool", "gpu", "--url", &self.fake.url(), "--rootfs", "agent", "--gpus-per-agent", "none"])
             .arg("--token-file")
             .arg(&self.token_file)

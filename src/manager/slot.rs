@@ -244,11 +244,11 @@ fn one_job(
         slot = cfg.index,
         agent = %cfg.agent_name,
         job = seq,
-        duration_s = format!("{:.1}", started.elapsed().as_secs_f64()),
-        configure_ms = format!("{:.0}", c.duration.as_secs_f64() * 1e3),
-        refill_ms = refill_ms.map(|m| format!("{m:.1}")).unwrap_or_else(|| "-".into()),
+        duration_s = %format!("{:.1}", started.elapsed().as_secs_f64()),
+        configure_ms = %format!("{:.0}", c.duration.as_secs_f64() * 1e3),
+        refill_ms = %refill_ms.map(|m| format!("{m:.1}")).unwrap_or_else(|| "-".into()),
         exit = r.code,
-        result = result.as_deref().unwrap_or(if worked { "unknown" } else { "no job" }),
+        result = %result.as_deref().unwrap_or(if worked { "unknown" } else { "no job" }),
         limits = %format!("{}{}", r.limits, crate::sandbox::limits::disk_note(r.disk.as_ref())),
         "job finished; {cleanup}"
     );
