@@ -19,15 +19,40 @@ pub const BINARY: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/azp-init"));
 /// Where every job sees it (a read-only bind, on the job's /dev tmpfs).
 pub const PATH_IN_JOB: &str = "/dev/.azp-init";
 
-/// Its file in `home`'s cache: `cache/init/azp-init-<hash of its bytes>`.
-pub fn host_path(home: &Home) -> PathBuf {
-    home.cache_dir().join("init").join(concat!("azp-init-", env!("AZP_INIT_HASH")))
+/// Its file: `cache/init/azp-init-<hash of its bytes>` in `home`'s cache. libcontainer
+/// binds it as the job's root, which in a user namespace of its own is no owner of the
+/// home: when a dir above the cache is private (a home in `mktemp -d`, `~/.local` 0700),
+/// the file goes beside the overlay's mount point instead (`<mount point>-init`), which
+/// is reachable by any id by construction ([`Home::mount_point`]), unless programs cannot
+/// run from there (root's is on the noexec `/run`): then the home must be made reachable,
+/// and the error says how.
+pub fn host_path(home: &Home) -> Result<PathBuf> {
+    Ok(host_dir(home)?.join(concat!("azp-init-", env!("AZP_INIT_HASH"))))
+}
+
+fn host_dir(home: &Home) -> Result<PathBuf> {
+    let in_home = home.cache_dir().join("init");
+    let Err(why) = super::check_reachable(&in_home) else { return Ok(in_home) };
+    let mount = home.mount_point();
+    let mut name = mount.file_name().unwrap_or_default().to_os_string();
+    name.push("-init");
+    let beside = mount.with_file_name(name);
+    let noexec = |dir: &std::path::Path| {
+        nix::sys::statvfs::statvfs(dir).is_ok_and(|s| s.flags().contains(nix::sys::statvfs::FsFlags::ST_NOEXEC))
+    };
+    match beside.parent() {
+        Some(parent) if !noexec(parent) => Ok(beside),
+        _ => Err(why.context(format!(
+            "the jobs' init in {} must be reachable by the jobs' own ids",
+            in_home.display()
+        ))),
+    }
 }
 
 /// The init's file in `home`, written if it is missing or not as written (one stat when it
 /// is there, on every job's path).
 pub fn ensure(home: &Home) -> Result<PathBuf> {
-    let path = host_path(home);
+    let path = host_path(home)?;
     let ok = std::fs::symlink_metadata(&path).is_ok_and(|m| {
         m.is_file()
             && m.len() == BINARY.len() as u64
@@ -38,8 +63,13 @@ pub fn ensure(home: &Home) -> Result<PathBuf> {
         return Ok(path);
     }
     let dir = path.parent().context("the init's path has a parent")?;
-    std::fs::create_dir_all(dir)
-        .with_context(|| format!("cannot create {}: check free space under the home", dir.display()))?;
+    if dir.starts_with(home.cache_dir()) {
+        std::fs::create_dir_all(dir)
+            .with_context(|| format!("cannot create {}: check free space under the home", dir.display()))?;
+    } else {
+        // Beside the mount point, maybe in /tmp: ours and writable by nobody else, or refused.
+        super::jobdir::create_mount_point(dir)?;
+    }
     let _ = std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o711));
     // Written under a name of this process, then renamed into place: a job never binds
     // half a file, and concurrent writers (two `exec`s) each rename a whole one.
