@@ -102,6 +102,10 @@ impl NetLab {
         let (hl, il) = (format!("{}h", self.name), format!("{}i", self.name));
         run(&["ip", "netns", "add", &h])?;
         run(&["ip", "netns", "add", &i])?;
+        // A new namespace copies IPv4 forwarding from the machine's own (with
+        // net.core.devconf_inherit_init_net = 0): the fake host starts as a host that does
+        // not forward, whatever the machine does.
+        run(&["ip", "netns", "exec", &h, "sysctl", "-qw", "net.ipv4.ip_forward=0"])?;
         run(&["ip", "-n", &h, "link", "add", &hl, "type", "veth", "peer", "name", &il, "netns", &i])?;
         for (ns, cmds) in [
             (

@@ -260,7 +260,9 @@ fn t20_exec_jobs_are_nobody_on_the_host_and_concurrent_ones_differ_as_root() {
 #[cfg_attr(not(test_as_root), ignore = "needs root: creates real sandboxes (CI runs the suite as root)")]
 fn t20b_agent_jobs_are_nobody_on_the_host_and_two_slots_differ_as_root() {
     require_root!();
-    let fake = common::fake_azure::FakeAzure::start();
+    // The jobs reach the fake Azure DevOps in the network lab's fake internet.
+    let lab = or_skip!(common::netlab::NetLab::new());
+    let fake = common::fake_azure::FakeAzure::start_in(&lab);
     let h = TestHome::with_busybox("esc-agent-ids");
     give_to_test_user(&h.dir);
     let tf = h.dir.join("pat");
@@ -272,7 +274,7 @@ fn t20b_agent_jobs_are_nobody_on_the_host_and_two_slots_differ_as_root() {
     for m in [&m1, &m2] {
         fake.enqueue_job(&format!("sh -c 'while [ ! -e /ctl/go ]; do sleep 0.1; done' {m}\n"));
     }
-    let mut cmd = h.command();
+    let mut cmd = h.lab_command(&lab);
     cmd.args(["run", "--pool", "gpu", "--url", &fake.url(), "--token-file", tf.to_str().unwrap()])
         .args(["--agents", "2", "--gpus-per-agent", "none", "--rootfs", "bb", "--name-prefix", "escids"])
         .args(["--volume", &format!("{}:/ctl", ctl.display())]);

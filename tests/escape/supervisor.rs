@@ -109,7 +109,9 @@ fn s2_kill_9_of_the_helper_ends_its_job_within_a_second() {
 #[cfg_attr(not(test_as_root), ignore = "needs root: creates real sandboxes (CI runs the suite as root)")]
 fn s3_kill_9_of_the_manager_ends_its_jobs_within_a_second() {
     require_root!();
-    let fake = common::fake_azure::FakeAzure::start();
+    // The jobs reach the fake Azure DevOps in the network lab's fake internet.
+    let lab = or_skip!(common::netlab::NetLab::new());
+    let fake = common::fake_azure::FakeAzure::start_in(&lab);
     let h = TestHome::with_busybox("esc-sup-mgr");
     let tf = h.dir.join("pat");
     fs::write(&tf, format!("{}\n", fake.pat())).unwrap();
@@ -118,7 +120,7 @@ fn s3_kill_9_of_the_manager_ends_its_jobs_within_a_second() {
     fake.enqueue_job(&stubborn_job(&marker));
     let log = fs::File::create(h.dir.join("manager.log")).unwrap();
     let mut mgr = HostProc(
-        h.command()
+        h.lab_command(&lab)
             .args(["run", "--pool", "gpu", "--url", &fake.url(), "--token-file", tf.to_str().unwrap()])
             .args(["--agents", "2", "--gpus-per-agent", "none", "--rootfs", "bb", "--name-prefix", "escsup"])
             .stdout(Stdio::null())
