@@ -89,10 +89,12 @@ fn job_limits(home: &Home, settings: &RunSettings, slots: usize) -> JobLimits {
     let resolved = limits::resolve(&settings.limits, &node, slots);
     let basis = limits::defaults::basis(&node, slots);
     tracing::info!("job limits: {} per job ({basis})", resolved.limits);
-    for w in &resolved.warnings {
+    // A service says at start all that its jobs do not get, asked or not.
+    let warnings: Vec<String> = resolved.notes.iter().chain(&resolved.warnings).cloned().collect();
+    for w in &warnings {
         tracing::warn!("{w}");
     }
-    JobLimits { per_job: resolved.limits, basis, warnings: resolved.warnings }
+    JobLimits { per_job: resolved.limits, basis, warnings }
 }
 
 /// Per slot: its config, and the capabilities its listener advertises (matched against

@@ -152,11 +152,14 @@ pub fn prepare(home: &Home, driver_root: &Path, req: &ExecRequest) -> Result<(Jo
         userns: None,
         scratch: None,
     };
-    // Bad input fails in one line first; then the limits' warnings (unlimited, no disk
-    // quota), once per exec, as the rootless limits warning.
+    // Bad input fails in one line first; then the limits' warnings (what was asked and is
+    // not given), once per exec; what the node cannot give unasked goes to the log only.
     super::runner::validate(&plan)?;
     for w in &resolved.warnings {
         tracing::warn!("{w}");
+    }
+    for n in &resolved.notes {
+        tracing::debug!("{n}");
     }
     Ok((plan, lease))
 }

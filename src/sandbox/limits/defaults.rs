@@ -26,13 +26,20 @@ const MIN_PIDS: i64 = 64;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Resolved {
     pub limits: Limits,
+    /// What was asked and is not what the job gets (`--disk` that cannot be enforced,
+    /// `unlimited`, a tmpfs above the memory limit, swap not accounted).
     pub warnings: Vec<String>,
+    /// Defaults the node cannot give, nobody having asked (no disk quota on this
+    /// filesystem): a service's start warns of them; a one-off `exec` logs them at debug
+    /// level (`-v`), not on every run's terminal.
+    pub notes: Vec<String>,
 }
 
 /// The limits a job runs with when `slots` jobs share `node`.
 pub fn resolve(ask: &LimitsAsk, node: &Node, slots: usize) -> Resolved {
     let slots = slots.max(1) as u64;
     let mut warnings = vec![];
+    let mut notes = vec![];
     let mut unlimited = vec![];
     let mut pick = |what: &'static str, ask: Ask<u64>, default: Option<u64>| -> Option<u64> {
         match ask {
@@ -53,12 +60,11 @@ pub fn resolve(ask: &LimitsAsk, node: &Node, slots: usize) -> Resolved {
     let (disk_bytes, disk_inodes) = match (&node.no_quota, disk) {
         (_, None) => (None, None),
         (Some(why), Some(bytes)) => {
-            let what = if disk_said {
-                format!("--disk {} cannot be enforced", human_size(bytes))
+            if disk_said {
+                warnings.push(format!("WARNING: --disk {} cannot be enforced: {why}", human_size(bytes)));
             } else {
-                "no disk quota for jobs".into()
-            };
-            warnings.push(format!("WARNING: {what}: {why}"));
+                notes.push(format!("WARNING: no disk quota for jobs: {why}"));
+            }
             (None, None)
         }
         (None, Some(bytes)) => (Some(bytes), node.disk.and_then(|d| default_inodes(d.inodes_avail, d.inodes, slots))),
@@ -93,6 +99,7 @@ pub fn resolve(ask: &LimitsAsk, node: &Node, slots: usize) -> Resolved {
     Resolved {
         limits: Limits { memory_bytes: memory, pids, cpus_milli, disk_bytes, disk_inodes, tmp_bytes, shm_bytes },
         warnings,
+        notes,
     }
 }
 
@@ -225,7 +232,8 @@ mod tests {
         let n = Node { no_quota: Some("/h is on ext4 without project quotas: fix it".into()), ..node() };
         let r = resolve(&LimitsAsk::default(), &n, 2);
         assert_eq!((r.limits.disk_bytes, r.limits.disk_inodes), (None, None));
-        assert_eq!(r.warnings, ["WARNING: no disk quota for jobs: /h is on ext4 without project quotas: fix it"]);
+        assert_eq!(r.notes, ["WARNING: no disk quota for jobs: /h is on ext4 without project quotas: fix it"]);
+        assert!(r.warnings.is_empty(), "nobody asked: {:?}", r.warnings);
         let r = resolve(&LimitsAsk { disk: Ask::Value(50 * G), ..Default::default() }, &n, 2);
         assert!(
             r.warnings[0].starts_with("WARNING: --disk 50.0G cannot be enforced: /h is on ext4"),
