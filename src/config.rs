@@ -172,7 +172,9 @@ impl Home {
     pub fn mount_point(&self) -> PathBuf {
         self.mount_point
             .get_or_init(|| {
-                let root = nix::unistd::geteuid().is_root();
+                // Root of the host, not of a rootless user namespace (a rootless helper
+                // is uid 0 in its namespace and must not pick root's dir in /run).
+                let root = nix::unistd::geteuid().is_root() && !in_user_namespace();
                 if let Some(base) = tmpfs_base(&self.run_root(), root) {
                     return base.join("rootfs");
                 }
@@ -231,6 +233,14 @@ impl Home {
 
 /// As root the records go below `/run/azp-sandbox`, which must be a tmpfs; a process that
 /// is not root keeps them where its runtime dir is.
+/// This process is in a user namespace other than the initial one (its uid map is not
+/// the identity of all ids).
+fn in_user_namespace() -> bool {
+    std::fs::read_to_string("/proc/self/uid_map")
+        .map(|m| m.split_whitespace().collect::<Vec<_>>() != ["0", "0", "4294967295"])
+        .unwrap_or(false)
+}
+
 fn tmpfs_base(run_root: &Path, is_root: bool) -> Option<&Path> {
     run_root.parent().filter(|p| is_root && *p == Path::new("/run/azp-sandbox"))
 }

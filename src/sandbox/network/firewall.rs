@@ -31,6 +31,13 @@ pub const TABLE: &str = "azp-sandbox";
 /// Held exclusively while the table is made or removed; a helper holds it shared from
 /// its check of the table to its link's creation (see `sys::net::Veth::lock`).
 pub const LOCK: &str = "/run/azp-sandbox/network.lock";
+/// Held shared by every process that made or found the table for its jobs (an `exec`, a
+/// `run`), for its life: gc removes the table only when it can take it exclusively. The
+/// job links alone do not say it: a job between its check of the table and its veth has
+/// none yet, and a concurrent `gc` (or another run's end) would pull the table away.
+/// One per network namespace (the table is the namespace's): `<this>-<netns inode>.lock`.
+pub const USERS_LOCK: &str = "/run/azp-sandbox/network-users";
+static TABLE_USE: std::sync::Mutex<Option<nix::fcntl::Flock<std::fs::File>>> = std::sync::Mutex::new(None);
 const IP_FORWARD: &str = "/proc/sys/net/ipv4/ip_forward";
 const FORWARDING_WAS_OFF: &str = "ip_forward was 0";
 
@@ -163,6 +170,38 @@ fn run_nft(nft: &Path, input: &str) -> Result<()> {
     Ok(())
 }
 
+fn open_users_lock() -> Result<std::fs::File> {
+    use std::os::unix::fs::MetadataExt;
+    let netns = std::fs::metadata("/proc/self/ns/net").map(|m| m.ino()).unwrap_or(0);
+    let path = format!("{USERS_LOCK}-{netns}.lock");
+    std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .with_context(|| format!("cannot open {path}"))
+}
+
+/// This process uses the table from now on (see [`USERS_LOCK`]); once per process.
+fn begin_table_use() -> Result<()> {
+    let mut held = TABLE_USE.lock().unwrap_or_else(|e| e.into_inner());
+    if held.is_none() {
+        if let Some(dir) = Path::new(USERS_LOCK).parent() {
+            std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+        }
+        let f = open_users_lock()?;
+        let shared = nix::fcntl::Flock::lock(f, nix::fcntl::FlockArg::LockShared)
+            .map_err(|(_, e)| anyhow::anyhow!("cannot lock {USERS_LOCK}-*.lock: {e}"))?;
+        *held = Some(shared);
+    }
+    Ok(())
+}
+
+/// This process is done with the table (the end of `run`, before its gc).
+pub fn end_table_use() {
+    TABLE_USE.lock().unwrap_or_else(|e| e.into_inner()).take();
+}
+
 fn lock() -> Result<nix::fcntl::Flock<std::fs::File>> {
     if let Some(dir) = Path::new(LOCK).parent() {
         std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
@@ -186,6 +225,7 @@ pub fn ensure(
     services: impl FnOnce() -> Vec<HostService>,
     extra: &str,
 ) -> Result<()> {
+    begin_table_use()?;
     if exists_for(subnet)? && extra.is_empty() {
         return Ok(());
     }
@@ -231,6 +271,15 @@ pub fn remove_if_unused(grace: std::time::Duration) -> Result<Option<String>> {
     }
     let Some(comment) = crate::sys::net::nft_table(TABLE).unwrap_or(None) else { return Ok(None) };
     let _lock = lock()?;
+    // No process that uses the table may be alive (an `exec`, a `run`, their helpers).
+    let users = match nix::fcntl::Flock::lock(open_users_lock()?, nix::fcntl::FlockArg::LockExclusiveNonblock) {
+        Ok(l) => l,
+        Err((_, nix::errno::Errno::EWOULDBLOCK)) => {
+            tracing::debug!("jobs' network: the table is in use by a running azp-sandbox: it stays");
+            return Ok(None);
+        }
+        Err((_, e)) => anyhow::bail!("cannot lock {USERS_LOCK}-*.lock: {e}"),
+    };
     let deadline = std::time::Instant::now() + grace;
     loop {
         let links = job_links()?;
@@ -250,6 +299,7 @@ pub fn remove_if_unused(grace: std::time::Duration) -> Result<Option<String>> {
             .with_context(|| format!("cannot turn IPv4 forwarding back off ({IP_FORWARD})"))?;
         what.push_str(" (IPv4 forwarding turned back off)");
     }
+    drop(users);
     Ok(Some(what))
 }
 

@@ -362,6 +362,8 @@ fn loopback_proxy(url: &str) -> Option<(&str, u16, Ipv4Addr)> {
 
 /// gc's part (and the end of `run`'s): the host's table when no job link is left.
 pub fn gc() -> Result<Option<String>> {
+    // This process's own jobs are over (`gc`, or the end of `run`).
+    firewall::end_table_use();
     firewall::remove_if_unused(std::time::Duration::from_secs(2))
 }
 
