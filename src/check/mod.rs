@@ -244,8 +244,19 @@ fn rootfs(
         return;
     };
     let packages = PackageCache::new(home);
-    let newest = packages.cached_versions().into_iter().max_by(|a, b| version_key(a).cmp(&version_key(b)));
-    let (needs, whose) = match newest.as_deref().and_then(|v| packages.cached(v)) {
+    // A package file (`--agent-package FILE`) is read here; a URL is left to `run`.
+    let given = s.agent_package.as_deref().filter(|p| !p.starts_with("http://") && !p.starts_with("https://"));
+    let package = match given {
+        Some(file) => match packages.ensure_from(file) {
+            Ok(p) => Some(p),
+            Err(e) => return report.add(Verdict::Fail, "agent", format!("{e:#}")),
+        },
+        None => {
+            let newest = packages.cached_versions().into_iter().max_by(|a, b| version_key(a).cmp(&version_key(b)));
+            newest.as_deref().and_then(|v| packages.cached(v))
+        }
+    };
+    let (needs, whose) = match package {
         Some(p) => (preflight::Needs::of_package(&p.dir, &s.url), format!("agent package {}", p.version)),
         None => (preflight::Needs::real_agent(), "the Azure Pipelines agent".to_string()),
     };
