@@ -143,8 +143,10 @@ fn a_second_run_on_the_same_home_is_refused_naming_the_first() {
         c
     };
     let first = ManagerProc::spawn(run("lock-a"), h.dir.join("manager.log"));
-    // Past its start-up checks (it has talked to the server and started its slot).
-    wait_until("the first run's slots started", Duration::from_secs(60), || first.log().contains("slot(s) started"));
+    // Past its start-up checks and serving: its agent is online.
+    wait_until("the first run's agent online", Duration::from_secs(90), || {
+        fake.agent("lock-a-0").is_some_and(|a| a.status == "online")
+    });
     let pid: u32 = std::fs::read_to_string(h.dir.join("run.lock")).unwrap().trim().parse().unwrap();
     let cmdline = std::fs::read_to_string(format!("/proc/{pid}/cmdline")).unwrap();
     assert!(cmdline.contains("azp-sandbox") && cmdline.contains("lock-a"), "the lock names the first run: {cmdline:?}");
