@@ -40,6 +40,8 @@ impl Report {
     fn add(&mut self, verdict: Verdict, what: &'static str, text: impl Into<String>) {
         // One line each, whatever the error chain held.
         let text = text.into().replace('\n', " ");
+        // The verdict column says it already.
+        let text = text.strip_prefix("WARNING: ").map(str::to_string).unwrap_or(text);
         self.lines.push(Line { verdict, what, text });
     }
 
@@ -120,9 +122,7 @@ pub fn local(report: &mut Report, inputs: &Inputs) -> Option<RunSettings> {
         let n: usize = split.iter().map(Vec::len).sum();
         format!("{} slot(s), {n} GPU(s) given to them", split.len())
     });
-    if let Some((driver, split)) = &gpus {
-        rootfs(report, inputs.home, &s, driver, split);
-    }
+    rootfs(report, inputs.home, &s, gpus.as_ref().map(|(d, split)| (d, split.as_slice())));
     volumes(report, &s);
     disk_quota(report, inputs.home, &s);
     Some(s)
@@ -202,8 +202,8 @@ fn token_file(report: &mut Report, s: &RunSettings, env: &Env) {
         return;
     }
     if let Some(w) = settings::token::mode_warning(path) {
-        let last = report.lines.last_mut().expect("the token line");
-        *last = Line { verdict: Verdict::Warn, what: "token", text: w };
+        report.lines.pop();
+        report.add(Verdict::Warn, "token", w);
     }
 }
 
@@ -235,11 +235,19 @@ fn rootfs(
     report: &mut Report,
     home: &Home,
     s: &RunSettings,
-    driver: &crate::gpu::Driver,
-    split: &[Vec<crate::gpu::GpuInfo>],
+    gpus: Option<(&crate::gpu::Driver, &[Vec<crate::gpu::GpuInfo>])>,
 ) {
-    let Some((name, lease)) =
-        report.result("rootfs", startup::rootfs(home, s, driver), |(n, l)| format!("'{n}' at {}", l.path().display()))
+    // Without the GPUs' check passing, a rootfs named is still checked; `auto` needs the driver.
+    let leased = match gpus {
+        Some((driver, _)) => startup::rootfs(home, s, driver),
+        None if s.rootfs == "auto" => {
+            let why =
+                "--rootfs auto: not checked without the driver (see the gpus line); or name one with --rootfs NAME";
+            return report.add(Verdict::Fail, "rootfs", why);
+        }
+        None => crate::rootfs::Store::new(home).lease(&s.rootfs).map(|l| (s.rootfs.clone(), l)),
+    };
+    let Some((name, lease)) = report.result("rootfs", leased, |(n, l)| format!("'{n}' at {}", l.path().display()))
     else {
         return;
     };
@@ -267,7 +275,7 @@ fn rootfs(
     } else {
         report.add(Verdict::Fail, "agent", r.error_line(&name));
     }
-    if let Err(e) = startup::cuda_compat(&name, &lease, driver, split) {
+    if let Some(Err(e)) = gpus.map(|(driver, split)| startup::cuda_compat(&name, &lease, driver, split)) {
         report.add(Verdict::Fail, "cuda", format!("{e:#}"));
     }
 }
@@ -359,6 +367,9 @@ mod tests {
         assert_eq!(lines.len(), 4, "{text}");
         assert_eq!(lines[0], "OK    config      fine");
         assert_eq!(lines[1], "WARN  token       mode 0644 chmod 600");
+        r.add(Verdict::Warn, "cgroups", "WARNING: limits are NOT enforced");
+        assert_eq!(r.lines.last().unwrap().text, "limits are NOT enforced", "no WARN WARNING");
+        r.lines.pop();
         assert_eq!(lines[2], "FAIL  rootfs      rootfs: no rootfs 'x'");
         assert_eq!(lines[3], "NOT READY: 3 checks, 1 failed, 1 warning(s)");
     }
