@@ -9,11 +9,12 @@
 //!
 //! Around it: `settings` turns the config file, the AZP_* environment and the flags
 //! into each verb's validated settings; `manager` (`run`), `slurm` and `setuid` drive
-//! sandboxes with them; the command line itself (one file per verb) is the binary's
+//! sandboxes with them; `check` validates all of it before `run` (and on its own); the command line itself (one file per verb) is the binary's
 //! `src/cli/`.
 
 pub mod agent;
 pub mod azure;
+pub mod check;
 pub mod clock;
 pub mod config;
 pub mod digest;

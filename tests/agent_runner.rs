@@ -148,7 +148,8 @@ fn bad_pat_and_unknown_pool_fail_at_start_with_their_message() {
         .command()
         .args(["run", "--pool", "gpu", "--url", "http://127.0.0.1:9/x", "--token-file"])
         .arg(token_file(&h, "x"))
-        .args(["--rootfs", "bb"])
+        // Local checks come first: a setup that passes them (no GPU here), so the server's.
+        .args(["--rootfs", "bb", "--agents", "1", "--gpus-per-agent", "none"])
         .output()
         .unwrap();
     let err = String::from_utf8_lossy(&out.stderr);

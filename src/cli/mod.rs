@@ -8,6 +8,7 @@
 
 mod agents;
 mod args;
+mod check;
 mod exec;
 mod gc;
 mod gpu;
@@ -53,6 +54,8 @@ pub struct Cli {
 enum Command {
     /// Keep N Azure Pipelines agent slots, one job per fresh sandbox (the main job)
     Run(run::RunArgs),
+    /// Check run's whole configuration (config, PAT, rootfs, GPUs, network, Azure): one line each
+    Check(check::CheckArgs),
     /// What a running `azp-sandbox run` is doing: slots, agents, jobs, GPUs, autoscaling
     Status(status::StatusArgs),
     /// On a Slurm login node: submit batch jobs running agents while matching jobs wait
@@ -84,6 +87,7 @@ impl Command {
     fn into_verb(self) -> Box<dyn Verb> {
         match self {
             Command::Run(v) => Box::new(v),
+            Command::Check(v) => Box::new(v),
             Command::Status(v) => Box::new(v),
             Command::Slurm(v) => Box::new(v),
             Command::Agents(v) => Box::new(v),
@@ -174,6 +178,7 @@ mod tests {
     fn each_verb_says_what_it_needs() {
         let needs = |args: &[&str]| Cli::try_parse_from(args).unwrap().command.into_verb().needs();
         assert_eq!(needs(&["azp-sandbox", "run"]), Needs::Service);
+        assert_eq!(needs(&["azp-sandbox", "check"]), Needs::Service);
         assert_eq!(needs(&["azp-sandbox", "exec", "--rootfs", "r", "true"]), Needs::Sandboxes);
         assert_eq!(needs(&["azp-sandbox", "shell", "--rootfs", "r"]), Needs::Sandboxes);
         assert_eq!(needs(&["azp-sandbox", "rootfs", "list"]), Needs::Namespace);

@@ -77,6 +77,9 @@ pub struct RunArgs {
     /// [default: 200M]
     #[arg(long, value_name = "SIZE", value_parser = azp_sandbox::settings::parse_logs_max)]
     diag_logs_max: Option<u64>,
+    /// Check the configuration (as `azp-sandbox check`) and exit: 0 ready, 1 not
+    #[arg(long)]
+    check: bool,
 }
 
 impl RunArgs {
@@ -113,6 +116,26 @@ impl RunArgs {
         self.pool.settings(self.flags())
     }
 
+    /// `--check`: only the checks, nothing started.
+    pub fn check_only(&self) -> bool {
+        self.check
+    }
+
+    /// `check` with these flags: one line per check; exit 1 on any FAIL.
+    pub fn check(&self, ctx: &Context, local_only: bool) -> Result<i32> {
+        let env = azp_sandbox::settings::Env::process();
+        let inputs = azp_sandbox::check::Inputs {
+            home: &ctx.home,
+            config: self.pool.config.as_deref(),
+            env: &env,
+            flags: self.flags(),
+            driver_root: ctx.driver_root.clone(),
+        };
+        let report = azp_sandbox::check::run(inputs, local_only);
+        print!("{}", report.render());
+        Ok(if report.failed() { 1 } else { 0 })
+    }
+
     /// Setuid mode: what the privileged side is asked to run (it checks it against the
     /// site policy). The PAT is read here, as the caller.
     pub fn setuid_request(&self) -> Result<Request> {
@@ -129,6 +152,9 @@ impl Verb for RunArgs {
     }
 
     fn run(self: Box<Self>, ctx: &Context) -> Result<i32> {
+        if self.check {
+            return self.check(ctx, false);
+        }
         let (settings, env_token) = self.settings()?;
         azp_sandbox::identity::init(settings.userns)?;
         let run = azp_sandbox::manager::RunContext { driver_root: ctx.driver_root.clone(), env_token, job_user: None };

@@ -33,7 +33,8 @@ pub fn main() -> Result<i32> {
                     refuse_userns(args.job.userns)?;
                     Request::Exec(args.request())
                 }
-                Command::Run(args) => args.setuid_request()?,
+                // `run --check` starts nothing: checked as the caller, like `check`.
+                Command::Run(args) if !args.check_only() => args.setuid_request()?,
                 other => {
                     drop(sender);
                     return super::dispatch(Cli { command: other, ..cli });

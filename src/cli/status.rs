@@ -74,16 +74,34 @@ impl Report for SlurmStatus {
     }
 }
 
-/// The text to print and the exit code.
+/// The text to print and the exit code: 3 (as `systemctl status`) when nothing runs,
+/// with "not running" (or `{"running": false}`) when there is no status file at all.
 fn show<R: Report>(home: &Home, json: bool) -> Result<(String, i32)> {
     let path = R::path(home);
-    let bytes = std::fs::read(&path).with_context(|| {
-        format!("no {} status at {}: is `azp-sandbox {}` running with this --home?", R::WHAT, path.display(), R::WRITER)
-    })?;
+    let bytes = match std::fs::read(&path) {
+        Ok(b) => b,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            let text = if json {
+                "{\"running\": false}\n".to_string()
+            } else {
+                format!("not running: no `azp-sandbox {}` has run with the home {}\n", R::WRITER, home.root().display())
+            };
+            return Ok((text, EXIT_NOT_RUNNING));
+        }
+        Err(e) => return Err(e).with_context(|| format!("cannot read the {} status {}", R::WHAT, path.display())),
+    };
     let mut status: R = serde_json::from_slice(&bytes).with_context(|| format!("corrupt {}", path.display()))?;
     status.add_from_home(home);
     let alive = nix::sys::signal::kill(nix::unistd::Pid::from_raw(status.pid() as i32), None).is_ok();
-    let text = if json { format!("{}\n", serde_json::to_string_pretty(&status)?) } else { status.render(alive) };
+    let text = if json {
+        let mut v = serde_json::to_value(&status)?;
+        if let Some(o) = v.as_object_mut() {
+            o.insert("running".into(), alive.into());
+        }
+        format!("{}\n", serde_json::to_string_pretty(&v)?)
+    } else {
+        status.render(alive)
+    };
     Ok((text, if alive { 0 } else { EXIT_NOT_RUNNING }))
 }
 
@@ -95,10 +113,12 @@ mod tests {
     fn one_printer_for_both_files() {
         let tmp = tempfile::tempdir().unwrap();
         let home = Home::new(tmp.path());
-        let e = format!("{:#}", show::<Status>(&home, false).unwrap_err());
-        assert!(e.contains("no manager status at") && e.contains("`azp-sandbox run`"), "{e}");
-        let e = format!("{:#}", show::<SlurmStatus>(&home, false).unwrap_err());
-        assert!(e.contains("no Slurm status at") && e.contains("`azp-sandbox slurm`"), "{e}");
+        let (text, code) = show::<Status>(&home, false).unwrap();
+        assert!(text.starts_with("not running") && text.contains("`azp-sandbox run`"), "{text}");
+        assert_eq!(code, EXIT_NOT_RUNNING);
+        let (text, code) = show::<SlurmStatus>(&home, true).unwrap();
+        assert_eq!(serde_json::from_str::<serde_json::Value>(&text).unwrap(), serde_json::json!({"running": false}));
+        assert_eq!(code, EXIT_NOT_RUNNING);
 
         let me = std::process::id();
         let st = Status { pid: me, pool: "gpu".into(), limits_enforced: true, ..Default::default() };
@@ -108,6 +128,7 @@ mod tests {
         assert!(text.contains(&format!("pid {me} (running)")) && text.contains("pool      gpu"), "{text}");
         let (text, _) = show::<Status>(&home, true).unwrap();
         assert_eq!(serde_json::from_str::<Status>(&text).unwrap().pool, "gpu");
+        assert_eq!(serde_json::from_str::<serde_json::Value>(&text).unwrap()["running"], true);
         assert!(text.ends_with("}\n"), "{text}");
 
         // A writer that is gone: pid_max is at most 2^22, so this pid never runs.
@@ -116,6 +137,8 @@ mod tests {
         let (text, code) = show::<SlurmStatus>(&home, false).unwrap();
         assert_eq!(code, EXIT_NOT_RUNNING);
         assert!(text.contains("NOT RUNNING") && text.contains("partition p"), "{text}");
+        let (text, _) = show::<SlurmStatus>(&home, true).unwrap();
+        assert_eq!(serde_json::from_str::<serde_json::Value>(&text).unwrap()["running"], false);
 
         std::fs::write(Status::path(&home), b"{").unwrap();
         let e = format!("{:#}", show::<Status>(&home, false).unwrap_err());

@@ -15,6 +15,7 @@ pub mod drain;
 pub mod failed;
 pub mod hooks;
 pub mod joblog;
+pub mod lock;
 pub mod phases;
 pub mod service;
 pub mod shutdown;
@@ -143,6 +144,8 @@ pub fn run(home: &Home, settings: RunSettings, ctx: RunContext) -> Result<()> {
     }
     sigs.thread_block().context("cannot block signals")?;
 
+    // Held until run returns: a second manager on this home is refused, naming our pid.
+    let _home_lock = lock::acquire(home, "run")?;
     let ready = startup::check(home, &settings, ctx)?;
     let mut running = slots::start(home, settings, ready)?;
     let stop = drain::wait_for_stop(&sigs, home, &mut running);

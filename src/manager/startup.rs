@@ -44,11 +44,13 @@ pub fn check(home: &Home, settings: &RunSettings, ctx: RunContext) -> Result<Rea
     for stale in super::workdir::prepare(home, settings)? {
         tracing::info!("removed the work dir {} left by an earlier run", stale.display());
     }
+    // Local checks first: a local mistake is reported at once, not after the network's
+    // retries (which is all an unreachable server would have said).
     let (net, proxy_env) = network(settings)?;
-    let (token, client, pool_id) = server(settings, ctx.env_token)?;
     let (driver, split) = gpus(settings, &ctx.driver_root)?;
     let (rootfs_name, lease) = rootfs(home, settings, &driver)?;
     let compat = cuda_compat(&rootfs_name, &lease, &driver, &split)?;
+    let (token, client, pool_id) = server(settings, ctx.env_token)?;
     let packages = PackageCache::new(home);
     let package = match &settings.agent_package {
         Some(src) => packages.ensure_from(src)?,
@@ -92,7 +94,7 @@ pub fn check(home: &Home, settings: &RunSettings, ctx: RunContext) -> Result<Rea
 
 /// The jobs' network, checked on this host (nothing made yet), and the proxy variables
 /// jobs get.
-fn network(settings: &RunSettings) -> Result<(crate::sandbox::network::JobNetwork, Vec<(String, String)>)> {
+pub fn network(settings: &RunSettings) -> Result<(crate::sandbox::network::JobNetwork, Vec<(String, String)>)> {
     use crate::sandbox::network;
     let rootless = crate::rootless::mode().rootless;
     let mut net = network::JobNetwork {
@@ -121,7 +123,7 @@ fn server(settings: &RunSettings, env_token: Option<String>) -> Result<(String, 
 }
 
 /// The driver and the GPUs, and which slot gets which.
-fn gpus(settings: &RunSettings, driver_root: &Path) -> Result<(gpu::Driver, Vec<Vec<GpuInfo>>)> {
+pub fn gpus(settings: &RunSettings, driver_root: &Path) -> Result<(gpu::Driver, Vec<Vec<GpuInfo>>)> {
     let gpu_opts = DiscoverOptions {
         driver_root: driver_root.to_path_buf(),
         extra_lib_dirs: [DiscoverOptions::default().extra_lib_dirs, settings.extra_lib_dirs.clone()].concat(),
@@ -134,7 +136,7 @@ fn gpus(settings: &RunSettings, driver_root: &Path) -> Result<(gpu::Driver, Vec<
         driver.gpus.retain(|g| ids.contains(&g.index));
         tracing::info!("Slurm job: using the GPUs it was given ({ids:?}): {} found", driver.gpus.len());
     }
-    let split = split_slots(settings, &driver.gpus, || driver.unavailable_reason())?;
+    let split = split_slots(settings, &driver.gpus, || driver.unavailable_reason().map(|r| run_hint(&r)))?;
     Ok((driver, split))
 }
 
@@ -182,12 +184,17 @@ pub fn split_slots(
     gpu::select::split(gpus, agents, per_agent)
 }
 
+/// The driver's reason names `exec`'s flag; `run`'s is `--gpus-per-agent`.
+pub fn run_hint(reason: &str) -> String {
+    reason.replace("--gpus none", "--gpus-per-agent none")
+}
+
 fn slot_names(prefix: &str, slots: usize) -> Vec<String> {
     (0..slots).map(|i| format!("{prefix}-{i}")).collect()
 }
 
 /// The rootfs the settings name (or the newest the driver's CUDA supports), leased.
-fn rootfs(home: &Home, settings: &RunSettings, driver: &gpu::Driver) -> Result<(String, RootfsLease)> {
+pub fn rootfs(home: &Home, settings: &RunSettings, driver: &gpu::Driver) -> Result<(String, RootfsLease)> {
     let store = Store::new(home);
     let driver_cuda = gpu::compat::driver_cuda(driver).map(|(c, _)| c);
     let name = crate::rootfs::select::resolve(&store, &settings.rootfs, driver_cuda)?;
@@ -221,7 +228,7 @@ fn agent_preflight(
 
 /// The rootfs's CUDA against the driver's, before any slot takes a job: a rootfs newer
 /// than the driver fails here in one line, not with CUDA error 803/804 in every job.
-fn cuda_compat(
+pub fn cuda_compat(
     rootfs_name: &str,
     lease: &RootfsLease,
     driver: &gpu::Driver,
@@ -306,6 +313,17 @@ mod tests {
         assert!(e.to_string().contains("--gpus-per-agent none"), "{e}");
         let e = split_slots(&settings(None, PerAgent::Count(1)), &[], || Some("NVML: driver not loaded".into()));
         assert_eq!(e.unwrap_err().to_string(), "NVML: driver not loaded");
+        // The driver's own reason names exec's flag: run's hint names run's.
+        let empty = tempfile::tempdir().unwrap();
+        let opts = DiscoverOptions { driver_root: empty.path().into(), extra_lib_dirs: vec![], cdi_spec: None };
+        let inventory = gpu::NvmlInventory::load(empty.path(), &[]);
+        let driver = gpu::discover(&opts, &inventory).unwrap();
+        let reason = driver.unavailable_reason().unwrap();
+        assert!(reason.contains("--gpus none"), "{reason}");
+        let e =
+            split_slots(&settings(None, PerAgent::Count(1)), &[], || driver.unavailable_reason().map(|r| run_hint(&r)));
+        let e = e.unwrap_err().to_string();
+        assert!(e.contains("use --gpus-per-agent none") && !e.contains("--gpus none"), "{e}");
         let e = split_slots(&settings(Some(2), PerAgent::All), &[], no_reason).unwrap_err();
         assert!(e.to_string().contains("no NVIDIA GPU found"), "{e}");
     }

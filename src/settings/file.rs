@@ -1,44 +1,60 @@
 //! The config file (`/etc/azp-sandbox/config.toml`, or `--config FILE`): the lowest of
 //! the three sources. Read once, with unknown keys refused.
 
+use super::keys;
 use anyhow::{bail, Context, Result};
 use serde::Deserialize;
 use std::path::{Path, PathBuf};
 
 pub const DEFAULT_CONFIG: &str = "/etc/azp-sandbox/config.toml";
 
-/// The config file, as written by a sysadmin. Every key is optional.
+/// The config file, as written by a sysadmin. Every key is optional; numbers may be
+/// written `1` or `"1"` (see [`keys`]).
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "snake_case")]
 pub struct FileSettings {
     pub url: Option<String>,
     pub token_file: Option<PathBuf>,
     pub pool: Option<String>,
+    #[serde(default, deserialize_with = "keys::count")]
     pub agents: Option<usize>,
     pub rootfs: Option<String>,
     #[serde(default)]
     pub volumes: Vec<String>,
+    #[serde(default, deserialize_with = "keys::word")]
     pub gpus_per_agent: Option<String>,
     /// Per-job limits: a size ("4G"), a number, or "unlimited" (see `settings::run`).
+    #[serde(default, deserialize_with = "keys::word")]
     pub memory: Option<String>,
     pub pids: Option<NumberOrWord>,
     pub cpus: Option<NumberOrWord>,
+    #[serde(default, deserialize_with = "keys::word")]
     pub disk: Option<String>,
+    #[serde(default, deserialize_with = "keys::word")]
     pub tmp_size: Option<String>,
+    #[serde(default, deserialize_with = "keys::word")]
     pub shm_size: Option<String>,
     pub agent_package: Option<String>,
     pub name_prefix: Option<String>,
+    #[serde(default, deserialize_with = "keys::count")]
     pub drain_timeout_secs: Option<u64>,
+    #[serde(default, deserialize_with = "keys::count")]
     pub cancel_grace_secs: Option<u64>,
     pub hooks_dir: Option<PathBuf>,
+    #[serde(default, deserialize_with = "keys::count")]
     pub hook_timeout_secs: Option<u64>,
     #[serde(default)]
     pub extra_lib_dirs: Vec<PathBuf>,
     /// Queue-driven autoscaling (see `run --autoscale`).
+    #[serde(default, deserialize_with = "keys::flag")]
     pub autoscale: Option<bool>,
+    #[serde(default, deserialize_with = "keys::count")]
     pub min_agents: Option<usize>,
+    #[serde(default, deserialize_with = "keys::count")]
     pub max_agents: Option<usize>,
+    #[serde(default, deserialize_with = "keys::count")]
     pub idle_timeout_secs: Option<u64>,
+    #[serde(default, deserialize_with = "keys::count")]
     pub poll_interval_secs: Option<u64>,
     /// "auto" (a user namespace and host ids of its own per job) or "host".
     pub userns: Option<String>,
@@ -55,8 +71,10 @@ pub struct FileSettings {
     /// Host dir for the jobs' agent work folders (`run --work-dir`).
     pub work_dir: Option<PathBuf>,
     /// Failed jobs kept for inspection (`run --keep-failed`).
+    #[serde(default, deserialize_with = "keys::count")]
     pub keep_failed: Option<usize>,
     /// Size bound of each agent's kept `_diag` logs, e.g. "200M".
+    #[serde(default, deserialize_with = "keys::word")]
     pub diag_logs_max: Option<String>,
     /// Setuid mode's site policy (read by `setuid::policy`, not by `run`).
     pub setuid: Option<toml::Value>,
@@ -92,7 +110,7 @@ pub fn read_file(explicit: Option<&Path>) -> Result<FileSettings> {
 }
 
 pub fn parse_file(text: &str) -> Result<FileSettings> {
-    toml::from_str(text).map_err(|e| anyhow::anyhow!("{}", e.to_string().lines().collect::<Vec<_>>().join(" ").trim()))
+    toml::from_str(text).map_err(|e| anyhow::anyhow!("{}", keys::one_line(&e, text, None)))
 }
 
 #[cfg(test)]

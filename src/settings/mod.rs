@@ -11,11 +11,13 @@
 //! - [`global`] the global options' defaults (`--home`);
 //! - [`run`] `run`'s settings (`agents prune` and `slurm` use their pool part);
 //! - [`slurm`] the settings of `slurm`;
-//! - [`token`] the PAT.
+//! - [`token`] the PAT;
+//! - [`keys`] how keys are read (`1` or `"1"`) and their mistakes reported.
 
 pub mod env;
 pub mod file;
 pub mod global;
+pub mod keys;
 pub mod run;
 pub mod slurm;
 pub mod token;

@@ -21,6 +21,7 @@
 use crate::config::{parse_size, Network, NetworkAllow};
 use crate::sandbox::exec::ExecRequest;
 use crate::sandbox::limits::{Ask, LimitsAsk};
+use crate::settings::keys;
 use anyhow::{bail, Context, Result};
 use serde::Deserialize;
 use std::path::{Component, Path, PathBuf};
@@ -38,9 +39,12 @@ pub struct Policy {
     pub volumes: Vec<PathBuf>,
     #[serde(default)]
     pub gpus: Vec<String>,
+    #[serde(default, deserialize_with = "keys::word")]
     pub max_memory: Option<String>,
+    #[serde(default, deserialize_with = "keys::count")]
     pub max_pids: Option<i64>,
     pub max_cpus: Option<f64>,
+    #[serde(default, deserialize_with = "keys::word")]
     pub max_disk: Option<String>,
     #[serde(default = "default_network")]
     pub network: Vec<String>,
@@ -52,6 +56,7 @@ pub struct Policy {
     #[serde(default = "default_driver_root")]
     pub driver_root: PathBuf,
     /// Agent slots one caller's `run` may keep; absent: `run` is not allowed in setuid mode.
+    #[serde(default, deserialize_with = "keys::count")]
     pub max_agents: Option<usize>,
     /// Whose ids jobs run as: "auto" (the default: a user namespace and host ids of their
     /// own), or "host" (as the caller, without one: kernels < 5.19 only).
@@ -81,9 +86,9 @@ pub fn parse(text: &str, file: &Path) -> Result<Policy> {
     let table = f.setuid.with_context(|| {
         format!("{} has no [setuid] table: setuid mode is not enabled on this host (see SECURITY.md)", file.display())
     })?;
-    let p: Policy = table
-        .try_into()
-        .map_err(|e: toml::de::Error| anyhow::anyhow!("bad [setuid] table in {}: {}", file.display(), one_line(&e)))?;
+    let p: Policy = table.try_into().map_err(|e: toml::de::Error| {
+        anyhow::anyhow!("bad [setuid] table in {}: {}", file.display(), keys::one_line(&e, "", Some("[setuid]")))
+    })?;
     for v in &p.volumes {
         if !v.is_absolute() || v.components().any(|c| c == Component::ParentDir) || v == Path::new("/") {
             bail!("bad [setuid] volumes entry {} in {}: use absolute dataset dirs, not /", v.display(), file.display());
@@ -379,6 +384,10 @@ network_allow = ["169.254.169.254:80"]
         assert!(e.contains("no [setuid] table"), "{e}");
         let e = parse("[setuid]\nusers = [\"a\"]\nallow_everything = true\n", f).unwrap_err().to_string();
         assert!(e.contains("bad [setuid] table") && !e.contains('\n'), "{e}");
+        let e = parse("[setuid]\nuser = [\"a\"]\n", f).unwrap_err().to_string();
+        assert!(e.ends_with("unknown key `user` in [setuid]: did you mean `users`?"), "{e}");
+        let p = parse("[setuid]\nmax_agents = \"2\"\nmax_pids = 100\nmax_memory = 4096\n", f).unwrap();
+        assert_eq!((p.max_agents, p.max_pids, p.max_memory.as_deref()), (Some(2), Some(100), Some("4096")));
         let e = parse("[setuid]\nvolumes = [\"/\"]\n", f).unwrap_err().to_string();
         assert!(e.contains("not /"), "{e}");
         let e = parse("[setuid]\nnetwork = [\"bridge\"]\n", f).unwrap_err().to_string();

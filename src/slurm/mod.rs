@@ -266,6 +266,7 @@ pub fn run(home: &crate::config::Home, s: SlurmSettings, env_token: Option<Strin
     if s.max_jobs == 0 {
         bail!("--max-jobs must be at least 1");
     }
+    let _home_lock = crate::manager::lock::acquire(home, "slurm")?;
     let token = crate::settings::read_token(s.token_file.as_deref(), env_token)?;
     let client = AzureClient::new(&s.url, &token)?;
     client.check_connection()?;
