@@ -45,15 +45,25 @@ impl Plain {
     }
 }
 
+impl Plain {
+    /// The level word once: loud warnings already say `WARNING: ...` themselves.
+    fn line(level: Level, message: &str) -> String {
+        if level == Level::WARN && message.starts_with("WARNING: ") {
+            return message.to_string();
+        }
+        format!("{}{message}", Self::prefix(level))
+    }
+}
+
 impl<S, N> FormatEvent<S, N> for Plain
 where
     S: Subscriber + for<'a> LookupSpan<'a>,
     N: for<'a> FormatFields<'a> + 'static,
 {
     fn format_event(&self, ctx: &FmtContext<'_, S, N>, mut writer: Writer<'_>, event: &Event<'_>) -> fmt::Result {
-        write!(writer, "{}", Self::prefix(*event.metadata().level()))?;
-        ctx.field_format().format_fields(writer.by_ref(), event)?;
-        writeln!(writer)
+        let mut line = String::new();
+        ctx.field_format().format_fields(Writer::new(&mut line), event)?;
+        writeln!(writer, "{}", Self::line(*event.metadata().level(), &line))
     }
 }
 
@@ -66,5 +76,8 @@ mod tests {
         assert_eq!(Plain::prefix(Level::WARN), "warning: ");
         assert_eq!(Plain::prefix(Level::ERROR), "error: ");
         assert_eq!(Plain::prefix(Level::INFO), "");
+        assert_eq!(Plain::line(Level::WARN, "x"), "warning: x");
+        assert_eq!(Plain::line(Level::WARN, "WARNING: loud"), "WARNING: loud");
+        assert_eq!(Plain::line(Level::INFO, "done"), "done");
     }
 }

@@ -34,12 +34,12 @@ pub enum ServiceCommand {
 impl Verb for ServiceCommand {
     fn run(self: Box<Self>, ctx: &Context) -> Result<i32> {
         let ServiceCommand::Install { unit_dir, name, config, dry_run } = *self;
+        let path = service::unit_path(&unit_dir, &name)?;
         let exe = service::current_exe()?;
         if let Some(w) = service::build_tree_warning(&exe) {
             tracing::warn!("{w}");
         }
         if dry_run || unit_dir.as_os_str() == "-" {
-            let path = service::unit_path(&unit_dir, &name)?;
             if unit_dir.as_os_str() != "-" {
                 eprintln!("# would write {}", path.display());
             }
