@@ -58,7 +58,18 @@ pub fn name_from_file(file: &std::path::Path) -> anyhow::Result<String> {
     let Some(base) = file.file_name().and_then(|n| n.to_str()) else {
         anyhow::bail!("cannot take a rootfs name from '{}': give --name NAME", file.display());
     };
-    let stem = ARCHIVE.iter().find_map(|ext| base.strip_suffix(ext)).unwrap_or(base);
+    // An image layout's `DIR:REF` (see `oci::detect_local`) is named `DIR-REF`, as `rootfs
+    // pull` names `REPO:TAG` `REPO-TAG`.
+    let (base_path, reference) = match base.rsplit_once(':') {
+        Some((p, r)) if !file.exists() && !r.is_empty() => (p, Some(r)),
+        _ => (base, None),
+    };
+    let stem = ARCHIVE.iter().find_map(|ext| base_path.strip_suffix(ext)).unwrap_or(base_path);
+    let stem = match reference {
+        Some(r) => format!("{stem}-{r}"),
+        None => stem.to_string(),
+    };
+    let stem = stem.as_str();
     validate_name(stem).with_context(|| format!("no --name given and the file name '{base}' is not a rootfs name"))?;
     Ok(stem.to_string())
 }
@@ -78,6 +89,8 @@ mod tests {
             ("img.oci", "img"),
             ("dir/layout", "layout"),
             ("c.tar.xz", "c"),
+            ("/nonexistent/layout:12.4", "layout-12.4"),
+            ("saved.tar:latest", "saved-latest"),
         ] {
             assert_eq!(name(file).as_deref(), Ok(want), "{file}");
         }
