@@ -59,4 +59,6 @@ for f in /etc/subuid /etc/subgid; do
     echo "azp-sandbox:$sub_start:$sub_count" >> "$f"
   fi
 done
+# The site's settings dir: the PAT (0600) and config.toml go here (README "A real pool").
+install -d -m 0755 -o root -g root /etc/azp-sandbox
 echo "setup: ok ($(cargo --version))"

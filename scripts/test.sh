@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The test suite. Real sandboxes: run as root (tests that need root skip otherwise, and
-# say so). Heavy cases are opt-in: AZP_SANDBOX_HEAVY_TESTS=1 (see README).
+# say so). Heavy cases are opt-in: AZP_SANDBOX_HEAVY_TESTS=1 (see CONTRIBUTING.md).
 #
 # Two passes: everything as root, then the rootless pass: the escape suite, the rootless
 # tests, the agent runner (both packages) and the GPU sandbox tests as the ordinary user azp-rootless (made by scripts/setup.sh),

@@ -4,8 +4,6 @@
 
 mod cli;
 
-use clap::Parser;
-
 /// Exit code for failures of azp-sandbox itself (as `docker run` uses 125).
 const EXIT_SANDBOX_ERROR: i32 = 125;
 
@@ -13,8 +11,7 @@ fn main() {
     // Before any thread or I/O exists, so `azp-sandbox gpu list | head` ends quietly
     // instead of panicking.
     azp_sandbox::sys::signals::restore_default(azp_sandbox::sys::Signal::SIGPIPE);
-    let result =
-        if azp_sandbox::setuid::invoked_setuid() { cli::setuid::main() } else { cli::dispatch(cli::Cli::parse()) };
+    let result = if azp_sandbox::setuid::invoked_setuid() { cli::setuid::main() } else { cli::dispatch(cli::parse()) };
     std::process::exit(match result {
         Ok(code) => code,
         Err(e) => {

@@ -8,6 +8,9 @@ use clap::Subcommand;
 #[derive(Subcommand)]
 pub enum AgentsCommand {
     /// Delete this host's offline agent records (<prefix>-N) from the pool
+    #[command(after_help = "Examples:
+  azp-sandbox agents prune --config /etc/azp-sandbox/config.toml
+  AZP_TOKEN_FILE=~/pat azp-sandbox agents prune --url https://dev.azure.com/ORG --pool gpu")]
     Prune(PoolArgs),
 }
 

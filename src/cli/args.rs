@@ -9,6 +9,7 @@ use std::path::PathBuf;
 /// Per-job limits, the same flags for `exec` and `run`. Each has a default derived from
 /// the node and the number of slots (README: "Limits"); `unlimited` must be said.
 #[derive(clap::Args, Clone, Copy, Default)]
+#[command(next_help_heading = "Limits (per job)")]
 pub struct LimitArgs {
     /// Memory (and memory + swap) per job, e.g. 4G, or unlimited; the job is OOM-killed
     /// above it [default: (RAM - max(2G, 10%)) / slots]
@@ -48,6 +49,7 @@ impl LimitArgs {
 
 /// The jobs' network, the same flags for `exec` and `run`.
 #[derive(clap::Args, Clone, Default)]
+#[command(next_help_heading = "Network")]
 pub struct NetworkArgs {
     /// isolated: a network of its own, outbound only [default]; none: loopback only;
     /// host: the host's network (reaches the host's 127.0.0.1 and the other jobs)
@@ -64,6 +66,7 @@ fn checked_allow(s: &str) -> Result<azp_sandbox::config::NetworkAllow, String> {
 
 /// The pool and where the rest of the settings are: `run`, `slurm`, `agents prune`.
 #[derive(clap::Args, Default)]
+#[command(next_help_heading = "Azure")]
 pub struct PoolArgs {
     /// Agent pool [env: AZP_POOL]
     #[arg(long)]
@@ -77,7 +80,8 @@ pub struct PoolArgs {
     /// Agent names are <prefix>-<slot> [env: AZP_AGENT_NAME] [default: host name]
     #[arg(long)]
     pub name_prefix: Option<String>,
-    /// Settings file [default: /etc/azp-sandbox/config.toml when present]
+    /// Settings file (TOML; flags override it) [default: /etc/azp-sandbox/config.toml
+    /// when present]
     #[arg(long)]
     pub config: Option<PathBuf>,
 }

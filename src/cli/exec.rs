@@ -30,13 +30,13 @@ pub struct ExecArgs {
 pub struct JobArgs {
     /// Rootfs name from `azp-sandbox rootfs list`, or auto: the newest CUDA the host
     /// driver supports
-    #[arg(long)]
+    #[arg(help_heading = "Sandbox", long)]
     rootfs: String,
     /// Read-only dataset: HOST:CONTAINER[:ENVVAR] (ENVVAR is set to CONTAINER)
-    #[arg(long = "volume", value_name = "HOST:CTR[:ENV]")]
+    #[arg(help_heading = "Sandbox", long = "volume", value_name = "HOST:CTR[:ENV]")]
     volumes: Vec<Volume>,
     /// Environment variable for the command
-    #[arg(long = "env", short = 'e', value_name = "K=V")]
+    #[arg(help_heading = "Sandbox", long = "env", short = 'e', value_name = "K=V")]
     env: Vec<EnvVar>,
     #[command(flatten)]
     limits: LimitArgs,
@@ -44,26 +44,26 @@ pub struct JobArgs {
     network: NetworkArgs,
     /// GPUs for the job: all, none, or a comma list of indexes or UUIDs (as
     /// NVIDIA_VISIBLE_DEVICES), or CDI names like nvidia.com/gpu=0
-    #[arg(long, default_value = "none", value_parser = checked::<GpuRequest>)]
+    #[arg(help_heading = "GPUs", long, default_value = "none", value_parser = checked::<GpuRequest>)]
     gpus: String,
     /// Driver capabilities to inject: compute,utility,video,graphics,display or all
-    #[arg(long, default_value = "compute,utility", value_parser = checked::<Capabilities>)]
+    #[arg(help_heading = "GPUs", long, default_value = "compute,utility", value_parser = checked::<Capabilities>)]
     gpu_capabilities: String,
     /// Use this CDI spec for the GPUs instead of native discovery
-    #[arg(long)]
+    #[arg(help_heading = "GPUs", long)]
     cdi_spec: Option<PathBuf>,
     /// Job name (container id, cgroup leaf, hostname) [default: exec-<random>]
-    #[arg(long, value_parser = parse_job_name)]
+    #[arg(help_heading = "Sandbox", long, value_parser = parse_job_name)]
     name: Option<String>,
     /// Working directory inside the sandbox
-    #[arg(long, short = 'w', default_value = "/")]
+    #[arg(help_heading = "Sandbox", long, short = 'w', default_value = "/")]
     workdir: PathBuf,
     /// Run as UID[:GID] inside the sandbox (numeric; default 0:0)
-    #[arg(long, short = 'u', value_parser = parse_user)]
+    #[arg(help_heading = "Sandbox", long, short = 'u', value_parser = parse_user)]
     user: Option<(u32, u32)>,
     /// auto: the job in a user namespace of its own, as host ids no account has; host:
     /// as host ids (NOT recommended: kernels < 5.19) [default: auto]
-    #[arg(long, value_enum)]
+    #[arg(help_heading = "Sandbox", long, value_enum)]
     pub userns: Option<azp_sandbox::identity::Choice>,
 }
 

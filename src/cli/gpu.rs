@@ -9,7 +9,11 @@ use std::path::PathBuf;
 #[derive(Subcommand)]
 pub enum GpuCommand {
     /// Driver and CUDA version, GPUs, every file and device node with its source
+    #[command(after_help = "Examples:
+  azp-sandbox gpu list
+  azp-sandbox gpu list --capabilities all --json")]
     List {
+        /// Print JSON instead of the report
         #[arg(long)]
         json: bool,
         /// Driver capabilities, as NVIDIA_DRIVER_CAPABILITIES

@@ -27,7 +27,18 @@ use clap::{Parser, Subcommand};
 use std::path::{Path, PathBuf};
 
 #[derive(Parser)]
-#[command(name = "azp-sandbox", version, about = "Self-hosted Azure Pipelines agents, one fresh sandbox per job")]
+#[command(
+    name = "azp-sandbox",
+    version,
+    about = "Self-hosted Azure Pipelines agents, one fresh sandbox per job",
+    after_help = "Examples:
+  sudo azp-sandbox rootfs build debian-bookworm-minbase      # a small rootfs, ~1 min
+  sudo azp-sandbox shell --rootfs debian-bookworm-minbase    # a throwaway shell in it
+  sudo azp-sandbox run --config /etc/azp-sandbox/config.toml # the agent pool
+
+Each command has its own examples: azp-sandbox COMMAND --help",
+    next_help_heading = "Global options (any command)"
+)]
 pub struct Cli {
     /// State directory (rootfs store, job dirs, caches) [env: AZP_SANDBOX_HOME]
     /// [default: /var/lib/azp-sandbox as root, $XDG_DATA_HOME/azp-sandbox otherwise]
@@ -53,30 +64,67 @@ pub struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Keep N Azure Pipelines agent slots, one job per fresh sandbox (the main job)
+    #[command(after_help = "Examples:
+  sudo azp-sandbox run --config /etc/azp-sandbox/config.toml
+  sudo azp-sandbox run --url https://dev.azure.com/ORG --pool gpu --token-file /etc/azp-sandbox/pat
+  sudo azp-sandbox run --pool cpu --agents 4 --gpus-per-agent none --memory 8G")]
     Run(run::RunArgs),
     /// Check run's whole configuration (config, PAT, rootfs, GPUs, network, Azure): one line each
     Check(check::CheckArgs),
     /// What a running `azp-sandbox run` is doing: slots, agents, jobs, GPUs, autoscaling
+    #[command(after_help = "Examples:
+  azp-sandbox status
+  azp-sandbox status --json | jq .slots")]
     Status(status::StatusArgs),
     /// On a Slurm login node: submit batch jobs running agents while matching jobs wait
+    #[command(after_help = "Example:
+  azp-sandbox slurm --config ~/azp.toml --partition gpu --max-jobs 8 --sbatch-arg=--time=04:00:00")]
     Slurm(slurm::SlurmArgs),
     /// Manage this host's agent records in the pool
-    #[command(subcommand)]
+    #[command(
+        subcommand,
+        after_help = "Example:
+  azp-sandbox agents prune --config /etc/azp-sandbox/config.toml"
+    )]
     Agents(agents::AgentsCommand),
     /// Install azp-sandbox as a systemd service
-    #[command(subcommand)]
+    #[command(
+        subcommand,
+        after_help = "Example:
+  sudo azp-sandbox service install --dry-run"
+    )]
     Service(service::ServiceCommand),
     /// Run a command in a fresh, throwaway sandbox
+    #[command(after_help = "Examples:
+  sudo azp-sandbox exec --rootfs debian-bookworm-minbase -- cat /etc/os-release
+  sudo azp-sandbox exec --rootfs auto --gpus all -- nvidia-smi
+  sudo azp-sandbox exec --rootfs r --volume /data/imagenet:/data:DATA --memory 8G -- ./train.sh")]
     Exec(exec::ExecArgs),
     /// An interactive shell in a fresh, throwaway sandbox (exec -t of the rootfs's shell)
+    #[command(after_help = "Examples:
+  sudo azp-sandbox shell --rootfs debian-bookworm-minbase
+  sudo azp-sandbox shell --rootfs auto --gpus 0 --network none")]
     Shell(shell::ShellArgs),
     /// Manage root filesystems (the read-only lower layers of sandboxes)
-    #[command(subcommand)]
+    #[command(
+        subcommand,
+        after_help = "Examples:
+  azp-sandbox rootfs build --list
+  sudo azp-sandbox rootfs build debian-bookworm-minbase
+  azp-sandbox rootfs list"
+    )]
     Rootfs(rootfs::RootfsCommand),
     /// Remove what crashed runs left behind (cgroups, job dirs, container state)
+    #[command(after_help = "Examples:
+  sudo azp-sandbox gc
+  sudo azp-sandbox gc --failed")]
     Gc(gc::GcArgs),
     /// GPUs and driver files a sandbox would get (see why something is missing)
-    #[command(subcommand)]
+    #[command(
+        subcommand,
+        after_help = "Example:
+  azp-sandbox gpu list"
+    )]
     Gpu(gpu::GpuCommand),
     /// Internal: the single-threaded helper that owns one sandbox
     #[command(name = "__sandbox-helper", hide = true)]
@@ -134,6 +182,41 @@ struct Context {
     driver_root: PathBuf,
 }
 
+/// The parser, with the global options listed once: in `azp-sandbox --help`, and named in
+/// one line under every command's own help instead of repeated in each.
+pub fn command() -> clap::Command {
+    use clap::CommandFactory;
+    let mut cmd = Cli::command();
+    // Propagates the global options into every subcommand, so they can be hidden there.
+    cmd.build();
+    let globals: Vec<String> = cmd
+        .get_arguments()
+        .filter(|a| a.is_global_set())
+        .map(|a| a.get_long().map(|l| format!("--{l}")).unwrap_or_else(|| a.get_id().to_string()))
+        .collect();
+    let note = format!("Global options ({}): see azp-sandbox --help", globals.join(", "));
+    for sub in cmd.get_subcommands_mut() {
+        hide_globals(sub, &note);
+    }
+    cmd
+}
+
+fn hide_globals(cmd: &mut clap::Command, note: &str) {
+    let mut c = std::mem::take(cmd).mut_args(|a| if a.is_global_set() { a.hide(true) } else { a });
+    let after = c.get_after_help().map(|h| format!("{h}\n\n{note}")).unwrap_or_else(|| note.to_string());
+    c = c.after_help(after);
+    for sub in c.get_subcommands_mut() {
+        hide_globals(sub, note);
+    }
+    *cmd = c;
+}
+
+/// The command line, parsed (exits with clap's message on a bad one).
+pub fn parse() -> Cli {
+    use clap::FromArgMatches;
+    Cli::from_arg_matches(&command().get_matches()).unwrap_or_else(|e| e.exit())
+}
+
 /// Runs the verb `cli` names, after logging and the mode are set up.
 pub fn dispatch(cli: Cli) -> Result<i32> {
     let is_root = nix::unistd::geteuid().is_root();
@@ -167,11 +250,62 @@ fn enter_mode(needs: Needs, cgroup_parent: Option<&Path>, home: &Home) -> Result
 #[cfg(test)]
 mod tests {
     use super::*;
-    use clap::CommandFactory;
+    use clap::{CommandFactory, FromArgMatches};
 
     #[test]
     fn the_parser_is_consistent() {
         Cli::command().debug_assert();
+        command().debug_assert();
+    }
+
+    /// Every visible command has an example and every visible argument a description
+    /// (`azp-sandbox COMMAND --help` is the reference a sysadmin reads).
+    #[test]
+    fn every_command_has_examples_and_every_argument_a_description() {
+        fn walk(cmd: &clap::Command, path: &str, missing: &mut Vec<String>) {
+            let path = format!("{path} {}", cmd.get_name()).trim().to_string();
+            let after = cmd.get_after_help().map(|h| h.to_string()).unwrap_or_default();
+            let examples = after
+                .lines()
+                .filter(|l| {
+                    l.trim_start().starts_with("azp-sandbox ")
+                        || l.trim_start().starts_with("sudo azp-sandbox ")
+                        || l.contains("| azp-sandbox ")
+                })
+                .count();
+            if !(after.contains("Example") && (1..=3).contains(&examples)) {
+                missing.push(format!("{path}: {examples} examples (want 1 to 3 under \"Example(s):\")"));
+            }
+            for a in cmd.get_arguments().filter(|a| !a.is_hide_set()) {
+                let id = a.get_id().as_str();
+                if id == "help" || id == "version" {
+                    continue;
+                }
+                if a.get_help().is_none_or(|h| h.to_string().trim().is_empty()) {
+                    missing.push(format!("{path}: argument {id} has no description"));
+                }
+            }
+            for sub in cmd.get_subcommands().filter(|c| !c.is_hide_set() && c.get_name() != "help") {
+                walk(sub, &path, missing);
+            }
+        }
+        let mut missing = vec![];
+        walk(&command(), "", &mut missing);
+        assert!(missing.is_empty(), "help is incomplete:\n{}", missing.join("\n"));
+    }
+
+    #[test]
+    fn global_options_are_listed_once() {
+        let mut cmd = command();
+        let top = cmd.render_help().to_string();
+        assert!(top.contains("--home <HOME>") && top.contains("Global options"), "{top}");
+        let exec = cmd.find_subcommand_mut("exec").unwrap().render_help().to_string();
+        assert!(!exec.contains("--home <HOME>") && exec.contains("Global options (--home"), "{exec}");
+        // Hidden from the help, still taken after the verb.
+        let cli =
+            Cli::from_arg_matches(&command().try_get_matches_from(["azp-sandbox", "gc", "--home", "/h"]).unwrap())
+                .unwrap();
+        assert_eq!(cli.home.as_deref(), Some(Path::new("/h")));
     }
 
     #[test]

@@ -12,20 +12,38 @@ use std::path::PathBuf;
 #[derive(Subcommand)]
 pub enum RootfsCommand {
     /// Unpack a rootfs tarball (tar, tar.gz, tar.zst; detected by content) into the store
+    #[command(after_help = "Examples:
+  azp-sandbox rootfs import cuda-12.4.tar.zst            # named cuda-12.4
+  docker export $(docker create IMAGE) | azp-sandbox rootfs import - --name mine")]
     Import {
-        /// Archive file, or - for standard input
+        /// Archive file (tar, tar.gz, tar.zst, a `docker save` archive or an OCI layout
+        /// dir), or - for standard input
         file: PathBuf,
+        /// Rootfs name [default: the file name without .tar/.tar.gz/.tar.zst/.tgz;
+        /// required with -]
         #[arg(long)]
-        name: String,
+        name: Option<String>,
     },
     /// List imported root filesystems
+    #[command(after_help = "Examples:
+  azp-sandbox rootfs list
+  azp-sandbox rootfs list --json | jq -r '.[].name'")]
     List {
+        /// Print JSON (one object per rootfs) instead of a table
         #[arg(long)]
         json: bool,
     },
     /// Remove a root filesystem (refused while a sandbox uses it)
-    Rm { name: String },
+    #[command(after_help = "Example:
+  azp-sandbox rootfs rm debian-bookworm-minbase")]
+    Rm {
+        /// Rootfs name, as `azp-sandbox rootfs list` shows it
+        name: String,
+    },
     /// Pull an image from an OCI/Docker registry into the store (no Docker needed)
+    #[command(after_help = "Examples:
+  azp-sandbox rootfs pull nvidia/cuda:12.4.1-runtime-ubuntu22.04
+  azp-sandbox rootfs pull registry.example.com/team/ci:2024 --name ci --auth-file ~/auth.json")]
     Pull {
         /// [REGISTRY/]REPO[:TAG][@sha256:DIGEST], e.g. nvidia/cuda:12.4.1-runtime-ubuntu22.04
         reference: String,
@@ -43,9 +61,17 @@ pub enum RootfsCommand {
         insecure: bool,
     },
     /// Build a rootfs from a recipe with debootstrap + apt (no Docker), e.g. debian-trixie-cuda12.4
+    #[command(after_help = "Examples:
+  azp-sandbox rootfs build --list
+  sudo azp-sandbox rootfs build debian-bookworm-minbase     # ~1 min, no CUDA
+  sudo azp-sandbox rootfs build debian-trixie-cuda12.4 --mirror http://mirror.example/debian")]
     Build {
         /// Recipe: a .toml file, or a name from rootfs-recipes/ (/etc/azp-sandbox/rootfs-recipes, next to the binary, /usr/share/azp-sandbox/rootfs-recipes, built in)
-        recipe: String,
+        #[arg(required_unless_present = "list")]
+        recipe: Option<String>,
+        /// List the recipes (name and what it builds) and exit
+        #[arg(long, conflicts_with_all = ["recipe", "name", "mirror", "cache_dir", "keep_cache"])]
+        list: bool,
         /// Rootfs name [default: the recipe's name]
         #[arg(long)]
         name: Option<String>,
@@ -63,14 +89,27 @@ pub enum RootfsCommand {
 
 impl Verb for RootfsCommand {
     fn needs(&self) -> Needs {
-        Needs::Namespace
+        match self {
+            // Reads recipes only: no store, so no user namespace to enter.
+            RootfsCommand::Build { list: true, .. } => Needs::Mode,
+            _ => Needs::Namespace,
+        }
     }
 
     fn run(self: Box<Self>, ctx: &Context) -> Result<i32> {
         let home = &ctx.home;
         let store = Store::new(home);
         match *self {
-            RootfsCommand::Import { file, name } => import(home, &store, file, &name)?,
+            RootfsCommand::Import { file, name } => {
+                let name = match name {
+                    Some(n) => n,
+                    None if file.as_os_str() == "-" => {
+                        anyhow::bail!("reading the rootfs from standard input: give it a name with --name NAME")
+                    }
+                    None => azp_sandbox::rootfs::name_from_file(&file)?,
+                };
+                import(home, &store, file, &name)?
+            }
             RootfsCommand::List { json } => list(&store, json)?,
             RootfsCommand::Pull { reference, name, platform, auth_file, insecure } => {
                 home.ensure()?;
@@ -85,7 +124,9 @@ impl Verb for RootfsCommand {
                 let report = azp_sandbox::rootfs::oci::pull(&store, &home.cache_dir(), &opts)?;
                 tracing::info!("{}", report.summary("pulled"));
             }
-            RootfsCommand::Build { recipe, name, mirror, cache_dir, keep_cache } => {
+            RootfsCommand::Build { list: true, .. } => list_recipes(),
+            RootfsCommand::Build { recipe, name, mirror, cache_dir, keep_cache, .. } => {
+                let recipe = recipe.expect("clap: required unless --list");
                 cancel_import_on_signals();
                 let report =
                     azp_sandbox::rootfs::recipe::build_command(home, &recipe, name, mirror, cache_dir, keep_cache)?;
@@ -101,6 +142,15 @@ impl Verb for RootfsCommand {
             }
         }
         Ok(0)
+    }
+}
+
+/// `rootfs build --list`: one line per recipe, its name and what it builds.
+fn list_recipes() {
+    let recipes = azp_sandbox::rootfs::recipe::list();
+    let width = recipes.iter().map(|(n, ..)| n.len()).max().unwrap_or(0);
+    for (name, description, _) in recipes {
+        println!("{name:<width$}  {description}");
     }
 }
 

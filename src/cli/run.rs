@@ -15,67 +15,67 @@ pub struct RunArgs {
     #[command(flatten)]
     pool: PoolArgs,
     /// Number of agent slots [default: one per GPU]
-    #[arg(long)]
+    #[arg(help_heading = "Slots and GPUs", long)]
     agents: Option<usize>,
     /// Rootfs name, or auto: the newest CUDA the host driver supports
-    #[arg(long)]
+    #[arg(help_heading = "Slots and GPUs", long)]
     rootfs: Option<String>,
     /// Read-only dataset for every job: HOST:CONTAINER[:ENVVAR]
-    #[arg(long = "volume", value_name = "HOST:CTR[:ENV]")]
+    #[arg(help_heading = "Slots and GPUs", long = "volume", value_name = "HOST:CTR[:ENV]")]
     volumes: Vec<Volume>,
     /// GPUs per agent: N (own GPUs), all (shared) or none
-    #[arg(long)]
+    #[arg(help_heading = "Slots and GPUs", long)]
     gpus_per_agent: Option<String>,
     #[command(flatten)]
     limits: LimitArgs,
     #[command(flatten)]
     network: NetworkArgs,
     /// Agent package (FILE or URL) for air-gapped sites [default: the server's newest]
-    #[arg(long)]
+    #[arg(help_heading = "Jobs", long)]
     agent_package: Option<String>,
     /// Seconds running jobs get after SIGTERM to finish before they are cancelled
     /// (SIGINT to the agent: it reports the job canceled) [default: 600]
-    #[arg(long, value_name = "SECS")]
+    #[arg(help_heading = "Jobs", long, value_name = "SECS")]
     drain_timeout: Option<u64>,
     /// Seconds a cancelled job gets to stop before it is killed [default: 30]
-    #[arg(long, value_name = "SECS")]
+    #[arg(help_heading = "Jobs", long, value_name = "SECS")]
     cancel_grace: Option<u64>,
     /// Dir with pre-job.d/ and post-job.d/ hooks
-    #[arg(long)]
+    #[arg(help_heading = "Jobs", long)]
     hooks_dir: Option<PathBuf>,
     /// Start and stop slots with the pool's queue (README: "Clusters: autoscaling and Slurm")
-    #[arg(long)]
+    #[arg(help_heading = "Autoscale", long)]
     autoscale: bool,
     /// With --autoscale: slots kept running without jobs [default: 0]
-    #[arg(long)]
+    #[arg(help_heading = "Autoscale", long)]
     min_agents: Option<usize>,
     /// With --autoscale: the most slots at once [default: one per GPU]
-    #[arg(long)]
+    #[arg(help_heading = "Autoscale", long)]
     max_agents: Option<usize>,
     /// With --autoscale: seconds an agent waits without a job before it is stopped [default: 300]
-    #[arg(long, value_name = "SECS")]
+    #[arg(help_heading = "Autoscale", long, value_name = "SECS")]
     idle_timeout: Option<u64>,
     /// With --autoscale: seconds between reads of the pool's queue [default: 15]
-    #[arg(long, value_name = "SECS")]
+    #[arg(help_heading = "Autoscale", long, value_name = "SECS")]
     poll_interval: Option<u64>,
     /// Exit when no job ran for this many seconds (what Slurm batch jobs use)
-    #[arg(long, value_name = "SECS")]
+    #[arg(help_heading = "Autoscale", long, value_name = "SECS")]
     exit_when_idle: Option<u64>,
     /// auto: every job in a user namespace of its own, as host ids no account has; host:
     /// jobs as host ids (NOT recommended: kernels < 5.19) [default: auto]
-    #[arg(long, value_enum)]
+    #[arg(help_heading = "Jobs", long, value_enum)]
     userns: Option<azp_sandbox::identity::Choice>,
     /// Host dir (e.g. local NVMe) for each job's agent work folder, made empty per job
     /// and deleted after it [env: AZP_WORK; default: in the job's writable layer]
-    #[arg(long, value_name = "DIR")]
+    #[arg(help_heading = "Jobs", long, value_name = "DIR")]
     work_dir: Option<PathBuf>,
     /// Keep the writable layer and logs of the last N failed jobs in HOME/failed
     /// (`status` lists them, `gc --failed` removes them) [default: 0]
-    #[arg(long, value_name = "N")]
+    #[arg(help_heading = "Jobs", long, value_name = "N")]
     keep_failed: Option<usize>,
     /// Most bytes of agent _diag logs kept per agent in HOME/logs/AGENT/ (0: none)
     /// [default: 200M]
-    #[arg(long, value_name = "SIZE", value_parser = azp_sandbox::settings::parse_logs_max)]
+    #[arg(help_heading = "Jobs", long, value_name = "SIZE", value_parser = azp_sandbox::settings::parse_logs_max)]
     diag_logs_max: Option<u64>,
     /// Check the configuration (as `azp-sandbox check`) and exit: 0 ready, 1 not
     #[arg(long)]

@@ -8,6 +8,7 @@ use azp_sandbox::settings::{self, SlurmFlags, SlurmSettings};
 use std::path::PathBuf;
 
 #[derive(clap::Args)]
+#[command(next_help_heading = "Slurm")]
 pub struct SlurmArgs {
     #[command(flatten)]
     pool: PoolArgs,

@@ -15,6 +15,7 @@ const EXIT_NOT_RUNNING: i32 = 3;
 
 #[derive(clap::Args)]
 pub struct StatusArgs {
+    /// Print the status as JSON (for scripts and monitoring)
     #[arg(long)]
     json: bool,
     /// Show the `azp-sandbox slurm` of this home instead

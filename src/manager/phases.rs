@@ -49,7 +49,7 @@ pub fn agent_env(job: &AgentJob) -> Vec<(String, String)> {
 }
 
 /// Capabilities advertised by a slot (every env var of the listener becomes one; names
-/// are case-sensitive): see the README's table.
+/// are case-sensitive): see the capabilities table in docs/agent-runner.md.
 #[derive(Debug, Clone, Default)]
 pub struct SlotFacts {
     pub slot: usize,

@@ -38,10 +38,44 @@ pub fn unit_text(exe: &Path, config: &Path, home: &Home) -> String {
     )
 }
 
+/// The binary the unit runs: this one.
+pub fn current_exe() -> Result<PathBuf> {
+    std::env::current_exe().context("cannot find the azp-sandbox binary")
+}
+
+/// Why a unit should not run `exe`: it is inside a cargo build tree, which the next
+/// `cargo build` or `cargo clean` replaces or removes under the running service.
+pub fn build_tree_warning(exe: &Path) -> Option<String> {
+    let s = exe.to_string_lossy();
+    ["/target/debug/", "/target/release/"].iter().any(|t| s.contains(t)).then(|| {
+        format!(
+            "the unit runs {}, inside a cargo build tree (the next cargo build or clean changes it under the service): \
+             install the binary first, e.g. install -m 755 {} /usr/local/bin/ and run that one's `service install`",
+            s,
+            s
+        )
+    })
+}
+
+/// The unit's file name in `unit_dir` for the service `name`, refusing names systemd would
+/// not take as one file name.
+pub fn unit_path(unit_dir: &Path, name: &str) -> Result<PathBuf> {
+    let ok = !name.is_empty()
+        && !name.starts_with('.')
+        && name.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.' | '@' | ':' | '\\'));
+    if !ok {
+        anyhow::bail!(
+            "bad service --name '{}': use letters, digits and - _ . @ (e.g. azp-sandbox-gpu)",
+            name.escape_debug()
+        );
+    }
+    Ok(unit_dir.join(format!("{name}.service")))
+}
+
 pub fn install(unit_dir: &Path, name: &str, config: &Path, home: &Home) -> Result<PathBuf> {
-    let exe = std::env::current_exe().context("cannot find the azp-sandbox binary")?;
+    let exe = current_exe()?;
+    let path = unit_path(unit_dir, name)?;
     std::fs::create_dir_all(unit_dir).with_context(|| format!("cannot create {}", unit_dir.display()))?;
-    let path = unit_dir.join(format!("{name}.service"));
     std::fs::write(&path, unit_text(&exe, config, home)).with_context(|| format!("cannot write {}", path.display()))?;
     reserve_job_ids();
     if !config.exists() {
@@ -79,6 +113,26 @@ fn reserve_job_ids() {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_binary_in_a_build_tree_is_named() {
+        for exe in ["/src/azp/target/debug/azp-sandbox", "/w/target/release/azp-sandbox"] {
+            let w = build_tree_warning(Path::new(exe)).unwrap_or_else(|| panic!("{exe}"));
+            assert!(w.contains(exe) && w.contains("install") && !w.contains('\n'), "{w}");
+        }
+        for exe in ["/usr/local/bin/azp-sandbox", "/opt/target/azp-sandbox"] {
+            assert_eq!(build_tree_warning(Path::new(exe)), None, "{exe}");
+        }
+    }
+
+    #[test]
+    fn unit_names() {
+        assert_eq!(unit_path(Path::new("/u"), "azp-gpu").unwrap(), Path::new("/u/azp-gpu.service"));
+        for bad in ["", "a/b", "../x", ".x", "a b"] {
+            let e = unit_path(Path::new("/u"), bad).unwrap_err().to_string();
+            assert!(e.starts_with("bad service --name"), "{bad}: {e}");
+        }
+    }
 
     #[test]
     fn the_unit_delegates_its_cgroup() {

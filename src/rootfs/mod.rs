@@ -48,9 +48,58 @@ pub fn validate_name(name: &str) -> anyhow::Result<()> {
     }
 }
 
+/// The rootfs name `rootfs import FILE` takes when no `--name` is given: the file's name
+/// without its archive extensions (`cuda-12.4.tar.zst` -> `cuda-12.4`), checked as
+/// [`validate_name`] checks it.
+pub fn name_from_file(file: &std::path::Path) -> anyhow::Result<String> {
+    use anyhow::Context as _;
+    const ARCHIVE: &[&str] =
+        &[".tar.gz", ".tar.zst", ".tar.xz", ".tar.bz2", ".tgz", ".tzst", ".txz", ".tbz2", ".tar", ".oci"];
+    let Some(base) = file.file_name().and_then(|n| n.to_str()) else {
+        anyhow::bail!("cannot take a rootfs name from '{}': give --name NAME", file.display());
+    };
+    // An image layout's `DIR:REF` (see `oci::detect_local`) is named `DIR-REF`, as `rootfs
+    // pull` names `REPO:TAG` `REPO-TAG`.
+    let (base_path, reference) = match base.rsplit_once(':') {
+        Some((p, r)) if !file.exists() && !r.is_empty() => (p, Some(r)),
+        _ => (base, None),
+    };
+    let stem = ARCHIVE.iter().find_map(|ext| base_path.strip_suffix(ext)).unwrap_or(base_path);
+    let stem = match reference {
+        Some(r) => format!("{stem}-{r}"),
+        None => stem.to_string(),
+    };
+    let stem = stem.as_str();
+    validate_name(stem).with_context(|| format!("no --name given and the file name '{base}' is not a rootfs name"))?;
+    Ok(stem.to_string())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn names_from_files() {
+        let name = |f: &str| name_from_file(std::path::Path::new(f)).map_err(|e| format!("{e:#}"));
+        for (file, want) in [
+            ("/x/cuda-rootfs.tar.zst", "cuda-rootfs"),
+            ("ubuntu-22.04.tar.gz", "ubuntu-22.04"),
+            ("a.tgz", "a"),
+            ("b.tar", "b"),
+            ("img.oci", "img"),
+            ("dir/layout", "layout"),
+            ("c.tar.xz", "c"),
+            ("/nonexistent/layout:12.4", "layout-12.4"),
+            ("saved.tar:latest", "saved-latest"),
+        ] {
+            assert_eq!(name(file).as_deref(), Ok(want), "{file}");
+        }
+        for bad in ["my rootfs.tar", ".tar.gz", "/", "-"] {
+            let e = name(bad).unwrap_err();
+            assert!(e.contains("invalid rootfs name") || e.contains("give --name"), "{bad}: {e}");
+            assert!(!e.contains('\n'), "{e}");
+        }
+    }
 
     #[test]
     fn names() {

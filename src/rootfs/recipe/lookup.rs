@@ -49,6 +49,18 @@ pub fn available() -> Vec<String> {
     names
 }
 
+/// Every recipe [`find`] would take by name, with its one-line description and where it
+/// was found (`rootfs build --list`). A recipe that does not parse says why instead.
+pub fn list() -> Vec<(String, String, String)> {
+    available()
+        .into_iter()
+        .map(|n| match find(&n) {
+            Ok(r) => (n, r.description, r.path.display().to_string()),
+            Err(e) => (n, format!("(invalid: {e:#})"), String::new()),
+        })
+        .collect()
+}
+
 /// The recipes compiled into the binary, parsed.
 pub fn builtin() -> Vec<Recipe> {
     BUILTIN
@@ -97,6 +109,17 @@ mod tests {
         assert_eq!(all.len(), BUILTIN.len());
         for r in all {
             assert!(!r.packages.is_empty(), "{}", r.name);
+        }
+    }
+
+    #[test]
+    fn the_list_has_every_builtin_with_its_description() {
+        let listed = list();
+        for (name, text) in BUILTIN {
+            let r = Recipe::parse(text, Path::new("x.toml")).unwrap();
+            let row = listed.iter().find(|(n, ..)| n == name).unwrap_or_else(|| panic!("{name} not listed"));
+            assert_eq!(row.1, r.description, "{name}");
+            assert!(!row.1.is_empty() && !row.1.contains('\n'), "{name}: one line");
         }
     }
 }

@@ -32,5 +32,5 @@ mod step;
 mod ui;
 
 pub use build::{build, build_command, BuildOptions, BuildReport};
-pub use lookup::{available, builtin, find, search_dirs};
+pub use lookup::{available, builtin, find, list, search_dirs};
 pub use schema::{deb_arch, Recipe, User};
