@@ -70,6 +70,9 @@ enum Command {
   sudo azp-sandbox run --pool cpu --agents 4 --gpus-per-agent none --memory 8G")]
     Run(run::RunArgs),
     /// Check run's whole configuration (config, PAT, rootfs, GPUs, network, Azure): one line each
+    #[command(after_help = "Examples:
+  sudo azp-sandbox check --config /etc/azp-sandbox/config.toml
+  azp-sandbox check --local --rootfs debian-bookworm-minbase    # no network call")]
     Check(check::CheckArgs),
     /// What a running `azp-sandbox run` is doing: slots, agents, jobs, GPUs, autoscaling
     #[command(after_help = "Examples:
