@@ -23,6 +23,8 @@ mod common;
 mod identity;
 #[path = "escape/network.rs"]
 mod network;
+#[path = "escape/review.rs"]
+mod review;
 use common::digest::{hex, sha256_file, sha256_hex};
 use common::*;
 use std::fs;

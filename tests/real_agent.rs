@@ -303,11 +303,11 @@ fn a_drain_cancels_the_running_job_through_the_listener() {
     let p = Pool::new("realdrain", &real_agent::agent_rootfs_tar(), &Variant::default());
     let drain = Duration::from_secs(3);
     let mgr = p.start("drain", &["--agents", "1", "--drain-timeout", "3"]);
-    p.fake.enqueue_job("echo started\nsleep 300\necho never");
-    let agent_log = p.h.dir.join("logs/drain-0.log");
-    wait_until("the job runs", Duration::from_secs(180), || {
-        std::fs::read_to_string(&agent_log).is_ok_and(|l| l.contains("Running job"))
-    });
+    // The job's steps run (their shell's command line holds the marker): by then the
+    // listener has written its Worker log, which is how the manager knows the slot is busy.
+    let marker = format!("realdrain-steps-{}", std::process::id());
+    p.fake.enqueue_job(&format!("echo started\nsleep 300 # {marker}\necho never"));
+    wait_until("the job runs", Duration::from_secs(180), || !processes_matching(&marker).is_empty());
     let signalled = Instant::now();
     let st = mgr.stop();
     let stopped = Instant::now();

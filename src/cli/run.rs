@@ -141,6 +141,19 @@ impl RunArgs {
     pub fn setuid_request(&self) -> Result<Request> {
         super::setuid::refuse_userns(self.userns)?;
         let (settings, env_token) = self.settings()?;
+        // Not carried to the privileged side: refused here rather than silently dropped.
+        if let Some(w) = &settings.work_dir {
+            anyhow::bail!(
+                "--work-dir {} is not available in setuid mode: jobs keep their work folder in their own layer \
+                 (unset AZP_WORK and work_dir)",
+                w.display()
+            );
+        }
+        if settings.keep_failed > 0 {
+            anyhow::bail!(
+                "--keep-failed is not available in setuid mode: failed jobs are not kept (unset keep_failed)"
+            );
+        }
         let token = azp_sandbox::settings::read_token(settings.token_file.as_deref(), env_token)?;
         Ok(Request::Run(RunRequest::from_settings(&settings, token)))
     }

@@ -501,8 +501,10 @@ run_job() {
         exec setsid bash -c "$script"
     ) < /dev/null > "$out" 2>&1 &
     wpid=$!
-    # A trapped SIGINT/SIGTERM ends the wait at once (its handler has run by then).
+    # A trapped SIGINT/SIGTERM ends the wait at once (its handler has run by then); one
+    # that came before the wait began is seen here (else the wait would last the job).
     while :; do
+        [ -n "$signal" ] && break
         wait "$wpid"
         code=$?
         [ -n "$signal" ] && break

@@ -361,13 +361,13 @@ fn e06_job_cannot_move_its_files_out_of_its_disk_quota() {
 }
 
 /// An ext4 image with project quotas, loop-mounted with `prjquota` (removed on drop).
-struct QuotaFs {
+pub(super) struct QuotaFs {
     dir: PathBuf,
-    mnt: PathBuf,
+    pub(super) mnt: PathBuf,
 }
 
 impl QuotaFs {
-    fn mount(size_mb: u64) -> Result<QuotaFs, String> {
+    pub(super) fn mount(size_mb: u64) -> Result<QuotaFs, String> {
         let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(unique("exhaust-prjquota"));
         let (img, mnt) = (dir.join("fs.img"), dir.join("mnt"));
         fs::create_dir_all(&mnt).unwrap();
