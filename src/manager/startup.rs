@@ -67,6 +67,7 @@ pub fn check(home: &Home, settings: &RunSettings, ctx: RunContext) -> Result<Rea
     let autoscaling = settings.autoscale.is_some();
     // Autoscaling re-registers a slot's agent when it starts: no record is kept meanwhile.
     prune(&client, pool_id, &settings.name_prefix, |n| !autoscaling && names.iter().any(|m| m == n))?;
+    crate::mirror::keeper::prepare(home, &settings.git_mirrors)?;
     if settings.network == crate::config::Network::Isolated && !crate::rootless::mode().rootless {
         // Last, once nothing else can fail: the host's table, with the proxy's port and
         // the allowed destinations.
