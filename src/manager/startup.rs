@@ -46,6 +46,8 @@ pub fn check(home: &Home, settings: &RunSettings, ctx: RunContext) -> Result<Rea
     }
     let (net, proxy_env) = network(settings)?;
     let (token, client, pool_id) = server(settings, ctx.env_token)?;
+    // The git mirrors' remotes answer, and each mirror exists for the jobs' plans to bind.
+    crate::mirror::keeper::prepare(home, &settings.git_mirrors)?;
     let (driver, split) = gpus(settings, &ctx.driver_root)?;
     let (rootfs_name, lease) = rootfs(home, settings, &driver)?;
     let compat = cuda_compat(&rootfs_name, &lease, &driver, &split)?;
@@ -67,7 +69,6 @@ pub fn check(home: &Home, settings: &RunSettings, ctx: RunContext) -> Result<Rea
     let autoscaling = settings.autoscale.is_some();
     // Autoscaling re-registers a slot's agent when it starts: no record is kept meanwhile.
     prune(&client, pool_id, &settings.name_prefix, |n| !autoscaling && names.iter().any(|m| m == n))?;
-    crate::mirror::keeper::prepare(home, &settings.git_mirrors)?;
     if settings.network == crate::config::Network::Isolated && !crate::rootless::mode().rootless {
         // Last, once nothing else can fail: the host's table, with the proxy's port and
         // the allowed destinations.
