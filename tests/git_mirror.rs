@@ -110,8 +110,8 @@ fn clone_job(url: &str, with_mirror: bool) -> String {
     format!(
         "{unset}echo alternates=${{GIT_ALTERNATE_OBJECT_DIRECTORIES:-none}}\n\
          git clone -q {url} /tmp/clone && echo cloned\n\
-         git -C /tmp/clone count-objects -v | tr ' ' = | grep -E '^(count|in-pack)=' | sed 's/^/clone-/'\n\
-         git -C /tmp/clone fsck --connectivity-only -q && echo fsck-ok\n\
+         git -C /tmp/clone count-objects -v | sed 's/: /=/' | grep -E '^(count|in-pack)=' | sed 's/^/clone-/'\n\
+         git -C /tmp/clone fsck --connectivity-only --no-progress && echo fsck-ok\n\
          echo head=$(git -C /tmp/clone rev-parse HEAD)\n"
     )
 }
