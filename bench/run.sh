@@ -29,6 +29,7 @@ cargo bench --bench sandbox_cycle
 cargo bench --bench unpack
 cargo bench --bench pull
 cargo bench --bench agent_churn
+cargo bench --bench git_mirror
 cgroup=$(stat -fc %T /sys/fs/cgroup/ 2>/dev/null || echo unknown)
 [ "$cgroup" = tmpfs ] && cgroup="v1 (hybrid)" || cgroup="v2"
 {
@@ -47,6 +48,8 @@ cgroup=$(stat -fc %T /sys/fs/cgroup/ 2>/dev/null || echo unknown)
   echo
   cat target/bench-results/sandbox_cycle.md target/bench-results/unpack.md target/bench-results/pull.md \
     target/bench-results/agent_churn.md
+  # Skipped (absent) when its fixtures are missing: see benches/git_mirror.rs.
+  cat target/bench-results/git_mirror.md 2>/dev/null || true
   # The real-GPU section: scripts/gpu-proof.sh --out bench/GPU.md on a GPU machine.
   if [ -f bench/GPU.md ]; then cat bench/GPU.md; echo; fi
   if [ -f bench/NOTES.md ]; then cat bench/NOTES.md; fi

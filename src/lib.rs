@@ -25,6 +25,7 @@ pub mod identity;
 pub mod json_file;
 pub mod logging;
 pub mod manager;
+pub mod mirror;
 pub mod progress;
 pub mod rootfs;
 pub mod rootless;

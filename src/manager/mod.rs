@@ -147,8 +147,13 @@ pub fn run(home: &Home, settings: RunSettings, ctx: RunContext) -> Result<()> {
     // Held until run returns: a second manager on this home is refused, naming our pid.
     let _home_lock = lock::acquire(home, "run")?;
     let ready = startup::check(home, &settings, ctx)?;
+    let mirrors_stop = std::sync::Arc::new(AtomicBool::new(false));
+    // Not joined: a long first fetch must not hold up the drain (an interrupted fetch
+    // leaves the mirror as it was).
+    let _mirrors = crate::mirror::keeper::start(home.clone(), settings.git_mirrors.clone(), mirrors_stop.clone());
     let mut running = slots::start(home, settings, ready)?;
     let stop = drain::wait_for_stop(&sigs, home, &mut running);
+    mirrors_stop.store(true, Ordering::SeqCst);
     drain::drain(&sigs, home, &mut running, stop);
     shutdown::shutdown(home, running)
 }

@@ -57,7 +57,7 @@ pub fn start(home: &Home, settings: RunSettings, ready: Ready) -> Result<Running
         failed_jobs: vec![],
     };
     let agent_version = ready.package.version.to_string();
-    let (configs, shapes) = configs(&settings, &ready, &agent_version, job_limits.per_job)?;
+    let (configs, shapes) = configs(home, &settings, &ready, &agent_version, job_limits.per_job)?;
     let shared = Arc::new(Shared {
         home: home.clone(),
         settings: settings.clone(),
@@ -101,6 +101,7 @@ fn job_limits(home: &Home, settings: &RunSettings, slots: usize) -> JobLimits {
 /// the queue's demands by the autoscaler).
 #[allow(clippy::type_complexity)]
 fn configs(
+    home: &Home,
     settings: &RunSettings,
     ready: &Ready,
     agent_version: &str,
@@ -115,16 +116,18 @@ fn configs(
         if let Some(c) = &ready.compat {
             c.apply(&mut edits);
         }
+        // Every job reads the git mirrors (read-only volumes, git alternates).
+        let (mirror_volumes, mirror_env) = crate::mirror::job_volumes(home, &settings.git_mirrors);
         let base_plan = JobPlan {
             id: String::new(),
             lower: vec![lease.path().to_path_buf()],
             args: vec![],
-            env: ready.proxy_env.clone(),
+            env: [ready.proxy_env.clone(), mirror_env].concat(),
             cwd: phases::agent_dir(),
             uid: 0,
             gid: 0,
             hostname: names[i].clone(),
-            volumes: settings.volumes.clone(),
+            volumes: [settings.volumes.clone(), mirror_volumes].concat(),
             limits,
             network: settings.network,
             net: ready.net.clone(),

@@ -51,6 +51,8 @@ pub fn check(home: &Home, settings: &RunSettings, ctx: RunContext) -> Result<Rea
     let (rootfs_name, lease) = rootfs(home, settings, &driver)?;
     let compat = cuda_compat(&rootfs_name, &lease, &driver, &split)?;
     let (token, client, pool_id) = server(settings, ctx.env_token)?;
+    // The git mirrors' remotes answer, and each mirror exists for the jobs' plans to bind.
+    crate::mirror::keeper::prepare(home, &settings.git_mirrors)?;
     let packages = PackageCache::new(home);
     let package = match &settings.agent_package {
         Some(src) => packages.ensure_from(src)?,

@@ -76,6 +76,9 @@ pub struct FileSettings {
     /// Size bound of each agent's kept `_diag` logs, e.g. "200M".
     #[serde(default, deserialize_with = "keys::word")]
     pub diag_logs_max: Option<String>,
+    /// Git mirrors the manager keeps fresh for jobs (`[[git_mirror]]`, see docs/git-mirror.md).
+    #[serde(default)]
+    pub git_mirror: Vec<crate::mirror::MirrorEntry>,
     /// Setuid mode's site policy (read by `setuid::policy`, not by `run`).
     pub setuid: Option<toml::Value>,
 }

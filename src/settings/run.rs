@@ -98,6 +98,9 @@ pub struct RunSettings {
     /// The rootfs may lack an unprivileged user: agents then run as root in the sandbox
     /// (the agent's own opt-in, `AGENT_ALLOW_RUNASROOT`, set for `run`).
     pub agents_as_root: bool,
+    /// Bare mirrors kept fresh by the manager, bound read-only into every job as git
+    /// alternates (see [`crate::mirror`]).
+    pub git_mirrors: Vec<crate::mirror::MirrorSpec>,
 }
 
 /// How long a cancelled agent gets to report its job and exit before it is killed: the
@@ -141,6 +144,7 @@ pub fn for_run(config: Option<&Path>, env: &Env, flags: FlagSettings) -> Result<
 pub fn merge(file: FileSettings, env: FlagSettings, flags: FlagSettings) -> Result<RunSettings> {
     let autoscale = autoscale_settings(&file, &flags)?;
     let limits = flags.limits.or(file_limits(&file)?);
+    let git_mirrors = crate::mirror::specs(&file.git_mirror).context("in the config file")?;
     let pick = |f: Option<String>, e: Option<String>, c: Option<String>| f.or(e).or(c);
     let url = pick(flags.url, env.url, file.url)
         .context("no Azure DevOps URL: pass --url https://dev.azure.com/ORG, set AZP_URL, or url in the config file")?;
@@ -232,6 +236,7 @@ pub fn merge(file: FileSettings, env: FlagSettings, flags: FlagSettings) -> Resu
             .unwrap_or(DEFAULT_DIAG_LOGS_MAX),
     };
     Ok(RunSettings {
+        git_mirrors,
         url,
         token_file: flags.token_file.or(env.token_file).or(file.token_file),
         pool,
