@@ -8,6 +8,7 @@
 
 mod agents;
 mod args;
+mod cache;
 mod exec;
 mod gc;
 mod gpu;
@@ -72,6 +73,9 @@ enum Command {
     Rootfs(rootfs::RootfsCommand),
     /// Remove what crashed runs left behind (cgroups, job dirs, container state)
     Gc(gc::GcArgs),
+    /// Named caches jobs start warm from: list, empty, collect old snapshots
+    #[command(subcommand)]
+    Cache(cache::CacheCommand),
     /// GPUs and driver files a sandbox would get (see why something is missing)
     #[command(subcommand)]
     Gpu(gpu::GpuCommand),
@@ -92,6 +96,7 @@ impl Command {
             Command::Shell(v) => Box::new(v),
             Command::Rootfs(v) => Box::new(v),
             Command::Gc(v) => Box::new(v),
+            Command::Cache(v) => Box::new(v),
             Command::Gpu(v) => Box::new(v),
             Command::SandboxHelper(v) => Box::new(v),
         }

@@ -468,7 +468,15 @@ mod tests {
     use crate::sandbox::{JobOutcome, SandboxError};
 
     fn outcome(code: i32, signal: Option<i32>) -> anyhow::Result<JobOutcome> {
-        Ok(JobOutcome { id: "h-0-1".into(), code, signal, duration: Duration::ZERO, cleanup: Default::default(), limits: Default::default(), disk: None })
+        Ok(JobOutcome {
+            id: "h-0-1".into(),
+            code,
+            signal,
+            duration: Duration::ZERO,
+            cleanup: Default::default(),
+            limits: Default::default(),
+            disk: None,
+        })
     }
 
     #[test]

@@ -133,6 +133,7 @@ fn configs(
             process: Default::default(),
             userns: None,
             scratch: None,
+            caches: vec![],
         };
         crate::sandbox::runner::validate(&base_plan)?;
         let facts = phases::SlotFacts {

@@ -9,11 +9,12 @@
 //! The straight line: no supplementary groups -> private mount namespace -> network
 //! namespace -> job cgroup -> edit layer (GPU jobs; built once, see [`editlayer`]) -> the
 //! job's own ids (its user namespace, the lower layers idmapped, see [`crate::identity`])
-//! -> overlay -> spec -> create -> start -> wait (forwarding signals) -> delete -> report.
+//! -> overlay -> caches (see [`cachemount`]) -> spec -> create -> start -> wait (forwarding signals) -> delete -> report.
 //! The overlay exists only in the helper's
 //! mount namespace, so the kernel unmounts it when the job's last process is gone, even
 //! if everything is SIGKILLed.
 
+use super::cachemount;
 use super::container::{Container, Libcontainer, EARLY_SIGNAL};
 use super::editlayer;
 use super::inroot;
@@ -178,9 +179,16 @@ fn run(
     if let Some(scratch) = &plan.scratch {
         sys.give_dir(&scratch.host, uid, gid)?;
     }
+    // Held (gc leaves those snapshots) until this helper exits with the job.
+    let _snapshots = cachemount::mount_all(&plan, job, sys, userns.as_ref().map(|n| n.as_fd()), (uid, gid))?;
     tracing::debug!(job = %plan.id, "overlay mounted");
 
     let mut spec = spec::build(&plan, &merged, &cgroup_owner)?;
+    if !plan.caches.is_empty() {
+        let mut mounts = spec.mounts().clone().unwrap_or_default();
+        mounts.extend(cachemount::spec_mounts(&plan, job)?);
+        spec.set_mounts(Some(mounts));
+    }
     if let Some(ns) = &userns {
         spec::join_user_namespace(&mut spec, &Path::new("/proc/self/fd").join(ns.as_raw_fd().to_string()))?;
     }

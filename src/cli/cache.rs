@@ -1,0 +1,101 @@
+//! `azp-sandbox cache ls|rm|gc`: the home's named caches (see docs/caches.md).
+
+use super::{Context, Needs, Verb};
+use anyhow::Result;
+use azp_sandbox::cache::store;
+use azp_sandbox::sandbox::limits::human_size;
+
+#[derive(clap::Subcommand)]
+pub enum CacheCommand {
+    /// List the caches: size, snapshot, age, last committer job, hits
+    ///
+    /// Example: azp-sandbox cache ls
+    Ls {
+        /// One JSON object per cache instead of a table
+        #[arg(long)]
+        json: bool,
+    },
+    /// Empty a cache: new jobs start cold at once; running jobs keep what they have
+    ///
+    /// Example: azp-sandbox cache rm pip
+    Rm {
+        /// The cache's name (`cache ls`)
+        name: String,
+    },
+    /// Remove snapshots no job uses any more, and what killed commits left
+    ///
+    /// Example: azp-sandbox cache gc
+    Gc,
+}
+
+impl Verb for CacheCommand {
+    fn needs(&self) -> Needs {
+        Needs::Namespace
+    }
+
+    fn run(self: Box<Self>, ctx: &Context) -> Result<i32> {
+        match *self {
+            CacheCommand::Ls { json } => {
+                let all = store::summaries(&ctx.home);
+                if json {
+                    for s in &all {
+                        println!("{}", serde_json::to_string(s)?);
+                    }
+                    return Ok(0);
+                }
+                if all.is_empty() {
+                    println!(
+                        "no caches in {} (declare them with [[cache]] or exec --cache)",
+                        ctx.home.root().display()
+                    );
+                    return Ok(0);
+                }
+                println!("{:<16} {:>9} {:>9} {:>12} {:>6}  LAST COMMITTER", "NAME", "SNAPSHOT", "SIZE", "AGE", "HITS");
+                for s in all {
+                    println!("{}", line(&s));
+                }
+            }
+            CacheCommand::Rm { name } => {
+                let swept = store::remove(&ctx.home, &name)?;
+                tracing::info!(
+                    "cache {name} removed ({} snapshot(s), {} freed; snapshots running jobs hold go with `cache gc` after them)",
+                    swept.snapshots,
+                    human_size(swept.bytes)
+                );
+            }
+            CacheCommand::Gc => {
+                let mut total = store::sweep_removed(&ctx.home)?;
+                for name in store::names(&ctx.home) {
+                    let s = store::gc(&store::dir(&ctx.home, &name))?;
+                    total.snapshots += s.snapshots;
+                    total.bytes += s.bytes;
+                }
+                tracing::info!("cache gc: {} snapshot(s) removed, {} freed", total.snapshots, human_size(total.bytes));
+            }
+        }
+        Ok(0)
+    }
+}
+
+/// One row of `cache ls` (and of `status`).
+pub fn line(s: &store::Summary) -> String {
+    let age = s.age_secs.map(age).unwrap_or_else(|| "never".into());
+    format!(
+        "{:<16} {:>9} {:>9} {:>12} {:>6}  {}",
+        s.name,
+        s.snapshot,
+        human_size(s.size_bytes),
+        age,
+        s.hits,
+        s.last_committer.as_deref().unwrap_or("-")
+    )
+}
+
+fn age(secs: u64) -> String {
+    match secs {
+        s if s < 120 => format!("{s}s ago"),
+        s if s < 7200 => format!("{}m ago", s / 60),
+        s if s < 172_800 => format!("{}h ago", s / 3600),
+        s => format!("{}d ago", s / 86400),
+    }
+}
