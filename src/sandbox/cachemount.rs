@@ -2,7 +2,7 @@
 //! current snapshot (see [`crate::cache`]): an overlay whose lower is the snapshot
 //! (idmapped with the job's ids in root mode, as the rootfs layers are), whose upper is
 //! job-private in the job's layer dir (thrown away with it, under its disk quota), mounted
-//! at `<record>/caches/<k>` for the spec to bind at the cache's path. Mounting costs the
+//! at `<mount point>-caches/<k>` (a tmpfs the job's own ids can pass) for the spec to bind at the cache's path. Mounting costs the
 //! same whatever the cache's size: nothing is copied.
 
 use super::jobdir::JobDir;
@@ -24,11 +24,11 @@ fn work(job: &JobDir, k: usize) -> PathBuf {
 
 /// Where cache `k`'s overlay is mounted (in the helper's mount namespace).
 pub fn mounted(job: &JobDir, k: usize) -> PathBuf {
-    job.root.join("caches").join(k.to_string())
+    job.caches_dir().join(k.to_string())
 }
 
 fn idmapped(job: &JobDir, k: usize) -> PathBuf {
-    job.root.join("caches").join(format!("{k}-lower"))
+    job.caches_dir().join(format!("{k}-lower"))
 }
 
 /// Mounts every cache of `plan`; the returned leases hold their snapshots until the
@@ -42,6 +42,12 @@ pub fn mount_all(
     owner: (u32, u32),
 ) -> Result<Vec<SnapshotLease>> {
     let mut leases = vec![];
+    if plan.caches.is_empty() {
+        return Ok(leases);
+    }
+    let dir = job.caches_dir();
+    super::jobdir::create_mount_point(&dir)?;
+    sys.mount_cache_dir(&dir)?;
     for (k, cache) in plan.caches.iter().enumerate() {
         let lease =
             store::lease_current(&cache.store).with_context(|| format!("cannot open cache '{}'", cache.name))?;
