@@ -562,6 +562,73 @@ mod tests {
     }
 
     #[test]
+    fn each_cache_is_an_overlay_of_its_snapshot_bound_at_its_path() {
+        use crate::cache::CacheMount;
+        use crate::identity::JobIds;
+        let cache = |t: &Path, name: &str, at: &str| CacheMount {
+            name: name.into(),
+            store: t.join("home/caches").join(name),
+            container: at.into(),
+            commit: false,
+            max_size: None,
+        };
+        for idmapped in [false, true] {
+            let s = setup(|p, t| {
+                p.uid = 1000;
+                p.gid = 1000;
+                p.owned_dirs = vec![];
+                p.caches = vec![cache(t, "pip", "/root/.cache/pip"), cache(t, "cc", "/ccache")];
+                if idmapped {
+                    p.userns = Some(JobIds::block(2, (400_000, 400_000), (1000, 1000)));
+                }
+            });
+            let plan = s.job.read_plan().unwrap();
+            let rec = Recorder::default();
+            assert_eq!(s.run(&rec, None, None), HelperResult::Exited { code: 3, signal: None });
+            let dir = s.job.caches_dir();
+            let owner = if idmapped { "401000:401000" } else { "1000:1000" };
+            let mut steps = vec![format!("mount_cache_dir {}", dir.display())];
+            for (k, c) in plan.caches.iter().enumerate() {
+                if idmapped {
+                    let snapshot = c.store.join("snapshots/1");
+                    steps.push(format!("idmap_layer {} {}", snapshot.display(), dir.join(format!("{k}-lower")).display()));
+                }
+                steps.push(format!("chown {} {owner}", cachemount::upper(&s.job, k).display()));
+                steps.push(format!("mount_overlay {}", dir.join(k.to_string()).display()));
+            }
+            // After the job's own overlay, before the container.
+            let calls = rec.calls();
+            let at = calls.iter().position(|c| c == "create").unwrap();
+            assert_eq!(calls[at - steps.len()..at], steps[..], "idmapped={idmapped}");
+            assert!(calls[at - steps.len() - 1].starts_with(&format!("mount_overlay {}", s.job.merged().display())));
+            // The spec binds each at its path, last (after /tmp and the volumes).
+            let spec = oci_spec::runtime::Spec::load(s.job.bundle().join("config.json")).unwrap();
+            let mounts = spec.mounts().as_ref().unwrap();
+            let last: Vec<(String, String)> = mounts[mounts.len() - 2..]
+                .iter()
+                .map(|m| (m.destination().display().to_string(), m.source().as_ref().unwrap().display().to_string()))
+                .collect();
+            assert_eq!(
+                last,
+                [
+                    ("/root/.cache/pip".to_string(), dir.join("0").display().to_string()),
+                    ("/ccache".to_string(), dir.join("1").display().to_string())
+                ]
+            );
+            // Each step failing ends the line there: no container.
+            for k in 0..steps.len() {
+                let rec = Recorder::failing_at(at - steps.len() + k, Errno::EINVAL);
+                let r = s.run(&rec, None, None);
+                let error = failed(&r).1.to_string();
+                assert!(!rec.calls().iter().any(|c| c == "create"), "step {k}: {error}");
+                if steps[k].starts_with("mount_overlay") {
+                    assert!(error.contains("must be on a filesystem overlayfs supports"), "{error}");
+                }
+            }
+        }
+    }
+
+    #[test]
     fn a_job_with_ids_of_its_own_gets_its_namespace_idmapped_layers_and_upper() {
         use crate::identity::JobIds;
         let (uid, gid) = (2147483648 + 2 * 65536, 3000000000 + 2 * 65536);
