@@ -45,14 +45,24 @@ pub fn decide(facts: &BuildFacts, patterns: &[String]) -> Verdict {
     }
 }
 
-/// The build of the agent's last finished job, from Azure DevOps.
-pub fn learn(client: &AzureClient, pool_id: u64, agent_id: u64) -> Result<BuildFacts> {
+/// The build of the last job of the agent named `agent_name`, from Azure DevOps: the
+/// agent's record (by its name, which the manager chose) -> its newest job request ->
+/// that request's owner build. A request that did not succeed is refused.
+pub fn learn(client: &AzureClient, pool_id: u64, agent_name: &str) -> Result<BuildFacts> {
+    let agents = client.list_agents(pool_id, Some(agent_name))?;
+    let Some(agent) = agents.iter().find(|a| a.name == agent_name) else {
+        bail!("pool {pool_id} has no agent named {agent_name}");
+    };
+    let agent_id = agent.id;
     let requests = client.agent_job_requests(pool_id, agent_id, 10)?;
     let mine = requests
         .iter()
         .filter(|r| r.reserved_agent.as_ref().and_then(|a| a.id) == Some(agent_id))
         .max_by_key(|r| r.request_id);
     let Some(req) = mine else { bail!("Azure DevOps lists no job request of agent {agent_id}") };
+    if let Some(result) = req.result.as_deref().filter(|r| !r.eq_ignore_ascii_case("succeeded")) {
+        bail!("job request {} ended {result}: only a succeeded job commits", req.request_id);
+    }
     if !req.plan_type.as_deref().is_some_and(|t| t.eq_ignore_ascii_case("build")) {
         bail!("job request {} is not a build's (planType {:?})", req.request_id, req.plan_type);
     }

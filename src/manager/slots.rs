@@ -63,6 +63,7 @@ pub fn start(home: &Home, settings: RunSettings, ready: Ready) -> Result<Running
         settings: settings.clone(),
         token: ready.token,
         client: ready.client,
+        pool_id: ready.pool_id,
         stopping: AtomicBool::new(false),
         status: Mutex::new(status),
         package: RwLock::new(ready.package),

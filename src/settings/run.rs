@@ -98,6 +98,10 @@ pub struct RunSettings {
     /// The rootfs may lack an unprivileged user: agents then run as root in the sandbox
     /// (the agent's own opt-in, `AGENT_ALLOW_RUNASROOT`, set for `run`).
     pub agents_as_root: bool,
+    /// `[[cache]]`: the caches every job gets (see [`crate::cache`]).
+    pub caches: Vec<crate::cache::CacheDecl>,
+    /// `trusted_branches`: builds of these commit the caches (empty: `refs/heads/main`).
+    pub trusted_branches: Vec<String>,
 }
 
 /// How long a cancelled agent gets to report its job and exit before it is killed: the
@@ -264,7 +268,29 @@ pub fn merge(file: FileSettings, env: FlagSettings, flags: FlagSettings) -> Resu
         keep_failed: flags.keep_failed.or(file.keep_failed).unwrap_or(0),
         diag_logs_max,
         agents_as_root: flags.agents_as_root || env.agents_as_root,
+        caches: file_caches(&file.cache)?,
+        trusted_branches: file.trusted_branches.clone(),
     })
+}
+
+/// The `[[cache]]` tables, checked: names, paths, sizes, no overlap.
+fn file_caches(tables: &[super::file::CacheFile]) -> Result<Vec<crate::cache::CacheDecl>> {
+    let decls = tables
+        .iter()
+        .map(|c| {
+            let name = crate::cache::check_name(&c.name).context("bad [[cache]] in the config file")?;
+            let path = crate::cache::check_path(&name, &c.path).context("bad [[cache]] in the config file")?;
+            let max_size = c
+                .max_size
+                .as_deref()
+                .map(crate::config::parse_size)
+                .transpose()
+                .with_context(|| format!("bad max_size of cache '{name}' in the config file"))?;
+            Ok(crate::cache::CacheDecl { name, path, max_size, commit: false })
+        })
+        .collect::<Result<Vec<_>>>()?;
+    crate::cache::check_unique(&decls).context("bad [[cache]] in the config file")?;
+    Ok(decls)
 }
 
 /// The limit keys of the config file, parsed as their flags are.
