@@ -184,3 +184,71 @@ fn bad_cache_input_is_one_line() {
     assert!(e.contains("caches 'a' (/x) and 'b' (/x/y) overlap"), "{e}");
     // (A cache dir overlayfs refuses: the helper's unit test, on the sys double.)
 }
+
+#[test]
+fn run_commits_a_trusted_build_and_never_a_pull_request() {
+    require_root!();
+    let lab = or_skip!(netlab::NetLab::new());
+    let fake = common::fake_azure::FakeAzure::start_in(&lab);
+    let h = TestHome::with_busybox("cache-run");
+    let tf = token_file(&h, &fake.pat());
+    let config = h.dir.join("config.toml");
+    std::fs::write(
+        &config,
+        "trusted_branches = [\"refs/heads/main\", \"refs/heads/release/*\"]\n\
+         [[cache]]\nname = \"pip\"\npath = \"/cache/pip\"\nmax_size = \"1G\"\n",
+    )
+    .unwrap();
+    if let Some(u) = test_user() {
+        for f in [&tf, &config] {
+            nix::unistd::chown(f, Some(u.uid), Some(u.gid)).unwrap();
+        }
+    }
+    let mut cmd = h.lab_command(&lab);
+    cmd.args(["run", "--config", config.to_str().unwrap(), "--pool", "gpu", "--url", &fake.url()])
+        .args(["--token-file", tf.to_str().unwrap()])
+        .args(["--agents", "1", "--gpus-per-agent", "none", "--rootfs", "bb", "--name-prefix", "cachehost"]);
+    let mgr = ManagerProc::spawn(cmd, h.dir.join("manager.log"));
+    let look = "echo seen=$(ls /cache/pip | tr '\\n' ' ')";
+    // One agent: the jobs run one after the other, in this order.
+    let steps = [
+        ("refs/pull/7/merge", "pullRequest", "pr"),
+        ("refs/heads/main", "individualCI", "main"),
+        ("refs/heads/feature", "individualCI", "feature"),
+        ("refs/heads/main", "pullRequest", "main-pr"),
+        ("refs/heads/release/2", "manual", "release"),
+    ];
+    for (k, (branch, reason, name)) in steps.into_iter().enumerate() {
+        let script = format!("{look}\necho {name} > /cache/pip/{name}\n[ {name} = main ] || rm -f /cache/pip/main");
+        fake.enqueue_build_job(&script, &[], branch, reason);
+        let got = fake.wait_results(k + 1, Duration::from_secs(90));
+        assert_eq!(got.len(), k + 1, "job {name} did not run: {}", mgr.log());
+    }
+    fake.enqueue_job(&look);
+    let results = fake.wait_results(6, Duration::from_secs(90));
+    assert_eq!(results.len(), 6, "{}", mgr.log());
+    let seen: Vec<String> = results
+        .iter()
+        .map(|r| r.output.lines().find_map(|l| l.strip_prefix("seen=")).unwrap_or("?").trim().to_string())
+        .collect();
+    assert_eq!(
+        seen,
+        [
+            "",              // cold
+            "",              // the pull request's write is gone
+            "main",          // main committed (its own write)
+            "main",          // a feature branch is not trusted: its write and its deletion are gone
+            "main",          // a pull request build of main neither
+            "release"        // a trusted release build: its write and its deletion of main
+        ],
+        "{}",
+        mgr.log()
+    );
+    let log = mgr.log();
+    assert!(log.contains("a pull request never writes caches"), "{log}");
+    assert!(log.contains("not a trusted branch (refs/heads/main, refs/heads/release/*)"), "{log}");
+    assert!(log.contains("cache pip: committed snapshot"), "{log}");
+    let st = mgr.stop();
+    assert!(st.success(), "{st}");
+    h.assert_no_residue(&[]);
+}

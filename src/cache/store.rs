@@ -120,13 +120,15 @@ pub fn lease_current(store: &Path) -> Result<SnapshotLease> {
     let f = File::open(&dir).with_context(|| format!("cannot open cache snapshot {}", dir.display()))?;
     let held = Flock::lock(f, FlockArg::LockShared)
         .map_err(|(_, e)| anyhow::anyhow!("cannot hold cache snapshot {}: {e}", dir.display()))?;
-    if n > 1 || fs::read_dir(&dir).map(|mut d| d.next().is_some()).unwrap_or(false) {
-        count_hit(store);
-    }
     Ok(SnapshotLease { dir, _lock: held })
 }
 
-fn count_hit(store: &Path) {
+/// Counts a job that starts with this cache warm (its current snapshot not the empty
+/// first one): once per job, by its runner (a job's helpers, one per phase, each mount it).
+pub fn count_hit(store: &Path) {
+    if current(store).unwrap_or(1) <= 1 {
+        return;
+    }
     use std::io::Write;
     if let Ok(mut f) = File::options().create(true).append(true).open(store.join("hits")) {
         let _ = f.write_all(b".");

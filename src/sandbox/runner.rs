@@ -173,6 +173,9 @@ impl Sandbox {
         if let Some(s) = &sandbox.plan.scratch {
             make_scratch(&s.host)?;
         }
+        for c in &sandbox.plan.caches {
+            crate::cache::store::count_hit(&c.store);
+        }
         Ok(sandbox)
     }
 
