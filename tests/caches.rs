@@ -248,6 +248,11 @@ fn run_commits_a_trusted_build_and_never_a_pull_request() {
     assert!(log.contains("a pull request never writes caches"), "{log}");
     assert!(log.contains("not a trusted branch (refs/heads/main, refs/heads/release/*)"), "{log}");
     assert!(log.contains("cache pip: committed snapshot"), "{log}");
+    let status = String::from_utf8_lossy(&h.run(&["status"]).stdout).into_owned();
+    let row = status.lines().find(|l| l.trim_start().starts_with("pip ")).unwrap_or_else(|| panic!("{status}"));
+    let cols: Vec<&str> = row.split_whitespace().collect();
+    assert_eq!(cols[1], "3", "two commits (main, release): {row}");
+    assert!(cols.last().unwrap().starts_with("cachehost-0-"), "the last committer job: {row}");
     let st = mgr.stop();
     assert!(st.success(), "{st}");
     h.assert_no_residue(&[]);

@@ -250,7 +250,7 @@ pub fn sweep_removed(home: &crate::config::Home) -> Result<Swept> {
 }
 
 /// One cache for `cache ls` and `status`.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Summary {
     pub name: String,
     pub snapshot: u64,
@@ -288,6 +288,39 @@ pub fn summary(home: &crate::config::Home, name: &str) -> Result<Summary> {
 
 pub fn summaries(home: &crate::config::Home) -> Vec<Summary> {
     names(home).iter().filter_map(|n| summary(home, n).ok()).collect()
+}
+
+/// The caches' table (`cache ls`, `status`); empty without caches.
+pub fn render(all: &[Summary]) -> String {
+    if all.is_empty() {
+        return String::new();
+    }
+    let mut out = format!(
+        "caches:\n  {:<16} {:>9} {:>9} {:>12} {:>6}  LAST COMMITTER\n",
+        "NAME", "SNAPSHOT", "SIZE", "AGE", "HITS"
+    );
+    for s in all {
+        let age = s.age_secs.map(age).unwrap_or_else(|| "never".into());
+        out.push_str(&format!(
+            "  {:<16} {:>9} {:>9} {:>12} {:>6}  {}\n",
+            s.name,
+            s.snapshot,
+            crate::sandbox::limits::human_size(s.size_bytes),
+            age,
+            s.hits,
+            s.last_committer.as_deref().unwrap_or("-")
+        ));
+    }
+    out
+}
+
+fn age(secs: u64) -> String {
+    match secs {
+        s if s < 120 => format!("{s}s ago"),
+        s if s < 7200 => format!("{}m ago", s / 60),
+        s if s < 172_800 => format!("{}h ago", s / 3600),
+        s => format!("{}d ago", s / 86400),
+    }
 }
 
 #[cfg(test)]

@@ -44,16 +44,10 @@ impl Verb for CacheCommand {
                     return Ok(0);
                 }
                 if all.is_empty() {
-                    println!(
-                        "no caches in {} (declare them with [[cache]] or exec --cache)",
-                        ctx.home.root().display()
-                    );
+                    println!("no caches in {} (declare them with [[cache]] or exec --cache)", ctx.home.root().display());
                     return Ok(0);
                 }
-                println!("{:<16} {:>9} {:>9} {:>12} {:>6}  LAST COMMITTER", "NAME", "SNAPSHOT", "SIZE", "AGE", "HITS");
-                for s in all {
-                    println!("{}", line(&s));
-                }
+                print!("{}", store::render(&all));
             }
             CacheCommand::Rm { name } => {
                 let swept = store::remove(&ctx.home, &name)?;
@@ -74,28 +68,5 @@ impl Verb for CacheCommand {
             }
         }
         Ok(0)
-    }
-}
-
-/// One row of `cache ls` (and of `status`).
-pub fn line(s: &store::Summary) -> String {
-    let age = s.age_secs.map(age).unwrap_or_else(|| "never".into());
-    format!(
-        "{:<16} {:>9} {:>9} {:>12} {:>6}  {}",
-        s.name,
-        s.snapshot,
-        human_size(s.size_bytes),
-        age,
-        s.hits,
-        s.last_committer.as_deref().unwrap_or("-")
-    )
-}
-
-fn age(secs: u64) -> String {
-    match secs {
-        s if s < 120 => format!("{s}s ago"),
-        s if s < 7200 => format!("{}m ago", s / 60),
-        s if s < 172_800 => format!("{}h ago", s / 3600),
-        s => format!("{}d ago", s / 86400),
     }
 }

@@ -55,6 +55,7 @@ pub fn start(home: &Home, settings: RunSettings, ready: Ready) -> Result<Running
             .collect(),
         scaler: None,
         failed_jobs: vec![],
+        caches: vec![],
     };
     let agent_version = ready.package.version.to_string();
     let (configs, shapes) = configs(&settings, &ready, &agent_version, job_limits.per_job)?;
