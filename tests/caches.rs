@@ -28,7 +28,12 @@ fn snapshot(h: &TestHome, name: &str) -> u64 {
 }
 
 /// Starts a job that runs `first`, says ready, waits for a line on stdin, then runs `then`.
-fn start_waiting(h: &TestHome, cache: &str, first: &str, then: &str) -> (Child, std::io::BufReader<std::process::ChildStdout>) {
+fn start_waiting(
+    h: &TestHome,
+    cache: &str,
+    first: &str,
+    then: &str,
+) -> (Child, std::io::BufReader<std::process::ChildStdout>) {
     let mut child = job(h, cache, &format!("{first}\necho ready\nread go\n{then}"))
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
@@ -71,11 +76,16 @@ fn a_commit_is_seen_by_the_next_job_and_nothing_else_is() {
     }
     let ls = h.ok(&["cache", "ls", "--json"]);
     let v: serde_json::Value = serde_json::from_str(ls.lines().next().unwrap()).unwrap();
-    assert_eq!((v["name"].as_str(), v["snapshot"].as_u64(), v["hits"].as_u64()), (Some("pip"), Some(2), Some(2)), "{ls}");
+    assert_eq!(
+        (v["name"].as_str(), v["snapshot"].as_u64(), v["hits"].as_u64()),
+        (Some("pip"), Some(2), Some(2)),
+        "{ls}"
+    );
     assert!(v["last_committer"].as_str().unwrap().starts_with("exec-"), "{ls}");
     // The job's own upper went with it: nothing but the one snapshot left after gc.
     h.ok(&["cache", "gc"]);
-    let snaps: Vec<_> = std::fs::read_dir(h.dir.join("caches/pip/snapshots")).unwrap().flatten().map(|e| e.file_name()).collect();
+    let snaps: Vec<_> =
+        std::fs::read_dir(h.dir.join("caches/pip/snapshots")).unwrap().flatten().map(|e| e.file_name()).collect();
     assert_eq!(snaps, ["2"]);
     h.assert_no_residue(&[]);
 }
@@ -86,12 +96,17 @@ fn a_running_job_keeps_its_snapshot_and_never_sees_another_jobs_writes() {
     let h = TestHome::with_busybox("cache-conc");
     run(&h, "c:/cache:commit", "echo 1 > /cache/v");
     // An untrusted job writes and waits; meanwhile another job commits a change.
-    let (pr, out) = start_waiting(&h, "c:/cache", "echo evil > /cache/v; echo x > /cache/pr", "cat /cache/v; ls /cache");
+    let (pr, out) =
+        start_waiting(&h, "c:/cache", "echo evil > /cache/v; echo x > /cache/pr", "cat /cache/v; ls /cache");
     let seen = run(&h, "c:/cache", "cat /cache/v; ls /cache");
     assert_eq!(seen, "1\nv\n", "a concurrent job does not see the running job's writes");
     run(&h, "c:/cache:commit", "echo 2 > /cache/v; echo n > /cache/new");
     assert_eq!(finish(pr, out), "evil\npr\nv\n", "the running job keeps its own view of the old snapshot");
-    assert_eq!(run(&h, "c:/cache", "cat /cache/v; ls /cache"), "2\nnew\nv\n", "the next job: the commit, not the writes");
+    assert_eq!(
+        run(&h, "c:/cache", "cat /cache/v; ls /cache"),
+        "2\nnew\nv\n",
+        "the next job: the commit, not the writes"
+    );
     // The old snapshot, held while that job ran, is collected once it ended.
     h.ok(&["cache", "gc"]);
     assert!(!h.dir.join("caches/c/snapshots/2").exists());
@@ -130,7 +145,8 @@ fn kill_9_during_a_commit_leaves_the_old_snapshot() {
     };
     let mut caught = false;
     for files in [20_000, 60_000] {
-        let mut c = job(&h, "c:/cache:commit", &format!("mkdir /cache/many; cd /cache/many; seq {files} | xargs touch"));
+        let mut c =
+            job(&h, "c:/cache:commit", &format!("mkdir /cache/many; cd /cache/many; seq {files} | xargs touch"));
         c.process_group(0).stdout(Stdio::null()).stderr(Stdio::null());
         let mut child = c.spawn().unwrap();
         let pgid = child.id() as i32;
@@ -224,7 +240,7 @@ fn run_commits_a_trusted_build_and_never_a_pull_request() {
         let got = fake.wait_results(k + 1, Duration::from_secs(90));
         assert_eq!(got.len(), k + 1, "job {name} did not run: {}", mgr.log());
     }
-    fake.enqueue_job(&look);
+    fake.enqueue_job(look);
     let results = fake.wait_results(6, Duration::from_secs(90));
     assert_eq!(results.len(), 6, "{}", mgr.log());
     let seen: Vec<String> = results
@@ -234,12 +250,12 @@ fn run_commits_a_trusted_build_and_never_a_pull_request() {
     assert_eq!(
         seen,
         [
-            "",              // cold
-            "",              // the pull request's write is gone
-            "main",          // main committed (its own write)
-            "main",          // a feature branch is not trusted: its write and its deletion are gone
-            "main",          // a pull request build of main neither
-            "release"        // a trusted release build: its write and its deletion of main
+            "",        // cold
+            "",        // the pull request's write is gone
+            "main",    // main committed (its own write)
+            "main",    // a feature branch is not trusted: its write and its deletion are gone
+            "main",    // a pull request build of main neither
+            "release"  // a trusted release build: its write and its deletion of main
         ],
         "{}",
         mgr.log()

@@ -44,7 +44,10 @@ impl Verb for CacheCommand {
                     return Ok(0);
                 }
                 if all.is_empty() {
-                    println!("no caches in {} (declare them with [[cache]] or exec --cache)", ctx.home.root().display());
+                    println!(
+                        "no caches in {} (declare them with [[cache]] or exec --cache)",
+                        ctx.home.root().display()
+                    );
                     return Ok(0);
                 }
                 print!("{}", store::render(&all));

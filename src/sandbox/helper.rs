@@ -591,7 +591,11 @@ mod tests {
             for (k, c) in plan.caches.iter().enumerate() {
                 if idmapped {
                     let snapshot = c.store.join("snapshots/1");
-                    steps.push(format!("idmap_layer {} {}", snapshot.display(), dir.join(format!("{k}-lower")).display()));
+                    steps.push(format!(
+                        "idmap_layer {} {}",
+                        snapshot.display(),
+                        dir.join(format!("{k}-lower")).display()
+                    ));
                 }
                 steps.push(format!("chown {} {owner}", cachemount::upper(&s.job, k).display()));
                 steps.push(format!("mount_overlay {}", dir.join(k.to_string()).display()));

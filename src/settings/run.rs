@@ -534,4 +534,31 @@ mod tests {
         let e = read_token(Some(Path::new("/nonexistent/pat")), None).unwrap_err();
         assert!(format!("{e:#}").contains("token file"));
     }
+
+    #[test]
+    fn caches_and_trusted_branches_from_the_file() {
+        let flags = || FlagSettings {
+            url: Some("https://dev.azure.com/o".into()),
+            pool: Some("p".into()),
+            name_prefix: Some("h".into()),
+            ..Default::default()
+        };
+        let file = parse_file(
+            "trusted_branches = [\"refs/heads/release/*\"]\n[[cache]]\nname = \"pip\"\npath = \"/root/.cache/pip\"\nmax_size = \"50G\"\n",
+        )
+        .unwrap();
+        let s = merge(file, Default::default(), flags()).unwrap();
+        assert_eq!(s.caches.len(), 1);
+        assert_eq!((s.caches[0].name.as_str(), s.caches[0].max_size), ("pip", Some(50 << 30)));
+        assert_eq!(s.trusted_branches, ["refs/heads/release/*"]);
+        let bad =
+            |text: &str| format!("{:#}", merge(parse_file(text).unwrap(), Default::default(), flags()).unwrap_err());
+        let e = bad("[[cache]]\nname = \"pip\"\npath = \"cache\"\n");
+        assert!(e.contains("bad [[cache]] in the config file") && e.contains("must be absolute"), "{e}");
+        let e = bad("[[cache]]\nname = \"pip\"\npath = \"/c\"\nmax_size = \"lots\"\n");
+        assert!(e.contains("bad max_size of cache 'pip'"), "{e}");
+        let e = bad("[[cache]]\nname = \"a\"\npath = \"/c\"\n[[cache]]\nname = \"a\"\npath = \"/d\"\n");
+        assert!(e.contains("cache 'a' is given twice"), "{e}");
+        assert!(parse_file("[[cache]]\nname = \"a\"\npath = \"/c\"\nsize = 1\n").is_err(), "unknown keys refused");
+    }
 }

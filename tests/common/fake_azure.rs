@@ -865,7 +865,13 @@ impl State {
                 let Some(j) = id.parse::<u64>().ok().and_then(|id| self.jobs.iter().find(|j| j.id == id)) else {
                     return Reply::error(404, "BuildNotFoundException", &format!("Build {id} does not exist."));
                 };
-                let status = if j.finished.is_some() { "completed" } else if j.assigned.is_some() { "inProgress" } else { "notStarted" };
+                let status = if j.finished.is_some() {
+                    "completed"
+                } else if j.assigned.is_some() {
+                    "inProgress"
+                } else {
+                    "notStarted"
+                };
                 Reply::json(
                     200,
                     serde_json::json!({"id": j.id, "buildNumber": format!("2026.{}", j.id), "status": status,
@@ -877,7 +883,11 @@ impl State {
                         "requestedFor": {"displayName": "Fake Admin"}, "repository": {"type": "TfsGit"}}),
                 )
             }
-            _ => Reply::error(404, "ApiResourceNotFoundException", &format!("API resource location not found for {} {}.", r.method, r.path)),
+            _ => Reply::error(
+                404,
+                "ApiResourceNotFoundException",
+                &format!("API resource location not found for {} {}.", r.method, r.path),
+            ),
         }
     }
 
