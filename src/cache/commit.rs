@@ -331,6 +331,38 @@ mod tests {
     }
 
     #[test]
+    fn a_full_disk_during_a_commit_leaves_the_old_snapshot() {
+        if !nix::unistd::geteuid().is_root() {
+            return crate::test_skip::skip("needs root: mounts a tmpfs with few inodes");
+        }
+        let t = tempfile::tempdir().unwrap();
+        let fs_dir = t.path().join("fs");
+        fs::create_dir(&fs_dir).unwrap();
+        // Few inodes: the snapshot's 20 dirs fit once, not twice (a commit links files but
+        // makes every dir anew).
+        nix::mount::mount(Some("azp-test"), &fs_dir, Some("tmpfs"), nix::mount::MsFlags::empty(), Some("nr_inodes=40"))
+            .unwrap();
+        let result = std::panic::catch_unwind(|| {
+            let store = fs_dir.join("c");
+            store::ensure(&store).unwrap();
+            for k in 0..20 {
+                fs::create_dir(store.join(format!("snapshots/1/d{k}"))).unwrap();
+            }
+            let upper = fs_dir.join("upper");
+            fs::create_dir(&upper).unwrap();
+            fs::write(upper.join("new"), "n").unwrap();
+            let e = format!("{:#}", commit(&store, &upper, None, "j", None).unwrap_err());
+            assert!(e.contains("disk full?") && e.contains("No space left on device"), "{e}");
+            assert_eq!(store::current(&store).unwrap(), 1);
+            let left: Vec<_> = fs::read_dir(store.join("snapshots")).unwrap().flatten().map(|e| e.file_name()).collect();
+            assert_eq!(left, ["1"], "the half-built tree is gone");
+            assert_eq!(fs::read_dir(store.join("snapshots/1")).unwrap().count(), 20, "the old snapshot whole");
+        });
+        nix::mount::umount2(&fs_dir, nix::mount::MntFlags::MNT_DETACH).unwrap();
+        result.unwrap();
+    }
+
+    #[test]
     fn host_ids_of_a_root_mode_job_are_mapped_back() {
         let ids = JobIds::block(3, (300_000, 300_000), (1000, 1000));
         assert_eq!(inside(&ids.uid_map, 301_000), 1000);
