@@ -12,7 +12,7 @@ bin="$(pwd)/target/${PROFILE:-debug}/azp-sandbox"
 [ -x "$bin" ] || { echo "build it first: cargo build ${PROFILE:+--profile $PROFILE}" >&2; exit 1; }
 home="$(mktemp -d /var/tmp/azp-cache-bench.XXXXXX)"
 trap 'rm -rf "$home"' EXIT
-az() { "$bin" -q --home "$home" "$@"; }
+az() { "$bin" -q --home "$home" "$@" 2> >(grep -v "no disk quota" >&2); }
 az rootfs import target/fixtures/busybox-rootfs.tar --name bb >/dev/null
 job() { az exec --rootfs bb --network none "$@"; }
 # The big cache: one commit of SIZE_MB in FILES files (plus one 1 MB file per 100).
