@@ -354,7 +354,8 @@ mod tests {
             let e = format!("{:#}", commit(&store, &upper, None, "j", None).unwrap_err());
             assert!(e.contains("disk full?") && e.contains("No space left on device"), "{e}");
             assert_eq!(store::current(&store).unwrap(), 1);
-            let left: Vec<_> = fs::read_dir(store.join("snapshots")).unwrap().flatten().map(|e| e.file_name()).collect();
+            let left: Vec<_> =
+                fs::read_dir(store.join("snapshots")).unwrap().flatten().map(|e| e.file_name()).collect();
             assert_eq!(left, ["1"], "the half-built tree is gone");
             assert_eq!(fs::read_dir(store.join("snapshots/1")).unwrap().count(), 20, "the old snapshot whole");
         });
