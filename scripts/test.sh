@@ -47,5 +47,5 @@ if ! runuser -u "$rootless_user" -- test -x target/debug/azp-sandbox; then
 fi
 scripts/delegate-cgroups.sh "$rootless_user" >/dev/null
 AZP_SANDBOX_TEST_USER="$rootless_user" cargo test --locked \
-  --test escape_suite --test rootless --test agent_runner --test real_agent --test gpu_sandbox -- --test-threads="$threads" \
+  --test escape_suite --test rootless --test caches --test agent_runner --test real_agent --test gpu_sandbox -- --test-threads="$threads" \
   2>&1 | tee -a "$output"

@@ -14,6 +14,7 @@
 
 pub mod agent;
 pub mod azure;
+pub mod cache;
 pub mod check;
 pub mod clock;
 pub mod config;

@@ -271,6 +271,22 @@ impl AzureClient {
         Ok(list.value)
     }
 
+    /// The job requests of one agent, newest first (`GET .../jobrequests?agentId=`).
+    pub fn agent_job_requests(&self, pool_id: u64, agent_id: u64, top: u32) -> Result<Vec<JobRequest>, AzureError> {
+        let (top, agent) = (top.to_string(), agent_id.to_string());
+        let url = self
+            .url(&format!("_apis/distributedtask/pools/{pool_id}/jobrequests"), &[("agentId", &agent), ("$top", &top)]);
+        let list: types::List<JobRequest> =
+            self.get_json(url, None, &format!("the job requests of agent {agent_id} in pool {pool_id}"))?;
+        Ok(list.value)
+    }
+
+    /// `GET {org}/{project}/_apis/build/builds/{id}`: a build's branch and reason.
+    pub fn build(&self, project: &str, build_id: u64) -> Result<types::Build, AzureError> {
+        let url = self.url(&format!("{project}/_apis/build/builds/{build_id}"), &[]);
+        self.get_json(url, Some(API_VERSION), &format!("the lookup of build {build_id}"))
+    }
+
     /// `POST .../pools/{id}/agents` with `agent` (a TaskAgent: name, version,
     /// systemCapabilities, authorization.publicKey...): a new agent record. Not retried
     /// (not idempotent: a retry after a lost answer would meet "already contains").

@@ -192,6 +192,25 @@ pub struct JobRequest {
     pub definition: Option<NamedRef>,
     #[serde(default)]
     pub owner: Option<NamedRef>,
+    /// The project the request's plan runs in (its id).
+    #[serde(default)]
+    pub scope_id: Option<String>,
+    /// "Build" for a pipeline run (then `owner.id` is the build's id), "Release"...
+    #[serde(default)]
+    pub plan_type: Option<String>,
+}
+
+/// The fields of `GET {org}/{project}/_apis/build/builds/{id}` that caches' trust reads.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Build {
+    pub id: u64,
+    /// `refs/heads/main`, `refs/pull/12/merge`...
+    #[serde(default)]
+    pub source_branch: Option<String>,
+    /// `individualCI`, `batchedCI`, `manual`, `schedule`, `pullRequest`...
+    #[serde(default)]
+    pub reason: Option<String>,
 }
 
 impl JobRequest {

@@ -65,6 +65,11 @@ pub struct JobArgs {
     /// as host ids (NOT recommended: kernels < 5.19) [default: auto]
     #[arg(help_heading = "Sandbox", long, value_enum)]
     pub userns: Option<azp_sandbox::identity::Choice>,
+    /// A cache: NAME:PATH[:commit]. The job sees a copy-on-write view of the cache's
+    /// current snapshot at PATH; with `commit` its changes become the next snapshot
+    /// after the job (see docs/caches.md)
+    #[arg(long = "cache", value_name = "NAME:PATH[:commit]", value_parser = checked::<azp_sandbox::cache::CacheDecl>)]
+    caches: Vec<String>,
 }
 
 impl ExecArgs {
@@ -98,6 +103,7 @@ impl JobArgs {
             user: self.user,
             command,
             terminal,
+            caches: self.caches,
         }
     }
 }

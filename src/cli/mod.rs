@@ -8,6 +8,7 @@
 
 mod agents;
 mod args;
+mod cache;
 mod check;
 mod exec;
 mod gc;
@@ -122,6 +123,14 @@ enum Command {
   sudo azp-sandbox gc
   sudo azp-sandbox gc --failed")]
     Gc(gc::GcArgs),
+    /// Named caches jobs start warm from: list, empty, collect old snapshots
+    #[command(
+        subcommand,
+        after_help = "Examples:
+  azp-sandbox cache ls
+  sudo azp-sandbox cache rm pip"
+    )]
+    Cache(cache::CacheCommand),
     /// GPUs and driver files a sandbox would get (see why something is missing)
     #[command(
         subcommand,
@@ -147,6 +156,7 @@ impl Command {
             Command::Shell(v) => Box::new(v),
             Command::Rootfs(v) => Box::new(v),
             Command::Gc(v) => Box::new(v),
+            Command::Cache(v) => Box::new(v),
             Command::Gpu(v) => Box::new(v),
             Command::SandboxHelper(v) => Box::new(v),
         }

@@ -58,6 +58,7 @@ impl Report for Status {
     }
     fn add_from_home(&mut self, home: &Home) {
         self.failed_jobs = azp_sandbox::manager::failed::list(home);
+        self.caches = azp_sandbox::cache::store::summaries(home);
     }
 }
 

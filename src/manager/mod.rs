@@ -10,6 +10,7 @@
 //! them), [`drain`] (when to stop, and the slots' drain), [`shutdown`] (records, gc).
 
 pub mod autoscale;
+pub mod caches;
 pub mod diag;
 pub mod drain;
 pub mod failed;
@@ -43,6 +44,8 @@ pub struct Shared {
     pub settings: RunSettings,
     pub token: String,
     client: AzureClient,
+    /// The pool's id (for the caches' trust lookups).
+    pool_id: u64,
     stopping: AtomicBool,
     status: Mutex<Status>,
     package: RwLock<AgentPackage>,

@@ -193,6 +193,7 @@ mod tests {
             process: Default::default(),
             userns: None,
             scratch: None,
+            caches: vec![],
         };
         let caps = advertised_capabilities(&plan, "h-0", "4.252.0", root.path());
         for (k, v) in [

@@ -122,6 +122,7 @@ fn one_job(
         plan.gid = gid;
         plan.owned_dirs = vec![phases::agent_dir()];
         plan.scratch = shared.work_root().map(|root| super::workdir::scratch_for(&root, &plan.id));
+        plan.caches = shared.settings.caches.iter().map(|d| d.mount(&shared.home)).collect();
         plan
     };
     let plan = plan_for(seq);
@@ -222,6 +223,9 @@ fn one_job(
     let copy = copy_diag(shared, ledger, cfg.index, &plan.id);
     let mut last = vec![];
     let stopping = cfg.stopping(shared);
+    if failure.is_none() && worked && !plan.caches.is_empty() {
+        super::caches::commit_if_trusted(shared, cfg.index, &cfg.agent_name, &mut sandbox);
+    }
     let cleanup = match &failure {
         Some(reason) => {
             sandbox.settle();
@@ -468,7 +472,15 @@ mod tests {
     use crate::sandbox::{JobOutcome, SandboxError};
 
     fn outcome(code: i32, signal: Option<i32>) -> anyhow::Result<JobOutcome> {
-        Ok(JobOutcome { id: "h-0-1".into(), code, signal, duration: Duration::ZERO, cleanup: Default::default(), limits: Default::default(), disk: None })
+        Ok(JobOutcome {
+            id: "h-0-1".into(),
+            code,
+            signal,
+            duration: Duration::ZERO,
+            cleanup: Default::default(),
+            limits: Default::default(),
+            disk: None,
+        })
     }
 
     #[test]

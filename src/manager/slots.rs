@@ -55,6 +55,7 @@ pub fn start(home: &Home, settings: RunSettings, ready: Ready) -> Result<Running
             .collect(),
         scaler: None,
         failed_jobs: vec![],
+        caches: vec![],
     };
     let agent_version = ready.package.version.to_string();
     let (configs, shapes) = configs(home, &settings, &ready, &agent_version, job_limits.per_job)?;
@@ -63,6 +64,7 @@ pub fn start(home: &Home, settings: RunSettings, ready: Ready) -> Result<Running
         settings: settings.clone(),
         token: ready.token,
         client: ready.client,
+        pool_id: ready.pool_id,
         stopping: AtomicBool::new(false),
         status: Mutex::new(status),
         package: RwLock::new(ready.package),
@@ -138,6 +140,7 @@ fn configs(
             process: Default::default(),
             userns: None,
             scratch: None,
+            caches: vec![],
         };
         crate::sandbox::runner::validate(&base_plan)?;
         let facts = phases::SlotFacts {

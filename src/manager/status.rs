@@ -28,6 +28,9 @@ pub struct Status {
     /// `HOME/failed` by `status`, not written by the manager.
     #[serde(default)]
     pub failed_jobs: Vec<super::failed::KeptJob>,
+    /// The home's caches (see [`crate::cache`]): read from the home by `status`.
+    #[serde(default)]
+    pub caches: Vec<crate::cache::store::Summary>,
 }
 
 /// The limits of each job, what their defaults came from, and the warnings of the start
@@ -122,6 +125,7 @@ pub fn render(s: &Status, alive: bool) -> String {
         ));
     }
     out.push_str(&super::failed::render(&s.failed_jobs));
+    out.push_str(&crate::cache::store::render(&s.caches));
     out
 }
 

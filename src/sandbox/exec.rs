@@ -36,6 +36,9 @@ pub struct ExecRequest {
     /// A pseudo-terminal for the job (`exec -t`, `shell`; see `sandbox::console`).
     #[serde(default)]
     pub terminal: bool,
+    /// `--cache NAME:PATH[:commit]` (see [`crate::cache`]).
+    #[serde(default)]
+    pub caches: Vec<String>,
 }
 
 /// `--name`: it becomes a directory name, the container id and the hostname.
@@ -71,7 +74,15 @@ impl ExecRequest {
         if let Some((k, _)) = self.env.iter().find(|(k, _)| !crate::config::is_env_name(k)) {
             bail!("malformed environment variable name in the request: '{k}'");
         }
+        self.cache_decls()?;
         Ok(())
+    }
+
+    /// The `--cache` flags, checked.
+    pub fn cache_decls(&self) -> Result<Vec<crate::cache::CacheDecl>> {
+        let decls = self.caches.iter().map(|c| c.parse()).collect::<Result<Vec<crate::cache::CacheDecl>>>()?;
+        crate::cache::check_unique(&decls)?;
+        Ok(decls)
     }
 }
 
@@ -88,9 +99,25 @@ pub fn run(home: &Home, driver_root: &Path, req: &ExecRequest) -> Result<super::
     }
     super::gc_before_job(home).context("gc before exec failed")?.log();
     let (plan, lease) = prepare(home, driver_root, req)?;
-    let outcome = super::run_job(home, plan, &super::RunOptions { forward_signals: true, ..Default::default() });
+    let opts = super::RunOptions { forward_signals: true, ..Default::default() };
+    let outcome = if plan.caches.iter().any(|c| c.commit) {
+        run_and_commit(home, plan, &opts)
+    } else {
+        super::run_job(home, plan, &opts)
+    };
     drop(lease);
     outcome
+}
+
+/// [`super::run_job`] that commits the caches marked `commit` after the job, whatever
+/// its exit (the operator asked for it), before its layers go.
+fn run_and_commit(home: &Home, plan: JobPlan, opts: &super::RunOptions) -> Result<super::JobOutcome> {
+    let mut sandbox = super::Sandbox::create(home, plan)?;
+    let outcome = sandbox.run(&super::Phase::default(), opts);
+    let all: Vec<usize> = (0..sandbox.plan().caches.len()).filter(|k| sandbox.plan().caches[*k].commit).collect();
+    sandbox.commit_caches(&all, "exec --cache ...:commit");
+    let cleanup = sandbox.teardown(false)?;
+    outcome.map(|o| super::JobOutcome { cleanup, ..o })
 }
 
 /// Resolves the rootfs (leased for the job's life), discovers the GPUs' edits and builds
@@ -151,6 +178,7 @@ pub fn prepare(home: &Home, driver_root: &Path, req: &ExecRequest) -> Result<(Jo
         process: super::plan::ProcessPlan { init: None, terminal: req.terminal },
         userns: None,
         scratch: None,
+        caches: req.cache_decls()?.iter().map(|d| d.mount(home)).collect(),
     };
     // Bad input fails in one line first; then the limits' warnings (what was asked and is
     // not given), once per exec; what the node cannot give unasked goes to the log only.

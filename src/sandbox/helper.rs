@@ -9,11 +9,12 @@
 //! The straight line: no supplementary groups -> private mount namespace -> network
 //! namespace -> job cgroup -> edit layer (GPU jobs; built once, see [`editlayer`]) -> the
 //! job's own ids (its user namespace, the lower layers idmapped, see [`crate::identity`])
-//! -> overlay -> spec -> create -> start -> wait (forwarding signals) -> delete -> report.
+//! -> overlay -> caches (see [`cachemount`]) -> spec -> create -> start -> wait (forwarding signals) -> delete -> report.
 //! The overlay exists only in the helper's
 //! mount namespace, so the kernel unmounts it when the job's last process is gone, even
 //! if everything is SIGKILLed.
 
+use super::cachemount;
 use super::container::{Container, Libcontainer, EARLY_SIGNAL};
 use super::editlayer;
 use super::inroot;
@@ -178,9 +179,16 @@ fn run(
     if let Some(scratch) = &plan.scratch {
         sys.give_dir(&scratch.host, uid, gid)?;
     }
+    // Held (gc leaves those snapshots) until this helper exits with the job.
+    let _snapshots = cachemount::mount_all(&plan, job, sys, userns.as_ref().map(|n| n.as_fd()), (uid, gid))?;
     tracing::debug!(job = %plan.id, "overlay mounted");
 
     let mut spec = spec::build(&plan, &merged, &cgroup_owner)?;
+    if !plan.caches.is_empty() {
+        let mut mounts = spec.mounts().clone().unwrap_or_default();
+        mounts.extend(cachemount::spec_mounts(&plan, job)?);
+        spec.set_mounts(Some(mounts));
+    }
     if let Some(ns) = &userns {
         spec::join_user_namespace(&mut spec, &Path::new("/proc/self/fd").join(ns.as_raw_fd().to_string()))?;
     }
@@ -551,6 +559,77 @@ mod tests {
         let calls = rec.calls();
         assert!(!calls.iter().any(|c| c.starts_with("join_cgroup") || c == "hide_cgroupfs"), "{calls:?}");
         assert!(calls.iter().any(|c| c.starts_with("mount_overlay ")), "{calls:?}");
+    }
+
+    #[test]
+    fn each_cache_is_an_overlay_of_its_snapshot_bound_at_its_path() {
+        use crate::cache::CacheMount;
+        use crate::identity::JobIds;
+        let cache = |t: &Path, name: &str, at: &str| CacheMount {
+            name: name.into(),
+            store: t.join("home/caches").join(name),
+            container: at.into(),
+            commit: false,
+            max_size: None,
+        };
+        for idmapped in [false, true] {
+            let s = setup(|p, t| {
+                p.uid = 1000;
+                p.gid = 1000;
+                p.owned_dirs = vec![];
+                p.caches = vec![cache(t, "pip", "/root/.cache/pip"), cache(t, "cc", "/ccache")];
+                if idmapped {
+                    p.userns = Some(JobIds::block(2, (400_000, 400_000), (1000, 1000)));
+                }
+            });
+            let plan = s.job.read_plan().unwrap();
+            let rec = Recorder::default();
+            assert_eq!(s.run(&rec, None, None), HelperResult::Exited { code: 3, signal: None });
+            let dir = s.job.caches_dir();
+            let owner = if idmapped { "401000:401000" } else { "1000:1000" };
+            let mut steps = vec![format!("mount_cache_dir {}", dir.display())];
+            for (k, c) in plan.caches.iter().enumerate() {
+                if idmapped {
+                    let snapshot = c.store.join("snapshots/1");
+                    steps.push(format!(
+                        "idmap_layer {} {}",
+                        snapshot.display(),
+                        dir.join(format!("{k}-lower")).display()
+                    ));
+                }
+                steps.push(format!("chown {} {owner}", cachemount::upper(&s.job, k).display()));
+                steps.push(format!("mount_overlay {}", dir.join(k.to_string()).display()));
+            }
+            // After the job's own overlay, before the container.
+            let calls = rec.calls();
+            let at = calls.iter().position(|c| c == "create").unwrap();
+            assert_eq!(calls[at - steps.len()..at], steps[..], "idmapped={idmapped}");
+            assert!(calls[at - steps.len() - 1].starts_with(&format!("mount_overlay {}", s.job.merged().display())));
+            // The spec binds each at its path, last (after /tmp and the volumes).
+            let spec = oci_spec::runtime::Spec::load(s.job.bundle().join("config.json")).unwrap();
+            let mounts = spec.mounts().as_ref().unwrap();
+            let last: Vec<(String, String)> = mounts[mounts.len() - 2..]
+                .iter()
+                .map(|m| (m.destination().display().to_string(), m.source().as_ref().unwrap().display().to_string()))
+                .collect();
+            assert_eq!(
+                last,
+                [
+                    ("/root/.cache/pip".to_string(), dir.join("0").display().to_string()),
+                    ("/ccache".to_string(), dir.join("1").display().to_string())
+                ]
+            );
+            // Each step failing ends the line there: no container.
+            for k in 0..steps.len() {
+                let rec = Recorder::failing_at(at - steps.len() + k, Errno::EINVAL);
+                let r = s.run(&rec, None, None);
+                let error = failed(&r).1.to_string();
+                assert!(!rec.calls().iter().any(|c| c == "create"), "step {k}: {error}");
+                if steps[k].starts_with("mount_overlay") {
+                    assert!(error.contains("must be on a filesystem overlayfs supports"), "{error}");
+                }
+            }
+        }
     }
 
     #[test]

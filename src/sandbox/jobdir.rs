@@ -120,6 +120,14 @@ impl JobDir {
         self.mount.with_file_name(name)
     }
 
+    /// Where the helper mounts the job's caches (see [`super::cachemount`]): beside the
+    /// overlay's mount point, one path for all jobs.
+    pub fn caches_dir(&self) -> PathBuf {
+        let mut name = self.mount.file_name().unwrap_or_default().to_os_string();
+        name.push("-caches");
+        self.mount.with_file_name(name)
+    }
+
     pub fn bundle(&self) -> PathBuf {
         self.root.join("bundle")
     }

@@ -1,6 +1,7 @@
 //! One throwaway sandbox per job: job dirs, overlay, OCI spec, libcontainer (in a
 //! single-threaded helper process), teardown and gc.
 
+pub mod cachemount;
 pub mod cgroup;
 pub mod console;
 pub mod container;

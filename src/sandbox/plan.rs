@@ -89,6 +89,9 @@ pub struct JobPlan {
     /// filesystem; see [`ScratchDir`]).
     #[serde(default)]
     pub scratch: Option<ScratchDir>,
+    /// Caches mounted as copy-on-write views of their snapshots (see [`crate::cache`]).
+    #[serde(default)]
+    pub caches: Vec<crate::cache::CacheMount>,
 }
 
 /// A per-job host dir bound read-write into the sandbox, e.g. the agent's `_work` on a
@@ -150,5 +153,6 @@ pub(crate) fn test_plan(id: &str, lower: Vec<PathBuf>, cgroup_path: &str) -> Job
         process: Default::default(),
         userns: None,
         scratch: None,
+        caches: vec![],
     }
 }

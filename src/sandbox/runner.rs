@@ -173,6 +173,9 @@ impl Sandbox {
         if let Some(s) = &sandbox.plan.scratch {
             make_scratch(&s.host)?;
         }
+        for c in &sandbox.plan.caches {
+            crate::cache::store::count_hit(&c.store);
+        }
         Ok(sandbox)
     }
 
@@ -187,6 +190,44 @@ impl Sandbox {
     fn held_fds(&self) -> Vec<i32> {
         let lock = self.lock.as_ref().map(|l| l.as_raw_fd());
         lock.into_iter().chain(self.ids.as_ref().map(|l| l.as_raw_fd())).collect()
+    }
+
+    pub fn plan(&self) -> &JobPlan {
+        &self.plan
+    }
+
+    /// Commits the caches numbered `which` (see [`crate::cache::commit`]) once the job's
+    /// last helper is gone (its overlays with it), logging one line each: a failed or
+    /// refused commit leaves the cache's current snapshot as it was. `why`: who decided.
+    pub fn commit_caches(&mut self, which: &[usize], why: &str) {
+        if which.is_empty() {
+            return;
+        }
+        self.wait_pending();
+        let ids = self.plan.userns.as_ref().filter(|i| i.idmap_layers);
+        for &k in which {
+            let Some(c) = self.plan.caches.get(k) else { continue };
+            let upper = super::cachemount::upper(&self.job, k);
+            let started = Instant::now();
+            match crate::cache::commit::commit(&c.store, &upper, ids, &self.plan.id, c.max_size) {
+                Ok(crate::cache::commit::Committed::Unchanged) => {
+                    tracing::info!(job = %self.plan.id, "cache {}: nothing changed, nothing committed", c.name)
+                }
+                Ok(crate::cache::commit::Committed::Snapshot { n, size_bytes, entries }) => tracing::info!(
+                    job = %self.plan.id,
+                    "cache {}: committed snapshot {n} ({} entries changed, {} in all) in {:.3}s ({why})",
+                    c.name,
+                    entries,
+                    super::limits::human_size(size_bytes),
+                    started.elapsed().as_secs_f64()
+                ),
+                Err(e) => tracing::warn!(
+                    job = %self.plan.id,
+                    "cache {}: commit refused, the old snapshot stays: {e:#}",
+                    c.name
+                ),
+            }
+        }
     }
 
     /// The read-only layers this sandbox was created over.

@@ -522,6 +522,7 @@ mod tests {
             process: Default::default(),
             userns: None,
             scratch: None,
+            caches: vec![],
         }
     }
 

@@ -81,6 +81,21 @@ pub struct FileSettings {
     pub git_mirror: Vec<crate::mirror::MirrorEntry>,
     /// Setuid mode's site policy (read by `setuid::policy`, not by `run`).
     pub setuid: Option<toml::Value>,
+    /// Named caches every job gets (`[[cache]]`, see `crate::cache`).
+    #[serde(default)]
+    pub cache: Vec<CacheFile>,
+    /// Branches whose builds commit caches (default `refs/heads/main`; `prefix/*`).
+    #[serde(default)]
+    pub trusted_branches: Vec<String>,
+}
+
+/// One `[[cache]]` table: `name = "pip", path = "/root/.cache/pip", max_size = "50G"`.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CacheFile {
+    pub name: String,
+    pub path: PathBuf,
+    pub max_size: Option<String>,
 }
 
 /// A key that takes a number or a word (`pids = 4096`, `pids = "unlimited"`).

@@ -101,6 +101,10 @@ pub struct RunSettings {
     /// Bare mirrors kept fresh by the manager, bound read-only into every job as git
     /// alternates (see [`crate::mirror`]).
     pub git_mirrors: Vec<crate::mirror::MirrorSpec>,
+    /// `[[cache]]`: the caches every job gets (see [`crate::cache`]).
+    pub caches: Vec<crate::cache::CacheDecl>,
+    /// `trusted_branches`: builds of these commit the caches (empty: `refs/heads/main`).
+    pub trusted_branches: Vec<String>,
 }
 
 /// How long a cancelled agent gets to report its job and exit before it is killed: the
@@ -269,7 +273,29 @@ pub fn merge(file: FileSettings, env: FlagSettings, flags: FlagSettings) -> Resu
         keep_failed: flags.keep_failed.or(file.keep_failed).unwrap_or(0),
         diag_logs_max,
         agents_as_root: flags.agents_as_root || env.agents_as_root,
+        caches: file_caches(&file.cache)?,
+        trusted_branches: file.trusted_branches.clone(),
     })
+}
+
+/// The `[[cache]]` tables, checked: names, paths, sizes, no overlap.
+fn file_caches(tables: &[super::file::CacheFile]) -> Result<Vec<crate::cache::CacheDecl>> {
+    let decls = tables
+        .iter()
+        .map(|c| {
+            let name = crate::cache::check_name(&c.name).context("bad [[cache]] in the config file")?;
+            let path = crate::cache::check_path(&name, &c.path).context("bad [[cache]] in the config file")?;
+            let max_size = c
+                .max_size
+                .as_deref()
+                .map(crate::config::parse_size)
+                .transpose()
+                .with_context(|| format!("bad max_size of cache '{name}' in the config file"))?;
+            Ok(crate::cache::CacheDecl { name, path, max_size, commit: false })
+        })
+        .collect::<Result<Vec<_>>>()?;
+    crate::cache::check_unique(&decls).context("bad [[cache]] in the config file")?;
+    Ok(decls)
 }
 
 /// The limit keys of the config file, parsed as their flags are.
@@ -512,5 +538,32 @@ mod tests {
         assert!(parse_per_agent("x").unwrap_err().to_string().contains("--gpus-per-agent"));
         let e = read_token(Some(Path::new("/nonexistent/pat")), None).unwrap_err();
         assert!(format!("{e:#}").contains("token file"));
+    }
+
+    #[test]
+    fn caches_and_trusted_branches_from_the_file() {
+        let flags = || FlagSettings {
+            url: Some("https://dev.azure.com/o".into()),
+            pool: Some("p".into()),
+            name_prefix: Some("h".into()),
+            ..Default::default()
+        };
+        let file = parse_file(
+            "trusted_branches = [\"refs/heads/release/*\"]\n[[cache]]\nname = \"pip\"\npath = \"/root/.cache/pip\"\nmax_size = \"50G\"\n",
+        )
+        .unwrap();
+        let s = merge(file, Default::default(), flags()).unwrap();
+        assert_eq!(s.caches.len(), 1);
+        assert_eq!((s.caches[0].name.as_str(), s.caches[0].max_size), ("pip", Some(50 << 30)));
+        assert_eq!(s.trusted_branches, ["refs/heads/release/*"]);
+        let bad =
+            |text: &str| format!("{:#}", merge(parse_file(text).unwrap(), Default::default(), flags()).unwrap_err());
+        let e = bad("[[cache]]\nname = \"pip\"\npath = \"cache\"\n");
+        assert!(e.contains("bad [[cache]] in the config file") && e.contains("must be absolute"), "{e}");
+        let e = bad("[[cache]]\nname = \"pip\"\npath = \"/c\"\nmax_size = \"lots\"\n");
+        assert!(e.contains("bad max_size of cache 'pip'"), "{e}");
+        let e = bad("[[cache]]\nname = \"a\"\npath = \"/c\"\n[[cache]]\nname = \"a\"\npath = \"/d\"\n");
+        assert!(e.contains("cache 'a' is given twice"), "{e}");
+        assert!(parse_file("[[cache]]\nname = \"a\"\npath = \"/c\"\nsize = 1\n").is_err(), "unknown keys refused");
     }
 }

@@ -162,6 +162,10 @@ impl Policy {
         if req.cdi_spec.is_some() {
             bail!("--cdi-spec is not allowed in setuid mode: the site's GPUs come from the policy");
         }
+        if !req.caches.is_empty() {
+            // The home's caches are shared by every caller's jobs: one could poison them.
+            bail!("--cache is not allowed in setuid mode: caches are the operator's (`run` with [[cache]])");
+        }
         self.check_network(req.network, &req.network_allow)?;
         req.limits = self.cap_limits(&req.limits)?;
         if let Some((u, g)) = req.user {
@@ -364,6 +368,7 @@ network_allow = ["169.254.169.254:80"]
             user: None,
             command: vec!["true".into()],
             terminal: false,
+            caches: vec![],
         }
     }
 
@@ -445,6 +450,7 @@ network_allow = ["169.254.169.254:80"]
             "--disk 21474836480 is above the site maximum",
         );
         refuse(ExecRequest { user: Some((0, 0)), ..req() }, "--user is not allowed");
+        refuse(ExecRequest { caches: vec!["pip:/c".into()], ..req() }, "--cache is not allowed in setuid mode");
         refuse(ExecRequest { cdi_spec: Some("/tmp/x.json".into()), ..req() }, "--cdi-spec");
         let p2 = Policy { network: vec!["none".into()], ..policy() };
         let e = p2.authorize(req(), &c, &canon).unwrap_err().to_string();

@@ -46,6 +46,12 @@ pub enum Error {
     },
     #[error("cannot read /proc/self/mountinfo")]
     ReadMountinfo(#[source] io::Error),
+    #[error("cannot mount a tmpfs at {} for the job's caches", dir.display())]
+    MountCacheDir {
+        dir: PathBuf,
+        #[source]
+        source: Errno,
+    },
     #[error("cannot mount a tmpfs at {} for job records", dir.display())]
     MountTmpfs {
         dir: PathBuf,

@@ -17,6 +17,7 @@
 //! trait, so the order of their steps and what happens when one fails are unit-tested
 //! without root on [`Recorder`].
 
+pub mod cache_dir;
 pub mod cgroup;
 pub mod dir_flags;
 mod error;
@@ -96,6 +97,8 @@ pub trait Sys {
     /// Mounts the dir of the job's network files on `dir` (see [`net::mount_job_net_dir`]):
     /// a sysfs of the job's network namespace at `dir/sys`, for the spec to bind.
     fn mount_job_net_dir(&self, dir: &Path) -> Result<()>;
+    /// Mounts the dir the job's cache overlays go in (see [`cache_dir`]).
+    fn mount_cache_dir(&self, dir: &Path) -> Result<()>;
     /// Gives the directory `dir` (not a symlink) to `uid`:`gid`: a job's scratch dir, made
     /// by its runner, handed to the job's user.
     fn give_dir(&self, dir: &Path, uid: u32, gid: u32) -> Result<()>;
@@ -168,6 +171,9 @@ impl Sys for Real {
     }
     fn mount_job_net_dir(&self, dir: &Path) -> Result<()> {
         net::mount_job_net_dir(dir)
+    }
+    fn mount_cache_dir(&self, dir: &Path) -> Result<()> {
+        cache_dir::mount_cache_dir(dir)
     }
     fn give_dir(&self, dir: &Path, uid: u32, gid: u32) -> Result<()> {
         use std::os::fd::AsRawFd;
@@ -353,6 +359,10 @@ impl Sys for Recorder {
             .map_err(|source| Error::MountTmpfs { dir: dir.into(), source })?;
         let _ = std::fs::create_dir_all(dir.join("sys"));
         Ok(())
+    }
+    fn mount_cache_dir(&self, dir: &Path) -> Result<()> {
+        self.step(format!("mount_cache_dir {}", dir.display()))
+            .map_err(|source| Error::MountCacheDir { dir: dir.into(), source })
     }
     fn give_dir(&self, dir: &Path, uid: u32, gid: u32) -> Result<()> {
         self.step(format!("give_dir {} {uid}:{gid}", dir.display())).map_err(|e| Error::GiveDir {

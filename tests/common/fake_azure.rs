@@ -122,6 +122,9 @@ pub enum HashMode {
     Wrong(String),
 }
 
+/// The project every fake job request runs in (`scopeId`).
+const FAKE_PROJECT_ID: &str = "0c0a0f0e-0000-4000-8000-0000000000aa";
+
 struct Job {
     id: u64,
     script: String,
@@ -130,6 +133,9 @@ struct Job {
     /// (agent id, agent name, time)
     assigned: Option<(u64, String, String)>,
     finished: Option<(String, String)>,
+    /// The build this job belongs to (its id is the job's): `sourceBranch`, `reason`.
+    source_branch: String,
+    reason: String,
 }
 
 struct Package {
@@ -335,6 +341,12 @@ impl FakeAzure {
     /// Queues a job only agents whose capabilities meet `demands` take
     /// (`"NAME"` exists, `"NAME -equals VALUE"`).
     pub fn enqueue_job_with_demands(&self, script: &str, demands: &[&str]) -> u64 {
+        self.enqueue_build_job(script, demands, "refs/heads/main", "individualCI")
+    }
+    /// Queues a job of a build of `branch` (`refs/heads/main`, `refs/pull/7/merge`) queued
+    /// for `reason` (`individualCI`, `manual`, `pullRequest`...), as the build REST
+    /// resource (`GET {project}/_apis/build/builds/{id}`) reports them.
+    pub fn enqueue_build_job(&self, script: &str, demands: &[&str], branch: &str, reason: &str) -> u64 {
         let mut s = self.st();
         let id = s.next_job_id;
         s.next_job_id += 1;
@@ -345,6 +357,8 @@ impl FakeAzure {
             queue_time: iso(SystemTime::now()),
             assigned: None,
             finished: None,
+            source_branch: branch.into(),
+            reason: reason.into(),
         });
         id
     }
@@ -666,7 +680,9 @@ impl State {
             }
             return self.fake_protocol(r, &segs);
         }
-        if segs.first() != Some(&"_apis") {
+        // `{project}/_apis/...`: project-scoped resources (the builds), by project id.
+        let project = (segs.len() > 2 && segs[0] != "_apis" && segs[1] == "_apis").then(|| segs[0]);
+        if segs.first() != Some(&"_apis") && project.is_none() {
             return Reply {
                 status: 404,
                 content_type: "text/html",
@@ -701,6 +717,9 @@ impl State {
                     ("WWW-Authenticate", "TFS-Federated".into()),
                 ],
             };
+        }
+        if let Some(project) = project {
+            return self.project_route(r, project, &segs[2..]);
         }
         match (r.method.as_str(), &segs[1..]) {
             ("GET", ["connectionData"]) => Reply::json(
@@ -816,7 +835,7 @@ impl State {
             .collect();
         let mut v = serde_json::json!({"requestId": j.id, "queueTime": j.queue_time, "assignTime": null, "receiveTime": null,
             "finishTime": null, "result": null, "serviceOwner": "00025394-6065-48ca-87d9-7f5672854ef7",
-            "hostId": "0c0a0f0e-0000-4000-8000-00000000fa4e", "scopeId": "0c0a0f0e-0000-4000-8000-0000000000aa",
+            "hostId": "0c0a0f0e-0000-4000-8000-00000000fa4e", "scopeId": FAKE_PROJECT_ID,
             "planType": "Build", "planId": format!("00000000-0000-4000-8000-{:012x}", j.id), "jobId": format!("00000000-0000-4000-9000-{:012x}", j.id),
             "demands": j.demands, "matchedAgents": matched, "poolId": pool_id,
             "definition": {"id": 1, "name": "fake-pipeline"}, "owner": {"id": j.id, "name": format!("fake-pipeline #{}", j.id)},
@@ -832,6 +851,44 @@ impl State {
             v["result"] = result.clone().into();
         }
         v
+    }
+
+    /// `GET {project}/_apis/build/builds/{id}`: the fields of a Build that say what ran
+    /// (the job requests' `scopeId` is the project, their `owner.id` the build).
+    fn project_route(&mut self, r: &Req, project: &str, rest: &[&str]) -> Reply {
+        let not_found = |what: &str| Reply::error(404, "ProjectDoesNotExistWithNameException", what);
+        if project != FAKE_PROJECT_ID && project != "fake-project" {
+            return not_found(&format!("TF200016: The following project does not exist: {project}."));
+        }
+        match (r.method.as_str(), rest) {
+            ("GET", ["build", "builds", id]) => {
+                let Some(j) = id.parse::<u64>().ok().and_then(|id| self.jobs.iter().find(|j| j.id == id)) else {
+                    return Reply::error(404, "BuildNotFoundException", &format!("Build {id} does not exist."));
+                };
+                let status = if j.finished.is_some() {
+                    "completed"
+                } else if j.assigned.is_some() {
+                    "inProgress"
+                } else {
+                    "notStarted"
+                };
+                Reply::json(
+                    200,
+                    serde_json::json!({"id": j.id, "buildNumber": format!("2026.{}", j.id), "status": status,
+                        "result": j.finished.as_ref().map(|f| f.1.clone()), "queueTime": j.queue_time,
+                        "sourceBranch": j.source_branch, "sourceVersion": "0123456789abcdef0123456789abcdef01234567",
+                        "reason": j.reason, "priority": "normal",
+                        "definition": {"id": 1, "name": "fake-pipeline", "type": "build"},
+                        "project": {"id": FAKE_PROJECT_ID, "name": "fake-project"},
+                        "requestedFor": {"displayName": "Fake Admin"}, "repository": {"type": "TfsGit"}}),
+                )
+            }
+            _ => Reply::error(
+                404,
+                "ApiResourceNotFoundException",
+                &format!("API resource location not found for {} {}.", r.method, r.path),
+            ),
+        }
     }
 
     fn pool_route(&mut self, method: &str, pool_id: u64, rest: &[&str], r: &Req) -> Reply {
@@ -964,11 +1021,13 @@ impl State {
             ("GET", ["jobrequests"]) => {
                 let top: usize = r.q("$top").and_then(|t| t.parse().ok()).unwrap_or(usize::MAX);
                 let only_open = r.q("completedRequestCount") == Some("0");
+                let agent: Option<u64> = r.q("agentId").and_then(|a| a.parse().ok());
                 let items = self
                     .jobs
                     .iter()
                     .rev()
                     .filter(|j| !only_open || j.finished.is_none())
+                    .filter(|j| agent.is_none_or(|a| j.assigned.as_ref().is_some_and(|x| x.0 == a)))
                     .filter(|j| match &j.assigned {
                         Some((aid, ..)) => self.agents.iter().any(|a| a.id == *aid && a.pool_id == pool_id),
                         None => true,

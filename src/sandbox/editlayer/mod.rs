@@ -236,6 +236,7 @@ mod tests {
             process: Default::default(),
             userns: None,
             scratch: None,
+            caches: vec![],
         };
         p.edits.update_ldcache = true;
         p.edits.mounts.push(BindMount {

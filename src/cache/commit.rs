@@ -1,0 +1,373 @@
+//! A job's changes to a cache (its overlay's upper dir, after the job) become the cache's
+//! next snapshot: a hard-link copy of the current snapshot (one link per file: no data
+//! copied), the upper's entries moved into it by rename (whiteouts delete, opaque dirs
+//! replace), then `current` swapped by rename. Readers never see a partial snapshot; a
+//! commit killed at any point leaves `snapshots/.tmp-N`, which gc removes, and the old
+//! snapshot current. Sharing files by hard link is safe because snapshots are never
+//! written: jobs see them only as an overlay's read-only lower (a write copies up).
+//!
+//! Ids: snapshots keep the ids the job saw (container ids). A root-mode job ran as its
+//! own block of host ids and its upper holds those, so they are mapped back here; jobs
+//! then mount the snapshot idmapped with their own block, as they do the rootfs.
+//! Rootless, every job has the same nested map: the upper's ids are already the store's.
+
+use super::store::{self, Info, BUILDING};
+use crate::identity::JobIds;
+use anyhow::{bail, Context, Result};
+use std::fs;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+
+/// What a commit did, for the job's log line.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Committed {
+    /// The job changed nothing in the cache.
+    Unchanged,
+    Snapshot {
+        n: u64,
+        size_bytes: u64,
+        entries: u64,
+    },
+}
+
+/// Commits `upper` (a job's cache upper dir, its overlay gone) into the cache at `store`.
+/// Serialized with other commits; `ids`: the job's user namespace when its layers were
+/// idmapped (root mode). On any error the current snapshot stays and the new tree goes.
+pub fn commit(store: &Path, upper: &Path, ids: Option<&JobIds>, job: &str, max_size: Option<u64>) -> Result<Committed> {
+    if fs::read_dir(upper).map(|mut d| d.next().is_none()).unwrap_or(true) {
+        return Ok(Committed::Unchanged);
+    }
+    store::ensure(store)?;
+    let _serial = lock_exclusive(&store.join("commit.lock"))?;
+    let cur = store::current(store)?;
+    let n = next_number(store, cur)?;
+    let tmp = store.join("snapshots").join(format!("{BUILDING}{n}"));
+    let built = build(store, cur, &tmp, upper, ids, max_size);
+    let (size_bytes, entries) = match built {
+        Ok(b) => b,
+        Err(e) => {
+            let _ = crate::sys::fs_at::remove_tree(&tmp);
+            return Err(e);
+        }
+    };
+    let dest = store.join("snapshots").join(n.to_string());
+    fs::rename(&tmp, &dest).with_context(|| format!("cannot move {} into place", tmp.display()))?;
+    {
+        let _swap = lock_exclusive(&store.join("current.lock"))?;
+        store::point_current(store, n)?;
+    }
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|t| t.as_secs()).unwrap_or(0);
+    let info = Info { last_committer: Some(job.into()), committed_unix: Some(now), size_bytes };
+    if let Err(e) = store::write_info(store, &info) {
+        tracing::warn!("cache {}: snapshot {n} committed, but its info was not written: {e:#}", store.display());
+    }
+    drop(_serial);
+    if let Err(e) = store::gc(store) {
+        tracing::warn!("cache {}: gc of old snapshots failed ({e:#}); `azp-sandbox cache gc` retries", store.display());
+    }
+    Ok(Committed::Snapshot { n, size_bytes, entries })
+}
+
+fn build(
+    store: &Path,
+    cur: u64,
+    tmp: &Path,
+    upper: &Path,
+    ids: Option<&JobIds>,
+    max_size: Option<u64>,
+) -> Result<(u64, u64)> {
+    let from = store.join("snapshots").join(cur.to_string());
+    // A leftover of a killed commit under this name (gc had not run yet).
+    let _ = crate::sys::fs_at::remove_tree(tmp);
+    link_tree(&from, tmp).with_context(|| format!("cannot link snapshot {} into {}", from.display(), tmp.display()))?;
+    let mut entries = 0;
+    apply(upper, tmp, ids, &mut entries)?;
+    let size = tree_size(tmp)?;
+    if let Some(max) = max_size.filter(|m| size > *m) {
+        bail!(
+            "the snapshot would be {} > max_size {}: raise max_size or empty the cache (`azp-sandbox cache rm`)",
+            crate::sandbox::limits::human_size(size),
+            crate::sandbox::limits::human_size(max)
+        );
+    }
+    // The upper was written without syncs (a volatile overlay): make the snapshot durable
+    // before any job can be given it.
+    let dir = fs::File::open(tmp)?;
+    nix::unistd::syncfs(std::os::fd::AsRawFd::as_raw_fd(&dir))
+        .with_context(|| format!("cannot sync {}", tmp.display()))?;
+    Ok((size, entries))
+}
+
+fn lock_exclusive(path: &Path) -> Result<nix::fcntl::Flock<fs::File>> {
+    let f = fs::File::options().create(true).truncate(false).write(true).open(path)?;
+    nix::fcntl::Flock::lock(f, nix::fcntl::FlockArg::LockExclusive)
+        .map_err(|(_, e)| anyhow::anyhow!("cannot lock {}: {e}", path.display()))
+}
+
+fn next_number(store: &Path, cur: u64) -> Result<u64> {
+    let mut max = cur;
+    for e in fs::read_dir(store.join("snapshots"))? {
+        let name = e?.file_name().to_string_lossy().into_owned();
+        let digits = name.trim_start_matches(|c: char| !c.is_ascii_digit());
+        if let Ok(k) = digits.parse::<u64>() {
+            max = max.max(k);
+        }
+    }
+    Ok(max + 1)
+}
+
+/// `to` as a tree of hard links to the files of `from` (dirs made with the same mode and
+/// owner; symlinks and device nodes are linked too).
+fn link_tree(from: &Path, to: &Path) -> Result<()> {
+    let m = fs::symlink_metadata(from)?;
+    fs::create_dir(to).with_context(|| format!("cannot create {}: disk full?", to.display()))?;
+    copy_owner_mode(&m, to)?;
+    for e in fs::read_dir(from)? {
+        let e = e?;
+        let (src, dst) = (e.path(), to.join(e.file_name()));
+        if e.file_type()?.is_dir() {
+            link_tree(&src, &dst)?;
+        } else {
+            fs::hard_link(&src, &dst).with_context(|| format!("cannot link {}: disk full?", dst.display()))?;
+        }
+    }
+    Ok(())
+}
+
+fn copy_owner_mode(m: &fs::Metadata, to: &Path) -> Result<()> {
+    std::os::unix::fs::lchown(to, Some(m.uid()), Some(m.gid()))?;
+    fs::set_permissions(to, fs::Permissions::from_mode(m.mode() & 0o7777))?;
+    Ok(())
+}
+
+/// overlayfs's own metadata (`trusted.` as root, `user.` in a user namespace).
+fn overlay_xattr(path: &Path, key: &str) -> Option<Vec<u8>> {
+    for ns in ["trusted.overlay.", "user.overlay."] {
+        if let Ok(Some(v)) = xattr::get(path, format!("{ns}{key}")) {
+            return Some(v);
+        }
+    }
+    None
+}
+
+/// Applies the upper dir `upper` onto `dst` (a fresh tree of links), moving its entries.
+fn apply(upper: &Path, dst: &Path, ids: Option<&JobIds>, entries: &mut u64) -> Result<()> {
+    for e in fs::read_dir(upper)? {
+        let e = e?;
+        let (src, to) = (e.path(), dst.join(e.file_name()));
+        let m = fs::symlink_metadata(&src)?;
+        *entries += 1;
+        let kind = m.file_type();
+        use std::os::unix::fs::FileTypeExt;
+        if kind.is_char_device() && m.rdev() == 0 {
+            remove_any(&to)?;
+            continue;
+        }
+        if overlay_xattr(&src, "redirect").is_some() || overlay_xattr(&src, "metacopy").is_some() {
+            bail!(
+                "{} was renamed or copied up metadata-only (overlayfs redirect_dir/metacopy is on): not committed; \
+                 turn those overlay module options off",
+                src.display()
+            );
+        }
+        if kind.is_dir() {
+            let opaque = overlay_xattr(&src, "opaque").is_some_and(|v| v == b"y");
+            let keep = !opaque && fs::symlink_metadata(&to).is_ok_and(|t| t.is_dir());
+            if !keep {
+                remove_any(&to)?;
+                fs::create_dir(&to).with_context(|| format!("cannot create {}: disk full?", to.display()))?;
+            }
+            set_owner_mode(&m, &to, ids)?;
+            apply(&src, &to, ids, entries)?;
+            continue;
+        }
+        remove_any(&to)?;
+        match fs::rename(&src, &to) {
+            Err(e) if e.raw_os_error() == Some(libc::EXDEV) => copy_entry(&src, &to, &m)?,
+            r => r.with_context(|| format!("cannot move {} into the snapshot: disk full?", src.display()))?,
+        }
+        for key in ["origin", "impure", "nlink", "upper", "uuid"] {
+            for ns in ["trusted.overlay.", "user.overlay."] {
+                let _ = xattr::remove(&to, format!("{ns}{key}"));
+            }
+        }
+        if ids.is_some() || !kind.is_symlink() {
+            set_owner_mode(&m, &to, ids)?;
+        }
+    }
+    Ok(())
+}
+
+/// Across filesystems (a project quota's boundary refuses rename too): a copy.
+fn copy_entry(src: &Path, to: &Path, m: &fs::Metadata) -> Result<()> {
+    if m.is_file() {
+        fs::copy(src, to).with_context(|| format!("cannot copy {} into the snapshot: disk full?", src.display()))?;
+    } else if m.file_type().is_symlink() {
+        std::os::unix::fs::symlink(fs::read_link(src)?, to)?;
+    } else {
+        tracing::debug!("cache commit: {} (a socket or fifo) is not kept", src.display());
+    }
+    Ok(())
+}
+
+/// The owner the job saw (mapped back from its host ids), and the mode (not for symlinks).
+fn set_owner_mode(m: &fs::Metadata, to: &Path, ids: Option<&JobIds>) -> Result<()> {
+    let (uid, gid) = match ids {
+        Some(ids) => (inside(&ids.uid_map, m.uid()), inside(&ids.gid_map, m.gid())),
+        None => (m.uid(), m.gid()),
+    };
+    std::os::unix::fs::lchown(to, Some(uid), Some(gid))
+        .with_context(|| format!("cannot give {} to {uid}:{gid}", to.display()))?;
+    if !m.file_type().is_symlink() {
+        // chown clears setuid bits: a cache keeps none.
+        fs::set_permissions(to, fs::Permissions::from_mode(m.mode() & 0o1777))?;
+    }
+    Ok(())
+}
+
+/// The container id of host id `host` in `map` (65534, nobody, when it is not mapped).
+fn inside(map: &[crate::identity::IdMap], host: u32) -> u32 {
+    map.iter()
+        .find(|m| host >= m.outside && host - m.outside < m.count)
+        .map(|m| m.inside + (host - m.outside))
+        .unwrap_or(65534)
+}
+
+fn remove_any(p: &Path) -> Result<()> {
+    match fs::symlink_metadata(p) {
+        Err(_) => Ok(()),
+        Ok(m) if m.is_dir() => {
+            crate::sys::fs_at::remove_tree(p).with_context(|| format!("cannot remove {}", p.display()))
+        }
+        Ok(_) => fs::remove_file(p).with_context(|| format!("cannot remove {}", p.display())),
+    }
+}
+
+/// Bytes of the files of a tree, each inode once (snapshots share files by link).
+pub fn tree_size(dir: &Path) -> Result<u64> {
+    let mut seen = std::collections::HashSet::new();
+    let mut total = 0;
+    let mut stack: Vec<PathBuf> = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in fs::read_dir(&d)? {
+            let e = e?;
+            let m = e.metadata()?;
+            if m.is_dir() {
+                stack.push(e.path());
+            } else if seen.insert(m.ino()) {
+                total += m.blocks() * 512;
+            }
+        }
+    }
+    Ok(total)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn read(p: &Path) -> String {
+        fs::read_to_string(p).unwrap_or_else(|_| "<none>".into())
+    }
+
+    #[test]
+    fn a_commit_applies_the_upper_and_keeps_the_old_snapshot_whole() {
+        let t = tempfile::tempdir().unwrap();
+        let store = t.path().join("c");
+        store::ensure(&store).unwrap();
+        let s1 = store.join("snapshots/1");
+        fs::create_dir_all(s1.join("d/sub")).unwrap();
+        fs::write(s1.join("keep"), "k").unwrap();
+        fs::write(s1.join("gone"), "g").unwrap();
+        fs::write(s1.join("d/sub/old"), "o").unwrap();
+        fs::write(s1.join("changed"), "v1").unwrap();
+        let held = store::lease_current(&store).unwrap();
+        // The job's upper: a new file, a changed file, a whiteout (needs mknod: root).
+        let upper = t.path().join("upper");
+        fs::create_dir_all(upper.join("d")).unwrap();
+        fs::write(upper.join("changed"), "v2").unwrap();
+        fs::write(upper.join("d/new"), "n").unwrap();
+        let whiteout = nix::sys::stat::mknod(
+            &upper.join("gone"),
+            nix::sys::stat::SFlag::S_IFCHR,
+            nix::sys::stat::Mode::empty(),
+            0,
+        );
+        let r = commit(&store, &upper, None, "job-1", None).unwrap();
+        assert!(matches!(r, Committed::Snapshot { n: 2, .. }), "{r:?}");
+        let s2 = store.join("snapshots/2");
+        assert_eq!(store::current(&store).unwrap(), 2);
+        assert_eq!((read(&s2.join("keep")), read(&s2.join("changed"))), ("k".into(), "v2".into()));
+        assert_eq!((read(&s2.join("d/new")), read(&s2.join("d/sub/old"))), ("n".into(), "o".into()));
+        if whiteout.is_ok() {
+            assert!(!s2.join("gone").exists(), "a whiteout deletes");
+        } else {
+            crate::test_skip::skip_part("mknod of a whiteout needs root");
+        }
+        // The job that held snapshot 1 still sees it as it was.
+        assert_eq!((read(&s1.join("changed")), read(&s1.join("gone"))), ("v1".into(), "g".into()));
+        assert_eq!(fs::metadata(s1.join("keep")).unwrap().ino(), fs::metadata(s2.join("keep")).unwrap().ino());
+        assert_eq!(store::read_info(&store).last_committer.as_deref(), Some("job-1"));
+        drop(held);
+        store::gc(&store).unwrap();
+        assert!(!s1.exists(), "unheld, not current: collected");
+        // Nothing changed: no snapshot.
+        fs::create_dir(t.path().join("empty")).unwrap();
+        assert_eq!(commit(&store, &t.path().join("empty"), None, "j", None).unwrap(), Committed::Unchanged);
+    }
+
+    #[test]
+    fn over_max_size_the_commit_is_refused_and_the_old_snapshot_stays() {
+        let t = tempfile::tempdir().unwrap();
+        let store = t.path().join("c");
+        let upper = t.path().join("upper");
+        fs::create_dir_all(&upper).unwrap();
+        fs::write(upper.join("big"), vec![7u8; 256 << 10]).unwrap();
+        let e = commit(&store, &upper, None, "j", Some(64 << 10)).unwrap_err().to_string();
+        assert!(e.starts_with("the snapshot would be ") && e.contains("> max_size 64.0K"), "{e}");
+        assert_eq!(store::current(&store).unwrap(), 1);
+        let left: Vec<_> = fs::read_dir(store.join("snapshots")).unwrap().flatten().map(|e| e.file_name()).collect();
+        assert_eq!(left, ["1"], "the new tree is gone");
+    }
+
+    #[test]
+    fn a_full_disk_during_a_commit_leaves_the_old_snapshot() {
+        if !nix::unistd::geteuid().is_root() {
+            return crate::test_skip::skip("needs root: mounts a tmpfs with few inodes");
+        }
+        let t = tempfile::tempdir().unwrap();
+        let fs_dir = t.path().join("fs");
+        fs::create_dir(&fs_dir).unwrap();
+        // Few inodes: the snapshot's 20 dirs fit once, not twice (a commit links files but
+        // makes every dir anew).
+        nix::mount::mount(Some("azp-test"), &fs_dir, Some("tmpfs"), nix::mount::MsFlags::empty(), Some("nr_inodes=40"))
+            .unwrap();
+        let result = std::panic::catch_unwind(|| {
+            let store = fs_dir.join("c");
+            store::ensure(&store).unwrap();
+            for k in 0..20 {
+                fs::create_dir(store.join(format!("snapshots/1/d{k}"))).unwrap();
+            }
+            let upper = fs_dir.join("upper");
+            fs::create_dir(&upper).unwrap();
+            fs::write(upper.join("new"), "n").unwrap();
+            let e = format!("{:#}", commit(&store, &upper, None, "j", None).unwrap_err());
+            assert!(e.contains("disk full?") && e.contains("No space left on device"), "{e}");
+            assert_eq!(store::current(&store).unwrap(), 1);
+            let left: Vec<_> =
+                fs::read_dir(store.join("snapshots")).unwrap().flatten().map(|e| e.file_name()).collect();
+            assert_eq!(left, ["1"], "the half-built tree is gone");
+            assert_eq!(fs::read_dir(store.join("snapshots/1")).unwrap().count(), 20, "the old snapshot whole");
+        });
+        nix::mount::umount2(&fs_dir, nix::mount::MntFlags::MNT_DETACH).unwrap();
+        result.unwrap();
+    }
+
+    #[test]
+    fn host_ids_of_a_root_mode_job_are_mapped_back() {
+        let ids = JobIds::block(3, (300_000, 300_000), (1000, 1000));
+        assert_eq!(inside(&ids.uid_map, 301_000), 1000);
+        assert_eq!(inside(&ids.uid_map, 300_000), 0);
+        assert_eq!(inside(&ids.uid_map, 5), 65534, "not the job's: nobody");
+    }
+}
