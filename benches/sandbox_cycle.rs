@@ -152,9 +152,10 @@ fn main() {
     }
     warm(&|| exec(&["--network", "none"]));
     warm(&|| exec(&["--network", "host"]));
+    warm(&|| exec(&["--userns", "host"]));
     let (mut plain, mut limited, mut runc, mut gpu_t, mut pod) = (vec![], vec![], vec![], vec![], vec![]);
-    let (mut none, mut host) = (vec![], vec![]);
-    const KINDS: usize = 7;
+    let (mut none, mut host, mut host_ids) = (vec![], vec![], vec![]);
+    const KINDS: usize = 8;
     for i in 0..runs {
         for k in 0..KINDS {
             match (i + k) % KINDS {
@@ -170,6 +171,7 @@ fn main() {
                 }
                 5 => none.push(timed(|| exec(&["--network", "none"]))),
                 6 => host.push(timed(|| exec(&["--network", "host"]))),
+                7 => host_ids.push(timed(|| exec(&["--userns", "host"]))),
                 _ => {}
             }
         }
@@ -179,6 +181,7 @@ fn main() {
         ("azp-sandbox exec -- /bin/true (default: --network isolated)", plain.clone()),
         ("azp-sandbox exec --network none", none.clone()),
         ("azp-sandbox exec --network host (reference: no network namespace)", host),
+        ("azp-sandbox exec --userns host (reference: no user namespace of its own)", host_ids.clone()),
         ("azp-sandbox exec (limits + volume)", limited),
         ("runc run (same rootfs; default spec: own network namespace)", runc.clone()),
     ];
@@ -207,6 +210,9 @@ fn main() {
     let runc_median = median(runc).as_secs_f64();
     let ratio = median(plain.clone()).as_secs_f64() / runc_median;
     md.push_str(&format!("\nazp-sandbox (isolated) / runc (medians): **{ratio:.2}x** (target <= 0.5x)\n"));
+    // What the job's own user namespace and host ids cost (issue 19: <= 2 ms).
+    let userns_ms = (median(plain.clone()).as_secs_f64() - median(host_ids).as_secs_f64()) * 1e3;
+    md.push_str(&format!("the job's own user namespace (default - `--userns host`, medians): **{userns_ms:+.2} ms** (target <= 2 ms)\n"));
     let ratio_none = median(none).as_secs_f64() / runc_median;
     md.push_str(&format!("azp-sandbox --network none / runc (medians): **{ratio_none:.2}x** (target <= 0.45x)\n"));
     if let Some((_, g)) = rows.iter().find(|(n, _)| n.contains("--gpus all")) {

@@ -172,6 +172,34 @@ pub const ALLOWED_PERSONALITIES: &[u32] = &[0, 0x8, 0x20000, 0x20008, 0xffff_fff
 const FS_IOC_FSSETXATTR: u64 = 0x401c_5820;
 const FS_IOC_SETFLAGS: [u64; 2] = [0x4008_6602, 0x4004_6602];
 
+/// The job's init (pid 1 in the job's pid namespace) is what ties the job to its
+/// supervisor (see `sys::lifeline`): it runs as the job's user, so without this rule a job
+/// could PTRACE_SEIZE it and hold it stopped, never seeing the lifeline close, and outlive
+/// `kill -9` of its supervisor until `gc`. EPERM for `ptrace` (any request; its pid is
+/// the second argument) and `process_vm_writev` (the first) aimed at pid 1; other pids
+/// are the job's own business (gdb, strace). Not covered: writing `/proc/1/mem`, which
+/// seccomp cannot see by pid (SECURITY.md).
+fn init_tamper_rules() -> Result<Vec<oci_spec::runtime::LinuxSyscall>> {
+    let mut rules = vec![];
+    for (name, index) in [("ptrace", 1usize), ("process_vm_writev", 0usize)] {
+        let is_init = LinuxSeccompArgBuilder::default()
+            .index(index)
+            .value(1u64)
+            .value_two(0xffff_ffffu64)
+            .op(LinuxSeccompOperator::ScmpCmpMaskedEq)
+            .build()?;
+        rules.push(
+            LinuxSyscallBuilder::default()
+                .names(vec![name.to_string()])
+                .action(LinuxSeccompAction::ScmpActErrno)
+                .errno_ret(libc::EPERM as u32)
+                .args(vec![is_init])
+                .build()?,
+        );
+    }
+    Ok(rules)
+}
+
 fn project_quota_rules() -> Result<Vec<oci_spec::runtime::LinuxSyscall>> {
     let mut rules = vec![];
     for cmd in [FS_IOC_FSSETXATTR, FS_IOC_SETFLAGS[0], FS_IOC_SETFLAGS[1]] {
@@ -210,6 +238,7 @@ pub fn default_profile() -> Result<LinuxSeccomp> {
         syscalls.push(masked_rule("clone", flag, flag, libc::EPERM)?);
     }
     syscalls.extend(project_quota_rules()?);
+    syscalls.extend(init_tamper_rules()?);
     // clone3(2) passes its flags in memory, which seccomp cannot inspect: ENOSYS (not
     // EPERM) makes glibc >= 2.34 and other libcs fall back to clone(2), as Docker's default
     // profile does.

@@ -388,15 +388,14 @@ fn r06_job_cannot_push_input_into_the_callers_terminal() {
 }
 
 /// The job's init is what kills the job when its supervisor dies (its lifeline). A job
-/// that seizes its init with ptrace (same uid, no Yama here) and holds it stopped must
-/// still die within a second of `kill -9` of `exec`. It does not: the init is dumpable and
-/// runs as the job's user, so the job's processes may trace it; held stopped, it never
-/// reads its lifeline's end, and the job lives on until `gc` (seen here: "root: the job
-/// (stopinit: OK) outlived kill -9 of exec by 1 s"). `PR_SET_DUMPABLE 0` in the init
-/// closes it (tried) but also hides `/proc/1/root` and `/proc/1/exe` from the job (t03,
-/// t12 change), so it is the lead's call.
+/// that seizes its init with ptrace (same uid, no Yama here) and held it stopped used to
+/// outlive `kill -9` of `exec` until `gc` ("root: the job (stopinit: OK) outlived kill -9
+/// of exec by 1 s"): the init is dumpable and runs as the job's user. The seccomp filter
+/// now refuses ptrace and process_vm_writev aimed at pid 1 (`seccomp::init_tamper_rules`);
+/// `PR_SET_DUMPABLE 0` would also close it but hides `/proc/1/root` and `/proc/1/exe` from
+/// the job (t03, t12). The job must die within a second of `kill -9` of its `exec`.
 #[test]
-#[ignore = "KNOWN HOLE: a job can ptrace-stop its init and outlive kill -9 of its supervisor until gc (issue 25)"]
+#[cfg_attr(not(test_as_root), ignore = "needs root: creates real sandboxes (CI runs the suite as root)")]
 fn r07_a_job_that_stops_its_init_still_dies_with_its_supervisor() {
     require_root!();
     use std::io::BufRead;
@@ -405,7 +404,7 @@ fn r07_a_job_that_stops_its_init_still_dies_with_its_supervisor() {
         let marker = unique("rv-ptrace");
         let (m1, m2) = marker.split_at(4);
         let script = format!(
-            "M1='{m1}'; M2='{m2}'; sh -c 'while :; do sleep 1; done' $M1$M2 & sleep 0.3; /review/rprobe stopinit"
+            "M1='{m1}'; M2='{m2}'; sh -c 'while :; do sleep 1; done' $M1$M2 & sleep 0.3; /review/rprobe stopinit; wait"
         );
         let mut child = h
             .command()
@@ -432,6 +431,7 @@ fn r07_a_job_that_stops_its_init_still_dies_with_its_supervisor() {
         assert!(gc.status.success(), "{}", String::from_utf8_lossy(&gc.stderr));
         wait_until("gc to end the job", Duration::from_secs(10), || processes_matching(&marker).is_empty());
         assert!(left.is_empty(), "{who}: the job ({}) outlived kill -9 of exec by 1 s: {left:?}", line.trim());
+        assert_eq!(line.trim(), "stopinit: EPERM", "{who}: the job may not trace its init");
         eprintln!("{who}: {}", line.trim());
     }
     h.assert_no_residue(&[]);
