@@ -29,6 +29,9 @@ cargo bench --bench sandbox_cycle
 cargo bench --bench unpack
 cargo bench --bench pull
 cargo bench --bench agent_churn
+# TCP from a job's own network against the host's, to iperf3 in another namespace.
+{ echo "### Network throughput (\`bench/net_throughput.sh\`, iperf3, 5 interleaved rounds of 5 s)"; echo
+  bench/net_throughput.sh target/release/azp-sandbox 5 5; echo; } > target/bench-results/net_throughput.md
 cargo bench --bench git_mirror
 cgroup=$(stat -fc %T /sys/fs/cgroup/ 2>/dev/null || echo unknown)
 [ "$cgroup" = tmpfs ] && cgroup="v1 (hybrid)" || cgroup="v2"
@@ -47,7 +50,7 @@ cgroup=$(stat -fc %T /sys/fs/cgroup/ 2>/dev/null || echo unknown)
   echo "| azp-sandbox | $(git rev-parse --short HEAD 2>/dev/null || echo unknown), release build |"
   echo
   cat target/bench-results/sandbox_cycle.md target/bench-results/unpack.md target/bench-results/pull.md \
-    target/bench-results/agent_churn.md
+    target/bench-results/agent_churn.md target/bench-results/net_throughput.md
   # Skipped (absent) when its fixtures are missing: see benches/git_mirror.rs.
   cat target/bench-results/git_mirror.md 2>/dev/null || true
   # The real-GPU section: scripts/gpu-proof.sh --out bench/GPU.md on a GPU machine.

@@ -212,7 +212,9 @@ fn main() {
     md.push_str(&format!("\nazp-sandbox (isolated) / runc (medians): **{ratio:.2}x** (target <= 0.5x)\n"));
     // What the job's own user namespace and host ids cost (issue 19: <= 2 ms).
     let userns_ms = (median(plain.clone()).as_secs_f64() - median(host_ids).as_secs_f64()) * 1e3;
-    md.push_str(&format!("the job's own user namespace (default - `--userns host`, medians): **{userns_ms:+.2} ms** (target <= 2 ms)\n"));
+    md.push_str(&format!(
+        "the job's own user namespace (default - `--userns host`, medians): **{userns_ms:+.2} ms** (target <= 2 ms)\n"
+    ));
     let ratio_none = median(none).as_secs_f64() / runc_median;
     md.push_str(&format!("azp-sandbox --network none / runc (medians): **{ratio_none:.2}x** (target <= 0.45x)\n"));
     if let Some((_, g)) = rows.iter().find(|(n, _)| n.contains("--gpus all")) {

@@ -212,7 +212,8 @@ mod tests {
 
     #[test]
     fn header_names_the_job() {
-        let limits = Limits { memory_bytes: Some(256 << 20), pids: Some(200), cpus_milli: Some(1500), ..Default::default() };
+        let limits =
+            Limits { memory_bytes: Some(256 << 20), pids: Some(200), cpus_milli: Some(1500), ..Default::default() };
         let gpus = vec!["GPU-1".to_string()];
         let h = Header {
             job: "h-0-7",

@@ -42,10 +42,9 @@ fn host_dir(home: &Home) -> Result<PathBuf> {
     };
     match beside.parent() {
         Some(parent) if !noexec(parent) => Ok(beside),
-        _ => Err(why.context(format!(
-            "the jobs' init in {} must be reachable by the jobs' own ids",
-            in_home.display()
-        ))),
+        _ => {
+            Err(why.context(format!("the jobs' init in {} must be reachable by the jobs' own ids", in_home.display())))
+        }
     }
 }
 

@@ -626,7 +626,7 @@ mod tests {
     }
 
     #[test]
-        fn a_job_with_its_own_network_binds_the_helpers_sysfs_and_resolv_conf() {
+    fn a_job_with_its_own_network_binds_the_helpers_sysfs_and_resolv_conf() {
         let mut p = plan();
         p.network = Network::Isolated;
         p.net.sysfs = Some("/run/j/bundle/sys".into());

@@ -3,8 +3,8 @@
 #![allow(dead_code)]
 pub mod digest;
 pub mod fake_azure;
-pub mod pty;
 pub mod netlab;
+pub mod pty;
 pub mod real_agent;
 pub mod registry;
 pub mod skip;
