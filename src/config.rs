@@ -166,7 +166,7 @@ impl Home {
     /// runtime tmpfs's `rootfs` as root, `<home>/mnt` otherwise. Not the job's record dir:
     /// libcontainer sets the job's mounts up as the job's root (of its own user
     /// namespace), by path, so every dir on the way must be searchable by any id
-    /// ([`crate::sandbox::check_reachable`]); records are private (0700). A home below a
+    /// ([`check_reachable`]); records are private (0700). A home below a
     /// private dir (`~/.local` is often 0700) uses `/tmp/azp-sandbox-<host uid>` instead
     /// (made and checked by [`crate::sandbox::jobdir`]).
     pub fn mount_point(&self) -> PathBuf {
@@ -179,7 +179,7 @@ impl Home {
                     return base.join("rootfs");
                 }
                 let in_home = self.root.join("mnt");
-                if crate::sandbox::check_reachable(&in_home).is_ok() {
+                if check_reachable(&in_home).is_ok() {
                     return in_home;
                 }
                 let uid = if crate::rootless::mode().rootless {
@@ -233,6 +233,25 @@ impl Home {
 
 /// As root the records go below `/run/azp-sandbox`, which must be a tmpfs; a process that
 /// is not root keeps them where its runtime dir is.
+/// Every dir above `path` is searchable by any id (mode o+x): what a job's own ids need to
+/// reach `path`. The error names the first that is not, and the fix.
+pub fn check_reachable(path: &std::path::Path) -> anyhow::Result<()> {
+    use std::os::unix::fs::MetadataExt;
+    for dir in path.ancestors().skip(1) {
+        let Ok(m) = std::fs::metadata(dir) else { continue };
+        if m.mode() & 0o001 == 0 {
+            anyhow::bail!(
+                "{} (mode {:o}) is not searchable by others: `chmod o+x {}` (search only, not listing), or choose \
+                 a path whose parent dirs are",
+                dir.display(),
+                m.mode() & 0o7777,
+                dir.display()
+            );
+        }
+    }
+    Ok(())
+}
+
 /// This process is in a user namespace other than the initial one (its uid map is not
 /// the identity of all ids).
 fn in_user_namespace() -> bool {
@@ -303,6 +322,17 @@ pub fn is_env_name(s: &str) -> bool {
     let mut chars = s.chars();
     matches!(chars.next(), Some(c) if c.is_ascii_alphabetic() || c == '_')
         && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
+}
+
+/// 1.5G, 512.0M, 4096 (bytes): one decimal, binary units, as `status` shows sizes.
+pub fn human_size(b: u64) -> String {
+    const UNITS: [(&str, u64); 4] = [("T", 1 << 40), ("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10)];
+    for (unit, size) in UNITS {
+        if b >= size {
+            return format!("{:.1}{unit}", b as f64 / size as f64);
+        }
+    }
+    b.to_string()
 }
 
 /// A byte size like `512M`, `2G`, `1.5g`, `1048576` (binary units).

@@ -86,8 +86,8 @@ fn build(
     if let Some(max) = max_size.filter(|m| size > *m) {
         bail!(
             "the snapshot would be {} > max_size {}: raise max_size or empty the cache (`azp-sandbox cache rm`)",
-            crate::sandbox::limits::human_size(size),
-            crate::sandbox::limits::human_size(max)
+            crate::config::human_size(size),
+            crate::config::human_size(max)
         );
     }
     // The upper was written without syncs (a volatile overlay): make the snapshot durable

@@ -305,7 +305,7 @@ pub fn render(all: &[Summary]) -> String {
             "  {:<16} {:>9} {:>9} {:>12} {:>6}  {}\n",
             s.name,
             s.snapshot,
-            crate::sandbox::limits::human_size(s.size_bytes),
+            crate::config::human_size(s.size_bytes),
             age,
             s.hits,
             s.last_committer.as_deref().unwrap_or("-")

@@ -45,24 +45,7 @@ pub fn prepare_home(home: &Home) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Every dir above `path` is searchable by any id (mode o+x): what a job's own ids need to
-/// reach `path`. The error names the first that is not, and the fix.
-pub fn check_reachable(path: &std::path::Path) -> anyhow::Result<()> {
-    use std::os::unix::fs::MetadataExt;
-    for dir in path.ancestors().skip(1) {
-        let Ok(m) = std::fs::metadata(dir) else { continue };
-        if m.mode() & 0o001 == 0 {
-            anyhow::bail!(
-                "{} (mode {:o}) is not searchable by others: `chmod o+x {}` (search only, not listing), or choose \
-                 a path whose parent dirs are",
-                dir.display(),
-                m.mode() & 0o7777,
-                dir.display()
-            );
-        }
-    }
-    Ok(())
-}
+pub use crate::config::check_reachable;
 
 #[cfg(test)]
 mod tests {

@@ -157,16 +157,8 @@ pub fn disk_note(usage: Option<&crate::sys::quota::Usage>) -> String {
     }
 }
 
-/// 1.5G, 512.0M, 4096 (bytes): one decimal, binary units, as `status` shows sizes.
-pub fn human_size(b: u64) -> String {
-    const UNITS: [(&str, u64); 4] = [("T", 1 << 40), ("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10)];
-    for (unit, size) in UNITS {
-        if b >= size {
-            return format!("{:.1}{unit}", b as f64 / size as f64);
-        }
-    }
-    b.to_string()
-}
+pub use crate::config::human_size;
+
 
 #[cfg(test)]
 mod tests {
