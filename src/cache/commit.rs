@@ -16,7 +16,7 @@ use crate::identity::JobIds;
 use anyhow::{bail, Context, Result};
 use std::fs;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 /// What a commit did, for the job's log line.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -82,7 +82,7 @@ fn build(
     link_tree(&from, tmp).with_context(|| format!("cannot link snapshot {} into {}", from.display(), tmp.display()))?;
     let mut entries = 0;
     apply(upper, tmp, ids, &mut entries)?;
-    let size = tree_size(tmp)?;
+    let size = super::size::tree_size(tmp)?;
     if let Some(max) = max_size.filter(|m| size > *m) {
         bail!(
             "the snapshot would be {} > max_size {}: raise max_size or empty the cache (`azp-sandbox cache rm`)",
@@ -241,25 +241,6 @@ fn remove_any(p: &Path) -> Result<()> {
         }
         Ok(_) => fs::remove_file(p).with_context(|| format!("cannot remove {}", p.display())),
     }
-}
-
-/// Bytes of the files of a tree, each inode once (snapshots share files by link).
-pub fn tree_size(dir: &Path) -> Result<u64> {
-    let mut seen = std::collections::HashSet::new();
-    let mut total = 0;
-    let mut stack: Vec<PathBuf> = vec![dir.to_path_buf()];
-    while let Some(d) = stack.pop() {
-        for e in fs::read_dir(&d)? {
-            let e = e?;
-            let m = e.metadata()?;
-            if m.is_dir() {
-                stack.push(e.path());
-            } else if seen.insert(m.ino()) {
-                total += m.blocks() * 512;
-            }
-        }
-    }
-    Ok(total)
 }
 
 #[cfg(test)]

@@ -181,7 +181,7 @@ pub fn gc(store: &Path) -> Result<Swept> {
         trash
     };
     for t in trash {
-        swept.bytes += super::commit::tree_size(&t).unwrap_or(0);
+        swept.bytes += super::size::tree_size(&t).unwrap_or(0);
         crate::sys::fs_at::remove_tree(&t).with_context(|| format!("cannot remove {}", t.display()))?;
     }
     Ok(swept)
@@ -243,7 +243,7 @@ pub fn sweep_removed(home: &crate::config::Home) -> Result<Swept> {
             continue;
         }
         swept.snapshots += snaps.len();
-        swept.bytes += super::commit::tree_size(&e.path()).unwrap_or(0);
+        swept.bytes += super::size::tree_size(&e.path()).unwrap_or(0);
         crate::sys::fs_at::remove_tree(&e.path()).with_context(|| format!("cannot remove {}", e.path().display()))?;
     }
     Ok(swept)

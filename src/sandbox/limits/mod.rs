@@ -159,7 +159,6 @@ pub fn disk_note(usage: Option<&crate::sys::quota::Usage>) -> String {
 
 pub use crate::config::human_size;
 
-
 #[cfg(test)]
 mod tests {
     use super::*;
