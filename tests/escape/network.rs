@@ -265,6 +265,10 @@ fn t27_no_network_state_is_left_after_jobs_a_kill_9_and_gc() {
     let out = h.lab_command(&lab).arg("gc").output().unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     wait_until("the job's processes to be gone", Duration::from_secs(10), || processes_matching(&m).is_empty());
+    // And its helper (it dies with its exec, by PDEATHSIG, a moment later): gc is for what
+    // dead runs left, not for a teardown still under way.
+    let home_dir = h.dir.to_str().unwrap().to_string();
+    wait_until("the job's helper to be gone", Duration::from_secs(10), || processes_matching(&home_dir).is_empty());
     let out = h.lab_command(&lab).arg("gc").output().unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     assert_eq!(lab.host_network_residue(), Vec::<String>::new(), "links or the table left in the fake host");
