@@ -1,7 +1,7 @@
 //! Two things, before the crate compiles:
 //! - sets `cfg(test_as_root)` when the build runs as root, so that tests needing root are
 //!   marked ignored, with their reason, in a build by anyone else (tests/common/skip.rs);
-//! - compiles the jobs' init (`src/init/main.rs`, see `sandbox::init`) into
+//! - compiles the jobs' init (`src/sys/init/main.rs`, see `sandbox::init`) into
 //!   `$OUT_DIR/azp-init`: a small static program, linked against glibc's `libc.a`, since a
 //!   job's rootfs brings its own libc (or none). The crate embeds it
 //!   (`include_bytes!`), named by `AZP_INIT_HASH`, a hash of its bytes.
@@ -29,10 +29,10 @@ fn effective_uid() -> Option<u32> {
     status.lines().find_map(|l| l.strip_prefix("Uid:"))?.split_whitespace().nth(1)?.parse().ok()
 }
 
-/// `$RUSTC` on src/init/main.rs: static (crt-static, and not position-independent: no
+/// `$RUSTC` on src/sys/init/main.rs: static (crt-static, and not position-independent: no
 /// self-relocation at start), no unwinding, small, stripped.
 fn build_init() {
-    let src = Path::new("src/init/main.rs");
+    let src = Path::new("src/sys/init/main.rs");
     println!("cargo::rerun-if-changed={}", src.display());
     let out = PathBuf::from(std::env::var_os("OUT_DIR").expect("cargo sets OUT_DIR")).join("azp-init");
     let rustc = std::env::var_os("RUSTC").unwrap_or_else(|| "rustc".into());
@@ -50,7 +50,7 @@ fn build_init() {
         .unwrap_or_else(|e| panic!("cannot run {}: {e}", Path::new(&rustc).display()));
     assert!(
         status.success(),
-        "compiling the jobs' init (src/init/main.rs) failed: a static glibc is needed \
+        "compiling the jobs' init (src/sys/init/main.rs) failed: a static glibc is needed \
          (Debian: apt-get install libc6-dev, see scripts/setup.sh)"
     );
     let bytes = std::fs::read(&out).expect("the init just built");

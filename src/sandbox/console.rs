@@ -163,7 +163,6 @@ mod tests {
     //! The relay over a real pty pair standing in for the job's (no root needed): its
     //! slave side plays the job.
     use super::*;
-    use std::os::fd::FromRawFd;
 
     fn pipe() -> (std::fs::File, std::fs::File) {
         let (r, w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).unwrap();
@@ -210,8 +209,7 @@ mod tests {
         let (out_r, out_w) = pipe();
         let user_slave = user.slave;
         let master = job.master;
-        // SAFETY: a dup of the job's slave, owned by this test.
-        let probe = unsafe { OwnedFd::from_raw_fd(nix::unistd::dup(job.slave.as_raw_fd()).unwrap()) };
+        let probe = job.slave.try_clone().unwrap();
         let relay = std::thread::spawn(move || {
             Relay { master, input: user_slave.as_fd(), output: out_w.as_fd() }.run().unwrap();
         });

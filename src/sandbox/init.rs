@@ -1,4 +1,4 @@
-//! The jobs' init (the program is `src/init/main.rs`; build.rs compiles it): embedded in
+//! The jobs' init (the program is `src/sys/init/main.rs`; build.rs compiles it): embedded in
 //! this binary, written once into the home's cache under a name made from its content,
 //! mode 0555 (the job's user, whatever host id it maps to, can run it; nobody can change
 //! it), and bound read-only into every job at [`PATH_IN_JOB`], where it runs as pid 1
@@ -95,7 +95,7 @@ pub fn args(command: &[String]) -> Vec<String> {
 
 /// The init program itself, compiled into these tests too (its pure parts).
 #[cfg(test)]
-#[path = "../init/main.rs"]
+#[path = "../sys/init/main.rs"]
 #[allow(dead_code)]
 mod program;
 
@@ -106,8 +106,8 @@ mod tests {
     //! kernel then ends the rest of the job.
     use super::*;
     use std::io::Read;
-    use std::os::fd::{AsRawFd, OwnedFd};
-    use std::os::unix::process::{CommandExt, ExitStatusExt};
+    use std::os::fd::OwnedFd;
+    use std::os::unix::process::ExitStatusExt;
     use std::process::{Command, Stdio};
     use std::time::{Duration, Instant};
 
@@ -128,19 +128,7 @@ mod tests {
         let mut cmd = Command::new(&i.path);
         cmd.args(args).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
         if let Some(fd) = lifeline {
-            let raw = fd.as_raw_fd();
-            // SAFETY: between fork and exec only dup2/fcntl, async-signal-safe; `fd`
-            // stays open in the parent until spawn returns.
-            unsafe {
-                cmd.pre_exec(move || {
-                    if raw == 3 {
-                        libc::fcntl(3, libc::F_SETFD, 0);
-                    } else {
-                        libc::dup2(raw, 3);
-                    }
-                    Ok(())
-                });
-            }
+            crate::sys::lifeline::pass_as_fd3(&mut cmd, &fd);
             let child = cmd.spawn().unwrap();
             drop(fd);
             return child;

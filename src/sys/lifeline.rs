@@ -1,4 +1,4 @@
-//! The job's lifeline (see `src/init/main.rs`): a pipe whose read end the job's init gets
+//! The job's lifeline (see `src/sys/init/main.rs`): a pipe whose read end the job's init gets
 //! as fd 3 and whose write end only the sandbox helper holds. When the helper dies, by
 //! any signal, the kernel closes the write end; the init sees EOF and ends the job at
 //! once. No other process may hold the write end: it is close-on-exec, and the helper
@@ -67,5 +67,25 @@ mod tests {
         let same = high.as_raw_fd();
         assert_eq!(move_above(high).unwrap().as_raw_fd(), same, "already above: untouched");
         drop(r);
+    }
+}
+
+/// Makes `fd` the child's fd 3, where the init reads its lifeline, for a command started
+/// by hand (the init's own tests; jobs get it from libcontainer's preserved fds). `fd`
+/// must stay open in the parent until `cmd` is spawned.
+pub fn pass_as_fd3(cmd: &mut std::process::Command, fd: &OwnedFd) {
+    use std::os::unix::process::CommandExt;
+    let raw = fd.as_raw_fd();
+    // SAFETY: the closure runs between fork and exec and calls only fcntl and dup2, both
+    // async-signal-safe; it allocates nothing. `raw` is open in the child (inherited from
+    // the parent, which keeps `fd` open until spawn returns).
+    unsafe {
+        cmd.pre_exec(move || {
+            let r = if raw == FD { libc::fcntl(FD, libc::F_SETFD, 0) } else { libc::dup2(raw, FD) };
+            if r < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
     }
 }
