@@ -269,8 +269,12 @@ pub fn remove_if_unused(grace: std::time::Duration) -> Result<Option<String>> {
     if !nix::unistd::geteuid().is_root() {
         return Ok(None);
     }
-    let Some(comment) = crate::sys::net::nft_table(TABLE).unwrap_or(None) else { return Ok(None) };
+    if crate::sys::net::nft_table(TABLE).unwrap_or(None).is_none() {
+        return Ok(None);
+    }
     let _lock = lock()?;
+    // Looked up again under the lock: a concurrent gc may have removed it meanwhile.
+    let Some(comment) = crate::sys::net::nft_table(TABLE).unwrap_or(None) else { return Ok(None) };
     // No process that uses the table may be alive (an `exec`, a `run`, their helpers).
     let users = match nix::fcntl::Flock::lock(open_users_lock()?, nix::fcntl::FlockArg::LockExclusiveNonblock) {
         Ok(l) => l,
