@@ -115,21 +115,26 @@ impl Verb for ExecArgs {
 
     /// The job's own exit code.
     fn run(self: Box<Self>, ctx: &Context) -> Result<i32> {
-        azp_sandbox::identity::init(self.job.userns.unwrap_or_default())?;
-        let request = self.request();
-        let outcome = azp_sandbox::sandbox::exec::run(&ctx.home, &ctx.driver_root, &request)?;
-        tracing::debug!(
-            "job {} rootfs={} exit={} duration={:.3}s limits: {}{} cleanup: {}",
-            outcome.id,
-            request.rootfs,
-            outcome.code,
-            outcome.duration.as_secs_f64(),
-            outcome.limits,
-            azp_sandbox::sandbox::limits::disk_note(outcome.disk.as_ref()),
-            outcome.cleanup
-        );
-        Ok(outcome.code)
+        let userns = self.job.userns;
+        run_job(ctx, userns, self.request())
     }
+}
+
+/// One job of `exec` or `shell`: its ids chosen, run, logged; its exit code.
+pub fn run_job(ctx: &Context, userns: Option<azp_sandbox::identity::Choice>, request: ExecRequest) -> Result<i32> {
+    azp_sandbox::identity::init(userns.unwrap_or_default())?;
+    let outcome = azp_sandbox::sandbox::exec::run(&ctx.home, &ctx.driver_root, &request)?;
+    tracing::debug!(
+        "job {} rootfs={} exit={} duration={:.3}s limits: {}{} cleanup: {}",
+        outcome.id,
+        request.rootfs,
+        outcome.code,
+        outcome.duration.as_secs_f64(),
+        outcome.limits,
+        azp_sandbox::sandbox::limits::disk_note(outcome.disk.as_ref()),
+        outcome.cleanup
+    );
+    Ok(outcome.code)
 }
 
 #[cfg(test)]

@@ -25,10 +25,8 @@ impl Verb for ShellArgs {
 
     /// The shell's exit code.
     fn run(self: Box<Self>, ctx: &Context) -> Result<i32> {
-        azp_sandbox::identity::init(self.job.userns.unwrap_or_default())?;
-        let request = self.request();
-        let outcome = azp_sandbox::sandbox::exec::run(&ctx.home, &ctx.driver_root, &request)?;
-        Ok(outcome.code)
+        let userns = self.job.userns;
+        super::exec::run_job(ctx, userns, self.request())
     }
 }
 
