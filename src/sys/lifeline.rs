@@ -51,25 +51,6 @@ pub fn release_read_end() {
     let _ = reserve();
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn pipes_move_above_fd_3_and_the_lifeline_lands_there() {
-        // Test threads share the fd table: work on fds this test made, never on fd 3
-        // itself (another test's files could sit there).
-        let (r, w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).unwrap();
-        let high = move_above(w).unwrap();
-        assert!(high.as_raw_fd() > FD);
-        let flags = fcntl(high.as_raw_fd(), FcntlArg::F_GETFD).unwrap();
-        assert_ne!(flags & libc::FD_CLOEXEC, 0, "still close-on-exec after the move");
-        let same = high.as_raw_fd();
-        assert_eq!(move_above(high).unwrap().as_raw_fd(), same, "already above: untouched");
-        drop(r);
-    }
-}
-
 /// Makes `fd` the child's fd 3, where the init reads its lifeline, for a command started
 /// by hand (the init's own tests; jobs get it from libcontainer's preserved fds). `fd`
 /// must stay open in the parent until `cmd` is spawned.
@@ -87,5 +68,24 @@ pub fn pass_as_fd3(cmd: &mut std::process::Command, fd: &OwnedFd) {
             }
             Ok(())
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pipes_move_above_fd_3_and_the_lifeline_lands_there() {
+        // Test threads share the fd table: work on fds this test made, never on fd 3
+        // itself (another test's files could sit there).
+        let (r, w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).unwrap();
+        let high = move_above(w).unwrap();
+        assert!(high.as_raw_fd() > FD);
+        let flags = fcntl(high.as_raw_fd(), FcntlArg::F_GETFD).unwrap();
+        assert_ne!(flags & libc::FD_CLOEXEC, 0, "still close-on-exec after the move");
+        let same = high.as_raw_fd();
+        assert_eq!(move_above(high).unwrap().as_raw_fd(), same, "already above: untouched");
+        drop(r);
     }
 }
