@@ -254,6 +254,11 @@ impl NetLab {
         self.netns_path(&self.internet)
     }
 
+    /// The fake host's namespace path, for a thread that enters it later ([`enter`]).
+    pub fn host_path(&self) -> PathBuf {
+        self.netns_path(&self.host)
+    }
+
     /// The fake host's abstract unix socket (`@NAME`) and how many connections it took.
     pub fn abstract_name(&self) -> String {
         format!("azp-netlab-{}", self.name)
