@@ -237,3 +237,88 @@ fn t29_job_reaches_the_internet_through_a_proxy_on_the_hosts_loopback_and_nothin
     drop(proxy);
     h.assert_no_residue(&[]);
 }
+
+// ---------------------------------------------------------------------------------------
+// 30. IPv6 on a v4-only job (issue 23): jobs get IPv4 only. A name with an AAAA record as
+// well (the lab's `dual.example`: 198.19.0.1 and 2001:2::1, RFC 5180's benchmarking
+// range) must still work by name, and IPv6 must fail at once, not hang.
+// ---------------------------------------------------------------------------------------
+
+#[test]
+#[cfg_attr(not(test_as_root), ignore = "needs root: creates real sandboxes and network namespaces")]
+fn t30_a_v4_only_job_reaches_a_dual_stack_name_and_has_no_ipv6() {
+    require_root!();
+    let lab = or_skip!(NetLab::new());
+    let h = home("net-v6");
+    let (name, v6) = (netlab::DUAL_NAME, netlab::DUAL_IPV6);
+    // The fake host's own link-local address (its link to the fake internet), where its
+    // server on every address (8081) answers: the control reads it from the fake host.
+    let dev = format!("{}h", lab.name);
+    let o =
+        Command::new("ip").args(["-n", &lab.host, "-6", "-o", "addr", "show", "dev", &dev, "scope", "link"]).output();
+    let text = String::from_utf8_lossy(&o.unwrap().stdout).into_owned();
+    let ll = text.split_whitespace().skip_while(|w| *w != "inet6").nth(1).and_then(|a| a.split('/').next());
+    let ll = ll.unwrap_or_else(|| panic!("no link-local address on the fake host's {dev}: {text}")).to_string();
+    let get_raw = |nc: &str, at: &str| {
+        format!("printf 'GET / HTTP/1.0\\r\\n\\r\\n' | timeout 3 {nc} {at} {} 2>&1", netlab::HOST_ANY_PORT)
+    };
+    let control =
+        lab.host_command("sh", None).arg("-c").arg(get_raw("busybox nc", &format!("{ll}%{dev}"))).output().unwrap();
+    let control = String::from_utf8_lossy(&control.stdout);
+    assert!(control.contains(HOST_BODY), "the fake host's {ll}%{dev}:8081 must answer there: {control}");
+    let script = format!(
+        "echo aaaa=$(timeout 5 nslookup -type=AAAA {name} 2>&1 | grep -c '{v6}'); \
+         echo get=$(timeout 5 wget -q -O- http://{name}/ 2>/dev/null || echo GET-FAILED); \
+         echo v6=$(timeout 5 nc {v6} 80 </dev/null 2>&1; echo rc=$?); \
+         echo v6-loopback=$(timeout 5 nc ::1 {} </dev/null 2>&1; echo rc=$?); \
+         echo link-local=$({} | tr '\\r\\n' '  '); \
+         echo addrs=$(ip -6 -o addr show | awk '{{print $2 \"/\" $4}}' | tr '\\n' ' ')",
+        netlab::HOST_LOOPBACK_PORT,
+        get_raw("nc", &format!("{ll}%eth0"))
+    );
+    for (who, opts) in USERS {
+        let out = exec_in(&lab, &h, opts, &script);
+        eprintln!("{who}:\n{out}");
+        assert!(out.contains("aaaa=1\n"), "{who}: the job's resolver answers AAAA: {out}");
+        assert!(out.contains(&format!("get={INTERNET_BODY}\n")), "{who}: by name, over IPv4: {out}");
+        assert!(out.contains("Network is unreachable") && out.contains("v6=nc: "), "{who}: no IPv6 route: {out}");
+        assert!(!out.contains("v6=nc: can't connect to remote host: Network is unreachable rc=124"), "{out}");
+        assert!(!out.contains(HOST_BODY), "{who}: the fake host's link-local address answered: {out}");
+        // Root: no IPv6 address but loopback's on the veth (addr_gen_mode none). Rootless:
+        // the kernel gives pasta's tap a link-local address, but pasta (--ipv4-only)
+        // forwards no IPv6: the fake host's link-local address stays out of reach (above).
+        let addrs = out.lines().find(|l| l.starts_with("addrs=")).unwrap_or("");
+        let want_only = |a: &str| {
+            a.split_whitespace()
+                .all(|x| x == "addrs=lo/::1/128" || x == "lo/::1/128" || (rootless() && x.starts_with("eth0/fe80:")))
+        };
+        assert!(addrs.contains("lo/::1/128") && want_only(addrs), "{who}: IPv6 on loopback only: {out}");
+    }
+    h.assert_no_residue(&[]);
+}
+
+/// Allow entries that are not one IPv4 address (with an optional port): one line each.
+#[test]
+fn t31_allow_entries_that_are_not_an_ipv4_address_get_one_line() {
+    let h = TestHome::new("net-bad-allow");
+    for (entry, want) in [
+        ("10.0.0.0/8", "not a network (list each address)"),
+        ("[2001:2::1]:80", "jobs have IPv4 only"),
+        ("2001:2::1", "jobs have IPv4 only"),
+        ("fe80::/10", "not a network"),
+        ("host.example:80", "use an IPv4 address"),
+    ] {
+        let out =
+            h.command().args(["exec", "--rootfs", "esc", "--network-allow", entry, "--", "true"]).output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{entry}: {err}");
+        assert!(err.contains(&format!("bad --network-allow entry '{entry}'")) && err.contains(want), "{entry}: {err}");
+    }
+    let cfg = h.dir.join("config.toml");
+    std::fs::write(&cfg, "url = \"https://dev.azure.com/o\"\npool = \"p\"\nnetwork_allow = [\"10.0.0.0/8\"]\n")
+        .unwrap();
+    let out = h.command().args(["run", "--config"]).arg(&cfg).arg("--token-file=/nonexistent").output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("bad network_allow entry '10.0.0.0/8'") && err.contains("not a network"), "{err}");
+    assert_eq!(err.lines().filter(|l| l.contains("error")).count(), 1, "{err}");
+}
