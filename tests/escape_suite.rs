@@ -23,6 +23,8 @@ mod common;
 mod identity;
 #[path = "escape/network.rs"]
 mod network;
+#[path = "escape/network_proxy.rs"]
+mod network_proxy;
 #[path = "escape/review.rs"]
 mod review;
 use common::digest::{hex, sha256_file, sha256_hex};
