@@ -10,7 +10,7 @@
 # job of every test gets a disk quota there. Only target/guest/out is written back.
 #
 #   sudo scripts/guest-tests.sh [TEST[:FILTER] ...]   default: escape_suite sandbox_exec
-#        e.g. escape_suite:exhaust sandbox_exec:limit  (FILTER: libtest's name filter)
+#        e.g. escape_suite:exhaust sandbox_exec:bomb,memory  (FILTER: libtest's name filters)
 #   sudo scripts/guest-tests.sh --bench N      the disk quota's cost: N interleaved rounds of
 #                                              `exec -- true` (release build), a home with
 #                                              project quotas against one without
@@ -112,6 +112,7 @@ cat > guest.sh <<EOF
 mount -t proc proc /proc; mount -t sysfs sys /sys; mount -t devtmpfs dev /dev
 mount -t 9p -o trans=virtio,version=9p2000.L,msize=512000 out $g/out
 mkdir -p /lib/modules && mount --bind $g/k/lib/modules /lib/modules
+modprobe loop  # /dev/loop-control appears only once it is loaded (no udev to make it)
 echo "booted in \$(cut -d' ' -f1 /proc/uptime) s" > $g/out/boot.txt
 mkdir -p /dev/pts /dev/shm; mount -t devpts devpts /dev/pts; mount -t tmpfs tmpfs /dev/shm
 mount -t tmpfs tmpfs /run; mount -t tmpfs tmpfs /tmp; mount -t cgroup2 cgroup2 /sys/fs/cgroup
@@ -120,8 +121,9 @@ export HOME=/root PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/
 mount -o prjquota /dev/vda $repo/target/tmp || echo "mount -o prjquota of target/tmp failed" > $g/out/env.txt
 cd $repo
 { uname -r; echo "cgroup2 controllers: \$(cat /sys/fs/cgroup/cgroup.controllers)"; findmnt -no FSTYPE,OPTIONS $repo/target/tmp; } >> $g/out/env.txt 2>&1
+[ -s $g/cmd.sh ] && sh $g/cmd.sh > $g/out/cmd.log 2>&1
 for t in $tests; do
-  name=\${t%%:*} filter=\${t#*:}; [ "\$filter" = "\$t" ] && filter=""
+  name=\${t%%:*} filter=\${t#*:}; [ "\$filter" = "\$t" ] && filter="" || filter=\$(echo "\$filter" | tr , ' ')
   bin=\$(ls -t target/debug/deps/\$name-* | grep -v '\.d\$' | head -1)
   s=\$(cut -d' ' -f1 /proc/uptime)
   timeout 3000 \$bin --test-threads=2 \$filter > $g/out/\$name.log 2>&1; echo "exit \$? after \$(awk -v s=\$s '{print int(\$1-s)}' /proc/uptime) s" >> $g/out/\$name.log
@@ -135,6 +137,8 @@ sync; echo 1 > /proc/sys/kernel/sysrq; echo o > /proc/sysrq-trigger
 sleep 60  # the power-off is asynchronous: pid 1 must not exit first (a panic)
 EOF
 rm -rf out && mkdir out
+# AZP_GUEST_CMD: a shell command the guest runs before the tests (output: out/cmd.log).
+rm -f cmd.sh; [ -z "${AZP_GUEST_CMD:-}" ] || printf '%s\n' "$AZP_GUEST_CMD" > cmd.sh
 accel=${AZP_GUEST_ACCEL:-tcg}
 cpu=max; [ "$accel" = kvm ] && cpu=host
 timeout 5400 qemu-system-x86_64 -accel "$accel" -cpu "$cpu" -m 4096 -smp "${AZP_GUEST_SMP:-2}" -nographic -no-reboot -nic none \
@@ -146,5 +150,6 @@ timeout 5400 qemu-system-x86_64 -accel "$accel" -cpu "$cpu" -m 4096 -smp "${AZP_
 rm -f quota.img plain.img
 cat out/boot.txt out/env.txt 2>/dev/null || { echo "the guest did not start its script: see $g/console.log"; tail -20 console.log; }
 echo "wall: $(( $(date +%s) - start )) s"
-for f in out/*.log; do echo "== $f"; grep -E '^test .*(ok|FAILED)$|^test result|^exit|median' "$f" || tail -5 "$f"; done
+[ -s out/cmd.log ] && { echo "== out/cmd.log"; cat out/cmd.log; }
+for f in out/*.log; do [ "$f" = out/cmd.log ] || [ "$f" = out/skips.log ] && continue; echo "== $f"; grep -E '^test .*(ok|FAILED)$|^test result|^exit|median' "$f" || tail -5 "$f"; done
 [ -s out/skips.log ] && { echo "== skipped"; cat out/skips.log; }
