@@ -126,7 +126,7 @@ for t in $tests; do
   name=\${t%%:*} filter=\${t#*:}; [ "\$filter" = "\$t" ] && filter="" || filter=\$(echo "\$filter" | tr , ' ')
   bin=\$(ls -t target/debug/deps/\$name-* | grep -v '\.d\$' | head -1)
   s=\$(cut -d' ' -f1 /proc/uptime)
-  timeout 3000 \$bin --test-threads=2 \$filter > $g/out/\$name.log 2>&1; echo "exit \$? after \$(awk -v s=\$s '{print int(\$1-s)}' /proc/uptime) s" >> $g/out/\$name.log
+  timeout 3000 \$bin --test-threads=2 ${AZP_GUEST_TEST_ARGS:-} \$filter > $g/out/\$name.log 2>&1; echo "exit \$? after \$(awk -v s=\$s '{print int(\$1-s)}' /proc/uptime) s" >> $g/out/\$name.log
 done
 if [ -n "$bench" ]; then
   mkdir -p /mnt/plain && mount /dev/vdb /mnt/plain
@@ -137,6 +137,7 @@ sync; echo 1 > /proc/sys/kernel/sysrq; echo o > /proc/sysrq-trigger
 sleep 60  # the power-off is asynchronous: pid 1 must not exit first (a panic)
 EOF
 rm -rf out && mkdir out
+# AZP_GUEST_TEST_ARGS: more libtest arguments (e.g. --nocapture).
 # AZP_GUEST_CMD: a shell command the guest runs before the tests (output: out/cmd.log).
 rm -f cmd.sh; [ -z "${AZP_GUEST_CMD:-}" ] || printf '%s\n' "$AZP_GUEST_CMD" > cmd.sh
 accel=${AZP_GUEST_ACCEL:-tcg}
