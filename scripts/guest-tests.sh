@@ -137,12 +137,13 @@ sync; echo 1 > /proc/sys/kernel/sysrq; echo o > /proc/sysrq-trigger
 sleep 60  # the power-off is asynchronous: pid 1 must not exit first (a panic)
 EOF
 rm -rf out && mkdir out
+# AZP_GUEST_TIMEOUT: seconds before the guest is killed (default 5400).
 # AZP_GUEST_TEST_ARGS: more libtest arguments (e.g. --nocapture).
 # AZP_GUEST_CMD: a shell command the guest runs before the tests (output: out/cmd.log).
 rm -f cmd.sh; [ -z "${AZP_GUEST_CMD:-}" ] || printf '%s\n' "$AZP_GUEST_CMD" > cmd.sh
 accel=${AZP_GUEST_ACCEL:-tcg}
 cpu=max; [ "$accel" = kvm ] && cpu=host
-timeout 5400 qemu-system-x86_64 -accel "$accel" -cpu "$cpu" -m 4096 -smp "${AZP_GUEST_SMP:-2}" -nographic -no-reboot -nic none \
+timeout "${AZP_GUEST_TIMEOUT:-5400}" qemu-system-x86_64 -accel "$accel" -cpu "$cpu" -m 4096 -smp "${AZP_GUEST_SMP:-2}" -nographic -no-reboot -nic none \
   -kernel vmlinuz -initrd initrd.cpio -append "console=ttyS0 panic=-1 azp.script=$g/guest.sh" \
   -virtfs local,path=/,mount_tag=host,security_model=passthrough,id=host,multidevs=remap,readonly=on \
   -virtfs local,path="$g/out",mount_tag=out,security_model=passthrough,id=out \
