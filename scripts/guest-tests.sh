@@ -15,10 +15,17 @@
 #                                              `exec -- true` (release build), a home with
 #                                              project quotas against one without
 #
-# Needs qemu-system-x86 (scripts/setup.sh), and the Debian mirror once (the kernel package
-# is cached in target/guest). TCG by default: nested KVM hung in early boot on the test VM
-# (AZP_GUEST_ACCEL=kvm to try it elsewhere). Results: target/guest/out/*.log, the guest's
-# serial console: target/guest/console.log. docs/testing.md has what it proved and timings.
+# Environment: AZP_GUEST_FS=ext4|xfs (target/tmp's filesystem), AZP_GUEST_TEST_ARGS (more
+# libtest arguments, e.g. --nocapture), AZP_GUEST_CMD (a shell command the guest runs
+# before the tests, output in out/cmd.log), AZP_GUEST_TIMEOUT (seconds, default 5400),
+# AZP_GUEST_SMP (default 2), AZP_GUEST_ACCEL (tcg|kvm). Exit status 0 only when every
+# test binary exited 0. `--bench` needs a release build (cargo build --release).
+#
+# Needs qemu-system-x86, kmod and xfsprogs (scripts/setup.sh), and the Debian mirror once
+# (the kernel package is cached in target/guest). TCG by default: nested KVM hung in early
+# boot on the test VM (AZP_GUEST_ACCEL=kvm to try it elsewhere). Results:
+# target/guest/out/*.log; the guest's serial console: target/guest/console.log.
+# docs/testing.md says what it proved, with timings.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 repo=$(pwd)
@@ -29,8 +36,9 @@ bench=""
 if [ "${1:-}" = "--bench" ]; then bench=${2:?--bench N}; shift 2; fi
 tests=${*:-escape_suite sandbox_exec}
 
-# 1. Debian's kernel and the modules the guest needs (virtio, 9p, ext4 + quota, loop, overlay).
-if [ ! -f vmlinuz ]; then
+# 1. Debian's kernel and an initrd that mounts / (virtio, 9p, overlay); again when this
+# script is newer than the initrd.
+if [ ! -f vmlinuz ] || [ ! -f initrd.cpio ] || [ "$repo/scripts/guest-tests.sh" -nt initrd.cpio ]; then
   apt-get download "$(apt-cache depends linux-image-amd64 | awk '/Depends: linux-image-[0-9]/{print $2; exit}')"
   rm -rf k && mkdir k && dpkg-deb -x linux-image-*.deb k && rm -f linux-image-*.deb
   # All modules stay (bound at /lib/modules in the guest, for what the tests modprobe:
@@ -124,7 +132,8 @@ cd $repo
 [ -s $g/cmd.sh ] && sh $g/cmd.sh > $g/out/cmd.log 2>&1
 for t in $tests; do
   name=\${t%%:*} filter=\${t#*:}; [ "\$filter" = "\$t" ] && filter="" || filter=\$(echo "\$filter" | tr , ' ')
-  bin=\$(ls -t target/debug/deps/\$name-* | grep -v '\.d\$' | head -1)
+  bin=\$(ls -t target/debug/deps/\$name-* 2>/dev/null | grep -v '\.d\$' | head -1)
+  [ -n "\$bin" ] || { echo "no test binary \$name in target/debug/deps: cargo build --tests (as root)" > $g/out/\$name.log; continue; }
   s=\$(cut -d' ' -f1 /proc/uptime)
   timeout 3000 \$bin --test-threads=2 ${AZP_GUEST_TEST_ARGS:-} \$filter > $g/out/\$name.log 2>&1; echo "exit \$? after \$(awk -v s=\$s '{print int(\$1-s)}' /proc/uptime) s" >> $g/out/\$name.log
 done
@@ -137,9 +146,6 @@ sync; echo 1 > /proc/sys/kernel/sysrq; echo o > /proc/sysrq-trigger
 sleep 60  # the power-off is asynchronous: pid 1 must not exit first (a panic)
 EOF
 rm -rf out && mkdir out
-# AZP_GUEST_TIMEOUT: seconds before the guest is killed (default 5400).
-# AZP_GUEST_TEST_ARGS: more libtest arguments (e.g. --nocapture).
-# AZP_GUEST_CMD: a shell command the guest runs before the tests (output: out/cmd.log).
 rm -f cmd.sh; [ -z "${AZP_GUEST_CMD:-}" ] || printf '%s\n' "$AZP_GUEST_CMD" > cmd.sh
 accel=${AZP_GUEST_ACCEL:-tcg}
 cpu=max; [ "$accel" = kvm ] && cpu=host
@@ -155,3 +161,7 @@ echo "wall: $(( $(date +%s) - start )) s"
 [ -s out/cmd.log ] && { echo "== out/cmd.log"; cat out/cmd.log; }
 for f in out/*.log; do [ "$f" = out/cmd.log ] || [ "$f" = out/skips.log ] && continue; echo "== $f"; grep -E '^test .*(ok|FAILED)$|^test result|^exit|median' "$f" || tail -5 "$f"; done
 [ -s out/skips.log ] && { echo "== skipped"; cat out/skips.log; }
+# Every test binary asked for must have run and exited 0.
+status=0
+for t in $tests; do grep -q '^exit 0 ' "out/${t%%:*}.log" 2>/dev/null || status=1; done
+exit $status
