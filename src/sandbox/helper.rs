@@ -149,9 +149,7 @@ fn run(
     container.prepare_stdio()?;
     sys.clear_groups()?;
     sys.private_mount_namespace()?;
-    let plan = super::network::enter(plan, job, sys)?;
-    let cgroup_owner = enter_job_cgroup(&plan, cgroups, sys)?;
-    let mut plan = plan;
+    let mut plan = super::network::enter(plan, job, sys)?;
     // Held (locked against gc) until this helper exits with the job.
     let _edit_layer = if editlayer::wanted(&plan.edits) {
         let layer = editlayer::obtain(home, &plan, sys)?;
@@ -182,6 +180,12 @@ fn run(
     // Held (gc leaves those snapshots) until this helper exits with the job.
     let _snapshots = cachemount::mount_all(&plan, job, sys, userns.as_ref().map(|n| n.as_fd()), (uid, gid))?;
     tracing::debug!(job = %plan.id, "overlay mounted");
+    // The cgroup last, right before the container: the kernel makes the first move of a
+    // process into a cgroup after a quiet spell wait for an RCU grace period (5-15 ms
+    // here), and the moves that follow within about a grace period do not wait. Joined
+    // here, libcontainer's move of the job's init into its leaf comes within that window;
+    // joined before the mounts, it often came after it and waited a second time.
+    let cgroup_owner = enter_job_cgroup(&plan, cgroups, sys)?;
 
     let mut spec = spec::build(&plan, &merged, &cgroup_owner)?;
     if !plan.caches.is_empty() {
@@ -401,9 +405,9 @@ mod tests {
                 "prepare_stdio".into(),
                 "clear_groups".into(),
                 "private_mount_namespace".into(),
+                format!("mount_overlay {}", self.job.merged().display()),
                 format!("join_cgroup {} {}", cg("memory"), cg("unified")),
                 "hide_cgroupfs".into(),
-                format!("mount_overlay {}", self.job.merged().display()),
                 "create".into(),
                 "start_and_wait".into(),
                 "delete".into(),
@@ -445,7 +449,7 @@ mod tests {
         let rec = Recorder::default();
         s.run(&rec, None, None);
         let mut want = s.steps();
-        let at = want.iter().position(|c| c == "create").unwrap();
+        let at = s.pos("join_cgroup");
         let host = s._t.path().join("nvme/hp-1");
         want.insert(at, format!("give_dir {} 1000:1001", host.display()));
         assert_eq!(rec.calls(), want);
@@ -541,8 +545,12 @@ mod tests {
         let rec = Recorder::default();
         s.run(&rec, None, None);
         let calls = rec.calls();
-        let after_ns = s.pos("private_mount_namespace") + 1;
-        assert!(calls[after_ns].starts_with("join_cgroup ") && calls[after_ns + 1] == "hide_cgroupfs", "{calls:?}");
+        // Last before the container (see `run`).
+        let before_create = calls.iter().position(|c| c == "create").unwrap();
+        assert!(
+            calls[before_create - 2].starts_with("join_cgroup ") && calls[before_create - 1] == "hide_cgroupfs",
+            "{calls:?}"
+        );
         // Rootless without one: only hidden.
         let s = setup(|p, _| {
             p.rootless = true;
@@ -550,7 +558,10 @@ mod tests {
         });
         let rec = Recorder::default();
         s.run(&rec, None, None);
-        assert_eq!(rec.calls()[after_ns], "hide_cgroupfs");
+        let calls = rec.calls();
+        let before_create = calls.iter().position(|c| c == "create").unwrap();
+        assert_eq!(calls[before_create - 1], "hide_cgroupfs");
+        assert!(!calls.iter().any(|c| c.starts_with("join_cgroup")), "{calls:?}");
         // Root on a host without cgroup2: libcontainer's v1 manager does it all.
         let mut s = setup(|_, _| {});
         s.cgroups.v2_mount = None;
@@ -600,9 +611,9 @@ mod tests {
                 steps.push(format!("chown {} {owner}", cachemount::upper(&s.job, k).display()));
                 steps.push(format!("mount_overlay {}", dir.join(k.to_string()).display()));
             }
-            // After the job's own overlay, before the container.
+            // After the job's own overlay, before the cgroup and the container.
             let calls = rec.calls();
-            let at = calls.iter().position(|c| c == "create").unwrap();
+            let at = calls.iter().position(|c| c.starts_with("join_cgroup")).unwrap();
             assert_eq!(calls[at - steps.len()..at], steps[..], "idmapped={idmapped}");
             assert!(calls[at - steps.len() - 1].starts_with(&format!("mount_overlay {}", s.job.merged().display())));
             // The spec binds each at its path, last (after /tmp and the volumes).
@@ -713,10 +724,10 @@ mod tests {
             format!("remove_tree {}", b.join("work").display()),
             format!("remove_dir {}", b.join("merged").display()),
         ];
-        // Built between the cgroup and the job's overlay, which then has it as its top layer.
+        // Built before the job's overlay, which then has it as its top layer.
         let rec = Recorder::default();
         assert_eq!(s.run(&rec, None, None), HelperResult::Exited { code: 3, signal: None });
-        let at = s.pos("hide_cgroupfs") + 1;
+        let at = s.pos("mount_overlay");
         let mut expected = s.steps();
         expected.splice(at..at, build.iter().cloned());
         assert_eq!(rec.calls(), expected);
@@ -762,7 +773,7 @@ mod tests {
             assert_eq!(s.run(&rec, None, None), HelperResult::Exited { code: 3, signal: None }, "{network}");
             let calls = rec.calls();
             // Right after the private mount namespace (the sysfs is mounted in it), before
-            // the cgroup and the container.
+            // the overlay, the cgroup and the container.
             let mut expected: Vec<String> = net_steps.clone();
             if network != Network::Host {
                 expected.push(format!("mount_job_net_dir {}", s.job.net_dir().display()));
