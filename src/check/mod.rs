@@ -456,7 +456,7 @@ mod tests {
         })
         .unwrap();
         let mut r = Report::default();
-        caches(&mut r, &home, &[decl("pip:/root/.cache/pip"), decl("conda:/opt/conda")], &[mirror.clone()]);
+        caches(&mut r, &home, &[decl("pip:/root/.cache/pip"), decl("conda:/opt/conda")], std::slice::from_ref(&mirror));
         let text: Vec<String> = r.lines.iter().map(|l| format!("{:?} {} {}", l.verdict, l.what, l.text)).collect();
         assert_eq!(text.len(), 4, "{text:?}");
         assert!(
@@ -476,7 +476,7 @@ mod tests {
         std::fs::create_dir_all(mirror.dir(&home).join("objects")).unwrap();
         std::fs::write(mirror.dir(&home).join("config"), "\turl = https://h/big.git\n").unwrap();
         let mut r = Report::default();
-        caches(&mut r, &home, &[], &[mirror.clone()]);
+        caches(&mut r, &home, &[], std::slice::from_ref(&mirror));
         let last = &r.lines.last().unwrap().text;
         assert!(
             last.starts_with(&format!("{} (https://h/big.git): ", mirror.name)) && last.ends_with("never fetched"),
