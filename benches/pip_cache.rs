@@ -161,7 +161,8 @@ fn main() {
         let med = |v: &[(f64, f64)], f: fn(&(f64, f64)) -> f64| {
             let mut x: Vec<f64> = v.iter().map(f).collect();
             x.sort_by(|a, b| a.partial_cmp(b).unwrap());
-            x[x.len() / 2]
+            // An even count: the mean of the middle two.
+            (x[(x.len() - 1) / 2] + x[x.len() / 2]) / 2.0
         };
         let cold = med(&got[0], |x| x.0);
         let what = if venv { "the venv (`/opt/venv`)" } else { "pip's cache (`PIP_CACHE_DIR`), a fresh venv" };
