@@ -6,7 +6,7 @@
 #   the issue's 1000 with AZP_BENCH_JOBS=1000), AZP_BENCH_BIG_JOBS (big jobs per phase,
 #   default 5), AZP_BENCH_ROOTFS (archive to unpack and to pull as a 1-layer image),
 #   AZP_BENCH_UNPACK_RUNS (imports of each kind, default 5), AZP_BENCH_PULL_RUNS (pulls,
-#   default 5).
+#   default 5), AZP_BENCH_PIP=1 (also the pip cache bench, ~15 min).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 rm -rf target/bench-results
@@ -33,6 +33,13 @@ cargo bench --bench agent_churn
 { echo "### Network throughput (\`bench/net_throughput.sh\`, iperf3, 5 interleaved rounds of 5 s)"; echo
   bench/net_throughput.sh target/release/azp-sandbox 5 5; echo; } > target/bench-results/net_throughput.md
 cargo bench --bench git_mirror
+# The pip half of the caches bench: long (~15 min on 2 cores), so only on request; its
+# fixtures are made once (PyPI, debootstrap).
+if [ -n "${AZP_BENCH_PIP:-}" ]; then
+  [ -d target/fixtures/pip-index ] || scripts/fixtures/pip-index.sh
+  [ -s target/fixtures/debian-bookworm-agent-python.tar.zst ] || { cargo build; scripts/fixtures/python-rootfs.sh; }
+  cargo bench --bench pip_cache
+fi
 cgroup=$(stat -fc %T /sys/fs/cgroup/ 2>/dev/null || echo unknown)
 [ "$cgroup" = tmpfs ] && cgroup="v1 (hybrid)" || cgroup="v2"
 {
@@ -53,6 +60,8 @@ cgroup=$(stat -fc %T /sys/fs/cgroup/ 2>/dev/null || echo unknown)
     target/bench-results/agent_churn.md target/bench-results/net_throughput.md
   # Skipped (absent) when its fixtures are missing: see benches/git_mirror.rs.
   cat target/bench-results/git_mirror.md 2>/dev/null || true
+  # Only with AZP_BENCH_PIP=1: see benches/pip_cache.rs.
+  cat target/bench-results/pip_cache.md 2>/dev/null || true
   # The real-GPU section: scripts/gpu-proof.sh --out bench/GPU.md on a GPU machine.
   if [ -f bench/GPU.md ]; then cat bench/GPU.md; echo; fi
   if [ -f bench/NOTES.md ]; then cat bench/NOTES.md; fi

@@ -3,7 +3,7 @@
 # say so). Heavy cases are opt-in: AZP_SANDBOX_HEAVY_TESTS=1 (see CONTRIBUTING.md).
 #
 # Two passes: everything as root, then the rootless pass: the escape suite, the rootless
-# tests, the agent runner (both packages) and the GPU sandbox tests as the ordinary user azp-rootless (made by scripts/setup.sh),
+# tests, the caches and git mirror tests, the agent runner (both packages) and the GPU sandbox tests as the ordinary user azp-rootless (made by scripts/setup.sh),
 # with a cgroup subtree delegated to it (scripts/delegate-cgroups.sh).
 #
 # Tests that cannot run here are never counted silently: those needing root are ignored
@@ -47,5 +47,5 @@ if ! runuser -u "$rootless_user" -- test -x target/debug/azp-sandbox; then
 fi
 scripts/delegate-cgroups.sh "$rootless_user" >/dev/null
 AZP_SANDBOX_TEST_USER="$rootless_user" cargo test --locked \
-  --test escape_suite --test rootless --test caches --test agent_runner --test real_agent --test gpu_sandbox -- --test-threads="$threads" \
+  --test escape_suite --test rootless --test caches --test git_mirror --test agent_runner --test real_agent --test gpu_sandbox -- --test-threads="$threads" \
   2>&1 | tee -a "$output"

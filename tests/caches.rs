@@ -273,3 +273,65 @@ fn run_commits_a_trusted_build_and_never_a_pull_request() {
     assert!(st.success(), "{st}");
     h.assert_no_residue(&[]);
 }
+
+/// A trusted job's commit runs after the slot's next agent has started: the commit is
+/// held here on the cache's commit lock (as a concurrent commit would hold it), and the
+/// next agent still configures; its job then waits for the commit and sees the new
+/// snapshot. Told from the fake's registrations and the manager's log, not from timings.
+#[test]
+fn a_commit_does_not_hold_back_the_slots_refill() {
+    require_root!();
+    let lab = or_skip!(netlab::NetLab::new());
+    let fake = common::fake_azure::FakeAzure::start_in(&lab);
+    let h = TestHome::with_busybox("cache-refill");
+    let tf = token_file(&h, &fake.pat());
+    let config = h.dir.join("config.toml");
+    std::fs::write(&config, "[[cache]]\nname = \"pip\"\npath = \"/cache/pip\"\n").unwrap();
+    if let Some(u) = test_user() {
+        for f in [&tf, &config] {
+            nix::unistd::chown(f, Some(u.uid), Some(u.gid)).unwrap();
+        }
+    }
+    let mut cmd = h.lab_command(&lab);
+    cmd.args(["run", "--config", config.to_str().unwrap(), "--pool", "gpu", "--url", &fake.url()])
+        .args(["--token-file", tf.to_str().unwrap()])
+        .args(["--agents", "1", "--gpus-per-agent", "none", "--rootfs", "bb", "--name-prefix", "cacherefill"]);
+    let mgr = ManagerProc::spawn(cmd, h.dir.join("manager.log"));
+    let registrations = || fake.agent("cacherefill-0").map(|a| a.registrations).unwrap_or(0);
+    wait_until("the first agent", Duration::from_secs(60), || registrations() >= 1);
+    // The store exists once a sandbox with the cache was made; its commit lock, held here.
+    let store = h.dir.join("caches/pip");
+    wait_until("the cache's store", Duration::from_secs(30), || store.join("snapshots").exists());
+    let lock_path = store.join("commit.lock");
+    let lock_file = std::fs::File::options().create(true).truncate(false).write(true).open(&lock_path).unwrap();
+    if let Some(u) = test_user() {
+        nix::unistd::chown(&lock_path, Some(u.uid), Some(u.gid)).unwrap();
+    }
+    let held = nix::fcntl::Flock::lock(lock_file, nix::fcntl::FlockArg::LockExclusive).unwrap();
+
+    fake.enqueue_build_job("echo big > /cache/pip/from-main", &[], "refs/heads/main", "individualCI");
+    assert_eq!(fake.wait_results(1, Duration::from_secs(90)).len(), 1, "{}", mgr.log());
+    // The refill: the slot's next agent registers while the commit waits for the lock.
+    wait_until("the next agent's registration", Duration::from_secs(60), || registrations() >= 2);
+    wait_until("the next agent waiting for the commit", Duration::from_secs(60), || {
+        mgr.log().contains("waiting for the previous job's cache commit")
+    });
+    let log = mgr.log();
+    assert!(log.contains("caches: committing (build ") && log.contains("refs/heads/main"), "{log}");
+    assert!(!log.contains("cache pip: committed snapshot"), "the commit was held: {log}");
+    assert_eq!(snapshot(&h, "pip"), 1, "the old snapshot is current while the commit waits");
+
+    drop(held);
+    wait_until("the commit", Duration::from_secs(60), || mgr.log().contains("cache pip: committed snapshot 2"));
+    fake.enqueue_job("echo seen=$(ls /cache/pip)");
+    let r = fake.wait_results(2, Duration::from_secs(90));
+    assert_eq!(r.len(), 2, "{}", mgr.log());
+    assert!(r[1].output.contains("seen=from-main"), "the next job sees the new snapshot: {}", r[1].output);
+    let log = mgr.log();
+    let at = |needle: &str| log.find(needle).unwrap_or_else(|| panic!("no '{needle}' in: {log}"));
+    assert!(at("waiting for the previous job's cache commit") < at("cache pip: committed snapshot 2"), "{log}");
+    assert!(at("cache pip: committed snapshot 2") < at("the previous job's cache commit is over"), "{log}");
+    let st = mgr.stop();
+    assert!(st.success(), "{st}");
+    h.assert_no_residue(&[]);
+}

@@ -3,7 +3,8 @@
 //! clone` of that repository takes its objects from the mirror (read-only, as git
 //! alternates) instead of the remote. Counted by what the clone had to store itself: the
 //! objects it fetched. Also: the timer refreshes the mirror, a failed fetch keeps it, and
-//! a job cannot write it.
+//! a job cannot write it. Root pass, and the rootless pass of scripts/test.sh (the same
+//! tests, `run` as the ordinary user `AZP_SANDBOX_TEST_USER`).
 
 mod common;
 use common::fake_azure::FakeAzure;
@@ -163,6 +164,11 @@ fn jobs_clone_from_the_mirror_which_the_timer_refreshes_and_jobs_cannot_write() 
     };
     let mgr = ManagerProc::spawn(cmd, h.dir.join("manager.log"));
     wait_until("the mirror's first fetch", Duration::from_secs(60), || mirror_head(&h.dir) == first_head);
+    // Rootless pass (scripts/test.sh): the manager, its keeper and the jobs ran as the
+    // ordinary user, whose mirror this is.
+    let mirrors = std::fs::metadata(h.dir.join("git-mirrors")).unwrap();
+    let owner = test_user().map(|u| u.uid.as_raw()).unwrap_or(0);
+    assert_eq!(std::os::unix::fs::MetadataExt::uid(&mirrors), owner, "the mirror belongs to the manager's user");
 
     // With the mirror, then without it (the same clone, the alternates unset): what each
     // clone had to fetch itself.

@@ -10,7 +10,7 @@
 //! explicit request.
 
 pub mod commit;
-mod size;
+pub mod size;
 pub mod store;
 pub mod trust;
 

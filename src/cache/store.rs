@@ -314,7 +314,26 @@ pub fn render(all: &[Summary]) -> String {
     out
 }
 
-fn age(secs: u64) -> String {
+impl Summary {
+    /// The cache in one line (`check`).
+    pub fn line(&self) -> String {
+        let committed = match (self.age_secs, &self.last_committer) {
+            (Some(a), Some(job)) => format!("committed {} by job {job}", age(a)),
+            (Some(a), None) => format!("committed {}", age(a)),
+            _ => "never committed".into(),
+        };
+        format!(
+            "{}: snapshot {}, {}, {committed}, {} hit(s)",
+            self.name,
+            self.snapshot,
+            crate::config::human_size(self.size_bytes),
+            self.hits
+        )
+    }
+}
+
+/// "42s ago", "5m ago", "3h ago", "2d ago".
+pub fn age(secs: u64) -> String {
     match secs {
         s if s < 120 => format!("{s}s ago"),
         s if s < 7200 => format!("{}m ago", s / 60),

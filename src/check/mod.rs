@@ -10,6 +10,7 @@ use crate::agent::preflight::{self, UserRule};
 use crate::azure::AzureClient;
 use crate::config::Home;
 use crate::manager::startup;
+use crate::mirror::MirrorSpec;
 use crate::settings::{self, Env, FlagSettings, RunSettings};
 use anyhow::Result;
 use std::fmt::Write as _;
@@ -130,7 +131,42 @@ pub fn local(report: &mut Report, inputs: &Inputs) -> Option<RunSettings> {
     rootfs(report, inputs.home, &s, gpus.as_ref().map(|(d, split)| (d, split.as_slice())));
     volumes(report, &s);
     disk_quota(report, inputs.home, &s);
+    caches(report, inputs.home, &s.caches, &s.git_mirrors);
     Some(s)
+}
+
+/// Each declared cache and git mirror as `status` shows it (size, snapshot age, last
+/// committer job, hits; a mirror's last fetch), and caches left on disk undeclared.
+fn caches(report: &mut Report, home: &Home, declared: &[crate::cache::CacheDecl], git_mirrors: &[MirrorSpec]) {
+    let on_disk = crate::cache::store::summaries(home);
+    for d in declared {
+        match on_disk.iter().find(|c| c.name == d.name) {
+            Some(c) => report.add(Verdict::Ok, "cache", format!("{} at {}", c.line(), d.path.display())),
+            None => report.add(
+                Verdict::Ok,
+                "cache",
+                format!("{} at {}: empty until a job makes it", d.name, d.path.display()),
+            ),
+        }
+    }
+    for c in on_disk.iter().filter(|c| !declared.iter().any(|d| d.name == c.name)) {
+        report.add(
+            Verdict::Warn,
+            "cache",
+            format!("{}: not in the config (no job gets it); `azp-sandbox cache rm {}` frees it", c.line(), c.name),
+        );
+    }
+    let mirrors = crate::mirror::summary::summaries(home);
+    for spec in git_mirrors {
+        match mirrors.iter().find(|m| m.name == spec.name) {
+            Some(m) => report.add(Verdict::Ok, "git mirror", m.line()),
+            None => report.add(
+                Verdict::Ok,
+                "git mirror",
+                format!("{} ({}): not made yet: `run` makes and fetches it at start", spec.name, spec.url),
+            ),
+        }
+    }
 }
 
 /// The config file's keys (and the `[setuid]` table's), with the nearest valid key for a
@@ -405,5 +441,51 @@ mod tests {
         config_file(&mut r, Some(&tmp.path().join("nope.toml")));
         assert_eq!(r.lines[0].verdict, Verdict::Fail);
         assert!(r.lines[0].text.contains("check --config"), "{:?}", r.lines);
+    }
+
+    #[test]
+    fn each_cache_and_git_mirror_is_a_line() {
+        let tmp = tempfile::tempdir().unwrap();
+        let home = Home::new(tmp.path());
+        let decl = |s: &str| s.parse::<crate::cache::CacheDecl>().unwrap();
+        let store = crate::cache::store::dir(&home, "pip");
+        crate::cache::store::ensure(&store).unwrap();
+        crate::cache::store::ensure(&crate::cache::store::dir(&home, "old")).unwrap();
+        let upper = tmp.path().join("upper");
+        std::fs::create_dir(&upper).unwrap();
+        std::fs::write(upper.join("wheel"), vec![0u8; 8192]).unwrap();
+        crate::cache::commit::commit(&store, &upper, None, "gpu-0-7", None).unwrap();
+        let mirror = MirrorSpec::from_entry(&crate::mirror::MirrorEntry {
+            url: "https://h/big.git".into(),
+            ..Default::default()
+        })
+        .unwrap();
+        let mut r = Report::default();
+        caches(&mut r, &home, &[decl("pip:/root/.cache/pip"), decl("conda:/opt/conda")], std::slice::from_ref(&mirror));
+        let text: Vec<String> = r.lines.iter().map(|l| format!("{:?} {} {}", l.verdict, l.what, l.text)).collect();
+        assert_eq!(text.len(), 4, "{text:?}");
+        assert!(
+            text[0].starts_with("Ok cache pip: snapshot 2, ")
+                && text[0].contains("ago by job gpu-0-7, 0 hit(s) at /root/.cache/pip"),
+            "{text:?}"
+        );
+        assert_eq!(text[1], "Ok cache conda at /opt/conda: empty until a job makes it");
+        assert!(
+            text[2].starts_with("Warn cache old: snapshot 1, ") && text[2].contains("`azp-sandbox cache rm old`"),
+            "{text:?}"
+        );
+        assert!(
+            text[3].starts_with(&format!("Ok git mirror {} (https://h/big.git): not made yet", mirror.name)),
+            "{text:?}"
+        );
+        std::fs::create_dir_all(mirror.dir(&home).join("objects")).unwrap();
+        std::fs::write(mirror.dir(&home).join("config"), "\turl = https://h/big.git\n").unwrap();
+        let mut r = Report::default();
+        caches(&mut r, &home, &[], std::slice::from_ref(&mirror));
+        let last = &r.lines.last().unwrap().text;
+        assert!(
+            last.starts_with(&format!("{} (https://h/big.git): ", mirror.name)) && last.ends_with("never fetched"),
+            "{last}"
+        );
     }
 }

@@ -59,6 +59,7 @@ impl Report for Status {
     fn add_from_home(&mut self, home: &Home) {
         self.failed_jobs = azp_sandbox::manager::failed::list(home);
         self.caches = azp_sandbox::cache::store::summaries(home);
+        self.mirrors = azp_sandbox::mirror::summary::summaries(home);
     }
 }
 

@@ -55,6 +55,9 @@ pub fn run_slot(shared: Arc<Shared>, cfg: SlotConfig, helper_pid: Arc<AtomicI32>
     let mut last_exit: Option<Instant> = None;
     // The next job's sandbox, built while the current job runs (dropped = cancelled).
     let mut prepared: Option<Sandbox> = None;
+    // The previous job's cache commit, running in its clean-up thread: done (or gone)
+    // when this receiver's sender is dropped.
+    let mut committing: Option<CommitDone> = None;
     shared.update_slot(cfg.index, |s| {
         s.agent = cfg.agent_name.clone();
         s.gpus = cfg.gpu_names.clone();
@@ -70,7 +73,8 @@ pub fn run_slot(shared: Arc<Shared>, cfg: SlotConfig, helper_pid: Arc<AtomicI32>
             }
         }
         seq += 1;
-        match one_job(&shared, &cfg, seq, &helper_pid, &ledger, &mut last_exit, &mut prepared) {
+        let carried = Carried { last_exit: &mut last_exit, prepared: &mut prepared, committing: &mut committing };
+        match one_job(&shared, &cfg, seq, &helper_pid, &ledger, carried) {
             Ok(JobEnd::Ran) => backoff = Backoff(0),
             Ok(JobEnd::UpdateRequired) => {
                 tracing::info!(slot = cfg.index, agent = %cfg.agent_name, "agent asked for an update (exit 4): refreshing the package");
@@ -103,15 +107,28 @@ enum JobEnd {
     Stopped,
 }
 
+/// Dropped (its sender) when a job's cache commit is over, whatever its outcome.
+type CommitDone = std::sync::mpsc::Receiver<()>;
+
+/// What one job hands the slot's next one.
+struct Carried<'a> {
+    /// When the previous agent exited: refill latency is measured from here.
+    last_exit: &'a mut Option<Instant>,
+    /// The next job's sandbox, built while the current job runs.
+    prepared: &'a mut Option<Sandbox>,
+    /// The previous job's cache commit, if it is still running in the background.
+    committing: &'a mut Option<CommitDone>,
+}
+
 fn one_job(
-    shared: &Shared,
+    shared: &Arc<Shared>,
     cfg: &SlotConfig,
     seq: u64,
     helper_pid: &Arc<AtomicI32>,
     ledger: &Arc<std::sync::Mutex<diag::Ledger>>,
-    last_exit: &mut Option<Instant>,
-    prepared: &mut Option<Sandbox>,
+    carried: Carried,
 ) -> anyhow::Result<JobEnd> {
+    let Carried { last_exit, prepared, committing } = carried;
     let plan_for = |seq: u64| {
         let mut plan = cfg.base_plan.clone();
         plan.id = format!("{}-{seq}", cfg.agent_name);
@@ -210,6 +227,9 @@ fn one_job(
         }
     }
     let run = Phase { args: phases::run_args(), env, cwd: Some(phases::agent_dir()), ..Default::default() };
+    // The agent configured meanwhile; its job mounts the caches as the run phase starts,
+    // so it waits for the previous job's commit here: it sees the committed snapshot.
+    wait_for_commit(cfg, &plan.id, committing.take());
     let started = Instant::now();
     let run_start = log.offset();
     let r = sandbox.run(&run, &opts);
@@ -223,9 +243,7 @@ fn one_job(
     let copy = copy_diag(shared, ledger, cfg.index, &plan.id);
     let mut last = vec![];
     let stopping = cfg.stopping(shared);
-    if failure.is_none() && worked && !plan.caches.is_empty() {
-        super::caches::commit_if_trusted(shared, cfg.index, &cfg.agent_name, &mut sandbox);
-    }
+    let commit = failure.is_none() && worked && !plan.caches.is_empty();
     let cleanup = match &failure {
         Some(reason) => {
             sandbox.settle();
@@ -240,7 +258,22 @@ fn one_job(
             // A stopping slot's thread ends next: clean up in the foreground (see above).
             sandbox.teardown(!stopping)
         }
-        None => sandbox.teardown_after(!stopping, copy),
+        None => {
+            // The commit (the trust lookup, then the snapshot) runs in the clean-up's
+            // thread: the slot's next agent configures meanwhile (see `wait_for_commit`).
+            let (done, commit_done) = std::sync::mpsc::channel::<()>();
+            if commit {
+                *committing = Some(commit_done);
+            }
+            let (shared, slot, agent) = (shared.clone(), cfg.index, cfg.agent_name.clone());
+            sandbox.teardown_after(!stopping, move |sb| {
+                copy(&sb.upper());
+                if commit {
+                    super::caches::commit_if_trusted(&shared, slot, &agent, sb);
+                }
+                drop(done);
+            })
+        }
     };
     let r = r?;
     let cleanup = cleanup?;
@@ -278,6 +311,27 @@ fn one_job(
         4 => Ok(JobEnd::UpdateRequired),
         code => anyhow::bail!("run.sh --once exited with {code}{}", joblog::quoted(&last)),
     }
+}
+
+/// Waits until the previous job's cache commit is over (at once when it already is).
+fn wait_for_commit(cfg: &SlotConfig, job: &str, committing: Option<CommitDone>) {
+    let Some(done) = committing else { return };
+    if !matches!(done.try_recv(), Err(std::sync::mpsc::TryRecvError::Empty)) {
+        return;
+    }
+    let t = Instant::now();
+    tracing::info!(
+        slot = cfg.index,
+        job,
+        "agent configured; waiting for the previous job's cache commit before it takes a job"
+    );
+    let _ = done.recv();
+    tracing::info!(
+        slot = cfg.index,
+        job,
+        waited_ms = %format!("{:.0}", t.elapsed().as_secs_f64() * 1e3),
+        "the previous job's cache commit is over; the agent takes jobs"
+    );
 }
 
 /// The header of the job's section in the agent log.

@@ -56,6 +56,7 @@ pub fn start(home: &Home, settings: RunSettings, ready: Ready) -> Result<Running
         scaler: None,
         failed_jobs: vec![],
         caches: vec![],
+        mirrors: vec![],
     };
     let agent_version = ready.package.version.to_string();
     let (configs, shapes) = configs(home, &settings, &ready, &agent_version, job_limits.per_job)?;

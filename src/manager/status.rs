@@ -31,6 +31,9 @@ pub struct Status {
     /// The home's caches (see [`crate::cache`]): read from the home by `status`.
     #[serde(default)]
     pub caches: Vec<crate::cache::store::Summary>,
+    /// The home's git mirrors (see [`crate::mirror`]): read from the home by `status`.
+    #[serde(default)]
+    pub mirrors: Vec<crate::mirror::summary::Summary>,
 }
 
 /// The limits of each job, what their defaults came from, and the warnings of the start
@@ -126,6 +129,7 @@ pub fn render(s: &Status, alive: bool) -> String {
     }
     out.push_str(&super::failed::render(&s.failed_jobs));
     out.push_str(&crate::cache::store::render(&s.caches));
+    out.push_str(&crate::mirror::summary::render(&s.mirrors));
     out
 }
 

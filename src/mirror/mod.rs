@@ -14,6 +14,7 @@
 
 pub mod fetch;
 pub mod keeper;
+pub mod summary;
 
 use crate::config::{Home, Volume};
 use anyhow::{bail, Result};

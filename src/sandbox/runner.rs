@@ -387,19 +387,20 @@ impl Sandbox {
         self.teardown_after(background, |_| {})
     }
 
-    /// [`Sandbox::teardown`] that first calls `first` with the job's upper dir, in the
-    /// thread that cleans up: a copy of what the job left (its logs) costs the caller, a
-    /// slot about to start its next agent, nothing. The job's processes are gone by then.
+    /// [`Sandbox::teardown`] that first calls `first` with this sandbox, in the thread
+    /// that cleans up: a copy of what the job left (its logs, from [`Sandbox::upper`]) or
+    /// a commit of its caches ([`Sandbox::commit_caches`]) costs the caller, a slot about
+    /// to start its next agent, nothing. The job's processes are gone by then.
     pub fn teardown_after(
         mut self,
         background: bool,
-        first: impl FnOnce(&std::path::Path) + Send + 'static,
+        first: impl FnOnce(&mut Sandbox) + Send + 'static,
     ) -> Result<Cleanup> {
         // Backpressure: at most MAX_BACKGROUND clean-ups at once, so jobs that each wrote
         // gigabytes cannot outrun their deletion and fill the disk.
         const MAX_BACKGROUND: usize = 2;
         if background && BACKGROUND_CLEANUPS.fetch_add(1, Ordering::SeqCst) < MAX_BACKGROUND {
-            let sb = Sandbox {
+            let mut sb = Sandbox {
                 home: self.home.clone(),
                 job: self.job.clone(),
                 plan: self.plan.clone(),
@@ -412,7 +413,7 @@ impl Sandbox {
             };
             std::thread::spawn(move || {
                 sys::process::lower_priority_of_this_thread();
-                first(&sb.job.upper());
+                first(&mut sb);
                 if let Err(e) = sb.finish() {
                     tracing::warn!("clean-up failed ({e:#}); `azp-sandbox gc` will retry");
                 }
@@ -423,7 +424,7 @@ impl Sandbox {
         if background {
             BACKGROUND_CLEANUPS.fetch_sub(1, Ordering::SeqCst);
         }
-        first(&self.job.upper());
+        first(&mut self);
         self.finish()
     }
 
