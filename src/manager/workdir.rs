@@ -56,6 +56,20 @@ pub fn prepare(home: &Home, settings: &RunSettings) -> Result<Vec<PathBuf>> {
     Ok(removed)
 }
 
+/// Why the jobs' work dirs under `--work-dir` get no disk quota (one line with the fix),
+/// or None when their filesystem gives them the job's limit (or there is no work dir, or
+/// rootless mode, where the layers' own line says why no quota at all). The limit is
+/// enforced per filesystem: on the work dir's filesystem for the work dir.
+pub fn no_quota(settings: &RunSettings, rootless: bool) -> Option<String> {
+    let given = settings.work_dir.as_ref().filter(|_| !rootless)?;
+    let err = crate::sandbox::limits::node::quota_mechanism(&crate::sys::Real, given).err()?;
+    let fs = nix::sys::statfs::statfs(given.as_path()).map(|s| s.filesystem_type()).ok();
+    Some(format!(
+        "WARNING: the jobs' work dirs (--work-dir) get no disk quota: {}",
+        crate::sandbox::limits::node::quota_why(given, fs, &err)
+    ))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
