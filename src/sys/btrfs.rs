@@ -34,8 +34,6 @@ const BTRFS_QGROUP_LIMIT_MAX_RFER: u64 = 1;
 const BTRFS_QGROUP_LIMIT_MAX_EXCL: u64 = 2;
 /// The inode number of every subvolume's root dir.
 const BTRFS_FIRST_FREE_OBJECTID: u64 = 256;
-/// statfs(2) f_type of btrfs.
-pub const BTRFS_SUPER_MAGIC: i64 = 0x9123_683e;
 
 /// `struct btrfs_ioctl_vol_args`.
 #[repr(C)]
@@ -72,7 +70,7 @@ struct FsInfoArgs {
 
 /// Whether `dir` is on btrfs (statfs, for anyone).
 pub fn is_btrfs(dir: &Path) -> bool {
-    nix::sys::statfs::statfs(dir).is_ok_and(|s| s.filesystem_type().0 as i64 == BTRFS_SUPER_MAGIC)
+    nix::sys::statfs::statfs(dir).is_ok_and(|s| s.filesystem_type() == nix::sys::statfs::BTRFS_SUPER_MAGIC)
 }
 
 /// Whether jobs can get qgroup limits on the filesystem of `dir`: btrfs, with quotas
