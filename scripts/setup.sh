@@ -16,13 +16,16 @@
 #   passt                       jobs' own network in rootless mode (pasta)
 #   dnsmasq-base, iperf3        the network tests' fake host and internet, and the throughput bench
 #   python3                     the git mirror's test repository, bench summaries
+#   qemu-system-x86, kmod       scripts/guest-tests.sh (opt-in): a guest with Debian's kernel; depmod
+#                               for its modules, modprobe inside it (the guest runs the host's /)
+#   e2fsprogs, xfsprogs         the guest's project-quota disks (mkfs.ext4 -O quota,project, mkfs.xfs)
 #   btrfs-progs                 the btrfs disk quota tests (mkfs.btrfs, btrfs quota enable)
 set -euo pipefail
 if [ "$(id -u)" != 0 ]; then exec sudo -E "$0" "$@"; fi
 export DEBIAN_FRONTEND=noninteractive
 pkgs=(build-essential libc6-dev pkg-config libseccomp-dev busybox-static bash-static debootstrap runc zstd uidmap libcap2-bin
       ca-certificates curl git iproute2 procps psmisc docker-registry skopeo apache2-utils umoci
-      nftables passt dnsmasq-base iperf3 python3 btrfs-progs)
+      nftables passt dnsmasq-base iperf3 python3 qemu-system-x86 kmod e2fsprogs xfsprogs btrfs-progs)
 missing=()
 for p in "${pkgs[@]}"; do dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'ok installed' || missing+=("$p"); done
 if [ ${#missing[@]} -gt 0 ]; then

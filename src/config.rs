@@ -431,6 +431,12 @@ impl std::str::FromStr for NetworkAllow {
                 "bad network_allow entry '{s}': use an IPv4 address with an optional port, e.g. 169.254.169.254:80"
             )
         };
+        if s.contains('/') {
+            bail!(
+                "bad network_allow entry '{s}': use an IPv4 address with an optional port, not a network \
+                 (list each address), e.g. 169.254.169.254:80"
+            );
+        }
         if s.contains('[') || s.matches(':').count() > 1 {
             bail!("bad network_allow entry '{s}': jobs have IPv4 only; give an IPv4 address, e.g. 169.254.169.254:80");
         }
@@ -588,6 +594,10 @@ mod tests {
         }
         let e = "[fe80::1]:80".parse::<NetworkAllow>().unwrap_err().to_string();
         assert!(e.contains("IPv4 only"), "{e}");
+        let e = "10.0.0.0/8".parse::<NetworkAllow>().unwrap_err().to_string();
+        assert!(e.contains("not a network (list each address)"), "{e}");
+        let e = "2001:db8::/32".parse::<NetworkAllow>().unwrap_err().to_string();
+        assert!(e.contains("not a network") && !e.contains('\n'), "{e}");
         assert_eq!(parse_subnet("10.87.0.0/16").unwrap().to_string(), "10.87.0.0/16");
         let e = parse_subnet("10.87.1.0/16").unwrap_err().to_string();
         assert!(e.contains("did you mean 10.87.0.0/16?"), "{e}");

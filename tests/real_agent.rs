@@ -176,7 +176,7 @@ fn a_failing_config_sh_is_quoted_in_the_log_line() {
     require_root!();
     // A .NET runtime that needs a library the rootfs lacks (preflight does not know it):
     // config.sh's ldd check fails as it does on a rootfs that lacks a real dependency.
-    let variant = Variant { coreclr_needs: Some("libazp-test-missing.so.1") };
+    let variant = Variant { coreclr_needs: Some("libazp-test-missing.so.1"), ..Variant::default() };
     let p = Pool::new("realcfg", &real_agent::agent_rootfs_tar(), &variant);
     let mgr = p.start("cfg", &["--agents", "1"]);
     wait_until("config.sh's failure in the log", Duration::from_secs(120), || mgr.log().contains("config.sh failed"));
@@ -328,6 +328,28 @@ fn a_drain_cancels_the_running_job_through_the_listener() {
     p.h.assert_no_residue(&[]);
 }
 
+#[test]
+#[cfg_attr(not(test_as_root), ignore = "needs root: creates real sandboxes (CI runs the suite as root)")]
+fn a_job_taken_just_before_a_drain_gets_the_drain_timeout() {
+    require_root!();
+    // The listener shows its job on disk 4 s after taking it: a drain in between must
+    // learn from the server that the agent has a job and let it finish.
+    let p =
+        Pool::new("realtaken", &real_agent::agent_rootfs_tar(), &Variant { dispatch_delay_s: 4, ..Variant::default() });
+    let mgr = p.start("taken", &["--agents", "1", "--drain-timeout", "60"]);
+    p.fake.enqueue_job("echo started\nsleep 1\necho finished");
+    wait_until("the job is taken", Duration::from_secs(180), || p.fake.queued_jobs() == 0);
+    let st = mgr.stop();
+    let log = std::fs::read_to_string(p.h.dir.join("manager.log")).unwrap();
+    assert!(st.success(), "{log}");
+    let results = p.fake.results();
+    assert_eq!(results.len(), 1, "the job was reported: {log}");
+    let r = &results[0];
+    assert_eq!(r.result, "succeeded", "not cancelled at once: {r:?}\n{log}");
+    assert!(r.signal.is_none() && r.output.contains("finished"), "{r:?}");
+    p.h.assert_no_residue(&[]);
+}
+
 // --- the entry scripts on the host (no sandbox): what makes them faithful ---
 
 /// The package unpacked into a temp dir.
@@ -357,7 +379,7 @@ fn as_root_allowed() -> &'static [(&'static str, &'static str)] {
 
 #[test]
 fn the_entry_scripts_refuse_root_and_check_the_dotnet_dependencies() {
-    let pkg = unpacked(&Variant { coreclr_needs: Some("libazp-test-missing.so.1") });
+    let pkg = unpacked(&Variant { coreclr_needs: Some("libazp-test-missing.so.1"), ..Variant::default() });
     let dir = pkg.path();
     if is_root() {
         for (script, says) in

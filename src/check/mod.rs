@@ -117,7 +117,12 @@ pub fn local(report: &mut Report, inputs: &Inputs) -> Option<RunSettings> {
     job_ids(report, &s);
     cgroups(report);
     let net = startup::network(&s);
-    report.result("network", net, |_| format!("--network {} can be set up on this host", s.network.name()));
+    report.result("network", net, |_| match s.network {
+        crate::config::Network::Isolated => {
+            format!("--network isolated can be set up on this host; {}", crate::sandbox::network::ipv6_note())
+        }
+        n => format!("--network {} can be set up on this host", n.name()),
+    });
     let gpus = report.result("gpus", startup::gpus(&s, &inputs.driver_root), |(_, split)| {
         let n: usize = split.iter().map(Vec::len).sum();
         format!("{} slot(s), {n} GPU(s) given to them", split.len())

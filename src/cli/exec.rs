@@ -104,6 +104,7 @@ impl JobArgs {
             command,
             terminal,
             caches: self.caches,
+            host_loopback_proxy: true,
         }
     }
 }

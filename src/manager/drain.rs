@@ -7,19 +7,31 @@
 //! there `--cancel-grace` later is killed (a second signal to the helper: SIGKILL).
 //! The decisions ([`IdleExit`], [`Drain`]) take the time as an argument and are
 //! unit-tested; the loops around them only observe and act.
+//!
+//! "Has a job" is asked of the disk (the listener's Worker log, the job's work folder)
+//! and of the server: the real listener takes a job, renews its request and starts its
+//! worker before anything shows on disk (about a second), and a job in that window must
+//! get the drain timeout too, not a cancel at once. The server's `assignedRequest` of
+//! the slot's agent closes it; it is asked once, when the drain begins, off the drain's
+//! thread ([`ServerLook`]): an unreachable server holds idle slots back at most
+//! [`SERVER_WAIT`], then the disk alone decides.
 
 use super::slots::{job_in_progress, Running};
+use crate::azure::AzureClient;
 use crate::config::Home;
 use crate::sys::signals::wait_timeout as wait_signal;
 use nix::sys::signal::{SigSet, Signal};
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 /// How often the wait looks at the slots (and ticks the autoscaler), and the drain at
 /// the helpers.
 const WAIT_TICK: Duration = Duration::from_millis(500);
 const DRAIN_TICK: Duration = Duration::from_millis(100);
+/// How long the drain waits for the server's word on agents that look idle on disk.
+pub const SERVER_WAIT: Duration = Duration::from_secs(5);
 
 /// Why the wait ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -66,6 +78,7 @@ pub fn drain(sigs: &SigSet, home: &Home, r: &mut Running, stop: Stop) {
     r.shared.stopping.store(true, Ordering::SeqCst);
     r.shared.status.lock().unwrap_or_else(|p| p.into_inner()).stopping = true;
     let mut plan = Drain::new(Instant::now(), timeout, grace);
+    let server = ServerLook::start(r.shared.client.clone(), r.pool_id, r.names.clone());
     while !r.slots.all_finished() {
         let layer_dirs = home.job_layer_dirs();
         let views: Vec<SlotView> = r
@@ -75,7 +88,9 @@ pub fn drain(sigs: &SigSet, home: &Home, r: &mut Running, stop: Stop) {
             .map(|h| SlotView { running: h.thread.is_some(), pid: h.pid.load(Ordering::SeqCst) })
             .collect();
         let work_root = r.shared.work_root();
-        let busy = |i: usize| job_in_progress(&layer_dirs, &r.names[i], work_root.as_deref());
+        let busy = |i: usize| {
+            job_in_progress(&layer_dirs, &r.names[i], work_root.as_deref()) || server.busy(&r.names[i], Instant::now())
+        };
         let forced = || wait_signal(sigs, Duration::ZERO).is_some();
         for act in plan.due(Instant::now(), &views, busy, forced) {
             let name = &r.names[act.slot];
@@ -103,6 +118,54 @@ pub fn drain(sigs: &SigSet, home: &Home, r: &mut Running, stop: Stop) {
         std::thread::sleep(DRAIN_TICK);
     }
     r.slots.reap();
+}
+
+/// The server's answer to "which of these agents has a job assigned", asked once in a
+/// thread of its own (the client retries for up to a minute and a half).
+pub struct ServerLook {
+    asked: Instant,
+    answer: Arc<Mutex<Option<HashSet<String>>>>,
+}
+
+impl ServerLook {
+    pub fn start(client: AzureClient, pool_id: u64, names: Vec<String>) -> ServerLook {
+        let answer = Arc::new(Mutex::new(None));
+        let out = answer.clone();
+        let spawned = std::thread::Builder::new().name("drain-server-look".into()).spawn(move || {
+            let assigned = match client.list_agents(pool_id, None) {
+                Ok(list) => list
+                    .into_iter()
+                    .filter(|a| a.assigned_request.is_some() && names.contains(&a.name))
+                    .map(|a| a.name)
+                    .collect(),
+                Err(e) => {
+                    tracing::warn!(
+                        "drain: cannot ask the server which agents have a job ({e}); the disk alone decides"
+                    );
+                    HashSet::new()
+                }
+            };
+            *out.lock().unwrap_or_else(|p| p.into_inner()) = Some(assigned);
+        });
+        if let Err(e) = spawned {
+            tracing::warn!("drain: cannot start the server look ({e}); the disk alone decides");
+            *answer.lock().unwrap_or_else(|p| p.into_inner()) = Some(HashSet::new());
+        }
+        ServerLook::answered_with(answer)
+    }
+
+    fn answered_with(answer: Arc<Mutex<Option<HashSet<String>>>>) -> ServerLook {
+        ServerLook { asked: Instant::now(), answer }
+    }
+
+    /// Whether `agent` has a job by the server's word; while the answer is out (for at
+    /// most [`SERVER_WAIT`]) every agent counts as busy, so none is cancelled early.
+    pub fn busy(&self, agent: &str, now: Instant) -> bool {
+        match &*self.answer.lock().unwrap_or_else(|p| p.into_inner()) {
+            Some(assigned) => assigned.contains(agent),
+            None => now < self.asked + SERVER_WAIT,
+        }
+    }
 }
 
 /// `--exit-when-idle`: expired once no slot ran a job for `limit`.
@@ -208,6 +271,17 @@ mod tests {
     use super::*;
 
     const UP: SlotView = SlotView { running: true, pid: 100 };
+
+    #[test]
+    fn the_server_look_holds_idle_agents_until_it_answers_or_gives_up() {
+        let answer = Arc::new(Mutex::new(None));
+        let look = ServerLook::answered_with(answer.clone());
+        let t0 = look.asked;
+        assert!(look.busy("a-0", t0), "no answer yet: nobody is cancelled early");
+        assert!(!look.busy("a-0", t0 + SERVER_WAIT), "no answer in time: the disk alone decides");
+        *answer.lock().unwrap() = Some(HashSet::from(["a-1".to_string()]));
+        assert!(!look.busy("a-0", t0) && look.busy("a-1", t0 + SERVER_WAIT * 10));
+    }
 
     #[test]
     fn exit_when_idle_counts_from_the_last_busy_look() {

@@ -50,6 +50,9 @@ pub fn check(home: &Home, settings: &RunSettings, ctx: RunContext) -> Result<Rea
     // Local checks first: a local mistake is reported at once, not after the network's
     // retries (which is all an unreachable server would have said).
     let (net, proxy_env) = network(settings)?;
+    if settings.network == crate::config::Network::Isolated {
+        tracing::info!("jobs' network: {}", crate::sandbox::network::ipv6_note());
+    }
     let (driver, split) = gpus(settings, &ctx.driver_root)?;
     let (rootfs_name, lease) = rootfs(home, settings, &driver)?;
     let compat = cuda_compat(&rootfs_name, &lease, &driver, &split)?;

@@ -39,6 +39,12 @@ pub struct ExecRequest {
     /// `--cache NAME:PATH[:commit]` (see [`crate::cache`]).
     #[serde(default)]
     pub caches: Vec<String>,
+    /// A proxy variable of `env` naming the host's loopback (`http_proxy=http://127.0.0.1:3128`)
+    /// makes that port reachable from the job (see [`super::network::job_proxy_env`]).
+    /// The command line's own `exec` only: never part of a request (setuid mode), whose
+    /// caller must not open the host's loopback ports to jobs.
+    #[serde(skip)]
+    pub host_loopback_proxy: bool,
 }
 
 /// `--name`: it becomes a directory name, the container id and the hostname.
@@ -91,14 +97,22 @@ impl ExecRequest {
 pub fn run(home: &Home, driver_root: &Path, req: &ExecRequest) -> Result<super::JobOutcome> {
     super::prepare_home(home)?;
     let rootless = crate::rootless::mode().rootless;
-    let net = super::network::JobNetwork { allow: req.network_allow.clone(), ..Default::default() };
+    let mut net = super::network::JobNetwork { allow: req.network_allow.clone(), ..Default::default() };
+    let mut env = None;
+    if req.host_loopback_proxy && req.network == Network::Isolated {
+        let (e, ports) = super::network::job_proxy_env(&req.env, &net, rootless);
+        (env, net.host_ports) = (Some(e), ports);
+    }
     super::network::check_host(req.network, &net, rootless)?;
-    if req.network == Network::Isolated && !rootless && !net.allow.is_empty() {
-        // The allowed destinations' elements in the host's table (once per list).
+    if req.network == Network::Isolated && !rootless && !(net.allow.is_empty() && net.host_ports.is_empty()) {
+        // The allowed destinations' and the proxy's elements in the host's table.
         super::network::ensure_table(&net, true)?;
     }
     super::gc_before_job(home).context("gc before exec failed")?.log();
-    let (plan, lease) = prepare(home, driver_root, req)?;
+    let (mut plan, lease) = prepare(home, driver_root, req)?;
+    if let Some(env) = env {
+        (plan.env, plan.net.host_ports) = (env, net.host_ports);
+    }
     let opts = super::RunOptions { forward_signals: true, ..Default::default() };
     let outcome = if plan.caches.iter().any(|c| c.commit) {
         run_and_commit(home, plan, &opts)
@@ -241,6 +255,14 @@ mod tests {
         assert!(!req().terminal, "a request without the field (an older unprivileged side): no terminal");
         let extra = r#"{"rootfs":"bb","privileged":true}"#;
         assert!(serde_json::from_str::<ExecRequest>(extra).is_err(), "unknown fields are refused");
+        // A setuid caller cannot ask for the host's loopback proxy ports: the field is
+        // never sent, and a request that names it is refused.
+        let asked = ExecRequest { host_loopback_proxy: true, ..req() };
+        let json = serde_json::to_string(&asked).unwrap();
+        assert!(!json.contains("host_loopback_proxy"), "{json}");
+        assert!(!serde_json::from_str::<ExecRequest>(&json).unwrap().host_loopback_proxy);
+        let forged = json.replacen('{', r#"{"host_loopback_proxy":true,"#, 1);
+        assert!(serde_json::from_str::<ExecRequest>(&forged).is_err(), "{forged}");
     }
 
     #[test]

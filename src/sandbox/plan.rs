@@ -37,7 +37,7 @@ impl std::fmt::Display for Limits {
     /// One line for logs and `status`: `memory 4.0G, pids 4096, cpus 2, disk 50.0G, /tmp
     /// 4.0G, /dev/shm 2.0G`, "unlimited" where a limit is absent.
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let size = |b: Option<u64>| b.map(super::limits::human_size).unwrap_or_else(|| "unlimited".into());
+        let size = |b: Option<u64>| b.map(crate::config::human_size).unwrap_or_else(|| "unlimited".into());
         let cpus = self.cpus_milli.map(|m| format!("{}", m as f64 / 1000.0)).unwrap_or_else(|| "unlimited".into());
         let pids = self.pids.map(|p| p.to_string()).unwrap_or_else(|| "unlimited".into());
         write!(f, "memory {}, pids {pids}, cpus {cpus}, disk {}", size(self.memory_bytes), size(self.disk_bytes))?;
@@ -47,8 +47,8 @@ impl std::fmt::Display for Limits {
         if let (Some(_), Some(m @ crate::sys::Mechanism::BtrfsQgroup)) = (self.disk_bytes, self.disk_mechanism) {
             write!(f, " ({})", m.name())?;
         }
-        let tmp = self.tmp_bytes.map(super::limits::human_size).unwrap_or_else(|| "half the RAM".into());
-        let shm = self.shm_bytes.map(super::limits::human_size).unwrap_or_else(|| "1.0G".into());
+        let tmp = self.tmp_bytes.map(crate::config::human_size).unwrap_or_else(|| "half the RAM".into());
+        let shm = self.shm_bytes.map(crate::config::human_size).unwrap_or_else(|| "1.0G".into());
         write!(f, ", /tmp {tmp}, /dev/shm {shm}")
     }
 }

@@ -369,6 +369,7 @@ network_allow = ["169.254.169.254:80"]
             command: vec!["true".into()],
             terminal: false,
             caches: vec![],
+            host_loopback_proxy: false,
         }
     }
 

@@ -236,7 +236,9 @@ impl TestHome {
     pub fn assert_no_residue(&self, job_names: &[&str]) {
         let home = self.home();
         let jobs = self.jobs_dir();
-        assert!(!jobs.exists(), "job records left in {}", jobs.display());
+        let left: Vec<_> =
+            std::fs::read_dir(&jobs).map(|r| r.flatten().map(|e| e.file_name()).collect()).unwrap_or_default();
+        assert!(!jobs.exists(), "job records left in {}: {left:?}", jobs.display());
         let layers = home.job_layer_dirs();
         assert!(layers.is_empty(), "job layer dirs left: {layers:?}");
         let trash: Vec<_> =

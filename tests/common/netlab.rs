@@ -7,7 +7,8 @@
 //!  lo 127.0.0.1:8080  HTTP "host-loopback-secret"        lo 198.19.0.1:80   HTTP "internet-ok"
 //!  *:8081              the same, on every address
 //!  lo 127.0.0.53:53   dnsmasq -> 198.19.0.53             lo 198.19.0.53:53  dnsmasq: fake.example
-//!  @azp-netlab-NAME   an abstract unix socket                                = 198.19.0.1
+//!  @azp-netlab-NAME   an abstract unix socket                                = 198.19.0.1, dual.example
+//!                                                                            = 198.19.0.1 and 2001:2::1
 //!  resolv.conf: nameserver 127.0.0.53                    lo 169.254.169.254:80 HTTP "metadata-secret"
 //!  NAMEh 198.18.0.1/30 ----------------- veth ---------- NAMEi 198.18.0.2/30
 //!  default via 198.18.0.2; 169.254.169.254/32 via 198.18.0.2 (only here)
@@ -31,6 +32,9 @@ use std::sync::Arc;
 pub const INTERNET_IP: &str = "198.19.0.1";
 pub const INTERNET_DNS: &str = "198.19.0.53";
 pub const INTERNET_NAME: &str = "fake.example";
+/// A name with an A (INTERNET_IP) and an AAAA record (DUAL_IPV6, no server has it).
+pub const DUAL_NAME: &str = "dual.example";
+pub const DUAL_IPV6: &str = "2001:2::1";
 pub const METADATA_IP: &str = "169.254.169.254";
 pub const HOST_IP: &str = "198.18.0.1";
 pub const HOST_LOOPBACK_PORT: u16 = 8080;
@@ -162,7 +166,14 @@ impl NetLab {
             a.extend(rest.iter().map(|s| s.to_string()));
             a
         };
-        self.server(&i, dnsmasq(INTERNET_DNS, &["--address=/fake.example/198.19.0.1"]))?;
+        // DUAL_NAME has an AAAA record too (RFC 5180's benchmarking range), which no job can
+        // use: a v4-only job must still reach it by name.
+        let dual = [
+            "--address=/fake.example/198.19.0.1".to_string(),
+            format!("--address=/{DUAL_NAME}/198.19.0.1"),
+            format!("--address=/{DUAL_NAME}/{DUAL_IPV6}"),
+        ];
+        self.server(&i, dnsmasq(INTERNET_DNS, &dual.iter().map(String::as_str).collect::<Vec<_>>()))?;
         self.server(&h, dnsmasq("127.0.0.53", &["--server=198.19.0.53"]))?;
         let etc = PathBuf::from("/etc/netns").join(&h);
         std::fs::create_dir_all(&etc).map_err(|e| e.to_string())?;
@@ -252,6 +263,11 @@ impl NetLab {
     /// The path of a namespace, for a thread that enters it later ([`enter`]).
     pub fn internet_path(&self) -> PathBuf {
         self.netns_path(&self.internet)
+    }
+
+    /// The fake host's namespace path, for a thread that enters it later ([`enter`]).
+    pub fn host_path(&self) -> PathBuf {
+        self.netns_path(&self.host)
     }
 
     /// The fake host's abstract unix socket (`@NAME`) and how many connections it took.

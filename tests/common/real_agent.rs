@@ -34,6 +34,9 @@ pub struct Variant {
     /// One more DT_NEEDED of `libcoreclr.so`, a library no rootfs has: config.sh's ldd
     /// check fails as it does for a rootfs missing a real dependency.
     pub coreclr_needs: Option<&'static str>,
+    /// Seconds the listener waits between taking a job and showing it on disk (its
+    /// Worker log): the real one renews the job request and starts its worker first.
+    pub dispatch_delay_s: u32,
 }
 
 /// The package as a `.tar.gz`, written to `dir/vsts-agent-linux-x64-<VERSION>.tar.gz`.
@@ -58,7 +61,14 @@ pub fn package(variant: &Variant) -> Vec<u8> {
     add("config.sh", 0o755, CONFIG_SH.as_bytes());
     add("run.sh", 0o755, RUN_SH.as_bytes());
     add("env.sh", 0o755, ENV_SH.as_bytes());
-    add("bin/Agent.Listener", 0o755, LISTENER.replace("@VERSION@", VERSION).as_bytes());
+    add(
+        "bin/Agent.Listener",
+        0o755,
+        LISTENER
+            .replace("@VERSION@", VERSION)
+            .replace("@DISPATCH_DELAY@", &variant.dispatch_delay_s.to_string())
+            .as_bytes(),
+    );
     for (name, bytes) in &libs {
         add(&format!("bin/{name}"), 0o755, bytes);
     }
@@ -488,6 +498,12 @@ run_job() {
             post_result "$job_id" "hook=$code" /dev/null
             exit "$code" ;;
     esac
+    # Taken: the server shows it assigned, nothing shows on disk yet (a signal now
+    # still cancels the job below, as the real listener does).
+    if [ @DISPATCH_DELAY@ != 0 ]; then
+        sleep @DISPATCH_DELAY@ &
+        wait $!
+    fi
     say "Running job: Job $job_id"
     local worker_log
     worker_log="$root/_diag/Worker_$(date -u +%Y%m%d-%H%M%S)-utc.log"

@@ -410,10 +410,10 @@ fn r06_job_cannot_push_input_into_the_callers_terminal() {
 /// The job's init is what kills the job when its supervisor dies (its lifeline). A job
 /// that seizes its init with ptrace (same uid, no Yama here) and held it stopped used to
 /// outlive `kill -9` of `exec` until `gc` ("root: the job (stopinit: OK) outlived kill -9
-/// of exec by 1 s"): the init is dumpable and runs as the job's user. The seccomp filter
-/// now refuses ptrace and process_vm_writev aimed at pid 1 (`seccomp::init_tamper_rules`);
-/// `PR_SET_DUMPABLE 0` would also close it but hides `/proc/1/root` and `/proc/1/exe` from
-/// the job (t03, t12). The job must die within a second of `kill -9` of its `exec`.
+/// of exec by 1 s"): the init was dumpable and runs as the job's user. The seccomp filter
+/// now refuses ptrace and process_vm_writev aimed at pid 1 (`seccomp::init_tamper_rules`),
+/// and the init is no longer dumpable (r08). The job must die within a second of `kill -9`
+/// of its `exec`.
 #[test]
 #[cfg_attr(not(test_as_root), ignore = "needs root: creates real sandboxes (CI runs the suite as root)")]
 fn r07_a_job_that_stops_its_init_still_dies_with_its_supervisor() {
@@ -453,6 +453,24 @@ fn r07_a_job_that_stops_its_init_still_dies_with_its_supervisor() {
         assert!(left.is_empty(), "{who}: the job ({}) outlived kill -9 of exec by 1 s: {left:?}", line.trim());
         assert_eq!(line.trim(), "stopinit: EPERM", "{who}: the job may not trace its init");
         eprintln!("{who}: {}", line.trim());
+    }
+    h.assert_no_residue(&[]);
+}
+
+/// The lifeline's other hole: a job of the init's uid could open `/proc/1/mem` and
+/// rewrite the init (seccomp cannot tell that open by pid), then outlive its supervisor.
+/// The init is not dumpable: without CAP_SYS_PTRACE the open is refused, while the
+/// job's own processes (the control: /proc/self/mem) stay open to it.
+#[test]
+#[cfg_attr(not(test_as_root), ignore = "needs root: creates real sandboxes (CI runs the suite as root)")]
+fn r08_a_job_cannot_open_its_inits_memory() {
+    require_root!();
+    let h = home("rv-mem");
+    let script =
+        "for p in 1 self; do if (exec 3<>/proc/$p/mem) 2>/dev/null; then echo $p:open; else echo $p:refused; fi; done";
+    for (who, user) in USERS {
+        let out = exec_ok(&h, user, script);
+        assert_eq!(out, "1:refused\nself:open\n", "{who}");
     }
     h.assert_no_residue(&[]);
 }

@@ -274,6 +274,34 @@ pub fn check_host(mode: Network, net: &JobNetwork, rootless: bool) -> Result<()>
     }
 }
 
+/// What jobs get of IPv6 on this host, in words (`check`, `run`'s start): IPv4 only, and
+/// whether the host has an IPv6 default route (which jobs do not get yet).
+pub fn ipv6_note() -> String {
+    let routes = std::fs::read_to_string("/proc/net/ipv6_route").unwrap_or_default();
+    if has_ipv6_default_route(&routes) {
+        "jobs get IPv4 only: this host has an IPv6 default route, but outbound IPv6 for jobs is not supported yet"
+            .into()
+    } else {
+        "jobs get IPv4 only (this host has no IPv6 default route)".into()
+    }
+}
+
+/// A usable default route in the text of `/proc/net/ipv6_route`: destination ::/0, up
+/// (RTF_UP), not a reject route (RTF_REJECT: the kernel's own "unreachable" default),
+/// not on `lo`.
+fn has_ipv6_default_route(text: &str) -> bool {
+    text.lines().any(|l| {
+        let f: Vec<&str> = l.split_whitespace().collect();
+        let flags = f.get(8).and_then(|x| u32::from_str_radix(x, 16).ok()).unwrap_or(0);
+        f.len() == 10
+            && f[0].bytes().all(|b| b == b'0')
+            && f[1] == "00"
+            && flags & 0x1 != 0
+            && flags & 0x200 == 0
+            && f[9] != "lo"
+    })
+}
+
 /// The subnet must not overlap a route or address of the host's (but the jobs' own).
 fn check_subnet(subnet: Ipv4Net) -> Result<()> {
     let links = crate::sys::net::links()?;
@@ -341,6 +369,24 @@ pub fn proxy_env(vars: &[(String, String)], net: &JobNetwork, rootless: bool) ->
         })
         .collect();
     (env, ports)
+}
+
+/// `exec`'s job environment: its proxy variables (`http_proxy`, `HTTPS_PROXY`,
+/// `ALL_PROXY`, any case) as [`proxy_env`] makes them, the rest as it is (a
+/// `DATABASE_URL=http://127.0.0.1:5432` opens nothing).
+pub fn job_proxy_env(env: &[(String, String)], net: &JobNetwork, rootless: bool) -> (Vec<(String, String)>, HostPorts) {
+    let is_proxy = |k: &str| ["http_proxy", "https_proxy", "all_proxy"].iter().any(|p| k.eq_ignore_ascii_case(p));
+    let proxies: Vec<(String, String)> = env.iter().filter(|(k, _)| is_proxy(k)).cloned().collect();
+    let (mut mapped, ports) = proxy_env(&proxies, net, rootless);
+    mapped.reverse();
+    let env = env.iter().map(|(k, v)| {
+        if is_proxy(k) {
+            mapped.pop().unwrap_or((k.clone(), v.clone()))
+        } else {
+            (k.clone(), v.clone())
+        }
+    });
+    (env.collect(), ports)
 }
 
 /// `scheme://[user@]HOST[:PORT][/...]` with HOST on the host's loopback: the host text,
@@ -441,6 +487,50 @@ mod tests {
         assert_eq!((env[0].1.as_str(), ports.len()), ("http://127.0.0.1:3128", 1), "rootless: pasta forwards it");
         assert_eq!(loopback_proxy("https://127.0.0.2"), Some(("127.0.0.2", 443, Ipv4Addr::new(127, 0, 0, 2))));
         assert_eq!(loopback_proxy("http://10.0.0.1:3128"), None);
+    }
+
+    #[test]
+    fn an_ipv6_default_route_is_found_in_proc() {
+        let z = "00000000000000000000000000000000";
+        let unreachable = format!("{z} 00 {z} 00 {z} ffffffff 00000001 00000000 00200200       lo\n");
+        let via =
+            format!("{z} 00 {z} 00 fe800000000000000000000000000001 00000400 00000001 00000000 00450003     eth0\n");
+        let link =
+            format!("fe800000000000000000000000000000 40 {z} 00 {z} 00000100 00000001 00000000 00000001     eth0\n");
+        assert!(!has_ipv6_default_route(&format!("{link}{unreachable}")));
+        assert!(has_ipv6_default_route(&format!("{link}{via}")));
+        assert!(ipv6_note().starts_with("jobs get IPv4 only"));
+    }
+
+    #[test]
+    fn execs_proxy_variables_only_open_the_hosts_loopback() {
+        let env: Vec<(String, String)> = [
+            ("A", "1"),
+            ("http_proxy", "http://127.0.0.1:3128"),
+            ("DATABASE_URL", "http://127.0.0.1:5432"),
+            ("ALL_PROXY", "socks5://localhost:1080"),
+            ("HTTPS_PROXY", "http://proxy.corp:8080"),
+        ]
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+        let (out, ports) = job_proxy_env(&env, &JobNetwork::default(), false);
+        let values: Vec<&str> = out.iter().map(|(_, v)| v.as_str()).collect();
+        assert_eq!(
+            values,
+            [
+                "1",
+                "http://10.87.0.1:3128",
+                "http://127.0.0.1:5432",
+                "socks5://10.87.0.1:1080",
+                "http://proxy.corp:8080"
+            ]
+        );
+        assert_eq!(out.iter().map(|(k, _)| k.as_str()).collect::<Vec<_>>()[1..3], ["http_proxy", "DATABASE_URL"]);
+        assert_eq!(ports, vec![(3128, Ipv4Addr::LOCALHOST), (1080, Ipv4Addr::LOCALHOST)]);
+        let (out, ports) = job_proxy_env(&env, &JobNetwork::default(), true);
+        assert_eq!((out, ports.len()), (env.clone(), 2), "rootless: the same values, pasta forwards the ports");
+        assert_eq!(job_proxy_env(&env[..1], &JobNetwork::default(), false).1, vec![]);
     }
 
     #[test]

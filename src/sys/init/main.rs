@@ -17,6 +17,7 @@
 //!   (the kernel then kills what is left of the job: pid 1 ended its pid namespace);
 //! - when CMD cannot run: one line, exit 127 (not found) or 126 (not executable), as
 //!   shells, docker and podman do;
+//! - is not dumpable, so the job cannot write its memory through `/proc/1/mem`;
 //! - fd 3, when open, is the lifeline from the job's supervisor (the sandbox helper holds
 //!   the write end): at its EOF the supervisor is gone, by whatever signal, and the init
 //!   ends the job at once instead of leaving it to a later `gc`.
@@ -69,6 +70,7 @@ mod c {
     pub const F_SETFD: c_int = 2;
     pub const FD_CLOEXEC: c_int = 1;
     pub const PR_SET_CHILD_SUBREAPER: c_int = 36;
+    pub const PR_SET_DUMPABLE: c_int = 4;
     pub const EINTR: c_int = 4;
     pub const ENOENT: c_int = 2;
     pub const EACCES: c_int = 13;
@@ -323,6 +325,14 @@ pub unsafe fn run(argc: c_int, argv: *const *const c_char) -> c_int {
         }
         // Orphans of CMD come back to us when we are not pid 1 (tests): reaped all the same.
         c::prctl(c::PR_SET_CHILD_SUBREAPER, 1 as c_ulong);
+        // The init is the job's lifeline: the job (same uid, no CAP_SYS_PTRACE) must not
+        // open its /proc/1/mem and rewrite it (nor ptrace it: seccomp also refuses that).
+        // Not dumpable, /proc/1/{mem,root,cwd,exe,environ,fd} are closed to the job;
+        // CMD is dumpable again once it execs.
+        if c::prctl(c::PR_SET_DUMPABLE, 0 as c_ulong) != 0 {
+            write_stderr(b"azp-init: cannot make itself undumpable\n");
+            return 125;
+        }
         if c::sigprocmask(c::SIG_BLOCK, &blocked, core::ptr::null_mut()) != 0 {
             write_stderr(b"azp-init: cannot block signals\n");
             return 125;
