@@ -20,12 +20,13 @@
 #                               for its modules, modprobe inside it (the guest runs the host's /)
 #   e2fsprogs, xfsprogs         the guest's project-quota disks (mkfs.ext4 -O quota,project, mkfs.xfs)
 #   python3-pip                 pip download of the pip cache bench's wheels (scripts/fixtures/pip-index.sh)
+#   btrfs-progs                 the btrfs disk quota tests (mkfs.btrfs, btrfs quota enable)
 set -euo pipefail
 if [ "$(id -u)" != 0 ]; then exec sudo -E "$0" "$@"; fi
 export DEBIAN_FRONTEND=noninteractive
 pkgs=(build-essential libc6-dev pkg-config libseccomp-dev busybox-static bash-static debootstrap runc zstd uidmap libcap2-bin
       ca-certificates curl git iproute2 procps psmisc docker-registry skopeo apache2-utils umoci
-      nftables passt dnsmasq-base iperf3 python3 python3-pip qemu-system-x86 kmod e2fsprogs xfsprogs)
+      nftables passt dnsmasq-base iperf3 python3 python3-pip qemu-system-x86 kmod e2fsprogs xfsprogs btrfs-progs)
 missing=()
 for p in "${pkgs[@]}"; do dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'ok installed' || missing+=("$p"); done
 if [ ${#missing[@]} -gt 0 ]; then

@@ -1776,5 +1776,7 @@ mod supervisor;
 // Exhaustion: pids, memory, swap, disk (issue 25)
 // ---------------------------------------------------------------------------------------
 
+#[path = "escape/disk.rs"]
+mod disk;
 #[path = "escape/exhaust.rs"]
 mod exhaust;

@@ -356,11 +356,18 @@ fn disk_quota(report: &mut Report, home: &Home, s: &RunSettings) {
     }
     let node = crate::sandbox::limits::node::Node::read(home, crate::rootless::mode().rootless);
     match (node.no_quota, s.limits.disk) {
-        (None, _) => report.add(Verdict::Ok, "disk quota", "project quotas work: each job gets a disk limit"),
+        (None, _) => report.add(
+            Verdict::Ok,
+            "disk quota",
+            format!("{}s work: each job gets a disk limit", node.disk_mechanism.unwrap_or_default().name()),
+        ),
         (Some(why), crate::sandbox::Ask::Unlimited) => {
             report.add(Verdict::Ok, "disk quota", format!("none asked (disk unlimited); {why}"))
         }
         (Some(why), _) => report.add(Verdict::Warn, "disk quota", format!("jobs get no disk limit: {why}")),
+    }
+    if let Some(why) = crate::manager::workdir::no_quota(s, crate::rootless::mode().rootless) {
+        report.add(Verdict::Warn, "disk quota", why.trim_start_matches("WARNING: ").to_string());
     }
 }
 

@@ -44,6 +44,9 @@ pub fn check(home: &Home, settings: &RunSettings, ctx: RunContext) -> Result<Rea
     for stale in super::workdir::prepare(home, settings)? {
         tracing::info!("removed the work dir {} left by an earlier run", stale.display());
     }
+    if let Some(why) = super::workdir::no_quota(settings, crate::rootless::mode().rootless) {
+        tracing::warn!("{why}");
+    }
     // Local checks first: a local mistake is reported at once, not after the network's
     // retries (which is all an unreachable server would have said).
     let (net, proxy_env) = network(settings)?;

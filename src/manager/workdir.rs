@@ -4,7 +4,8 @@
 //! `DIR/<home tag>/<job id>`, made empty for it, given to its user, bound read-write at
 //! `/azp/agent/_work`, and removed after it (by gc after a crash: the job's record names
 //! it; at `run`'s start for a record lost with a reboot). The `<home tag>` level keeps two
-//! homes sharing one scratch filesystem apart; it is root-only (0700).
+//! homes sharing one scratch filesystem apart; it is root's, traversable but not listable
+//! (0711): a job with ids of its own binds its dir as those ids, so they must pass through.
 
 use super::phases;
 use crate::config::Home;
@@ -38,11 +39,15 @@ pub fn prepare(home: &Home, settings: &RunSettings) -> Result<Vec<PathBuf>> {
             bail!("--work-dir {}: {e}: create it (a dir on the node's scratch filesystem) first", given.display())
         }
     }
-    match std::fs::DirBuilder::new().mode(0o700).create(&root) {
+    match std::fs::DirBuilder::new().mode(0o711).create(&root) {
         Ok(()) => {}
         Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
         Err(e) => return Err(e).with_context(|| format!("cannot create {} (--work-dir)", root.display())),
     }
+    // Made 0700 by earlier versions, and the mode is not the umask's to decide.
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&root, std::fs::Permissions::from_mode(0o711))
+        .with_context(|| format!("cannot chmod 0711 {} (--work-dir)", root.display()))?;
     let mut removed = Vec::new();
     for e in std::fs::read_dir(&root).with_context(|| format!("cannot list {}", root.display()))?.flatten() {
         let id = e.file_name().to_string_lossy().into_owned();
@@ -54,6 +59,20 @@ pub fn prepare(home: &Home, settings: &RunSettings) -> Result<Vec<PathBuf>> {
         removed.push(e.path());
     }
     Ok(removed)
+}
+
+/// Why the jobs' work dirs under `--work-dir` get no disk quota (one line with the fix),
+/// or None when their filesystem gives them the job's limit (or there is no work dir, or
+/// rootless mode, where the layers' own line says why no quota at all). The limit is
+/// enforced per filesystem: on the work dir's filesystem for the work dir.
+pub fn no_quota(settings: &RunSettings, rootless: bool) -> Option<String> {
+    let given = settings.work_dir.as_ref().filter(|_| !rootless)?;
+    let err = crate::sandbox::limits::node::quota_mechanism(&crate::sys::Real, given).err()?;
+    let fs = nix::sys::statfs::statfs(given.as_path()).map(|s| s.filesystem_type()).ok();
+    Some(format!(
+        "WARNING: the jobs' work dirs (--work-dir) get no disk quota: {}",
+        crate::sandbox::limits::node::quota_why(given, fs, &err)
+    ))
 }
 
 #[cfg(test)]
@@ -88,7 +107,7 @@ mod tests {
         let root = root(&home, &s).unwrap();
         assert_eq!(root, t.path().join("scratch").join(home.tag()));
         use std::os::unix::fs::PermissionsExt;
-        assert_eq!(std::fs::metadata(&root).unwrap().permissions().mode() & 0o777, 0o700);
+        assert_eq!(std::fs::metadata(&root).unwrap().permissions().mode() & 0o777, 0o711);
         // A job dir left by a dead run goes; a live job's stays.
         std::fs::create_dir_all(root.join("h-0-3/src")).unwrap();
         let plan = crate::sandbox::plan::test_plan("h-0-4", vec![], "");

@@ -10,7 +10,7 @@
 
 use super::plan::JobPlan;
 use crate::config::Home;
-use crate::sys::{DiskQuota, Sys};
+use crate::sys::{DiskQuota, Mechanism, Sys};
 use anyhow::{Context, Result};
 use serde::{Deserialize, Serialize};
 use std::fs::{self, File};
@@ -53,9 +53,19 @@ pub struct JobState {
     /// limits are cleared by the teardown, or by `gc` after a crash.
     #[serde(default)]
     pub project_id: Option<u32>,
+    /// The layer dir is a btrfs subvolume with a qgroup limit: this qgroup (see
+    /// [`crate::sys::btrfs`]). Removed as a dir; the kernel drops its qgroup.
+    #[serde(default)]
+    pub qgroup: Option<u64>,
     /// The job's scratch dir on the host (removed with the job).
     #[serde(default)]
     pub scratch: Option<PathBuf>,
+    /// The scratch dir's disk quota: a project id, or a btrfs qgroup (the dir is then a
+    /// subvolume).
+    #[serde(default)]
+    pub scratch_project_id: Option<u32>,
+    #[serde(default)]
+    pub scratch_qgroup: Option<u64>,
 }
 
 impl JobState {
@@ -74,7 +84,10 @@ impl JobState {
                 .map(|d| d.as_secs())
                 .unwrap_or(0),
             project_id: None,
+            qgroup: None,
             scratch: plan.scratch.as_ref().map(|s| s.host.clone()),
+            scratch_project_id: None,
+            scratch_qgroup: None,
         }
     }
 }
@@ -207,12 +220,27 @@ impl JobDir {
             .map_err(|(_, e)| anyhow::anyhow!("cannot lock new job dir {}: {e}", staging.root.display()))?;
         fs::create_dir(staging.bundle()).with_context(|| format!("cannot create {}", staging.bundle().display()))?;
         create_mount_point(&self.mount)?;
-        create_layer_dir(&self.layers).with_context(|| {
-            format!("cannot create job dir {}: check free space under the home dir", self.layers.display())
-        })?;
-        *made_layers = true;
-        if let Some((sys, quota)) = quota {
-            state.project_id = Some(sys.claim_disk_quota(&self.layers, quota)?);
+        match quota {
+            Some((sys, quota)) if quota.mechanism == Mechanism::BtrfsQgroup => {
+                // The layer dir is the subvolume: made with its limit, or not at all.
+                create_bucket(&self.layers).with_context(|| {
+                    format!(
+                        "cannot create the bucket of {}: check free space under the home dir",
+                        self.layers.display()
+                    )
+                })?;
+                state.qgroup = Some(sys.create_quota_subvolume(&self.layers, quota.bytes)?);
+                *made_layers = true;
+            }
+            _ => {
+                create_layer_dir(&self.layers).with_context(|| {
+                    format!("cannot create job dir {}: check free space under the home dir", self.layers.display())
+                })?;
+                *made_layers = true;
+                if let Some((sys, quota)) = quota {
+                    state.project_id = Some(sys.claim_disk_quota(&self.layers, quota)?);
+                }
+            }
         }
         for d in [self.upper(), self.work()] {
             fs::create_dir(&d).with_context(|| format!("cannot create {}: disk full?", d.display()))?;
@@ -287,6 +315,15 @@ fn create_layer_dir(dir: &Path) -> std::io::Result<()> {
             private_dir().create(dir)
         }
         r => r,
+    }
+}
+
+/// The layer dir's bucket, the first time one is used.
+fn create_bucket(layers: &Path) -> std::io::Result<()> {
+    let bucket = layers.parent().ok_or_else(|| std::io::Error::from_raw_os_error(libc::EINVAL))?;
+    match traversable_dir().create(bucket) {
+        Err(e) if e.kind() != std::io::ErrorKind::AlreadyExists => Err(e),
+        _ => Ok(()),
     }
 }
 
@@ -368,7 +405,12 @@ mod tests {
         let plan = super::super::plan::test_plan("jd-1", vec![], "");
         let job = JobDir::new(&home, "jd-1");
         let mut state = JobState::for_plan(&job, &plan);
-        let quota = DiskQuota { bytes: 1 << 30, inodes: Some(1000), lock: t.path().join("lock") };
+        let quota = DiskQuota {
+            bytes: 1 << 30,
+            inodes: Some(1000),
+            lock: t.path().join("lock"),
+            mechanism: Mechanism::Project,
+        };
         let rec = Recorder::default();
         let _lock = job.create(&plan, &mut state, Some((&rec, &quota))).unwrap();
         assert_eq!(rec.calls(), [format!("claim_disk_quota {} {}", job.layers.display(), 1u64 << 30)]);
@@ -382,6 +424,30 @@ mod tests {
         let rec = Recorder::failing_at(0, nix::errno::Errno::EPERM);
         let e = job.create(&plan, &mut state, Some((&rec, &quota))).unwrap_err();
         assert!(e.to_string().starts_with("cannot set the disk quota of project"), "{e}");
+        assert!(!job.layers.exists() && !job.root.exists() && !job.staging_record().exists());
+    }
+
+    #[test]
+    fn a_btrfs_quota_makes_the_layer_dir_a_limited_subvolume_before_upper_and_work() {
+        let t = tempfile::tempdir().unwrap();
+        let home = home(t.path());
+        let plan = super::super::plan::test_plan("jd-3", vec![], "");
+        let job = JobDir::new(&home, "jd-3");
+        let mut state = JobState::for_plan(&job, &plan);
+        let quota =
+            DiskQuota { bytes: 64 << 20, inodes: None, lock: t.path().join("lock"), mechanism: Mechanism::BtrfsQgroup };
+        let rec = Recorder::default();
+        let _lock = job.create(&plan, &mut state, Some((&rec, &quota))).unwrap();
+        assert_eq!(rec.calls(), [format!("create_quota_subvolume {} {}", job.layers.display(), 64u64 << 20)]);
+        assert_eq!((state.qgroup, state.project_id), (Some(256), None));
+        assert_eq!(job.read_state().unwrap().qgroup, Some(256), "in the record, for status and gc");
+        assert!(job.upper().is_dir() && job.work().is_dir(), "made inside the subvolume, after its limit");
+        // A refused subvolume: no job, nothing left (the bucket stays, as always).
+        let job = JobDir::new(&home, "jd-4");
+        let mut state = JobState::for_plan(&job, &plan);
+        let rec = Recorder::failing_at(0, nix::errno::Errno::EPERM);
+        let e = job.create(&plan, &mut state, Some((&rec, &quota))).unwrap_err();
+        assert!(e.to_string().starts_with("cannot create the btrfs subvolume"), "{e}");
         assert!(!job.layers.exists() && !job.root.exists() && !job.staging_record().exists());
     }
 }

@@ -21,6 +21,10 @@ pub struct Limits {
     /// ... and in inodes (files and dirs), so that no job can use up the home's inodes.
     #[serde(default)]
     pub disk_inodes: Option<u64>,
+    /// How the home's filesystem enforces `disk_bytes` (None with a limit: a project
+    /// quota, as plans written before btrfs qgroups).
+    #[serde(default)]
+    pub disk_mechanism: Option<crate::sys::Mechanism>,
     /// Size of the job's `/tmp` tmpfs (None: the kernel's default, half the RAM).
     #[serde(default)]
     pub tmp_bytes: Option<u64>,
@@ -39,6 +43,9 @@ impl std::fmt::Display for Limits {
         write!(f, "memory {}, pids {pids}, cpus {cpus}, disk {}", size(self.memory_bytes), size(self.disk_bytes))?;
         if let Some(i) = self.disk_inodes {
             write!(f, " ({i} inodes)")?;
+        }
+        if let (Some(_), Some(m @ crate::sys::Mechanism::BtrfsQgroup)) = (self.disk_bytes, self.disk_mechanism) {
+            write!(f, " ({})", m.name())?;
         }
         let tmp = self.tmp_bytes.map(crate::config::human_size).unwrap_or_else(|| "half the RAM".into());
         let shm = self.shm_bytes.map(crate::config::human_size).unwrap_or_else(|| "1.0G".into());

@@ -127,6 +127,8 @@ pub struct Sandbox {
     ids: Option<crate::identity::lease::BlockLease>,
     /// The project id of the layer dir's disk quota.
     project_id: Option<u32>,
+    /// The qgroup of the layer dir's disk quota (a btrfs subvolume).
+    qgroup: Option<u64>,
 }
 
 impl Sandbox {
@@ -168,10 +170,18 @@ impl Sandbox {
             prepared: None,
             ids,
             project_id: state.project_id,
+            qgroup: state.qgroup,
         };
         // Recorded first, so gc removes it if we die from here on (dropped on an error).
         if let Some(s) = &sandbox.plan.scratch {
-            make_scratch(&s.host)?;
+            let claimed = make_scratch(&sys::Real, &s.host, quota.as_ref())?;
+            if claimed != (None, None) {
+                (state.scratch_project_id, state.scratch_qgroup) = claimed;
+                // The record names the claim for the teardown (gc after a crash removes
+                // the dir either way: the record named it before it existed).
+                std::fs::write(sandbox.job.state_file(), serde_json::to_vec_pretty(&state)?)
+                    .with_context(|| format!("cannot write {}: disk full?", sandbox.job.state_file().display()))?;
+            }
         }
         for c in &sandbox.plan.caches {
             crate::cache::store::count_hit(&c.store);
@@ -358,7 +368,11 @@ impl Sandbox {
 
     /// What the job's layer has used of its disk quota (None: no quota, or unreadable).
     pub fn disk_usage(&self) -> Option<sys::quota::Usage> {
-        sys::quota::usage(&self.job.layers, self.project_id?).ok()
+        match (self.project_id, self.qgroup) {
+            (Some(id), _) => sys::quota::usage(&self.job.layers, id).ok(),
+            (None, Some(q)) => sys::btrfs::usage(&self.job.layers, q).ok(),
+            (None, None) => None,
+        }
     }
 
     /// A prepared container that will not be started: closing the go pipe makes its
@@ -410,6 +424,7 @@ impl Sandbox {
                 prepared: self.prepared.take(),
                 ids: self.ids.take(),
                 project_id: self.project_id,
+                qgroup: self.qgroup,
             };
             std::thread::spawn(move || {
                 sys::process::lower_priority_of_this_thread();
@@ -481,7 +496,8 @@ impl Drop for Sandbox {
 fn disk_quota(home: &Home, plan: &JobPlan) -> Option<sys::DiskQuota> {
     let bytes = plan.limits.disk_bytes.filter(|_| !plan.rootless)?;
     let lock = home.run_root().with_file_name(".project-ids.lock");
-    Some(sys::DiskQuota { bytes, inodes: plan.limits.disk_inodes, lock })
+    let mechanism = plan.limits.disk_mechanism.unwrap_or_default();
+    Some(sys::DiskQuota { bytes, inodes: plan.limits.disk_inodes, lock, mechanism })
 }
 
 /// Waits (at most `max`) for the clean-ups [`Sandbox::teardown`] left running in the
@@ -499,13 +515,31 @@ pub fn wait_for_background_cleanups(max: Duration) -> bool {
 }
 
 /// The job's scratch dir, empty and ours (0700): whatever a crashed run left under its
-/// name goes first. Its parent must exist.
-fn make_scratch(dir: &std::path::Path) -> Result<()> {
+/// name goes first. Its parent must exist. With a disk quota, the dir gets the job's
+/// limit too, as its own filesystem can give it (a btrfs subvolume with a qgroup limit,
+/// or a project id of its own; none where the filesystem can do neither: `run` said so
+/// at start). Returns the project id or qgroup claimed.
+pub(crate) fn make_scratch(
+    sys: &dyn sys::Sys,
+    dir: &std::path::Path,
+    quota: Option<&sys::DiskQuota>,
+) -> Result<(Option<u32>, Option<u64>)> {
     use std::os::unix::fs::DirBuilderExt;
     sys::fs_at::remove_tree(dir).with_context(|| format!("cannot empty the job's work dir {}", dir.display()))?;
+    let parent = dir.parent().unwrap_or(std::path::Path::new("/"));
+    let mechanism = quota.and_then(|_| super::limits::node::quota_mechanism(sys, parent).ok());
+    if let (Some(q), Some(sys::Mechanism::BtrfsQgroup)) = (quota, mechanism) {
+        let id = sys.create_quota_subvolume(dir, q.bytes)?;
+        return Ok((None, Some(id)));
+    }
     std::fs::DirBuilder::new().mode(0o700).create(dir).with_context(|| {
         format!("cannot create the job's work dir {}: check that its parent exists and has free space", dir.display())
-    })
+    })?;
+    if let (Some(q), Some(sys::Mechanism::Project)) = (quota, mechanism) {
+        let id = sys.claim_disk_quota(dir, q)?;
+        return Ok((Some(id), None));
+    }
+    Ok((None, None))
 }
 
 /// Runs one command to completion in a fresh sandbox and removes everything it left.
@@ -852,5 +886,45 @@ fn read_result(job: &JobDir, status: &Result<std::process::ExitStatus>) -> Resul
             Ok(s) => bail!("sandbox helper exited with {s} without reporting; run with -vv for details"),
             Err(e) => bail!("{e:#}"),
         },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sys::{Mechanism, Recorder};
+
+    #[test]
+    fn a_work_dir_gets_the_jobs_limit_as_its_own_filesystem_can() {
+        let t = tempfile::tempdir().unwrap();
+        let dir = t.path().join("job-1");
+        let quota =
+            sys::DiskQuota { bytes: 1 << 30, inodes: None, lock: t.path().join("lock"), mechanism: Mechanism::Project };
+        let d = dir.display();
+        // No limit asked (or none on the layers): a plain private dir, nothing probed.
+        let r = Recorder::default();
+        assert_eq!(make_scratch(&r, &dir, None).unwrap(), (None, None));
+        assert!(dir.is_dir() && r.calls().is_empty());
+        // Project quotas on its filesystem: a project id of its own, after the mkdir.
+        let r = Recorder::default();
+        let id = *sys::quota::PROJECT_IDS.start();
+        assert_eq!(make_scratch(&r, &dir, Some(&quota)).unwrap(), (Some(id), None), "what was there goes first");
+        let parent = t.path().display();
+        assert_eq!(
+            r.calls(),
+            [format!("probe_project_quota {parent}"), format!("claim_disk_quota {d} {}", 1u64 << 30)]
+        );
+        // btrfs with quotas (whatever the layers' mechanism): a limited subvolume.
+        std::fs::remove_dir(&dir).unwrap();
+        let r = Recorder::failing_at(0, nix::errno::Errno::ESRCH);
+        assert_eq!(make_scratch(&r, &dir, Some(&quota)).unwrap(), (None, Some(256)));
+        assert_eq!(
+            r.calls(),
+            [
+                format!("probe_project_quota {parent}"),
+                format!("probe_btrfs_quota {parent}"),
+                format!("create_quota_subvolume {d} {}", 1u64 << 30)
+            ]
+        );
     }
 }

@@ -74,8 +74,15 @@ pub fn cleanup_job_with(home: &Home, job: &JobDir, sys: &dyn Sys, cgroups: &Cgro
     // a concurrent gc never sees this job's layers without their record (it would take
     // them for an orphan).
     remove_layers_with(home, job, sys, state.as_ref().and_then(|s| s.project_id))?;
-    if let Some(dir) = state.as_ref().and_then(|s| s.scratch.as_ref()) {
-        sys.remove_tree(dir)?;
+    if let Some(s) = &state {
+        if let Some(dir) = &s.scratch {
+            // As the layers: the project id's limits go while the dir still holds it. A
+            // btrfs subvolume goes as any dir (its qgroup: see sys::btrfs).
+            if let (Some(id), true) = (s.scratch_project_id, dir.exists()) {
+                sys.release_disk_quota(dir, id)?;
+            }
+            sys.remove_tree(dir)?;
+        }
     }
     if job.root.exists() {
         sys.remove_tree(&job.root)?;

@@ -260,6 +260,55 @@ pub enum Error {
     )]
     ProjectIdsExhausted { dir: PathBuf },
 
+    // ---- btrfs subvolumes with a qgroup limit as disk quotas (see sys::btrfs) ----
+    #[error("{} is not on btrfs", dir.display())]
+    NotBtrfs { dir: PathBuf },
+    #[error("quotas are not enabled on the btrfs filesystem of {}", dir.display())]
+    BtrfsQuotaOff { dir: PathBuf },
+    #[error("cannot open {} (btrfs)", dir.display())]
+    BtrfsOpen {
+        dir: PathBuf,
+        #[source]
+        source: Errno,
+    },
+    #[error("cannot read the btrfs filesystem id of {} (BTRFS_IOC_FS_INFO)", dir.display())]
+    BtrfsFsInfo {
+        dir: PathBuf,
+        #[source]
+        source: Errno,
+    },
+    #[error("cannot create the btrfs subvolume {} (BTRFS_IOC_SUBVOL_CREATE)", dir.display())]
+    BtrfsSubvolCreate {
+        dir: PathBuf,
+        #[source]
+        source: Errno,
+    },
+    #[error("cannot make the btrfs subvolume {} private (fchmod 0700)", dir.display())]
+    BtrfsChmod {
+        dir: PathBuf,
+        #[source]
+        source: Errno,
+    },
+    #[error("cannot read the subvolume id of {} (BTRFS_IOC_INO_LOOKUP)", dir.display())]
+    BtrfsSubvolId {
+        dir: PathBuf,
+        #[source]
+        source: Errno,
+    },
+    #[error("cannot limit qgroup 0/{id} of {} (BTRFS_IOC_QGROUP_LIMIT): are quotas enabled (`btrfs quota enable`)?", dir.display())]
+    BtrfsQgroupLimit {
+        dir: PathBuf,
+        id: u64,
+        #[source]
+        source: Errno,
+    },
+    #[error("cannot read the btrfs qgroup usage {}", path.display())]
+    BtrfsUsage {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+
     // ---- removal and kills (teardown, gc, failed builds) ----
     #[error("cannot send {signal} to pid {pid}")]
     Kill {

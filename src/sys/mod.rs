@@ -11,12 +11,14 @@
 //! - [`ids`]: setuid mode's and the user namespace's identity changes;
 //! - [`userns`]: a job's own user namespace and the layers idmapped with it;
 //! - [`runtime_tmpfs`], [`dir_flags`]: the home's runtime dir and layer buckets;
-//! - [`quota`]: the disk quota (a project id and its limits) of a job's layer dir.
+//! - [`quota`]: the disk quota (a project id and its limits) of a job's layer dir;
+//! - [`btrfs`]: the same as a btrfs subvolume with a qgroup limit.
 //!
 //! What the sandbox helper, the edit layer and teardown do goes through the [`Sys`]
 //! trait, so the order of their steps and what happens when one fails are unit-tested
 //! without root on [`Recorder`].
 
+pub mod btrfs;
 pub mod cache_dir;
 pub mod cgroup;
 pub mod dir_flags;
@@ -42,7 +44,7 @@ pub use dir_flags::spread_subdirs;
 pub use error::{Error, Result};
 pub use mount::Overlay;
 pub use nix::sys::signal::Signal;
-pub use quota::DiskQuota;
+pub use quota::{DiskQuota, Mechanism};
 
 use nix::errno::Errno;
 use std::cell::{Cell, RefCell};
@@ -88,6 +90,13 @@ pub trait Sys {
     fn claim_disk_quota(&self, dir: &Path, quota: &DiskQuota) -> Result<u32>;
     /// Clears the limits of project `id`, if `dir` still has it.
     fn release_disk_quota(&self, dir: &Path, id: u32) -> Result<()>;
+    /// Whether project quotas are on for the filesystem of `dir` (see [`quota::probe`]).
+    fn probe_project_quota(&self, dir: &Path) -> Result<()>;
+    /// Whether `dir` is on btrfs with quotas enabled (see [`btrfs::probe`]).
+    fn probe_btrfs_quota(&self, dir: &Path) -> Result<()>;
+    /// Makes `dir` (not there yet) a btrfs subvolume whose qgroup is limited to `bytes`
+    /// (see [`btrfs`]); returns the qgroup's id. Nothing is left on an error.
+    fn create_quota_subvolume(&self, dir: &Path, bytes: u64) -> Result<u64>;
     /// The host's IPv4 addresses, read before the helper leaves the host's network
     /// namespace (the job's routes block them).
     fn host_addresses(&self) -> Result<Vec<std::net::Ipv4Addr>>;
@@ -162,6 +171,15 @@ impl Sys for Real {
     }
     fn release_disk_quota(&self, dir: &Path, id: u32) -> Result<()> {
         quota::release(dir, id)
+    }
+    fn probe_project_quota(&self, dir: &Path) -> Result<()> {
+        quota::probe(dir)
+    }
+    fn probe_btrfs_quota(&self, dir: &Path) -> Result<()> {
+        btrfs::probe(dir)
+    }
+    fn create_quota_subvolume(&self, dir: &Path, bytes: u64) -> Result<u64> {
+        btrfs::create_limited_subvolume(dir, bytes)
     }
     fn host_addresses(&self) -> Result<Vec<std::net::Ipv4Addr>> {
         net::addresses()
@@ -334,6 +352,24 @@ impl Sys for Recorder {
             id,
             source,
         })
+    }
+    fn probe_project_quota(&self, dir: &Path) -> Result<()> {
+        self.step(format!("probe_project_quota {}", dir.display()))
+            .map_err(|source| Error::QuotaProbe { dir: dir.into(), source })
+    }
+    /// Fails as a filesystem with quotas off.
+    fn probe_btrfs_quota(&self, dir: &Path) -> Result<()> {
+        self.step(format!("probe_btrfs_quota {}", dir.display())).map_err(|_| Error::BtrfsQuotaOff { dir: dir.into() })
+    }
+    /// The first subvolume id btrfs gives (256), made as a plain dir.
+    fn create_quota_subvolume(&self, dir: &Path, bytes: u64) -> Result<u64> {
+        self.step(format!("create_quota_subvolume {} {bytes}", dir.display()))
+            .map_err(|source| Error::BtrfsSubvolCreate { dir: dir.into(), source })?;
+        std::fs::create_dir(dir).map_err(|e| Error::BtrfsSubvolCreate {
+            dir: dir.into(),
+            source: Errno::from_raw(e.raw_os_error().unwrap_or(libc::EIO)),
+        })?;
+        Ok(256)
     }
     /// The host's addresses: 127.0.0.1 and 192.0.2.2.
     fn host_addresses(&self) -> Result<Vec<std::net::Ipv4Addr>> {

@@ -33,6 +33,28 @@ pub struct DiskQuota {
     pub bytes: u64,
     pub inodes: Option<u64>,
     pub lock: PathBuf,
+    /// How the filesystem enforces it.
+    pub mechanism: Mechanism,
+}
+
+/// How a filesystem limits a job's dir: a project id (ext4, XFS) or a btrfs subvolume
+/// with a qgroup limit (see [`super::btrfs`]; no inode limit).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Mechanism {
+    #[default]
+    Project,
+    BtrfsQgroup,
+}
+
+impl Mechanism {
+    /// For logs and `status`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Mechanism::Project => "project quota",
+            Mechanism::BtrfsQgroup => "btrfs qgroup",
+        }
+    }
 }
 
 /// What a project has used, and its limits.

@@ -7,8 +7,9 @@
 //! - cpus: cores / slots, at least 1;
 //! - disk: a project quota of (free space - max(1 GiB, 5%)) / slots (the reserve at
 //!   most half the free space), and (free inodes - 5%) / slots inodes, where the home's
-//!   filesystem has project
-//!   quotas; none (and a warning with the fix) where it has not;
+//!   filesystem has project quotas; the same bytes (btrfs has no inode limit) as a
+//!   qgroup limit where it is btrfs with quotas enabled; none (and a warning with the
+//!   fix) where it has neither;
 //! - /tmp: the memory limit; /dev/shm: half of it (tmpfs pages are charged to the
 //!   job's memory cgroup: a bigger tmpfs only invites the OOM killer). Without a memory
 //!   limit, the sizes of before: half the RAM, 1 GiB.
@@ -16,6 +17,7 @@
 use super::node::Node;
 use super::{human_size, Ask, LimitsAsk};
 use crate::sandbox::plan::Limits;
+use crate::sys::Mechanism;
 
 /// The most processes and threads a job gets by default.
 pub const PIDS: i64 = 4096;
@@ -67,8 +69,11 @@ pub fn resolve(ask: &LimitsAsk, node: &Node, slots: usize) -> Resolved {
             }
             (None, None)
         }
+        // btrfs qgroups limit bytes only.
+        (None, Some(bytes)) if node.disk_mechanism == Some(Mechanism::BtrfsQgroup) => (Some(bytes), None),
         (None, Some(bytes)) => (Some(bytes), node.disk.and_then(|d| default_inodes(d.inodes_avail, d.inodes, slots))),
     };
+    let disk_mechanism = disk_bytes.and(node.disk_mechanism);
     if !unlimited.is_empty() {
         warnings.push(format!(
             "WARNING: jobs have no {} limit (said unlimited): one job can exhaust the node",
@@ -97,7 +102,16 @@ pub fn resolve(ask: &LimitsAsk, node: &Node, slots: usize) -> Resolved {
         }
     }
     Resolved {
-        limits: Limits { memory_bytes: memory, pids, cpus_milli, disk_bytes, disk_inodes, tmp_bytes, shm_bytes },
+        limits: Limits {
+            memory_bytes: memory,
+            pids,
+            cpus_milli,
+            disk_bytes,
+            disk_inodes,
+            disk_mechanism,
+            tmp_bytes,
+            shm_bytes,
+        },
         warnings,
         notes,
     }
@@ -164,6 +178,7 @@ mod tests {
             pid_max: 4 << 20,
             disk: Some(Disk { avail: 500 * G, size: 1000 * G, inodes_avail: 60_000_000, inodes: 64_000_000 }),
             no_quota: None,
+            disk_mechanism: Some(Mechanism::Project),
         }
     }
 

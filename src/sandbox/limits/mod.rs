@@ -213,6 +213,7 @@ mod tests {
             cpus_milli: Some(1500),
             disk_bytes: None,
             disk_inodes: None,
+            disk_mechanism: None,
             tmp_bytes: Some(4 << 30),
             shm_bytes: Some(2 << 30),
         };

@@ -22,8 +22,10 @@ pub struct Node {
     pub pid_max: u64,
     /// The filesystem of the home's layer dirs (None: statvfs failed).
     pub disk: Option<Disk>,
-    /// Why jobs can get no disk quota here, and the fix (None: project quotas work).
+    /// Why jobs can get no disk quota here, and the fix (None: a mechanism works).
     pub no_quota: Option<String>,
+    /// How jobs' layer dirs get their disk quota here (None: no way, see `no_quota`).
+    pub disk_mechanism: Option<crate::sys::Mechanism>,
 }
 
 /// Space and inodes of the home's filesystem (statvfs, for unprivileged users).
@@ -40,6 +42,10 @@ impl Node {
     /// user namespace).
     pub fn read(home: &Home, rootless: bool) -> Node {
         let (ram, swap) = ram_and_swap();
+        let (disk_mechanism, why) = match no_quota(home, rootless) {
+            Ok(m) => (Some(m), None),
+            Err(why) => (None, Some(why)),
+        };
         let cgroups = CgroupHost::get();
         let own = std::fs::read_to_string("/proc/self/cgroup").unwrap_or_default();
         let (memory_bytes, memory_from) = match own_memory_limit(cgroups, &own) {
@@ -57,7 +63,8 @@ impl Node {
                 .and_then(|s| s.trim().parse().ok())
                 .unwrap_or(32768),
             disk: disk(&home.layers_dir()),
-            no_quota: no_quota(home, rootless),
+            no_quota: why,
+            disk_mechanism,
         }
     }
 }
@@ -149,21 +156,36 @@ fn swap_limited(host: &CgroupHost, proc_self_cgroup: &str) -> bool {
     host.v1_memsw()
 }
 
-/// Why jobs get no disk quota here, with the fix; None when project quotas work on the
-/// home's filesystem.
-fn no_quota(home: &Home, rootless: bool) -> Option<String> {
+/// How jobs get a disk quota on the home's filesystem, or why they get none (with the
+/// fix).
+fn no_quota(home: &Home, rootless: bool) -> Result<crate::sys::Mechanism, String> {
     if rootless {
-        return Some(
-            "rootless mode: setting a quota (quotactl) needs CAP_SYS_ADMIN in the initial user namespace; \
-             run as root or in setuid mode for disk quotas"
-                .into(),
-        );
+        return Err("rootless mode: setting a quota (quotactl, btrfs qgroup limits) needs CAP_SYS_ADMIN in the \
+             initial user namespace; run as root or in setuid mode for disk quotas"
+            .into());
     }
     // The jobs' layer dirs live here (a site may mount it apart from the rest of the home).
     let layers = home.layers_dir();
-    let err = crate::sys::quota::probe(&layers).err()?;
-    let fs = nix::sys::statfs::statfs(&layers).map(|s| s.filesystem_type()).ok();
-    Some(quota_why(&layers, fs, &err))
+    quota_mechanism(&crate::sys::Real, &layers).map_err(|err| {
+        let fs = nix::sys::statfs::statfs(&layers).map(|s| s.filesystem_type()).ok();
+        quota_why(&layers, fs, &err)
+    })
+}
+
+/// The disk quota a dir's filesystem can give jobs: project quotas where they work
+/// (they also limit inodes), else a btrfs qgroup where it is btrfs with quotas on. The
+/// error is the btrfs probe's on btrfs, else the project quota probe's.
+pub fn quota_mechanism(sys: &dyn crate::sys::Sys, dir: &Path) -> crate::sys::Result<crate::sys::Mechanism> {
+    use crate::sys::{Error, Mechanism};
+    let project = match sys.probe_project_quota(dir) {
+        Ok(()) => return Ok(Mechanism::Project),
+        Err(e) => e,
+    };
+    match sys.probe_btrfs_quota(dir) {
+        Ok(()) => Ok(Mechanism::BtrfsQgroup),
+        Err(Error::NotBtrfs { .. }) => Err(project),
+        Err(btrfs) => Err(btrfs),
+    }
 }
 
 /// The one line that says why a home has no project quotas, and what to do.
@@ -171,6 +193,13 @@ pub fn quota_why(home: &Path, fs: Option<nix::sys::statfs::FsType>, err: &crate:
     use nix::errno::Errno;
     use nix::sys::statfs::{EXT4_SUPER_MAGIC, XFS_SUPER_MAGIC};
     let h = home.display();
+    if let crate::sys::Error::BtrfsQuotaOff { .. } = err {
+        return format!(
+            "{h} is on btrfs without quotas: enable quotas: `btrfs quota enable MOUNTPOINT` (any path on it, e.g. \
+             `btrfs quota enable {h}`); each job then gets a subvolume with a qgroup limit (bytes; btrfs has no \
+             inode limit)"
+        );
+    }
     let what = match fs {
         Some(t) if t == EXT4_SUPER_MAGIC => "ext4",
         Some(t) if t == XFS_SUPER_MAGIC => "XFS",
@@ -187,7 +216,8 @@ pub fn quota_why(home: &Path, fs: Option<nix::sys::statfs::FsType>, err: &crate:
              CONFIG_XFS_QUOTA)"
         ),
         _ => format!(
-            "{h} is not on ext4 or XFS with project quotas ({}): put the home on one mounted with `prjquota`",
+            "{h} is not on ext4 or XFS with project quotas nor on btrfs with quotas ({}): put the home on one \
+             (mount ext4/XFS with `prjquota`, or run `btrfs quota enable` on btrfs)",
             err.errno().map(|e| e.desc()).unwrap_or("unknown error")
         ),
     }
@@ -246,6 +276,28 @@ mod tests {
         assert!(!swap_limited(&v2, "0::/a\n"));
         std::fs::write(t.path().join("a/memory.swap.max"), "max\n").unwrap();
         assert!(swap_limited(&v2, "0::/a\n"));
+    }
+
+    #[test]
+    fn project_quotas_first_then_btrfs_qgroups_then_the_reason() {
+        use crate::sys::{Error, Mechanism, Recorder};
+        use nix::errno::Errno;
+        let dir = Path::new("/h/layers");
+        let r = Recorder::default();
+        assert_eq!(quota_mechanism(&r, dir).unwrap(), Mechanism::Project);
+        assert_eq!(r.calls(), ["probe_project_quota /h/layers"], "btrfs is not even looked at");
+        let r = Recorder::failing_at(0, Errno::ESRCH);
+        assert_eq!(quota_mechanism(&r, dir).unwrap(), Mechanism::BtrfsQgroup);
+        assert_eq!(r.calls(), ["probe_project_quota /h/layers", "probe_btrfs_quota /h/layers"]);
+        // Neither, off btrfs (the real probes on a test dir): the project quota's reason.
+        let t = tempfile::tempdir().unwrap();
+        match quota_mechanism(&crate::sys::Real, t.path()) {
+            Err(e) => assert!(matches!(e, Error::QuotaProbe { .. }), "{e}"),
+            Ok(m) => crate::test_skip::skip_part(format!("{} has a {}", t.path().display(), m.name())),
+        }
+        // On btrfs with quotas off: the btrfs reason, with its fix.
+        let why = quota_why(dir, None, &Error::BtrfsQuotaOff { dir: dir.into() });
+        assert!(why.contains("btrfs quota enable") && why.contains("no inode limit") && !why.contains('\n'), "{why}");
     }
 
     #[test]
