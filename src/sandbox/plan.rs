@@ -72,7 +72,7 @@ pub struct JobPlan {
     /// The network's settings, and what the helper made for the spec (see
     /// [`super::network`]).
     #[serde(default)]
-    pub net: super::network::JobNetwork,
+    pub net: super::network::job::JobNetwork,
     /// Device, mount and env edits from GPU discovery or CDI.
     pub edits: ContainerEdits,
     /// Cgroup path relative to the cgroup root (v1: below each controller).

@@ -37,6 +37,9 @@
 
 pub mod dns;
 pub mod firewall;
+pub mod job;
+
+pub use job::{HostPorts, JobNetwork, DEFAULT_SUBNET};
 
 use super::jobdir::JobDir;
 use super::plan::JobPlan;
@@ -44,50 +47,14 @@ use crate::config::{Network, NetworkAllow};
 use crate::sys::net::{Ipv4Net, JobRoute, Pasta, Setup, Veth};
 use crate::sys::Sys;
 use anyhow::{bail, Context, Result};
-use serde::{Deserialize, Serialize};
 use std::net::Ipv4Addr;
 use std::path::PathBuf;
 
-/// Where jobs' addresses come from by default (root mode).
-pub const DEFAULT_SUBNET: Ipv4Net = Ipv4Net { addr: Ipv4Addr::new(10, 87, 0, 0), prefix: 16 };
 /// Job links on the host: `azp` and 12 hex digits.
 const LINK_PREFIX: &str = "azp";
 /// The host end's MAC (locally administered): every job's gateway has it.
 const HOST_MAC: [u8; 6] = [0x02, 0x61, 0x7a, 0x70, 0x00, 0x01];
 const LINK_LOCAL: Ipv4Net = Ipv4Net { addr: Ipv4Addr::new(169, 254, 0, 0), prefix: 16 };
-
-/// TCP ports on the host's loopback jobs reach: `(port, host address)`.
-pub type HostPorts = Vec<(u16, Ipv4Addr)>;
-
-/// A job's network settings (in its plan), and what the helper made for its spec.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct JobNetwork {
-    /// Blocked destinations the job may reach.
-    #[serde(default)]
-    pub allow: Vec<NetworkAllow>,
-    /// None: [`DEFAULT_SUBNET`].
-    #[serde(default)]
-    pub subnet: Option<Ipv4Net>,
-    /// TCP ports of services on the host's loopback (a proxy) the job reaches: root mode
-    /// at its gateway, rootless at its own loopback (pasta `-T`). `(port, host address)`.
-    #[serde(default)]
-    pub host_ports: HostPorts,
-    /// Made by the helper: a sysfs of the job's namespace, and the job's resolv.conf.
-    #[serde(default)]
-    pub sysfs: Option<PathBuf>,
-    #[serde(default)]
-    pub resolv_conf: Option<PathBuf>,
-}
-
-impl JobNetwork {
-    pub fn subnet(&self) -> Ipv4Net {
-        self.subnet.unwrap_or(DEFAULT_SUBNET)
-    }
-    /// The jobs' gateway: the subnet's first address (never a job's).
-    pub fn gateway(&self) -> Ipv4Addr {
-        self.subnet().nth(1)
-    }
-}
 
 /// A host end of a job's veth pair (`azp` and 12 hex digits).
 pub fn is_job_link(name: &str) -> bool {
