@@ -51,7 +51,8 @@ pub fn check(home: &Home, settings: &RunSettings, ctx: RunContext) -> Result<Rea
     // retries (which is all an unreachable server would have said).
     let (net, proxy_env) = network(settings)?;
     if settings.network == crate::config::Network::Isolated {
-        tracing::info!("jobs' network: {}", crate::sandbox::network::ipv6_note());
+        let rootless = crate::rootless::mode().rootless;
+        tracing::info!("jobs' network: {}", crate::sandbox::network::ipv6_note(settings.network_ipv6, rootless));
     }
     let (driver, split) = gpus(settings, &ctx.driver_root)?;
     let (rootfs_name, lease) = rootfs(home, settings, &driver)?;
@@ -115,6 +116,7 @@ pub fn network(settings: &RunSettings) -> Result<(crate::sandbox::network::JobNe
         net.host_ports = ports;
     }
     network::check_host(settings.network, &net, rootless)?;
+    net.ipv6 = network::resolve_ipv6(settings.network, settings.network_ipv6, rootless)?;
     Ok((net, env))
 }
 
