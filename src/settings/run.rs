@@ -520,6 +520,26 @@ mod tests {
     }
 
     #[test]
+    fn network_ipv6_key_and_flag() {
+        use crate::config::Ipv6;
+        let s = merge(FileSettings::default(), FlagSettings::default(), flags()).unwrap();
+        assert_eq!(s.network_ipv6, Ipv6::Auto, "IPv6 where the host has it");
+        let s = merge(parse_file("network_ipv6 = \"off\"").unwrap(), FlagSettings::default(), flags()).unwrap();
+        assert_eq!(s.network_ipv6, Ipv6::Off);
+        let f = FlagSettings { network_ipv6: Some(Ipv6::On), ..flags() };
+        let s = merge(parse_file("network_ipv6 = \"off\"").unwrap(), FlagSettings::default(), f).unwrap();
+        assert_eq!(s.network_ipv6, Ipv6::On, "the flag wins");
+        let e = merge(parse_file("network_ipv6 = \"yes\"").unwrap(), FlagSettings::default(), flags()).unwrap_err();
+        assert_eq!(
+            format!("{e:#}"),
+            "bad network_ipv6 in the config file: unknown network_ipv6 'yes': use auto (the default: where the host \
+             has IPv6), on or off"
+        );
+        let e = parse_file("network_ipv4 = \"on\"").unwrap_err().to_string();
+        assert!(e.contains("unknown key `network_ipv4`: did you mean `network_ipv6`?"), "{e}");
+    }
+
+    #[test]
     fn work_dir_keep_failed_and_logs() {
         let s = merge(FileSettings::default(), FlagSettings::default(), flags()).unwrap();
         assert_eq!((s.work_dir, s.keep_failed, s.diag_logs_max, s.agents_as_root), (None, 0, 200 << 20, false));

@@ -206,7 +206,7 @@ fn t35_ipv6_on_where_jobs_cannot_have_it_is_one_line_and_off_is_ipv4_only() {
     } else {
         "network_ipv6 = on (--ipv6 on), but this host has no IPv6 default route: give the host an IPv6 default route"
     };
-    assert_ne!(o.code, 0, "{}", o.err);
+    assert_eq!(o.code, 125, "{}", o.err);
     assert!(o.err.contains(want), "{}", o.err);
     assert_eq!(o.err.lines().filter(|l| !l.trim().is_empty()).count(), 1, "one line: {}", o.err);
     let v4only = "echo addrs=$(ip -6 -o addr show | awk '{print $2 \"/\" $4}' | tr '\\n' ' ')";
