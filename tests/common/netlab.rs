@@ -23,6 +23,7 @@
 //!  (*:8081 answers on its IPv6 addresses too)            dnsmasq: v6only.example = 2001:2::1
 //!  NAMEh 2001:2:0:1::1/64 -------------- veth ---------- NAMEi 2001:2:0:1::2/64
 //!  default via 2001:2:0:1::2 dev NAMEh                   NAMEi fe80::a9fe:a9fe: [..]:80 "metadata-secret"
+//!  fd00:ec2::254/128 via 2001:2:0:1::2 (only here)       lo [fd00:ec2::254]:80 "metadata-secret"
 //!  net.ipv6.conf.all.forwarding = 0 (a host, not a router)
 //! ```
 //!
@@ -59,6 +60,8 @@ pub const INTERNET_BODY: &str = "internet-ok";
 pub const HOST_IP6: &str = "2001:2:0:1::1";
 pub const V6ONLY_NAME: &str = "v6only.example";
 pub const METADATA_IP6: &str = "fe80::a9fe:a9fe";
+/// AWS's IPv6 metadata address, routed in the fake host only.
+pub const AWS_METADATA_IP6: &str = "fd00:ec2::254";
 pub const METADATA_BODY: &str = "metadata-secret";
 pub const HOST_BODY: &str = "host-loopback-secret";
 
@@ -192,6 +195,7 @@ impl NetLab {
         if self.ipv6 {
             self.server(&i, httpd(&format!("[{DUAL_IPV6}]:80"), &www))?;
             self.server(&i, httpd(&format!("[{METADATA_IP6}%{il}]:80"), &meta))?;
+            self.server(&i, httpd(&format!("[{AWS_METADATA_IP6}]:80"), &meta))?;
             self.server(&h, httpd(&format!("[::1]:{HOST_LOOPBACK_PORT}"), &host))?;
         }
         let dnsmasq = |listen: &str, rest: &[&str]| {
@@ -236,6 +240,8 @@ impl NetLab {
             (i, vec!["addr", "add", &link6(2), "dev", il, "nodad"]),
             (i, vec!["addr", "add", &meta, "dev", il, "nodad"]),
             (i, vec!["addr", "add", &dual, "dev", "lo"]),
+            (i, vec!["addr", "add", AWS_METADATA_IP6, "dev", "lo"]),
+            (h, vec!["-6", "route", "add", AWS_METADATA_IP6, "via", "2001:2:0:1::2", "dev", hl]),
         ] {
             let mut args = vec!["ip", "-n", ns];
             args.extend(cmd);
@@ -285,7 +291,8 @@ impl NetLab {
     fn ipv6_ready(&self) -> bool {
         let meta = format!("http://[{METADATA_IP6}%{}h]/", self.name);
         let loopback = format!("http://[::1]:{HOST_LOOPBACK_PORT}/");
-        [format!("http://{V6ONLY_NAME}/"), format!("http://[{DUAL_IPV6}]/"), meta, loopback]
+        let aws = format!("http://[{AWS_METADATA_IP6}]/");
+        [format!("http://{V6ONLY_NAME}/"), format!("http://[{DUAL_IPV6}]/"), meta, loopback, aws]
             .iter()
             .all(|u| self.in_host(&["busybox", "wget", "-q", "-O", "/dev/null", u]))
     }
