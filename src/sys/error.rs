@@ -153,6 +153,12 @@ pub enum Error {
         #[source]
         source: Errno,
     },
+    #[error("cannot write {} in the job's network namespace", path.display())]
+    JobSysctl {
+        path: PathBuf,
+        #[source]
+        source: Errno,
+    },
     #[error("cannot set net.ipv6.conf.{link}.{key} on the job's host end")]
     HostEndSysctl {
         link: String,

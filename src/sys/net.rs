@@ -13,8 +13,9 @@
 //!   which keeps naming the host's links), the job's IPv6 address (from its IPv4 one),
 //!   its host route and neighbour entry, and the job's IPv6 gateway, routes and blocks;
 //! - pasta (rootless, [`Pasta`]): a child forked first, still in the host's namespace,
-//!   waits; unshare; the child opens the new namespace and becomes pasta; pasta's pid
-//!   file (a pipe) says when it is ready; the job's routes.
+//!   waits; unshare; (IPv6) no link-local addresses for the namespace's new links; the
+//!   child opens the new namespace and becomes pasta; pasta's pid file (a pipe) says
+//!   when it is ready; the job's routes.
 //!
 //! The namespace belongs to the helper's user namespace (the initial one in root mode),
 //! in which the job has no CAP_NET_ADMIN: its routes and addresses are out of its reach.
@@ -182,6 +183,10 @@ pub struct Pasta {
     pub routes: Vec<JobRoute>,
     /// Its messages (`--log-file`, and its stdout and stderr): not the job's output.
     pub log: PathBuf,
+    /// IPv6 too (pasta not `--ipv4-only`): the networks the job's routes prohibit. Its
+    /// tap gets no link-local address, hence no `fe80::/64` route through pasta, which
+    /// would connect to link-local addresses from the host.
+    pub ipv6_blocked: Option<Vec<Ipv6Net>>,
 }
 
 /// What a job's namespace gets.
@@ -335,7 +340,12 @@ fn configure_job_ipv6(job: &Socket, v: &Veth, v6: &Veth6, address: Ipv6Addr) -> 
     m.attr_ipv6(nl::RTA_GATEWAY, v6.gateway).attr_u32(nl::RTA_OIF, JOB_IFINDEX as u32);
     job.request(m)
         .map_err(|source| Error::AddRoute { route: format!("default via {} dev eth0", v6.gateway), source })?;
-    for n in &v6.blocked {
+    prohibit6(job, &v6.blocked)
+}
+
+/// Prohibit routes for `blocked` in the job's namespace.
+fn prohibit6(job: &Socket, blocked: &[Ipv6Net]) -> Result<()> {
+    for n in blocked {
         let mut m =
             Message::route6(nl::NLM_F_CREATE | nl::NLM_F_EXCL, n.prefix, nl::RT_SCOPE_UNIVERSE, nl::RTN_PROHIBIT);
         m.attr_ipv6(nl::RTA_DST, n.addr);
@@ -360,10 +370,13 @@ fn isolate_pasta(p: &Pasta) -> Result<Made> {
         super::process::Forked::Parent(pid) => pid.as_raw(),
     };
     drop((go_rx, ready_tx));
-    // Step 2: the namespace, its loopback.
+    // Step 2: the namespace, its loopback (IPv6: no link-local address on links to come).
     unshare_network()?;
     let job = socket()?;
     loopback_up(&job)?;
+    if p.ipv6_blocked.is_some() {
+        no_link_local_addresses()?;
+    }
     // Step 3: pasta joins it; it writes its pid once the namespace is configured.
     let _ = nix::unistd::write(&go_tx, b"g");
     drop(go_tx);
@@ -375,7 +388,30 @@ fn isolate_pasta(p: &Pasta) -> Result<Made> {
     // Step 4: the job's routes (pasta made its address and default route).
     let gateway = p.args.iter().position(|a| a == "-g").and_then(|i| p.args.get(i + 1)?.parse().ok());
     add_routes(&job, &p.routes, gateway.unwrap_or(Ipv4Addr::UNSPECIFIED))?;
+    if let Some(blocked) = &p.ipv6_blocked {
+        prohibit6(&job, blocked)?;
+        prohibit_link_local_rule(&job)?;
+    }
     Ok(Made { pasta_pid: Some(pid), ..Default::default() })
+}
+
+/// A routing rule, looked at before any route: link-local destinations are prohibited.
+/// pasta's tap carries the job's default route via the host's (often link-local)
+/// gateway, and a lookup for a scoped link-local address (`fe80::1%eth0`) passes over
+/// the prohibit route (it has no device) to that default route: pasta would get the
+/// connection. Neighbour discovery of the gateway looks up no route and still works.
+fn prohibit_link_local_rule(job: &Socket) -> Result<()> {
+    let mut m = Message::rule(nl::NLM_F_CREATE | nl::NLM_F_EXCL, nl::AF_INET6, 10, nl::FR_ACT_PROHIBIT);
+    m.attr_ipv6(nl::FRA_DST, Ipv6Addr::new(0xfe80, 0, 0, 0, 0, 0, 0, 0)).attr_u32(nl::FRA_PRIORITY, 100);
+    job.request(m).map_err(|source| Error::AddRoute { route: "rule to fe80::/10 prohibit".into(), source })
+}
+
+/// The job's namespace's `net.ipv6.conf.default.addr_gen_mode` = none: links made from
+/// now on (pasta's tap) get no link-local address.
+fn no_link_local_addresses() -> Result<()> {
+    const DEFAULT_ADDR_GEN_MODE: &str = "/proc/sys/net/ipv6/conf/default/addr_gen_mode";
+    std::fs::write(DEFAULT_ADDR_GEN_MODE, "1")
+        .map_err(|e| Error::JobSysctl { path: DEFAULT_ADDR_GEN_MODE.into(), source: errno_of(&e) })
 }
 
 /// The first line pasta writes to its pid file (a pipe it keeps open), or what came

@@ -25,6 +25,11 @@ pub const RTM_GETADDR: u16 = 22;
 pub const RTM_NEWROUTE: u16 = 24;
 pub const RTM_GETROUTE: u16 = 26;
 pub const RTM_NEWNEIGH: u16 = 28;
+pub const RTM_NEWRULE: u16 = 32;
+/// Routing rules (linux/fib_rules.h): the destination, the priority, the "prohibit" action.
+pub const FRA_DST: u16 = 1;
+pub const FRA_PRIORITY: u16 = 6;
+pub const FR_ACT_PROHIBIT: u8 = 8;
 const NLMSG_ERROR: u16 = 2;
 const NLMSG_DONE: u16 = 3;
 const NLM_F_REQUEST: u16 = 0x1;
@@ -232,6 +237,12 @@ impl Message {
         Message::new(RTM_NEWNEIGH, flags, &h)
     }
 
+    /// `RTM_NEWRULE` with a `fib_rule_hdr`: a routing rule of `family` for destinations
+    /// of `dst_len` bits, with `action` (FR_ACT_*).
+    pub fn rule(flags: u16, family: u8, dst_len: u8, action: u8) -> Message {
+        Message::new(RTM_NEWRULE, flags, &[family, dst_len, 0, 0, 0, 0, 0, action, 0, 0, 0, 0])
+    }
+
     /// nftables `GETTABLE` of `name` in the inet family.
     pub fn nft_get_table(name: &str) -> Message {
         // nfgenmsg: family, version, res_id (big endian: the subsystem's resource id).
@@ -407,6 +418,20 @@ mod tests {
         assert_eq!(&b[16..24], &[AF_INET, 32, 0, 0, 2, 0, 0, 0]);
         let b = Message::neigh(NLM_F_CREATE, AF_INET, 2, NUD_PERMANENT).finish(1, 0);
         assert_eq!(&b[16..28], &[AF_INET, 0, 0, 0, 2, 0, 0, 0, 0x80, 0, 0, 0]);
+    }
+
+    #[test]
+    fn a_prohibit_rule() {
+        let mut m = Message::rule(NLM_F_CREATE | NLM_F_EXCL, AF_INET6, 10, FR_ACT_PROHIBIT);
+        let ll: Ipv6Addr = "fe80::".parse().unwrap();
+        m.attr_ipv6(FRA_DST, ll).attr_u32(FRA_PRIORITY, 100);
+        let b = m.finish(1, NLM_F_ACK);
+        assert_eq!(u16::from_ne_bytes([b[4], b[5]]), RTM_NEWRULE);
+        assert_eq!(&b[16..28], &[AF_INET6, 10, 0, 0, 0, 0, 0, FR_ACT_PROHIBIT, 0, 0, 0, 0]);
+        assert_eq!(
+            attributes(&b[16..], 12),
+            vec![(FRA_DST, &ll.octets()[..]), (FRA_PRIORITY, &100u32.to_ne_bytes()[..])]
+        );
     }
 
     #[test]

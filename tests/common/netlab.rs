@@ -22,8 +22,10 @@
 //!  lo [::1]:8080      HTTP "host-loopback-secret"        lo [2001:2::1]:80  HTTP "internet-ok"
 //!  (*:8081 answers on its IPv6 addresses too)            dnsmasq: v6only.example = 2001:2::1
 //!  NAMEh 2001:2:0:1::1/64 -------------- veth ---------- NAMEi 2001:2:0:1::2/64
-//!  default via 2001:2:0:1::2 dev NAMEh                   NAMEi fe80::a9fe:a9fe: [..]:80 "metadata-secret"
+//!  default via fe80::2 dev NAMEh (link-local, as a       NAMEi fe80::2 (the router)
+//!    router's from its advertisements)                  NAMEi fe80::a9fe:a9fe: [..]:80 "metadata-secret"
 //!  fd00:ec2::254/128 via 2001:2:0:1::2 (only here)       lo [fd00:ec2::254]:80 "metadata-secret"
+//!  lo 2001:2:0:2::1/128 (a second address of its own)
 //!  net.ipv6.conf.all.forwarding = 0 (a host, not a router)
 //! ```
 //!
@@ -58,6 +60,8 @@ pub const INTERNET_BODY: &str = "internet-ok";
 /// server (at [`DUAL_IPV6`]) by a name with an AAAA record only, a link-local metadata
 /// service on the internet's side of the uplink (reachable from the fake host only).
 pub const HOST_IP6: &str = "2001:2:0:1::1";
+/// A second global address of the fake host (on its loopback link).
+pub const HOST_IP6_LO: &str = "2001:2:0:2::1";
 pub const V6ONLY_NAME: &str = "v6only.example";
 pub const METADATA_IP6: &str = "fe80::a9fe:a9fe";
 /// AWS's IPv6 metadata address, routed in the fake host only.
@@ -236,11 +240,13 @@ impl NetLab {
         let dual = format!("{DUAL_IPV6}/128");
         for (ns, cmd) in [
             (h, vec!["addr", "add", &link6(1), "dev", hl, "nodad"]),
-            (h, vec!["-6", "route", "add", "default", "via", "2001:2:0:1::2", "dev", hl]),
             (i, vec!["addr", "add", &link6(2), "dev", il, "nodad"]),
+            (i, vec!["addr", "add", "fe80::2/64", "dev", il, "nodad"]),
+            (h, vec!["-6", "route", "add", "default", "via", "fe80::2", "dev", hl]),
             (i, vec!["addr", "add", &meta, "dev", il, "nodad"]),
             (i, vec!["addr", "add", &dual, "dev", "lo"]),
             (i, vec!["addr", "add", AWS_METADATA_IP6, "dev", "lo"]),
+            (h, vec!["addr", "add", HOST_IP6_LO, "dev", "lo"]),
             (h, vec!["-6", "route", "add", AWS_METADATA_IP6, "via", "2001:2:0:1::2", "dev", hl]),
         ] {
             let mut args = vec!["ip", "-n", ns];

@@ -9,8 +9,8 @@
 
 use super::*;
 use common::netlab::{
-    self, NetLab, AWS_METADATA_IP6, DUAL_IPV6, HOST_BODY, HOST_IP6, INTERNET_BODY, METADATA_BODY, METADATA_IP6,
-    V6ONLY_NAME,
+    self, NetLab, AWS_METADATA_IP6, DUAL_IPV6, HOST_BODY, HOST_IP6, HOST_IP6_LO, INTERNET_BODY, METADATA_BODY,
+    METADATA_IP6, V6ONLY_NAME,
 };
 
 /// The jobs' IPv6 network (sandbox::network::ipv6::PREFIX).
@@ -72,11 +72,11 @@ fn refused(said: &str) -> bool {
                 .any(|w| said.contains(w)))
 }
 
-/// Rootless jobs get IPv4 only: the IPv6 cases are skipped there (visibly).
+/// The host's table is root mode's: rootless, skipped (visibly).
 macro_rules! root_mode_only {
     () => {
         if rootless() {
-            return common::skip::skip("rootless jobs get IPv4 only (IPv6 through pasta is not built)");
+            return common::skip::skip("rootless jobs have no host table (pasta, no forwarding)");
         }
     };
 }
@@ -85,7 +85,6 @@ macro_rules! root_mode_only {
 #[cfg_attr(not(test_as_root), ignore = "needs root: creates real sandboxes and network namespaces")]
 fn t32_job_reaches_the_internet_over_ipv6_by_address_and_name() {
     require_root!();
-    root_mode_only!();
     let lab = or_skip!(NetLab::new_v6());
     let h = home("net6-out");
     for (who, opts) in USERS {
@@ -99,8 +98,14 @@ fn t32_job_reaches_the_internet_over_ipv6_by_address_and_name() {
         eprintln!("{who}:\n{out}");
         assert_eq!(out.matches(INTERNET_BODY).count(), 2, "{who}: by address and by an AAAA-only name: {out}");
         let addr6 = line(&out, "addr6");
-        assert!(addr6.starts_with(JOBS_PREFIX) && addr6.ends_with("/128"), "{who}: {out}");
-        assert!(line(&out, "default6").starts_with("default via fe80::1 dev eth0"), "{who}: {out}");
+        if rootless() {
+            // pasta copies the host's address and gateway; no link-local address.
+            assert_eq!(addr6, format!("{HOST_IP6}/64"), "{who}: {out}");
+            assert!(line(&out, "default6").starts_with("default via fe80::2 dev eth0"), "{who}: {out}");
+        } else {
+            assert!(addr6.starts_with(JOBS_PREFIX) && addr6.ends_with("/128"), "{who}: {out}");
+            assert!(line(&out, "default6").starts_with("default via fe80::1 dev eth0"), "{who}: {out}");
+        }
     }
     h.assert_no_residue(&[]);
 }
@@ -109,7 +114,6 @@ fn t32_job_reaches_the_internet_over_ipv6_by_address_and_name() {
 #[cfg_attr(not(test_as_root), ignore = "needs root: creates real sandboxes and network namespaces")]
 fn t33_ipv6_job_cannot_reach_the_hosts_loopback_addresses_link_local_or_metadata() {
     require_root!();
-    root_mode_only!();
     let lab = or_skip!(NetLab::new_v6());
     let h = home("net6-host");
     let uplink = lab.host_uplink();
@@ -130,12 +134,14 @@ fn t33_ipv6_job_cannot_reach_the_hosts_loopback_addresses_link_local_or_metadata
     assert!(from_host(&format!("http://[{HOST_IP6}]:{}/", netlab::HOST_ANY_PORT)).contains(HOST_BODY));
     assert!(from_host(&format!("http://[{METADATA_IP6}%{uplink}]/")).contains(METADATA_BODY));
     assert!(from_host(&format!("http://[{AWS_METADATA_IP6}]/")).contains(METADATA_BODY));
+    assert!(from_host(&format!("http://[{HOST_IP6_LO}]:{}/", netlab::HOST_ANY_PORT)).contains(HOST_BODY));
     wait_until("the fake host's link-local address to answer", Duration::from_secs(10), || {
         from_host(&format!("http://[{ll}%{uplink}]:{}/", netlab::HOST_ANY_PORT)).contains(HOST_BODY)
     });
     let script = [
         connect("loopback", "::1", netlab::HOST_LOOPBACK_PORT),
         connect("host-global", HOST_IP6, netlab::HOST_ANY_PORT),
+        connect("host-other", HOST_IP6_LO, netlab::HOST_ANY_PORT),
         connect("host-link-local", &format!("{ll}%eth0"), netlab::HOST_ANY_PORT),
         connect("metadata", &format!("{METADATA_IP6}%eth0"), 80),
         connect("gateway", "fe80::1%eth0", netlab::HOST_ANY_PORT),
@@ -148,14 +154,18 @@ fn t33_ipv6_job_cannot_reach_the_hosts_loopback_addresses_link_local_or_metadata
         assert!(!out.contains(HOST_BODY) && !out.contains(METADATA_BODY), "{who}: {out}");
         assert!(line(&out, "internet").contains(INTERNET_BODY), "{who}: the control: {out}");
         assert!(line(&out, "loopback").contains("Connection refused"), "{who}: ::1 is the job's own: {out}");
-        for name in ["host-global", "aws-metadata"] {
-            assert!(
-                line(&out, name).contains("Permission denied"),
-                "{who}: {name}: the job's route prohibits it: {out}"
-            );
+        for name in ["aws-metadata", "host-other"] {
+            assert!(line(&out, name).contains("Permission denied"), "{who}: {name}: prohibited in the job: {out}");
         }
-        // Link-local on the job's link: no route there but the prohibit of fe80::/10
-        // (the kernel says unreachable for a scoped address): nothing leaves the job.
+        if rootless() {
+            // pasta gave the job the host's address: it is the job's own there.
+            assert!(line(&out, "host-global").contains("Connection refused"), "{who}: {out}");
+        } else {
+            assert!(line(&out, "host-global").contains("Permission denied"), "{who}: prohibited: {out}");
+        }
+        // Link-local on the job's link: root, no route there but the prohibit of
+        // fe80::/10 (the kernel says unreachable for a scoped address); rootless, a
+        // routing rule prohibits fe80::/10 before pasta's default route: nothing leaves.
         for name in ["host-link-local", "metadata", "gateway"] {
             let said = line(&out, name);
             let in_job = said.contains("Network is unreachable") || said.contains("Permission denied");
@@ -169,7 +179,6 @@ fn t33_ipv6_job_cannot_reach_the_hosts_loopback_addresses_link_local_or_metadata
 #[cfg_attr(not(test_as_root), ignore = "needs root: creates real sandboxes and network namespaces")]
 fn t34_ipv6_job_cannot_reach_another_jobs_listener() {
     require_root!();
-    root_mode_only!();
     use std::io::BufRead;
     let lab = or_skip!(NetLab::new_v6());
     let h = home("net6-slots");
@@ -189,12 +198,16 @@ fn t34_ipv6_job_cannot_reach_another_jobs_listener() {
     let mut lines = std::io::BufReader::new(a.stdout.take().unwrap()).lines();
     let addr = lines.next().unwrap().unwrap();
     let addr = addr.strip_prefix("addr=").unwrap_or_else(|| panic!("{addr}")).to_string();
-    assert!(addr.starts_with(JOBS_PREFIX), "slot A's IPv6 address: {addr}");
+    // Rootless: pasta gives every job the host's address; A's is B's own there.
+    let want = if rootless() { HOST_IP6 } else { JOBS_PREFIX };
+    assert!(addr.starts_with(want), "slot A's IPv6 address: {addr}");
     assert_eq!(lines.next().unwrap().unwrap(), "slot-a-secret", "slot A's own listener answers it");
     for (who, opts) in USERS {
         let out = exec6_ok(&lab, &h, opts, &connect("slot-a", &addr, 9000));
         assert!(!out.contains("slot-a-secret"), "{who} reached slot A: {out}");
-        assert!(line(&out, "slot-a").contains("Permission denied"), "{who}: the job's route prohibits it: {out}");
+        // Root: the jobs' /64 is prohibited; rootless: A's address is B's own.
+        let want = if rootless() { "Connection refused" } else { "Permission denied" };
+        assert!(line(&out, "slot-a").contains(want), "{who}: {out}");
     }
     nix::sys::signal::kill(nix::unistd::Pid::from_raw(a.id() as i32), nix::sys::signal::SIGTERM).unwrap();
     a.wait().unwrap();
@@ -209,11 +222,8 @@ fn t35_ipv6_on_where_jobs_cannot_have_it_is_one_line_and_off_is_ipv4_only() {
     // A fake host without IPv6 (no default route): `auto` is IPv4 only, `on` one line.
     let lab4 = or_skip!(NetLab::new());
     let o = exec6(&lab4, &h, &["--ipv6", "on"], "true");
-    let want = if rootless() {
-        "network_ipv6 = on (--ipv6 on), but IPv6 for rootless jobs (pasta) is not built yet"
-    } else {
-        "network_ipv6 = on (--ipv6 on), but this host has no IPv6 default route: give the host an IPv6 default route"
-    };
+    let want =
+        "network_ipv6 = on (--ipv6 on), but this host has no IPv6 default route: give the host an IPv6 default route";
     assert_eq!(o.code, 125, "{}", o.err);
     assert!(o.err.contains(want), "{}", o.err);
     assert_eq!(o.err.lines().filter(|l| !l.trim().is_empty()).count(), 1, "one line: {}", o.err);
@@ -224,18 +234,13 @@ fn t35_ipv6_on_where_jobs_cannot_have_it_is_one_line_and_off_is_ipv4_only() {
     // The IPv6 lab: `off` is IPv4 only and changes nothing of the host's IPv6.
     let lab = or_skip!(NetLab::new_v6());
     let script = format!("{v4only}; {}", connect("internet", DUAL_IPV6, 80));
-    let mut asks: Vec<&[&str]> = vec![&["--ipv6", "off"]];
-    if rootless() {
-        asks.push(&[]);
-    }
-    for opts in asks {
-        let out = exec6_ok(&lab, &h, opts, &script);
-        let addrs = line(&out, "addrs");
-        let only_lo =
-            addrs.split_whitespace().all(|a| a == "lo/::1/128" || (rootless() && a.starts_with("eth0/fe80:")));
-        assert!(only_lo, "{opts:?}: no IPv6 but loopback's: {out}");
-        assert!(line(&out, "internet").contains("Network is unreachable"), "{opts:?}: {out}");
-    }
+    let out = exec6_ok(&lab, &h, &["--ipv6", "off"], &script);
+    let addrs = line(&out, "addrs");
+    // Rootless: the kernel gives pasta's tap a link-local address when IPv6 is off (the
+    // job still cannot use it: t30).
+    let only_lo = addrs.split_whitespace().all(|a| a == "lo/::1/128" || (rootless() && a.starts_with("eth0/fe80:")));
+    assert!(only_lo, "off: no IPv6 but loopback's: {out}");
+    assert!(line(&out, "internet").contains("Network is unreachable"), "off: {out}");
     assert_eq!(lab.host_sysctl(&format!("net.ipv6.conf.{}.force_forwarding", lab.host_uplink())), "0");
     h.assert_no_residue(&[]);
 }
@@ -244,14 +249,15 @@ fn t35_ipv6_on_where_jobs_cannot_have_it_is_one_line_and_off_is_ipv4_only() {
 #[cfg_attr(not(test_as_root), ignore = "needs root: creates real sandboxes and network namespaces")]
 fn t36_no_ipv6_state_is_left_after_jobs_a_kill_9_and_gc() {
     require_root!();
-    root_mode_only!();
     let lab = or_skip!(NetLab::new_v6());
     let h = home("net6-residue");
     let ff = || lab.host_sysctl(&format!("net.ipv6.conf.{}.force_forwarding", lab.host_uplink()));
     assert_eq!((ff(), lab.host_sysctl("net.ipv6.conf.all.forwarding")), ("0".into(), "0".into()));
     let out = exec6_ok(&lab, &h, &[], &get(&format!("http://[{DUAL_IPV6}]/")));
     assert!(out.contains(INTERNET_BODY), "{out}");
-    assert_eq!(ff(), "1", "the uplink forwards jobs' replies while the table exists");
+    // Rootless: pasta changes nothing on the host.
+    let (ff_while, routes_while) = if rootless() { ("0", 0) } else { ("1", 1) };
+    assert_eq!(ff(), ff_while, "root: the uplink forwards jobs' replies while the table exists");
     // A job killed with its `exec` (SIGKILL: nothing of ours runs), then gc.
     let m = unique("net6-kill9");
     let mut job = HostProc(
@@ -270,7 +276,7 @@ fn t36_no_ipv6_state_is_left_after_jobs_a_kill_9_and_gc() {
         let o = Command::new("ip").args(["-n", &lab.host, "-6", "route", "show"]).output().unwrap();
         String::from_utf8_lossy(&o.stdout).lines().filter(|l| l.starts_with(JOBS_PREFIX)).count()
     };
-    assert_eq!(routes(), 1, "the running job's host route");
+    assert_eq!(routes(), routes_while, "root: the running job's host route");
     job.0.kill().unwrap();
     job.0.wait().unwrap();
     wait_until("the job's processes to be gone", Duration::from_secs(10), || processes_matching(&m).is_empty());
@@ -282,6 +288,7 @@ fn t36_no_ipv6_state_is_left_after_jobs_a_kill_9_and_gc() {
     assert_eq!(routes(), 0, "no host route to a job left");
     assert_eq!(ff(), "0", "the uplink's force_forwarding back off with the table");
     assert_eq!(lab.host_sysctl("net.ipv6.conf.all.forwarding"), "0");
+    assert!(processes_matching(&home_dir).is_empty(), "processes of this home left (pasta?)");
     h.assert_no_residue(&[]);
 }
 

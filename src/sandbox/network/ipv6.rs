@@ -1,4 +1,4 @@
-//! Jobs' IPv6 (root mode): whether jobs get it on this host (`network_ipv6`, `--ipv6`),
+//! Jobs' IPv6: whether jobs get it on this host (`network_ipv6`, `--ipv6`),
 //! and what a job's IPv6 is made of.
 //!
 //! Jobs get outbound IPv6 where the host has an IPv6 default route and can forward IPv6
@@ -10,7 +10,11 @@
 //! router advertisements on every link (its own default route and addresses from SLAAC),
 //! while force_forwarding keeps them.
 //!
-//! A job's IPv6 address is in [`PREFIX`] (a unique local /64, RFC 4193), its last 32 bits
+//! Rootless jobs get IPv6 from pasta where the host has an IPv6 default route (pasta
+//! maps their connections to the host's sockets: nothing forwards, nothing changes on
+//! the host); pasta gives the job the host's address and gateway.
+//!
+//! A (root-mode) job's IPv6 address is in [`PREFIX`] (a unique local /64, RFC 4193), its last 32 bits
 //! the job's IPv4 address (unique: claimed by its IPv4 host route), masqueraded by the
 //! host's table to the host's address as IPv4 is. DNS stays IPv4 at the gateway (the
 //! host's resolver answers AAAA). `network_allow` is IPv4 only.
@@ -81,7 +85,6 @@ pub fn set_force_forwarding(link: &str, on: bool) -> std::io::Result<()> {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Without {
     Off,
-    Rootless,
     NoDefaultRoute,
     NoForwarding,
 }
@@ -90,7 +93,6 @@ impl Without {
     fn why(self) -> &'static str {
         match self {
             Without::Off => "network_ipv6 = off",
-            Without::Rootless => "IPv6 for rootless jobs (pasta) is not built yet",
             Without::NoDefaultRoute => "this host has no IPv6 default route",
             Without::NoForwarding => {
                 "this kernel has no per-link net.ipv6.conf.*.force_forwarding (Linux >= 6.17) and \
@@ -100,7 +102,7 @@ impl Without {
     }
     fn fix(self) -> &'static str {
         match self {
-            Without::Off | Without::Rootless => "",
+            Without::Off => "",
             Without::NoDefaultRoute => "give the host an IPv6 default route",
             Without::NoForwarding => {
                 "run Linux >= 6.17, or set net.ipv6.conf.all.forwarding=1 (the host then ignores router \
@@ -115,13 +117,11 @@ pub fn decide(ask: Ipv6, rootless: bool, host: &Host) -> Option<Without> {
     if ask == Ipv6::Off {
         return Some(Without::Off);
     }
-    if rootless {
-        return Some(Without::Rootless);
-    }
     if host.uplinks.is_empty() {
         return Some(Without::NoDefaultRoute);
     }
-    if !host.forwarding && !host.force_forwarding {
+    // pasta maps the job's connections to the host's own sockets: nothing forwards.
+    if !rootless && !host.forwarding && !host.force_forwarding {
         return Some(Without::NoForwarding);
     }
     None
@@ -146,6 +146,7 @@ pub fn resolve(ask: Ipv6, rootless: bool, host: &Host) -> Result<bool> {
 /// What jobs get of IPv6, in one line (`check`, `run`'s start).
 pub fn note(ask: Ipv6, rootless: bool, host: &Host) -> String {
     match decide(ask, rootless, host) {
+        None if rootless => "jobs get IPv4 and IPv6 (IPv6 through pasta, from the host's own sockets)".into(),
         None => format!(
             "jobs get IPv4 and IPv6 (IPv6 from {PREFIX}, masqueraded to the host's address on {}{})",
             host.uplinks.join(", "),
@@ -183,11 +184,21 @@ pub fn uplinks(text: &str) -> Vec<String> {
     out
 }
 
+/// Rootless (pasta): link-local, cloud metadata and the host's own addresses (pasta
+/// would connect to them from the host). The job's address is the host's, as pasta
+/// copies it: its prohibit route does not hide the job's own address (local first).
+pub fn blocked_rootless(host: &[Ipv6Addr]) -> Vec<Ipv6Net> {
+    with_hosts(vec![LINK_LOCAL, METADATA[0], METADATA[1]], host)
+}
+
 /// The networks a job's own routes prohibit: link-local, the jobs' prefix (the other
 /// jobs), cloud metadata and the host's own addresses.
 pub fn blocked(host: &[Ipv6Addr]) -> Vec<Ipv6Net> {
-    let mut out = vec![LINK_LOCAL, PREFIX];
-    out.extend(METADATA);
+    with_hosts(vec![LINK_LOCAL, PREFIX, METADATA[0], METADATA[1]], host)
+}
+
+/// `out` and each of the `host` addresses not inside it.
+fn with_hosts(mut out: Vec<Ipv6Net>, host: &[Ipv6Addr]) -> Vec<Ipv6Net> {
     for a in host {
         if !out.iter().any(|n| n.contains(*a)) {
             out.push(Ipv6Net::host(*a));
@@ -225,11 +236,13 @@ mod tests {
         assert!(resolve(Ipv6::On, false, &good).unwrap());
         assert!(!resolve(Ipv6::Off, false, &good).unwrap());
         assert!(resolve(Ipv6::Auto, false, &host(&["eth0"], true, false)).unwrap(), "a router already");
-        assert!(!resolve(Ipv6::Auto, true, &good).unwrap(), "rootless: not built");
+        let old_kernel = host(&["eth0"], false, false);
+        assert!(resolve(Ipv6::On, true, &old_kernel).unwrap(), "rootless: pasta needs no forwarding");
+        assert!(!resolve(Ipv6::Off, true, &good).unwrap());
         for (h, rootless, want) in [
             (host(&[], false, true), false, "but this host has no IPv6 default route: give the host an IPv6 default route, or set network_ipv6 = auto"),
             (host(&["eth0"], false, false), false, "(Linux >= 6.17) and net.ipv6.conf.all.forwarding is 0: run Linux >= 6.17, or set net.ipv6.conf.all.forwarding=1"),
-            (good.clone(), true, "but IPv6 for rootless jobs (pasta) is not built yet: set network_ipv6 = auto"),
+            (host(&[], true, true), true, "but this host has no IPv6 default route"),
         ] {
             assert!(!resolve(Ipv6::Auto, rootless, &h).unwrap());
             let e = resolve(Ipv6::On, rootless, &h).unwrap_err().to_string();
@@ -250,6 +263,10 @@ mod tests {
         );
         assert_eq!(note(Ipv6::Off, false, &host(&["eth0"], true, true)), "jobs get IPv4 only: network_ipv6 = off");
         assert_eq!(
+            note(Ipv6::Auto, true, &host(&["eth0"], false, false)),
+            "jobs get IPv4 and IPv6 (IPv6 through pasta, from the host's own sockets)"
+        );
+        assert_eq!(
             note(Ipv6::Auto, false, &host(&[], true, true)),
             "jobs get IPv4 only: this host has no IPv6 default route: for IPv6, give the host an IPv6 default route"
         );
@@ -263,6 +280,11 @@ mod tests {
             b,
             ["fe80::/10", "fd61:7a70:7362::/64", "fd00:ec2::254/128", "fd20:ce::254/128", "2001:db8::2/128"],
             "a host address inside a blocked network is not listed again"
+        );
+        let b: Vec<String> = blocked_rootless(&host).iter().map(|n| n.to_string()).collect();
+        assert_eq!(
+            b,
+            ["fe80::/10", "fd00:ec2::254/128", "fd20:ce::254/128", "2001:db8::2/128", "fd61:7a70:7362::1/128"]
         );
         let v6 = crate::sys::net::Veth6 {
             prefix: PREFIX,

@@ -117,8 +117,10 @@ fn pasta_address(net: &JobNetwork) -> Ipv4Addr {
 
 /// pasta's options: the job's address, the gateway, DNS at the gateway, no port
 /// forwarded either way but the host's loopback services the job may use, the gateway
-/// not mapped to the host, IPv4 only, no DHCP/NDP server (the namespace is configured
-/// directly), in the foreground and quiet.
+/// not mapped to the host, IPv4 only (IPv6 too: the host's address and gateway, as
+/// pasta copies them, with its NDP answers for the gateway's MAC), no DHCP server or
+/// router advertisements (the namespace is configured directly), in the foreground and
+/// quiet.
 fn pasta_args(net: &JobNetwork) -> Vec<String> {
     let gateway = net.gateway().to_string();
     let ns_to_host = if net.host_ports.is_empty() {
@@ -126,15 +128,20 @@ fn pasta_args(net: &JobNetwork) -> Vec<String> {
     } else {
         net.host_ports.iter().map(|(p, _)| p.to_string()).collect::<Vec<_>>().join(",")
     };
-    let mut a: Vec<String> =
-        ["--foreground", "--quiet", "--ipv4-only", "--config-net", "--ns-ifname", crate::sys::net::JOB_IFNAME]
-            .map(String::from)
-            .to_vec();
+    let mut a: Vec<String> = ["--foreground", "--quiet", "--config-net", "--ns-ifname", crate::sys::net::JOB_IFNAME]
+        .map(String::from)
+        .to_vec();
+    if !net.ipv6 {
+        a.push("--ipv4-only".into());
+    }
     a.extend(["--address".into(), pasta_address(net).to_string(), "--netmask".into(), "30".into()]);
     a.extend(["-g".into(), gateway.clone(), "--dns-forward".into(), gateway, "--no-map-gw".into()]);
     a.extend(["-t", "none", "-u", "none", "-T"].map(String::from));
     a.push(ns_to_host);
-    a.extend(["-U", "none", "--no-dhcp", "--no-ndp", "--no-dhcpv6", "--no-ra"].map(String::from));
+    a.extend(["-U", "none", "--no-dhcp", "--no-dhcpv6", "--no-ra"].map(String::from));
+    if !net.ipv6 {
+        a.push("--no-ndp".into());
+    }
     a
 }
 
@@ -167,12 +174,14 @@ pub fn enter(mut plan: JobPlan, job: &JobDir, sys: &dyn Sys) -> Result<JobPlan> 
             let host = sys.host_addresses()?;
             let host_resolv = std::fs::read_to_string(HOST_RESOLV_CONF).unwrap_or_default();
             resolv = Some(dns::for_job(&host_resolv, plan.net.gateway(), &host, plan.rootless).resolv_conf);
+            let host6 = if plan.net.ipv6 { Some(sys.host_ipv6_addresses()?) } else { None };
             if plan.rootless {
                 let routes = job_routes(&host, None, &plan.net.allow);
                 let log = job.bundle().join("pasta.log");
-                Setup::Pasta(Pasta { program: pasta_program()?, args: pasta_args(&plan.net), routes, log })
+                let ipv6_blocked = host6.map(|h| ipv6::blocked_rootless(&h));
+                let args = pasta_args(&plan.net);
+                Setup::Pasta(Pasta { program: pasta_program()?, args, routes, log, ipv6_blocked })
             } else {
-                let host6 = if plan.net.ipv6 { Some(sys.host_ipv6_addresses()?) } else { None };
                 let v6 = host6.map(|h| veth6(&h, !ipv6::all_forwarding()));
                 Setup::Veth(veth(&plan, &host, v6, std::process::id()))
             }
@@ -441,6 +450,10 @@ mod tests {
         assert!(a.contains("--address 10.87.0.2") && a.contains("--ipv4-only"), "{a}");
         let net = JobNetwork { host_ports: vec![(3128, Ipv4Addr::LOCALHOST)], ..Default::default() };
         assert!(pasta_args(&net).join(" ").contains("-T 3128 -U none"));
+        assert!(a.contains("--no-ndp"), "{a}");
+        let a = pasta_args(&JobNetwork { ipv6: true, ..Default::default() }).join(" ");
+        assert!(!a.contains("--ipv4-only") && !a.contains("--no-ndp"), "IPv6: NDP for the gateway: {a}");
+        assert!(a.contains("--no-map-gw") && a.contains("--no-ra") && a.contains("--no-dhcpv6"), "{a}");
     }
 
     #[test]
