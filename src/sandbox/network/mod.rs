@@ -31,12 +31,13 @@
 //!   (a table flushed by a firewall reload fails closed), and in rootless mode, where
 //!   pasta would connect to any address from the host, the routes are the block.
 //!
-//! IPv6 ([`ipv6`], `network_ipv6 = auto|on|off`): root-mode jobs get outbound IPv6 too
-//! where the host has an IPv6 default route and can forward IPv6 for them alone (per
-//! link `force_forwarding`, Linux >= 6.17, or a host that routes IPv6 already): an
-//! address of a unique local /64 beside the IPv4 one on the same veth, masqueraded by
-//! the same table. Elsewhere, in rootless mode and with `off`, IPv4 only (no address
-//! but loopback's).
+//! IPv6 ([`ipv6`], `network_ipv6 = auto|on|off`): jobs get outbound IPv6 too where the
+//! host has an IPv6 default route. Root mode, where the host can forward IPv6 for them
+//! alone (per link `force_forwarding`, Linux >= 6.17, or a host that routes IPv6
+//! already): an address of a unique local /64 beside the IPv4 one on the same veth,
+//! masqueraded by the same table. Rootless: pasta, with the host's address and gateway,
+//! link-local addresses prohibited by a routing rule. Elsewhere and with `off`, IPv4
+//! only (no address but loopback's).
 
 pub mod dns;
 pub mod firewall;
