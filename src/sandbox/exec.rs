@@ -108,9 +108,11 @@ pub fn run(home: &Home, driver_root: &Path, req: &ExecRequest) -> Result<super::
     }
     super::network::check_host(req.network, &net, rootless)?;
     net.ipv6 = super::network::resolve_ipv6(req.network, req.ipv6, rootless)?;
-    if req.network == Network::Isolated && !rootless && !(net.allow.is_empty() && net.host_ports.is_empty()) {
-        // The allowed destinations' and the proxy's elements in the host's table.
-        super::network::ensure_table(&net, true)?;
+    let register = !(net.allow.is_empty() && net.host_ports.is_empty());
+    if req.network == Network::Isolated && !rootless && (register || net.ipv6) {
+        // The allowed destinations' and the proxy's elements in the host's table; with
+        // IPv6, its uplinks forwarding (`--ipv6 on` and a table without IPv6: an error).
+        super::network::ensure_table(&mut net, true, req.ipv6)?;
     }
     super::gc_before_job(home).context("gc before exec failed")?.log();
     let (mut plan, lease) = prepare(home, driver_root, req)?;

@@ -346,3 +346,37 @@ fn t37_the_hosts_table_blocks_the_same_without_the_jobs_own_routes() {
     }
     h.assert_no_residue(&[]);
 }
+
+#[test]
+#[cfg_attr(not(test_as_root), ignore = "needs root: creates real sandboxes and network namespaces")]
+fn t38_a_table_of_an_older_azp_sandbox_leaves_jobs_ipv4_only() {
+    require_root!();
+    root_mode_only!();
+    let lab = or_skip!(NetLab::new_v6());
+    let h = home("net6-oldtable");
+    // The table as a version without IPv6 rules made it (it drops jobs' IPv6): its comment
+    // has no "ipv6". The helper only checks that the table exists.
+    let old = "add table inet azp-sandbox { comment \"azp-sandbox jobs: subnet 10.87.0.0/16\"; }";
+    let o = Command::new("ip").args(["netns", "exec", &lab.host, "nft", old]).output().unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let addrs = "echo addrs=$(ip -6 -o addr show | awk '{print $2 \"/\" $4}' | tr '\\n' ' ')";
+    let o = exec6(&lab, &h, &[], addrs);
+    assert_eq!(o.code, 0, "{}", o.err);
+    assert_eq!(line(&o.out, "addrs").trim(), "lo/::1/128", "IPv4 only: {}", o.out);
+    assert!(
+        o.err.contains("jobs get IPv4 only: the nftables table inet azp-sandbox was made by an older"),
+        "{}",
+        o.err
+    );
+    let o = exec6(&lab, &h, &["--ipv6", "on"], "true");
+    assert_eq!(o.code, 125, "{}", o.err);
+    assert!(o.err.contains("network_ipv6 = on (--ipv6 on), but the nftables table inet azp-sandbox was made by"));
+    assert_eq!(o.err.lines().filter(|l| !l.trim().is_empty()).count(), 1, "one line: {}", o.err);
+    assert_eq!(lab.host_sysctl(&format!("net.ipv6.conf.{}.force_forwarding", lab.host_uplink())), "0");
+    // gc removes it (no job left); the next job makes the table with IPv6 rules.
+    let out = h.lab_command(&lab).arg("gc").output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let out = exec6_ok(&lab, &h, &[], addrs);
+    assert!(line(&out, "addrs").contains(&format!("eth0/{JOBS_PREFIX}")), "{out}");
+    h.assert_no_residue(&[]);
+}

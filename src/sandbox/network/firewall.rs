@@ -48,6 +48,9 @@ const IP_FORWARD: &str = "/proc/sys/net/ipv4/ip_forward";
 const FORWARDING_WAS_OFF: &str = "ip_forward was 0";
 /// The set of the uplinks whose IPv6 force_forwarding the table turned on.
 const V6_UPLINKS: &str = "v6_uplinks";
+/// In the comment of a table that has the IPv6 rules: one made by an older azp-sandbox
+/// drops jobs' IPv6 (its jobs get IPv4 only until it is removed).
+const HAS_IPV6_RULES: &str = "ipv6";
 
 /// A host service on the host's loopback that jobs reach at their gateway.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -132,7 +135,7 @@ pub fn script(subnet: Ipv4Net, gateway: Ipv4Addr, services: &[HostService], forw
 }
 
 fn comment(subnet: Ipv4Net, forwarding_was_off: bool) -> String {
-    let mut c = format!("azp-sandbox jobs: subnet {subnet}");
+    let mut c = format!("azp-sandbox jobs: subnet {subnet}, {HAS_IPV6_RULES}");
     if forwarding_was_off {
         c.push_str(&format!(", {FORWARDING_WAS_OFF}"));
     }
@@ -235,21 +238,25 @@ fn lock() -> Result<nix::fcntl::Flock<std::fs::File>> {
 /// adds `extra` elements (a run's proxy port, a job's allowed destinations). A table of
 /// another subnet is an error: two subnets would need two gateways in one table.
 /// `ipv6`: jobs get IPv6: the uplinks forward for them (see [`uplinks_to_turn_on`]).
+/// Returns whether the table has the IPv6 rules (false: made by an older azp-sandbox).
 pub fn ensure(
     subnet: Ipv4Net,
     gateway: Ipv4Addr,
     services: impl FnOnce() -> Vec<HostService>,
     extra: &str,
     ipv6: bool,
-) -> Result<()> {
+) -> Result<bool> {
     begin_table_use()?;
-    let v6_pending = || ipv6 && !uplinks_to_turn_on(&super::ipv6::Host::probe()).is_empty();
-    if exists_for(subnet)? && extra.is_empty() && !v6_pending() {
-        return Ok(());
+    let has_v6 = |c: &str| c.split(", ").any(|w| w == HAS_IPV6_RULES);
+    if let Some(c) = existing(subnet)? {
+        let v6_pending = || ipv6 && has_v6(&c) && !uplinks_to_turn_on(&super::ipv6::Host::probe()).is_empty();
+        if extra.is_empty() && !v6_pending() {
+            return Ok(has_v6(&c));
+        }
     }
     let nft = nft()?;
     let _lock = lock()?;
-    if !exists_for(subnet)? {
+    if existing(subnet)?.is_none() {
         let forwarding_was_off = std::fs::read_to_string(IP_FORWARD).map(|v| v.trim() == "0").unwrap_or(false);
         run_nft(&nft, &script(subnet, gateway, &services(), forwarding_was_off))?;
         if forwarding_was_off {
@@ -261,7 +268,8 @@ pub fn ensure(
             if forwarding_was_off { "; IPv4 forwarding turned on until it is removed" } else { "" }
         );
     }
-    if ipv6 {
+    let v6_rules = existing(subnet)?.is_some_and(|c| has_v6(&c));
+    if ipv6 && v6_rules {
         // Under the lock, looked at again: another run may have done it meanwhile.
         for link in uplinks_to_turn_on(&super::ipv6::Host::probe()) {
             // Recorded first: a crash in between leaves a record, not a setting nobody undoes.
@@ -278,7 +286,7 @@ pub fn ensure(
     if !extra.is_empty() {
         run_nft(&nft, extra)?;
     }
-    Ok(())
+    Ok(v6_rules)
 }
 
 /// The host's IPv6 uplinks that must forward jobs' replies and do not yet: none when the
@@ -303,9 +311,10 @@ fn v6_uplinks(nft: &Path) -> Vec<String> {
     out.map(|o| quoted_elements(&String::from_utf8_lossy(&o.stdout))).unwrap_or_default()
 }
 
-/// The table exists (for `subnet`: else an error that says what to change).
-fn exists_for(subnet: Ipv4Net) -> Result<bool> {
-    let Some(comment) = crate::sys::net::nft_table(TABLE)? else { return Ok(false) };
+/// The table's comment when it exists (for `subnet`: else an error that says what to
+/// change).
+fn existing(subnet: Ipv4Net) -> Result<Option<String>> {
+    let Some(comment) = crate::sys::net::nft_table(TABLE)? else { return Ok(None) };
     let theirs = comment.as_deref().and_then(subnet_of).unwrap_or("?");
     if theirs != subnet.to_string() {
         bail!(
@@ -313,7 +322,7 @@ fn exists_for(subnet: Ipv4Net) -> Result<bool> {
              use the same network_subnet, or stop them and run `azp-sandbox gc`"
         );
     }
-    Ok(true)
+    Ok(Some(comment.unwrap_or_default()))
 }
 
 /// Removes the table when no job link exists (waiting up to `grace` for the links of
@@ -397,7 +406,7 @@ mod tests {
         let s = script(net(), Ipv4Addr::new(10, 87, 0, 1), &dns(Ipv4Addr::new(127, 0, 0, 53)), true);
         assert!(
             s.starts_with(
-                "table inet azp-sandbox {\n  comment \"azp-sandbox jobs: subnet 10.87.0.0/16, ip_forward was 0\"\n"
+                "table inet azp-sandbox {\n  comment \"azp-sandbox jobs: subnet 10.87.0.0/16, ipv6, ip_forward was 0\"\n"
             ),
             "{s}"
         );
@@ -423,6 +432,7 @@ mod tests {
         assert!(!s.contains("elements") && !s.contains("iifname != \"azp*\" oifname"), "{s}");
         assert_eq!(subnet_of("azp-sandbox jobs: subnet 10.87.0.0/16, ip_forward was 0"), Some("10.87.0.0/16"));
         assert_eq!(subnet_of("azp-sandbox jobs: subnet 10.9.0.0/16"), Some("10.9.0.0/16"));
+        assert_eq!(subnet_of("azp-sandbox jobs: subnet 10.9.0.0/16, ipv6"), Some("10.9.0.0/16"));
     }
 
     #[test]

@@ -309,7 +309,9 @@ fn check_subnet(subnet: Ipv4Net) -> Result<()> {
 /// Root mode, isolated: the host's table exists (made when absent, with the DNS and
 /// host ports of `net`). `register`: also add `net`'s host ports and allowed
 /// destinations (once per run or exec that has any). A job's sandbox checks it cheaply.
-pub fn ensure_table(net: &JobNetwork, register: bool) -> Result<()> {
+/// A table made by an older azp-sandbox (no IPv6 rules: it drops jobs' IPv6) leaves
+/// `net` IPv4 only, with a warning (`ask` on: an error).
+pub fn ensure_table(net: &mut JobNetwork, register: bool, ask: Ipv6) -> Result<()> {
     let ports: Vec<firewall::HostService> = net
         .host_ports
         .iter()
@@ -326,7 +328,20 @@ pub fn ensure_table(net: &JobNetwork, register: bool) -> Result<()> {
         services
     };
     let extra = if register { firewall::elements(&ports, allow_group(&net.allow), &net.allow) } else { String::new() };
-    firewall::ensure(net.subnet(), net.gateway(), services, &extra, net.ipv6)
+    let v6_rules = firewall::ensure(net.subnet(), net.gateway(), services, &extra, net.ipv6)?;
+    if net.ipv6 && !v6_rules {
+        let why = format!(
+            "the nftables table inet {} was made by an older azp-sandbox, without IPv6 rules: \
+             stop its jobs and run `azp-sandbox gc`",
+            firewall::TABLE
+        );
+        if ask == Ipv6::On {
+            bail!("network_ipv6 = on (--ipv6 on), but {why}");
+        }
+        tracing::warn!("jobs get IPv4 only: {why}");
+        net.ipv6 = false;
+    }
+    Ok(())
 }
 
 /// The service's proxy variables as a job gets them, and the host ports the job
