@@ -60,7 +60,7 @@ pub struct NetworkArgs {
     pub network_allow: Vec<azp_sandbox::config::NetworkAllow>,
     /// Outbound IPv6 for jobs too: auto (where the host has an IPv6 default route and
     /// can forward it for them) [default], on (an error where it cannot), off
-    #[arg(long, value_enum, value_name = "WHEN")]
+    #[arg(long, value_enum, value_name = "WHEN", env = "AZP_SANDBOX_IPV6")]
     pub ipv6: Option<azp_sandbox::config::Ipv6>,
 }
 
