@@ -13,6 +13,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 threads="${AZP_SANDBOX_TEST_THREADS:-4}"
+# Jobs run by tests in this machine's own network namespace get no IPv6: its IPv6
+# default route is the real network's (an `auto` job would turn on the real uplink's
+# force_forwarding while the jobs' table exists). The network lab's commands unset it.
+export AZP_SANDBOX_IPV6=off
 
 AZP_SANDBOX_SKIP_LOG="$(mktemp /tmp/azp-sandbox-skips.XXXXXX)"
 export AZP_SANDBOX_SKIP_LOG

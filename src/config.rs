@@ -405,6 +405,48 @@ impl std::str::FromStr for Network {
     }
 }
 
+/// `--ipv6 auto|on|off` (`network_ipv6 = ...` in config.toml): whether isolated jobs
+/// get outbound IPv6 besides IPv4 (see `sandbox::network::ipv6`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize, clap::ValueEnum)]
+pub enum Ipv6 {
+    /// Where the host has it (an IPv6 default route, and a kernel that can forward it
+    /// for jobs alone); IPv4 only elsewhere, and the start line says why.
+    #[default]
+    Auto,
+    /// Always: a host without it is an error that names what is missing.
+    On,
+    /// IPv4 only.
+    Off,
+}
+
+impl Ipv6 {
+    pub fn name(self) -> &'static str {
+        match self {
+            Ipv6::Auto => "auto",
+            Ipv6::On => "on",
+            Ipv6::Off => "off",
+        }
+    }
+}
+
+impl std::fmt::Display for Ipv6 {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl std::str::FromStr for Ipv6 {
+    type Err = anyhow::Error;
+    fn from_str(s: &str) -> Result<Ipv6> {
+        match s {
+            "auto" => Ok(Ipv6::Auto),
+            "on" => Ok(Ipv6::On),
+            "off" => Ok(Ipv6::Off),
+            _ => bail!("unknown network_ipv6 '{s}': use auto (the default: where the host has IPv6), on or off"),
+        }
+    }
+}
+
 /// A destination jobs may reach although it is blocked (`network_allow`, `--network-allow`):
 /// `IP` or `IP:PORT` (IPv4), e.g. the cloud metadata service `169.254.169.254:80`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
@@ -576,6 +618,12 @@ mod tests {
     #[test]
     fn network_modes_allow_entries_and_subnets() {
         assert_eq!(Network::default(), Network::Isolated, "jobs get their own network by default");
+        assert_eq!(Ipv6::default(), Ipv6::Auto, "IPv6 where the host has it");
+        for m in [Ipv6::Auto, Ipv6::On, Ipv6::Off] {
+            assert_eq!(m.name().parse::<Ipv6>().unwrap(), m);
+        }
+        let e = "yes".parse::<Ipv6>().unwrap_err().to_string();
+        assert_eq!(e, "unknown network_ipv6 'yes': use auto (the default: where the host has IPv6), on or off");
         for m in [Network::Isolated, Network::None, Network::Host] {
             assert_eq!(m.name().parse::<Network>().unwrap(), m);
         }

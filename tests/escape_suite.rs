@@ -25,6 +25,8 @@ mod identity;
 mod network;
 #[path = "escape/network_proxy.rs"]
 mod network_proxy;
+#[path = "escape/network_v6.rs"]
+mod network_v6;
 #[path = "escape/review.rs"]
 mod review;
 use common::digest::{hex, sha256_file, sha256_hex};

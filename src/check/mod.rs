@@ -120,7 +120,8 @@ pub fn local(report: &mut Report, inputs: &Inputs) -> Option<RunSettings> {
     let net = startup::network(&s);
     report.result("network", net, |_| match s.network {
         crate::config::Network::Isolated => {
-            format!("--network isolated can be set up on this host; {}", crate::sandbox::network::ipv6_note())
+            let note = crate::sandbox::network::ipv6_note(s.network_ipv6, crate::rootless::mode().rootless);
+            format!("--network isolated can be set up on this host; {note}")
         }
         n => format!("--network {} can be set up on this host", n.name()),
     });

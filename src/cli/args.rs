@@ -58,6 +58,10 @@ pub struct NetworkArgs {
     /// A blocked destination jobs may reach: IP or IP:PORT, e.g. 169.254.169.254:80 (repeat)
     #[arg(long = "network-allow", value_name = "IP[:PORT]", value_parser = checked_allow)]
     pub network_allow: Vec<azp_sandbox::config::NetworkAllow>,
+    /// Outbound IPv6 for jobs too: auto (where the host has an IPv6 default route and
+    /// can forward it for them) [default], on (an error where it cannot), off
+    #[arg(long, value_enum, value_name = "WHEN", env = "AZP_SANDBOX_IPV6")]
+    pub ipv6: Option<azp_sandbox::config::Ipv6>,
 }
 
 fn checked_allow(s: &str) -> Result<azp_sandbox::config::NetworkAllow, String> {

@@ -95,6 +95,7 @@ impl JobArgs {
             limits: self.limits.ask(),
             network: self.network.network.unwrap_or_default(),
             network_allow: self.network.network_allow,
+            ipv6: self.network.ipv6.unwrap_or_default(),
             gpus: self.gpus,
             gpu_capabilities: self.gpu_capabilities,
             cdi_spec: self.cdi_spec,

@@ -104,6 +104,7 @@ impl RunArgs {
             userns: self.userns,
             network: self.network.network,
             network_allow: self.network.network_allow.clone(),
+            network_ipv6: self.network.ipv6,
             work_dir: self.work_dir.clone(),
             keep_failed: self.keep_failed,
             diag_logs_max: self.diag_logs_max,

@@ -49,9 +49,10 @@ pub fn check(home: &Home, settings: &RunSettings, ctx: RunContext) -> Result<Rea
     }
     // Local checks first: a local mistake is reported at once, not after the network's
     // retries (which is all an unreachable server would have said).
-    let (net, proxy_env) = network(settings)?;
+    let (mut net, proxy_env) = network(settings)?;
     if settings.network == crate::config::Network::Isolated {
-        tracing::info!("jobs' network: {}", crate::sandbox::network::ipv6_note());
+        let rootless = crate::rootless::mode().rootless;
+        tracing::info!("jobs' network: {}", crate::sandbox::network::ipv6_note(settings.network_ipv6, rootless));
     }
     let (driver, split) = gpus(settings, &ctx.driver_root)?;
     let (rootfs_name, lease) = rootfs(home, settings, &driver)?;
@@ -80,7 +81,7 @@ pub fn check(home: &Home, settings: &RunSettings, ctx: RunContext) -> Result<Rea
     if settings.network == crate::config::Network::Isolated && !crate::rootless::mode().rootless {
         // Last, once nothing else can fail: the host's table, with the proxy's port and
         // the allowed destinations.
-        crate::sandbox::network::ensure_table(&net, true)?;
+        crate::sandbox::network::ensure_table(&mut net, true, settings.network_ipv6)?;
     }
     Ok(Ready {
         token,
@@ -115,6 +116,7 @@ pub fn network(settings: &RunSettings) -> Result<(crate::sandbox::network::JobNe
         net.host_ports = ports;
     }
     network::check_host(settings.network, &net, rootless)?;
+    net.ipv6 = network::resolve_ipv6(settings.network, settings.network_ipv6, rootless)?;
     Ok((net, env))
 }
 

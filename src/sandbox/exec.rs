@@ -23,6 +23,9 @@ pub struct ExecRequest {
     /// Blocked destinations the job may reach (`--network-allow`).
     #[serde(default)]
     pub network_allow: Vec<crate::config::NetworkAllow>,
+    /// `--ipv6`: whether the job gets outbound IPv6 too.
+    #[serde(default)]
+    pub ipv6: crate::config::Ipv6,
     /// `--gpus` as given (all, none, indexes, UUIDs, CDI names).
     pub gpus: String,
     /// `--gpu-capabilities` as given.
@@ -104,15 +107,19 @@ pub fn run(home: &Home, driver_root: &Path, req: &ExecRequest) -> Result<super::
         (env, net.host_ports) = (Some(e), ports);
     }
     super::network::check_host(req.network, &net, rootless)?;
-    if req.network == Network::Isolated && !rootless && !(net.allow.is_empty() && net.host_ports.is_empty()) {
-        // The allowed destinations' and the proxy's elements in the host's table.
-        super::network::ensure_table(&net, true)?;
+    net.ipv6 = super::network::resolve_ipv6(req.network, req.ipv6, rootless)?;
+    let register = !(net.allow.is_empty() && net.host_ports.is_empty());
+    if req.network == Network::Isolated && !rootless && (register || net.ipv6) {
+        // The allowed destinations' and the proxy's elements in the host's table; with
+        // IPv6, its uplinks forwarding (`--ipv6 on` and a table without IPv6: an error).
+        super::network::ensure_table(&mut net, true, req.ipv6)?;
     }
     super::gc_before_job(home).context("gc before exec failed")?.log();
     let (mut plan, lease) = prepare(home, driver_root, req)?;
     if let Some(env) = env {
         (plan.env, plan.net.host_ports) = (env, net.host_ports);
     }
+    plan.net.ipv6 = net.ipv6;
     let opts = super::RunOptions { forward_signals: true, ..Default::default() };
     let outcome = if plan.caches.iter().any(|c| c.commit) {
         run_and_commit(home, plan, &opts)

@@ -752,6 +752,21 @@ mod tests {
     }
 
     #[test]
+    fn an_ipv6_job_reads_the_hosts_ipv6_addresses_too() {
+        let link = crate::sandbox::network::link_name("hp-1", std::process::id());
+        let s = setup(|p, _| {
+            p.network = crate::config::Network::Isolated;
+            p.net.ipv6 = true;
+        });
+        let rec = Recorder::default();
+        assert_eq!(s.run(&rec, None, None), HelperResult::Exited { code: 3, signal: None });
+        let calls = rec.calls();
+        let at = calls.iter().position(|c| c == "private_mount_namespace").unwrap() + 1;
+        let want = ["host_addresses".to_string(), "host_ipv6_addresses".into(), format!("isolate_network veth {link}")];
+        assert_eq!(calls[at..at + 3], want[..], "{calls:?}");
+    }
+
+    #[test]
     fn the_network_steps_per_mode() {
         use crate::config::Network;
         let link = crate::sandbox::network::link_name("hp-1", std::process::id());

@@ -140,7 +140,7 @@ impl Sandbox {
         if plan.network == crate::config::Network::Isolated && !plan.rootless {
             // The host's table, made again if a firewall reload flushed it (one netlink
             // query when it exists): the helper refuses to start a job without it.
-            super::network::ensure_table(&plan.net, false)?;
+            super::network::ensure_table(&mut plan.net, false, crate::config::Ipv6::Auto)?;
         }
         // Optional mounts whose source is missing are dropped here, never failing the job.
         plan.edits.mounts.retain(|m| !m.optional || m.host_path.exists());

@@ -65,6 +65,8 @@ pub struct FileSettings {
     pub network_allow: Vec<String>,
     /// Where jobs' addresses come from (root mode; default 10.87.0.0/16).
     pub network_subnet: Option<String>,
+    /// Jobs' outbound IPv6: `auto` (default: where the host has it), `on` or `off`.
+    pub network_ipv6: Option<String>,
     /// The HTTP(S) proxy jobs use (HTTP_PROXY and HTTPS_PROXY), when the service's
     /// environment names none; one on the host's loopback is reached at the jobs' gateway.
     pub proxy: Option<String>,

@@ -39,6 +39,8 @@ pub struct FlagSettings {
     pub userns: Option<crate::identity::Choice>,
     pub network: Option<Network>,
     pub network_allow: Vec<NetworkAllow>,
+    /// `--ipv6`.
+    pub network_ipv6: Option<crate::config::Ipv6>,
     /// The service's HTTP(S)_PROXY and NO_PROXY (either case), from the environment.
     pub proxy_env: Vec<(String, String)>,
     /// Where each job's agent work folder lives on the host (AZP_WORK).
@@ -85,6 +87,8 @@ pub struct RunSettings {
     pub network_allow: Vec<NetworkAllow>,
     /// None: the default (see `sandbox::network::DEFAULT_SUBNET`).
     pub network_subnet: Option<crate::sys::net::Ipv4Net>,
+    /// Whether jobs get outbound IPv6 (see `sandbox::network::ipv6`).
+    pub network_ipv6: crate::config::Ipv6,
     /// What jobs get of HTTP(S)_PROXY and NO_PROXY, as the service has them (a proxy on
     /// the host's loopback is rewritten to the jobs' gateway when the job plan is made).
     pub proxy_env: Vec<(String, String)>,
@@ -208,6 +212,16 @@ pub fn merge(file: FileSettings, env: FlagSettings, flags: FlagSettings) -> Resu
             .collect::<Result<Vec<NetworkAllow>>>()
             .context("bad network_allow in the config file")?;
     }
+    let network_ipv6 = match flags.network_ipv6 {
+        Some(v) => v,
+        None => file
+            .network_ipv6
+            .as_deref()
+            .map(str::parse)
+            .transpose()
+            .context("bad network_ipv6 in the config file")?
+            .unwrap_or_default(),
+    };
     let network_subnet = file
         .network_subnet
         .as_deref()
@@ -268,6 +282,7 @@ pub fn merge(file: FileSettings, env: FlagSettings, flags: FlagSettings) -> Resu
         network,
         network_allow,
         network_subnet,
+        network_ipv6,
         proxy_env,
         work_dir,
         keep_failed: flags.keep_failed.or(file.keep_failed).unwrap_or(0),
@@ -502,6 +517,26 @@ mod tests {
         )
         .unwrap_err();
         assert!(e.to_string().contains("--poll-interval"), "{e}");
+    }
+
+    #[test]
+    fn network_ipv6_key_and_flag() {
+        use crate::config::Ipv6;
+        let s = merge(FileSettings::default(), FlagSettings::default(), flags()).unwrap();
+        assert_eq!(s.network_ipv6, Ipv6::Auto, "IPv6 where the host has it");
+        let s = merge(parse_file("network_ipv6 = \"off\"").unwrap(), FlagSettings::default(), flags()).unwrap();
+        assert_eq!(s.network_ipv6, Ipv6::Off);
+        let f = FlagSettings { network_ipv6: Some(Ipv6::On), ..flags() };
+        let s = merge(parse_file("network_ipv6 = \"off\"").unwrap(), FlagSettings::default(), f).unwrap();
+        assert_eq!(s.network_ipv6, Ipv6::On, "the flag wins");
+        let e = merge(parse_file("network_ipv6 = \"yes\"").unwrap(), FlagSettings::default(), flags()).unwrap_err();
+        assert_eq!(
+            format!("{e:#}"),
+            "bad network_ipv6 in the config file: unknown network_ipv6 'yes': use auto (the default: where the host \
+             has IPv6), on or off"
+        );
+        let e = parse_file("network_ipv4 = \"on\"").unwrap_err().to_string();
+        assert!(e.contains("unknown key `network_ipv4`: did you mean `network_ipv6`?"), "{e}");
     }
 
     #[test]

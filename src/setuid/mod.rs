@@ -127,6 +127,8 @@ pub struct RunRequest {
     pub network: crate::config::Network,
     #[serde(default)]
     pub network_allow: Vec<crate::config::NetworkAllow>,
+    #[serde(default)]
+    pub network_ipv6: crate::config::Ipv6,
     /// The caller's HTTP(S)_PROXY and NO_PROXY, for its jobs.
     #[serde(default)]
     pub proxy_env: Vec<(String, String)>,
@@ -158,6 +160,7 @@ impl RunRequest {
             autoscale: s.autoscale.is_some(),
             network: s.network,
             network_allow: s.network_allow.clone(),
+            network_ipv6: s.network_ipv6,
             proxy_env: s.proxy_env.clone(),
         }
     }

@@ -274,6 +274,7 @@ impl Policy {
             exit_when_idle: req.exit_when_idle_secs.map(std::time::Duration::from_secs),
             network: Some(req.network),
             network_allow: req.network_allow.clone(),
+            network_ipv6: Some(req.network_ipv6),
             proxy_env: req.proxy_env.clone(),
             ..Default::default()
         };
@@ -360,6 +361,7 @@ network_allow = ["169.254.169.254:80"]
             limits: LimitsAsk::default(),
             network: Network::Host,
             network_allow: vec![],
+            ipv6: Default::default(),
             gpus: "none".into(),
             gpu_capabilities: "compute,utility".into(),
             cdi_spec: None,
@@ -510,6 +512,7 @@ network_allow = ["169.254.169.254:80"]
             autoscale: false,
             network: Network::Isolated,
             network_allow: vec![],
+            network_ipv6: Default::default(),
             proxy_env: vec![],
         }
     }

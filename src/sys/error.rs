@@ -131,7 +131,7 @@ pub enum Error {
     NoFreeAddress { pool: String },
     #[error("cannot give the job its address {addr}")]
     AddAddress {
-        addr: std::net::Ipv4Addr,
+        addr: std::net::IpAddr,
         #[source]
         source: Errno,
     },
@@ -141,9 +141,34 @@ pub enum Error {
         #[source]
         source: Errno,
     },
-    #[error("cannot add the job's gateway {addr} as a neighbour")]
+    #[error("cannot add the neighbour entry of {addr} (the job's gateway, or the job on the host end)")]
     AddNeighbour {
-        addr: std::net::Ipv4Addr,
+        addr: std::net::IpAddr,
+        #[source]
+        source: Errno,
+    },
+    #[error("cannot open {}", path.display())]
+    OpenSysctl {
+        path: PathBuf,
+        #[source]
+        source: Errno,
+    },
+    #[error("cannot write {} in the job's network namespace", path.display())]
+    JobSysctl {
+        path: PathBuf,
+        #[source]
+        source: Errno,
+    },
+    #[error("cannot set net.ipv6.conf.{link}.{key} on the job's host end")]
+    HostEndSysctl {
+        link: String,
+        key: &'static str,
+        #[source]
+        source: Errno,
+    },
+    #[error("cannot add the host's route {route} to the job")]
+    AddHostRoute {
+        route: String,
         #[source]
         source: Errno,
     },

@@ -100,6 +100,9 @@ pub trait Sys {
     /// The host's IPv4 addresses, read before the helper leaves the host's network
     /// namespace (the job's routes block them).
     fn host_addresses(&self) -> Result<Vec<std::net::Ipv4Addr>>;
+    /// The host's IPv6 addresses but loopback's and link-local ones (see
+    /// [`net::global_addresses6`]), read as [`Sys::host_addresses`] is.
+    fn host_ipv6_addresses(&self) -> Result<Vec<std::net::Ipv6Addr>>;
     /// Moves the helper into the job's own network namespace, set up as `setup` says
     /// (see [`net`]).
     fn isolate_network(&self, setup: &net::Setup) -> Result<net::Made>;
@@ -183,6 +186,9 @@ impl Sys for Real {
     }
     fn host_addresses(&self) -> Result<Vec<std::net::Ipv4Addr>> {
         net::addresses()
+    }
+    fn host_ipv6_addresses(&self) -> Result<Vec<std::net::Ipv6Addr>> {
+        net::global_addresses6()
     }
     fn isolate_network(&self, setup: &net::Setup) -> Result<net::Made> {
         net::isolate(setup)
@@ -376,6 +382,12 @@ impl Sys for Recorder {
         self.step("host_addresses".into()).map_err(|source| Error::NetlinkDump { what: "addresses", source })?;
         Ok(vec![std::net::Ipv4Addr::LOCALHOST, std::net::Ipv4Addr::new(192, 0, 2, 2)])
     }
+    /// The host's IPv6 address: 2001:db8::2.
+    fn host_ipv6_addresses(&self) -> Result<Vec<std::net::Ipv6Addr>> {
+        self.step("host_ipv6_addresses".into())
+            .map_err(|source| Error::NetlinkDump { what: "IPv6 addresses", source })?;
+        Ok(vec![std::net::Ipv6Addr::new(0x2001, 0xdb8, 0, 0, 0, 0, 0, 2)])
+    }
     /// A veth job gets the pool's third address.
     fn isolate_network(&self, setup: &net::Setup) -> Result<net::Made> {
         let what = match setup {
@@ -385,7 +397,11 @@ impl Sys for Recorder {
         };
         self.step(format!("isolate_network {what}")).map_err(Error::UnshareNetNs)?;
         Ok(match setup {
-            net::Setup::Veth(v) => net::Made { address: Some(v.pool.nth(2)), pasta_pid: None },
+            net::Setup::Veth(v) => net::Made {
+                address: Some(v.pool.nth(2)),
+                address6: v.v6.as_ref().map(|v6| v6.address(v.pool.nth(2))),
+                pasta_pid: None,
+            },
             _ => net::Made::default(),
         })
     }

@@ -8,10 +8,14 @@
 //!   (it keeps talking to the host's namespace), unshare, the pair created with its host
 //!   end in the host's namespace, an address claimed for the job (its host route, added
 //!   with `NLM_F_EXCL`, is the lock: the kernel refuses a second), the job's end
-//!   configured, the job's routes;
+//!   configured, the job's routes; with IPv6 ([`Veth6`]) also the host end's IPv6
+//!   settings (written through a `/proc/sys/net/ipv6/conf` opened before the unshare,
+//!   which keeps naming the host's links), the job's IPv6 address (from its IPv4 one),
+//!   its host route and neighbour entry, and the job's IPv6 gateway, routes and blocks;
 //! - pasta (rootless, [`Pasta`]): a child forked first, still in the host's namespace,
-//!   waits; unshare; the child opens the new namespace and becomes pasta; pasta's pid
-//!   file (a pipe) says when it is ready; the job's routes.
+//!   waits; unshare; (IPv6) no link-local addresses for the namespace's new links; the
+//!   child opens the new namespace and becomes pasta; pasta's pid file (a pipe) says
+//!   when it is ready; the job's routes.
 //!
 //! The namespace belongs to the helper's user namespace (the initial one in root mode),
 //! in which the job has no CAP_NET_ADMIN: its routes and addresses are out of its reach.
@@ -21,7 +25,7 @@ use super::netlink::{self as nl, Message, Proto, Socket};
 use nix::errno::Errno;
 use nix::sched::{unshare, CloneFlags};
 use std::io::Read;
-use std::net::Ipv4Addr;
+use std::net::{Ipv4Addr, Ipv6Addr};
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
 
@@ -70,6 +74,39 @@ impl std::fmt::Display for Ipv4Net {
     }
 }
 
+/// An IPv6 network: `addr/prefix` (the address is the network's first).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+pub struct Ipv6Net {
+    pub addr: Ipv6Addr,
+    pub prefix: u8,
+}
+
+impl Ipv6Net {
+    pub fn new(addr: Ipv6Addr, prefix: u8) -> Ipv6Net {
+        let prefix = prefix.min(128);
+        Ipv6Net { addr: Ipv6Addr::from(u128::from(addr) & Self::mask(prefix)), prefix }
+    }
+    pub fn host(addr: Ipv6Addr) -> Ipv6Net {
+        Ipv6Net { addr, prefix: 128 }
+    }
+    fn mask(prefix: u8) -> u128 {
+        if prefix == 0 {
+            0
+        } else {
+            u128::MAX << (128 - prefix as u32)
+        }
+    }
+    pub fn contains(&self, a: Ipv6Addr) -> bool {
+        u128::from(a) & Self::mask(self.prefix) == u128::from(self.addr)
+    }
+}
+
+impl std::fmt::Display for Ipv6Net {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}", self.addr, self.prefix)
+    }
+}
+
 /// A route in the job's namespace besides its default route.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum JobRoute {
@@ -108,6 +145,33 @@ pub struct Veth {
     pub lock: PathBuf,
     /// The host's nftables table that filters the job links (must exist).
     pub table: String,
+    /// IPv6 for the job too (None: IPv4 only).
+    pub v6: Option<Veth6>,
+}
+
+/// A veth job's IPv6: an address of `prefix` whose last 32 bits are its IPv4 address's
+/// (unique: claimed by its IPv4 host route), a host route `/128` to it through the host
+/// end with a permanent neighbour entry (the job's end has the MAC `job_mac`: no NDP
+/// through the host's table, which drops all a job sends to the host), and a default
+/// route via the link-local `gateway` at the host end's MAC.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Veth6 {
+    pub prefix: Ipv6Net,
+    pub gateway: Ipv6Addr,
+    pub job_mac: [u8; 6],
+    /// The host end forwards what comes in on it (`force_forwarding`, kernel >= 6.17):
+    /// net.ipv6.conf.all.forwarding is 0.
+    pub force_forwarding: bool,
+    /// Prohibited in the job's namespace (link-local, the jobs' prefix, the host's
+    /// addresses, metadata services).
+    pub blocked: Vec<Ipv6Net>,
+}
+
+impl Veth6 {
+    /// The job's IPv6 address for its IPv4 address `v4`.
+    pub fn address(&self, v4: Ipv4Addr) -> Ipv6Addr {
+        Ipv6Addr::from(u128::from(self.prefix.addr) | u32::from(v4) as u128)
+    }
 }
 
 /// Rootless: pasta (passt) on the host's side, attached to the job's namespace.
@@ -119,6 +183,10 @@ pub struct Pasta {
     pub routes: Vec<JobRoute>,
     /// Its messages (`--log-file`, and its stdout and stderr): not the job's output.
     pub log: PathBuf,
+    /// IPv6 too (pasta not `--ipv4-only`): the networks the job's routes prohibit. Its
+    /// tap gets no link-local address, hence no `fe80::/64` route through pasta, which
+    /// would connect to link-local addresses from the host.
+    pub ipv6_blocked: Option<Vec<Ipv6Net>>,
 }
 
 /// What a job's namespace gets.
@@ -134,6 +202,8 @@ pub enum Setup {
 pub struct Made {
     /// The job's address (veth).
     pub address: Option<Ipv4Addr>,
+    /// Its IPv6 address (veth with IPv6).
+    pub address6: Option<Ipv6Addr>,
     /// pasta's pid: it dies with the helper (PDEATHSIG).
     pub pasta_pid: Option<i32>,
 }
@@ -163,6 +233,8 @@ fn isolate_veth(v: &Veth) -> Result<Made> {
     let host = socket()?;
     let _lock = lock_shared(&v.lock)?;
     nft_table_exists(&v.table)?;
+    // The host's IPv6 settings of links, opened while this is the host's namespace.
+    let host_conf6 = v.v6.as_ref().map(|_| open_ipv6_conf()).transpose()?;
     // Step 2: the namespace, its loopback.
     unshare_network()?;
     let job = socket()?;
@@ -171,13 +243,118 @@ fn isolate_veth(v: &Veth) -> Result<Made> {
     let ns = std::fs::File::open("/proc/self/ns/net").map_err(Error::OpenNetns)?;
     create_veth(&host, v, &ns)?;
     let index = link_index(&host, &v.host_name)?;
+    if let (Some(v6), Some(conf)) = (&v.v6, &host_conf6) {
+        host_end_ipv6_settings(conf, &v.host_name, v6)?;
+    }
     configure_host_end(&host, &v.host_name, index)?;
-    // Step 4: the job's address, claimed by its host route.
+    // Step 4: the job's address, claimed by its host route (IPv6: derived from it).
     let address = claim_address(&host, v, index)?;
+    let address6 = match &v.v6 {
+        Some(v6) => Some(route_ipv6_to_job(&host, v6, index, address)?),
+        None => None,
+    };
     // Step 5: the job's end, its gateway and routes.
     configure_job_end(&job, v, address)?;
     add_routes(&job, &v.routes, v.gateway)?;
-    Ok(Made { address: Some(address), pasta_pid: None })
+    if let (Some(v6), Some(a6)) = (&v.v6, address6) {
+        configure_job_ipv6(&job, v, v6, a6)?;
+    }
+    Ok(Made { address: Some(address), address6, pasta_pid: None })
+}
+
+/// `/proc/sys/net/ipv6/conf` of the caller's network namespace: a directory opened in the
+/// host's namespace keeps naming the host's links after the unshare (the kernel looks the
+/// names up in the namespace of the directory's own entries).
+fn open_ipv6_conf() -> Result<std::fs::File> {
+    std::fs::File::open(IPV6_CONF).map_err(|e| Error::OpenSysctl { path: IPV6_CONF.into(), source: errno_of(&e) })
+}
+
+const IPV6_CONF: &str = "/proc/sys/net/ipv6/conf";
+
+fn errno_of(e: &std::io::Error) -> Errno {
+    Errno::from_raw(e.raw_os_error().unwrap_or(libc::EIO))
+}
+
+/// The host end's IPv6 settings before it comes up (they are the link's, and go with
+/// it): no router advertisements or address autoconfiguration taken from the job (a
+/// job could otherwise give the host a default route through itself), and, when the
+/// host does not forward IPv6 on all links, forwarding of what comes in on this one.
+fn host_end_ipv6_settings(conf: &std::fs::File, link: &str, v6: &Veth6) -> Result<()> {
+    let mut settings = vec![("accept_ra", "0"), ("autoconf", "0")];
+    if v6.force_forwarding {
+        settings.push(("force_forwarding", "1"));
+    }
+    for (key, value) in settings {
+        write_at(conf, &format!("{link}/{key}"), value).map_err(|source| Error::HostEndSysctl {
+            link: link.into(),
+            key,
+            source,
+        })?;
+    }
+    Ok(())
+}
+
+/// Writes `value` to the file `name` under the directory `dir`.
+fn write_at(dir: &std::fs::File, name: &str, value: &str) -> std::result::Result<(), Errno> {
+    let name = std::ffi::CString::new(name).map_err(|_| Errno::EINVAL)?;
+    let fd = super::fs_at::openat(dir.as_raw_fd(), &name, libc::O_WRONLY, 0).map_err(|e| errno_of(&e))?;
+    let n = nix::unistd::write(&fd, value.as_bytes())?;
+    if n != value.len() {
+        return Err(Errno::EIO);
+    }
+    Ok(())
+}
+
+/// The job's IPv6 address for its IPv4 `address`: the host's route `/128` to it through
+/// the host end, and its neighbour entry there (the job's end's fixed MAC).
+fn route_ipv6_to_job(host: &Socket, v6: &Veth6, index: i32, address: Ipv4Addr) -> Result<Ipv6Addr> {
+    let a = v6.address(address);
+    let mut m = Message::route6(nl::NLM_F_CREATE | nl::NLM_F_EXCL, 128, nl::RT_SCOPE_UNIVERSE, nl::RTN_UNICAST);
+    m.attr_ipv6(nl::RTA_DST, a).attr_u32(nl::RTA_OIF, index as u32);
+    host.request(m).map_err(|source| Error::AddHostRoute { route: format!("{a}/128 dev {index}"), source })?;
+    let mut m = Message::neigh(nl::NLM_F_CREATE | nl::NLM_F_REPLACE, nl::AF_INET6, index, nl::NUD_PERMANENT);
+    m.attr_ipv6(nl::NDA_DST, a).attr(nl::NDA_LLADDR, &v6.job_mac);
+    host.request(m).map_err(|source| Error::AddNeighbour { addr: a.into(), source })?;
+    Ok(a)
+}
+
+/// The job's IPv6: its address (no DAD: it is alone on the link with the host end), the
+/// gateway (link-local, at the host end's MAC, without NDP), the default route via it,
+/// and its blocked networks prohibited.
+fn configure_job_ipv6(job: &Socket, v: &Veth, v6: &Veth6, address: Ipv6Addr) -> Result<()> {
+    let mut m = Message::addr_flags(
+        nl::RTM_NEWADDR,
+        nl::NLM_F_CREATE | nl::NLM_F_EXCL,
+        nl::AF_INET6,
+        128,
+        nl::IFA_F_NODAD,
+        0,
+        JOB_IFINDEX as u32,
+    );
+    m.attr_ipv6(nl::IFA_LOCAL, address).attr_ipv6(nl::IFA_ADDRESS, address);
+    job.request(m).map_err(|source| Error::AddAddress { addr: address.into(), source })?;
+    let mut m = Message::neigh(nl::NLM_F_CREATE | nl::NLM_F_REPLACE, nl::AF_INET6, JOB_IFINDEX, nl::NUD_PERMANENT);
+    m.attr_ipv6(nl::NDA_DST, v6.gateway).attr(nl::NDA_LLADDR, &v.host_mac);
+    job.request(m).map_err(|source| Error::AddNeighbour { addr: v6.gateway.into(), source })?;
+    let mut m = Message::route6(nl::NLM_F_CREATE | nl::NLM_F_EXCL, 0, nl::RT_SCOPE_UNIVERSE, nl::RTN_UNICAST);
+    m.attr_ipv6(nl::RTA_GATEWAY, v6.gateway).attr_u32(nl::RTA_OIF, JOB_IFINDEX as u32);
+    job.request(m)
+        .map_err(|source| Error::AddRoute { route: format!("default via {} dev eth0", v6.gateway), source })?;
+    prohibit6(job, &v6.blocked)
+}
+
+/// Prohibit routes for `blocked` in the job's namespace.
+fn prohibit6(job: &Socket, blocked: &[Ipv6Net]) -> Result<()> {
+    for n in blocked {
+        let mut m =
+            Message::route6(nl::NLM_F_CREATE | nl::NLM_F_EXCL, n.prefix, nl::RT_SCOPE_UNIVERSE, nl::RTN_PROHIBIT);
+        m.attr_ipv6(nl::RTA_DST, n.addr);
+        match job.request(m) {
+            Ok(()) | Err(Errno::EEXIST) => {}
+            Err(source) => return Err(Error::AddRoute { route: format!("prohibit {n}"), source }),
+        }
+    }
+    Ok(())
 }
 
 fn isolate_pasta(p: &Pasta) -> Result<Made> {
@@ -193,10 +370,13 @@ fn isolate_pasta(p: &Pasta) -> Result<Made> {
         super::process::Forked::Parent(pid) => pid.as_raw(),
     };
     drop((go_rx, ready_tx));
-    // Step 2: the namespace, its loopback.
+    // Step 2: the namespace, its loopback (IPv6: no link-local address on links to come).
     unshare_network()?;
     let job = socket()?;
     loopback_up(&job)?;
+    if p.ipv6_blocked.is_some() {
+        no_link_local_addresses()?;
+    }
     // Step 3: pasta joins it; it writes its pid once the namespace is configured.
     let _ = nix::unistd::write(&go_tx, b"g");
     drop(go_tx);
@@ -208,7 +388,30 @@ fn isolate_pasta(p: &Pasta) -> Result<Made> {
     // Step 4: the job's routes (pasta made its address and default route).
     let gateway = p.args.iter().position(|a| a == "-g").and_then(|i| p.args.get(i + 1)?.parse().ok());
     add_routes(&job, &p.routes, gateway.unwrap_or(Ipv4Addr::UNSPECIFIED))?;
-    Ok(Made { address: None, pasta_pid: Some(pid) })
+    if let Some(blocked) = &p.ipv6_blocked {
+        prohibit6(&job, blocked)?;
+        prohibit_link_local_rule(&job)?;
+    }
+    Ok(Made { pasta_pid: Some(pid), ..Default::default() })
+}
+
+/// A routing rule, looked at before any route: link-local destinations are prohibited.
+/// pasta's tap carries the job's default route via the host's (often link-local)
+/// gateway, and a lookup for a scoped link-local address (`fe80::1%eth0`) passes over
+/// the prohibit route (it has no device) to that default route: pasta would get the
+/// connection. Neighbour discovery of the gateway looks up no route and still works.
+fn prohibit_link_local_rule(job: &Socket) -> Result<()> {
+    let mut m = Message::rule(nl::NLM_F_CREATE | nl::NLM_F_EXCL, nl::AF_INET6, 10, nl::FR_ACT_PROHIBIT);
+    m.attr_ipv6(nl::FRA_DST, Ipv6Addr::new(0xfe80, 0, 0, 0, 0, 0, 0, 0)).attr_u32(nl::FRA_PRIORITY, 100);
+    job.request(m).map_err(|source| Error::AddRoute { route: "rule to fe80::/10 prohibit".into(), source })
+}
+
+/// The job's namespace's `net.ipv6.conf.default.addr_gen_mode` = none: links made from
+/// now on (pasta's tap) get no link-local address.
+fn no_link_local_addresses() -> Result<()> {
+    const DEFAULT_ADDR_GEN_MODE: &str = "/proc/sys/net/ipv6/conf/default/addr_gen_mode";
+    std::fs::write(DEFAULT_ADDR_GEN_MODE, "1")
+        .map_err(|e| Error::JobSysctl { path: DEFAULT_ADDR_GEN_MODE.into(), source: errno_of(&e) })
 }
 
 /// The first line pasta writes to its pid file (a pipe it keeps open), or what came
@@ -327,6 +530,10 @@ fn create_veth(host: &Socket, v: &Veth, job_ns: &std::fs::File) -> Result<()> {
     m.nest(nl::IFLA_LINKINFO).attr_str(nl::IFLA_INFO_KIND, "veth").nest(nl::IFLA_INFO_DATA);
     m.nest(nl::VETH_INFO_PEER).raw(&nl::ifinfomsg(JOB_IFINDEX, 0, 0));
     m.attr_str(nl::IFLA_IFNAME, JOB_IFNAME).attr_u32(nl::IFLA_NET_NS_FD, job_ns.as_raw_fd() as u32);
+    if let Some(v6) = &v.v6 {
+        // Known to the host's neighbour entry for the job's IPv6 address.
+        m.attr(nl::IFLA_ADDRESS, &v6.job_mac);
+    }
     host.request(m).map_err(|source| Error::CreateVeth { name: v.host_name.clone(), source })
 }
 
@@ -395,12 +602,12 @@ fn configure_job_end(job: &Socket, v: &Veth, address: Ipv4Addr) -> Result<()> {
     let mut m =
         Message::addr(nl::RTM_NEWADDR, nl::NLM_F_CREATE | nl::NLM_F_EXCL, nl::AF_INET, 32, 0, JOB_IFINDEX as u32);
     m.attr_ipv4(nl::IFA_LOCAL, address).attr_ipv4(nl::IFA_ADDRESS, address);
-    job.request(m).map_err(|source| Error::AddAddress { addr: address, source })?;
+    job.request(m).map_err(|source| Error::AddAddress { addr: address.into(), source })?;
     job.request(Message::link(nl::RTM_NEWLINK, 0, JOB_IFINDEX, nl::IFF_UP, nl::IFF_UP)).map_err(link)?;
     // The gateway is the host end: on the link, at the host end's MAC, without ARP.
     let mut m = Message::neigh(nl::NLM_F_CREATE | nl::NLM_F_REPLACE, nl::AF_INET, JOB_IFINDEX, nl::NUD_PERMANENT);
     m.attr_ipv4(nl::NDA_DST, v.gateway).attr(nl::NDA_LLADDR, &v.host_mac);
-    job.request(m).map_err(|source| Error::AddNeighbour { addr: v.gateway, source })?;
+    job.request(m).map_err(|source| Error::AddNeighbour { addr: v.gateway.into(), source })?;
     let mut m = Message::route(nl::NLM_F_CREATE | nl::NLM_F_EXCL, 32, nl::RT_SCOPE_LINK, nl::RTN_UNICAST);
     m.attr_ipv4(nl::RTA_DST, v.gateway).attr_u32(nl::RTA_OIF, JOB_IFINDEX as u32);
     job.request(m).map_err(|source| Error::AddRoute { route: format!("{}/32 dev eth0", v.gateway), source })?;
@@ -520,6 +727,26 @@ pub fn routes() -> Result<Vec<HostRoute>> {
             }
             Some(HostRoute { dst: Ipv4Net::new(dst, prefix), oif, table })
         })
+        .collect())
+}
+
+/// The IPv6 addresses of this namespace's links but loopback's and link-local ones (the
+/// job's routes block these: link-local as a whole).
+pub fn global_addresses6() -> Result<Vec<Ipv6Addr>> {
+    let s = socket()?;
+    let replies = s
+        .call(Message::dump(nl::RTM_GETADDR, nl::AF_INET6))
+        .map_err(|source| Error::NetlinkDump { what: "IPv6 addresses", source })?;
+    Ok(replies
+        .iter()
+        .filter(|r| r.first() == Some(&nl::AF_INET6))
+        .filter_map(|r| {
+            let attrs = nl::attributes(r, 8);
+            let a = attrs.iter().find(|(t, _)| *t == nl::IFA_ADDRESS)?;
+            let b: [u8; 16] = a.1.try_into().ok()?;
+            Some(Ipv6Addr::from(b))
+        })
+        .filter(|a| !a.is_loopback() && (a.segments()[0] & 0xffc0) != 0xfe80)
         .collect())
 }
 

@@ -14,7 +14,7 @@
 use nix::errno::Errno;
 use nix::sys::socket::{self, AddressFamily, MsgFlags, NetlinkAddr, SockFlag, SockProtocol, SockType};
 use std::cell::Cell;
-use std::net::Ipv4Addr;
+use std::net::{Ipv4Addr, Ipv6Addr};
 use std::os::fd::{AsRawFd, OwnedFd};
 
 // Message types and flags (linux/netlink.h, linux/rtnetlink.h).
@@ -25,6 +25,11 @@ pub const RTM_GETADDR: u16 = 22;
 pub const RTM_NEWROUTE: u16 = 24;
 pub const RTM_GETROUTE: u16 = 26;
 pub const RTM_NEWNEIGH: u16 = 28;
+pub const RTM_NEWRULE: u16 = 32;
+/// Routing rules (linux/fib_rules.h): the destination, the priority, the "prohibit" action.
+pub const FRA_DST: u16 = 1;
+pub const FRA_PRIORITY: u16 = 6;
+pub const FR_ACT_PROHIBIT: u8 = 8;
 const NLMSG_ERROR: u16 = 2;
 const NLMSG_DONE: u16 = 3;
 const NLM_F_REQUEST: u16 = 0x1;
@@ -57,6 +62,8 @@ pub const IFF_UP: u32 = 0x1;
 // Address, route and neighbour attributes.
 pub const IFA_ADDRESS: u16 = 1;
 pub const IFA_LOCAL: u16 = 2;
+/// `ifa_flags`: no duplicate address detection (the address is the job's alone on its link).
+pub const IFA_F_NODAD: u8 = 0x02;
 pub const RTA_DST: u16 = 1;
 pub const RTA_OIF: u16 = 4;
 pub const RTA_GATEWAY: u16 = 5;
@@ -185,9 +192,14 @@ impl Message {
         Message::new(typ, flags, &ifinfomsg(index, ifi_flags, change))
     }
 
-    /// `RTM_NEWADDR` of an IPv4 address with an `ifaddrmsg`.
+    /// `RTM_NEWADDR` with an `ifaddrmsg`.
     pub fn addr(typ: u16, flags: u16, family: u8, prefix: u8, scope: u8, index: u32) -> Message {
-        let mut h = vec![family, prefix, 0, scope];
+        Message::addr_flags(typ, flags, family, prefix, 0, scope, index)
+    }
+
+    /// `RTM_NEWADDR` with an `ifaddrmsg` and its `ifa_flags` (IFA_F_*).
+    pub fn addr_flags(typ: u16, flags: u16, family: u8, prefix: u8, ifa_flags: u8, scope: u8, index: u32) -> Message {
+        let mut h = vec![family, prefix, ifa_flags, scope];
         h.extend_from_slice(&index.to_ne_bytes());
         Message::new(typ, flags, &h)
     }
@@ -206,9 +218,14 @@ impl Message {
         m
     }
 
-    /// `RTM_NEWROUTE` in the main table: `dst/dst_len`, of `kind` (RTN_*), `scope`.
+    /// `RTM_NEWROUTE` (IPv4) in the main table: `dst/dst_len`, of `kind` (RTN_*), `scope`.
     pub fn route(flags: u16, dst_len: u8, scope: u8, kind: u8) -> Message {
         Message::new(RTM_NEWROUTE, flags, &rtmsg(AF_INET, dst_len, RT_TABLE_MAIN, scope, kind))
+    }
+
+    /// [`Message::route`] of IPv6.
+    pub fn route6(flags: u16, dst_len: u8, scope: u8, kind: u8) -> Message {
+        Message::new(RTM_NEWROUTE, flags, &rtmsg(AF_INET6, dst_len, RT_TABLE_MAIN, scope, kind))
     }
 
     /// `RTM_NEWNEIGH` with an `ndmsg`: a neighbour entry on link `index` in `state`.
@@ -218,6 +235,12 @@ impl Message {
         h.extend_from_slice(&state.to_ne_bytes());
         h.extend_from_slice(&[0, 0]);
         Message::new(RTM_NEWNEIGH, flags, &h)
+    }
+
+    /// `RTM_NEWRULE` with a `fib_rule_hdr`: a routing rule of `family` for destinations
+    /// of `dst_len` bits, with `action` (FR_ACT_*).
+    pub fn rule(flags: u16, family: u8, dst_len: u8, action: u8) -> Message {
+        Message::new(RTM_NEWRULE, flags, &[family, dst_len, 0, 0, 0, 0, 0, action, 0, 0, 0, 0])
     }
 
     /// nftables `GETTABLE` of `name` in the inet family.
@@ -249,6 +272,10 @@ impl Message {
     }
 
     pub fn attr_ipv4(&mut self, typ: u16, a: Ipv4Addr) -> &mut Message {
+        self.attr(typ, &a.octets())
+    }
+
+    pub fn attr_ipv6(&mut self, typ: u16, a: Ipv6Addr) -> &mut Message {
         self.attr(typ, &a.octets())
     }
 
@@ -391,6 +418,32 @@ mod tests {
         assert_eq!(&b[16..24], &[AF_INET, 32, 0, 0, 2, 0, 0, 0]);
         let b = Message::neigh(NLM_F_CREATE, AF_INET, 2, NUD_PERMANENT).finish(1, 0);
         assert_eq!(&b[16..28], &[AF_INET, 0, 0, 0, 2, 0, 0, 0, 0x80, 0, 0, 0]);
+    }
+
+    #[test]
+    fn a_prohibit_rule() {
+        let mut m = Message::rule(NLM_F_CREATE | NLM_F_EXCL, AF_INET6, 10, FR_ACT_PROHIBIT);
+        let ll: Ipv6Addr = "fe80::".parse().unwrap();
+        m.attr_ipv6(FRA_DST, ll).attr_u32(FRA_PRIORITY, 100);
+        let b = m.finish(1, NLM_F_ACK);
+        assert_eq!(u16::from_ne_bytes([b[4], b[5]]), RTM_NEWRULE);
+        assert_eq!(&b[16..28], &[AF_INET6, 10, 0, 0, 0, 0, 0, FR_ACT_PROHIBIT, 0, 0, 0, 0]);
+        assert_eq!(
+            attributes(&b[16..], 12),
+            vec![(FRA_DST, &ll.octets()[..]), (FRA_PRIORITY, &100u32.to_ne_bytes()[..])]
+        );
+    }
+
+    #[test]
+    fn ipv6_route_and_address_headers() {
+        let mut m = Message::route6(NLM_F_CREATE | NLM_F_EXCL, 128, RT_SCOPE_UNIVERSE, RTN_UNICAST);
+        let a: Ipv6Addr = "fd61:7a70::a57:5".parse().unwrap();
+        m.attr_ipv6(RTA_DST, a);
+        let b = m.finish(3, NLM_F_ACK);
+        assert_eq!(&b[16..28], &[AF_INET6, 128, 0, 0, 254, 3, 0, 1, 0, 0, 0, 0]);
+        assert_eq!(attributes(&b[16..], 12), vec![(RTA_DST, &a.octets()[..])]);
+        let b = Message::addr_flags(RTM_NEWADDR, 0, AF_INET6, 128, IFA_F_NODAD, 0, 2).finish(1, 0);
+        assert_eq!(&b[16..24], &[AF_INET6, 128, IFA_F_NODAD, 0, 2, 0, 0, 0]);
     }
 
     #[test]

@@ -190,6 +190,10 @@ impl TestHome {
     pub fn command(&self) -> Command {
         let mut c = Command::new(bin());
         c.arg("--home").arg(&self.dir).env_remove("AZP_SANDBOX_HOME").stdin(Stdio::null());
+        // Outside the network lab jobs run in the machine's own namespace, whose IPv6
+        // default route (if any) is the real network's: no IPv6 for them (an `auto` job
+        // there would turn on the real uplink's force_forwarding while the table exists).
+        c.env("AZP_SANDBOX_IPV6", "off");
         as_test_user(&mut c);
         c
     }
@@ -198,7 +202,8 @@ impl TestHome {
     pub fn lab_command(&self, lab: &netlab::NetLab) -> Command {
         let user = test_user().map(|u| (u.uid.as_raw(), u.gid.as_raw()));
         let mut c = lab.host_command(bin(), user);
-        c.arg("--home").arg(&self.dir).env_remove("AZP_SANDBOX_HOME").stdin(Stdio::null());
+        c.arg("--home").arg(&self.dir).env_remove("AZP_SANDBOX_HOME").env_remove("AZP_SANDBOX_IPV6");
+        c.stdin(Stdio::null());
         if let Some(u) = test_user() {
             c.env("HOME", &u.dir).env("USER", &u.name).env("LOGNAME", &u.name).env_remove("XDG_RUNTIME_DIR");
         }

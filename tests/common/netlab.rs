@@ -14,6 +14,21 @@
 //!  default via 198.18.0.2; 169.254.169.254/32 via 198.18.0.2 (only here)
 //! ```
 //!
+//! [`NetLab::new_v6`] adds IPv6 (RFC 5180's benchmarking range 2001:2::/48), the rest
+//! unchanged:
+//!
+//! ```text
+//!  fake host                                             fake internet
+//!  lo [::1]:8080      HTTP "host-loopback-secret"        lo [2001:2::1]:80  HTTP "internet-ok"
+//!  (*:8081 answers on its IPv6 addresses too)            dnsmasq: v6only.example = 2001:2::1
+//!  NAMEh 2001:2:0:1::1/64 -------------- veth ---------- NAMEi 2001:2:0:1::2/64
+//!  default via fe80::2 dev NAMEh (link-local, as a       NAMEi fe80::2 (the router)
+//!    router's from its advertisements)                  NAMEi fe80::a9fe:a9fe: [..]:80 "metadata-secret"
+//!  fd00:ec2::254/128 via 2001:2:0:1::2 (only here)       lo [fd00:ec2::254]:80 "metadata-secret"
+//!  lo 2001:2:0:2::1/128 (a second address of its own)
+//!  net.ipv6.conf.all.forwarding = 0 (a host, not a router)
+//! ```
+//!
 //! Commands run in the fake host through `unshare -m` (its resolv.conf bound over
 //! `/etc/resolv.conf` in a mount namespace of their own) and `nsenter --net`, not `ip
 //! netns exec`, which remounts `/sys` without the cgroup hierarchies azp-sandbox needs.
@@ -41,6 +56,16 @@ pub const HOST_LOOPBACK_PORT: u16 = 8080;
 /// A fake host service on all its addresses (its own, not loopback's).
 pub const HOST_ANY_PORT: u16 = 8081;
 pub const INTERNET_BODY: &str = "internet-ok";
+/// IPv6 labs ([`NetLab::new_v6`]): the fake host's address on its uplink, the internet's
+/// server (at [`DUAL_IPV6`]) by a name with an AAAA record only, a link-local metadata
+/// service on the internet's side of the uplink (reachable from the fake host only).
+pub const HOST_IP6: &str = "2001:2:0:1::1";
+/// A second global address of the fake host (on its loopback link).
+pub const HOST_IP6_LO: &str = "2001:2:0:2::1";
+pub const V6ONLY_NAME: &str = "v6only.example";
+pub const METADATA_IP6: &str = "fe80::a9fe:a9fe";
+/// AWS's IPv6 metadata address, routed in the fake host only.
+pub const AWS_METADATA_IP6: &str = "fd00:ec2::254";
 pub const METADATA_BODY: &str = "metadata-secret";
 pub const HOST_BODY: &str = "host-loopback-secret";
 
@@ -49,6 +74,8 @@ pub struct NetLab {
     pub name: String,
     pub host: String,
     pub internet: String,
+    /// Made by [`NetLab::new_v6`].
+    pub ipv6: bool,
     dir: PathBuf,
     servers: Vec<Child>,
     abstract_accepts: Arc<AtomicUsize>,
@@ -74,6 +101,15 @@ fn have(program: &str) -> bool {
 impl NetLab {
     /// Makes the two namespaces and their servers. Err: why it cannot be made here.
     pub fn new() -> Result<NetLab, Unavailable> {
+        NetLab::make(false)
+    }
+
+    /// [`NetLab::new`] with IPv6 (see the module's picture).
+    pub fn new_v6() -> Result<NetLab, Unavailable> {
+        NetLab::make(true)
+    }
+
+    fn make(ipv6: bool) -> Result<NetLab, Unavailable> {
         if !nix::unistd::geteuid().is_root() {
             return Err("the network lab needs root (network namespaces)".into());
         }
@@ -90,6 +126,7 @@ impl NetLab {
         let mut lab = NetLab {
             host: format!("{name}-host"),
             internet: format!("{name}-inet"),
+            ipv6,
             name,
             dir,
             servers: vec![],
@@ -142,6 +179,9 @@ impl NetLab {
                 run(&args)?;
             }
         }
+        if self.ipv6 {
+            self.build_ipv6(&h, &i, &hl, &il)?;
+        }
         for (sub, body) in [("www", INTERNET_BODY), ("meta", METADATA_BODY), ("host", HOST_BODY)] {
             std::fs::create_dir_all(self.dir.join(sub)).map_err(|e| e.to_string())?;
             std::fs::write(self.dir.join(sub).join("index.html"), format!("{body}\n")).map_err(|e| e.to_string())?;
@@ -156,6 +196,12 @@ impl NetLab {
         self.server(&i, httpd("169.254.169.254:80", &meta))?;
         self.server(&h, httpd(&format!("127.0.0.1:{HOST_LOOPBACK_PORT}"), &host))?;
         self.server(&h, httpd(&format!("{HOST_ANY_PORT}"), &host))?;
+        if self.ipv6 {
+            self.server(&i, httpd(&format!("[{DUAL_IPV6}]:80"), &www))?;
+            self.server(&i, httpd(&format!("[{METADATA_IP6}%{il}]:80"), &meta))?;
+            self.server(&i, httpd(&format!("[{AWS_METADATA_IP6}]:80"), &meta))?;
+            self.server(&h, httpd(&format!("[::1]:{HOST_LOOPBACK_PORT}"), &host))?;
+        }
         let dnsmasq = |listen: &str, rest: &[&str]| {
             let mut a: Vec<String> =
                 ["dnsmasq", "-k", "-C", "/dev/null", "--no-resolv", "--no-hosts", "--bind-interfaces"]
@@ -168,11 +214,14 @@ impl NetLab {
         };
         // DUAL_NAME has an AAAA record too (RFC 5180's benchmarking range), which no job can
         // use: a v4-only job must still reach it by name.
-        let dual = [
+        let mut dual = vec![
             "--address=/fake.example/198.19.0.1".to_string(),
             format!("--address=/{DUAL_NAME}/198.19.0.1"),
             format!("--address=/{DUAL_NAME}/{DUAL_IPV6}"),
         ];
+        if self.ipv6 {
+            dual.push(format!("--address=/{V6ONLY_NAME}/{DUAL_IPV6}"));
+        }
         self.server(&i, dnsmasq(INTERNET_DNS, &dual.iter().map(String::as_str).collect::<Vec<_>>()))?;
         self.server(&h, dnsmasq("127.0.0.53", &["--server=198.19.0.53"]))?;
         let etc = PathBuf::from("/etc/netns").join(&h);
@@ -180,6 +229,31 @@ impl NetLab {
         std::fs::write(etc.join("resolv.conf"), "nameserver 127.0.0.53\n").map_err(|e| e.to_string())?;
         self.abstract_listener()?;
         self.wait_ready()
+    }
+
+    /// The IPv6 part of the lab: addresses without duplicate address detection (usable at
+    /// once), the fake host's default route, a host that does not forward IPv6.
+    fn build_ipv6(&self, h: &str, i: &str, hl: &str, il: &str) -> Result<(), String> {
+        run(&["ip", "netns", "exec", h, "sysctl", "-qw", "net.ipv6.conf.all.forwarding=0"])?;
+        let link6 = |x: u8| format!("2001:2:0:1::{x}/64");
+        let meta = format!("{METADATA_IP6}/64");
+        let dual = format!("{DUAL_IPV6}/128");
+        for (ns, cmd) in [
+            (h, vec!["addr", "add", &link6(1), "dev", hl, "nodad"]),
+            (i, vec!["addr", "add", &link6(2), "dev", il, "nodad"]),
+            (i, vec!["addr", "add", "fe80::2/64", "dev", il, "nodad"]),
+            (h, vec!["-6", "route", "add", "default", "via", "fe80::2", "dev", hl]),
+            (i, vec!["addr", "add", &meta, "dev", il, "nodad"]),
+            (i, vec!["addr", "add", &dual, "dev", "lo"]),
+            (i, vec!["addr", "add", AWS_METADATA_IP6, "dev", "lo"]),
+            (h, vec!["addr", "add", HOST_IP6_LO, "dev", "lo"]),
+            (h, vec!["-6", "route", "add", AWS_METADATA_IP6, "via", "2001:2:0:1::2", "dev", hl]),
+        ] {
+            let mut args = vec!["ip", "-n", ns];
+            args.extend(cmd);
+            run(&args)?;
+        }
+        Ok(())
     }
 
     fn server(&mut self, ns: &str, argv: Vec<String>) -> Result<(), String> {
@@ -208,7 +282,8 @@ impl NetLab {
                     "/dev/null",
                     &format!("http://127.0.0.1:{HOST_LOOPBACK_PORT}/"),
                 ])
-                && self.in_host(&["busybox", "wget", "-q", "-O", "/dev/null", &format!("http://{METADATA_IP}/")]);
+                && self.in_host(&["busybox", "wget", "-q", "-O", "/dev/null", &format!("http://{METADATA_IP}/")])
+                && (!self.ipv6 || self.ipv6_ready());
             if ok {
                 return Ok(());
             }
@@ -217,6 +292,15 @@ impl NetLab {
             }
             std::thread::sleep(std::time::Duration::from_millis(50));
         }
+    }
+
+    fn ipv6_ready(&self) -> bool {
+        let meta = format!("http://[{METADATA_IP6}%{}h]/", self.name);
+        let loopback = format!("http://[::1]:{HOST_LOOPBACK_PORT}/");
+        let aws = format!("http://[{AWS_METADATA_IP6}]/");
+        [format!("http://{V6ONLY_NAME}/"), format!("http://[{DUAL_IPV6}]/"), meta, loopback, aws]
+            .iter()
+            .all(|u| self.in_host(&["busybox", "wget", "-q", "-O", "/dev/null", u]))
     }
 
     fn in_host(&self, argv: &[&str]) -> bool {
@@ -327,6 +411,17 @@ impl NetLab {
             );
         }
         out
+    }
+
+    /// A sysctl of the fake host (`net.ipv6.conf.all.forwarding`).
+    pub fn host_sysctl(&self, key: &str) -> String {
+        let o = Command::new("ip").args(["netns", "exec", &self.host, "sysctl", "-n", key]).output().unwrap();
+        String::from_utf8_lossy(&o.stdout).trim().to_string()
+    }
+
+    /// The fake host's uplink (its link to the fake internet).
+    pub fn host_uplink(&self) -> String {
+        format!("{}h", self.name)
     }
 
     /// net.ipv4.ip_forward of the fake host.

@@ -16,9 +16,15 @@
 //!   only), and refuses what a job sends to link-local addresses (cloud metadata) and
 //!   to the jobs' subnet (the gateway's other ports), unless allowed;
 //! - when it had to turn IPv4 forwarding on (net.ipv4.ip_forward was 0), drops forwarded
-//!   traffic that involves no job link (the host does not become a router for others),
-//!   and the table's comment says so: whoever removes the table turns forwarding off
-//!   again. After a reboot neither exists.
+//!   IPv4 traffic that involves no job link (the host does not become a router for
+//!   others), and the table's comment says so: whoever removes the table turns
+//!   forwarding off again. After a reboot neither exists.
+//! - IPv6 (see [`super::ipv6`]): drops what a job sends from an address that is not its
+//!   own (the `fib` reverse-path check: IPv6 has no rp_filter), refuses what it sends to
+//!   link-local addresses, the jobs' prefix and cloud metadata addresses; the host's
+//!   uplinks whose `force_forwarding` the table turned on (set `v6_uplinks`, filled by
+//!   [`ensure`] for a run or exec whose jobs get IPv6) forward nothing but to jobs, and
+//!   whoever removes the table turns them back off.
 
 use crate::config::NetworkAllow;
 use crate::sys::net::Ipv4Net;
@@ -40,6 +46,11 @@ pub const USERS_LOCK: &str = "/run/azp-sandbox/network-users";
 static TABLE_USE: std::sync::Mutex<Option<nix::fcntl::Flock<std::fs::File>>> = std::sync::Mutex::new(None);
 const IP_FORWARD: &str = "/proc/sys/net/ipv4/ip_forward";
 const FORWARDING_WAS_OFF: &str = "ip_forward was 0";
+/// The set of the uplinks whose IPv6 force_forwarding the table turned on.
+const V6_UPLINKS: &str = "v6_uplinks";
+/// In the comment of a table that has the IPv6 rules: one made by an older azp-sandbox
+/// drops jobs' IPv6 (its jobs get IPv4 only until it is removed).
+const HAS_IPV6_RULES: &str = "ipv6";
 
 /// A host service on the host's loopback that jobs reach at their gateway.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -78,6 +89,9 @@ pub fn script(subnet: Ipv4Net, gateway: Ipv4Addr, services: &[HostService], forw
         format!(" elements = {{ {} }}", services.iter().map(|s| s.to_string()).collect::<Vec<_>>().join(", "))
     };
     let blocked = format!("{{ 169.254.0.0/16, {subnet} }}");
+    let mut blocked6 = vec![super::ipv6::LINK_LOCAL, super::ipv6::PREFIX];
+    blocked6.extend(super::ipv6::METADATA);
+    let blocked6 = format!("{{ {} }}", blocked6.iter().map(|n| n.to_string()).collect::<Vec<_>>().join(", "));
     let mut s = format!(
         r#"table inet {TABLE} {{
   comment "{}"
@@ -86,6 +100,8 @@ pub fn script(subnet: Ipv4Net, gateway: Ipv4Addr, services: &[HostService], forw
   set allow_port {{ type devgroup . ipv4_addr . inet_service;
   }}
   set allow_addr {{ type devgroup . ipv4_addr;
+  }}
+  set {V6_UPLINKS} {{ type ifname;
   }}
   chain prerouting {{ type nat hook prerouting priority dstnat; policy accept;
     iifname "azp*" ip daddr {gateway} dnat ip to meta l4proto . th dport map @host_services
@@ -102,22 +118,24 @@ pub fn script(subnet: Ipv4Net, gateway: Ipv4Addr, services: &[HostService], forw
   chain forward {{ type filter hook forward priority filter; policy accept;
     oifname "azp*" ct state established,related accept
     oifname "azp*" drop
+    iifname "azp*" meta nfproto ipv6 fib saddr . iif oif missing drop
     iifname "azp*" ip daddr {blocked} meta iifgroup . ip daddr . th dport @allow_port accept
     iifname "azp*" ip daddr {blocked} meta iifgroup . ip daddr @allow_addr accept
     iifname "azp*" ip daddr {blocked} reject with icmpx type admin-prohibited
-    iifname "azp*" meta nfproto ipv6 drop
+    iifname "azp*" ip6 daddr {blocked6} reject with icmpx type admin-prohibited
+    iifname @{V6_UPLINKS} oifname != "azp*" drop
 "#,
         comment(subnet, forwarding_was_off)
     );
     if forwarding_was_off {
-        s.push_str("    iifname != \"azp*\" oifname != \"azp*\" drop\n");
+        s.push_str("    meta nfproto ipv4 iifname != \"azp*\" oifname != \"azp*\" drop\n");
     }
     s.push_str("  }\n}\n");
     s
 }
 
 fn comment(subnet: Ipv4Net, forwarding_was_off: bool) -> String {
-    let mut c = format!("azp-sandbox jobs: subnet {subnet}");
+    let mut c = format!("azp-sandbox jobs: subnet {subnet}, {HAS_IPV6_RULES}");
     if forwarding_was_off {
         c.push_str(&format!(", {FORWARDING_WAS_OFF}"));
     }
@@ -219,19 +237,26 @@ fn lock() -> Result<nix::fcntl::Flock<std::fs::File>> {
 /// Makes the table when it is absent (turning IPv4 forwarding on when it is off), and
 /// adds `extra` elements (a run's proxy port, a job's allowed destinations). A table of
 /// another subnet is an error: two subnets would need two gateways in one table.
+/// `ipv6`: jobs get IPv6: the uplinks forward for them (see [`uplinks_to_turn_on`]).
+/// Returns whether the table has the IPv6 rules (false: made by an older azp-sandbox).
 pub fn ensure(
     subnet: Ipv4Net,
     gateway: Ipv4Addr,
     services: impl FnOnce() -> Vec<HostService>,
     extra: &str,
-) -> Result<()> {
+    ipv6: bool,
+) -> Result<bool> {
     begin_table_use()?;
-    if exists_for(subnet)? && extra.is_empty() {
-        return Ok(());
+    let has_v6 = |c: &str| c.split(", ").any(|w| w == HAS_IPV6_RULES);
+    if let Some(c) = existing(subnet)? {
+        let v6_pending = || ipv6 && has_v6(&c) && !uplinks_to_turn_on(&super::ipv6::Host::probe()).is_empty();
+        if extra.is_empty() && !v6_pending() {
+            return Ok(has_v6(&c));
+        }
     }
     let nft = nft()?;
     let _lock = lock()?;
-    if !exists_for(subnet)? {
+    if existing(subnet)?.is_none() {
         let forwarding_was_off = std::fs::read_to_string(IP_FORWARD).map(|v| v.trim() == "0").unwrap_or(false);
         run_nft(&nft, &script(subnet, gateway, &services(), forwarding_was_off))?;
         if forwarding_was_off {
@@ -243,15 +268,53 @@ pub fn ensure(
             if forwarding_was_off { "; IPv4 forwarding turned on until it is removed" } else { "" }
         );
     }
+    let v6_rules = existing(subnet)?.is_some_and(|c| has_v6(&c));
+    if ipv6 && v6_rules {
+        // Under the lock, looked at again: another run may have done it meanwhile.
+        for link in uplinks_to_turn_on(&super::ipv6::Host::probe()) {
+            // Recorded first: a crash in between leaves a record, not a setting nobody undoes.
+            run_nft(&nft, &format!("add element inet {TABLE} {V6_UPLINKS} {{ \"{link}\" }}\n"))?;
+            super::ipv6::set_force_forwarding(&link, true).with_context(|| {
+                format!("cannot turn IPv6 forwarding on for jobs' replies (net.ipv6.conf.{link}.force_forwarding)")
+            })?;
+            tracing::info!(
+                "jobs' network: net.ipv6.conf.{link}.force_forwarding turned on (jobs' IPv6 replies come in there) \
+                 until the table inet {TABLE} is removed"
+            );
+        }
+    }
     if !extra.is_empty() {
         run_nft(&nft, extra)?;
     }
-    Ok(())
+    Ok(v6_rules)
 }
 
-/// The table exists (for `subnet`: else an error that says what to change).
-fn exists_for(subnet: Ipv4Net) -> Result<bool> {
-    let Some(comment) = crate::sys::net::nft_table(TABLE)? else { return Ok(false) };
+/// The host's IPv6 uplinks that must forward jobs' replies and do not yet: none when the
+/// host forwards IPv6 on all links already.
+fn uplinks_to_turn_on(host: &super::ipv6::Host) -> Vec<String> {
+    if host.forwarding {
+        return vec![];
+    }
+    host.uplinks.iter().filter(|l| super::ipv6::force_forwarding_of(l) == Some(false)).cloned().collect()
+}
+
+/// The quoted elements of `nft list set`'s text (interface names).
+fn quoted_elements(text: &str) -> Vec<String> {
+    let Some((_, rest)) = text.split_once("elements = {") else { return vec![] };
+    let rest = rest.split('}').next().unwrap_or("");
+    rest.split('"').skip(1).step_by(2).map(String::from).collect()
+}
+
+/// The uplinks the table turned IPv6 forwarding on for (read before it is removed).
+fn v6_uplinks(nft: &Path) -> Vec<String> {
+    let out = std::process::Command::new(nft).args(["list", "set", "inet", TABLE, V6_UPLINKS]).output();
+    out.map(|o| quoted_elements(&String::from_utf8_lossy(&o.stdout))).unwrap_or_default()
+}
+
+/// The table's comment when it exists (for `subnet`: else an error that says what to
+/// change).
+fn existing(subnet: Ipv4Net) -> Result<Option<String>> {
+    let Some(comment) = crate::sys::net::nft_table(TABLE)? else { return Ok(None) };
     let theirs = comment.as_deref().and_then(subnet_of).unwrap_or("?");
     if theirs != subnet.to_string() {
         bail!(
@@ -259,7 +322,7 @@ fn exists_for(subnet: Ipv4Net) -> Result<bool> {
              use the same network_subnet, or stop them and run `azp-sandbox gc`"
         );
     }
-    Ok(true)
+    Ok(Some(comment.unwrap_or_default()))
 }
 
 /// Removes the table when no job link exists (waiting up to `grace` for the links of
@@ -296,12 +359,30 @@ pub fn remove_if_unused(grace: std::time::Duration) -> Result<Option<String>> {
         }
         std::thread::sleep(std::time::Duration::from_millis(20));
     }
-    run_nft(&nft()?, &format!("delete table inet {TABLE}\n"))?;
+    let nft = nft()?;
+    let uplinks = v6_uplinks(&nft);
+    run_nft(&nft, &format!("delete table inet {TABLE}\n"))?;
     let mut what = format!("nftables table inet {TABLE}");
     if comment.as_deref().is_some_and(|c| c.contains(FORWARDING_WAS_OFF)) {
         std::fs::write(IP_FORWARD, "0")
             .with_context(|| format!("cannot turn IPv4 forwarding back off ({IP_FORWARD})"))?;
         what.push_str(" (IPv4 forwarding turned back off)");
+    }
+    let mut turned_off = vec![];
+    for link in uplinks {
+        match super::ipv6::set_force_forwarding(&link, false) {
+            Ok(()) => turned_off.push(link),
+            // The link is gone, and its setting with it.
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => {
+                return Err(e).with_context(|| {
+                    format!("cannot turn IPv6 forwarding back off (net.ipv6.conf.{link}.force_forwarding)")
+                })
+            }
+        }
+    }
+    if !turned_off.is_empty() {
+        what.push_str(&format!(" (IPv6 force_forwarding turned back off on {})", turned_off.join(", ")));
     }
     drop(users);
     Ok(Some(what))
@@ -325,7 +406,7 @@ mod tests {
         let s = script(net(), Ipv4Addr::new(10, 87, 0, 1), &dns(Ipv4Addr::new(127, 0, 0, 53)), true);
         assert!(
             s.starts_with(
-                "table inet azp-sandbox {\n  comment \"azp-sandbox jobs: subnet 10.87.0.0/16, ip_forward was 0\"\n"
+                "table inet azp-sandbox {\n  comment \"azp-sandbox jobs: subnet 10.87.0.0/16, ipv6, ip_forward was 0\"\n"
             ),
             "{s}"
         );
@@ -333,14 +414,32 @@ mod tests {
         assert!(s.contains("iifname \"azp*\" ip daddr 10.87.0.1 dnat ip to meta l4proto . th dport map @host_services"));
         assert!(s.contains("iifname \"azp*\" ip daddr { 169.254.0.0/16, 10.87.0.0/16 } reject with icmpx"));
         assert!(
-            s.contains("iifname != \"azp*\" oifname != \"azp*\" drop"),
-            "forwarding was off: only ours is forwarded"
+            s.contains("meta nfproto ipv4 iifname != \"azp*\" oifname != \"azp*\" drop"),
+            "IPv4 forwarding was off: only ours is forwarded (IPv6 routing of a host that routes it untouched)"
         );
+        assert!(s.contains("iifname \"azp*\" meta nfproto ipv6 fib saddr . iif oif missing drop"), "{s}");
+        assert!(
+            s.contains(
+                "iifname \"azp*\" ip6 daddr { fe80::/10, fd61:7a70:7362::/64, fd00:ec2::254/128, fd20:ce::254/128 } \
+                 reject with icmpx type admin-prohibited"
+            ),
+            "{s}"
+        );
+        assert!(s.contains("iifname @v6_uplinks oifname != \"azp*\" drop"), "{s}");
+        assert!(!s.contains("nfproto ipv6 drop"), "{s}");
         assert!(s.ends_with("  }\n}\n"));
         let s = script(net(), Ipv4Addr::new(10, 87, 0, 1), &[], false);
         assert!(!s.contains("elements") && !s.contains("iifname != \"azp*\" oifname"), "{s}");
         assert_eq!(subnet_of("azp-sandbox jobs: subnet 10.87.0.0/16, ip_forward was 0"), Some("10.87.0.0/16"));
         assert_eq!(subnet_of("azp-sandbox jobs: subnet 10.9.0.0/16"), Some("10.9.0.0/16"));
+        assert_eq!(subnet_of("azp-sandbox jobs: subnet 10.9.0.0/16, ipv6"), Some("10.9.0.0/16"));
+    }
+
+    #[test]
+    fn the_uplinks_are_read_back_from_the_set() {
+        let text = "table inet azp-sandbox {\n\tset v6_uplinks {\n\t\ttype ifname\n\t\telements = { \"eth0\",\n\t\t\t     \"wlan1\" }\n\t}\n}\n";
+        assert_eq!(quoted_elements(text), ["eth0", "wlan1"]);
+        assert!(quoted_elements("table inet azp-sandbox {\n\tset v6_uplinks {\n\t\ttype ifname\n\t}\n}\n").is_empty());
     }
 
     #[test]

@@ -25,6 +25,9 @@ pub struct JobNetwork {
     /// at its gateway, rootless at its own loopback (pasta `-T`). `(port, host address)`.
     #[serde(default)]
     pub host_ports: HostPorts,
+    /// Outbound IPv6 too (root mode; decided once per exec or run: see `super::ipv6`).
+    #[serde(default)]
+    pub ipv6: bool,
     /// Made by the helper: a sysfs of the job's namespace, and the job's resolv.conf.
     #[serde(default)]
     pub sysfs: Option<PathBuf>,

@@ -31,23 +31,28 @@
 //!   (a table flushed by a firewall reload fails closed), and in rootless mode, where
 //!   pasta would connect to any address from the host, the routes are the block.
 //!
-//! IPv6: jobs get none (no address but loopback's; the host's table drops IPv6 from job
-//! links). The host's IPv6 default route would need net.ipv6.conf.all.forwarding, which
-//! makes the host stop accepting router advertisements on every link.
+//! IPv6 ([`ipv6`], `network_ipv6 = auto|on|off`): jobs get outbound IPv6 too where the
+//! host has an IPv6 default route. Root mode, where the host can forward IPv6 for them
+//! alone (per link `force_forwarding`, Linux >= 6.17, or a host that routes IPv6
+//! already): an address of a unique local /64 beside the IPv4 one on the same veth,
+//! masqueraded by the same table. Rootless: pasta, with the host's address and gateway,
+//! link-local addresses prohibited by a routing rule. Elsewhere and with `off`, IPv4
+//! only (no address but loopback's).
 
 pub mod dns;
 pub mod firewall;
+pub mod ipv6;
 pub mod job;
 
 pub use job::{HostPorts, JobNetwork, DEFAULT_SUBNET};
 
 use super::jobdir::JobDir;
 use super::plan::JobPlan;
-use crate::config::{Network, NetworkAllow};
-use crate::sys::net::{Ipv4Net, JobRoute, Pasta, Setup, Veth};
+use crate::config::{Ipv6, Network, NetworkAllow};
+use crate::sys::net::{Ipv4Net, JobRoute, Pasta, Setup, Veth, Veth6};
 use crate::sys::Sys;
 use anyhow::{bail, Context, Result};
-use std::net::Ipv4Addr;
+use std::net::{Ipv4Addr, Ipv6Addr};
 use std::path::PathBuf;
 
 /// Job links on the host: `azp` and 12 hex digits.
@@ -113,8 +118,10 @@ fn pasta_address(net: &JobNetwork) -> Ipv4Addr {
 
 /// pasta's options: the job's address, the gateway, DNS at the gateway, no port
 /// forwarded either way but the host's loopback services the job may use, the gateway
-/// not mapped to the host, IPv4 only, no DHCP/NDP server (the namespace is configured
-/// directly), in the foreground and quiet.
+/// not mapped to the host, IPv4 only (IPv6 too: the host's address and gateway, as
+/// pasta copies them, with its NDP answers for the gateway's MAC), no DHCP server or
+/// router advertisements (the namespace is configured directly), in the foreground and
+/// quiet.
 fn pasta_args(net: &JobNetwork) -> Vec<String> {
     let gateway = net.gateway().to_string();
     let ns_to_host = if net.host_ports.is_empty() {
@@ -122,15 +129,20 @@ fn pasta_args(net: &JobNetwork) -> Vec<String> {
     } else {
         net.host_ports.iter().map(|(p, _)| p.to_string()).collect::<Vec<_>>().join(",")
     };
-    let mut a: Vec<String> =
-        ["--foreground", "--quiet", "--ipv4-only", "--config-net", "--ns-ifname", crate::sys::net::JOB_IFNAME]
-            .map(String::from)
-            .to_vec();
+    let mut a: Vec<String> = ["--foreground", "--quiet", "--config-net", "--ns-ifname", crate::sys::net::JOB_IFNAME]
+        .map(String::from)
+        .to_vec();
+    if !net.ipv6 {
+        a.push("--ipv4-only".into());
+    }
     a.extend(["--address".into(), pasta_address(net).to_string(), "--netmask".into(), "30".into()]);
     a.extend(["-g".into(), gateway.clone(), "--dns-forward".into(), gateway, "--no-map-gw".into()]);
     a.extend(["-t", "none", "-u", "none", "-T"].map(String::from));
     a.push(ns_to_host);
-    a.extend(["-U", "none", "--no-dhcp", "--no-ndp", "--no-dhcpv6", "--no-ra"].map(String::from));
+    a.extend(["-U", "none", "--no-dhcp", "--no-dhcpv6", "--no-ra"].map(String::from));
+    if !net.ipv6 {
+        a.push("--no-ndp".into());
+    }
     a
 }
 
@@ -163,12 +175,16 @@ pub fn enter(mut plan: JobPlan, job: &JobDir, sys: &dyn Sys) -> Result<JobPlan> 
             let host = sys.host_addresses()?;
             let host_resolv = std::fs::read_to_string(HOST_RESOLV_CONF).unwrap_or_default();
             resolv = Some(dns::for_job(&host_resolv, plan.net.gateway(), &host, plan.rootless).resolv_conf);
+            let host6 = if plan.net.ipv6 { Some(sys.host_ipv6_addresses()?) } else { None };
             if plan.rootless {
                 let routes = job_routes(&host, None, &plan.net.allow);
                 let log = job.bundle().join("pasta.log");
-                Setup::Pasta(Pasta { program: pasta_program()?, args: pasta_args(&plan.net), routes, log })
+                let ipv6_blocked = host6.map(|h| ipv6::blocked_rootless(&h));
+                let args = pasta_args(&plan.net);
+                Setup::Pasta(Pasta { program: pasta_program()?, args, routes, log, ipv6_blocked })
             } else {
-                Setup::Veth(veth(&plan, &host, std::process::id()))
+                let v6 = host6.map(|h| veth6(&h, !ipv6::all_forwarding()));
+                Setup::Veth(veth(&plan, &host, v6, std::process::id()))
             }
         }
         _ => Setup::Loopback,
@@ -184,14 +200,29 @@ pub fn enter(mut plan: JobPlan, job: &JobDir, sys: &dyn Sys) -> Result<JobPlan> 
         plan.net.resolv_conf = Some(path);
     }
     match (&setup, made.address, made.pasta_pid) {
-        (Setup::Veth(v), Some(a), _) => tracing::debug!(job = %plan.id, "network: {a} on {} (host end)", v.host_name),
+        (Setup::Veth(v), Some(a), _) => match made.address6 {
+            Some(a6) => tracing::debug!(job = %plan.id, "network: {a} and {a6} on {} (host end)", v.host_name),
+            None => tracing::debug!(job = %plan.id, "network: {a} on {} (host end)", v.host_name),
+        },
         (_, _, Some(pid)) => tracing::debug!(job = %plan.id, "network: pasta (pid {pid})"),
         _ => tracing::debug!(job = %plan.id, "network: loopback only"),
     }
     Ok(plan)
 }
 
-fn veth(plan: &JobPlan, host: &[Ipv4Addr], pid: u32) -> Veth {
+/// A job's IPv6 (see [`ipv6`]): `host` the host's own IPv6 addresses; `force_forwarding`:
+/// the host end must forward (the host does not on all links).
+fn veth6(host: &[Ipv6Addr], force_forwarding: bool) -> Veth6 {
+    Veth6 {
+        prefix: ipv6::PREFIX,
+        gateway: ipv6::GATEWAY,
+        job_mac: ipv6::JOB_MAC,
+        force_forwarding,
+        blocked: ipv6::blocked(host),
+    }
+}
+
+fn veth(plan: &JobPlan, host: &[Ipv4Addr], v6: Option<Veth6>, pid: u32) -> Veth {
     let subnet = plan.net.subnet();
     Veth {
         host_name: link_name(&plan.id, pid),
@@ -204,6 +235,7 @@ fn veth(plan: &JobPlan, host: &[Ipv4Addr], pid: u32) -> Veth {
         routes: job_routes(host, Some(subnet), &plan.net.allow),
         lock: PathBuf::from(firewall::LOCK),
         table: firewall::TABLE.into(),
+        v6,
     }
 }
 
@@ -241,32 +273,18 @@ pub fn check_host(mode: Network, net: &JobNetwork, rootless: bool) -> Result<()>
     }
 }
 
-/// What jobs get of IPv6 on this host, in words (`check`, `run`'s start): IPv4 only, and
-/// whether the host has an IPv6 default route (which jobs do not get yet).
-pub fn ipv6_note() -> String {
-    let routes = std::fs::read_to_string("/proc/net/ipv6_route").unwrap_or_default();
-    if has_ipv6_default_route(&routes) {
-        "jobs get IPv4 only: this host has an IPv6 default route, but outbound IPv6 for jobs is not supported yet"
-            .into()
-    } else {
-        "jobs get IPv4 only (this host has no IPv6 default route)".into()
+/// Whether jobs in `mode` get IPv6 on this host as `ask` says (see [`ipv6::resolve`]):
+/// `on` where it cannot be is a one-line error.
+pub fn resolve_ipv6(mode: Network, ask: Ipv6, rootless: bool) -> Result<bool> {
+    if mode != Network::Isolated {
+        return Ok(false);
     }
+    ipv6::resolve(ask, rootless, &ipv6::Host::probe())
 }
 
-/// A usable default route in the text of `/proc/net/ipv6_route`: destination ::/0, up
-/// (RTF_UP), not a reject route (RTF_REJECT: the kernel's own "unreachable" default),
-/// not on `lo`.
-fn has_ipv6_default_route(text: &str) -> bool {
-    text.lines().any(|l| {
-        let f: Vec<&str> = l.split_whitespace().collect();
-        let flags = f.get(8).and_then(|x| u32::from_str_radix(x, 16).ok()).unwrap_or(0);
-        f.len() == 10
-            && f[0].bytes().all(|b| b == b'0')
-            && f[1] == "00"
-            && flags & 0x1 != 0
-            && flags & 0x200 == 0
-            && f[9] != "lo"
-    })
+/// What jobs get of IPv6 on this host, in words (`check`, `run`'s start).
+pub fn ipv6_note(ask: Ipv6, rootless: bool) -> String {
+    ipv6::note(ask, rootless, &ipv6::Host::probe())
 }
 
 /// The subnet must not overlap a route or address of the host's (but the jobs' own).
@@ -291,7 +309,9 @@ fn check_subnet(subnet: Ipv4Net) -> Result<()> {
 /// Root mode, isolated: the host's table exists (made when absent, with the DNS and
 /// host ports of `net`). `register`: also add `net`'s host ports and allowed
 /// destinations (once per run or exec that has any). A job's sandbox checks it cheaply.
-pub fn ensure_table(net: &JobNetwork, register: bool) -> Result<()> {
+/// A table made by an older azp-sandbox (no IPv6 rules: it drops jobs' IPv6) leaves
+/// `net` IPv4 only, with a warning (`ask` on: an error).
+pub fn ensure_table(net: &mut JobNetwork, register: bool, ask: Ipv6) -> Result<()> {
     let ports: Vec<firewall::HostService> = net
         .host_ports
         .iter()
@@ -308,7 +328,20 @@ pub fn ensure_table(net: &JobNetwork, register: bool) -> Result<()> {
         services
     };
     let extra = if register { firewall::elements(&ports, allow_group(&net.allow), &net.allow) } else { String::new() };
-    firewall::ensure(net.subnet(), net.gateway(), services, &extra)
+    let v6_rules = firewall::ensure(net.subnet(), net.gateway(), services, &extra, net.ipv6)?;
+    if net.ipv6 && !v6_rules {
+        let why = format!(
+            "the nftables table inet {} was made by an older azp-sandbox, without IPv6 rules: \
+             stop its jobs and run `azp-sandbox gc`",
+            firewall::TABLE
+        );
+        if ask == Ipv6::On {
+            bail!("network_ipv6 = on (--ipv6 on), but {why}");
+        }
+        tracing::warn!("jobs get IPv4 only: {why}");
+        net.ipv6 = false;
+    }
+    Ok(())
 }
 
 /// The service's proxy variables as a job gets them, and the host ports the job
@@ -433,6 +466,10 @@ mod tests {
         assert!(a.contains("--address 10.87.0.2") && a.contains("--ipv4-only"), "{a}");
         let net = JobNetwork { host_ports: vec![(3128, Ipv4Addr::LOCALHOST)], ..Default::default() };
         assert!(pasta_args(&net).join(" ").contains("-T 3128 -U none"));
+        assert!(a.contains("--no-ndp"), "{a}");
+        let a = pasta_args(&JobNetwork { ipv6: true, ..Default::default() }).join(" ");
+        assert!(!a.contains("--ipv4-only") && !a.contains("--no-ndp"), "IPv6: NDP for the gateway: {a}");
+        assert!(a.contains("--no-map-gw") && a.contains("--no-ra") && a.contains("--no-dhcpv6"), "{a}");
     }
 
     #[test]
@@ -454,19 +491,6 @@ mod tests {
         assert_eq!((env[0].1.as_str(), ports.len()), ("http://127.0.0.1:3128", 1), "rootless: pasta forwards it");
         assert_eq!(loopback_proxy("https://127.0.0.2"), Some(("127.0.0.2", 443, Ipv4Addr::new(127, 0, 0, 2))));
         assert_eq!(loopback_proxy("http://10.0.0.1:3128"), None);
-    }
-
-    #[test]
-    fn an_ipv6_default_route_is_found_in_proc() {
-        let z = "00000000000000000000000000000000";
-        let unreachable = format!("{z} 00 {z} 00 {z} ffffffff 00000001 00000000 00200200       lo\n");
-        let via =
-            format!("{z} 00 {z} 00 fe800000000000000000000000000001 00000400 00000001 00000000 00450003     eth0\n");
-        let link =
-            format!("fe800000000000000000000000000000 40 {z} 00 {z} 00000100 00000001 00000000 00000001     eth0\n");
-        assert!(!has_ipv6_default_route(&format!("{link}{unreachable}")));
-        assert!(has_ipv6_default_route(&format!("{link}{via}")));
-        assert!(ipv6_note().starts_with("jobs get IPv4 only"));
     }
 
     #[test]
@@ -504,7 +528,7 @@ mod tests {
     fn a_veth_job_plan() {
         let mut plan = super::super::plan::test_plan("job-1", vec![], "/cg");
         plan.net.allow = allow(&["169.254.169.254:80"]);
-        let v = veth(&plan, &[Ipv4Addr::new(192, 0, 2, 2)], 99);
+        let v = veth(&plan, &[Ipv4Addr::new(192, 0, 2, 2)], None, 99);
         assert_eq!(
             (v.host_name.as_str(), v.gateway, v.pool),
             (link_name("job-1", 99).as_str(), Ipv4Addr::new(10, 87, 0, 1), DEFAULT_SUBNET)
@@ -512,5 +536,9 @@ mod tests {
         assert_eq!(v.group, allow_group(&plan.net.allow));
         assert!(v.first_try < 65536);
         assert!(v.routes.contains(&JobRoute::Allow(Ipv4Net::host(Ipv4Addr::new(169, 254, 169, 254)))));
+        assert_eq!(v.v6, None);
+        let v6 = veth6(&["2001:db8::2".parse().unwrap()], true);
+        assert_eq!((v6.prefix, v6.gateway, v6.force_forwarding), (ipv6::PREFIX, ipv6::GATEWAY, true));
+        assert_eq!(v6.blocked.last().map(|n| n.to_string()).as_deref(), Some("2001:db8::2/128"));
     }
 }
