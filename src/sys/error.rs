@@ -166,6 +166,21 @@ pub enum Error {
         #[source]
         source: Errno,
     },
+    #[error("cannot turn IPv4 forwarding {} (/proc/sys/net/ipv4/ip_forward)", if *on { "on for jobs" } else { "back off" })]
+    Ipv4Forwarding {
+        on: bool,
+        #[source]
+        source: io::Error,
+    },
+    #[error("cannot turn net.ipv6.conf.{link}.force_forwarding {} (jobs' IPv6 replies come in on that uplink)", if *on { "on" } else { "back off" })]
+    UplinkForceForwarding {
+        link: String,
+        on: bool,
+        #[source]
+        source: io::Error,
+    },
+    #[error("{link:?} is not a network link's name (an IPv6 uplink of the jobs' table)")]
+    UplinkName { link: String },
     #[error("cannot add the host's route {route} to the job")]
     AddHostRoute {
         route: String,

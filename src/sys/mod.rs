@@ -23,6 +23,7 @@ pub mod cache_dir;
 pub mod cgroup;
 pub mod dir_flags;
 mod error;
+pub mod forwarding;
 pub mod fs_at;
 pub mod ids;
 pub mod isolate;

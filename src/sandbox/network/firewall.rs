@@ -27,6 +27,7 @@
 //!   whoever removes the table turns them back off.
 
 use crate::config::NetworkAllow;
+use crate::sys::forwarding;
 use crate::sys::net::Ipv4Net;
 use anyhow::{bail, Context, Result};
 use std::io::Write;
@@ -44,7 +45,6 @@ pub const LOCK: &str = "/run/azp-sandbox/network.lock";
 /// One per network namespace (the table is the namespace's): `<this>-<netns inode>.lock`.
 pub const USERS_LOCK: &str = "/run/azp-sandbox/network-users";
 static TABLE_USE: std::sync::Mutex<Option<nix::fcntl::Flock<std::fs::File>>> = std::sync::Mutex::new(None);
-const IP_FORWARD: &str = "/proc/sys/net/ipv4/ip_forward";
 const FORWARDING_WAS_OFF: &str = "ip_forward was 0";
 /// The set of the uplinks whose IPv6 force_forwarding the table turned on.
 const V6_UPLINKS: &str = "v6_uplinks";
@@ -257,11 +257,10 @@ pub fn ensure(
     let nft = nft()?;
     let _lock = lock()?;
     if existing(subnet)?.is_none() {
-        let forwarding_was_off = std::fs::read_to_string(IP_FORWARD).map(|v| v.trim() == "0").unwrap_or(false);
+        let forwarding_was_off = forwarding::ipv4_forwarding_off();
         run_nft(&nft, &script(subnet, gateway, &services(), forwarding_was_off))?;
         if forwarding_was_off {
-            std::fs::write(IP_FORWARD, "1")
-                .with_context(|| format!("cannot turn IPv4 forwarding on ({IP_FORWARD})"))?;
+            forwarding::set_ipv4_forwarding(true)?;
         }
         tracing::info!(
             "jobs' network: made the nftables table inet {TABLE} (subnet {subnet}{})",
@@ -274,9 +273,9 @@ pub fn ensure(
         for link in uplinks_to_turn_on(&super::ipv6::Host::probe()) {
             // Recorded first: a crash in between leaves a record, not a setting nobody undoes.
             run_nft(&nft, &format!("add element inet {TABLE} {V6_UPLINKS} {{ \"{link}\" }}\n"))?;
-            super::ipv6::set_force_forwarding(&link, true).with_context(|| {
-                format!("cannot turn IPv6 forwarding on for jobs' replies (net.ipv6.conf.{link}.force_forwarding)")
-            })?;
+            if !forwarding::set_uplink_force_forwarding(&link, true)? {
+                bail!("the host's IPv6 uplink {link} went away while the jobs' table was made: start again");
+            }
             tracing::info!(
                 "jobs' network: net.ipv6.conf.{link}.force_forwarding turned on (jobs' IPv6 replies come in there) \
                  until the table inet {TABLE} is removed"
@@ -364,21 +363,14 @@ pub fn remove_if_unused(grace: std::time::Duration) -> Result<Option<String>> {
     run_nft(&nft, &format!("delete table inet {TABLE}\n"))?;
     let mut what = format!("nftables table inet {TABLE}");
     if comment.as_deref().is_some_and(|c| c.contains(FORWARDING_WAS_OFF)) {
-        std::fs::write(IP_FORWARD, "0")
-            .with_context(|| format!("cannot turn IPv4 forwarding back off ({IP_FORWARD})"))?;
+        forwarding::set_ipv4_forwarding(false)?;
         what.push_str(" (IPv4 forwarding turned back off)");
     }
     let mut turned_off = vec![];
     for link in uplinks {
-        match super::ipv6::set_force_forwarding(&link, false) {
-            Ok(()) => turned_off.push(link),
-            // The link is gone, and its setting with it.
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(e) => {
-                return Err(e).with_context(|| {
-                    format!("cannot turn IPv6 forwarding back off (net.ipv6.conf.{link}.force_forwarding)")
-                })
-            }
+        // A link that is gone took its setting with it.
+        if forwarding::set_uplink_force_forwarding(&link, false)? {
+            turned_off.push(link);
         }
     }
     if !turned_off.is_empty() {

@@ -76,11 +76,6 @@ pub fn force_forwarding_of(link: &str) -> Option<bool> {
     std::fs::read_to_string(format!("{CONF}/{link}/force_forwarding")).ok().map(|v| v.trim() == "1")
 }
 
-/// Sets a link's net.ipv6.conf.LINK.force_forwarding.
-pub fn set_force_forwarding(link: &str, on: bool) -> std::io::Result<()> {
-    std::fs::write(format!("{CONF}/{link}/force_forwarding"), if on { "1" } else { "0" })
-}
-
 /// Why jobs get no IPv6.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Without {
