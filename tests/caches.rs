@@ -316,6 +316,9 @@ fn a_commit_does_not_hold_back_the_slots_refill() {
     wait_until("the next agent waiting for the commit", Duration::from_secs(60), || {
         mgr.log().contains("waiting for the previous job's cache commit")
     });
+    // The commit thread asks Azure DevOps for the build first, then says it commits: that
+    // line may come after the next agent's (seen once in a CI rehearsal).
+    wait_until("the commit's start", Duration::from_secs(60), || mgr.log().contains("caches: committing (build "));
     let log = mgr.log();
     assert!(log.contains("caches: committing (build ") && log.contains("refs/heads/main"), "{log}");
     assert!(!log.contains("cache pip: committed snapshot"), "the commit was held: {log}");
