@@ -480,7 +480,10 @@ impl std::str::FromStr for NetworkAllow {
             );
         }
         if s.contains('[') || s.matches(':').count() > 1 {
-            bail!("bad network_allow entry '{s}': jobs have IPv4 only; give an IPv4 address, e.g. 169.254.169.254:80");
+            bail!(
+                "bad network_allow entry '{s}': network_allow takes IPv4 addresses only (jobs' IPv6 to link-local \
+                 and metadata addresses stays blocked); give an IPv4 address, e.g. 169.254.169.254:80"
+            );
         }
         let (addr, port) = match s.split_once(':') {
             Some((a, p)) => (a, Some(p.parse::<u16>().ok().filter(|p| *p > 0).ok_or_else(bad)?)),
@@ -641,7 +644,7 @@ mod tests {
             assert!(!e.contains('\n'));
         }
         let e = "[fe80::1]:80".parse::<NetworkAllow>().unwrap_err().to_string();
-        assert!(e.contains("IPv4 only"), "{e}");
+        assert!(e.contains("takes IPv4 addresses only"), "{e}");
         let e = "10.0.0.0/8".parse::<NetworkAllow>().unwrap_err().to_string();
         assert!(e.contains("not a network (list each address)"), "{e}");
         let e = "2001:db8::/32".parse::<NetworkAllow>().unwrap_err().to_string();

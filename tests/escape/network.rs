@@ -291,7 +291,7 @@ fn t28_bad_network_input_gets_one_line() {
     for (args, want) in [
         (vec!["--network", "bridge"], "invalid value 'bridge' for '--network <MODE>'"),
         (vec!["--network-allow", "metadata"], "bad --network-allow entry 'metadata': use an IPv4 address"),
-        (vec!["--network-allow", "[fe80::1]:80"], "jobs have IPv4 only"),
+        (vec!["--network-allow", "[fe80::1]:80"], "network_allow takes IPv4 addresses only"),
     ] {
         let out = h.command().args(["exec", "--rootfs", "esc"]).args(&args).args(["--", "true"]).output().unwrap();
         let err = String::from_utf8_lossy(&out.stderr);

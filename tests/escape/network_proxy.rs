@@ -311,8 +311,8 @@ fn t31_allow_entries_that_are_not_an_ipv4_address_get_one_line() {
     let h = TestHome::new("net-bad-allow");
     for (entry, want) in [
         ("10.0.0.0/8", "not a network (list each address)"),
-        ("[2001:2::1]:80", "jobs have IPv4 only"),
-        ("2001:2::1", "jobs have IPv4 only"),
+        ("[2001:2::1]:80", "network_allow takes IPv4 addresses only"),
+        ("2001:2::1", "network_allow takes IPv4 addresses only"),
         ("fe80::/10", "not a network"),
         ("host.example:80", "use an IPv4 address"),
     ] {
