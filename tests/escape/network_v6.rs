@@ -380,3 +380,50 @@ fn t38_a_table_of_an_older_azp_sandbox_leaves_jobs_ipv4_only() {
     assert!(line(&out, "addrs").contains(&format!("eth0/{JOBS_PREFIX}")), "{out}");
     h.assert_no_residue(&[]);
 }
+
+#[test]
+#[cfg_attr(not(test_as_root), ignore = "needs root: creates real sandboxes and network namespaces")]
+fn t39_a_firewall_reload_does_not_leave_the_host_forwarding_after_gc() {
+    require_root!();
+    root_mode_only!();
+    let lab = or_skip!(NetLab::new_v6());
+    let h = home("net6-reload");
+    let ff = || lab.host_sysctl(&format!("net.ipv6.conf.{}.force_forwarding", lab.host_uplink()));
+    let flush = || {
+        // What `systemctl reload nftables` does on Debian (its nftables.conf starts so).
+        let ok = Command::new("ip").args(["netns", "exec", &lab.host, "nft", "flush", "ruleset"]).status().unwrap();
+        assert!(ok.success());
+    };
+    let gc = || {
+        let out = h.lab_command(&lab).arg("gc").output().unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    let uplink_in_set = || {
+        let o = Command::new("ip")
+            .args(["netns", "exec", &lab.host, "nft", "list", "set", "inet", "azp-sandbox", "v6_uplinks"])
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&o.stdout).contains(&format!("\"{}\"", lab.host_uplink()))
+    };
+    assert_eq!((ff(), lab.host_ip_forward()), ("0".into(), "0".into()), "the lab starts as a plain host");
+
+    // A reload removes the table while the settings stay on; gc alone undoes them.
+    assert!(exec6_ok(&lab, &h, &[], &get(&format!("http://[{DUAL_IPV6}]/"))).contains(INTERNET_BODY));
+    assert_eq!((ff(), lab.host_ip_forward()), ("1".into(), "1".into()), "on while the table exists");
+    flush();
+    let said = gc();
+    assert_eq!((ff(), lab.host_ip_forward()), ("0".into(), "0".into()), "gc after a reload: {said}");
+    assert!(said.contains("firewall reload"), "gc says what it undid: {said}");
+
+    // A reload, then the next job remakes the table: it takes the earlier settings back
+    // into its records (the uplink forwards nothing but to jobs again), and gc undoes them.
+    assert!(exec6_ok(&lab, &h, &[], &get(&format!("http://[{DUAL_IPV6}]/"))).contains(INTERNET_BODY));
+    flush();
+    assert!(exec6_ok(&lab, &h, &[], &get(&format!("http://[{DUAL_IPV6}]/"))).contains(INTERNET_BODY));
+    assert!(uplink_in_set(), "the remade table names the uplink it must turn off");
+    let said = gc();
+    assert_eq!((ff(), lab.host_ip_forward()), ("0".into(), "0".into()), "gc after a reload and a job: {said}");
+    assert_eq!(lab.host_network_residue(), Vec::<String>::new(), "links or the table left in the fake host");
+    h.assert_no_residue(&[]);
+}

@@ -26,6 +26,7 @@
 //!   [`ensure`] for a run or exec whose jobs get IPv6) forward nothing but to jobs, and
 //!   whoever removes the table turns them back off.
 
+use super::forward_record;
 use crate::config::NetworkAllow;
 use crate::sys::forwarding;
 use crate::sys::net::Ipv4Net;
@@ -256,10 +257,16 @@ pub fn ensure(
     }
     let nft = nft()?;
     let _lock = lock()?;
+    // What an earlier table turned on and a firewall reload took the record of.
+    let record = forward_record::read();
     if existing(subnet)?.is_none() {
-        let forwarding_was_off = forwarding::ipv4_forwarding_off();
+        let turn_on = forwarding::ipv4_forwarding_off();
+        let forwarding_was_off = turn_on || record.ip_forward;
+        if turn_on && !record.ip_forward {
+            forward_record::add_ip_forward()?;
+        }
         run_nft(&nft, &script(subnet, gateway, &services(), forwarding_was_off))?;
-        if forwarding_was_off {
+        if turn_on {
             forwarding::set_ipv4_forwarding(true)?;
         }
         tracing::info!(
@@ -268,10 +275,20 @@ pub fn ensure(
         );
     }
     let v6_rules = existing(subnet)?.is_some_and(|c| has_v6(&c));
+    if v6_rules {
+        // Uplinks an earlier table turned on: in the set again, so they forward nothing
+        // but to jobs, and are turned off with it.
+        for link in &record.uplinks {
+            run_nft(&nft, &format!("add element inet {TABLE} {V6_UPLINKS} {{ \"{link}\" }}\n"))?;
+        }
+    }
     if ipv6 && v6_rules {
         // Under the lock, looked at again: another run may have done it meanwhile.
         for link in uplinks_to_turn_on(&super::ipv6::Host::probe()) {
             // Recorded first: a crash in between leaves a record, not a setting nobody undoes.
+            if !record.uplinks.contains(&link) {
+                forward_record::add_uplink(&link)?;
+            }
             run_nft(&nft, &format!("add element inet {TABLE} {V6_UPLINKS} {{ \"{link}\" }}\n"))?;
             if !forwarding::set_uplink_force_forwarding(&link, true)? {
                 bail!("the host's IPv6 uplink {link} went away while the jobs' table was made: start again");
@@ -331,12 +348,18 @@ pub fn remove_if_unused(grace: std::time::Duration) -> Result<Option<String>> {
     if !nix::unistd::geteuid().is_root() {
         return Ok(None);
     }
-    if crate::sys::net::nft_table(TABLE).unwrap_or(None).is_none() {
+    if crate::sys::net::nft_table(TABLE).unwrap_or(None).is_none() && forward_record::read().is_empty() {
         return Ok(None);
     }
     let _lock = lock()?;
-    // Looked up again under the lock: a concurrent gc may have removed it meanwhile.
-    let Some(comment) = crate::sys::net::nft_table(TABLE).unwrap_or(None) else { return Ok(None) };
+    // Looked up again under the lock: a concurrent gc may have removed it meanwhile. A
+    // record without a table: a firewall reload removed the table, not the settings.
+    let table = crate::sys::net::nft_table(TABLE).unwrap_or(None);
+    let record = forward_record::read();
+    if table.is_none() && record.is_empty() {
+        return Ok(None);
+    }
+    let comment = table.clone().flatten();
     // No process that uses the table may be alive (an `exec`, a `run`, their helpers).
     let users = match nix::fcntl::Flock::lock(open_users_lock()?, nix::fcntl::FlockArg::LockExclusiveNonblock) {
         Ok(l) => l,
@@ -358,11 +381,21 @@ pub fn remove_if_unused(grace: std::time::Duration) -> Result<Option<String>> {
         }
         std::thread::sleep(std::time::Duration::from_millis(20));
     }
-    let nft = nft()?;
-    let uplinks = v6_uplinks(&nft);
-    run_nft(&nft, &format!("delete table inet {TABLE}\n"))?;
-    let mut what = format!("nftables table inet {TABLE}");
-    if comment.as_deref().is_some_and(|c| c.contains(FORWARDING_WAS_OFF)) {
+    let mut what = String::new();
+    let mut uplinks = record.uplinks.clone();
+    if table.is_some() {
+        let nft = nft()?;
+        for link in v6_uplinks(&nft) {
+            if !uplinks.contains(&link) {
+                uplinks.push(link);
+            }
+        }
+        run_nft(&nft, &format!("delete table inet {TABLE}\n"))?;
+        what = format!("nftables table inet {TABLE}");
+    } else {
+        what.push_str("the jobs' host forwarding (a firewall reload removed their table)");
+    }
+    if record.ip_forward || comment.as_deref().is_some_and(|c| c.contains(FORWARDING_WAS_OFF)) {
         forwarding::set_ipv4_forwarding(false)?;
         what.push_str(" (IPv4 forwarding turned back off)");
     }
@@ -376,6 +409,7 @@ pub fn remove_if_unused(grace: std::time::Duration) -> Result<Option<String>> {
     if !turned_off.is_empty() {
         what.push_str(&format!(" (IPv6 force_forwarding turned back off on {})", turned_off.join(", ")));
     }
+    forward_record::remove()?;
     drop(users);
     Ok(Some(what))
 }
