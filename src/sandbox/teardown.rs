@@ -267,7 +267,14 @@ fn procs_of(dir: &Path) -> Vec<i32> {
 /// rmdir, retried while the kernel still counts exiting tasks (EBUSY), for up to ~1 s.
 fn rmdir_when_empty(sys: &dyn Sys, dir: &Path) -> sys::Result<()> {
     let mut last = None;
-    for i in 0..200 {
+    // Up to ~5 s: a killed process leaves its cgroup only once it has exited, and one that
+    // is flushing what it wrote (a job's dd on btrfs under a loaded CI machine) took more
+    // than the earlier ~1 s window, so a `gc` right after `kill -9` of an `exec` failed.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    for i in 0.. {
+        if i >= 20 && std::time::Instant::now() >= deadline {
+            break;
+        }
         match sys.remove_dir(dir) {
             Ok(()) => return Ok(()),
             Err(e) if e.errno() == Some(Errno::ENOENT) => return Ok(()),
