@@ -348,7 +348,10 @@ pub fn remove_if_unused(grace: std::time::Duration) -> Result<Option<String>> {
     if !nix::unistd::geteuid().is_root() {
         return Ok(None);
     }
-    if crate::sys::net::nft_table(TABLE).unwrap_or(None).is_none() && forward_record::read().is_empty() {
+    // A process that cannot list this namespace's tables (root of a user namespace of its
+    // own: a rootless gc) has nothing here to undo, whatever the record says.
+    let Ok(table) = crate::sys::net::nft_table(TABLE) else { return Ok(None) };
+    if table.is_none() && forward_record::read().is_empty() {
         return Ok(None);
     }
     let _lock = lock()?;
