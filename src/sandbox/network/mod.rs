@@ -290,21 +290,35 @@ pub fn ipv6_note(ask: Ipv6, rootless: bool) -> String {
 
 /// The subnet must not overlap a route or address of the host's (but the jobs' own).
 fn check_subnet(subnet: Ipv4Net) -> Result<()> {
+    // Jobs of another run may start and end meanwhile, so the routes are listed
+    // before the links: a route whose link is gone by then went with it.
+    let routes = crate::sys::net::routes()?;
     let links = crate::sys::net::links()?;
-    let name = |i: Option<i32>| links.iter().find(|(x, _)| Some(*x) == i).map(|(_, n)| n.as_str()).unwrap_or("?");
-    for r in crate::sys::net::routes()? {
-        if r.dst.prefix == 0 || is_job_link(name(r.oif)) || !r.dst.overlaps(&subnet) {
-            continue;
-        }
+    if let Some((dst, dev)) = subnet_conflict(subnet, &routes, &links) {
         bail!(
-            "jobs' network_subnet {subnet} overlaps the host's route {} (dev {}): set network_subnet in the \
+            "jobs' network_subnet {subnet} overlaps the host's route {dst} (dev {dev}): set network_subnet in the \
              config file to a free range, e.g. {}",
-            r.dst,
-            name(r.oif),
             if subnet == DEFAULT_SUBNET { "10.88.0.0/16" } else { "10.87.0.0/16" }
         );
     }
     Ok(())
+}
+
+/// The first of `routes` (listed before `links`) that `subnet` overlaps, with its
+/// device's name: default routes, jobs' own links and links gone since are not.
+fn subnet_conflict(
+    subnet: Ipv4Net,
+    routes: &[crate::sys::net::HostRoute],
+    links: &[(i32, String)],
+) -> Option<(Ipv4Net, String)> {
+    let link = |i: i32| links.iter().find(|(x, _)| *x == i).map(|(_, n)| n.as_str());
+    routes.iter().find_map(|r| {
+        let dev = match r.oif {
+            Some(i) => link(i)?,
+            None => "?",
+        };
+        (r.dst.prefix != 0 && !is_job_link(dev) && r.dst.overlaps(&subnet)).then(|| (r.dst, dev.to_string()))
+    })
 }
 
 /// Root mode, isolated: the host's table exists (made when absent, with the DNS and
@@ -420,6 +434,29 @@ mod tests {
 
     fn allow(s: &[&str]) -> Vec<NetworkAllow> {
         s.iter().map(|a| a.parse().unwrap()).collect()
+    }
+
+    #[test]
+    fn a_subnet_conflicts_with_host_routes_but_not_jobs_or_links_gone_since() {
+        use crate::sys::net::HostRoute;
+        let net = |a: [u8; 4], prefix| Ipv4Net { addr: Ipv4Addr::from(a), prefix };
+        let job = link_name("host-0-1", 7);
+        let links = vec![(1, "lo".to_string()), (2, "eth0".to_string()), (9, job)];
+        let route = |dst, oif| HostRoute { dst, oif, table: 254 };
+        let routes = vec![
+            route(net([0, 0, 0, 0], 0), Some(2)),
+            route(net([10, 87, 1, 2], 32), Some(9)),
+            // Another run's job that ended after the routes were listed: its link
+            // (index 11) was gone when the links were.
+            route(net([10, 87, 204, 30], 32), Some(11)),
+        ];
+        assert_eq!(subnet_conflict(DEFAULT_SUBNET, &routes, &links), None);
+        let mut taken = routes.clone();
+        taken.push(route(net([10, 87, 3, 0], 24), Some(2)));
+        assert_eq!(subnet_conflict(DEFAULT_SUBNET, &taken, &links), Some((net([10, 87, 3, 0], 24), "eth0".into())));
+        let blackhole = vec![route(net([10, 0, 0, 0], 8), None)];
+        assert_eq!(subnet_conflict(DEFAULT_SUBNET, &blackhole, &links), Some((net([10, 0, 0, 0], 8), "?".into())));
+        assert_eq!(subnet_conflict(net([10, 88, 0, 0], 16), &taken, &links), None);
     }
 
     #[test]
