@@ -90,6 +90,12 @@ impl CgroupHost {
         HOST.get_or_init(CgroupHost::detect)
     }
 
+    /// This process's own `cgroup.procs` in the cgroup2 hierarchy (None on a v1-only host).
+    pub fn own_v2_procs(&self) -> Option<PathBuf> {
+        let rel = self.own_v2.as_deref()?.strip_prefix("/").ok()?;
+        Some(self.v2_mount.as_deref()?.join(rel).join("cgroup.procs"))
+    }
+
     /// cgroup v1 with swap accounting: the memory hierarchy has `memory.memsw.*` files
     /// (a kernel built without it, or booted with swapaccount=0, has none).
     pub fn v1_memsw(&self) -> bool {
@@ -328,6 +334,23 @@ mod tests {
             std::fs::create_dir_all(m).unwrap();
         }
         CgroupHost { unified: false, v1_mounts: mounts, root: root.into(), own_v2: None, v2_mount: None }
+    }
+
+    #[test]
+    fn own_cgroup_procs_in_the_cgroup2_hierarchy() {
+        let host = |own: Option<&str>, v2: Option<&str>| CgroupHost {
+            unified: false,
+            v1_mounts: vec![],
+            root: "/sys/fs/cgroup".into(),
+            own_v2: own.map(PathBuf::from),
+            v2_mount: v2.map(PathBuf::from),
+        };
+        let hybrid = host(Some("/"), Some("/sys/fs/cgroup/unified"));
+        assert_eq!(hybrid.own_v2_procs(), Some("/sys/fs/cgroup/unified/cgroup.procs".into()));
+        let v2 = host(Some("/system.slice/azp.service/manager"), Some("/sys/fs/cgroup"));
+        assert_eq!(v2.own_v2_procs(), Some("/sys/fs/cgroup/system.slice/azp.service/manager/cgroup.procs".into()));
+        assert_eq!(host(None, None).own_v2_procs(), None, "v1 only: no cgroup2 file to write");
+        assert_eq!(host(Some("/"), None).own_v2_procs(), None);
     }
 
     #[test]

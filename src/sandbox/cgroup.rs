@@ -52,6 +52,20 @@ pub enum Setup {
     Root { device_rules: Vec<String> },
 }
 
+/// Starts the grace period the job's cgroup moves wait for, in a child of this
+/// process, as the first thing an `exec` does (see `sys::cgroup::start_move_grace_period`):
+/// the helper's move comes some milliseconds later and then waits for what is left of
+/// it, or not at all. Root mode on a host with a cgroup2 hierarchy (the helper's own
+/// cgroup set-up); elsewhere, or when it cannot start, None. Reap with
+/// `sys::process::reap_if_exited`.
+pub fn start_move_grace_period(host: &CgroupHost, rootless: bool) -> Option<nix::unistd::Pid> {
+    if rootless {
+        return None;
+    }
+    let procs = host.own_v2_procs()?;
+    crate::sys::cgroup::start_move_grace_period(&procs).ok().flatten()
+}
+
 /// The files to write in one cgroup dir, in order, for `limits` (v1 or v2 names).
 pub fn limit_writes(limits: &Limits, v2: bool, hierarchy: &str) -> Vec<(&'static str, String)> {
     let quota = limits.cpus_milli.map(|m| (m * CPU_PERIOD_US / 1000).max(1000));

@@ -98,8 +98,17 @@ impl ExecRequest {
 /// The whole `exec`: gc of what crashed runs left ([`super::gc_before_job`]), the plan, the job (signals to this
 /// process forwarded to it), its clean-up. The rootfs stays leased until the job is gone.
 pub fn run(home: &Home, driver_root: &Path, req: &ExecRequest) -> Result<super::JobOutcome> {
-    super::prepare_home(home)?;
     let rootless = crate::rootless::mode().rootless;
+    let grace = super::cgroup::start_move_grace_period(crate::rootless::cgroups::CgroupHost::get(), rootless);
+    let outcome = run_with(home, driver_root, req, rootless);
+    if let Some(pid) = grace {
+        crate::sys::process::reap_if_exited(pid);
+    }
+    outcome
+}
+
+fn run_with(home: &Home, driver_root: &Path, req: &ExecRequest, rootless: bool) -> Result<super::JobOutcome> {
+    super::prepare_home(home)?;
     let mut net = super::network::JobNetwork { allow: req.network_allow.clone(), ..Default::default() };
     let mut env = None;
     if req.host_loopback_proxy && req.network == Network::Isolated {

@@ -99,6 +99,25 @@ pub fn move_self_to(dir: &Path) -> Result<()> {
     std::fs::write(&procs, std::process::id().to_string()).map_err(|source| Error::CgroupJoin { procs, source })
 }
 
+/// Starts, in a forked child, the wait that the first cgroup move after a quiet spell
+/// makes: every write to a `cgroup.procs` takes the kernel's global
+/// cgroup_threadgroup_rwsem for writing, whose rcu_sync waits for a normal RCU grace
+/// period unless a writer held it within about a grace period before (5-15 ms here).
+/// The child moves itself into the cgroup it is already in (`procs`: that cgroup's
+/// `cgroup.procs`; nothing changes) and exits. A move made while that wait is under
+/// way waits only for what is left of it, and one within a grace period after it not
+/// at all: the job's own moves then overlap its set-up instead of adding to it. Best
+/// effort (a failed write costs nothing); Ok(None): this process has threads, nothing
+/// forked. The caller reaps the child ([`super::process::reap_if_exited`]).
+pub fn start_move_grace_period(procs: &Path) -> Result<Option<nix::unistd::Pid>> {
+    let me = procs.to_path_buf();
+    let forked = super::process::run_forked("the cgroup move's grace period", me, |procs| {
+        // In the child: its own pid (getpid, not the parent's), into its own cgroup.
+        i32::from(std::fs::write(procs, std::process::id().to_string()).is_err())
+    })?;
+    Ok(forked.ok())
+}
+
 /// systemd marks a cgroup it delegates (`Delegate=yes`) with the xattr
 /// `trusted.delegate=1` (v251+), and `user.delegate=1` too (v252+).
 pub fn delegated(dir: &Path) -> bool {
