@@ -90,9 +90,14 @@ impl CgroupHost {
         HOST.get_or_init(CgroupHost::detect)
     }
 
-    /// This process's own `cgroup.procs` in the cgroup2 hierarchy (None on a v1-only host).
+    /// This process's own `cgroup.procs` in the cgroup2 hierarchy (None on a v1-only host,
+    /// or where its path leaves the mount: `..` for a process outside its cgroup namespace).
     pub fn own_v2_procs(&self) -> Option<PathBuf> {
+        use std::path::Component;
         let rel = self.own_v2.as_deref()?.strip_prefix("/").ok()?;
+        if !rel.components().all(|c| matches!(c, Component::Normal(_))) {
+            return None;
+        }
         Some(self.v2_mount.as_deref()?.join(rel).join("cgroup.procs"))
     }
 
@@ -351,6 +356,7 @@ mod tests {
         assert_eq!(v2.own_v2_procs(), Some("/sys/fs/cgroup/system.slice/azp.service/manager/cgroup.procs".into()));
         assert_eq!(host(None, None).own_v2_procs(), None, "v1 only: no cgroup2 file to write");
         assert_eq!(host(Some("/"), None).own_v2_procs(), None);
+        assert_eq!(host(Some("/../../other"), Some("/sys/fs/cgroup")).own_v2_procs(), None, "outside the mount");
     }
 
     #[test]

@@ -52,18 +52,18 @@ pub enum Setup {
     Root { device_rules: Vec<String> },
 }
 
-/// Starts the grace period the job's cgroup moves wait for, in a child of this
+/// Starts the grace period the job's cgroup moves wait for, in a grandchild of this
 /// process, as the first thing an `exec` does (see `sys::cgroup::start_move_grace_period`):
 /// the helper's move comes some milliseconds later and then waits for what is left of
 /// it, or not at all. Root mode on a host with a cgroup2 hierarchy (the helper's own
-/// cgroup set-up); elsewhere, or when it cannot start, None. Reap with
-/// `sys::process::reap_if_exited`.
-pub fn start_move_grace_period(host: &CgroupHost, rootless: bool) -> Option<nix::unistd::Pid> {
+/// cgroup set-up); elsewhere nothing.
+pub fn start_move_grace_period(host: &CgroupHost, rootless: bool) {
     if rootless {
-        return None;
+        return;
     }
-    let procs = host.own_v2_procs()?;
-    crate::sys::cgroup::start_move_grace_period(&procs).ok().flatten()
+    if let Some(procs) = host.own_v2_procs() {
+        let _ = crate::sys::cgroup::start_move_grace_period(&procs);
+    }
 }
 
 /// The files to write in one cgroup dir, in order, for `limits` (v1 or v2 names).

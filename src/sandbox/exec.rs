@@ -99,15 +99,7 @@ impl ExecRequest {
 /// process forwarded to it), its clean-up. The rootfs stays leased until the job is gone.
 pub fn run(home: &Home, driver_root: &Path, req: &ExecRequest) -> Result<super::JobOutcome> {
     let rootless = crate::rootless::mode().rootless;
-    let grace = super::cgroup::start_move_grace_period(crate::rootless::cgroups::CgroupHost::get(), rootless);
-    let outcome = run_with(home, driver_root, req, rootless);
-    if let Some(pid) = grace {
-        crate::sys::process::reap_if_exited(pid);
-    }
-    outcome
-}
-
-fn run_with(home: &Home, driver_root: &Path, req: &ExecRequest, rootless: bool) -> Result<super::JobOutcome> {
+    super::cgroup::start_move_grace_period(crate::rootless::cgroups::CgroupHost::get(), rootless);
     super::prepare_home(home)?;
     let mut net = super::network::JobNetwork { allow: req.network_allow.clone(), ..Default::default() };
     let mut env = None;

@@ -102,20 +102,44 @@ pub fn move_self_to(dir: &Path) -> Result<()> {
 /// Starts, in a forked child, the wait that the first cgroup move after a quiet spell
 /// makes: every write to a `cgroup.procs` takes the kernel's global
 /// cgroup_threadgroup_rwsem for writing, whose rcu_sync waits for a normal RCU grace
-/// period unless a writer held it within about a grace period before (5-15 ms here).
-/// The child moves itself into the cgroup it is already in (`procs`: that cgroup's
-/// `cgroup.procs`; nothing changes) and exits. A move made while that wait is under
-/// way waits only for what is left of it, and one within a grace period after it not
-/// at all: the job's own moves then overlap its set-up instead of adding to it. Best
-/// effort (a failed write costs nothing); Ok(None): this process has threads, nothing
-/// forked. The caller reaps the child ([`super::process::reap_if_exited`]).
-pub fn start_move_grace_period(procs: &Path) -> Result<Option<nix::unistd::Pid>> {
-    let me = procs.to_path_buf();
-    let forked = super::process::run_forked("the cgroup move's grace period", me, |procs| {
-        // In the child: its own pid (getpid, not the parent's), into its own cgroup.
-        i32::from(std::fs::write(procs, std::process::id().to_string()).is_err())
+/// period unless a writer held it within about a grace period before (5-15 ms here;
+/// none where cgroups are mounted `favordynmods`, which this then costs only forks).
+/// The writer moves itself into the cgroup it is already in (`procs`: that cgroup's
+/// `cgroup.procs`, opened without O_CREAT) and exits: no process changes cgroups. A
+/// move made while that wait is under way waits only for what is left of it, and one
+/// within a grace period after it not at all: the job's own moves then overlap its
+/// set-up instead of adding to it. The kernel holds cgroup_mutex meanwhile, so a cgroup
+/// mkdir waits for the rest of it too: the cost moves, it is not added.
+///
+/// Two forks: the middle child forks the writer and exits at once, and is reaped here
+/// (the writer, reparented, is no zombie of ours for the job's whole life). The writer
+/// closes every fd first: it must not keep our stdout open (a reader waiting for its
+/// end) or a lock alive after we exit. Best effort: a failed write costs nothing.
+/// Ok(false): this process has threads, nothing forked.
+pub fn start_move_grace_period(procs: &Path) -> Result<bool> {
+    use super::process::{exit_now, fork_if_single_threaded, run_forked, wait_exit_status, Forked};
+    let what = "the cgroup move's grace period";
+    let procs = procs.to_path_buf();
+    let middle = run_forked(what, procs, |procs| {
+        if let Ok(Some(Forked::Child)) = fork_if_single_threaded(what) {
+            // SAFETY: close_range(2) takes integers and closes this process's own fds;
+            // this child uses none of them (it opens `procs` itself below).
+            unsafe { libc::close_range(0, u32::MAX, 0) };
+            let written = std::fs::OpenOptions::new()
+                .write(true)
+                .open(&procs)
+                .and_then(|mut f| std::io::Write::write_all(&mut f, std::process::id().to_string().as_bytes()));
+            exit_now(i32::from(written.is_err()));
+        }
+        0
     })?;
-    Ok(forked.ok())
+    match middle {
+        Ok(pid) => {
+            let _ = wait_exit_status(pid.as_raw());
+            Ok(true)
+        }
+        Err(_) => Ok(false),
+    }
 }
 
 /// systemd marks a cgroup it delegates (`Delegate=yes`) with the xattr

@@ -109,6 +109,12 @@ pub enum Error {
         #[source]
         source: Errno,
     },
+    #[error("cannot look up the link with index {index}")]
+    LinkName {
+        index: i32,
+        #[source]
+        source: Errno,
+    },
     #[error("cannot find the link {name}")]
     LinkIndex {
         name: String,

@@ -765,8 +765,38 @@ pub fn links() -> Result<Vec<(i32, String)>> {
         .collect())
 }
 
+/// The name of this namespace's link `index`, asked for that link alone (not a dump, which
+/// a link removed meanwhile can cut short on older kernels); None: no such link (ENODEV).
+pub fn link_name(index: i32) -> Result<Option<String>> {
+    let s = socket()?;
+    match s.call(Message::link(nl::RTM_GETLINK, 0, index, 0, 0)) {
+        Err(Errno::ENODEV) => Ok(None),
+        Err(source) => Err(Error::LinkName { index, source }),
+        Ok(replies) => Ok(replies.first().and_then(|r| {
+            let name = nl::attributes(r, 16).into_iter().find(|(t, _)| *t == nl::IFLA_IFNAME)?.1;
+            Some(nl::attr_text(name))
+        })),
+    }
+}
+
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    #[cfg_attr(not(test_as_root), ignore = "needs root: a network namespace of its own")]
+    fn a_link_is_named_by_its_index_alone() {
+        if !nix::unistd::geteuid().is_root() {
+            return crate::test_skip::skip("needs root: a network namespace of its own");
+        }
+        // This thread alone gets a fresh network namespace: its only link is lo, index 1.
+        std::thread::spawn(|| {
+            unshare(CloneFlags::CLONE_NEWNET).expect("unshare(CLONE_NEWNET)");
+            assert_eq!(link_name(1).unwrap().as_deref(), Some("lo"));
+            assert_eq!(link_name(4242).unwrap(), None, "no such link: None, not an error");
+        })
+        .join()
+        .unwrap();
+    }
     use super::*;
 
     #[test]

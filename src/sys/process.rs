@@ -160,15 +160,6 @@ pub fn wait_exit_status(pid: i32) -> std::io::Result<std::process::ExitStatus> {
     }
 }
 
-/// Reaps our child `pid` if it has ended (WNOHANG): true when it has. One still
-/// running is left (a zombie of ours goes with us).
-pub fn reap_if_exited(pid: Pid) -> bool {
-    matches!(
-        nix::sys::wait::waitpid(pid, Some(nix::sys::wait::WaitPidFlag::WNOHANG)),
-        Ok(s) if s != nix::sys::wait::WaitStatus::StillAlive
-    )
-}
-
 /// Sends `signal` to `pid`.
 pub fn kill(pid: i32, signal: Signal) -> Result<()> {
     nix::sys::signal::kill(Pid::from_raw(pid), signal).map_err(|source| Error::Kill { pid, signal, source })

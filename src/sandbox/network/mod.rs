@@ -291,9 +291,19 @@ pub fn ipv6_note(ask: Ipv6, rootless: bool) -> String {
 /// The subnet must not overlap a route or address of the host's (but the jobs' own).
 fn check_subnet(subnet: Ipv4Net) -> Result<()> {
     // Jobs of another run may start and end meanwhile, so the routes are listed
-    // before the links: a route whose link is gone by then went with it.
+    // before the links: a route whose link is gone by then went with it. A link the
+    // dump lacks is asked for alone (a dump cut short by a removal must not hide one).
     let routes = crate::sys::net::routes()?;
-    let links = crate::sys::net::links()?;
+    let mut links = crate::sys::net::links()?;
+    let mut missing: Vec<i32> =
+        routes.iter().filter_map(|r| r.oif).filter(|i| !links.iter().any(|(x, _)| x == i)).collect();
+    missing.sort_unstable();
+    missing.dedup();
+    for index in missing {
+        if let Some(name) = crate::sys::net::link_name(index)? {
+            links.push((index, name));
+        }
+    }
     if let Some((dst, dev)) = subnet_conflict(subnet, &routes, &links) {
         bail!(
             "jobs' network_subnet {subnet} overlaps the host's route {dst} (dev {dev}): set network_subnet in the \
