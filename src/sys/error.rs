@@ -141,6 +141,12 @@ pub enum Error {
         #[source]
         source: Errno,
     },
+    #[error("cannot add the routing rule '{rule}' in the job's network namespace")]
+    AddRule {
+        rule: &'static str,
+        #[source]
+        source: Errno,
+    },
     #[error("cannot add the route {route} in the job's network namespace")]
     AddRoute {
         route: String,
@@ -552,6 +558,12 @@ impl Error {
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// The errno of an I/O error from std (EIO when it carries none), for the variants
+/// whose source is an `Errno`.
+pub(crate) fn errno_of(e: &io::Error) -> Errno {
+    Errno::from_raw(e.raw_os_error().unwrap_or(libc::EIO))
+}
 
 #[cfg(test)]
 mod tests {

@@ -9,7 +9,8 @@
 use super::error::{Error, Result};
 
 const IP_FORWARD: &str = "/proc/sys/net/ipv4/ip_forward";
-const IPV6_CONF: &str = "/proc/sys/net/ipv6/conf";
+/// The IPv6 settings of this namespace's links (`all`, `default`, one dir per link).
+pub const IPV6_CONF: &str = "/proc/sys/net/ipv6/conf";
 
 fn switch(on: bool) -> &'static str {
     if on {
@@ -22,6 +23,21 @@ fn switch(on: bool) -> &'static str {
 /// net.ipv4.ip_forward is 0 (the host forwards no IPv4 of its own accord).
 pub fn ipv4_forwarding_off() -> bool {
     std::fs::read_to_string(IP_FORWARD).is_ok_and(|v| v.trim() == "0")
+}
+
+/// net.ipv6.conf.all.forwarding is 1 (the host routes IPv6 on every link already).
+pub fn ipv6_all_forwarding() -> bool {
+    std::fs::read_to_string(format!("{IPV6_CONF}/all/forwarding")).is_ok_and(|v| v.trim() == "1")
+}
+
+/// The kernel has the per-link net.ipv6.conf.*.force_forwarding (Linux >= 6.17).
+pub fn has_force_forwarding() -> bool {
+    std::path::Path::new(IPV6_CONF).join("all/force_forwarding").exists()
+}
+
+/// A link's net.ipv6.conf.LINK.force_forwarding (None: no such link or setting).
+pub fn uplink_force_forwarding(link: &str) -> Option<bool> {
+    std::fs::read_to_string(format!("{IPV6_CONF}/{link}/force_forwarding")).ok().map(|v| v.trim() == "1")
 }
 
 /// Turns IPv4 forwarding on or off.

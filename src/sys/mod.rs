@@ -374,7 +374,7 @@ impl Sys for Recorder {
             .map_err(|source| Error::BtrfsSubvolCreate { dir: dir.into(), source })?;
         std::fs::create_dir(dir).map_err(|e| Error::BtrfsSubvolCreate {
             dir: dir.into(),
-            source: Errno::from_raw(e.raw_os_error().unwrap_or(libc::EIO)),
+            source: error::errno_of(&e),
         })?;
         Ok(256)
     }

@@ -20,7 +20,7 @@
 //! The namespace belongs to the helper's user namespace (the initial one in root mode),
 //! in which the job has no CAP_NET_ADMIN: its routes and addresses are out of its reach.
 
-use super::error::{Error, Result};
+use super::error::{errno_of, Error, Result};
 use super::netlink::{self as nl, Message, Proto, Socket};
 use nix::errno::Errno;
 use nix::sched::{unshare, CloneFlags};
@@ -266,13 +266,8 @@ fn isolate_veth(v: &Veth) -> Result<Made> {
 /// host's namespace keeps naming the host's links after the unshare (the kernel looks the
 /// names up in the namespace of the directory's own entries).
 fn open_ipv6_conf() -> Result<std::fs::File> {
-    std::fs::File::open(IPV6_CONF).map_err(|e| Error::OpenSysctl { path: IPV6_CONF.into(), source: errno_of(&e) })
-}
-
-const IPV6_CONF: &str = "/proc/sys/net/ipv6/conf";
-
-fn errno_of(e: &std::io::Error) -> Errno {
-    Errno::from_raw(e.raw_os_error().unwrap_or(libc::EIO))
+    let conf = super::forwarding::IPV6_CONF;
+    std::fs::File::open(conf).map_err(|e| Error::OpenSysctl { path: conf.into(), source: errno_of(&e) })
 }
 
 /// The host end's IPv6 settings before it comes up (they are the link's, and go with
@@ -403,7 +398,7 @@ fn isolate_pasta(p: &Pasta) -> Result<Made> {
 fn prohibit_link_local_rule(job: &Socket) -> Result<()> {
     let mut m = Message::rule(nl::NLM_F_CREATE | nl::NLM_F_EXCL, nl::AF_INET6, 10, nl::FR_ACT_PROHIBIT);
     m.attr_ipv6(nl::FRA_DST, Ipv6Addr::new(0xfe80, 0, 0, 0, 0, 0, 0, 0)).attr_u32(nl::FRA_PRIORITY, 100);
-    job.request(m).map_err(|source| Error::AddRoute { route: "rule to fe80::/10 prohibit".into(), source })
+    job.request(m).map_err(|source| Error::AddRule { rule: "to fe80::/10 prohibit", source })
 }
 
 /// The job's namespace's `net.ipv6.conf.default.addr_gen_mode` = none: links made from
@@ -670,7 +665,7 @@ pub fn mount_job_net_dir(dir: &Path) -> Result<()> {
     let sys = dir.join("sys");
     std::fs::create_dir(&sys).map_err(|e| Error::MountSysfs {
         target: sys.clone(),
-        source: nix::errno::Errno::from_raw(e.raw_os_error().unwrap_or(libc::EIO)),
+        source: errno_of(&e),
     })?;
     mount_sysfs(&sys)
 }
@@ -755,14 +750,14 @@ pub fn links() -> Result<Vec<(i32, String)>> {
     let s = socket()?;
     let replies =
         s.call(Message::dump(nl::RTM_GETLINK, 0)).map_err(|source| Error::NetlinkDump { what: "links", source })?;
-    Ok(replies
-        .iter()
-        .filter_map(|r| {
-            let index = i32::from_ne_bytes(r.get(4..8)?.try_into().ok()?);
-            let name = nl::attributes(r, 16).into_iter().find(|(t, _)| *t == nl::IFLA_IFNAME)?.1;
-            Some((index, nl::attr_text(name)))
-        })
-        .collect())
+    Ok(replies.iter().filter_map(|r| index_and_name(r)).collect())
+}
+
+/// `(index, name)` of an `RTM_NEWLINK` reply.
+fn index_and_name(reply: &[u8]) -> Option<(i32, String)> {
+    let index = i32::from_ne_bytes(reply.get(4..8)?.try_into().ok()?);
+    let name = nl::attributes(reply, 16).into_iter().find(|(t, _)| *t == nl::IFLA_IFNAME)?.1;
+    Some((index, nl::attr_text(name)))
 }
 
 /// The name of this namespace's link `index`, asked for that link alone (not a dump, which
@@ -772,15 +767,13 @@ pub fn link_name(index: i32) -> Result<Option<String>> {
     match s.call(Message::link(nl::RTM_GETLINK, 0, index, 0, 0)) {
         Err(Errno::ENODEV) => Ok(None),
         Err(source) => Err(Error::LinkName { index, source }),
-        Ok(replies) => Ok(replies.first().and_then(|r| {
-            let name = nl::attributes(r, 16).into_iter().find(|(t, _)| *t == nl::IFLA_IFNAME)?.1;
-            Some(nl::attr_text(name))
-        })),
+        Ok(replies) => Ok(replies.first().and_then(|r| index_and_name(r)).map(|(_, name)| name)),
     }
 }
 
 #[cfg(test)]
 mod tests {
+    use super::*;
 
     #[test]
     #[cfg_attr(not(test_as_root), ignore = "needs root: a network namespace of its own")]
@@ -797,7 +790,6 @@ mod tests {
         .join()
         .unwrap();
     }
-    use super::*;
 
     #[test]
     fn networks() {

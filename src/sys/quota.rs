@@ -16,7 +16,7 @@
 //! The quotactl calls go through quotactl_fd(2) (Linux 5.14), with an fd of the dir; on
 //! older kernels through quotactl(2) and the filesystem's device, from mountinfo.
 
-use super::error::{Error, Result};
+use super::error::{errno_of, Error, Result};
 use nix::errno::Errno;
 use std::ffi::CString;
 use std::os::fd::{AsRawFd, OwnedFd};
@@ -282,10 +282,6 @@ fn zeroed_dqblk() -> libc::dqblk {
         dqb_itime: 0,
         dqb_valid: 0,
     }
-}
-
-fn errno_of(e: &std::io::Error) -> Errno {
-    Errno::from_raw(e.raw_os_error().unwrap_or(libc::EIO))
 }
 
 #[cfg(test)]

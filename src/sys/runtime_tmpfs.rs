@@ -42,9 +42,8 @@ fn on_tmpfs(dir: &Path) -> Result<bool> {
 }
 
 fn lock(dir: &Path) -> Result<nix::fcntl::Flock<std::fs::File>> {
-    let errno = |e: std::io::Error| nix::errno::Errno::from_raw(e.raw_os_error().unwrap_or(libc::EIO));
     let locked = std::fs::File::open(dir)
-        .map_err(errno)
+        .map_err(|e| super::error::errno_of(&e))
         .and_then(|f| nix::fcntl::Flock::lock(f, nix::fcntl::FlockArg::LockExclusive).map_err(|(_, e)| e));
     locked.map_err(|source| Error::Lock { path: dir.to_path_buf(), source })
 }

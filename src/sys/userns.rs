@@ -92,13 +92,12 @@ struct MountAttr {
 /// (its root for 0), for whoever looks through this mount. Only in the caller's mount
 /// namespace (the helper's private one).
 pub fn idmap_layer(layer: &Path, userns: BorrowedFd, target: &Path) -> Result<()> {
-    let io = |e: std::io::Error| Errno::from_raw(e.raw_os_error().unwrap_or(libc::EIO));
     let mut dir = std::fs::DirBuilder::new();
     std::os::unix::fs::DirBuilderExt::mode(&mut dir, 0o700);
     dir.recursive(true);
     match dir.create(target) {
         Err(e) if e.kind() != std::io::ErrorKind::AlreadyExists => {
-            return Err(Error::IdmapMove { layer: layer.into(), target: target.into(), source: io(e) })
+            return Err(Error::IdmapMove { layer: layer.into(), target: target.into(), source: super::error::errno_of(&e) })
         }
         _ => {}
     }

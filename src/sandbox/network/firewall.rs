@@ -311,7 +311,7 @@ fn uplinks_to_turn_on(host: &super::ipv6::Host) -> Vec<String> {
     if host.forwarding {
         return vec![];
     }
-    host.uplinks.iter().filter(|l| super::ipv6::force_forwarding_of(l) == Some(false)).cloned().collect()
+    host.uplinks.iter().filter(|l| forwarding::uplink_force_forwarding(l) == Some(false)).cloned().collect()
 }
 
 /// The quoted elements of `nft list set`'s text (interface names).

@@ -58,7 +58,7 @@ pub fn read() -> Record {
     let r = parse(&std::fs::read_to_string(path()).unwrap_or_default());
     Record {
         ip_forward: r.ip_forward && !crate::sys::forwarding::ipv4_forwarding_off(),
-        uplinks: r.uplinks.into_iter().filter(|l| super::ipv6::force_forwarding_of(l) == Some(true)).collect(),
+        uplinks: r.uplinks.into_iter().filter(|l| crate::sys::forwarding::uplink_force_forwarding(l) == Some(true)).collect(),
     }
 }
 

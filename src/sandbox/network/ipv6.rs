@@ -20,6 +20,7 @@
 //! host's resolver answers AAAA). `network_allow` is IPv4 only.
 
 use crate::config::Ipv6;
+use crate::sys::forwarding;
 use crate::sys::net::Ipv6Net;
 use anyhow::{bail, Result};
 use std::net::Ipv6Addr;
@@ -42,7 +43,6 @@ pub const METADATA: [Ipv6Net; 2] = [
 ];
 
 const IPV6_ROUTE: &str = "/proc/net/ipv6_route";
-const CONF: &str = "/proc/sys/net/ipv6/conf";
 
 /// What this host has of IPv6 for jobs.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -60,20 +60,10 @@ impl Host {
     pub fn probe() -> Host {
         Host {
             uplinks: uplinks(&std::fs::read_to_string(IPV6_ROUTE).unwrap_or_default()),
-            forwarding: all_forwarding(),
-            force_forwarding: std::path::Path::new(CONF).join("all/force_forwarding").exists(),
+            forwarding: forwarding::ipv6_all_forwarding(),
+            force_forwarding: forwarding::has_force_forwarding(),
         }
     }
-}
-
-/// net.ipv6.conf.all.forwarding is 1 (the host routes IPv6 already).
-pub fn all_forwarding() -> bool {
-    std::fs::read_to_string(format!("{CONF}/all/forwarding")).is_ok_and(|v| v.trim() == "1")
-}
-
-/// A link's net.ipv6.conf.LINK.force_forwarding (None: no such link or setting).
-pub fn force_forwarding_of(link: &str) -> Option<bool> {
-    std::fs::read_to_string(format!("{CONF}/{link}/force_forwarding")).ok().map(|v| v.trim() == "1")
 }
 
 /// Why jobs get no IPv6.

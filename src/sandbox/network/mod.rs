@@ -184,7 +184,7 @@ pub fn enter(mut plan: JobPlan, job: &JobDir, sys: &dyn Sys) -> Result<JobPlan> 
                 let args = pasta_args(&plan.net);
                 Setup::Pasta(Pasta { program: pasta_program()?, args, routes, log, ipv6_blocked })
             } else {
-                let v6 = host6.map(|h| veth6(&h, !ipv6::all_forwarding()));
+                let v6 = host6.map(|h| veth6(&h, !crate::sys::forwarding::ipv6_all_forwarding()));
                 Setup::Veth(veth(&plan, &host, v6, std::process::id()))
             }
         }
