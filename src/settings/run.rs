@@ -149,6 +149,22 @@ pub fn for_run(config: Option<&Path>, env: &Env, flags: FlagSettings) -> Result<
     merge(file, env_settings(|k| env.var(k)), flags)
 }
 
+/// A setting given as a flag (or its environment variable), else the config file's
+/// `key` parsed, else the default.
+fn flag_or_key<T>(flag: Option<T>, file: Option<&str>, key: &str) -> Result<T>
+where
+    T: std::str::FromStr<Err = anyhow::Error> + Default,
+{
+    match flag {
+        Some(v) => Ok(v),
+        None => Ok(file
+            .map(str::parse)
+            .transpose()
+            .with_context(|| format!("bad {key} in the config file"))?
+            .unwrap_or_default()),
+    }
+}
+
 pub fn merge(file: FileSettings, env: FlagSettings, flags: FlagSettings) -> Result<RunSettings> {
     let autoscale = autoscale_settings(&file, &flags)?;
     let limits = flags.limits.or(file_limits(&file)?);
@@ -183,26 +199,8 @@ pub fn merge(file: FileSettings, env: FlagSettings, flags: FlagSettings) -> Resu
     if flags.agents == Some(0) || file.agents == Some(0) {
         bail!("--agents must be at least 1");
     }
-    let userns = match flags.userns {
-        Some(c) => c,
-        None => file
-            .userns
-            .as_deref()
-            .map(str::parse)
-            .transpose()
-            .context("bad userns in the config file")?
-            .unwrap_or_default(),
-    };
-    let network = match flags.network {
-        Some(n) => n,
-        None => file
-            .network
-            .as_deref()
-            .map(str::parse)
-            .transpose()
-            .context("bad network in the config file")?
-            .unwrap_or_default(),
-    };
+    let userns = flag_or_key(flags.userns, file.userns.as_deref(), "userns")?;
+    let network = flag_or_key(flags.network, file.network.as_deref(), "network")?;
     let mut network_allow = flags.network_allow;
     if network_allow.is_empty() {
         network_allow = file
@@ -212,16 +210,7 @@ pub fn merge(file: FileSettings, env: FlagSettings, flags: FlagSettings) -> Resu
             .collect::<Result<Vec<NetworkAllow>>>()
             .context("bad network_allow in the config file")?;
     }
-    let network_ipv6 = match flags.network_ipv6 {
-        Some(v) => v,
-        None => file
-            .network_ipv6
-            .as_deref()
-            .map(str::parse)
-            .transpose()
-            .context("bad network_ipv6 in the config file")?
-            .unwrap_or_default(),
-    };
+    let network_ipv6 = flag_or_key(flags.network_ipv6, file.network_ipv6.as_deref(), "network_ipv6")?;
     let network_subnet = file
         .network_subnet
         .as_deref()

@@ -372,10 +372,8 @@ impl Sys for Recorder {
     fn create_quota_subvolume(&self, dir: &Path, bytes: u64) -> Result<u64> {
         self.step(format!("create_quota_subvolume {} {bytes}", dir.display()))
             .map_err(|source| Error::BtrfsSubvolCreate { dir: dir.into(), source })?;
-        std::fs::create_dir(dir).map_err(|e| Error::BtrfsSubvolCreate {
-            dir: dir.into(),
-            source: error::errno_of(&e),
-        })?;
+        std::fs::create_dir(dir)
+            .map_err(|e| Error::BtrfsSubvolCreate { dir: dir.into(), source: error::errno_of(&e) })?;
         Ok(256)
     }
     /// The host's addresses: 127.0.0.1 and 192.0.2.2.

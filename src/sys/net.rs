@@ -663,10 +663,7 @@ pub fn mount_job_net_dir(dir: &Path) -> Result<()> {
     mount(Some("azp-sandbox-net"), dir, Some("tmpfs"), flags, Some("mode=0755,size=64k"))
         .map_err(|source| Error::MountTmpfs { dir: dir.to_path_buf(), source })?;
     let sys = dir.join("sys");
-    std::fs::create_dir(&sys).map_err(|e| Error::MountSysfs {
-        target: sys.clone(),
-        source: errno_of(&e),
-    })?;
+    std::fs::create_dir(&sys).map_err(|e| Error::MountSysfs { target: sys.clone(), source: errno_of(&e) })?;
     mount_sysfs(&sys)
 }
 

@@ -97,7 +97,11 @@ pub fn idmap_layer(layer: &Path, userns: BorrowedFd, target: &Path) -> Result<()
     dir.recursive(true);
     match dir.create(target) {
         Err(e) if e.kind() != std::io::ErrorKind::AlreadyExists => {
-            return Err(Error::IdmapMove { layer: layer.into(), target: target.into(), source: super::error::errno_of(&e) })
+            return Err(Error::IdmapMove {
+                layer: layer.into(),
+                target: target.into(),
+                source: super::error::errno_of(&e),
+            })
         }
         _ => {}
     }

@@ -190,9 +190,7 @@ fn run_nft(nft: &Path, input: &str) -> Result<()> {
 }
 
 fn open_users_lock() -> Result<std::fs::File> {
-    use std::os::unix::fs::MetadataExt;
-    let netns = std::fs::metadata("/proc/self/ns/net").map(|m| m.ino()).unwrap_or(0);
-    let path = format!("{USERS_LOCK}-{netns}.lock");
+    let path = format!("{}.lock", super::per_netns(USERS_LOCK));
     std::fs::OpenOptions::new()
         .create(true)
         .truncate(false)
@@ -279,7 +277,7 @@ pub fn ensure(
         // Uplinks an earlier table turned on: in the set again, so they forward nothing
         // but to jobs, and are turned off with it.
         for link in &record.uplinks {
-            run_nft(&nft, &format!("add element inet {TABLE} {V6_UPLINKS} {{ \"{link}\" }}\n"))?;
+            add_v6_uplink(&nft, link)?;
         }
     }
     if ipv6 && v6_rules {
@@ -289,7 +287,7 @@ pub fn ensure(
             if !record.uplinks.contains(&link) {
                 forward_record::add_uplink(&link)?;
             }
-            run_nft(&nft, &format!("add element inet {TABLE} {V6_UPLINKS} {{ \"{link}\" }}\n"))?;
+            add_v6_uplink(&nft, &link)?;
             if !forwarding::set_uplink_force_forwarding(&link, true)? {
                 bail!("the host's IPv6 uplink {link} went away while the jobs' table was made: start again");
             }
@@ -303,6 +301,11 @@ pub fn ensure(
         run_nft(&nft, extra)?;
     }
     Ok(v6_rules)
+}
+
+/// `link` in the table's set of uplinks it turned on (they forward nothing but to jobs).
+fn add_v6_uplink(nft: &Path, link: &str) -> Result<()> {
+    run_nft(nft, &format!("add element inet {TABLE} {V6_UPLINKS} {{ \"{link}\" }}\n"))
 }
 
 /// The host's IPv6 uplinks that must forward jobs' replies and do not yet: none when the

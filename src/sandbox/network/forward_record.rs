@@ -29,9 +29,7 @@ impl Record {
 }
 
 fn path() -> PathBuf {
-    use std::os::unix::fs::MetadataExt;
-    let netns = std::fs::metadata("/proc/self/ns/net").map(|m| m.ino()).unwrap_or(0);
-    PathBuf::from(format!("{DIR}/forwarding-{netns}"))
+    PathBuf::from(super::per_netns(&format!("{DIR}/forwarding")))
 }
 
 /// The record's lines: `ip_forward`, `force_forwarding LINK`; anything else is skipped.
@@ -58,7 +56,11 @@ pub fn read() -> Record {
     let r = parse(&std::fs::read_to_string(path()).unwrap_or_default());
     Record {
         ip_forward: r.ip_forward && !crate::sys::forwarding::ipv4_forwarding_off(),
-        uplinks: r.uplinks.into_iter().filter(|l| crate::sys::forwarding::uplink_force_forwarding(l) == Some(true)).collect(),
+        uplinks: r
+            .uplinks
+            .into_iter()
+            .filter(|l| crate::sys::forwarding::uplink_force_forwarding(l) == Some(true))
+            .collect(),
     }
 }
 

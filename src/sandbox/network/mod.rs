@@ -69,6 +69,15 @@ pub fn is_job_link(name: &str) -> bool {
         && name[LINK_PREFIX.len()..].bytes().all(|b| b.is_ascii_hexdigit())
 }
 
+/// `<stem>-<inode of this process's network namespace>`: the name of a file kept per
+/// namespace (the table and the forwarding settings are the namespace's). The kernel
+/// reuses an inode number once its namespace is gone: readers allow for stale files.
+fn per_netns(stem: &str) -> String {
+    use std::os::unix::fs::MetadataExt;
+    let netns = std::fs::metadata("/proc/self/ns/net").map(|m| m.ino()).unwrap_or(0);
+    format!("{stem}-{netns}")
+}
+
 fn fnv64(bytes: &[u8]) -> u64 {
     bytes.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ *b as u64).wrapping_mul(0x0100_0000_01b3))
 }
