@@ -400,9 +400,10 @@ struct Out {
     err: String,
 }
 
-/// `exec --rootfs esc OPTS -- sh -c SCRIPT`.
-fn exec(h: &TestHome, opts: &[&str], script: &str) -> Out {
-    let o = h.command().args(["exec", "--rootfs", "esc"]).args(opts).args(["--", "sh", "-c", script]).output().unwrap();
+/// `COMMAND exec --rootfs esc OPTS -- sh -c SCRIPT`, `command` being azp-sandbox with its
+/// `--home` (`TestHome::command` or `TestHome::lab_command`).
+fn exec_as(mut command: Command, opts: &[&str], script: &str) -> Out {
+    let o = command.args(["exec", "--rootfs", "esc"]).args(opts).args(["--", "sh", "-c", script]).output().unwrap();
     Out {
         code: o.status.code().unwrap_or(-1),
         out: String::from_utf8_lossy(&o.stdout).into_owned(),
@@ -410,11 +411,20 @@ fn exec(h: &TestHome, opts: &[&str], script: &str) -> Out {
     }
 }
 
-/// Like `exec`, asserting exit 0.
-fn exec_ok(h: &TestHome, opts: &[&str], script: &str) -> String {
-    let o = exec(h, opts, script);
+/// The job's stdout, asserting it exited 0.
+fn exited_ok(o: Out, opts: &[&str]) -> String {
     assert_eq!(o.code, 0, "job failed ({opts:?}): stdout:\n{}\nstderr:\n{}", o.out, o.err);
     o.out
+}
+
+/// `exec --rootfs esc OPTS -- sh -c SCRIPT`.
+fn exec(h: &TestHome, opts: &[&str], script: &str) -> Out {
+    exec_as(h.command(), opts, script)
+}
+
+/// Like `exec`, asserting exit 0.
+fn exec_ok(h: &TestHome, opts: &[&str], script: &str) -> String {
+    exited_ok(exec(h, opts, script), opts)
 }
 
 /// The attacker's identities: root inside the sandbox, and an unprivileged user.
@@ -553,6 +563,87 @@ impl Drop for WaitingJob {
         }
         let _ = self.child.kill();
         let _ = self.child.wait();
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Jobs in the network lab (tests/common/netlab.rs): escape/network*.rs, escape/review.rs
+// ---------------------------------------------------------------------------------------
+
+/// The job's gateway (the default subnet's first address).
+const GATEWAY: &str = "10.87.0.1";
+
+/// [`exec`] in the network lab's fake host.
+fn lab_exec(lab: &netlab::NetLab, h: &TestHome, opts: &[&str], script: &str) -> Out {
+    exec_as(h.lab_command(lab), opts, script)
+}
+
+/// Like `lab_exec`, asserting exit 0.
+fn lab_exec_ok(lab: &netlab::NetLab, h: &TestHome, opts: &[&str], script: &str) -> String {
+    exited_ok(lab_exec(lab, h, opts, script), opts)
+}
+
+/// An HTTP GET in the job: the body, or `GET-FAILED`. The URL is single-quoted: the
+/// brackets of an IPv6 literal (`http://[2001:2::1]/`) are glob characters to the shell.
+fn get(url: &str) -> String {
+    // busybox wget crashes with -q and -T together: timeout(1) bounds it instead.
+    format!("timeout 5 wget -q -O- '{url}' 2>/dev/null || echo GET-FAILED")
+}
+
+/// A probe's results (`TOKEN: RESULT` lines) by token.
+fn probe_results(out: &str) -> std::collections::BTreeMap<String, String> {
+    out.lines().filter_map(|l| l.split_once(": ")).map(|(k, v)| (k.to_string(), v.trim().to_string())).collect()
+}
+
+/// A job in the network lab serving `secret` over HTTP on port 9000 of all its
+/// addresses, for attacks on its listener from elsewhere; `addr` is its address. It is
+/// killed if the test fails first.
+struct ListeningJob {
+    job: HostProc,
+    /// Its stdout, open until it ends.
+    _stdout: std::io::Lines<std::io::BufReader<std::process::ChildStdout>>,
+    addr: String,
+}
+
+impl ListeningJob {
+    /// On IPv4; `addr`, the job's IPv4 address.
+    fn v4(lab: &netlab::NetLab, h: &TestHome, secret: &str) -> ListeningJob {
+        ListeningJob::start(lab, h, secret, "9000", "-4", "http://127.0.0.1:9000/")
+    }
+
+    /// On IPv6 (and IPv4); `addr`, the job's IPv6 address.
+    fn v6(lab: &netlab::NetLab, h: &TestHome, secret: &str) -> ListeningJob {
+        ListeningJob::start(lab, h, secret, "'[::]:9000'", "-6", "http://[::1]:9000/")
+    }
+
+    /// The job prints its address, then what its own listener (at `own`) answers it.
+    fn start(lab: &netlab::NetLab, h: &TestHome, secret: &str, listen: &str, family: &str, own: &str) -> ListeningJob {
+        use std::io::BufRead;
+        let mut job = HostProc(
+            h.lab_command(lab)
+                .args(["exec", "--rootfs", "esc", "--", "sh", "-c"])
+                .arg(format!(
+                    "mkdir /tmp/w && echo {secret} > /tmp/w/index.html && httpd -f -p {listen} -h /tmp/w & \
+                     sleep 0.5; echo addr=$(ip {family} -o addr show dev eth0 | awk '{{print $4}}' | cut -d/ -f1); \
+                     {}; sleep 60",
+                    get(own)
+                ))
+                .stdout(Stdio::piped())
+                .stderr(Stdio::null())
+                .spawn()
+                .unwrap(),
+        );
+        let mut lines = std::io::BufReader::new(job.0.stdout.take().unwrap()).lines();
+        let addr = lines.next().unwrap().unwrap();
+        let addr = addr.strip_prefix("addr=").unwrap_or_else(|| panic!("{addr}")).to_string();
+        assert_eq!(lines.next().unwrap().unwrap(), secret, "the job's own listener answers it");
+        ListeningJob { job, _stdout: lines, addr }
+    }
+
+    /// Ends the job as its caller would: SIGTERM to its `exec`, which tears it down.
+    fn stop(mut self) {
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(self.job.0.id() as i32), nix::sys::signal::SIGTERM).unwrap();
+        self.job.0.wait().unwrap();
     }
 }
 

@@ -8,46 +8,11 @@
 use super::*;
 use common::netlab::{self, NetLab, HOST_BODY, HOST_IP, INTERNET_BODY, INTERNET_IP, INTERNET_NAME, METADATA_BODY};
 
-/// `exec --rootfs esc OPTS -- sh -c SCRIPT` in the lab's fake host.
-fn exec_in(lab: &NetLab, h: &TestHome, opts: &[&str], script: &str) -> Out {
-    let o = h
-        .lab_command(lab)
-        .args(["exec", "--rootfs", "esc"])
-        .args(opts)
-        .args(["--", "sh", "-c", script])
-        .output()
-        .unwrap();
-    Out {
-        code: o.status.code().unwrap_or(-1),
-        out: String::from_utf8_lossy(&o.stdout).into_owned(),
-        err: String::from_utf8_lossy(&o.stderr).into_owned(),
-    }
-}
-
-fn exec_in_ok(lab: &NetLab, h: &TestHome, opts: &[&str], script: &str) -> String {
-    let o = exec_in(lab, h, opts, script);
-    assert_eq!(o.code, 0, "job failed ({opts:?}): stdout:\n{}\nstderr:\n{}", o.out, o.err);
-    o.out
-}
-
-/// An HTTP GET in the job: the body, or `GET-FAILED`.
-fn get(url: &str) -> String {
-    // busybox wget crashes with -q and -T together: timeout(1) bounds it instead.
-    format!("timeout 5 wget -q -O- {url} 2>/dev/null || echo GET-FAILED")
-}
-
-/// The job's gateway (the default subnet's first address).
-const GATEWAY: &str = "10.87.0.1";
-
 /// What the job's `connect-tcp` to a blocked destination may say: refused by its own
 /// routes (EACCES), by the host (EHOSTUNREACH: rejected), or unanswered (ETIMEDOUT,
 /// rootless: pasta's connection to an address nobody has). Never OK.
 fn blocked(result: &str) -> bool {
     ["EACCES", "EHOSTUNREACH", "ETIMEDOUT", "ECONNREFUSED", "ENETUNREACH"].contains(&result)
-}
-
-fn probe_results(out: &str) -> std::collections::BTreeMap<String, String> {
-    out.lines().filter_map(|l| l.split_once(": ")).map(|(k, v)| (k.to_string(), v.trim().to_string())).collect()
 }
 
 #[test]
@@ -63,7 +28,7 @@ fn t20_job_reaches_the_internet_by_name_and_address_with_a_network_of_its_own() 
             get(&format!("http://{INTERNET_NAME}/")),
             get(&format!("http://{INTERNET_IP}/"))
         );
-        let out = exec_in_ok(&lab, &h, opts, &script);
+        let out = lab_exec_ok(&lab, &h, opts, &script);
         assert_eq!(out.matches(INTERNET_BODY).count(), 2, "{who}: by name and by address: {out}");
         // Its own sysfs (the helper's, of the job's namespace) and the host's resolver
         // (127.0.0.53 in the fake host) reached at the gateway.
@@ -84,7 +49,7 @@ fn t21_job_cannot_reach_the_hosts_loopback_or_addresses() {
     let h = home("net-host");
     let loopback = format!("http://127.0.0.1:{}/", netlab::HOST_LOOPBACK_PORT);
     // The control: with the host's network, the job reads the host's loopback service.
-    let out = exec_in_ok(&lab, &h, &["--network", "host"], &get(&loopback));
+    let out = lab_exec_ok(&lab, &h, &["--network", "host"], &get(&loopback));
     assert!(out.contains(HOST_BODY), "the fake host's server must be up: {out}");
     for (who, opts) in USERS {
         let targets = toks(&[
@@ -100,7 +65,7 @@ fn t21_job_cannot_reach_the_hosts_loopback_or_addresses() {
             get(&format!("http://{HOST_IP}:{}/", netlab::HOST_ANY_PORT)),
             get(&format!("http://{GATEWAY}:{}/", netlab::HOST_LOOPBACK_PORT))
         );
-        let out = exec_in_ok(&lab, &h, opts, &script);
+        let out = lab_exec_ok(&lab, &h, opts, &script);
         assert!(!out.contains(HOST_BODY), "{who} read a host service: {out}");
         let r = probe_results(&out);
         assert_eq!(r[&targets[0]], "ECONNREFUSED", "{who}: 127.0.0.1 is the job's own loopback: {out}");
@@ -120,12 +85,12 @@ fn t22_job_cannot_connect_to_the_hosts_abstract_unix_sockets() {
     let h = home("net-abstract");
     let tok = toks(&[&format!("connect-abstract:{}", lab.abstract_name())]);
     // The control: in the host's network namespace the socket is there.
-    let out = exec_in_ok(&lab, &h, &["--network", "host"], &probe(&tok));
+    let out = lab_exec_ok(&lab, &h, &["--network", "host"], &probe(&tok));
     assert_eq!(out, expect(&tok, |_| "OK".into()));
     wait_until("the host socket's accept", Duration::from_secs(5), || lab.abstract_accepts() == 1);
     for (who, opts) in USERS {
         for mode in ["isolated", "none"] {
-            let out = exec_in_ok(&lab, &h, &[opts, &["--network", mode]].concat(), &probe(&tok));
+            let out = lab_exec_ok(&lab, &h, &[opts, &["--network", mode]].concat(), &probe(&tok));
             assert_eq!(out, expect(&tok, |_| "ECONNREFUSED".into()), "{who} --network {mode}");
         }
     }
@@ -138,27 +103,11 @@ fn t22_job_cannot_connect_to_the_hosts_abstract_unix_sockets() {
 #[cfg_attr(not(test_as_root), ignore = "needs root: creates real sandboxes and network namespaces")]
 fn t23_job_cannot_reach_another_slots_listener() {
     require_root!();
-    use std::io::BufRead;
     let lab = or_skip!(NetLab::new());
     let h = home("net-slots");
     // Slot A: a listener on all its addresses, its address and a self-check printed.
-    let mut a = h
-        .lab_command(&lab)
-        .args(["exec", "--rootfs", "esc", "--", "sh", "-c"])
-        .arg(format!(
-            "mkdir /tmp/w && echo slot-a-secret > /tmp/w/index.html && httpd -f -p 9000 -h /tmp/w & \
-             sleep 0.5; echo addr=$(ip -4 -o addr show eth0 | awk '{{print $4}}' | cut -d/ -f1); \
-             {}; sleep 60",
-            get("http://127.0.0.1:9000/")
-        ))
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut lines = std::io::BufReader::new(a.stdout.take().unwrap()).lines();
-    let addr = lines.next().unwrap().unwrap();
-    let addr = addr.strip_prefix("addr=").unwrap_or_else(|| panic!("{addr}")).to_string();
-    assert_eq!(lines.next().unwrap().unwrap(), "slot-a-secret", "slot A's own listener answers it");
+    let a = ListeningJob::v4(&lab, &h, "slot-a-secret");
+    let addr = a.addr.clone();
     // Slot B, at the same time: A's address, the gateway, the host's address.
     for (who, opts) in USERS {
         let targets = toks(&[
@@ -167,15 +116,14 @@ fn t23_job_cannot_reach_another_slots_listener() {
             &format!("connect-tcp:{HOST_IP}:9000"),
         ]);
         let script = format!("{}; {}", probe(&targets), get(&format!("http://{addr}:9000/")));
-        let out = exec_in_ok(&lab, &h, opts, &script);
+        let out = lab_exec_ok(&lab, &h, opts, &script);
         assert!(!out.contains("slot-a-secret"), "{who} reached slot A: {out}");
         let r = probe_results(&out);
         for t in &targets {
             assert!(blocked(&r[t]), "{who}: {t}: {out}");
         }
     }
-    nix::sys::signal::kill(nix::unistd::Pid::from_raw(a.id() as i32), nix::sys::signal::SIGTERM).unwrap();
-    a.wait().unwrap();
+    a.stop();
     h.assert_no_residue(&[]);
 }
 
@@ -188,23 +136,23 @@ fn t24_metadata_service_is_blocked_unless_allowed() {
     let url = format!("http://{}/", netlab::METADATA_IP);
     let tok = toks(&[&format!("connect-tcp:{}:80", netlab::METADATA_IP)]);
     for (who, opts) in USERS {
-        let out = exec_in_ok(&lab, &h, opts, &format!("{}; {}", probe(&tok), get(&url)));
+        let out = lab_exec_ok(&lab, &h, opts, &format!("{}; {}", probe(&tok), get(&url)));
         assert!(!out.contains(METADATA_BODY), "{who}: {out}");
         assert_eq!(probe_results(&out)[&tok[0]], "EACCES", "{who}: {out}");
     }
     // An operator's allow entry opens it (rootless: the address alone; pasta cannot
     // limit it to a port).
     let allow = if rootless() { netlab::METADATA_IP.to_string() } else { format!("{}:80", netlab::METADATA_IP) };
-    let out = exec_in_ok(&lab, &h, &["--network-allow", &allow], &get(&url));
+    let out = lab_exec_ok(&lab, &h, &["--network-allow", &allow], &get(&url));
     assert!(out.contains(METADATA_BODY), "--network-allow {allow}: {out}");
     if !rootless() {
         // Only that port: another one is refused by the host's table (nothing listens
         // there, which would say ECONNREFUSED).
         let other = toks(&[&format!("connect-tcp:{}:81", netlab::METADATA_IP)]);
-        let out = exec_in_ok(&lab, &h, &["--network-allow", &allow], &probe(&other));
+        let out = lab_exec_ok(&lab, &h, &["--network-allow", &allow], &probe(&other));
         assert_eq!(probe_results(&out)[&other[0]], "EHOSTUNREACH", "{out}");
     } else {
-        let o = exec_in(&lab, &h, &["--network-allow", "169.254.169.254:80"], "true");
+        let o = lab_exec(&lab, &h, &["--network-allow", "169.254.169.254:80"], "true");
         assert_eq!(o.code, 125, "{}", o.err);
         assert!(o.err.contains("cannot be limited to a port") && o.err.lines().count() == 1, "{}", o.err);
     }
@@ -222,7 +170,7 @@ fn t25_job_cannot_change_its_network_even_as_root() {
          ip link set eth0 down 2>&1; {}",
         get(&format!("http://{INTERNET_IP}/"))
     );
-    let out = exec_in_ok(&lab, &h, &[], &script);
+    let out = lab_exec_ok(&lab, &h, &[], &script);
     assert_eq!(out.matches("Operation not permitted").count(), 4, "{out}");
     assert!(out.contains(INTERNET_BODY), "its network is unchanged: {out}");
     h.assert_no_residue(&[]);
@@ -235,7 +183,7 @@ fn t26_network_none_is_loopback_only() {
     let lab = or_skip!(NetLab::new());
     let h = home("net-none");
     let tok = toks(&[&format!("connect-tcp:{INTERNET_IP}:80")]);
-    let out = exec_in_ok(&lab, &h, &["--network", "none"], &format!("ls /sys/class/net; {}", probe(&tok)));
+    let out = lab_exec_ok(&lab, &h, &["--network", "none"], &format!("ls /sys/class/net; {}", probe(&tok)));
     assert_eq!(out, format!("lo\n{}", expect(&tok, |_| "ENETUNREACH".into())));
     h.assert_no_residue(&[]);
 }
@@ -246,7 +194,7 @@ fn t27_no_network_state_is_left_after_jobs_a_kill_9_and_gc() {
     require_root!();
     let lab = or_skip!(NetLab::new());
     let h = home("net-residue");
-    exec_in_ok(&lab, &h, &[], "true");
+    lab_exec_ok(&lab, &h, &[], "true");
     let forward_before_gc = lab.host_ip_forward();
     // A job killed with its `exec` (SIGKILL: nothing of ours runs), then gc.
     let m = unique("net-kill9");

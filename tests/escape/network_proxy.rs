@@ -19,7 +19,6 @@ use std::sync::{Arc, Mutex};
 const PROXY_PORT: u16 = 3128;
 /// Known to the proxy only (the lab's DNS does not have it).
 const PROXIED_NAME: &str = "via-proxy.test";
-const GATEWAY: &str = "10.87.0.1";
 
 /// The test's proxy in the fake host: what it was asked (`METHOD TARGET`), its stop flag.
 struct Proxy {
@@ -144,23 +143,6 @@ fn reply(mut c: TcpStream, status: &str) {
     let _ = c.write_all(format!("HTTP/1.0 {status}\r\nContent-Length: 0\r\n\r\n").as_bytes());
 }
 
-fn exec_in(lab: &NetLab, h: &TestHome, opts: &[&str], script: &str) -> String {
-    let o = h
-        .lab_command(lab)
-        .args(["exec", "--rootfs", "esc"])
-        .args(opts)
-        .args(["--", "sh", "-c", script])
-        .output()
-        .unwrap();
-    let (out, err) = (String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
-    assert!(o.status.success(), "job failed ({opts:?}): stdout:\n{out}\nstderr:\n{err}");
-    out.into_owned()
-}
-
-fn results(out: &str) -> std::collections::BTreeMap<String, String> {
-    out.lines().filter_map(|l| l.split_once(": ")).map(|(k, v)| (k.to_string(), v.trim().to_string())).collect()
-}
-
 #[test]
 #[cfg_attr(not(test_as_root), ignore = "needs root: creates real sandboxes and network namespaces")]
 fn t29_job_reaches_the_internet_through_a_proxy_on_the_hosts_loopback_and_nothing_else_there() {
@@ -177,10 +159,10 @@ fn t29_job_reaches_the_internet_through_a_proxy_on_the_hosts_loopback_and_nothin
     // and the name only the proxy knows does not resolve. (Root mode: once a job asked
     // for it, the port stays open at the gateway for the table's life: docs/network.md.)
     let tok = toks(&[&format!("connect-tcp:{at}:{PROXY_PORT}")]);
-    let script = format!("{}; timeout 5 wget -q -O- {by_name} 2>/dev/null || echo GET-FAILED", probe(&tok));
-    let out = exec_in(&lab, &h, &[], &script);
+    let script = format!("{}; {}", probe(&tok), get(&by_name));
+    let out = lab_exec_ok(&lab, &h, &[], &script);
     let want = if rootless() { "ECONNREFUSED" } else { "EHOSTUNREACH" };
-    assert_eq!(results(&out)[&tok[0]], want, "the proxy's port without proxy variables: {out}");
+    assert_eq!(probe_results(&out)[&tok[0]], want, "the proxy's port without proxy variables: {out}");
     assert!(out.contains("GET-FAILED") && !out.contains(INTERNET_BODY), "{out}");
     assert_eq!(proxy.asked(), Vec::<String>::new(), "nothing reached the proxy");
     for (who, opts) in USERS {
@@ -202,15 +184,17 @@ fn t29_job_reaches_the_internet_through_a_proxy_on_the_hosts_loopback_and_nothin
         ]);
         let script = format!(
             "echo http_proxy=$http_proxy; echo HTTPS_PROXY=$HTTPS_PROXY; \
-             echo get=$(timeout 5 wget -q -O- {by_name} 2>/dev/null || echo GET-FAILED); \
+             echo get=$({}); \
              p=${{http_proxy#http://}}; \
              echo tunnel=$( (printf 'CONNECT {PROXIED_NAME}:80 HTTP/1.1\\r\\nHost: {PROXIED_NAME}:80\\r\\n\\r\\n'; \
                sleep 0.5; printf 'GET / HTTP/1.0\\r\\n\\r\\n'; sleep 2) | timeout 5 nc ${{p%:*}} ${{p##*:}} | tr -d '\\r' | \
                grep -e ' 200 Connection established' -e '{INTERNET_BODY}' | tr '\\n' ' '); \
-             echo loopback=$(timeout 5 wget -q -O- {host_loopback} 2>/dev/null || echo GET-FAILED); {}",
+             echo loopback=$({}); {}",
+            get(&by_name),
+            get(&host_loopback),
             probe(&tok)
         );
-        let out = exec_in(&lab, &h, &opts, &script);
+        let out = lab_exec_ok(&lab, &h, &opts, &script);
         let want_env = if rootless() {
             ("http://127.0.0.1:3128".to_string(), "http://localhost:3128/".to_string())
         } else {
@@ -224,7 +208,7 @@ fn t29_job_reaches_the_internet_through_a_proxy_on_the_hosts_loopback_and_nothin
             "{who}: CONNECT through the proxy: {out}"
         );
         assert!(out.contains("loopback=GET-FAILED\n") && !out.contains(HOST_BODY), "{who}: {out}");
-        let r = results(&out);
+        let r = probe_results(&out);
         assert_eq!(r[&tok[2]], "OK", "{who}: the proxy's port: {out}");
         for t in &tok[..2] {
             let blocked = ["EHOSTUNREACH", "ECONNREFUSED", "EACCES", "ETIMEDOUT"];
@@ -273,11 +257,12 @@ fn t30_a_v4_only_job_reaches_a_dual_stack_name_and_has_no_ipv6() {
     });
     let script = format!(
         "echo aaaa=$(timeout 5 nslookup -type=AAAA {name} 2>&1 | grep -c '{v6}'); \
-         echo get=$(timeout 5 wget -q -O- http://{name}/ 2>/dev/null || echo GET-FAILED); \
+         echo get=$({}); \
          echo v6=$(timeout 5 nc {v6} 80 </dev/null 2>&1; echo rc=$?); \
          echo v6-loopback=$(timeout 5 nc ::1 {} </dev/null 2>&1; echo rc=$?); \
          {}echo link-local=$({} | tr '\\r\\n' '  '); \
          echo addrs=$(ip -6 -o addr show | awk '{{print $2 \"/\" $4}}' | tr '\\n' ' ')",
+        get(&format!("http://{name}/")),
         netlab::HOST_LOOPBACK_PORT,
         // Rootless: once the tap's own link-local address is usable (its DAD, ~1 s), IPv6
         // goes to pasta, which must not forward it.
@@ -285,7 +270,7 @@ fn t30_a_v4_only_job_reaches_a_dual_stack_name_and_has_no_ipv6() {
         get_raw("nc", &format!("{ll}%eth0"))
     );
     for (who, opts) in USERS {
-        let out = exec_in(&lab, &h, opts, &script);
+        let out = lab_exec_ok(&lab, &h, opts, &script);
         eprintln!("{who}:\n{out}");
         assert!(out.contains("aaaa=1\n"), "{who}: the job's resolver answers AAAA: {out}");
         assert!(out.contains(&format!("get={INTERNET_BODY}\n")), "{who}: by name, over IPv4: {out}");

@@ -1,10 +1,13 @@
 // ---------------------------------------------------------------------------------------
-// 32. Jobs' IPv6 (issue 23): where the host has an IPv6 default route, a root-mode job
-// gets outbound IPv6 too (`network_ipv6 = auto`, the default), with the same blocks as
-// IPv4: the host's loopback and addresses, link-local (metadata), other jobs. In the
-// IPv6 network lab (NetLab::new_v6: RFC 5180's 2001:2::/48, a fake host that does not
-// forward IPv6). Rootless jobs get IPv4 only (IPv6 through pasta is not built): those
-// cases are skipped visibly in the rootless pass, and `--ipv6 on` is asserted to say so.
+// 32. Jobs' IPv6 (issue 23): where the host has an IPv6 default route, a job gets
+// outbound IPv6 too (`network_ipv6 = auto`, the default), with the same blocks as IPv4:
+// the host's loopback and addresses, link-local (metadata), other jobs. In the IPv6
+// network lab (NetLab::new_v6: RFC 5180's 2001:2::/48, a fake host that does not forward
+// IPv6). Root mode: an address of the job's own in fd61:7a70:7362::/64, masqueraded by
+// the host's table, which turns the uplink's forwarding on while it exists. Rootless:
+// through pasta, which gives the job the host's address and gateway and changes nothing
+// on the host. t32-t36 run in both passes and assert what each mode does; t37-t39 test
+// the host's table and forwarding, root mode's only: skipped visibly in the rootless pass.
 // ---------------------------------------------------------------------------------------
 
 use super::*;
@@ -15,32 +18,6 @@ use common::netlab::{
 
 /// The jobs' IPv6 network (sandbox::network::ipv6::PREFIX).
 const JOBS_PREFIX: &str = "fd61:7a70:7362::";
-
-fn exec6(lab: &NetLab, h: &TestHome, opts: &[&str], script: &str) -> Out {
-    let o = h
-        .lab_command(lab)
-        .args(["exec", "--rootfs", "esc"])
-        .args(opts)
-        .args(["--", "sh", "-c", script])
-        .output()
-        .unwrap();
-    Out {
-        code: o.status.code().unwrap_or(-1),
-        out: String::from_utf8_lossy(&o.stdout).into_owned(),
-        err: String::from_utf8_lossy(&o.stderr).into_owned(),
-    }
-}
-
-fn exec6_ok(lab: &NetLab, h: &TestHome, opts: &[&str], script: &str) -> String {
-    let o = exec6(lab, h, opts, script);
-    assert_eq!(o.code, 0, "job failed ({opts:?}): stdout:\n{}\nstderr:\n{}", o.out, o.err);
-    o.out
-}
-
-/// An HTTP GET in the job: the body, or `GET-FAILED`.
-fn get(url: &str) -> String {
-    format!("timeout 5 wget -q -O- '{url}' 2>/dev/null || echo GET-FAILED")
-}
 
 /// A TCP connect by busybox nc in the job, as one line `NAME=<what nc said> rc=N`: nc
 /// says "Permission denied" (EACCES: the job's own prohibit route), "Connection refused",
@@ -94,7 +71,7 @@ fn t32_job_reaches_the_internet_over_ipv6_by_address_and_name() {
             get(&format!("http://[{DUAL_IPV6}]/")),
             get(&format!("http://{V6ONLY_NAME}/")),
         );
-        let out = exec6_ok(&lab, &h, opts, &script);
+        let out = lab_exec_ok(&lab, &h, opts, &script);
         eprintln!("{who}:\n{out}");
         assert_eq!(out.matches(INTERNET_BODY).count(), 2, "{who}: by address and by an AAAA-only name: {out}");
         let addr6 = line(&out, "addr6");
@@ -150,7 +127,7 @@ fn t33_ipv6_job_cannot_reach_the_hosts_loopback_addresses_link_local_or_metadata
     ]
     .join("; ");
     for (who, opts) in USERS {
-        let out = exec6_ok(&lab, &h, opts, &script);
+        let out = lab_exec_ok(&lab, &h, opts, &script);
         assert!(!out.contains(HOST_BODY) && !out.contains(METADATA_BODY), "{who}: {out}");
         assert!(line(&out, "internet").contains(INTERNET_BODY), "{who}: the control: {out}");
         assert!(line(&out, "loopback").contains("Connection refused"), "{who}: ::1 is the job's own: {out}");
@@ -179,38 +156,21 @@ fn t33_ipv6_job_cannot_reach_the_hosts_loopback_addresses_link_local_or_metadata
 #[cfg_attr(not(test_as_root), ignore = "needs root: creates real sandboxes and network namespaces")]
 fn t34_ipv6_job_cannot_reach_another_jobs_listener() {
     require_root!();
-    use std::io::BufRead;
     let lab = or_skip!(NetLab::new_v6());
     let h = home("net6-slots");
-    let mut a = h
-        .lab_command(&lab)
-        .args(["exec", "--rootfs", "esc", "--", "sh", "-c"])
-        .arg(format!(
-            "mkdir /tmp/w && echo slot-a-secret > /tmp/w/index.html && httpd -f -p '[::]:9000' -h /tmp/w & \
-             sleep 0.5; echo addr=$(ip -6 -o addr show dev eth0 | awk '{{print $4}}' | cut -d/ -f1); \
-             {}; sleep 60",
-            get("http://[::1]:9000/")
-        ))
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut lines = std::io::BufReader::new(a.stdout.take().unwrap()).lines();
-    let addr = lines.next().unwrap().unwrap();
-    let addr = addr.strip_prefix("addr=").unwrap_or_else(|| panic!("{addr}")).to_string();
+    let a = ListeningJob::v6(&lab, &h, "slot-a-secret");
+    let addr = a.addr.clone();
     // Rootless: pasta gives every job the host's address; A's is B's own there.
     let want = if rootless() { HOST_IP6 } else { JOBS_PREFIX };
     assert!(addr.starts_with(want), "slot A's IPv6 address: {addr}");
-    assert_eq!(lines.next().unwrap().unwrap(), "slot-a-secret", "slot A's own listener answers it");
     for (who, opts) in USERS {
-        let out = exec6_ok(&lab, &h, opts, &connect("slot-a", &addr, 9000));
+        let out = lab_exec_ok(&lab, &h, opts, &connect("slot-a", &addr, 9000));
         assert!(!out.contains("slot-a-secret"), "{who} reached slot A: {out}");
         // Root: the jobs' /64 is prohibited; rootless: A's address is B's own.
         let want = if rootless() { "Connection refused" } else { "Permission denied" };
         assert!(line(&out, "slot-a").contains(want), "{who}: {out}");
     }
-    nix::sys::signal::kill(nix::unistd::Pid::from_raw(a.id() as i32), nix::sys::signal::SIGTERM).unwrap();
-    a.wait().unwrap();
+    a.stop();
     h.assert_no_residue(&[]);
 }
 
@@ -221,20 +181,20 @@ fn t35_ipv6_on_where_jobs_cannot_have_it_is_one_line_and_off_is_ipv4_only() {
     let h = home("net6-on");
     // A fake host without IPv6 (no default route): `auto` is IPv4 only, `on` one line.
     let lab4 = or_skip!(NetLab::new());
-    let o = exec6(&lab4, &h, &["--ipv6", "on"], "true");
+    let o = lab_exec(&lab4, &h, &["--ipv6", "on"], "true");
     let want =
         "network_ipv6 = on (--ipv6 on), but this host has no IPv6 default route: give the host an IPv6 default route";
     assert_eq!(o.code, 125, "{}", o.err);
     assert!(o.err.contains(want), "{}", o.err);
     assert_eq!(o.err.lines().filter(|l| !l.trim().is_empty()).count(), 1, "one line: {}", o.err);
     let v4only = "echo addrs=$(ip -6 -o addr show | awk '{print $2 \"/\" $4}' | tr '\\n' ' ')";
-    let out = exec6_ok(&lab4, &h, &["--ipv6", "auto"], v4only);
+    let out = lab_exec_ok(&lab4, &h, &["--ipv6", "auto"], v4only);
     assert!(line(&out, "addrs").trim() == "lo/::1/128" || rootless(), "{out}");
     drop(lab4);
     // The IPv6 lab: `off` is IPv4 only and changes nothing of the host's IPv6.
     let lab = or_skip!(NetLab::new_v6());
     let script = format!("{v4only}; {}", connect("internet", DUAL_IPV6, 80));
-    let out = exec6_ok(&lab, &h, &["--ipv6", "off"], &script);
+    let out = lab_exec_ok(&lab, &h, &["--ipv6", "off"], &script);
     let addrs = line(&out, "addrs");
     // Rootless: the kernel gives pasta's tap a link-local address when IPv6 is off (the
     // job still cannot use it: t30).
@@ -253,7 +213,7 @@ fn t36_no_ipv6_state_is_left_after_jobs_a_kill_9_and_gc() {
     let h = home("net6-residue");
     let ff = || lab.host_sysctl(&format!("net.ipv6.conf.{}.force_forwarding", lab.host_uplink()));
     assert_eq!((ff(), lab.host_sysctl("net.ipv6.conf.all.forwarding")), ("0".into(), "0".into()));
-    let out = exec6_ok(&lab, &h, &[], &get(&format!("http://[{DUAL_IPV6}]/")));
+    let out = lab_exec_ok(&lab, &h, &[], &get(&format!("http://[{DUAL_IPV6}]/")));
     assert!(out.contains(INTERNET_BODY), "{out}");
     // Rootless: pasta changes nothing on the host.
     let (ff_while, routes_while) = if rootless() { ("0", 0) } else { ("1", 1) };
@@ -360,7 +320,7 @@ fn t38_a_table_of_an_older_azp_sandbox_leaves_jobs_ipv4_only() {
     let o = Command::new("ip").args(["netns", "exec", &lab.host, "nft", old]).output().unwrap();
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let addrs = "echo addrs=$(ip -6 -o addr show | awk '{print $2 \"/\" $4}' | tr '\\n' ' ')";
-    let o = exec6(&lab, &h, &[], addrs);
+    let o = lab_exec(&lab, &h, &[], addrs);
     assert_eq!(o.code, 0, "{}", o.err);
     assert_eq!(line(&o.out, "addrs").trim(), "lo/::1/128", "IPv4 only: {}", o.out);
     assert!(
@@ -368,7 +328,7 @@ fn t38_a_table_of_an_older_azp_sandbox_leaves_jobs_ipv4_only() {
         "{}",
         o.err
     );
-    let o = exec6(&lab, &h, &["--ipv6", "on"], "true");
+    let o = lab_exec(&lab, &h, &["--ipv6", "on"], "true");
     assert_eq!(o.code, 125, "{}", o.err);
     assert!(o.err.contains("network_ipv6 = on (--ipv6 on), but the nftables table inet azp-sandbox was made by"));
     assert_eq!(o.err.lines().filter(|l| !l.trim().is_empty()).count(), 1, "one line: {}", o.err);
@@ -376,7 +336,7 @@ fn t38_a_table_of_an_older_azp_sandbox_leaves_jobs_ipv4_only() {
     // gc removes it (no job left); the next job makes the table with IPv6 rules.
     let out = h.lab_command(&lab).arg("gc").output().unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let out = exec6_ok(&lab, &h, &[], addrs);
+    let out = lab_exec_ok(&lab, &h, &[], addrs);
     assert!(line(&out, "addrs").contains(&format!("eth0/{JOBS_PREFIX}")), "{out}");
     h.assert_no_residue(&[]);
 }
@@ -409,7 +369,7 @@ fn t39_a_firewall_reload_does_not_leave_the_host_forwarding_after_gc() {
     assert_eq!((ff(), lab.host_ip_forward()), ("0".into(), "0".into()), "the lab starts as a plain host");
 
     // A reload removes the table while the settings stay on; gc alone undoes them.
-    assert!(exec6_ok(&lab, &h, &[], &get(&format!("http://[{DUAL_IPV6}]/"))).contains(INTERNET_BODY));
+    assert!(lab_exec_ok(&lab, &h, &[], &get(&format!("http://[{DUAL_IPV6}]/"))).contains(INTERNET_BODY));
     assert_eq!((ff(), lab.host_ip_forward()), ("1".into(), "1".into()), "on while the table exists");
     flush();
     let said = gc();
@@ -418,9 +378,9 @@ fn t39_a_firewall_reload_does_not_leave_the_host_forwarding_after_gc() {
 
     // A reload, then the next job remakes the table: it takes the earlier settings back
     // into its records (the uplink forwards nothing but to jobs again), and gc undoes them.
-    assert!(exec6_ok(&lab, &h, &[], &get(&format!("http://[{DUAL_IPV6}]/"))).contains(INTERNET_BODY));
+    assert!(lab_exec_ok(&lab, &h, &[], &get(&format!("http://[{DUAL_IPV6}]/"))).contains(INTERNET_BODY));
     flush();
-    assert!(exec6_ok(&lab, &h, &[], &get(&format!("http://[{DUAL_IPV6}]/"))).contains(INTERNET_BODY));
+    assert!(lab_exec_ok(&lab, &h, &[], &get(&format!("http://[{DUAL_IPV6}]/"))).contains(INTERNET_BODY));
     assert!(uplink_in_set(), "the remade table names the uplink it must turn off");
     let said = gc();
     assert_eq!((ff(), lab.host_ip_forward()), ("0".into(), "0".into()), "gc after a reload and a job: {said}");

@@ -142,20 +142,8 @@ fn volume() -> String {
 
 /// `exec --rootfs esc --volume <probe>:/review OPTS -- sh -c SCRIPT` in the lab's fake host.
 fn exec_in(lab: &NetLab, h: &TestHome, opts: &[&str], script: &str) -> String {
-    let o = h
-        .lab_command(lab)
-        .args(["exec", "--rootfs", "esc", "--volume", &volume()])
-        .args(opts)
-        .args(["--", "sh", "-c", script])
-        .output()
-        .unwrap();
-    let (out, err) = (String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
-    assert!(o.status.success(), "job failed ({opts:?}): stdout:\n{out}\nstderr:\n{err}");
-    out.into_owned()
-}
-
-fn results(out: &str) -> std::collections::BTreeMap<String, String> {
-    out.lines().filter_map(|l| l.split_once(": ")).map(|(k, v)| (k.to_string(), v.trim().to_string())).collect()
+    let volume = volume();
+    lab_exec_ok(lab, h, &[&["--volume", &volume], opts].concat(), script)
 }
 
 /// Every raw way onto the wire (ARP/NDP spoofing of the gateway, forged source
@@ -181,7 +169,7 @@ fn r01_job_gets_no_raw_socket_in_any_network_mode() {
     // The host kernel has each family (root on the host gets the socket): the job's
     // refusal is the sandbox's, not a missing module.
     let host = Command::new(rprobe_dir().join("rprobe")).args(want.iter().map(|(t, _)| *t)).output().unwrap();
-    let host = results(&String::from_utf8_lossy(&host.stdout));
+    let host = probe_results(&String::from_utf8_lossy(&host.stdout));
     for (t, _) in &want {
         if host[*t] != "OK" {
             skip_part(format!("the host kernel refuses {t} to root ({}): the job's refusal proves less", host[*t]));
@@ -191,7 +179,7 @@ fn r01_job_gets_no_raw_socket_in_any_network_mode() {
     for (who, user) in USERS {
         for net in ["isolated", "none", "host"] {
             let out = exec_in(&lab, &h, &[user, &["--network", net]].concat(), &rprobe(&tokens));
-            let got = results(&out);
+            let got = probe_results(&out);
             for (t, e) in &want {
                 assert_eq!(got.get(*t).map(String::as_str), Some(*e), "{who}, --network {net}, {t}: {out}");
             }
@@ -227,7 +215,7 @@ fn r02_job_cannot_reach_the_host_over_ipv6_link_local() {
     let tokens = vec![gateway_ll.clone(), format!("conn6,ff02::1,{port},eth0"), format!("conn6,fe80::1,{port},eth0")];
     for (who, user) in USERS {
         let out = exec_in(&lab, &h, user, &format!("echo ll=$(grep -c eth0 /proc/net/if_inet6); {}", rprobe(&tokens)));
-        let got = results(&out);
+        let got = probe_results(&out);
         for t in &tokens {
             let r = got.get(t).map(String::as_str).unwrap_or("missing");
             assert!(
@@ -280,25 +268,10 @@ fn r03_the_jobs_own_sysfs_is_read_only_masked_and_shows_only_its_links() {
 #[cfg_attr(not(test_as_root), ignore = "needs root: creates real sandboxes and network namespaces")]
 fn r04_host_users_cannot_reach_a_jobs_listener() {
     require_root!();
-    use std::io::BufRead;
     let lab = or_skip!(NetLab::new());
     let h = home("rv-inbound");
-    let mut a = h
-        .lab_command(&lab)
-        .args(["exec", "--rootfs", "esc", "--", "sh", "-c"])
-        .arg(
-            "mkdir /tmp/w && echo job-secret > /tmp/w/index.html && httpd -f -p 9000 -h /tmp/w & \
-             sleep 0.5; echo addr=$(ip -4 -o addr show eth0 | awk '{print $4}' | cut -d/ -f1); \
-             timeout 5 wget -q -O- http://127.0.0.1:9000/; sleep 60",
-        )
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut lines = std::io::BufReader::new(a.stdout.take().unwrap()).lines();
-    let addr = lines.next().unwrap().unwrap();
-    let addr = addr.strip_prefix("addr=").unwrap_or_else(|| panic!("{addr}")).to_string();
-    assert_eq!(lines.next().unwrap().unwrap(), "job-secret", "the job's own listener answers it");
+    let a = ListeningJob::v4(&lab, &h, "job-secret");
+    let addr = a.addr.clone();
     // A host user (nobody) and host root, in the fake host.
     for user in [Some((65534, 65534)), None] {
         let o = lab
@@ -309,8 +282,7 @@ fn r04_host_users_cannot_reach_a_jobs_listener() {
         let out = String::from_utf8_lossy(&o.stdout);
         assert!(!out.contains("job-secret"), "host user {user:?} read the job's listener at {addr}:9000");
     }
-    nix::sys::signal::kill(nix::unistd::Pid::from_raw(a.id() as i32), nix::sys::signal::SIGTERM).unwrap();
-    a.wait().unwrap();
+    a.stop();
     h.assert_no_residue(&[]);
 }
 
@@ -394,7 +366,7 @@ fn r06_job_cannot_push_input_into_the_callers_terminal() {
         as_test_user(&mut c);
         let o = c.output().unwrap();
         let out = String::from_utf8_lossy(&o.stdout).replace('\r', "");
-        let got = results(&out);
+        let got = probe_results(&out);
         if got.get("isatty,0").map(String::as_str) != Some("OK") {
             skip_part(format!("{who}: the job's stdin is no terminal under script(1): {out}"));
             continue;
