@@ -1,6 +1,8 @@
-//! Two things, before the crate compiles:
+//! Three things, before the crate compiles:
 //! - sets `cfg(test_as_root)` when the build runs as root, so that tests needing root are
 //!   marked ignored, with their reason, in a build by anyone else (tests/common/skip.rs);
+//! - compiles the jobs' seccomp profile (`src/sandbox/seccomp.rs`, included here) into a
+//!   BPF program, `$OUT_DIR/seccomp.bpf`, with libseccomp, for the jobs' init to install;
 //! - compiles the jobs' init (`src/sys/init/main.rs`, see `sandbox::init`) into
 //!   `$OUT_DIR/azp-init`: a small static program, linked against glibc's `libc.a`, since a
 //!   job's rootfs brings its own libc (or none). The crate embeds it
@@ -8,6 +10,10 @@
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
+
+#[path = "src/sandbox/seccomp.rs"]
+#[allow(dead_code)]
+mod seccomp;
 
 fn main() {
     println!("cargo::rustc-check-cfg=cfg(test_as_root)");
@@ -19,7 +25,62 @@ fn main() {
     if effective_uid() == Some(0) {
         println!("cargo::rustc-cfg=test_as_root");
     }
+    build_seccomp_filter();
     build_init();
+}
+
+/// [`seccomp::rules`] as the BPF program libseccomp would load (`seccomp_export_bpf`):
+/// the architecture checks (a call through an ABI the filter does not cover kills), then
+/// the rules; every other call is allowed. Rules are added as libcontainer added them
+/// from an OCI profile: one masked comparison each, a name this libseccomp does not know
+/// left out (with a warning here).
+fn build_seccomp_filter() {
+    use libseccomp::{ScmpAction, ScmpArch, ScmpArgCompare, ScmpCompareOp, ScmpFilterContext, ScmpSyscall};
+    println!("cargo::rerun-if-changed=src/sandbox/seccomp.rs");
+    let out = PathBuf::from(std::env::var_os("OUT_DIR").expect("cargo sets OUT_DIR")).join("seccomp.bpf");
+    let target_arch = std::env::var("CARGO_CFG_TARGET_ARCH").expect("cargo sets CARGO_CFG_TARGET_ARCH");
+    let arches = seccomp::architectures(&target_arch)
+        .unwrap_or_else(|| panic!("no seccomp architectures for {target_arch} (src/sandbox/seccomp.rs)"));
+    let arch = |name: &str| match name {
+        "x86_64" => ScmpArch::X8664,
+        "x86" => ScmpArch::X86,
+        "x32" => ScmpArch::X32,
+        "aarch64" => ScmpArch::Aarch64,
+        "arm" => ScmpArch::Arm,
+        _ => panic!("unknown seccomp architecture {name}"),
+    };
+    let fail = |what: &str, e: libseccomp::error::SeccompError| -> ! {
+        panic!("compiling the jobs' seccomp filter: {what}: {e} (needs libseccomp-dev, see scripts/setup.sh)")
+    };
+    let mut ctx = ScmpFilterContext::new(ScmpAction::Allow).unwrap_or_else(|e| fail("new filter", e));
+    for a in arches {
+        ctx.add_arch(arch(a)).unwrap_or_else(|e| fail("add arch", e));
+    }
+    // A context starts with the build host's architecture; it stays only if listed.
+    if !arches.iter().any(|&a| arch(a) == ScmpArch::native()) {
+        ctx.remove_arch(ScmpArch::native()).unwrap_or_else(|e| fail("remove the build host's arch", e));
+    }
+    for rule in seccomp::rules() {
+        let Ok(call) = ScmpSyscall::from_name(rule.name) else {
+            println!("cargo::warning=seccomp: this libseccomp does not know {}: left out of the filter", rule.name);
+            continue;
+        };
+        let action = ScmpAction::Errno(rule.errno);
+        match rule.arg {
+            None => ctx.add_rule(action, call),
+            Some(m) => ctx.add_rule_conditional(
+                action,
+                call,
+                &[ScmpArgCompare::new(m.index, ScmpCompareOp::MaskedEqual(m.mask), m.value)],
+            ),
+        }
+        .unwrap_or_else(|e| fail(rule.name, e));
+    }
+    let file = std::fs::File::create(&out).unwrap_or_else(|e| panic!("cannot create {}: {e}", out.display()));
+    ctx.export_bpf(&file).unwrap_or_else(|e| fail("export", e));
+    let len = std::fs::metadata(&out).expect("the filter just written").len();
+    // struct sock_filter is 8 bytes; the kernel takes at most BPF_MAXINSNS (4096) of them.
+    assert!(len > 0 && len % 8 == 0 && len / 8 <= 4096, "a malformed seccomp filter: {len} bytes");
 }
 
 /// The effective uid of this build script (the second field of `Uid:` in

@@ -88,9 +88,10 @@ pub fn ensure(home: &Home) -> Result<PathBuf> {
     Ok(path)
 }
 
-/// The job's process arguments: the init, then the command.
+/// The job's process arguments: the init, told to install the jobs' seccomp filter
+/// (see `sandbox::seccomp`), then the command.
 pub fn args(command: &[String]) -> Vec<String> {
-    std::iter::once(PATH_IN_JOB.to_string()).chain(command.iter().cloned()).collect()
+    [PATH_IN_JOB, "--seccomp", "--"].into_iter().map(String::from).chain(command.iter().cloned()).collect()
 }
 
 /// The init program itself, compiled into these tests too (its pure parts).
@@ -172,7 +173,7 @@ mod tests {
         ensure(&home).unwrap();
         assert_eq!(std::fs::metadata(&p).unwrap().mode() & 0o7777, 0o555);
         assert!(BINARY.len() < 2 << 20, "the init stays small: {} bytes", BINARY.len());
-        assert_eq!(args(&["sh".into(), "-c".into()]), [PATH_IN_JOB, "sh", "-c"]);
+        assert_eq!(args(&["sh".into(), "-c".into()]), [PATH_IN_JOB, "--seccomp", "--", "sh", "-c"]);
     }
 
     #[test]
@@ -200,6 +201,33 @@ mod tests {
         assert!(err.contains("interpreter") && err.lines().count() == 1, "{err}");
         let (code, _, err) = output(init(&i, &[], None));
         assert_eq!(code, Some(2), "{err}");
+    }
+
+    #[test]
+    fn with_seccomp_the_command_runs_under_the_jobs_filter() {
+        let i = installed();
+        // unshare(2) is denied (EPERM) by the filter; a plain `sh` is not.
+        let probe = "grep -E '^(Seccomp|NoNewPrivs):' /proc/self/status; unshare -U true && echo UNSHARED; exit 0";
+        let (code, out, err) = output(init(&i, &["--seccomp", "--", "sh", "-c", probe], None));
+        assert_eq!(code, Some(0), "{err}");
+        assert!(out.contains("Seccomp:\t2") && out.contains("NoNewPrivs:\t1"), "{out}");
+        assert!(!out.contains("UNSHARED") && err.contains("Operation not permitted"), "{out} {err}");
+        let (_, out, _) = output(init(&i, &["sh", "-c", "grep '^Seccomp_filters:' /proc/self/status"], None));
+        let ours = std::fs::read_to_string("/proc/self/status").unwrap();
+        let ours = ours.lines().find(|l| l.starts_with("Seccomp_filters:")).unwrap();
+        assert_eq!(out.trim_end(), ours, "without the option, no filter of the init's own");
+        assert_eq!(output(init(&i, &["--seccomp", "--"], None)).0, Some(2), "no command");
+    }
+
+    #[test]
+    fn options_come_before_the_command() {
+        use program::parse_options;
+        let a = |v: &[&'static str]| v.iter().map(|s| s.as_bytes()).collect::<Vec<_>>();
+        assert_eq!(parse_options(&a(&["init", "--seccomp", "--", "sh"])), (true, 3));
+        assert_eq!(parse_options(&a(&["init", "sh", "--seccomp"])), (false, 1));
+        assert_eq!(parse_options(&a(&["init", "--", "--seccomp"])), (false, 2), "after --: the command");
+        assert_eq!(parse_options(&a(&["init", "--seccomp", "sh"])), (true, 2));
+        assert_eq!(parse_options(&a(&["init"])), (false, 1));
     }
 
     #[test]

@@ -117,8 +117,9 @@ pub struct ScratchDir {
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ProcessPlan {
     /// The init on the host ([`super::init::ensure`]), bound read-only into the job and run
-    /// as its pid 1 with the command as its arguments. Set by `Sandbox::create`; None
-    /// (a plan made elsewhere, e.g. the unit tests' spec) makes the command pid 1.
+    /// as its pid 1 with the command as its arguments; it also installs the job's seccomp
+    /// filter. Set by `Sandbox::create`; a plan without it has no spec (`spec::build`
+    /// refuses it).
     pub init: Option<PathBuf>,
     /// A pseudo-terminal of the job's own (`exec -t`, `shell`): its master comes to the
     /// runner through the job's console socket and is relayed to the user's terminal.

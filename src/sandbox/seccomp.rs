@@ -13,18 +13,17 @@
 //! `socketcall`, and every socket family but the five a CI job needs. SECURITY.md has
 //! the comparison.
 //!
-//! libcontainer is built with its `libseccomp` feature: a profile that cannot be
-//! installed fails the job instead of being silently ignored. A name the host's
-//! libseccomp does not know (a call newer than it) is skipped by libcontainer.
+//! Compiled once, at build time: build.rs includes this file, turns [`rules`] into a BPF
+//! program with libseccomp (as libcontainer would in every job's init, where that took
+//! ~1.8 ms of a ~16 ms cycle, see bench/NOTES.md), and the job's init
+//! (`src/sys/init/main.rs`) carries the program and installs it before it runs the
+//! command: it is the init of every job, and a spec without it is refused
+//! (`sandbox::spec`). A name the build host's libseccomp does not know (a call newer than
+//! it) is left out, with a warning in the build's output. This file is plain data and
+//! `libc` constants, so that build.rs can include it.
 //!
 //! ptrace stays allowed: a job's pid namespace holds only its own processes, and
 //! debuggers (gdb, cuda-gdb, strace) are common in CI.
-
-use anyhow::Result;
-use oci_spec::runtime::{
-    Arch, LinuxSeccomp, LinuxSeccompAction, LinuxSeccompArgBuilder, LinuxSeccompBuilder, LinuxSeccompOperator,
-    LinuxSyscall, LinuxSyscallBuilder,
-};
 
 pub const DENIED: &[&str] = &[
     // Mounts and root changes (also need CAP_SYS_ADMIN, which jobs lack).
@@ -172,6 +171,61 @@ pub const ALLOWED_PERSONALITIES: &[u32] = &[0, 0x8, 0x20000, 0x20008, 0xffff_fff
 const FS_IOC_FSSETXATTR: u64 = 0x401c_5820;
 const FS_IOC_SETFLAGS: [u64; 2] = [0x4008_6602, 0x4004_6602];
 
+/// One rule of the filter: `name` fails with `errno`, when `arg` matches (always, when
+/// there is none). Whatever no rule denies is allowed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Rule {
+    pub name: &'static str,
+    pub errno: i32,
+    pub arg: Option<ArgMatch>,
+}
+
+/// Argument `index` matches when `(arg & mask) == value`. Masked, and only the low 32
+/// bits where the kernel reads the argument as a 32-bit int: a job that sets the upper
+/// half of the register would otherwise slip past a plain comparison.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ArgMatch {
+    pub index: u32,
+    pub mask: u64,
+    pub value: u64,
+}
+
+/// The architectures a filter for `target_arch` (Rust's name) covers, as libseccomp
+/// names them: the native ABI and the compat ABIs the kernel also runs (32-bit x86 and
+/// x32 programs on x86_64, 32-bit arm on aarch64). A call through an ABI not listed
+/// kills the process (libseccomp's default for a foreign architecture).
+pub fn architectures(target_arch: &str) -> Option<&'static [&'static str]> {
+    match target_arch {
+        "x86_64" => Some(&["x86_64", "x86", "x32"]),
+        "aarch64" => Some(&["aarch64", "arm"]),
+        _ => None,
+    }
+}
+
+/// The whole profile, in the order the filter is built from.
+pub fn rules() -> Vec<Rule> {
+    let mut rules: Vec<Rule> = DENIED.iter().map(|&name| Rule { name, errno: libc::EPERM, arg: None }).collect();
+    // clone(2) with any namespace flag (its flags are argument 0 on x86 and arm): one rule
+    // per flag, as rules are ORed and the conditions within one rule ANDed.
+    for &flag in CLONE_NAMESPACE_FLAGS {
+        rules.push(masked("clone", 0, flag, flag, libc::EPERM));
+    }
+    rules.extend(project_quota_rules());
+    rules.extend(init_tamper_rules());
+    // clone3(2) passes its flags in memory, which seccomp cannot inspect: ENOSYS (not
+    // EPERM) makes glibc >= 2.34 and other libcs fall back to clone(2), as Docker's default
+    // profile does.
+    rules.push(Rule { name: "clone3", errno: libc::ENOSYS, arg: None });
+    // Every other socket family: EAFNOSUPPORT, what a kernel without that family says, so
+    // that libraries probing one (OpenSSL's afalg engine, vsock-aware tools) fall back.
+    // Ten rules rather than 59: fewer comparisons for every `socket` call of a job.
+    for (mask, value) in denied_family_cubes() {
+        rules.push(masked("socket", 0, mask, value, libc::EAFNOSUPPORT));
+    }
+    rules.extend(personality_rules());
+    rules
+}
+
 /// The job's init (pid 1 in the job's pid namespace) is what ties the job to its
 /// supervisor (see `sys::lifeline`): it runs as the job's user, so without this rule a job
 /// could PTRACE_SEIZE it and hold it stopped, never seeing the lifeline close, and outlive
@@ -179,89 +233,13 @@ const FS_IOC_SETFLAGS: [u64; 2] = [0x4008_6602, 0x4004_6602];
 /// the second argument) and `process_vm_writev` (the first) aimed at pid 1; other pids
 /// are the job's own business (gdb, strace). Not covered: writing `/proc/1/mem`, which
 /// seccomp cannot see by pid (SECURITY.md).
-fn init_tamper_rules() -> Result<Vec<oci_spec::runtime::LinuxSyscall>> {
-    let mut rules = vec![];
-    for (name, index) in [("ptrace", 1usize), ("process_vm_writev", 0usize)] {
-        let is_init = LinuxSeccompArgBuilder::default()
-            .index(index)
-            .value(1u64)
-            .value_two(0xffff_ffffu64)
-            .op(LinuxSeccompOperator::ScmpCmpMaskedEq)
-            .build()?;
-        rules.push(
-            LinuxSyscallBuilder::default()
-                .names(vec![name.to_string()])
-                .action(LinuxSeccompAction::ScmpActErrno)
-                .errno_ret(libc::EPERM as u32)
-                .args(vec![is_init])
-                .build()?,
-        );
-    }
-    Ok(rules)
+fn init_tamper_rules() -> [Rule; 2] {
+    [masked("ptrace", 1, 0xffff_ffff, 1, libc::EPERM), masked("process_vm_writev", 0, 0xffff_ffff, 1, libc::EPERM)]
 }
 
-fn project_quota_rules() -> Result<Vec<oci_spec::runtime::LinuxSyscall>> {
-    let mut rules = vec![];
-    for cmd in [FS_IOC_FSSETXATTR, FS_IOC_SETFLAGS[0], FS_IOC_SETFLAGS[1]] {
-        let is_cmd = LinuxSeccompArgBuilder::default()
-            .index(1usize)
-            .value(cmd)
-            .value_two(0xffff_ffffu64)
-            .op(LinuxSeccompOperator::ScmpCmpMaskedEq)
-            .build()?;
-        rules.push(
-            LinuxSyscallBuilder::default()
-                .names(vec!["ioctl".to_string()])
-                .action(LinuxSeccompAction::ScmpActErrno)
-                .errno_ret(libc::EPERM as u32)
-                .args(vec![is_cmd])
-                .build()?,
-        );
-    }
-    Ok(rules)
-}
-
-pub fn default_profile() -> Result<LinuxSeccomp> {
-    let arches = match std::env::consts::ARCH {
-        "aarch64" => vec![Arch::ScmpArchAarch64, Arch::ScmpArchArm],
-        _ => vec![Arch::ScmpArchX86_64, Arch::ScmpArchX86, Arch::ScmpArchX32],
-    };
-    let deny = LinuxSyscallBuilder::default()
-        .names(DENIED.iter().map(|s| s.to_string()).collect::<Vec<_>>())
-        .action(LinuxSeccompAction::ScmpActErrno)
-        .errno_ret(libc::EPERM as u32)
-        .build()?;
-    let mut syscalls = vec![deny];
-    // clone(2) with any namespace flag (its flags are argument 0 on x86 and arm): one rule
-    // per flag, as rules are ORed and the conditions within one rule ANDed.
-    for &flag in CLONE_NAMESPACE_FLAGS {
-        syscalls.push(masked_rule("clone", flag, flag, libc::EPERM)?);
-    }
-    syscalls.extend(project_quota_rules()?);
-    syscalls.extend(init_tamper_rules()?);
-    // clone3(2) passes its flags in memory, which seccomp cannot inspect: ENOSYS (not
-    // EPERM) makes glibc >= 2.34 and other libcs fall back to clone(2), as Docker's default
-    // profile does.
-    syscalls.push(
-        LinuxSyscallBuilder::default()
-            .names(vec!["clone3".to_string()])
-            .action(LinuxSeccompAction::ScmpActErrno)
-            .errno_ret(libc::ENOSYS as u32)
-            .build()?,
-    );
-    // Every other socket family: EAFNOSUPPORT, what a kernel without that family says, so
-    // that libraries probing one (OpenSSL's afalg engine, vsock-aware tools) fall back.
-    // Ten rules rather than 59: libseccomp compiles the profile in every job's init, and
-    // each rule costs there (a profile with one rule per family took ~0.6 ms more).
-    for (mask, value) in denied_family_cubes() {
-        syscalls.push(masked_rule("socket", mask, value, libc::EAFNOSUPPORT)?);
-    }
-    syscalls.extend(personality_rules()?);
-    Ok(LinuxSeccompBuilder::default()
-        .default_action(LinuxSeccompAction::ScmpActAllow)
-        .architectures(arches)
-        .syscalls(syscalls)
-        .build()?)
+fn project_quota_rules() -> [Rule; 3] {
+    [FS_IOC_FSSETXATTR, FS_IOC_SETFLAGS[0], FS_IOC_SETFLAGS[1]]
+        .map(|cmd| masked("ioctl", 1, 0xffff_ffff, cmd, libc::EPERM))
 }
 
 /// Socket families below [`SOCKET_FAMILY_LIMIT`] that are not allowed.
@@ -290,25 +268,9 @@ fn denied_family_cubes() -> Vec<(u64, u64)> {
     out
 }
 
-/// `name` fails with `errno` when `(arg0 & mask) == value`. Masked, and only the low 32
-/// bits, because the kernel reads these arguments as 32-bit ints: a job that sets the
-/// upper half of the register would otherwise slip past a plain comparison.
-///
-/// libcontainer 0.7 reads `valueTwo` as the mask and `value` as the datum (runc reads them
-/// the other way round): this spec is only ever read by libcontainer; t22 checks it.
-fn masked_rule(name: &str, mask: u64, value: u64, errno: i32) -> Result<LinuxSyscall> {
-    let arg = LinuxSeccompArgBuilder::default()
-        .index(0usize)
-        .value(value)
-        .value_two(mask)
-        .op(LinuxSeccompOperator::ScmpCmpMaskedEq)
-        .build()?;
-    Ok(LinuxSyscallBuilder::default()
-        .names(vec![name.to_string()])
-        .action(LinuxSeccompAction::ScmpActErrno)
-        .errno_ret(errno as u32)
-        .args(vec![arg])
-        .build()?)
+/// `name` fails with `errno` when `(argument index & mask) == value`.
+fn masked(name: &'static str, index: u32, mask: u64, value: u64, errno: i32) -> Rule {
+    Rule { name, errno, arg: Some(ArgMatch { index, mask, value }) }
 }
 
 /// Rules that deny every `personality(2)` argument but [`ALLOWED_PERSONALITIES`] (low 32
@@ -316,33 +278,37 @@ fn masked_rule(name: &str, mask: u64, value: u64, errno: i32) -> Result<LinuxSys
 /// rules are ORed, so "not one of these" is spelled as bits: with bit 31 clear, any bit
 /// other than 3 (PER_LINUX32) and 17 (UNAME26) denies; with bit 31 set, any clear bit
 /// denies (only the query, 0xffffffff, has none).
-fn personality_rules() -> Result<Vec<LinuxSyscall>> {
+fn personality_rules() -> Vec<Rule> {
     const HIGH: u64 = 1 << 31;
     let allowed_bits: u64 = ALLOWED_PERSONALITIES.iter().filter(|&&p| p != u32::MAX).fold(0, |a, &p| a | p as u64);
     let mut rules = Vec::new();
     for bit in 0..31 {
         let b = 1u64 << bit;
         if allowed_bits & b == 0 {
-            rules.push(masked_rule("personality", HIGH | b, b, libc::EPERM)?);
+            rules.push(masked("personality", 0, HIGH | b, b, libc::EPERM));
         }
-        rules.push(masked_rule("personality", HIGH | b, HIGH, libc::EPERM)?);
+        rules.push(masked("personality", 0, HIGH | b, HIGH, libc::EPERM));
     }
-    Ok(rules)
+    rules
 }
 
-/// Whether [`default_profile`] lets `personality(arg)` through: the rules evaluated as
+/// Whether the rules for `name` deny a call whose argument `index` is `arg`, evaluated as
 /// seccomp would (for the unit tests).
 #[cfg(test)]
-fn personality_allowed(arg: u64) -> bool {
-    personality_rules().unwrap().iter().all(|r| {
-        let a = &r.args().as_ref().unwrap()[0];
-        arg & a.value_two().unwrap() != a.value()
+fn denies(name: &str, arg: u64) -> Option<i32> {
+    rules().into_iter().filter(|r| r.name == name).find_map(|r| match r.arg {
+        None => Some(r.errno),
+        Some(m) => (arg & m.mask == m.value).then_some(r.errno),
     })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn personality_allowed(arg: u64) -> bool {
+        denies("personality", arg).is_none()
+    }
 
     #[test]
     fn personality_allows_exactly_dockers_values() {
@@ -368,24 +334,29 @@ mod tests {
             assert!(denied.contains(&f), "{f}");
         }
         assert_eq!(denied.len(), SOCKET_FAMILY_LIMIT as usize - ALLOWED_SOCKET_FAMILIES.len());
-        let profile = default_profile().unwrap();
-        let rules: Vec<_> =
-            profile.syscalls().as_ref().unwrap().iter().filter(|r| r.names() == &["socket".to_string()]).collect();
-        assert_eq!(rules.len(), 10, "the smallest cover of 0..63 without 1, 2, 10, 16, 17");
-        // As seccomp evaluates them (libcontainer: valueTwo is the mask): a family is denied
-        // exactly when it is not allowed, also with a bit set above the 32 the kernel reads.
-        let denies = |arg: u64| {
-            rules.iter().any(|r| {
-                let a = &r.args().as_ref().unwrap()[0];
-                assert_eq!(r.errno_ret(), Some(libc::EAFNOSUPPORT as u32));
-                arg & a.value_two().unwrap() == a.value()
-            })
-        };
+        let socket_rules: Vec<_> = rules().into_iter().filter(|r| r.name == "socket").collect();
+        assert_eq!(socket_rules.len(), 10, "the smallest cover of 0..63 without 1, 2, 10, 16, 17");
+        assert!(socket_rules.iter().all(|r| r.errno == libc::EAFNOSUPPORT));
+        // As seccomp evaluates them: a family is denied exactly when it is not allowed,
+        // also with a bit set above the 32 the kernel reads.
+        let denied_family = |arg: u64| denies("socket", arg).is_some();
         for f in 0..SOCKET_FAMILY_LIMIT as u64 {
-            assert_eq!(denies(f), denied.contains(&(f as i32)), "family {f}");
-            assert_eq!(denies(f | 1 << 32), denied.contains(&(f as i32)), "family {f} with a high bit");
+            assert_eq!(denied_family(f), denied.contains(&(f as i32)), "family {f}");
+            assert_eq!(denied_family(f | 1 << 32), denied.contains(&(f as i32)), "family {f} with a high bit");
         }
-        assert!(!denies(4096), "a number the kernel refuses itself needs no rule");
+        assert!(!denied_family(4096), "a number the kernel refuses itself needs no rule");
+    }
+
+    #[test]
+    fn clone_with_any_namespace_flag_and_clone3_are_refused() {
+        for &flag in CLONE_NAMESPACE_FLAGS {
+            assert_eq!(denies("clone", flag | libc::SIGCHLD as u64), Some(libc::EPERM), "{flag:#x}");
+        }
+        let fork_flags = (libc::CLONE_CHILD_CLEARTID | libc::CLONE_CHILD_SETTID | libc::SIGCHLD) as u64;
+        assert_eq!(denies("clone", fork_flags), None, "fork stays allowed");
+        assert_eq!(denies("clone3", 0), Some(libc::ENOSYS), "libcs fall back to clone on ENOSYS");
+        assert_eq!(denies("ptrace", 1), Some(libc::EPERM), "the init (pid 1) is not traced");
+        assert_eq!(denies("ptrace", 2), None, "the job's own processes are");
     }
 
     #[test]
@@ -395,6 +366,9 @@ mod tests {
         }
         for s in ["memfd_create", "ioctl", "mmap", "ptrace", "mbind", "set_mempolicy", "socket", "personality"] {
             assert!(!DENIED.contains(&s), "{s} is needed by CUDA, NCCL or debuggers (or filtered by argument)");
+        }
+        for s in ["mount", "unshare", "bpf", "keyctl", "userfaultfd", "kexec_load", "open_by_handle_at"] {
+            assert_eq!(denies(s, 0), Some(libc::EPERM), "{s} not denied");
         }
         let mut sorted = DENIED.to_vec();
         sorted.sort();

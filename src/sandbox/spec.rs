@@ -75,6 +75,9 @@ pub enum CgroupOwner {
 }
 
 pub fn build(plan: &JobPlan, rootfs: &Path, cgroup: &CgroupOwner) -> Result<Spec> {
+    // The init installs the job's seccomp filter (see super::seccomp): no job runs
+    // without it.
+    anyhow::ensure!(plan.process.init.is_some(), "a job needs its init (azp-init), which installs its seccomp filter");
     let caps: HashSet<Capability> = JOB_CAPABILITIES.iter().copied().collect();
     let capabilities = LinuxCapabilitiesBuilder::default()
         .bounding(caps.clone())
@@ -135,7 +138,6 @@ pub fn build(plan: &JobPlan, rootfs: &Path, cgroup: &CgroupOwner) -> Result<Spec
     let linux = linux
         .masked_paths(MASKED_PATHS.iter().map(|s| s.to_string()).collect::<Vec<_>>())
         .readonly_paths(READONLY_PATHS.iter().map(|s| s.to_string()).collect::<Vec<_>>())
-        .seccomp(super::seccomp::default_profile()?)
         .build()?;
 
     let mut spec = SpecBuilder::default()
@@ -152,18 +154,15 @@ pub fn build(plan: &JobPlan, rootfs: &Path, cgroup: &CgroupOwner) -> Result<Spec
     Ok(spec)
 }
 
-/// The job's init first (see [`super::init`]), when there is one; then the command.
+/// The job's init first (see [`super::init`]), then the command.
 fn process_args(plan: &JobPlan) -> Vec<String> {
-    match &plan.process.init {
-        Some(_) => super::init::args(&plan.args),
-        None => plan.args.clone(),
-    }
+    super::init::args(&plan.args)
 }
 
 /// The init's read-only bind, onto a file libcontainer creates on the job's /dev tmpfs
 /// (mounted before it). Executable (no noexec); nosuid and nodev as every bind.
 fn init_mount(plan: &JobPlan) -> Result<Vec<Mount>> {
-    let Some(init) = &plan.process.init else { return Ok(vec![]) };
+    let Some(init) = &plan.process.init else { anyhow::bail!("a job needs its init (azp-init)") };
     let opts = ["bind", "ro", "nosuid", "nodev", "rprivate"].map(String::from);
     Ok(vec![bind(init, Path::new(super::init::PATH_IN_JOB), &opts)?])
 }
@@ -519,7 +518,10 @@ mod tests {
             cgroup_path: "/azp-sandbox/t-1".into(),
             owned_dirs: vec![],
             rootless: false,
-            process: Default::default(),
+            process: crate::sandbox::plan::ProcessPlan {
+                init: Some("/home/cache/init/azp-init-1".into()),
+                terminal: false,
+            },
             userns: None,
             scratch: None,
             caches: vec![],
@@ -528,15 +530,20 @@ mod tests {
 
     #[test]
     fn the_init_is_pid_1_from_a_read_only_bind_on_dev() {
-        let spec = build(&plan(), Path::new("/m"), &CgroupOwner::Libcontainer { memsw: false }).unwrap();
-        let args = spec.process().as_ref().unwrap().args().clone().unwrap();
-        assert_eq!(args, ["/bin/sh", "-c", "true"], "no init in the plan: the command is pid 1");
         let mut p = plan();
-        p.process.init = Some("/home/cache/init/azp-init-1".into());
+        p.process.init = None;
+        let e = build(&p, Path::new("/m"), &CgroupOwner::Libcontainer { memsw: false }).unwrap_err();
+        assert!(e.to_string().contains("seccomp filter"), "no init, no seccomp filter: refused ({e})");
+        let mut p = plan();
         p.process.terminal = true;
         let spec = build(&p, Path::new("/m"), &CgroupOwner::Libcontainer { memsw: false }).unwrap();
         let process = spec.process().as_ref().unwrap();
-        assert_eq!(process.args().as_ref().unwrap(), &["/dev/.azp-init", "/bin/sh", "-c", "true"]);
+        assert_eq!(
+            process.args().as_ref().unwrap(),
+            &["/dev/.azp-init", "--seccomp", "--", "/bin/sh", "-c", "true"],
+            "the init installs the seccomp filter, then runs the command"
+        );
+        assert!(spec.linux().as_ref().unwrap().seccomp().is_none(), "not compiled again by libcontainer");
         assert_eq!(process.terminal(), Some(true));
         let mounts = spec.mounts().as_ref().unwrap();
         let dev = mounts.iter().position(|m| m.destination() == Path::new("/dev")).unwrap();
@@ -572,11 +579,7 @@ mod tests {
         assert!(!bounding.contains(&Capability::Mknod));
         assert!(!bounding.contains(&Capability::SysAdmin));
         assert_eq!(linux.cgroups_path().as_deref(), Some(Path::new("/azp-sandbox/t-1")));
-        let seccomp = linux.seccomp().as_ref().expect("a seccomp profile");
-        let denied = seccomp.syscalls().as_ref().unwrap()[0].names();
-        for s in ["mount", "unshare", "bpf", "keyctl", "userfaultfd", "kexec_load", "open_by_handle_at"] {
-            assert!(denied.iter().any(|n| n == s), "{s} not denied");
-        }
+        assert_eq!(&proc_.args().as_ref().unwrap()[..2], ["/dev/.azp-init", "--seccomp"], "the init's seccomp filter");
     }
 
     #[test]
@@ -660,7 +663,7 @@ mod tests {
         let spec = build(&p, Path::new("/m"), &CgroupOwner::Libcontainer { memsw: false }).unwrap();
         let binds: Vec<_> =
             spec.mounts().as_ref().unwrap().iter().filter(|m| m.typ().as_deref() == Some("bind")).collect();
-        assert_eq!(binds.len(), 4); // resolv.conf, hosts, volume, lib
+        assert_eq!(binds.len(), 5); // resolv.conf, hosts, volume, lib, the init
                                     // The volume is an rbind: its submounts must be read-only, nosuid, nodev too.
         let vol = binds.iter().find(|b| b.destination() == Path::new("/datasets/set")).unwrap();
         for want in ["rbind", "rro", "rnosuid", "rnodev"] {

@@ -69,7 +69,17 @@ mod c {
     pub const F_GETFD: c_int = 1;
     pub const F_SETFD: c_int = 2;
     pub const FD_CLOEXEC: c_int = 1;
+    /// struct sock_fprog: a seccomp BPF program (`len` instructions of 8 bytes).
+    #[repr(C)]
+    pub struct sock_fprog {
+        pub len: u16,
+        pub filter: *const c_void,
+    }
+
     pub const PR_SET_CHILD_SUBREAPER: c_int = 36;
+    pub const PR_SET_NO_NEW_PRIVS: c_int = 38;
+    pub const PR_SET_SECCOMP: c_int = 22;
+    pub const SECCOMP_MODE_FILTER: c_ulong = 2;
     pub const PR_SET_DUMPABLE: c_int = 4;
     pub const EINTR: c_int = 4;
     pub const ENOENT: c_int = 2;
@@ -127,6 +137,49 @@ const SIGSTOP: c_int = 19;
 const SIGCHLD: c_int = 17;
 /// The lifeline's fd number (see the module doc).
 const LIFELINE_FD: c_int = 3;
+
+/// A byte string aligned as `A`: the filter below is read in place by the kernel as an
+/// array of `struct sock_filter` (u16, u8, u8, u32), which needs 4-byte alignment.
+#[repr(C)]
+struct AlignedAs<A, T: ?Sized> {
+    _align: [A; 0],
+    bytes: T,
+}
+
+/// The jobs' seccomp filter: the BPF program build.rs compiles from
+/// `src/sandbox/seccomp.rs` with libseccomp, carried here so that no job pays for its
+/// compilation.
+static SECCOMP_FILTER: &AlignedAs<u64, [u8]> =
+    &AlignedAs { _align: [], bytes: *include_bytes!(concat!(env!("OUT_DIR"), "/seccomp.bpf")) };
+
+/// Installs [`SECCOMP_FILTER`] on the init, so that CMD inherits it through fork and
+/// exec. no_new_privs first: seccomp needs it from a process without CAP_SYS_ADMIN (a
+/// job's spec sets it already; here it costs one call and makes the init sufficient).
+fn install_seccomp_filter() -> bool {
+    let bytes = &SECCOMP_FILTER.bytes;
+    let prog = c::sock_fprog { len: (bytes.len() / 8) as u16, filter: bytes.as_ptr().cast() };
+    // SAFETY: prctl(2) with integers, and for PR_SET_SECCOMP a pointer to a live
+    // sock_fprog whose `filter` points at `len` 8-byte instructions (build.rs checks the
+    // size) in a static, 8-byte aligned buffer; the kernel copies the program.
+    unsafe {
+        c::prctl(c::PR_SET_NO_NEW_PRIVS, 1 as c_ulong, 0 as c_ulong, 0 as c_ulong, 0 as c_ulong) == 0
+            && c::prctl(c::PR_SET_SECCOMP, c::SECCOMP_MODE_FILTER, &prog as *const c::sock_fprog) == 0
+    }
+}
+
+/// `[--seccomp] [--] CMD [ARGS...]`: whether to install the filter, and the index of CMD
+/// in `args` (`args.len()` when there is none).
+pub fn parse_options(args: &[&[u8]]) -> (bool, usize) {
+    let mut i = 1;
+    let seccomp = args.get(i) == Some(&&b"--seccomp"[..]);
+    if seccomp {
+        i += 1;
+    }
+    if args.get(i) == Some(&&b"--"[..]) {
+        i += 1;
+    }
+    (seccomp, i)
+}
 
 /// The init's exit code for the way CMD ended (a raw wait status).
 pub fn exit_code(status: c_int) -> c_int {
@@ -219,9 +272,9 @@ fn blockable() -> c::sigset_t {
 /// one when there is a terminal), default signal dispositions, an empty mask. Then CMD.
 /// Only async-signal-safe calls until exec; allocation only on the failure path, after
 /// which the child ends with `_exit`.
-fn child(argv: *const *const c_char) -> ! {
-    // SAFETY: argv is main's argument vector (NULL-terminated, at least CMD present);
-    // every call below takes integers or that vector and returns an int.
+fn child(cmd_argv: *const *const c_char) -> ! {
+    // SAFETY: cmd_argv is the tail of main's argument vector from CMD on (NULL-terminated,
+    // CMD present); every call below takes integers or that vector and returns an int.
     unsafe {
         c::setpgid(0, 0);
         // A terminal that is ours (the session's controlling terminal, set up for
@@ -241,8 +294,8 @@ fn child(argv: *const *const c_char) -> ! {
         let mut empty = c::sigset_t { val: [0; 16] };
         c::sigemptyset(&mut empty);
         c::sigprocmask(c::SIG_SETMASK, &empty, core::ptr::null_mut());
-        let cmd = *argv.add(1);
-        c::execvp(cmd, argv.add(1));
+        let cmd = *cmd_argv;
+        c::execvp(cmd, cmd_argv);
         let e = errno();
         let name = CStr::from_ptr(cmd).to_bytes();
         let exists = name.contains(&b'/') && c::access(cmd, c::F_OK) == 0;
@@ -310,9 +363,20 @@ fn reap(child: c::pid_t) -> Option<c_int> {
 /// `argv` must be a NULL-terminated vector of `argc` C strings (as the C runtime passes
 /// to main).
 pub unsafe fn run(argc: c_int, argv: *const *const c_char) -> c_int {
-    if argc < 2 {
-        write_stderr(b"usage: azp-init CMD [ARGS...]\n");
+    // The options: the first two arguments at most, each read only when present.
+    let mut first = [&b""[..]; 3];
+    for (i, slot) in first.iter_mut().enumerate().take(argc.clamp(0, 3) as usize) {
+        // SAFETY: i < argc, so argv[i] is one of main's NUL-terminated strings.
+        *slot = unsafe { CStr::from_ptr(*argv.add(i)) }.to_bytes();
+    }
+    let (seccomp, cmd) = parse_options(&first[..argc.clamp(0, 3) as usize]);
+    if cmd >= argc as usize {
+        write_stderr(b"usage: azp-init [--seccomp] [--] CMD [ARGS...]\n");
         return 2;
+    }
+    if seccomp && !install_seccomp_filter() {
+        write_stderr(b"azp-init: cannot install the job's seccomp filter\n");
+        return 125;
     }
     let blocked = blockable();
     // SAFETY: each call takes integers or the live sigset above; results are checked
@@ -351,7 +415,8 @@ pub unsafe fn run(argc: c_int, argv: *const *const c_char) -> c_int {
         return 125;
     }
     if pid == 0 {
-        child(argv);
+        // SAFETY: cmd < argc: CMD and what follows it, up to argv's NULL.
+        child(unsafe { argv.add(cmd) });
     }
     // Also from this side, so that a signal forwarded before the child ran setpgid
     // reaches its group (whichever runs first wins; the other is a no-op or EACCES).
