@@ -53,6 +53,11 @@ fn build_seccomp_filter() {
         panic!("compiling the jobs' seccomp filter: {what}: {e} (needs libseccomp-dev, see scripts/setup.sh)")
     };
     let mut ctx = ScmpFilterContext::new(ScmpAction::Allow).unwrap_or_else(|e| fail("new filter", e));
+    // A binary tree of syscall numbers (libseccomp's "optimize 2") instead of one linear
+    // chain: the kernel emulates the program for every syscall number when it installs
+    // it (to cache the calls it always allows), which took ~0.17 ms more per job with
+    // the chain (interleaved `perf stat -r 400` of the init, 3 rounds).
+    ctx.set_ctl_optimize(2).unwrap_or_else(|e| fail("optimize", e));
     for a in arches {
         ctx.add_arch(arch(a)).unwrap_or_else(|e| fail("add arch", e));
     }
