@@ -4,8 +4,9 @@
 //! - compiles the jobs' seccomp profile (`src/sandbox/seccomp.rs`, included here) into a
 //!   BPF program, `$OUT_DIR/seccomp.bpf`, with libseccomp, for the jobs' init to install;
 //! - compiles the jobs' init (`src/sys/init/main.rs`, see `sandbox::init`) into
-//!   `$OUT_DIR/azp-init`: a small static program, linked against glibc's `libc.a`, since a
-//!   job's rootfs brings its own libc (or none). The crate embeds it
+//!   `$OUT_DIR/azp-init`: a small static program that needs no libc of the job's rootfs
+//!   (which brings its own, or none): on x86_64 it links no libc at all, elsewhere
+//!   glibc's `libc.a`. The crate embeds it
 //!   (`include_bytes!`), named by `AZP_INIT_HASH`, a hash of its bytes.
 
 use std::path::{Path, PathBuf};
@@ -103,10 +104,20 @@ fn build_init() {
     let out = PathBuf::from(std::env::var_os("OUT_DIR").expect("cargo sets OUT_DIR")).join("azp-init");
     let rustc = std::env::var_os("RUSTC").unwrap_or_else(|| "rustc".into());
     let target = std::env::var("TARGET").expect("cargo sets TARGET");
+    println!("cargo::rerun-if-changed=src/sys/init/raw_x86_64.rs");
+    println!("cargo::rerun-if-changed=src/sys/init/glibc.rs");
+    // x86_64: no libc at all (the init makes its system calls itself and brings its own
+    // `_start`); elsewhere glibc's static archive.
+    let link: &[&str] = if target.starts_with("x86_64-") {
+        &["-C", "link-arg=-nostdlib", "-C", "link-arg=-nostartfiles", "-C", "link-arg=-static"]
+    } else {
+        &["-C", "target-feature=+crt-static"]
+    };
     let status = Command::new(&rustc)
         .args(["--edition", "2021", "--crate-type", "bin", "--crate-name", "azp_init", "--cfg", "azp_init_bin"])
         .args(["--target", &target])
-        .args(["-C", "target-feature=+crt-static", "-C", "relocation-model=static"])
+        .args(link)
+        .args(["-C", "relocation-model=static"])
         .args(["-C", "panic=abort", "-C", "opt-level=s"])
         .args(["-C", "codegen-units=1", "-C", "lto=fat", "-C", "strip=symbols", "-C", "debuginfo=0"])
         .arg("-o")
@@ -116,8 +127,8 @@ fn build_init() {
         .unwrap_or_else(|e| panic!("cannot run {}: {e}", Path::new(&rustc).display()));
     assert!(
         status.success(),
-        "compiling the jobs' init (src/sys/init/main.rs) failed: a static glibc is needed \
-         (Debian: apt-get install libc6-dev, see scripts/setup.sh)"
+        "compiling the jobs' init (src/sys/init/main.rs) failed: a C toolchain is needed, and off \
+         x86_64 a static glibc (Debian: apt-get install build-essential libc6-dev, see scripts/setup.sh)"
     );
     let bytes = std::fs::read(&out).expect("the init just built");
     println!("cargo::rustc-env=AZP_INIT_HASH={:016x}", fnv1a64(&bytes));

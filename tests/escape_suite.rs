@@ -767,7 +767,7 @@ fn t02_job_sees_and_signals_only_its_own_processes() {
     for (who, user) in USERS {
         let script = format!(
             "M1='{m1}'; M2='{m2}'\n\
-             echo \"pid1=$(tr '\\0\\n' '  ' < /proc/1/cmdline | cut -c1-21)\"\n\
+             echo \"pid1=$(tr '\\0\\n' '  ' < /proc/1/cmdline | cut -c1-34)\"\n\
              n=0; for p in /proc/[0-9]*; do n=$((n+1)); grep -q \"$M1$M2\" $p/cmdline 2>/dev/null && echo SEEN $p; done\n\
              [ $n -le 4 ] && echo few-pids\n\
              kill -0 {host_pid} 2>/dev/null && echo SIGNALLED || echo kill-failed\n\
@@ -776,7 +776,10 @@ fn t02_job_sees_and_signals_only_its_own_processes() {
         );
         let out = exec_ok(&h, user, &script);
         // Pid 1 is the job's own: its init, running the job's command.
-        assert_eq!(out, "pid1=/dev/.azp-init sh -c \nfew-pids\nkill-failed\nno-host-pid\nsignalled-all\n", "as {who}");
+        assert_eq!(
+            out, "pid1=/dev/.azp-init --seccomp -- sh -c \nfew-pids\nkill-failed\nno-host-pid\nsignalled-all\n",
+            "as {who}"
+        );
     }
     std::thread::sleep(Duration::from_millis(200));
     assert!(!got.exists(), "kill -WINCH -1 in the job reached a host process");

@@ -26,8 +26,9 @@ fn the_init_is_pid_1_and_exit_codes_propagate() {
     let script = "echo pid=$$; hostname; tr '\\0' ' ' < /proc/1/cmdline; echo";
     let (code, out, err) = exec_out(&h, &["--name", "pid1-a", "--", "sh", "-c", script]);
     assert_eq!(code, 0, "{err}");
-    // The command is the init's child, the first process after it.
-    assert_eq!(out, format!("pid=2\npid1-a\n/dev/.azp-init sh -c {script} \n"));
+    // The command is the init's child, the first process after it; the init installed the
+    // job's seccomp filter first.
+    assert_eq!(out, format!("pid=2\npid1-a\n/dev/.azp-init --seccomp -- sh -c {script} \n"));
     let (code, _, _) = exec_out(&h, &["--", "sh", "-c", "exit 7"]);
     assert_eq!(code, 7);
     let (code, _, _) = exec_out(&h, &["--", "sh", "-c", "kill -TERM $$"]);
@@ -69,7 +70,9 @@ fn output_into_a_file_keeps_every_line_in_order() {
     let script = "for i in 1 2 3 4 5 6; do echo out$i; sleep 0.05; echo err$i >&2; sleep 0.05; done";
     let expected: String = (1..=6).map(|i| format!("out{i}\nerr{i}\n")).collect();
     let file = h.dir.join("out.txt");
-    let exec = format!("{} --home {} exec --rootfs bb -- sh -c '{script}'", bin().display(), h.dir.display());
+    // -q: only the job's lines in the files (azp-sandbox's own INFO lines, e.g. when this
+    // exec is the one that makes the jobs' nftables table again, go to the same stderr).
+    let exec = format!("{} --home {} -q exec --rootfs bb -- sh -c '{script}'", bin().display(), h.dir.display());
     let run = |redirect: &str| {
         let mut c = Command::new("sh");
         c.arg("-c").arg(format!("{exec} {redirect}"));

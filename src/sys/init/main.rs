@@ -25,101 +25,25 @@
 //! Every signal stays blocked in the init and is read from a signalfd, so nothing runs
 //! in signal context; the child gets an empty mask and default dispositions back.
 //!
-//! Built as its own crate (`--cfg azp_init_bin`) with `no_std`: it is an exec on every
-//! job's path, and libc alone starts faster and smaller than Rust's std (measured: see
-//! bench/NOTES.md). Also compiled into the library's unit tests, which test the pure parts
+//! Built as its own crate (`--cfg azp_init_bin`) with `no_std` and, on x86_64, no libc
+//! either (`raw_x86_64.rs`): it is an exec on every job's path, and a static glibc's own
+//! start (CPU feature detection, each `cpuid` a hypervisor trap in a VM) cost ~0.3 ms of
+//! it (bench/NOTES.md). Also compiled into the library's unit tests, which test the pure parts
 //! here and the built binary as an ordinary process (`sandbox::init`).
 #![cfg_attr(azp_init_bin, no_std, no_main)]
 #![allow(non_camel_case_types, clippy::upper_case_acronyms)]
 
 use core::ffi::{c_char, c_int, c_short, c_ulong, c_void, CStr};
 
-/// glibc's x86_64/aarch64 ABI, declared here: the init links nothing but libc.
-mod c {
-    use super::*;
-    pub type pid_t = c_int;
-
-    /// glibc's sigset_t: 1024 bits.
-    #[repr(C)]
-    pub struct sigset_t {
-        pub val: [u64; 16],
-    }
-
-    #[repr(C)]
-    pub struct pollfd {
-        pub fd: c_int,
-        pub events: c_short,
-        pub revents: c_short,
-    }
-
-    /// struct signalfd_siginfo: 128 bytes, of which the init reads the signal number.
-    #[repr(C)]
-    pub struct signalfd_siginfo {
-        pub ssi_signo: u32,
-        pub rest: [u8; 124],
-    }
-
-    pub const SIG_SETMASK: c_int = 2;
-    pub const SIG_BLOCK: c_int = 0;
-    pub const SFD_CLOEXEC: c_int = 0o2000000;
-    pub const POLLIN: c_short = 1;
-    pub const POLLHUP: c_short = 0x10;
-    pub const POLLERR: c_short = 0x8;
-    pub const WNOHANG: c_int = 1;
-    pub const F_GETFD: c_int = 1;
-    pub const F_SETFD: c_int = 2;
-    pub const FD_CLOEXEC: c_int = 1;
-    /// struct sock_fprog: a seccomp BPF program (`len` instructions of 8 bytes).
-    #[repr(C)]
-    pub struct sock_fprog {
-        pub len: u16,
-        pub filter: *const c_void,
-    }
-
-    pub const PR_SET_CHILD_SUBREAPER: c_int = 36;
-    pub const PR_SET_NO_NEW_PRIVS: c_int = 38;
-    pub const PR_SET_SECCOMP: c_int = 22;
-    pub const SECCOMP_MODE_FILTER: c_ulong = 2;
-    pub const PR_SET_DUMPABLE: c_int = 4;
-    pub const EINTR: c_int = 4;
-    pub const ENOENT: c_int = 2;
-    pub const EACCES: c_int = 13;
-    pub const ESRCH: c_int = 3;
-    pub const F_OK: c_int = 0;
-    pub const SIG_DFL: usize = 0;
-
-    // As the libc crate links std when crt-static: glibc's archive, then the unwinder
-    // bits its archive refers to.
-    #[cfg_attr(azp_init_bin, link(name = "c", kind = "static", modifiers = "-bundle"))]
-    #[cfg_attr(azp_init_bin, link(name = "gcc_eh", kind = "static", modifiers = "-bundle"))]
-    #[cfg_attr(azp_init_bin, link(name = "gcc", kind = "static", modifiers = "-bundle"))]
-    #[cfg_attr(azp_init_bin, link(name = "c", kind = "static", modifiers = "-bundle"))]
-    extern "C" {
-        pub fn __errno_location() -> *mut c_int;
-        pub fn sigfillset(set: *mut sigset_t) -> c_int;
-        pub fn sigemptyset(set: *mut sigset_t) -> c_int;
-        pub fn sigdelset(set: *mut sigset_t, sig: c_int) -> c_int;
-        pub fn sigprocmask(how: c_int, set: *const sigset_t, old: *mut sigset_t) -> c_int;
-        pub fn signalfd(fd: c_int, mask: *const sigset_t, flags: c_int) -> c_int;
-        pub fn signal(sig: c_int, handler: usize) -> usize;
-        pub fn poll(fds: *mut pollfd, nfds: u64, timeout: c_int) -> c_int;
-        pub fn fork() -> pid_t;
-        pub fn execvp(file: *const c_char, argv: *const *const c_char) -> c_int;
-        pub fn waitpid(pid: pid_t, status: *mut c_int, options: c_int) -> pid_t;
-        pub fn kill(pid: pid_t, sig: c_int) -> c_int;
-        pub fn getpid() -> pid_t;
-        pub fn setpgid(pid: pid_t, pgid: pid_t) -> c_int;
-        pub fn tcsetpgrp(fd: c_int, pgrp: pid_t) -> c_int;
-        pub fn tcgetsid(fd: c_int) -> pid_t;
-        pub fn getsid(pid: pid_t) -> pid_t;
-        pub fn read(fd: c_int, buf: *mut c_void, n: usize) -> isize;
-        pub fn write(fd: c_int, buf: *const c_void, n: usize) -> isize;
-        pub fn fcntl(fd: c_int, cmd: c_int, ...) -> c_int;
-        pub fn prctl(option: c_int, ...) -> c_int;
-        pub fn access(path: *const c_char, mode: c_int) -> c_int;
-        pub fn _exit(code: c_int) -> !;
-    }
-}
+/// The few system calls the init makes, with libc's names: raw system calls on x86_64
+/// (no libc at all: nothing to set up at start, see `raw_x86_64.rs`), glibc's static
+/// archive elsewhere.
+#[cfg(target_arch = "x86_64")]
+#[path = "raw_x86_64.rs"]
+mod c;
+#[cfg(not(target_arch = "x86_64"))]
+#[path = "glibc.rs"]
+mod c;
 
 /// Signals the kernel raises on a fault of the process itself: never blocked (a blocked
 /// synchronous signal still kills) and never forwarded.
@@ -162,8 +86,8 @@ fn install_seccomp_filter() -> bool {
     // sock_fprog whose `filter` points at `len` 8-byte instructions (build.rs checks the
     // size) in a static, 8-byte aligned buffer; the kernel copies the program.
     unsafe {
-        c::prctl(c::PR_SET_NO_NEW_PRIVS, 1 as c_ulong, 0 as c_ulong, 0 as c_ulong, 0 as c_ulong) == 0
-            && c::prctl(c::PR_SET_SECCOMP, c::SECCOMP_MODE_FILTER, &prog as *const c::sock_fprog) == 0
+        c::prctl(c::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) == 0
+            && c::prctl(c::PR_SET_SECCOMP, c::SECCOMP_MODE_FILTER, &prog as *const c::sock_fprog as c_ulong, 0, 0) == 0
     }
 }
 
@@ -209,8 +133,7 @@ pub fn exec_failure(errno: c_int, exists: bool) -> (c_int, &'static str) {
 }
 
 fn errno() -> c_int {
-    // SAFETY: glibc's errno location is valid for the calling thread.
-    unsafe { *c::__errno_location() }
+    c::errno()
 }
 
 fn write_stderr(msg: &[u8]) {
@@ -257,7 +180,7 @@ fn decimal(mut n: u32, buf: &mut [u8; 10]) -> &[u8] {
 
 /// Every signal but the synchronous ones (and KILL/STOP, which cannot be blocked).
 fn blockable() -> c::sigset_t {
-    let mut set = c::sigset_t { val: [0; 16] };
+    let mut set = c::empty_sigset();
     // SAFETY: sigfillset/sigdelset write into a live, properly sized sigset_t.
     unsafe {
         c::sigfillset(&mut set);
@@ -291,7 +214,7 @@ fn child(cmd_argv: *const *const c_char) -> ! {
                 c::signal(sig, c::SIG_DFL);
             }
         }
-        let mut empty = c::sigset_t { val: [0; 16] };
+        let mut empty = c::empty_sigset();
         c::sigemptyset(&mut empty);
         c::sigprocmask(c::SIG_SETMASK, &empty, core::ptr::null_mut());
         let cmd = *cmd_argv;
@@ -383,17 +306,17 @@ pub unsafe fn run(argc: c_int, argv: *const *const c_char) -> c_int {
     // where a failure changes what the init can do.
     let (sfd, lifeline) = unsafe {
         // Never handed on to CMD; absent (EBADF) when the init runs without one.
-        let lifeline = c::fcntl(LIFELINE_FD, c::F_GETFD) >= 0;
+        let lifeline = c::fcntl(LIFELINE_FD, c::F_GETFD, 0) >= 0;
         if lifeline {
             c::fcntl(LIFELINE_FD, c::F_SETFD, c::FD_CLOEXEC);
         }
         // Orphans of CMD come back to us when we are not pid 1 (tests): reaped all the same.
-        c::prctl(c::PR_SET_CHILD_SUBREAPER, 1 as c_ulong);
+        c::prctl(c::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0);
         // The init is the job's lifeline: the job (same uid, no CAP_SYS_PTRACE) must not
         // open its /proc/1/mem and rewrite it (nor ptrace it: seccomp also refuses that).
         // Not dumpable, /proc/1/{mem,root,cwd,exe,environ,fd} are closed to the job;
         // CMD is dumpable again once it execs.
-        if c::prctl(c::PR_SET_DUMPABLE, 0 as c_ulong) != 0 {
+        if c::prctl(c::PR_SET_DUMPABLE, 0, 0, 0, 0) != 0 {
             write_stderr(b"azp-init: cannot make itself undumpable\n");
             return 125;
         }
