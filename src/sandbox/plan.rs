@@ -158,7 +158,8 @@ pub(crate) fn test_plan(id: &str, lower: Vec<PathBuf>, cgroup_path: &str) -> Job
         cgroup_path: cgroup_path.into(),
         owned_dirs: vec![],
         rootless: false,
-        process: Default::default(),
+        // What `Sandbox::create` sets (a spec needs it); the doubles never run it.
+        process: ProcessPlan { init: Some("/home/cache/init/azp-init-test".into()), terminal: false },
         userns: None,
         scratch: None,
         caches: vec![],
