@@ -56,14 +56,13 @@ pub enum Setup {
 /// process, as the first thing an `exec` does (see `sys::cgroup::start_move_grace_period`):
 /// the helper's move comes some milliseconds later and then waits for what is left of
 /// it, or not at all. Root mode on a host with a cgroup2 hierarchy (the helper's own
-/// cgroup set-up); elsewhere nothing.
-pub fn start_move_grace_period(host: &CgroupHost, rootless: bool) {
+/// cgroup set-up); elsewhere nothing. Hold what it returns until the job is done: its
+/// drop reaps the forked middle child.
+pub fn start_move_grace_period(host: &CgroupHost, rootless: bool) -> Option<crate::sys::cgroup::MiddleChild> {
     if rootless {
-        return;
+        return None;
     }
-    if let Some(procs) = host.own_v2_procs() {
-        let _ = crate::sys::cgroup::start_move_grace_period(&procs);
-    }
+    crate::sys::cgroup::start_move_grace_period(&host.own_v2_procs()?).ok().flatten()
 }
 
 /// The files to write in one cgroup dir, in order, for `limits` (v1 or v2 names).

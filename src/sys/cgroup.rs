@@ -111,13 +111,15 @@ pub fn move_self_to(dir: &Path) -> Result<()> {
 /// set-up instead of adding to it. The kernel holds cgroup_mutex meanwhile, so a cgroup
 /// mkdir waits for the rest of it too: the cost moves, it is not added.
 ///
-/// Two forks: the middle child forks the writer and exits at once, and is reaped here
-/// (the writer, reparented, is no zombie of ours for the job's whole life). The writer
+/// Two forks: the middle child forks the writer and exits at once (the writer,
+/// reparented, is no zombie of ours for the job's whole life); the middle is reaped when
+/// the returned [`MiddleChild`] drops, not waited for here: its fork and exit run on the
+/// other CPU while this process goes on (~0.3 ms less on `exec`'s path). The writer
 /// closes every fd first: it must not keep our stdout open (a reader waiting for its
 /// end) or a lock alive after we exit. Best effort: a failed write costs nothing.
-/// Ok(false): this process has threads, nothing forked.
-pub fn start_move_grace_period(procs: &Path) -> Result<bool> {
-    use super::process::{exit_now, fork_if_single_threaded, run_forked, wait_exit_status, Forked};
+/// Ok(None): this process has threads, nothing forked.
+pub fn start_move_grace_period(procs: &Path) -> Result<Option<MiddleChild>> {
+    use super::process::{exit_now, fork_if_single_threaded, run_forked, Forked};
     let what = "the cgroup move's grace period";
     let procs = procs.to_path_buf();
     let middle = run_forked(what, procs, |procs| {
@@ -133,12 +135,20 @@ pub fn start_move_grace_period(procs: &Path) -> Result<bool> {
         }
         0
     })?;
-    match middle {
-        Ok(pid) => {
-            let _ = wait_exit_status(pid.as_raw());
-            Ok(true)
-        }
-        Err(_) => Ok(false),
+    Ok(middle.ok().map(|pid| MiddleChild { pid: pid.as_raw() }))
+}
+
+/// The middle child of [`start_move_grace_period`], reaped on drop: it exits right after
+/// its fork, so the wait only collects its exit status.
+#[must_use = "dropping it at once waits for the middle child"]
+#[derive(Debug)]
+pub struct MiddleChild {
+    pid: i32,
+}
+
+impl Drop for MiddleChild {
+    fn drop(&mut self) {
+        let _ = super::process::wait_exit_status(self.pid);
     }
 }
 
