@@ -149,7 +149,7 @@ fn run(
     container.prepare_stdio()?;
     sys.clear_groups()?;
     sys.private_mount_namespace()?;
-    let mut plan = super::network::enter(plan, job, sys)?;
+    let (mut plan, network) = super::network::enter(plan, job, sys)?;
     // Held (locked against gc) until this helper exits with the job.
     let _edit_layer = if editlayer::wanted(&plan.edits) {
         let layer = editlayer::obtain(home, &plan, sys)?;
@@ -201,6 +201,13 @@ fn run(
     container.create(&plan, job)?;
     tracing::debug!(job = %plan.id, "container created");
     record_init(job, container.init_pid())?;
+    // A veth configured meanwhile (in a child: see `sys::net::isolate`) must be ready
+    // before the job runs.
+    if let Err(e) = network.map_or(Ok(()), |n| n.finish(&plan.id, sys)) {
+        container.kill_unreaped_init();
+        let _ = container.delete();
+        return Err(e);
+    }
     if !wait_for_go(go) {
         container.kill_unreaped_init();
         let _ = container.delete();
@@ -795,6 +802,20 @@ mod tests {
             }
             let at = calls.iter().position(|c| c == "private_mount_namespace").unwrap() + 1;
             assert_eq!(calls[at..at + expected.len()], expected[..], "{network} rootless={rootless}: {calls:?}");
+            if network != Network::Host {
+                // What is still under way (a veth configured in a child) is done after the
+                // container's create and before the job starts; if it failed, the job never
+                // starts and its container goes.
+                let pos = |calls: &[String], name: &str| calls.iter().position(|c| c == name);
+                let finish = pos(&calls, "finish_network").expect("finish_network");
+                assert!(pos(&calls, "create") < Some(finish), "{network}: {calls:?}");
+                assert!(Some(finish) < pos(&calls, "start_and_wait"), "{network}: {calls:?}");
+                let rec = Recorder::failing_at(finish, Errno::EIO);
+                assert!(matches!(s.run(&rec, None, None), HelperResult::Failed { .. }), "{network}");
+                let calls = rec.calls();
+                assert_eq!(pos(&calls, "start_and_wait"), None, "{network}: {calls:?}");
+                assert_eq!(calls[finish + 1..], ["kill_unreaped_init", "delete"], "{network}: {calls:?}");
+            }
             let spec: serde_json::Value =
                 serde_json::from_slice(&std::fs::read(s.job.bundle().join("config.json")).unwrap()).unwrap();
             let mounts = spec["mounts"].as_array().unwrap();

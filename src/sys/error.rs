@@ -135,6 +135,9 @@ pub enum Error {
     },
     #[error("no free job address left in {pool}: set a larger network_subnet")]
     NoFreeAddress { pool: String },
+    /// A veth step that failed in the child doing them (see `net::isolate`): its message.
+    #[error("{0}")]
+    ConfigureVeth(String),
     #[error("cannot give the job its address {addr}")]
     AddAddress {
         addr: std::net::IpAddr,

@@ -107,6 +107,9 @@ pub trait Sys {
     /// Moves the helper into the job's own network namespace, set up as `setup` says
     /// (see [`net`]).
     fn isolate_network(&self, setup: &net::Setup) -> Result<net::Made>;
+    /// Waits for what [`Sys::isolate_network`] left under way (a veth's configuration,
+    /// see [`net::Made::finish`]): before the job starts.
+    fn finish_network(&self, made: &mut net::Made) -> Result<()>;
     /// Mounts the dir of the job's network files on `dir` (see [`net::mount_job_net_dir`]):
     /// a sysfs of the job's network namespace at `dir/sys`, for the spec to bind.
     fn mount_job_net_dir(&self, dir: &Path) -> Result<()>;
@@ -193,6 +196,9 @@ impl Sys for Real {
     }
     fn isolate_network(&self, setup: &net::Setup) -> Result<net::Made> {
         net::isolate(setup)
+    }
+    fn finish_network(&self, made: &mut net::Made) -> Result<()> {
+        made.finish()
     }
     fn mount_job_net_dir(&self, dir: &Path) -> Result<()> {
         net::mount_job_net_dir(dir)
@@ -396,13 +402,17 @@ impl Sys for Recorder {
         };
         self.step(format!("isolate_network {what}")).map_err(Error::UnshareNetNs)?;
         Ok(match setup {
-            net::Setup::Veth(v) => net::Made {
-                address: Some(v.pool.nth(2)),
-                address6: v.v6.as_ref().map(|v6| v6.address(v.pool.nth(2))),
-                pasta_pid: None,
-            },
+            net::Setup::Veth(v) => {
+                let mut made = net::Made::default();
+                made.address = Some(v.pool.nth(2));
+                made.address6 = v.v6.as_ref().map(|v6| v6.address(v.pool.nth(2)));
+                made
+            }
             _ => net::Made::default(),
         })
+    }
+    fn finish_network(&self, _made: &mut net::Made) -> Result<()> {
+        self.step("finish_network".into()).map_err(|e| Error::ConfigureVeth(e.to_string()))
     }
     /// Makes `dir/sys`, as the tmpfs would hold it.
     fn mount_job_net_dir(&self, dir: &Path) -> Result<()> {

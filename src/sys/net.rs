@@ -197,15 +197,59 @@ pub enum Setup {
     Pasta(Pasta),
 }
 
-/// What [`isolate`] made.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+/// What [`isolate`] made, or is still making.
+#[derive(Debug, Default)]
 pub struct Made {
-    /// The job's address (veth).
+    /// The job's address (veth), once [`Made::finish`] has it.
     pub address: Option<Ipv4Addr>,
     /// Its IPv6 address (veth with IPv6).
     pub address6: Option<Ipv6Addr>,
     /// pasta's pid: it dies with the helper (PDEATHSIG).
     pub pasta_pid: Option<i32>,
+    /// The veth's steps after the unshare, under way in a child of the helper.
+    configuring: Option<Configuring>,
+}
+
+/// A forked child doing a veth's steps 3-5 (see `isolate_veth`): its pid, and the read
+/// end of the pipe it reports on.
+#[derive(Debug)]
+struct Configuring {
+    pid: i32,
+    report: std::fs::File,
+}
+
+impl Made {
+    /// Waits for the veth's configuration when a child does it (see [`isolate`]) and takes
+    /// its addresses: the job may start only after Ok. Nothing to wait for otherwise.
+    pub fn finish(&mut self) -> Result<()> {
+        let Some(mut c) = self.configuring.take() else { return Ok(()) };
+        let mut text = String::new();
+        let read = std::io::Read::read_to_string(&mut c.report, &mut text);
+        let status = super::process::wait_exit_status(c.pid);
+        let (address, address6) = match (read, status) {
+            (Ok(_), Ok(st)) if st.success() => parse_configured(&text),
+            _ => None,
+        }
+        .ok_or_else(|| {
+            Error::ConfigureVeth(match text.strip_prefix("err ") {
+                Some(why) => why.trim().to_string(),
+                None => "the job's veth was not set up: its child ended without a report".to_string(),
+            })
+        })?;
+        (self.address, self.address6) = (Some(address), address6);
+        Ok(())
+    }
+}
+
+/// The child's report on success: `ok ADDRESS ADDRESS6|-`.
+fn parse_configured(text: &str) -> Option<(Ipv4Addr, Option<Ipv6Addr>)> {
+    let mut words = text.strip_prefix("ok ")?.split_whitespace();
+    let a = words.next()?.parse().ok()?;
+    let a6 = match words.next()? {
+        "-" => None,
+        w => Some(w.parse().ok()?),
+    };
+    Some((a, a6))
 }
 
 /// The job's interface inside its namespace.
@@ -239,27 +283,57 @@ fn isolate_veth(v: &Veth) -> Result<Made> {
     unshare_network()?;
     let job = socket()?;
     loopback_up(&job)?;
+    // Steps 3-5 in a child, which is in the job's namespace too, holds the lock and has
+    // both sockets: ~1 ms of netlink round trips that then run beside the overlay, the
+    // cgroup and libcontainer's create instead of before them (the helper waits for it
+    // before the job starts, `Made::finish`). Without a fork (a threaded caller), here.
+    let (read, write) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(Error::Pipe)?;
+    let steps = (host, job, host_conf6, write);
+    let forked = super::process::run_forked("the job's veth", steps, |(host, job, conf6, write)| {
+        let (code, report) = match configure_veth(&host, &job, v, conf6.as_ref()) {
+            Ok(m) => (0, format!("ok {} {}", m.address.unwrap_or(Ipv4Addr::UNSPECIFIED), dash_or(m.address6))),
+            Err(e) => (1, format!("err {e}")),
+        };
+        let _ = std::io::Write::write_all(&mut std::fs::File::from(write), report.as_bytes());
+        code
+    })?;
+    match forked {
+        Ok(pid) => {
+            let configuring = Configuring { pid: pid.as_raw(), report: std::fs::File::from(read) };
+            Ok(Made { configuring: Some(configuring), ..Default::default() })
+        }
+        Err((host, job, conf6, _)) => configure_veth(&host, &job, v, conf6.as_ref()),
+    }
+}
+
+fn dash_or(a: Option<Ipv6Addr>) -> String {
+    a.map(|a| a.to_string()).unwrap_or_else(|| "-".into())
+}
+
+/// A veth's steps after the unshare, in the job's namespace: the pair, the addresses,
+/// the routes.
+fn configure_veth(host: &Socket, job: &Socket, v: &Veth, host_conf6: Option<&std::fs::File>) -> Result<Made> {
     // Step 3: the pair, its host end configured and up.
     let ns = std::fs::File::open("/proc/self/ns/net").map_err(Error::OpenNetns)?;
-    create_veth(&host, v, &ns)?;
-    let index = link_index(&host, &v.host_name)?;
-    if let (Some(v6), Some(conf)) = (&v.v6, &host_conf6) {
+    create_veth(host, v, &ns)?;
+    let index = link_index(host, &v.host_name)?;
+    if let (Some(v6), Some(conf)) = (&v.v6, host_conf6) {
         host_end_ipv6_settings(conf, &v.host_name, v6)?;
     }
-    configure_host_end(&host, &v.host_name, index)?;
+    configure_host_end(host, &v.host_name, index)?;
     // Step 4: the job's address, claimed by its host route (IPv6: derived from it).
-    let address = claim_address(&host, v, index)?;
+    let address = claim_address(host, v, index)?;
     let address6 = match &v.v6 {
-        Some(v6) => Some(route_ipv6_to_job(&host, v6, index, address)?),
+        Some(v6) => Some(route_ipv6_to_job(host, v6, index, address)?),
         None => None,
     };
     // Step 5: the job's end, its gateway and routes.
-    configure_job_end(&job, v, address)?;
-    add_routes(&job, &v.routes, v.gateway)?;
+    configure_job_end(job, v, address)?;
+    add_routes(job, &v.routes, v.gateway)?;
     if let (Some(v6), Some(a6)) = (&v.v6, address6) {
-        configure_job_ipv6(&job, v, v6, a6)?;
+        configure_job_ipv6(job, v, v6, a6)?;
     }
-    Ok(Made { address: Some(address), address6, pasta_pid: None })
+    Ok(Made { address: Some(address), address6, ..Default::default() })
 }
 
 /// `/proc/sys/net/ipv6/conf` of the caller's network namespace: a directory opened in the
@@ -771,6 +845,17 @@ pub fn link_name(index: i32) -> Result<Option<String>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_veth_childs_report_reads_back() {
+        let a = Ipv4Addr::new(10, 87, 0, 9);
+        let a6: Ipv6Addr = "fd00:a:b::a57:9".parse().unwrap();
+        assert_eq!(parse_configured(&format!("ok {a} {}", dash_or(Some(a6)))), Some((a, Some(a6))));
+        assert_eq!(parse_configured(&format!("ok {a} {}", dash_or(None))), Some((a, None)));
+        for bad in ["", "ok", "ok 10.87.0.9", "ok x -", "err no free job address left in 10.87.0.0/16"] {
+            assert_eq!(parse_configured(bad), None, "{bad:?}");
+        }
+    }
 
     #[test]
     #[cfg_attr(not(test_as_root), ignore = "needs root: a network namespace of its own")]

@@ -174,10 +174,12 @@ const HOST_RESOLV_CONF: &str = "/etc/resolv.conf";
 
 /// The helper's step (after its private mount namespace, before the container): the
 /// job's own network namespace, a sysfs of it and (isolated) its resolv.conf, recorded
-/// in the plan for the spec. `host` mode: nothing.
-pub fn enter(mut plan: JobPlan, job: &JobDir, sys: &dyn Sys) -> Result<JobPlan> {
+/// in the plan for the spec. `host` mode: nothing. What it returns must be finished
+/// ([`Entered::finish`]) before the job starts: a veth's configuration may still be
+/// under way.
+pub fn enter(mut plan: JobPlan, job: &JobDir, sys: &dyn Sys) -> Result<(JobPlan, Option<Entered>)> {
     if plan.network == Network::Host {
-        return Ok(plan);
+        return Ok((plan, None));
     }
     let mut resolv = None;
     let setup = match plan.network {
@@ -209,15 +211,37 @@ pub fn enter(mut plan: JobPlan, job: &JobDir, sys: &dyn Sys) -> Result<JobPlan> 
         std::fs::write(&path, text).with_context(|| format!("cannot write the job's {}", path.display()))?;
         plan.net.resolv_conf = Some(path);
     }
-    match (&setup, made.address, made.pasta_pid) {
-        (Setup::Veth(v), Some(a), _) => match made.address6 {
-            Some(a6) => tracing::debug!(job = %plan.id, "network: {a} and {a6} on {} (host end)", v.host_name),
-            None => tracing::debug!(job = %plan.id, "network: {a} on {} (host end)", v.host_name),
-        },
-        (_, _, Some(pid)) => tracing::debug!(job = %plan.id, "network: pasta (pid {pid})"),
-        _ => tracing::debug!(job = %plan.id, "network: loopback only"),
+    let host_link = match setup {
+        Setup::Veth(v) => Some(v.host_name),
+        _ => None,
+    };
+    Ok((plan, Some(Entered { made, host_link })))
+}
+
+/// The job's network as [`enter`] left it.
+#[derive(Debug)]
+pub struct Entered {
+    made: crate::sys::net::Made,
+    /// A veth's host end.
+    host_link: Option<String>,
+}
+
+impl Entered {
+    /// Waits for what is still under way (a veth's configuration, in a child of the
+    /// helper), then logs what the job got. Before the job starts.
+    pub fn finish(mut self, job_id: &str, sys: &dyn Sys) -> Result<()> {
+        sys.finish_network(&mut self.made)?;
+        let made = &self.made;
+        match (&self.host_link, made.address, made.pasta_pid) {
+            (Some(link), Some(a), _) => match made.address6 {
+                Some(a6) => tracing::debug!(job = %job_id, "network: {a} and {a6} on {link} (host end)"),
+                None => tracing::debug!(job = %job_id, "network: {a} on {link} (host end)"),
+            },
+            (_, _, Some(pid)) => tracing::debug!(job = %job_id, "network: pasta (pid {pid})"),
+            _ => tracing::debug!(job = %job_id, "network: loopback only"),
+        }
+        Ok(())
     }
-    Ok(plan)
 }
 
 /// A job's IPv6 (see [`ipv6`]): `host` the host's own IPv6 addresses; `force_forwarding`:
