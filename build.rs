@@ -106,6 +106,7 @@ fn build_init() {
     let target = std::env::var("TARGET").expect("cargo sets TARGET");
     println!("cargo::rerun-if-changed=src/sys/init/raw_x86_64.rs");
     println!("cargo::rerun-if-changed=src/sys/init/glibc.rs");
+    println!("cargo::rerun-if-changed=src/sys/init/abi.rs");
     // x86_64: no libc at all (the init makes its system calls itself and brings its own
     // `_start`); elsewhere glibc's static archive.
     let link: &[&str] = if target.starts_with("x86_64-") {

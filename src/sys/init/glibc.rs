@@ -2,57 +2,14 @@
 //! see `raw_x86_64.rs`): glibc's x86_64/aarch64 ABI, declared here, since the init links
 //! nothing but libc.
 
+pub use super::abi::*;
 use super::*;
-pub type pid_t = c_int;
 
 /// glibc's sigset_t: 1024 bits.
 #[repr(C)]
 pub struct sigset_t {
     pub val: [u64; 16],
 }
-
-#[repr(C)]
-pub struct pollfd {
-    pub fd: c_int,
-    pub events: c_short,
-    pub revents: c_short,
-}
-
-/// struct signalfd_siginfo: 128 bytes, of which the init reads the signal number.
-#[repr(C)]
-pub struct signalfd_siginfo {
-    pub ssi_signo: u32,
-    pub rest: [u8; 124],
-}
-
-pub const SIG_SETMASK: c_int = 2;
-pub const SIG_BLOCK: c_int = 0;
-pub const SFD_CLOEXEC: c_int = 0o2000000;
-pub const POLLIN: c_short = 1;
-pub const POLLHUP: c_short = 0x10;
-pub const POLLERR: c_short = 0x8;
-pub const WNOHANG: c_int = 1;
-pub const F_GETFD: c_int = 1;
-pub const F_SETFD: c_int = 2;
-pub const FD_CLOEXEC: c_int = 1;
-/// struct sock_fprog: a seccomp BPF program (`len` instructions of 8 bytes).
-#[repr(C)]
-pub struct sock_fprog {
-    pub len: u16,
-    pub filter: *const c_void,
-}
-
-pub const PR_SET_CHILD_SUBREAPER: c_int = 36;
-pub const PR_SET_NO_NEW_PRIVS: c_int = 38;
-pub const PR_SET_SECCOMP: c_int = 22;
-pub const SECCOMP_MODE_FILTER: c_ulong = 2;
-pub const PR_SET_DUMPABLE: c_int = 4;
-pub const EINTR: c_int = 4;
-pub const ENOENT: c_int = 2;
-pub const EACCES: c_int = 13;
-pub const ESRCH: c_int = 3;
-pub const F_OK: c_int = 0;
-pub const SIG_DFL: usize = 0;
 
 // As the libc crate links std when crt-static: glibc's archive, then the unwinder
 // bits its archive refers to.

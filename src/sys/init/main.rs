@@ -35,6 +35,9 @@
 
 use core::ffi::{c_char, c_int, c_short, c_ulong, c_void, CStr};
 
+/// The kernel structs and numbers both backends use.
+#[path = "abi.rs"]
+mod abi;
 /// The few system calls the init makes, with libc's names: raw system calls on x86_64
 /// (no libc at all: nothing to set up at start, see `raw_x86_64.rs`), glibc's static
 /// archive elsewhere.

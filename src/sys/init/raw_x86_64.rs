@@ -8,36 +8,14 @@
 //! Also here, as the program's own (the binary links no C runtime): `_start`, and the
 //! memory functions the compiler may call (`memcpy`, `memmove`, `memset`, `memcmp`).
 
+pub use super::abi::*;
 use super::*;
 use core::sync::atomic::{AtomicI32, AtomicPtr, Ordering};
-
-pub type pid_t = c_int;
 
 /// The kernel's sigset: 64 signals (what the rt_sig* calls take, with size 8).
 #[repr(C)]
 pub struct sigset_t {
     pub val: u64,
-}
-
-#[repr(C)]
-pub struct pollfd {
-    pub fd: c_int,
-    pub events: c_short,
-    pub revents: c_short,
-}
-
-/// struct signalfd_siginfo: 128 bytes, of which the init reads the signal number.
-#[repr(C)]
-pub struct signalfd_siginfo {
-    pub ssi_signo: u32,
-    pub rest: [u8; 124],
-}
-
-/// struct sock_fprog: a seccomp BPF program (`len` instructions of 8 bytes).
-#[repr(C)]
-pub struct sock_fprog {
-    pub len: u16,
-    pub filter: *const c_void,
 }
 
 /// The kernel's struct sigaction on x86_64.
@@ -48,28 +26,6 @@ struct kernel_sigaction {
     restorer: usize,
     mask: u64,
 }
-
-pub const SIG_SETMASK: c_int = 2;
-pub const SIG_BLOCK: c_int = 0;
-pub const SFD_CLOEXEC: c_int = 0o2000000;
-pub const POLLIN: c_short = 1;
-pub const POLLHUP: c_short = 0x10;
-pub const POLLERR: c_short = 0x8;
-pub const WNOHANG: c_int = 1;
-pub const F_GETFD: c_int = 1;
-pub const F_SETFD: c_int = 2;
-pub const FD_CLOEXEC: c_int = 1;
-pub const PR_SET_CHILD_SUBREAPER: c_int = 36;
-pub const PR_SET_NO_NEW_PRIVS: c_int = 38;
-pub const PR_SET_SECCOMP: c_int = 22;
-pub const SECCOMP_MODE_FILTER: c_ulong = 2;
-pub const PR_SET_DUMPABLE: c_int = 4;
-pub const EINTR: c_int = 4;
-pub const ENOENT: c_int = 2;
-pub const EACCES: c_int = 13;
-pub const ESRCH: c_int = 3;
-pub const F_OK: c_int = 0;
-pub const SIG_DFL: usize = 0;
 
 const ENOEXEC: c_int = 8;
 const ENOTDIR: c_int = 20;
