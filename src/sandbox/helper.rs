@@ -200,17 +200,21 @@ fn run(
 
     container.create(&plan, job)?;
     tracing::debug!(job = %plan.id, "container created");
-    record_init(job, container.init_pid())?;
-    // A veth configured meanwhile (in a child: see `sys::net::isolate`) must be ready
-    // before the job runs.
-    if let Err(e) = network.map_or(Ok(()), |n| n.finish(&plan.id, sys)) {
+    // Created but never started: its init goes, then the container.
+    let undo = |container: &mut dyn Container| {
         container.kill_unreaped_init();
         let _ = container.delete();
+    };
+    // A veth configured meanwhile (in a child: see `sys::net::isolate`) must be ready
+    // before the job runs.
+    let ready =
+        record_init(job, container.init_pid()).and_then(|()| network.map_or(Ok(()), |n| n.finish(&plan.id, sys)));
+    if let Err(e) = ready {
+        undo(container);
         return Err(e);
     }
     if !wait_for_go(go) {
-        container.kill_unreaped_init();
-        let _ = container.delete();
+        undo(container);
         let _ = sys.unmount(&merged);
         return Err(SandboxError::new(FailureKind::Cancelled, "cancelled before start").into());
     }
