@@ -77,7 +77,9 @@ pub enum CgroupOwner {
 pub fn build(plan: &JobPlan, rootfs: &Path, cgroup: &CgroupOwner) -> Result<Spec> {
     // The init installs the job's seccomp filter (see super::seccomp): no job runs
     // without it.
-    anyhow::ensure!(plan.process.init.is_some(), "a job needs its init (azp-init), which installs its seccomp filter");
+    let Some(init) = &plan.process.init else {
+        anyhow::bail!("a job needs its init (azp-init), which installs its seccomp filter")
+    };
     let caps: HashSet<Capability> = JOB_CAPABILITIES.iter().copied().collect();
     let capabilities = LinuxCapabilitiesBuilder::default()
         .bounding(caps.clone())
@@ -145,7 +147,7 @@ pub fn build(plan: &JobPlan, rootfs: &Path, cgroup: &CgroupOwner) -> Result<Spec
         .root(RootBuilder::default().path(rootfs).readonly(false).build()?)
         .hostname(plan.hostname.clone())
         .process(process)
-        .mounts([mounts(plan)?, init_mount(plan)?, scratch_mount(plan)?].concat())
+        .mounts([mounts(plan)?, init_mount(init)?, scratch_mount(plan)?].concat())
         .linux(linux)
         .build()?;
     if let Some(hooks) = hooks(plan, rootfs)? {
@@ -161,8 +163,7 @@ fn process_args(plan: &JobPlan) -> Vec<String> {
 
 /// The init's read-only bind, onto a file libcontainer creates on the job's /dev tmpfs
 /// (mounted before it). Executable (no noexec); nosuid and nodev as every bind.
-fn init_mount(plan: &JobPlan) -> Result<Vec<Mount>> {
-    let Some(init) = &plan.process.init else { anyhow::bail!("a job needs its init (azp-init)") };
+fn init_mount(init: &Path) -> Result<Vec<Mount>> {
     let opts = ["bind", "ro", "nosuid", "nodev", "rprivate"].map(String::from);
     Ok(vec![bind(init, Path::new(super::init::PATH_IN_JOB), &opts)?])
 }
