@@ -82,16 +82,23 @@ static SECCOMP_FILTER: &AlignedAs<u64, [u8]> =
 /// Installs [`SECCOMP_FILTER`] on the init, so that CMD inherits it through fork and
 /// exec. no_new_privs first: seccomp needs it from a process without CAP_SYS_ADMIN (a
 /// job's spec sets it already; here it costs one call and makes the init sufficient).
-fn install_seccomp_filter() -> bool {
+/// Err: the step that failed (for its message) and its errno.
+fn install_seccomp_filter() -> Result<(), (&'static [u8], c_int)> {
     let bytes = &SECCOMP_FILTER.bytes;
     let prog = c::sock_fprog { len: (bytes.len() / 8) as u16, filter: bytes.as_ptr().cast() };
-    // SAFETY: prctl(2) with integers, and for PR_SET_SECCOMP a pointer to a live
-    // sock_fprog whose `filter` points at `len` 8-byte instructions (build.rs checks the
-    // size) in a static, 8-byte aligned buffer; the kernel copies the program.
-    unsafe {
-        c::prctl(c::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) == 0
-            && c::prctl(c::PR_SET_SECCOMP, c::SECCOMP_MODE_FILTER, &prog as *const c::sock_fprog as c_ulong, 0, 0) == 0
+    // SAFETY: prctl(2) with integers only.
+    if unsafe { c::prctl(c::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) } != 0 {
+        return Err((b"cannot set no_new_privs", errno()));
     }
+    // SAFETY: prctl(2) with a pointer to a live sock_fprog whose `filter` points at `len`
+    // 8-byte instructions (build.rs checks the size) in a static, 8-byte aligned buffer;
+    // the kernel copies the program.
+    if unsafe { c::prctl(c::PR_SET_SECCOMP, c::SECCOMP_MODE_FILTER, &prog as *const c::sock_fprog as c_ulong, 0, 0) }
+        != 0
+    {
+        return Err((b"cannot install the job's seccomp filter", errno()));
+    }
+    Ok(())
 }
 
 /// `[--seccomp] [--] CMD [ARGS...]`: whether to install the filter, and the index of CMD
@@ -289,20 +296,30 @@ fn reap(child: c::pid_t) -> Option<c_int> {
 /// `argv` must be a NULL-terminated vector of `argc` C strings (as the C runtime passes
 /// to main).
 pub unsafe fn run(argc: c_int, argv: *const *const c_char) -> c_int {
-    // The options: the first two arguments at most, each read only when present.
+    // The options come in argv[1] and argv[2] at most: argv[0..3], as far as there are.
+    let n = argc.clamp(0, 3) as usize;
     let mut first = [&b""[..]; 3];
-    for (i, slot) in first.iter_mut().enumerate().take(argc.clamp(0, 3) as usize) {
+    for (i, slot) in first.iter_mut().enumerate().take(n) {
         // SAFETY: i < argc, so argv[i] is one of main's NUL-terminated strings.
         *slot = unsafe { CStr::from_ptr(*argv.add(i)) }.to_bytes();
     }
-    let (seccomp, cmd) = parse_options(&first[..argc.clamp(0, 3) as usize]);
+    let (seccomp, cmd) = parse_options(&first[..n]);
     if cmd >= argc as usize {
         write_stderr(b"usage: azp-init [--seccomp] [--] CMD [ARGS...]\n");
         return 2;
     }
-    if seccomp && !install_seccomp_filter() {
-        write_stderr(b"azp-init: cannot install the job's seccomp filter\n");
-        return 125;
+    if seccomp {
+        if let Err((what, e)) = install_seccomp_filter() {
+            let mut line = Line::default();
+            let mut errno_buf = [0u8; 10];
+            line.push(b"azp-init: ");
+            line.push(what);
+            line.push(b" (errno ");
+            line.push(decimal(e as u32, &mut errno_buf));
+            line.push(b")\n");
+            write_stderr(line.bytes());
+            return 125;
+        }
     }
     let blocked = blockable();
     // SAFETY: each call takes integers or the live sigset above; results are checked
