@@ -70,8 +70,10 @@ pub fn how_to_add() -> String {
 
 /// Reads and checks the range.
 pub fn load(files: &Files) -> Result<Range> {
-    let uids = find(files.subuid)?;
-    let gids = find(files.subgid)?;
+    // Each file read once: its entry is found, then checked against the others.
+    let (subuid, subgid) = (read(files.subuid)?, read(files.subgid)?);
+    let uids = find(files.subuid, &subuid)?;
+    let gids = find(files.subgid, &subgid)?;
     let range = Range { uids, gids };
     if range.blocks() == 0 {
         bail!(
@@ -81,8 +83,8 @@ pub fn load(files: &Files) -> Result<Range> {
             how_to_add()
         );
     }
-    check(files.subuid, uids, files.passwd, "uid")?;
-    check(files.subgid, gids, files.group, "gid")?;
+    check(files.subuid, &subuid, uids, files.passwd, "uid")?;
+    check(files.subgid, &subgid, gids, files.group, "gid")?;
     Ok(range)
 }
 
@@ -94,10 +96,9 @@ fn read(file: &Path) -> Result<String> {
     }
 }
 
-/// The entry of [`ENTRY`] in `file`.
-fn find(file: &Path) -> Result<SubIdRange> {
-    let text = read(file)?;
-    let Some((_, range)) = subid::entries(&text).into_iter().find(|(o, _)| o == ENTRY) else {
+/// The entry of [`ENTRY`] in `file`, whose text is `text`.
+fn find(file: &Path, text: &str) -> Result<SubIdRange> {
+    let Some((_, range)) = subid::entries(text).into_iter().find(|(o, _)| o == ENTRY) else {
         bail!(
             "jobs get their own host ids from the {ENTRY} entry of {}, which is missing: {}",
             file.display(),
@@ -110,10 +111,10 @@ fn find(file: &Path) -> Result<SubIdRange> {
     Ok(range)
 }
 
-/// No other entry of `subfile` and no account (or group) in `ids_file` has an id in
-/// `range`.
-fn check(subfile: &Path, range: SubIdRange, ids_file: &Path, what: &str) -> Result<()> {
-    for (owner, other) in subid::entries(&read(subfile)?) {
+/// No other entry of `subfile` (whose text is `subtext`) and no account (or group) in
+/// `ids_file` has an id in `range`.
+fn check(subfile: &Path, subtext: &str, range: SubIdRange, ids_file: &Path, what: &str) -> Result<()> {
+    for (owner, other) in subid::entries(subtext) {
         if owner != ENTRY && other.overlaps(&range) {
             bail!(
                 "the {ENTRY} range {}:{} in {} overlaps {owner}'s {}:{}: move one of them (jobs must never share ids \
