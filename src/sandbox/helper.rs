@@ -9,7 +9,8 @@
 //! The straight line: no supplementary groups -> private mount namespace -> network
 //! namespace -> job cgroup -> edit layer (GPU jobs; built once, see [`editlayer`]) -> the
 //! job's own ids (its user namespace, the lower layers idmapped, see [`crate::identity`])
-//! -> overlay -> caches (see [`cachemount`]) -> spec -> create -> start -> wait (forwarding signals) -> delete -> report.
+//! -> overlay -> caches (see [`cachemount`]) -> the tree's own mounts (see [`treemount`])
+//! -> spec -> create -> start -> wait (forwarding signals) -> delete -> report.
 //! The overlay exists only in the helper's
 //! mount namespace, so the kernel unmounts it when the job's last process is gone, even
 //! if everything is SIGKILLed.
@@ -21,6 +22,7 @@ use super::inroot;
 use super::jobdir::JobDir;
 use super::report::{kind_of, FailureKind, SandboxError};
 use super::spec;
+use super::treemount;
 use crate::config::Home;
 use crate::rootless::cgroups::CgroupHost;
 use crate::sys::{self, Overlay, Signal, Sys};
@@ -179,6 +181,9 @@ fn run(
     }
     // Held (gc leaves those snapshots) until this helper exits with the job.
     let _snapshots = cachemount::mount_all(&plan, job, sys, userns.as_ref().map(|n| n.as_fd()), (uid, gid))?;
+    // /dev, /dev/shm, /tmp, /etc/resolv.conf, the init...: here, not in the spec (see
+    // treemount), their tmpfs roots the job's root's as if it had mounted them.
+    treemount::mount_all(&merged, &treemount::list(&plan, outside_ids(&plan, 0, 0)?)?, sys)?;
     tracing::debug!(job = %plan.id, "overlay mounted");
     // The cgroup last, right before the container: the kernel makes the first move of a
     // process into a cgroup after a quiet spell wait for an RCU grace period (5-15 ms
@@ -417,12 +422,36 @@ mod tests {
                 "clear_groups".into(),
                 "private_mount_namespace".into(),
                 format!("mount_overlay {}", self.job.merged().display()),
+            ]
+            .into_iter()
+            .chain(self.tree_steps())
+            .chain([
                 format!("join_cgroup {} {}", cg("memory"), cg("unified")),
                 "hide_cgroupfs".into(),
                 "create".into(),
                 "start_and_wait".into(),
                 "delete".into(),
-            ]
+            ])
+            .collect()
+        }
+
+        /// The tree's own mounts (see [`treemount`]) as the helper makes them for this job.
+        fn tree_steps(&self) -> Vec<String> {
+            let plan = self.job.read_plan().unwrap();
+            let mut steps = vec![];
+            for m in treemount::list(&plan, outside_ids(&plan, 0, 0).unwrap()).unwrap() {
+                let dst = m.dst.display();
+                match &m.what {
+                    treemount::What::Tmpfs { source, data } => {
+                        steps.push(format!("tmpfs_in_tree {dst} {source} {:?} {data}", m.flags))
+                    }
+                    treemount::What::Bind { from, .. } => {
+                        steps.push(format!("bind_in_tree {} {dst}", from.display()));
+                        steps.push(format!("restrict_in_tree {dst} {:?}", m.flags));
+                    }
+                }
+            }
+            steps
         }
     }
 
@@ -460,7 +489,7 @@ mod tests {
         let rec = Recorder::default();
         s.run(&rec, None, None);
         let mut want = s.steps();
-        let at = s.pos("join_cgroup");
+        let at = s.pos("tmpfs_in_tree");
         let host = s._t.path().join("nvme/hp-1");
         want.insert(at, format!("give_dir {} 1000:1001", host.display()));
         assert_eq!(rec.calls(), want);
@@ -622,9 +651,10 @@ mod tests {
                 steps.push(format!("chown {} {owner}", cachemount::upper(&s.job, k).display()));
                 steps.push(format!("mount_overlay {}", dir.join(k.to_string()).display()));
             }
-            // After the job's own overlay, before the cgroup and the container.
+            // After the job's own overlay, before the tree's own mounts, the cgroup and the
+            // container.
             let calls = rec.calls();
-            let at = calls.iter().position(|c| c.starts_with("join_cgroup")).unwrap();
+            let at = calls.iter().position(|c| c.starts_with("tmpfs_in_tree /dev ")).unwrap();
             assert_eq!(calls[at - steps.len()..at], steps[..], "idmapped={idmapped}");
             assert!(calls[at - steps.len() - 1].starts_with(&format!("mount_overlay {}", s.job.merged().display())));
             // The spec binds each at its path, last (after /tmp and the volumes).
@@ -820,11 +850,12 @@ mod tests {
                 assert_eq!(pos(&calls, "start_and_wait"), None, "{network}: {calls:?}");
                 assert_eq!(calls[finish + 1..], ["kill_unreaped_init", "delete"], "{network}: {calls:?}");
             }
-            let spec: serde_json::Value =
-                serde_json::from_slice(&std::fs::read(s.job.bundle().join("config.json")).unwrap()).unwrap();
-            let mounts = spec["mounts"].as_array().unwrap();
-            let source = |dst: &str| mounts.iter().find(|m| m["destination"] == dst).unwrap()["source"].clone();
-            let own = |f: &str| serde_json::Value::from(s.job.net_dir().join(f).display().to_string());
+            // What the helper binds on /sys and /etc/resolv.conf (see treemount).
+            let source = |dst: &str| {
+                let bind = calls.iter().find(|c| c.starts_with("bind_in_tree ") && c.ends_with(&format!(" {dst}")));
+                bind.unwrap_or_else(|| panic!("no bind on {dst}: {calls:?}")).split(' ').nth(1).unwrap().to_string()
+            };
+            let own = |f: &str| s.job.net_dir().join(f).display().to_string();
             match network {
                 Network::Host => assert_eq!(source("/etc/resolv.conf"), "/etc/resolv.conf"),
                 Network::None => {

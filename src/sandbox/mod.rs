@@ -19,6 +19,7 @@ pub mod runner;
 pub mod seccomp;
 pub mod spec;
 pub mod teardown;
+pub mod treemount;
 
 pub use limits::{Ask, LimitsAsk};
 pub use plan::{JobPlan, Limits, ScratchDir};

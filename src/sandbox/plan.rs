@@ -118,8 +118,8 @@ pub struct ScratchDir {
 pub struct ProcessPlan {
     /// The init on the host ([`super::init::ensure`]), bound read-only into the job and run
     /// as its pid 1 with the command as its arguments; it also installs the job's seccomp
-    /// filter. Set by `Sandbox::create`; a plan without it has no spec (`spec::build`
-    /// refuses it).
+    /// filter. Set by `Sandbox::create`; a plan without it has no spec and no tree
+    /// (see [`JobPlan::init`]).
     pub init: Option<PathBuf>,
     /// A pseudo-terminal of the job's own (`exec -t`, `shell`): its master comes to the
     /// runner through the job's console socket and is relayed to the user's terminal.
@@ -127,6 +127,13 @@ pub struct ProcessPlan {
 }
 
 impl JobPlan {
+    /// The init on the host: a plan without it is refused (no job runs without its
+    /// seccomp filter).
+    pub fn init(&self) -> anyhow::Result<&std::path::Path> {
+        let init = self.process.init.as_deref();
+        init.ok_or_else(|| anyhow::anyhow!("a job needs its init (azp-init), which installs its seccomp filter"))
+    }
+
     /// In a user namespace of its own or the process's (rootless): device nodes are bound,
     /// /sys is the host's (a fresh sysfs needs a network namespace the job's user
     /// namespace owns).

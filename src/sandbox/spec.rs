@@ -77,9 +77,7 @@ pub enum CgroupOwner {
 pub fn build(plan: &JobPlan, rootfs: &Path, cgroup: &CgroupOwner) -> Result<Spec> {
     // The init installs the job's seccomp filter (see super::seccomp): no job runs
     // without it.
-    let Some(init) = &plan.process.init else {
-        anyhow::bail!("a job needs its init (azp-init), which installs its seccomp filter")
-    };
+    plan.init()?;
     let caps: HashSet<Capability> = JOB_CAPABILITIES.iter().copied().collect();
     let capabilities = LinuxCapabilitiesBuilder::default()
         .bounding(caps.clone())
@@ -147,7 +145,7 @@ pub fn build(plan: &JobPlan, rootfs: &Path, cgroup: &CgroupOwner) -> Result<Spec
         .root(RootBuilder::default().path(rootfs).readonly(false).build()?)
         .hostname(plan.hostname.clone())
         .process(process)
-        .mounts([mounts(plan)?, init_mount(init)?, scratch_mount(plan)?].concat())
+        .mounts([mounts(plan)?, scratch_mount(plan)?].concat())
         .linux(linux)
         .build()?;
     if let Some(hooks) = hooks(plan, rootfs)? {
@@ -163,11 +161,6 @@ fn process_args(plan: &JobPlan) -> Vec<String> {
 
 /// The init's read-only bind, onto a file libcontainer creates on the job's /dev tmpfs
 /// (mounted before it). Executable (no noexec); nosuid and nodev as every bind.
-fn init_mount(init: &Path) -> Result<Vec<Mount>> {
-    let opts = ["bind", "ro", "nosuid", "nodev", "rprivate"].map(String::from);
-    Ok(vec![bind(init, Path::new(super::init::PATH_IN_JOB), &opts)?])
-}
-
 /// The job joins the user namespace its helper made (see [`crate::identity`]) at `path`
 /// (`/proc/self/fd/N` of the helper: libcontainer's processes are its forks). libcontainer
 /// then binds device nodes instead of making them, and writes no id maps.
@@ -297,68 +290,38 @@ fn bind(src: &Path, dst: &Path, opts: &[String]) -> Result<Mount> {
     Ok(MountBuilder::default().destination(dst).typ("bind").source(src).options(opts.to_vec()).build()?)
 }
 
-/// Read-only /sys. A job with a network namespace of its own gets the sysfs the helper
-/// mounted in it (see super::network: in a user namespace only the namespace's owner may
-/// mount one). In a user namespace a fresh sysfs needs a network namespace owned by it,
-/// which `--network host` does not have; as runc does rootless, bind the host's /sys
-/// read-only (recursively) instead.
-fn sysfs(plan: &JobPlan) -> Result<Mount> {
-    if let Some(own) = &plan.net.sysfs {
-        return bind(
-            own,
-            Path::new("/sys"),
-            &["bind", "ro", "nosuid", "nodev", "noexec", "rprivate"].map(String::from),
-        );
+/// Read-only /sys when the job has no network namespace of its own (with one, the helper
+/// binds the sysfs it mounted in it: see super::treemount). In a user namespace a fresh
+/// sysfs needs a network namespace owned by it, which `--network host` does not have; as
+/// runc does rootless, bind the host's /sys read-only (recursively) instead.
+fn sysfs(plan: &JobPlan) -> Result<Option<Mount>> {
+    if plan.net.sysfs.is_some() {
+        return Ok(None);
     }
     if plan.in_user_namespace() {
-        return bind(
+        return Ok(Some(bind(
             Path::new("/sys"),
             Path::new("/sys"),
             &["rbind", "ro", "rro", "nosuid", "rnosuid", "nodev", "rnodev", "noexec", "rnoexec", "rprivate"]
                 .map(String::from),
-        );
+        )?));
     }
-    mount("/sys", "sysfs", "sysfs", &["nosuid", "noexec", "nodev", "ro"])
+    Ok(Some(mount("/sys", "sysfs", "sysfs", &["nosuid", "noexec", "nodev", "ro"])?))
 }
 
-/// `/dev/shm`: sized from the job's limits (half its memory by default, see
-/// [`super::limits::defaults`]); 1 GiB without a memory limit.
-fn shm(plan: &JobPlan) -> Result<Mount> {
-    let size = plan.limits.shm_bytes.map(|b| format!("size={b}")).unwrap_or_else(|| "size=1g".into());
-    mount("/dev/shm", "tmpfs", "shm", &["nosuid", "noexec", "nodev", "mode=1777", &size])
-}
-
-/// `/tmp`: sized from the job's limits (its memory limit by default: tmpfs pages are
-/// charged to the job's memory cgroup); the kernel's default (half the RAM) without one.
-fn tmp(plan: &JobPlan) -> Result<Mount> {
-    match plan.limits.tmp_bytes {
-        Some(b) => mount("/tmp", "tmpfs", "tmpfs", &["nosuid", "nodev", "mode=1777", &format!("size={b}")]),
-        None => mount("/tmp", "tmpfs", "tmpfs", &["nosuid", "nodev", "mode=1777"]),
-    }
-}
-
+/// The spec's mounts: those the helper does not make itself (see super::treemount, whose
+/// come first: /dev, /dev/shm, /tmp, ...), in the order libcontainer makes them.
 fn mounts(plan: &JobPlan) -> Result<Vec<Mount>> {
     let ro: Vec<String> = BIND_RO.iter().map(|s| s.to_string()).collect();
     let mut m = vec![
         mount("/proc", "proc", "proc", &["nosuid", "noexec", "nodev"])?,
-        mount("/dev", "tmpfs", "tmpfs", &["nosuid", "strictatime", "mode=755", "size=65536k"])?,
         mount("/dev/pts", "devpts", "devpts", &["nosuid", "noexec", "newinstance", "ptmxmode=0666", "mode=0620"])?,
-        shm(plan)?,
         mount("/dev/mqueue", "mqueue", "mqueue", &["nosuid", "noexec", "nodev"])?,
-        sysfs(plan)?,
-        // No /sys/fs/cgroup: libcontainer 0.7 mounts the v1 hierarchies read-write despite
-        // "ro", which would let a root job raise its own limits. /sys is read-only sysfs,
-        // so nothing can be mounted there either.
-        tmp(plan)?,
-        // Name resolution as on the host (the agent must reach Azure DevOps), or through
-        // the job's gateway when the host's resolver is out of its reach (super::network).
-        bind(
-            plan.net.resolv_conf.as_deref().unwrap_or(Path::new("/etc/resolv.conf")),
-            Path::new("/etc/resolv.conf"),
-            &ro,
-        )?,
-        bind(Path::new("/etc/hosts"), Path::new("/etc/hosts"), &ro)?,
     ];
+    // No /sys/fs/cgroup: libcontainer 0.7 mounts the v1 hierarchies read-write despite
+    // "ro", which would let a root job raise its own limits. /sys is read-only sysfs,
+    // so nothing can be mounted there either.
+    m.extend(sysfs(plan)?);
     for v in &plan.volumes {
         m.push(bind(&v.host, &v.container, &ro)?);
     }
@@ -486,13 +449,13 @@ fn default_device_rules() -> Result<Vec<LinuxDeviceCgroup>> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::config::{Network, Volume};
     use crate::edits::{BindMount, ContainerEdits, DeviceNode};
     use crate::sandbox::plan::Limits;
 
-    fn plan() -> JobPlan {
+    pub(crate) fn plan() -> JobPlan {
         JobPlan {
             id: "t-1".into(),
             lower: vec!["/store/busybox/tree".into()],
@@ -530,7 +493,7 @@ mod tests {
     }
 
     #[test]
-    fn the_init_is_pid_1_from_a_read_only_bind_on_dev() {
+    fn the_init_is_pid_1_and_a_plan_without_it_has_no_spec() {
         let mut p = plan();
         p.process.init = None;
         let e = build(&p, Path::new("/m"), &CgroupOwner::Libcontainer { memsw: false }).unwrap_err();
@@ -546,14 +509,13 @@ mod tests {
         );
         assert!(spec.linux().as_ref().unwrap().seccomp().is_none(), "not compiled again by libcontainer");
         assert_eq!(process.terminal(), Some(true));
+        // Its bind, /dev's and the other fixed ones are the helper's (see super::treemount).
         let mounts = spec.mounts().as_ref().unwrap();
-        let dev = mounts.iter().position(|m| m.destination() == Path::new("/dev")).unwrap();
-        let init = mounts.iter().position(|m| m.destination() == Path::new("/dev/.azp-init")).unwrap();
-        assert!(init > dev, "on the /dev tmpfs, not under it");
-        let m = &mounts[init];
-        assert_eq!(m.source().as_deref(), Some(Path::new("/home/cache/init/azp-init-1")));
-        let o = m.options().as_ref().unwrap();
-        assert!(o.iter().any(|x| x == "ro") && !o.iter().any(|x| x == "noexec"), "{o:?}");
+        for dst in ["/dev", "/dev/.azp-init", "/dev/shm", "/tmp", "/etc/resolv.conf", "/etc/hosts"] {
+            assert!(mounts.iter().all(|m| m.destination() != Path::new(dst)), "{dst} is in the spec");
+        }
+        let order: Vec<_> = mounts.iter().take(4).map(|m| m.destination().clone()).collect();
+        assert_eq!(order, [Path::new("/proc"), Path::new("/dev/pts"), Path::new("/dev/mqueue"), Path::new("/sys")]);
     }
 
     #[test]
@@ -612,25 +574,7 @@ mod tests {
     }
 
     #[test]
-    fn tmp_and_shm_are_sized_from_the_limits() {
-        let opts = |p: &JobPlan, dst: &str| -> Vec<String> {
-            let spec = build(p, Path::new("/m"), &CgroupOwner::Helper { leaf: None }).unwrap();
-            let m = spec.mounts().as_ref().unwrap().iter().find(|m| m.destination() == Path::new(dst)).cloned();
-            m.unwrap().options().clone().unwrap()
-        };
-        let mut p = plan();
-        p.limits.tmp_bytes = Some(64 << 20);
-        p.limits.shm_bytes = Some(32 << 20);
-        assert!(opts(&p, "/tmp").contains(&format!("size={}", 64 << 20)));
-        assert!(opts(&p, "/dev/shm").contains(&format!("size={}", 32 << 20)));
-        // No limits: the sizes of before.
-        p.limits = Limits::default();
-        assert!(!opts(&p, "/tmp").iter().any(|o| o.starts_with("size=")), "the kernel's default");
-        assert!(opts(&p, "/dev/shm").contains(&"size=1g".to_string()));
-    }
-
-    #[test]
-    fn a_job_with_its_own_network_binds_the_helpers_sysfs_and_resolv_conf() {
+    fn a_job_with_its_own_network_gets_its_sysfs_from_the_helper_not_the_spec() {
         let mut p = plan();
         p.network = Network::Isolated;
         p.net.sysfs = Some("/run/j/bundle/sys".into());
@@ -642,13 +586,17 @@ mod tests {
                 spec.linux().as_ref().unwrap().namespaces().as_ref().unwrap().iter().map(|n| n.typ()).collect();
             assert!(!ns.contains(&LinuxNamespaceType::Network), "inherited from the helper");
             let m = spec.mounts().as_ref().unwrap();
+            assert!(m.iter().all(|m| m.destination() != Path::new("/sys")), "bound by the helper (treemount)");
+        }
+        // Without one: the host's /sys, read-only (in a user namespace, a recursive bind).
+        p.net = Default::default();
+        for (rootless, typ) in [(false, "sysfs"), (true, "bind")] {
+            p.rootless = rootless;
+            let spec = build(&p, Path::new("/m"), &CgroupOwner::Libcontainer { memsw: false }).unwrap();
+            let m = spec.mounts().as_ref().unwrap();
             let sys = m.iter().find(|m| m.destination() == Path::new("/sys")).unwrap();
-            assert_eq!(sys.source().as_deref(), Some(Path::new("/run/j/bundle/sys")));
-            for o in ["ro", "nosuid", "nodev", "noexec"] {
-                assert!(sys.options().as_ref().unwrap().iter().any(|x| x == o), "{o}");
-            }
-            let r = m.iter().find(|m| m.destination() == Path::new("/etc/resolv.conf")).unwrap();
-            assert_eq!(r.source().as_deref(), Some(Path::new("/run/j/bundle/resolv.conf")));
+            assert_eq!(sys.typ().as_deref(), Some(typ));
+            assert!(sys.options().as_ref().unwrap().iter().any(|x| x == "ro"));
         }
     }
 
@@ -664,7 +612,7 @@ mod tests {
         let spec = build(&p, Path::new("/m"), &CgroupOwner::Libcontainer { memsw: false }).unwrap();
         let binds: Vec<_> =
             spec.mounts().as_ref().unwrap().iter().filter(|m| m.typ().as_deref() == Some("bind")).collect();
-        assert_eq!(binds.len(), 5); // resolv.conf, hosts, volume, lib, the init
+        assert_eq!(binds.len(), 2); // the volume and the lib (resolv.conf, hosts, the init: treemount)
                                     // The volume is an rbind: its submounts must be read-only, nosuid, nodev too.
         let vol = binds.iter().find(|b| b.destination() == Path::new("/datasets/set")).unwrap();
         for want in ["rbind", "rro", "rnosuid", "rnodev"] {

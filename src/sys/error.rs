@@ -38,6 +38,26 @@ pub enum Error {
         #[source]
         source: Errno,
     },
+    #[error("cannot mount a tmpfs on {} in the sandbox ({options})", dst.display())]
+    MountTmpfsInTree {
+        dst: PathBuf,
+        options: String,
+        #[source]
+        source: Errno,
+    },
+    #[error("cannot bind-mount {} on {} in the sandbox", from.display(), dst.display())]
+    BindInTree {
+        from: PathBuf,
+        dst: PathBuf,
+        #[source]
+        source: Errno,
+    },
+    #[error("cannot make the bind mount on {} in the sandbox read-only (remount)", dst.display())]
+    RestrictInTree {
+        dst: PathBuf,
+        #[source]
+        source: Errno,
+    },
     #[error("cannot unmount {}", target.display())]
     Unmount {
         target: PathBuf,

@@ -43,7 +43,8 @@ pub mod userns;
 pub use cgroup::{CgroupDir, CgroupJoin};
 pub use dir_flags::spread_subdirs;
 pub use error::{Error, Result};
-pub use mount::Overlay;
+pub use mount::{InTree, Overlay};
+pub use nix::mount::MsFlags;
 pub use nix::sys::signal::Signal;
 pub use quota::{DiskQuota, Mechanism};
 
@@ -76,6 +77,12 @@ pub trait Sys {
     /// A plain bind mount of `source` on `target` (a `/proc/self/fd/N` of a target
     /// resolved inside a tree), in this process's private mount namespace.
     fn bind_mount(&self, source: &Path, target: &Path) -> Result<()>;
+    /// A tmpfs on a target in a job's tree (see [`mount::mount_tmpfs_in_tree`]).
+    fn mount_tmpfs_in_tree(&self, at: InTree, source: &str, flags: MsFlags, data: &str) -> Result<()>;
+    /// The host's `from` bound on a target in a job's tree.
+    fn bind_in_tree(&self, from: &Path, at: InTree) -> Result<()>;
+    /// `flags` added to the bind mount whose root `at` is (see [`mount::restrict_in_tree`]).
+    fn restrict_in_tree(&self, at: InTree, flags: MsFlags) -> Result<()>;
     /// Lazy unmount (MNT_DETACH), of the mounts below `target` too.
     fn unmount(&self, target: &Path) -> Result<()>;
     /// Mount points at or below `dir` in this process's mount namespace, deepest first.
@@ -150,6 +157,15 @@ impl Sys for Real {
     }
     fn bind_mount(&self, source: &Path, target: &Path) -> Result<()> {
         mount::bind_mount(source, target)
+    }
+    fn mount_tmpfs_in_tree(&self, at: InTree, source: &str, flags: MsFlags, data: &str) -> Result<()> {
+        mount::mount_tmpfs_in_tree(at, source, flags, data)
+    }
+    fn bind_in_tree(&self, from: &Path, at: InTree) -> Result<()> {
+        mount::bind_in_tree(from, at)
+    }
+    fn restrict_in_tree(&self, at: InTree, flags: MsFlags) -> Result<()> {
+        mount::restrict_in_tree(at, flags)
     }
     fn unmount(&self, target: &Path) -> Result<()> {
         mount::unmount(target)
@@ -322,6 +338,21 @@ impl Sys for Recorder {
             target: target.into(),
             source: e,
         })
+    }
+    fn mount_tmpfs_in_tree(&self, at: InTree, source: &str, flags: MsFlags, data: &str) -> Result<()> {
+        self.step(format!("tmpfs_in_tree {} {source} {flags:?} {data}", at.dst.display()))
+            .map_err(|e| Error::MountTmpfsInTree { dst: at.dst.into(), options: data.into(), source: e })
+    }
+    fn bind_in_tree(&self, from: &Path, at: InTree) -> Result<()> {
+        self.step(format!("bind_in_tree {} {}", from.display(), at.dst.display())).map_err(|source| Error::BindInTree {
+            from: from.into(),
+            dst: at.dst.into(),
+            source,
+        })
+    }
+    fn restrict_in_tree(&self, at: InTree, flags: MsFlags) -> Result<()> {
+        self.step(format!("restrict_in_tree {} {flags:?}", at.dst.display()))
+            .map_err(|source| Error::RestrictInTree { dst: at.dst.into(), source })
     }
     fn unmount(&self, target: &Path) -> Result<()> {
         self.step(format!("unmount {}", target.display()))

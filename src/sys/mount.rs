@@ -71,6 +71,62 @@ pub fn bind_mount(from: &Path, target: &Path) -> Result<()> {
     })
 }
 
+/// Where in a job's tree a mount goes: `fd` is the target resolved inside the tree (an
+/// `O_PATH` fd, see `sandbox::inroot`), mounted on through `/proc/self/fd/N`; `dst` is
+/// its path in the job, for messages.
+#[derive(Clone, Copy)]
+pub struct InTree<'a> {
+    pub fd: std::os::fd::BorrowedFd<'a>,
+    pub dst: &'a Path,
+}
+
+impl InTree<'_> {
+    fn proc_path(&self) -> PathBuf {
+        use std::os::fd::AsRawFd;
+        super::fs_at::proc_fd(self.fd.as_raw_fd())
+    }
+}
+
+/// A tmpfs (`source` names it in the mount table) with `flags` and `data` (its mode,
+/// size and owner) on a target in a job's tree.
+pub fn mount_tmpfs_in_tree(at: InTree, source: &str, flags: MsFlags, data: &str) -> Result<()> {
+    mount(Some(source), &at.proc_path(), Some("tmpfs"), flags, Some(data)).map_err(|source| Error::MountTmpfsInTree {
+        dst: at.dst.to_path_buf(),
+        options: data.into(),
+        source,
+    })
+}
+
+/// A bind mount of the host's `from` on a target in a job's tree; its flags come with
+/// [`restrict_in_tree`].
+pub fn bind_in_tree(from: &Path, at: InTree) -> Result<()> {
+    mount(Some(from), &at.proc_path(), None::<&str>, MsFlags::MS_BIND, None::<&str>)
+        .map_err(|source| Error::BindInTree { from: from.to_path_buf(), dst: at.dst.to_path_buf(), source })
+}
+
+/// Remounts the bind mount at `at` (its fd must be the mount's root: resolved after
+/// [`bind_in_tree`]) with `flags` added to those it has. Keeping the ones it has matters:
+/// the kernel refuses to clear a flag that a less privileged namespace has locked.
+pub fn restrict_in_tree(at: InTree, flags: MsFlags) -> Result<()> {
+    use nix::sys::statvfs::{fstatvfs, FsFlags};
+    let err = |source| Error::RestrictInTree { dst: at.dst.to_path_buf(), source };
+    let has = fstatvfs(at.fd).map_err(err)?.flags();
+    let kept = [
+        (FsFlags::ST_RDONLY, MsFlags::MS_RDONLY),
+        (FsFlags::ST_NOSUID, MsFlags::MS_NOSUID),
+        (FsFlags::ST_NODEV, MsFlags::MS_NODEV),
+        (FsFlags::ST_NOEXEC, MsFlags::MS_NOEXEC),
+        (FsFlags::ST_NOATIME, MsFlags::MS_NOATIME),
+        (FsFlags::ST_NODIRATIME, MsFlags::MS_NODIRATIME),
+        (FsFlags::ST_RELATIME, MsFlags::MS_RELATIME),
+    ]
+    .into_iter()
+    .filter(|(st, _)| has.contains(*st))
+    .fold(MsFlags::empty(), |all, (_, ms)| all | ms);
+    let all = MsFlags::MS_REMOUNT | MsFlags::MS_BIND | kept | flags;
+    mount(None::<&str>, &at.proc_path(), None::<&str>, all, None::<&str>).map_err(err)
+}
+
 /// Lazy unmount (MNT_DETACH), of the mounts below `target` too.
 pub fn unmount(target: &Path) -> Result<()> {
     nix::mount::umount2(target, nix::mount::MntFlags::MNT_DETACH)
