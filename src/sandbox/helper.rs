@@ -151,7 +151,7 @@ fn run(
     container.prepare_stdio()?;
     sys.clear_groups()?;
     sys.private_mount_namespace()?;
-    let (mut plan, network) = super::network::enter(plan, job, sys)?;
+    let (mut plan, mut network) = super::network::enter(plan, job, sys)?;
     // Held (locked against gc) until this helper exits with the job.
     let _edit_layer = if editlayer::wanted(&plan.edits) {
         let layer = editlayer::obtain(home, &plan, sys)?;
@@ -181,6 +181,10 @@ fn run(
     }
     // Held (gc leaves those snapshots) until this helper exits with the job.
     let _snapshots = cachemount::mount_all(&plan, job, sys, userns.as_ref().map(|n| n.as_fd()), (uid, gid))?;
+    // The job's network namespace, made meanwhile by a child, with its sysfs.
+    if let Some(n) = network.as_mut() {
+        n.enter(sys)?;
+    }
     // /dev, /dev/shm, /tmp, /etc/resolv.conf, the init...: here, not in the spec (see
     // treemount), their tmpfs roots the job's root's as if it had mounted them.
     treemount::mount_all(&merged, &treemount::list(&plan, outside_ids(&plan, 0, 0)?)?, sys)?;
@@ -803,8 +807,14 @@ mod tests {
         assert_eq!(s.run(&rec, None, None), HelperResult::Exited { code: 3, signal: None });
         let calls = rec.calls();
         let at = calls.iter().position(|c| c == "private_mount_namespace").unwrap() + 1;
-        let want = ["host_addresses".to_string(), "host_ipv6_addresses".into(), format!("isolate_network veth {link}")];
-        assert_eq!(calls[at..at + 3], want[..], "{calls:?}");
+        let net_dir = format!("mount_job_net_dir {}", s.job.net_dir().display());
+        let want = [
+            "host_addresses".to_string(),
+            "host_ipv6_addresses".into(),
+            net_dir,
+            format!("isolate_network veth {link}"),
+        ];
+        assert_eq!(calls[at..at + 4], want[..], "{calls:?}");
     }
 
     #[test]
@@ -829,14 +839,23 @@ mod tests {
             assert_eq!(s.run(&rec, None, None), HelperResult::Exited { code: 3, signal: None }, "{network}");
             let calls = rec.calls();
             // Right after the private mount namespace (the sysfs is mounted in it), before
-            // the overlay, the cgroup and the container.
+            // the overlay, the cgroup and the container: the dir for the namespace's sysfs,
+            // then the namespace (made by a child meanwhile, see sys::net::isolate).
             let mut expected: Vec<String> = net_steps.clone();
             if network != Network::Host {
-                expected.push(format!("mount_job_net_dir {}", s.job.net_dir().display()));
+                expected.insert(expected.len() - 1, format!("mount_job_net_dir {}", s.job.net_dir().display()));
             }
             let at = calls.iter().position(|c| c == "private_mount_namespace").unwrap() + 1;
             assert_eq!(calls[at..at + expected.len()], expected[..], "{network} rootless={rootless}: {calls:?}");
             if network != Network::Host {
+                // The helper enters it after the job's overlay, before the tree's mounts bind
+                // its sysfs.
+                let pos = |name: &str| calls.iter().position(|c| c.starts_with(name));
+                let enter = pos("enter_network").expect("enter_network");
+                assert!(pos("mount_overlay") < Some(enter) && Some(enter) < pos("tmpfs_in_tree /dev "), "{calls:?}");
+                let rec = Recorder::failing_at(enter, Errno::EPERM);
+                assert!(matches!(s.run(&rec, None, None), HelperResult::Failed { .. }), "{network}");
+                assert_eq!(rec.calls().len(), enter + 1, "the line ends there: {:?}", rec.calls());
                 // What is still under way (a veth configured in a child) is done after the
                 // container's create and before the job starts; if it failed, the job never
                 // starts and its container goes.
@@ -870,8 +889,9 @@ mod tests {
             }
         }
         // A failed network step ends the line there.
-        // (0 prepare_stdio, 1 clear_groups, 2 private_mount_namespace, then the network.)
-        for (k, want) in [(3, FailureKind::Other), (4, FailureKind::NotPermitted), (5, FailureKind::Other)] {
+        // (0 prepare_stdio, 1 clear_groups, 2 private_mount_namespace, then the network:
+        // the host's addresses, the dir for its sysfs, the namespace.)
+        for (k, want) in [(3, FailureKind::Other), (4, FailureKind::Other), (5, FailureKind::NotPermitted)] {
             let s = setup(|p, _| p.network = Network::Isolated);
             let rec = Recorder::failing_at(k, Errno::EPERM);
             let r = s.run(&rec, None, None);

@@ -75,6 +75,7 @@ fn kind_of_cause(cause: &(dyn std::error::Error + 'static)) -> Option<FailureKin
             S::UnshareMountNs(Errno::EPERM)
             | S::UnshareCgroupNs(Errno::EPERM)
             | S::UnshareNetNs(Errno::EPERM)
+            | S::EnterNetns(Errno::EPERM)
             | S::UnshareUserNs(_) => Some(FailureKind::NotPermitted),
             _ => None,
         };

@@ -123,6 +123,11 @@ pub enum Error {
     },
     #[error("cannot open the job's network namespace (/proc/self/ns/net)")]
     OpenNetns(#[source] io::Error),
+    /// Step 2 failed in the child making the namespace (see `net::isolate`): its message.
+    #[error("cannot make the job's network namespace: {0}")]
+    MakeJobNetns(String),
+    #[error("cannot enter the job's network namespace (setns)")]
+    EnterNetns(#[source] Errno),
     #[error("cannot create the veth pair {name} <-> eth0 for the job")]
     CreateVeth {
         name: String,

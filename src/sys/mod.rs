@@ -111,14 +111,17 @@ pub trait Sys {
     /// The host's IPv6 addresses but loopback's and link-local ones (see
     /// [`net::global_addresses6`]), read as [`Sys::host_addresses`] is.
     fn host_ipv6_addresses(&self) -> Result<Vec<std::net::Ipv6Addr>>;
-    /// Moves the helper into the job's own network namespace, set up as `setup` says
-    /// (see [`net`]).
-    fn isolate_network(&self, setup: &net::Setup) -> Result<net::Made>;
+    /// The job's own network namespace, set up as `setup` says, with its sysfs at `sysfs`
+    /// (see [`net::isolate`]); the helper is in it after [`Sys::enter_network`].
+    fn isolate_network(&self, setup: &net::Setup, sysfs: &Path) -> Result<net::Made>;
+    /// Moves the helper into the namespace [`Sys::isolate_network`] made (see
+    /// [`net::Made::enter`]): before the job's tree binds its sysfs.
+    fn enter_network(&self, made: &mut net::Made) -> Result<()>;
     /// Waits for what [`Sys::isolate_network`] left under way (a veth's configuration,
     /// see [`net::Made::finish`]): before the job starts.
     fn finish_network(&self, made: &mut net::Made) -> Result<()>;
-    /// Mounts the dir of the job's network files on `dir` (see [`net::mount_job_net_dir`]):
-    /// a sysfs of the job's network namespace at `dir/sys`, for the spec to bind.
+    /// Mounts the dir of the job's network files on `dir` (see [`net::mount_job_net_dir`]),
+    /// with `dir/sys` for the sysfs of the job's network namespace.
     fn mount_job_net_dir(&self, dir: &Path) -> Result<()>;
     /// Mounts the dir the job's cache overlays go in (see [`cache_dir`]).
     fn mount_cache_dir(&self, dir: &Path) -> Result<()>;
@@ -210,8 +213,11 @@ impl Sys for Real {
     fn host_ipv6_addresses(&self) -> Result<Vec<std::net::Ipv6Addr>> {
         net::global_addresses6()
     }
-    fn isolate_network(&self, setup: &net::Setup) -> Result<net::Made> {
-        net::isolate(setup)
+    fn isolate_network(&self, setup: &net::Setup, sysfs: &Path) -> Result<net::Made> {
+        net::isolate(setup, sysfs)
+    }
+    fn enter_network(&self, made: &mut net::Made) -> Result<()> {
+        made.enter()
     }
     fn finish_network(&self, made: &mut net::Made) -> Result<()> {
         made.finish()
@@ -425,7 +431,7 @@ impl Sys for Recorder {
         Ok(vec![std::net::Ipv6Addr::new(0x2001, 0xdb8, 0, 0, 0, 0, 0, 2)])
     }
     /// A veth job gets the pool's third address.
-    fn isolate_network(&self, setup: &net::Setup) -> Result<net::Made> {
+    fn isolate_network(&self, setup: &net::Setup, _sysfs: &Path) -> Result<net::Made> {
         let what = match setup {
             net::Setup::Loopback => "loopback".to_string(),
             net::Setup::Veth(v) => format!("veth {}", v.host_name),
@@ -441,6 +447,9 @@ impl Sys for Recorder {
             }
             _ => net::Made::default(),
         })
+    }
+    fn enter_network(&self, _made: &mut net::Made) -> Result<()> {
+        self.step("enter_network".into()).map_err(Error::EnterNetns)
     }
     fn finish_network(&self, _made: &mut net::Made) -> Result<()> {
         self.step("finish_network".into()).map_err(|e| Error::ConfigureVeth(e.to_string()))

@@ -26,7 +26,7 @@ use nix::errno::Errno;
 use nix::sched::{unshare, CloneFlags};
 use std::io::Read;
 use std::net::{Ipv4Addr, Ipv6Addr};
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::path::{Path, PathBuf};
 
 /// An IPv4 network: `addr/prefix` (the address is the network's first).
@@ -206,8 +206,17 @@ pub struct Made {
     pub address6: Option<Ipv6Addr>,
     /// pasta's pid: it dies with the helper (PDEATHSIG).
     pub pasta_pid: Option<i32>,
-    /// The veth's steps after the unshare, under way in a child of the helper.
+    /// The namespace, made by a child of the helper, for the helper to join.
+    entering: Option<Entering>,
+    /// The veth's steps after the unshare, under way in that child.
     configuring: Option<Configuring>,
+}
+
+/// The child making the job's namespace (see `namespace_in_child`): the socket on which
+/// it says `ok`, with the namespace's fd, once the namespace and its sysfs exist.
+#[derive(Debug)]
+struct Entering {
+    ready: std::os::unix::net::UnixStream,
 }
 
 /// A forked child doing a veth's steps 3-5 (see `isolate_veth`): its pid, and the read
@@ -219,6 +228,22 @@ struct Configuring {
 }
 
 impl Made {
+    /// Moves the caller into the job's namespace once the child making it (see [`isolate`])
+    /// has it with its sysfs; the caller is in it already otherwise.
+    pub fn enter(&mut self) -> Result<()> {
+        let Some(e) = self.entering.take() else { return Ok(()) };
+        let (said, ns) = receive_namespace(&e.ready);
+        if let Some(errno) = said.trim().strip_prefix("unshare ").and_then(|n| n.parse().ok()) {
+            return Err(Error::UnshareNetNs(nix::errno::Errno::from_raw(errno)));
+        }
+        if said.trim() != "ok" {
+            let why = said.trim().strip_prefix("err ").unwrap_or("its child ended without a word").to_string();
+            return Err(Error::MakeJobNetns(why));
+        }
+        let ns = ns.ok_or_else(|| Error::MakeJobNetns("its namespace did not come with its word".into()))?;
+        nix::sched::setns(ns, CloneFlags::CLONE_NEWNET).map_err(Error::EnterNetns)
+    }
+
     /// Waits for the veth's configuration when a child does it (see [`isolate`]) and takes
     /// its addresses: the job may start only after Ok. Nothing to wait for otherwise.
     pub fn finish(&mut self) -> Result<()> {
@@ -227,7 +252,8 @@ impl Made {
         let read = std::io::Read::read_to_string(&mut c.report, &mut text);
         let status = super::process::wait_exit_status(c.pid);
         let (address, address6) = match (read, status) {
-            (Ok(_), Ok(st)) if st.success() => parse_configured(&text),
+            (Ok(_), Ok(st)) if st.success() && text == "ok" => Some((None, None)),
+            (Ok(_), Ok(st)) if st.success() => parse_configured(&text).map(|(a, a6)| (Some(a), a6)),
             _ => None,
         }
         .ok_or_else(|| {
@@ -236,7 +262,7 @@ impl Made {
                 None => "the job's veth was not set up: its child ended without a report".to_string(),
             })
         })?;
-        (self.address, self.address6) = (Some(address), address6);
+        (self.address, self.address6) = (address, address6);
         Ok(())
     }
 }
@@ -258,51 +284,145 @@ pub const JOB_IFNAME: &str = "eth0";
 const JOB_IFINDEX: i32 = 2;
 const LO_IFINDEX: i32 = 1;
 
-/// Moves the calling (single-threaded) helper into a new network namespace set up as
-/// `setup` says.
-pub fn isolate(setup: &Setup) -> Result<Made> {
+/// Gives the calling (single-threaded) helper a new network namespace set up as `setup`
+/// says, with a sysfs of it mounted at `sysfs` (in the helper's mount namespace).
+///
+/// Loopback and veth: a forked child makes the namespace, its loopback and its sysfs,
+/// then does a veth's steps 3-5 there. The unshare alone costs ~0.6 ms here (the
+/// kernel's setup of a namespace), now beside the helper's next steps (its user
+/// namespace, overlay and tree mounts); the helper joins the namespace
+/// ([`Made::enter`]) before the job's tree needs its sysfs, and waits for the veth
+/// ([`Made::finish`]) before the job starts. pasta: in the helper (pasta joins it).
+pub fn isolate(setup: &Setup, sysfs: &Path) -> Result<Made> {
     match setup {
-        Setup::Loopback => {
-            unshare_network()?;
-            loopback_up(&socket()?)?;
-            Ok(Made::default())
+        Setup::Loopback => namespace_in_child(None, sysfs),
+        Setup::Veth(v) => namespace_in_child(Some(v), sysfs),
+        Setup::Pasta(p) => {
+            let made = isolate_pasta(p)?;
+            mount_sysfs(sysfs)?;
+            Ok(made)
         }
-        Setup::Veth(v) => isolate_veth(v),
-        Setup::Pasta(p) => isolate_pasta(p),
     }
 }
 
-fn isolate_veth(v: &Veth) -> Result<Made> {
-    // Step 1: the host's side, before the unshare: its netlink socket, the lock, the table.
-    let host = socket()?;
-    let _lock = lock_shared(&v.lock)?;
+/// A veth's step 1, the host's side, before the fork (the child is in the job's
+/// namespace from its step 2 on): its netlink socket, the lock (shared with the child:
+/// one open file), the host's IPv6 settings of links.
+struct HostSide {
+    socket: Socket,
+    _lock: nix::fcntl::Flock<std::fs::File>,
+    conf6: Option<std::fs::File>,
+}
+
+fn host_side(v: &Veth) -> Result<HostSide> {
+    let socket = socket()?;
+    let lock = lock_shared(&v.lock)?;
     nft_table_exists(&v.table)?;
     // The host's IPv6 settings of links, opened while this is the host's namespace.
-    let host_conf6 = v.v6.as_ref().map(|_| open_ipv6_conf()).transpose()?;
-    // Step 2: the namespace, its loopback.
+    let conf6 = v.v6.as_ref().map(|_| open_ipv6_conf()).transpose()?;
+    Ok(HostSide { socket, _lock: lock, conf6 })
+}
+
+/// Step 2: the namespace (the caller's from now on), its loopback, its sysfs.
+fn make_namespace(sysfs: &Path) -> Result<Socket> {
     unshare_network()?;
     let job = socket()?;
     loopback_up(&job)?;
-    // Steps 3-5 in a child, which is in the job's namespace too, holds the lock and has
-    // both sockets: ~1 ms of netlink round trips that then run beside the overlay, the
-    // cgroup and libcontainer's create instead of before them (the helper waits for it
-    // before the job starts, `Made::finish`). Without a fork (a threaded caller), here.
-    let (read, write) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(Error::Pipe)?;
-    let steps = (host, job, host_conf6, write);
-    let forked = super::process::run_forked("the job's veth", steps, |(host, job, conf6, write)| {
-        let (code, report) = match configure_veth(&host, &job, v, conf6.as_ref()) {
-            Ok(m) => (0, format!("ok {} {}", m.address.unwrap_or(Ipv4Addr::UNSPECIFIED), dash_or(m.address6))),
+    mount_sysfs(sysfs)?;
+    Ok(job)
+}
+
+/// What the child making the job's namespace tells the helper: `text` (`ok`, or why
+/// not), with the namespace's fd when there is one.
+fn send_namespace(to: &std::os::unix::net::UnixStream, text: &str, ns: Option<std::os::fd::BorrowedFd>) {
+    use nix::sys::socket::{sendmsg, ControlMessage, MsgFlags};
+    let fds: Vec<RawFd> = ns.iter().map(|f| f.as_raw_fd()).collect();
+    let cmsg: Vec<ControlMessage> = if fds.is_empty() { vec![] } else { vec![ControlMessage::ScmRights(&fds)] };
+    let iov = [std::io::IoSlice::new(text.as_bytes())];
+    // A failure shows in the helper as a word missing.
+    let _ = sendmsg::<()>(to.as_raw_fd(), &iov, &cmsg, MsgFlags::empty(), None);
+}
+
+/// What [`send_namespace`] sent: its text, and the fd that came with it (close-on-exec).
+fn receive_namespace(from: &std::os::unix::net::UnixStream) -> (String, Option<OwnedFd>) {
+    use nix::sys::socket::{recvmsg, ControlMessageOwned, MsgFlags};
+    let mut buf = [0u8; 512];
+    let mut iov = [std::io::IoSliceMut::new(&mut buf)];
+    let mut cmsg = nix::cmsg_space!([RawFd; 1]);
+    let Ok(msg) = recvmsg::<()>(from.as_raw_fd(), &mut iov, Some(&mut cmsg), MsgFlags::MSG_CMSG_CLOEXEC) else {
+        return (String::new(), None);
+    };
+    let mut fd = None;
+    for c in msg.cmsgs().into_iter().flatten() {
+        if let ControlMessageOwned::ScmRights(fds) = c {
+            // SAFETY: SCM_RIGHTS just installed these fds in this process: new fds that
+            // nothing else owns (the child sends one).
+            fd = fds.first().map(|&f| unsafe { OwnedFd::from_raw_fd(f) });
+        }
+    }
+    let n = msg.bytes;
+    (String::from_utf8_lossy(&buf[..n]).into_owned(), fd)
+}
+
+/// Steps 3-5 for a veth (none for loopback only): what [`Made::finish`] then holds.
+fn configure(veth: Option<&Veth>, host: Option<&HostSide>, job: &Socket) -> Result<Made> {
+    match (veth, host) {
+        (Some(v), Some(h)) => configure_veth(&h.socket, job, v, h.conf6.as_ref()),
+        _ => Ok(Made::default()),
+    }
+}
+
+fn namespace_in_child(veth: Option<&Veth>, sysfs: &Path) -> Result<Made> {
+    let host = veth.map(host_side).transpose()?;
+    // The namespace comes to the helper as an fd (SCM_RIGHTS): it must outlive the child,
+    // which may be done before the helper enters it.
+    let (ns_rx, ns_tx) = std::os::unix::net::UnixStream::pair().map_err(|e| Error::Pipe(errno_of(&e)))?;
+    let (report_rx, report_tx) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(Error::Pipe)?;
+    let forked = super::process::run_forked("the job's network namespace", host, |host| {
+        let made = make_namespace(sysfs).and_then(|job| {
+            let ns = std::fs::File::open("/proc/self/ns/net").map_err(Error::OpenNetns)?;
+            Ok((job, ns))
+        });
+        let job = match made {
+            Ok((job, ns)) => {
+                send_namespace(&ns_tx, "ok\n", Some(ns.as_fd()));
+                job
+            }
+            // The unshare's errno as such: EPERM is a failure of its own kind for the job.
+            Err(Error::UnshareNetNs(errno)) => {
+                send_namespace(&ns_tx, &format!("unshare {}\n", errno as i32), None);
+                return 1;
+            }
+            Err(e) => {
+                send_namespace(&ns_tx, &format!("err {e:#}\n"), None);
+                return 1;
+            }
+        };
+        drop(ns_tx);
+        let (code, report) = match configure(veth, host.as_ref(), &job) {
+            Ok(m) => match m.address {
+                Some(a) => (0, format!("ok {a} {}", dash_or(m.address6))),
+                None => (0, "ok".into()),
+            },
             Err(e) => (1, format!("err {e}")),
         };
-        let _ = std::io::Write::write_all(&mut std::fs::File::from(write), report.as_bytes());
+        let _ = std::io::Write::write_all(&mut std::fs::File::from(report_tx), report.as_bytes());
         code
     })?;
     match forked {
         Ok(pid) => {
-            let configuring = Configuring { pid: pid.as_raw(), report: std::fs::File::from(read) };
-            Ok(Made { configuring: Some(configuring), ..Default::default() })
+            let pid = pid.as_raw();
+            Ok(Made {
+                entering: Some(Entering { ready: ns_rx }),
+                configuring: Some(Configuring { pid, report: std::fs::File::from(report_rx) }),
+                ..Default::default()
+            })
         }
-        Err((host, job, conf6, _)) => configure_veth(&host, &job, v, conf6.as_ref()),
+        // A threaded caller: every step here, in order.
+        Err(host) => {
+            let job = make_namespace(sysfs)?;
+            configure(veth, host.as_ref(), &job)
+        }
     }
 }
 
@@ -725,20 +845,20 @@ pub fn mount_sysfs(target: &Path) -> Result<()> {
         .map_err(|source| Error::MountSysfs { target: target.into(), source })
 }
 
-/// The dir of the job's network files (its sysfs at `dir/sys`, its resolv.conf written
-/// there afterwards): a small tmpfs, mode 0755, mounted on `dir` in the helper's private
-/// mount namespace. libcontainer binds them as the job's root, which in a user namespace
-/// of its own cannot pass the job's private record dir; `dir` is one path for all jobs
-/// (each helper sees only its own tmpfs there), beside the overlay's mount point, which
-/// is reachable by any id for the same reason. The tmpfs goes with the namespace.
+/// The dir of the job's network files (its sysfs at `dir/sys`, mounted by [`isolate`];
+/// its resolv.conf written there afterwards): a small tmpfs, mode 0755, mounted on `dir`
+/// in the helper's private mount namespace. libcontainer binds them as the job's root,
+/// which in a user namespace of its own cannot pass the job's private record dir; `dir`
+/// is one path for all jobs (each helper sees only its own tmpfs there), beside the
+/// overlay's mount point, which is reachable by any id for the same reason. The tmpfs
+/// goes with the namespace.
 pub fn mount_job_net_dir(dir: &Path) -> Result<()> {
     use nix::mount::{mount, MsFlags};
     let flags = MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC;
     mount(Some("azp-sandbox-net"), dir, Some("tmpfs"), flags, Some("mode=0755,size=64k"))
         .map_err(|source| Error::MountTmpfs { dir: dir.to_path_buf(), source })?;
     let sys = dir.join("sys");
-    std::fs::create_dir(&sys).map_err(|e| Error::MountSysfs { target: sys.clone(), source: errno_of(&e) })?;
-    mount_sysfs(&sys)
+    std::fs::create_dir(&sys).map_err(|e| Error::MountSysfs { target: sys.clone(), source: errno_of(&e) })
 }
 
 /// An IPv4 route of a dump: destination and the name-resolved output link's index.

@@ -174,9 +174,9 @@ const HOST_RESOLV_CONF: &str = "/etc/resolv.conf";
 
 /// The helper's step (after its private mount namespace, before the container): the
 /// job's own network namespace, a sysfs of it and (isolated) its resolv.conf, recorded
-/// in the plan for the spec. `host` mode: nothing. What it returns must be finished
-/// ([`Entered::finish`]) before the job starts: a veth's configuration may still be
-/// under way.
+/// in the plan for the job's tree. `host` mode: nothing. What it returns must be entered
+/// ([`Entered::enter`]) before the tree's mounts and finished ([`Entered::finish`]) before
+/// the job starts: a child of the helper may still be making the namespace and its veth.
 pub fn enter(mut plan: JobPlan, job: &JobDir, sys: &dyn Sys) -> Result<(JobPlan, Option<Entered>)> {
     if plan.network == Network::Host {
         return Ok((plan, None));
@@ -201,10 +201,10 @@ pub fn enter(mut plan: JobPlan, job: &JobDir, sys: &dyn Sys) -> Result<(JobPlan,
         }
         _ => Setup::Loopback,
     };
-    let made = sys.isolate_network(&setup)?;
     let dir = job.net_dir();
     super::jobdir::create_mount_point(&dir)?;
     sys.mount_job_net_dir(&dir)?;
+    let made = sys.isolate_network(&setup, &dir.join("sys"))?;
     plan.net.sysfs = Some(dir.join("sys"));
     if let Some(text) = resolv {
         let path = dir.join("resolv.conf");
@@ -227,6 +227,12 @@ pub struct Entered {
 }
 
 impl Entered {
+    /// Moves the helper into the job's namespace (made meanwhile by a child of the
+    /// helper, see `sys::net::isolate`): before the job's tree binds its sysfs.
+    pub fn enter(&mut self, sys: &dyn Sys) -> Result<()> {
+        Ok(sys.enter_network(&mut self.made)?)
+    }
+
     /// Waits for what is still under way (a veth's configuration, in a child of the
     /// helper), then logs what the job got. Before the job starts.
     pub fn finish(mut self, job_id: &str, sys: &dyn Sys) -> Result<()> {
