@@ -214,8 +214,13 @@ impl Home {
             std::fs::create_dir_all(&dir).with_context(|| {
                 format!("cannot create {}: check --home / AZP_SANDBOX_HOME and free space", dir.display())
             })?;
-            std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o711))
-                .with_context(|| format!("cannot set permissions on {}", dir.display()))?;
+            // Only when it differs: a chmod is an inode write (and a journal entry) on
+            // every `exec`, for a mode that is almost always right already.
+            let mode = std::fs::metadata(&dir).map(|m| m.permissions().mode() & 0o7777).unwrap_or(0);
+            if mode != 0o711 {
+                std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o711))
+                    .with_context(|| format!("cannot set permissions on {}", dir.display()))?;
+            }
         }
         crate::sys::spread_subdirs(&self.layers_dir());
         Ok(())
@@ -516,6 +521,27 @@ pub fn parse_subnet(s: &str) -> Result<crate::sys::net::Ipv4Net> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_homes_dirs_end_up_0711_and_a_right_one_is_left_as_it_is() {
+        use std::os::unix::fs::PermissionsExt;
+        let t = tempfile::tempdir().unwrap();
+        let home = Home::for_caller(t.path().join("home"), false, Some(t.path().join("xdg")));
+        std::fs::create_dir_all(home.rootfs_dir()).unwrap();
+        std::fs::set_permissions(home.rootfs_dir(), std::fs::Permissions::from_mode(0o700)).unwrap();
+        home.ensure().unwrap();
+        let mode = |d: &Path| std::fs::metadata(d).unwrap().permissions().mode() & 0o7777;
+        for d in [home.root.clone(), home.rootfs_dir(), home.layers_dir(), home.trash_dir(), home.cache_dir()] {
+            assert_eq!(mode(&d), 0o711, "{}", d.display());
+        }
+        // Right already: not written again (its ctime stays).
+        use std::os::unix::fs::MetadataExt;
+        let before = std::fs::metadata(home.cache_dir()).unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        home.ensure().unwrap();
+        let after = std::fs::metadata(home.cache_dir()).unwrap();
+        assert_eq!((before.ctime(), before.ctime_nsec()), (after.ctime(), after.ctime_nsec()));
+    }
 
     #[test]
     fn runtime_dir_per_home_and_caller() {
