@@ -325,14 +325,9 @@ fn mounts(plan: &JobPlan) -> Result<Vec<Mount>> {
     for v in &plan.volumes {
         m.push(bind(&v.host, &v.container, &ro)?);
     }
-    if plan.in_user_namespace() {
-        // A user namespace cannot mknod: bind the host's node (its mode decides who may
-        // open it). libcontainer would bind the node's *container* path from the host,
-        // which is wrong when the host node lives elsewhere (--driver-root, CDI).
-        for node in &plan.edits.device_nodes {
-            m.push(bind(&node.host_path, &node.path, &["bind", "nosuid", "noexec", "rprivate"].map(String::from))?);
-        }
-    }
+    // In a user namespace the device nodes are the helper's binds (see super::treemount):
+    // libcontainer would bind the node's *container* path from the host, which is wrong
+    // when the host node lives elsewhere (--driver-root, CDI).
     for b in &plan.edits.mounts {
         let mut opts = b.options.clone();
         // A recursive edit bind (CDI may say "rbind") gets the flags on its submounts too.
@@ -627,7 +622,7 @@ pub(crate) mod tests {
     }
 
     /// GPU 1's node as discovery reports it, found on the host at `host`.
-    fn nvidia1(host: &str) -> DeviceNode {
+    pub(crate) fn nvidia1(host: &str) -> DeviceNode {
         DeviceNode {
             path: "/dev/nvidia1".into(),
             host_path: host.into(),
@@ -680,9 +675,18 @@ pub(crate) mod tests {
         let spec = build(&p, Path::new("/m"), &CgroupOwner::Helper { leaf: None }).unwrap();
         assert!(v1_device_allow_lines(&p).unwrap().is_empty(), "rootless writes no device rules");
         assert!(spec.linux().as_ref().unwrap().devices().as_ref().is_none_or(|d| d.is_empty()));
-        let nv = spec.mounts().as_ref().unwrap().iter().find(|m| m.destination() == Path::new("/dev/nvidia1")).unwrap();
-        assert_eq!(nv.source().as_deref(), Some(Path::new("/drv/dev/nvidia1")));
-        assert!(!nv.options().as_ref().unwrap().iter().any(|o| o == "nodev"));
+        assert_node_is_the_helpers_bind(&p, &spec);
+    }
+
+    /// /dev/nvidia1 is bound from its host path by the helper (treemount), not the spec.
+    fn assert_node_is_the_helpers_bind(p: &JobPlan, spec: &Spec) {
+        use crate::sandbox::treemount::{list, What};
+        let mounts = spec.mounts().as_ref().unwrap();
+        assert!(mounts.iter().all(|m| m.destination() != Path::new("/dev/nvidia1")), "{mounts:?}");
+        let tree = list(p, (0, 0)).unwrap();
+        let nv = tree.iter().find(|m| m.dst == Path::new("/dev/nvidia1")).unwrap();
+        assert_eq!(nv.what, What::Bind { from: "/drv/dev/nvidia1".into(), dir: false });
+        assert!(!nv.flags.contains(crate::sys::MsFlags::MS_NODEV) && nv.flags.contains(crate::sys::MsFlags::MS_NOSUID));
     }
 
     #[test]
@@ -694,8 +698,7 @@ pub(crate) mod tests {
         let mounts = spec.mounts().as_ref().unwrap();
         let sys = mounts.iter().find(|m| m.destination() == Path::new("/sys")).unwrap();
         assert_eq!(sys.typ().as_deref(), Some("bind"), "a fresh sysfs needs a netns the job's userns owns");
-        let nv = mounts.iter().find(|m| m.destination() == Path::new("/dev/nvidia1")).unwrap();
-        assert_eq!(nv.source().as_deref(), Some(Path::new("/drv/dev/nvidia1")));
+        assert_node_is_the_helpers_bind(&p, &spec);
         assert!(spec.linux().as_ref().unwrap().devices().as_ref().is_none_or(|d| d.is_empty()), "no mknod");
         assert_eq!(v1_device_allow_lines(&p).unwrap().last().unwrap(), "c 195:1 rwm", "the cgroup still allows it");
         join_user_namespace(&mut spec, Path::new("/proc/self/fd/7")).unwrap();

@@ -16,9 +16,13 @@
 //! bind writable, nor remount `/tmp` and `/dev/shm` past their size (each tmpfs belongs to
 //! the helper's user namespace, not the job's).
 //!
+//! In a user namespace the device nodes of the job's GPUs are bound here too.
+//!
 //! What stays in the spec: `/proc` (it shows the pid namespace of whoever mounts it),
 //! `/dev/mqueue` (the IPC namespace's), `/dev/pts`, a `/sys` without a network namespace
-//! of the job's own, the device nodes, volumes, the edits, the scratch dir and caches.
+//! of the job's own, nodes made with mknod (no user namespace), volumes and the edits'
+//! binds (recursive, read-only below too: libcontainer's `rro`), the scratch dir and
+//! caches.
 
 use super::inroot;
 use super::plan::JobPlan;
@@ -81,6 +85,19 @@ pub fn list(plan: &JobPlan, owner: (u32, u32)) -> Result<Vec<TreeMount>> {
     m.push(bind_ro(Path::new("/etc/hosts"), "/etc/hosts", false, MsFlags::empty()));
     // The job's pid 1 (see super::init): read-only, in the job's own /dev.
     m.push(bind_ro(init, super::init::PATH_IN_JOB, false, MsFlags::empty()));
+    if plan.in_user_namespace() {
+        // A user namespace cannot mknod: the host's node (its mode decides who may open
+        // it), bound from where the host has it (--driver-root, CDI), not from its path
+        // in the job. Not read-only: that would not stop writes to a device anyway.
+        for node in &plan.edits.device_nodes {
+            let flags = MsFlags::MS_NOSUID | MsFlags::MS_NOEXEC;
+            m.push(TreeMount {
+                dst: node.path.clone(),
+                what: What::Bind { from: node.host_path.clone(), dir: false },
+                flags,
+            });
+        }
+    }
     Ok(m)
 }
 
@@ -155,6 +172,19 @@ mod tests {
         let mut p = plan();
         p.process.init = None;
         assert!(list(&p, (0, 0)).unwrap_err().to_string().contains("needs its init"));
+    }
+
+    #[test]
+    fn device_nodes_are_bound_after_dev_only_in_a_user_namespace() {
+        let mut p = plan();
+        p.edits.device_nodes.push(super::super::spec::tests::nvidia1("/drv/dev/nvidia1"));
+        // Without one, libcontainer makes the node (mknod, from the spec's devices).
+        assert!(list(&p, (0, 0)).unwrap().iter().all(|m| m.dst != Path::new("/dev/nvidia1")));
+        p.rootless = true;
+        let m = list(&p, (0, 0)).unwrap();
+        let pos = |dst: &str| m.iter().position(|m| m.dst == Path::new(dst)).unwrap();
+        assert!(pos("/dev") < pos("/dev/nvidia1"));
+        assert_eq!(m[pos("/dev/nvidia1")].what, What::Bind { from: "/drv/dev/nvidia1".into(), dir: false });
     }
 
     #[test]
