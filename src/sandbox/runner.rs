@@ -445,25 +445,27 @@ impl Sandbox {
 
     fn finish(mut self) -> Result<Cleanup> {
         self.cancel_prepared();
-        let layers_gone = if self.pending.is_some() {
+        let (stopped, layers_gone) = if self.pending.is_some() {
             // The job is over (its result came after its init, and with it the whole pid
             // namespace, was reaped); its helper is still deleting the container and
             // exiting. Meanwhile its layers go: on a disk where each freed dir block
-            // waits for a discard, that wait now overlaps the helper's.
+            // waits for a discard, that wait overlaps the helper's exit and then the
+            // clean-up's first half (the cgroup, libcontainer's state).
             let (home, job, project) = (self.home.clone(), self.job.clone(), self.project_id);
             std::thread::scope(|s| {
                 let layers = s.spawn(move || teardown::remove_layers(&home, &job, project));
                 self.wait_pending();
-                layers.join().unwrap_or_else(|_| Err(anyhow::anyhow!("layer removal panicked")))
+                let stopped = teardown::stop_job(&self.home, &self.job);
+                (stopped, layers.join().unwrap_or_else(|_| Err(anyhow::anyhow!("layer removal panicked"))))
             })
         } else {
             self.wait_pending();
-            Ok(())
+            (teardown::stop_job(&self.home, &self.job), Ok(()))
         };
         if let Err(e) = layers_gone {
             tracing::debug!(job = %self.plan.id, "early layer removal failed ({e:#}); the clean-up retries");
         }
-        let cleanup = teardown::cleanup_job(&self.home, &self.job);
+        let cleanup = stopped.and_then(|s| s.finish(&self.home, &self.job));
         drop(self.lock.take());
         // Its processes are gone and its record with them: the ids are free.
         drop(self.ids.take());

@@ -47,12 +47,53 @@ pub fn cleanup_job(home: &Home, job: &JobDir) -> Result<Cleanup> {
 /// the rest, since the record is still there.
 pub fn cleanup_job_with(home: &Home, job: &JobDir, sys: &dyn Sys, cgroups: &CgroupHost) -> Result<Cleanup> {
     let mut out = Cleanup::default();
-    let id = job.id();
     let state = job.read_state().ok();
+    stop_job_with(home, job, sys, cgroups, state.as_ref(), &mut out)?;
+    remove_job_files_with(home, job, sys, state.as_ref(), &mut out)?;
+    Ok(out)
+}
+
+/// [`cleanup_job`]'s first half (the job's processes, its cgroup, libcontainer's state,
+/// stray mounts), for a caller with work of its own before the second
+/// ([`Stopped::finish`]: the layers, the record): `Sandbox::finish` deletes the layers
+/// meanwhile, and this half's kernel work overlaps their wait on the disk.
+pub fn stop_job(home: &Home, job: &JobDir) -> Result<Stopped> {
+    let mut out = Cleanup::default();
+    let state = job.read_state().ok();
+    stop_job_with(home, job, &sys::Real, CgroupHost::get(), state.as_ref(), &mut out)?;
+    Ok(Stopped { state, out })
+}
+
+/// A job whose processes, cgroup and runtime state are gone; its files are not yet.
+#[derive(Debug)]
+pub struct Stopped {
+    state: Option<super::jobdir::JobState>,
+    out: Cleanup,
+}
+
+impl Stopped {
+    /// [`cleanup_job`]'s second half: the layers (if still there), the scratch dir, the
+    /// record (last: a concurrent gc never sees the layers without it), the id block.
+    pub fn finish(mut self, home: &Home, job: &JobDir) -> Result<Cleanup> {
+        remove_job_files_with(home, job, &sys::Real, self.state.as_ref(), &mut self.out)?;
+        Ok(self.out)
+    }
+}
+
+/// The first half: the job's processes, its cgroup, libcontainer's state, stray mounts.
+fn stop_job_with(
+    home: &Home,
+    job: &JobDir,
+    sys: &dyn Sys,
+    cgroups: &CgroupHost,
+    state: Option<&super::jobdir::JobState>,
+    out: &mut Cleanup,
+) -> Result<()> {
+    let id = job.id();
     if let Some(pid) = kill_recorded_init_with(job, sys) {
         out.leftovers.push(format!("job init pid {pid} (its pid namespace killed)"));
     }
-    let cgroup = state.as_ref().map(|s| s.cgroup_path.clone()).unwrap_or_else(|| cgroup_path_for(home, &id));
+    let cgroup = state.map(|s| s.cgroup_path.clone()).unwrap_or_else(|| cgroup_path_for(home, &id));
     if let Some(n) = remove_cgroup_with(sys, cgroups, &cgroup)? {
         // Removing the job's cgroup is routine (the helper made it; see sandbox::cgroup);
         // processes still in it are leftovers.
@@ -60,8 +101,7 @@ pub fn cleanup_job_with(home: &Home, job: &JobDir, sys: &dyn Sys, cgroups: &Cgro
             out.leftovers.push(format!("cgroup {} ({n} processes killed)", cgroup.display()));
         }
     }
-    let container_state =
-        state.as_ref().map(|s| s.container_state.clone()).unwrap_or_else(|| job.container_root().join(&id));
+    let container_state = state.map(|s| s.container_state.clone()).unwrap_or_else(|| job.container_root().join(&id));
     if container_state.exists() {
         sys.remove_tree(&container_state)?;
         out.leftovers.push(format!("container state {}", container_state.display()));
@@ -70,11 +110,22 @@ pub fn cleanup_job_with(home: &Home, job: &JobDir, sys: &dyn Sys, cgroups: &Cgro
         sys.unmount(&m)?;
         out.leftovers.push(format!("mount {}", m.display()));
     }
+    Ok(())
+}
+
+/// The second half: the layers, the scratch dir, the record, the id block's lease.
+fn remove_job_files_with(
+    home: &Home,
+    job: &JobDir,
+    sys: &dyn Sys,
+    state: Option<&super::jobdir::JobState>,
+    out: &mut Cleanup,
+) -> Result<()> {
     // The layers (disk, maybe gigabytes) go first, the record (runtime dir, small) last:
     // a concurrent gc never sees this job's layers without their record (it would take
     // them for an orphan).
-    remove_layers_with(home, job, sys, state.as_ref().and_then(|s| s.project_id))?;
-    if let Some(s) = &state {
+    remove_layers_with(home, job, sys, state.and_then(|s| s.project_id))?;
+    if let Some(s) = state {
         if let Some(dir) = &s.scratch {
             // As the layers: the project id's limits go while the dir still holds it. A
             // btrfs subvolume goes as any dir (its qgroup: see sys::btrfs).
@@ -87,13 +138,13 @@ pub fn cleanup_job_with(home: &Home, job: &JobDir, sys: &dyn Sys, cgroups: &Cgro
     if job.root.exists() {
         sys.remove_tree(&job.root)?;
     }
-    if let Some(block) = state.as_ref().and_then(|s| s.id_block) {
+    if let Some(block) = state.and_then(|s| s.id_block) {
         // Its processes and record are gone: its host ids may go to the next job.
         crate::identity::lease::forget(Path::new(crate::identity::lease::DIR), block, &job.root);
     }
     remove_empty_run_root(home, sys);
     out.job_dir_removed = true;
-    Ok(out)
+    Ok(())
 }
 
 /// Moves a finished job's layers to the trash and deletes them (its record stays, so gc
@@ -587,6 +638,23 @@ mod tests {
             let r = cleanup_job_with(&self.home, &self.job, &rec, &self.host);
             (rec.calls(), r)
         }
+    }
+
+    #[test]
+    fn the_first_half_leaves_the_layers_and_the_record_to_the_second() {
+        let f = fixture();
+        let rec = crate::sys::Recorder::default();
+        rec.mounts.borrow_mut().push(f.job.idmapped_lower(0));
+        let state = f.job.read_state().ok();
+        let mut out = Cleanup::default();
+        stop_job_with(&f.home, &f.job, &rec, &f.host, state.as_ref(), &mut out).unwrap();
+        // The init, the cgroup, libcontainer's state, the stray mount: the same steps as
+        // the whole clean-up's first six.
+        assert_eq!(rec.calls(), f.steps()[..6]);
+        assert!(!out.job_dir_removed);
+        remove_job_files_with(&f.home, &f.job, &rec, state.as_ref(), &mut out).unwrap();
+        assert_eq!(rec.calls(), f.steps(), "then the layers, the record last");
+        assert!(out.job_dir_removed);
     }
 
     #[test]
