@@ -219,12 +219,14 @@ struct Entering {
     ready: std::os::unix::net::UnixStream,
 }
 
-/// A forked child doing a veth's steps 3-5 (see `isolate_veth`): its pid, and the read
-/// end of the pipe it reports on.
+/// The forked child that made the job's namespace and does a veth's steps 3-5 (see
+/// `namespace_in_child`): its pid, the read end of the pipe it reports on, and the
+/// firewall's lock, released once the child is reaped.
 #[derive(Debug)]
 struct Configuring {
     pid: i32,
     report: std::fs::File,
+    _lock: Option<nix::fcntl::Flock<std::fs::File>>,
 }
 
 impl Made {
@@ -306,21 +308,19 @@ pub fn isolate(setup: &Setup, sysfs: &Path) -> Result<Made> {
 }
 
 /// A veth's step 1, the host's side, before the fork (the child is in the job's
-/// namespace from its step 2 on): its netlink socket, the lock (shared with the child:
-/// one open file), the host's IPv6 settings of links.
+/// namespace from its step 2 on): its netlink socket and the host's IPv6 settings of
+/// links. The lock stays with the helper (see `namespace_in_child`).
 struct HostSide {
     socket: Socket,
-    _lock: nix::fcntl::Flock<std::fs::File>,
     conf6: Option<std::fs::File>,
 }
 
 fn host_side(v: &Veth) -> Result<HostSide> {
     let socket = socket()?;
-    let lock = lock_shared(&v.lock)?;
     nft_table_exists(&v.table)?;
     // The host's IPv6 settings of links, opened while this is the host's namespace.
     let conf6 = v.v6.as_ref().map(|_| open_ipv6_conf()).transpose()?;
-    Ok(HostSide { socket, _lock: lock, conf6 })
+    Ok(HostSide { socket, conf6 })
 }
 
 /// Step 2: the namespace (the caller's from now on), its loopback, its sysfs.
@@ -373,12 +373,22 @@ fn configure(veth: Option<&Veth>, host: Option<&HostSide>, job: &Socket) -> Resu
 }
 
 fn namespace_in_child(veth: Option<&Veth>, sysfs: &Path) -> Result<Made> {
+    // Held shared from the table's check to the link's creation (see firewall::LOCK):
+    // by the helper until the child that makes the link is reaped (`Made::finish`). The
+    // child shares its open file; its exit does not unlock it.
+    let lock = veth.map(|v| lock_shared(&v.lock)).transpose()?;
     let host = veth.map(host_side).transpose()?;
     // The namespace comes to the helper as an fd (SCM_RIGHTS): it must outlive the child,
     // which may be done before the helper enters it.
     let (ns_rx, ns_tx) = std::os::unix::net::UnixStream::pair().map_err(|e| Error::Pipe(errno_of(&e)))?;
     let (report_rx, report_tx) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(Error::Pipe)?;
     let forked = super::process::run_forked("the job's network namespace", host, |host| {
+        // Dies with the helper (and its job), not after it.
+        if nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL).is_err()
+            || nix::unistd::getppid().as_raw() == 1
+        {
+            return 125;
+        }
         let made = make_namespace(sysfs).and_then(|job| {
             let ns = std::fs::File::open("/proc/self/ns/net").map_err(Error::OpenNetns)?;
             Ok((job, ns))
@@ -414,7 +424,7 @@ fn namespace_in_child(veth: Option<&Veth>, sysfs: &Path) -> Result<Made> {
             let pid = pid.as_raw();
             Ok(Made {
                 entering: Some(Entering { ready: ns_rx }),
-                configuring: Some(Configuring { pid, report: std::fs::File::from(report_rx) }),
+                configuring: Some(Configuring { pid, report: std::fs::File::from(report_rx), _lock: lock }),
                 ..Default::default()
             })
         }
@@ -837,7 +847,8 @@ fn add_routes(job: &Socket, routes: &[JobRoute], gateway: Ipv4Addr) -> Result<()
 /// Mounts a fresh sysfs (read-only, nosuid, nodev, noexec) on `target`: it shows the
 /// namespace of its mounter, so mounted after the unshare it lists the job's links only.
 /// In a user namespace only the owner of the network namespace may mount one, which the
-/// helper is and the job's own user namespace (if any) is not: the spec binds this one.
+/// helper is and the job's own user namespace (if any) is not: the helper binds this one
+/// into the job's tree (`sandbox::treemount`).
 pub fn mount_sysfs(target: &Path) -> Result<()> {
     use nix::mount::{mount, MsFlags};
     let flags = MsFlags::MS_RDONLY | MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC;
@@ -847,11 +858,10 @@ pub fn mount_sysfs(target: &Path) -> Result<()> {
 
 /// The dir of the job's network files (its sysfs at `dir/sys`, mounted by [`isolate`];
 /// its resolv.conf written there afterwards): a small tmpfs, mode 0755, mounted on `dir`
-/// in the helper's private mount namespace. libcontainer binds them as the job's root,
-/// which in a user namespace of its own cannot pass the job's private record dir; `dir`
-/// is one path for all jobs (each helper sees only its own tmpfs there), beside the
-/// overlay's mount point, which is reachable by any id for the same reason. The tmpfs
-/// goes with the namespace.
+/// in the helper's private mount namespace, from which the helper binds them into the
+/// job's tree (`sandbox::treemount`). `dir` is one path for all jobs (each helper sees
+/// only its own tmpfs there), beside the overlay's mount point. The tmpfs goes with the
+/// namespace.
 pub fn mount_job_net_dir(dir: &Path) -> Result<()> {
     use nix::mount::{mount, MsFlags};
     let flags = MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC;
@@ -966,6 +976,37 @@ pub fn link_name(index: i32) -> Result<Option<String>> {
 mod tests {
     use super::*;
 
+    /// The word of the child making a job's namespace, as `Made::enter` takes it (any fd
+    /// stands in for the namespace's: no privilege needed).
+    fn entered_with(text: &str, with_fd: bool) -> Result<()> {
+        let (rx, tx) = std::os::unix::net::UnixStream::pair().unwrap();
+        let stand_in = std::fs::File::open("/dev/null").unwrap();
+        send_namespace(&tx, text, with_fd.then(|| stand_in.as_fd()));
+        drop(tx);
+        let mut made = Made { entering: Some(Entering { ready: rx }), ..Default::default() };
+        made.enter()
+    }
+
+    #[test]
+    fn the_namespaces_word_and_fd_cross_and_failures_keep_their_kind() {
+        let (rx, tx) = std::os::unix::net::UnixStream::pair().unwrap();
+        let f = std::fs::File::open("/dev/null").unwrap();
+        send_namespace(&tx, "ok\n", Some(f.as_fd()));
+        let (text, fd) = receive_namespace(&rx);
+        assert_eq!(text, "ok\n");
+        assert!(fd.is_some_and(|fd| fs_at_is_char_device(&fd)), "the fd came along");
+        // The unshare's EPERM stays that error (the job's record says "not permitted").
+        assert!(matches!(entered_with("unshare 1\n", false), Err(Error::UnshareNetNs(nix::errno::Errno::EPERM))));
+        let e = entered_with("err cannot mount sysfs\n", false).unwrap_err();
+        assert_eq!(e.to_string(), "cannot make the job's network namespace: cannot mount sysfs");
+        // A child gone without a word, or a word without its namespace.
+        assert!(matches!(entered_with("", false), Err(Error::MakeJobNetns(_))));
+        assert!(matches!(entered_with("ok\n", false), Err(Error::MakeJobNetns(_))));
+    }
+
+    fn fs_at_is_char_device(fd: &OwnedFd) -> bool {
+        nix::sys::stat::fstat(fd.as_raw_fd()).is_ok_and(|st| st.st_mode & libc::S_IFMT == libc::S_IFCHR)
+    }
     #[test]
     fn the_veth_childs_report_reads_back() {
         let a = Ipv4Addr::new(10, 87, 0, 9);
