@@ -297,6 +297,12 @@ impl std::str::FromStr for Volume {
         if container == Path::new("/") {
             bail!("malformed --volume '{s}': cannot mount a volume over the sandbox root");
         }
+        // The job's /dev holds its init (see sandbox::treemount), /proc and /sys are the
+        // kernel's: a volume there would cover them.
+        let norm: PathBuf = container.components().collect();
+        if ["/proc", "/sys", "/dev"].iter().any(|k| norm.starts_with(k)) {
+            bail!("malformed --volume '{s}': {ctr} is in a kernel filesystem (/proc, /sys, /dev): choose another container path");
+        }
         if let Some(e) = env {
             if !is_env_name(e) {
                 bail!("malformed --volume '{s}': '{e}' is not a valid environment variable name");
@@ -634,6 +640,12 @@ mod tests {
             let e = bad.parse::<Volume>().unwrap_err().to_string();
             assert!(e.starts_with("malformed --volume"), "{bad}: {e}");
         }
+        // Not over the job's /dev (its init is there), /proc or /sys.
+        for bad in ["/a:/dev", "/a:/dev/.azp-init", "/a:/proc/x", "/a:/sys", "/a://dev/"] {
+            let e = bad.parse::<Volume>().unwrap_err().to_string();
+            assert!(e.contains("kernel filesystem"), "{bad}: {e}");
+        }
+        assert!("/a:/device".parse::<Volume>().is_ok(), "a name that only starts like /dev");
     }
 
     #[test]

@@ -187,7 +187,8 @@ fn run(
     }
     // /dev, /dev/shm, /tmp, /etc/resolv.conf, the init...: here, not in the spec (see
     // treemount), their tmpfs roots the job's root's as if it had mounted them.
-    treemount::mount_all(&merged, &treemount::list(&plan, outside_ids(&plan, 0, 0)?)?, sys)?;
+    let root_ids = outside_ids(&plan, 0, 0)?;
+    treemount::mount_all(&merged, &treemount::list(&plan, root_ids)?, root_ids, sys)?;
     tracing::debug!(job = %plan.id, "overlay mounted");
     // The cgroup last, right before the container: the kernel makes the first move of a
     // process into a cgroup after a quiet spell wait for an RCU grace period (5-15 ms

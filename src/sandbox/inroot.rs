@@ -29,6 +29,16 @@ fn rel_cstring(p: &Path) -> io::Result<CString> {
 /// like mkdir -p) where missing when `create`. A symlink on the way whose target does not
 /// exist inside the tree is an error (ENOENT): it is not followed out, nor created through.
 pub fn open_dir(root: &Path, dir: &Path, create: bool) -> io::Result<OwnedFd> {
+    open_dir_with(root, dir, create, None)
+}
+
+/// [`open_dir`] creating what is missing, each dir it makes given to `owner` (the job's
+/// root, as if the job had made it: a runtime makes mount points in the job's namespace).
+pub fn open_dir_as(root: &Path, dir: &Path, owner: (u32, u32)) -> io::Result<OwnedFd> {
+    open_dir_with(root, dir, true, Some(owner))
+}
+
+fn open_dir_with(root: &Path, dir: &Path, create: bool, owner: Option<(u32, u32)>) -> io::Result<OwnedFd> {
     let rootfd = fs_at::open_dir(root)?;
     let mut at = std::path::PathBuf::new();
     let mut fd = fs_at::openat2(rootfd.as_raw_fd(), c".", libc::O_PATH | libc::O_DIRECTORY, RESOLVE)?;
@@ -39,10 +49,14 @@ pub fn open_dir(root: &Path, dir: &Path, create: bool) -> io::Result<OwnedFd> {
         fd = match fs_at::openat2(rootfd.as_raw_fd(), &path, libc::O_PATH | libc::O_DIRECTORY, RESOLVE) {
             Err(e) if create && fs_at::errno(&e) == libc::ENOENT => {
                 let n = fs_at::cstring(name.as_bytes())?;
-                if let Err(e) = fs_at::mkdirat(fd.as_raw_fd(), &n, 0o755) {
-                    if fs_at::errno(&e) != libc::EEXIST {
-                        return Err(e);
+                match fs_at::mkdirat(fd.as_raw_fd(), &n, 0o755) {
+                    Ok(()) => {
+                        if let Some((uid, gid)) = owner {
+                            fs_at::fchownat_nofollow(reopen(&fd)?.as_raw_fd(), &n, uid, gid)?;
+                        }
                     }
+                    Err(e) if fs_at::errno(&e) == libc::EEXIST => {}
+                    Err(e) => return Err(e),
                 }
                 fs_at::openat2(rootfd.as_raw_fd(), &path, libc::O_PATH | libc::O_DIRECTORY, RESOLVE)?
             }
@@ -117,16 +131,25 @@ pub fn read_file(root: &Path, path: &Path, max: u64) -> io::Result<Vec<u8>> {
 /// (as mkdir -p). Whatever is already there, a dangling symlink included, is left alone:
 /// the runtime resolves it as it did before.
 pub fn create_mount_target(root: &Path, path: &Path, dir: bool) -> io::Result<()> {
+    create_mount_target_with(root, path, dir, None)
+}
+
+/// [`create_mount_target`], what it makes given to `owner` (see [`open_dir_as`]).
+pub fn create_mount_target_as(root: &Path, path: &Path, dir: bool, owner: (u32, u32)) -> io::Result<()> {
+    create_mount_target_with(root, path, dir, Some(owner))
+}
+
+fn create_mount_target_with(root: &Path, path: &Path, dir: bool, owner: Option<(u32, u32)>) -> io::Result<()> {
     match open_existing(root, path) {
         Ok(_) => return Ok(()),
         Err(e) if fs_at::errno(&e) == libc::ENOENT => {}
         Err(e) => return Err(e),
     }
     if dir {
-        return open_dir(root, path, true).map(drop);
+        return open_dir_with(root, path, true, owner).map(drop);
     }
     let (parent, name) = split(path)?;
-    let dirfd = reopen(&open_dir(root, parent, true)?)?;
+    let dirfd = reopen(&open_dir_with(root, parent, true, owner)?)?;
     match fs_at::openat(
         dirfd.as_raw_fd(),
         &name,
@@ -134,7 +157,11 @@ pub fn create_mount_target(root: &Path, path: &Path, dir: bool) -> io::Result<()
         0o644,
     ) {
         Err(e) if fs_at::errno(&e) == libc::EEXIST => Ok(()),
-        r => r.map(drop),
+        Ok(fd) => match owner {
+            Some((uid, gid)) => fs_at::fchown(fd.as_raw_fd(), uid, gid),
+            None => Ok(()),
+        },
+        Err(e) => Err(e),
     }
 }
 

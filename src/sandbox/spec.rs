@@ -159,8 +159,6 @@ fn process_args(plan: &JobPlan) -> Vec<String> {
     super::init::args(&plan.args)
 }
 
-/// The init's read-only bind, onto a file libcontainer creates on the job's /dev tmpfs
-/// (mounted before it). Executable (no noexec); nosuid and nodev as every bind.
 /// The job joins the user namespace its helper made (see [`crate::identity`]) at `path`
 /// (`/proc/self/fd/N` of the helper: libcontainer's processes are its forks). libcontainer
 /// then binds device nodes instead of making them, and writes no id maps.

@@ -10,11 +10,13 @@
 //! runtime), ~20 us.
 //!
 //! Behind the jobs' seccomp filter, which refuses them mount(2) anyway, they also hold
-//! better. Made in the helper's mount namespace, they reach the job's through
-//! libcontainer's recursive bind of the tree and its unshare from the job's user
-//! namespace, which locks them: the job's root could not unmount them or make a read-only
-//! bind writable, nor remount `/tmp` and `/dev/shm` past their size (each tmpfs belongs to
-//! the helper's user namespace, not the job's).
+//! better where the job has a user namespace of its own (the default): made in the
+//! helper's mount namespace, they reach the job's through libcontainer's recursive bind
+//! of the tree and its unshare from the job's user namespace, which locks them: the job's
+//! root could not unmount them or make a read-only bind writable, nor remount `/tmp` and
+//! `/dev/shm` past their size (each tmpfs belongs to the helper's user namespace, not the
+//! job's). With `--userns host` (or rootless in the process's own namespace) seccomp and
+//! the job's capabilities alone keep them, as before.
 //!
 //! In a user namespace the device nodes of the job's GPUs are bound here too.
 //!
@@ -64,8 +66,17 @@ pub fn list(plan: &JobPlan, owner: (u32, u32)) -> Result<Vec<TreeMount>> {
     let ids = format!("uid={},gid={}", owner.0, owner.1);
     let shm_size = plan.limits.shm_bytes.map(|b| format!("size={b}")).unwrap_or_else(|| "size=1g".into());
     let tmp_size = plan.limits.tmp_bytes.map(|b| format!(",size={b}")).unwrap_or_default();
+    // In a user namespace every node in /dev is a bind of its own (libcontainer's and
+    // ours), so its tmpfs can be nodev: mounted in the job's namespace, the kernel made it
+    // so; mounted here, it would not be.
+    let dev_flags = if plan.in_user_namespace() { MsFlags::MS_NODEV } else { MsFlags::empty() };
     let mut m = vec![
-        tmpfs("/dev", "tmpfs", MsFlags::MS_NOSUID | MsFlags::MS_STRICTATIME, format!("mode=755,size=65536k,{ids}")),
+        tmpfs(
+            "/dev",
+            "tmpfs",
+            MsFlags::MS_NOSUID | MsFlags::MS_STRICTATIME | dev_flags,
+            format!("mode=755,size=65536k,{ids}"),
+        ),
         tmpfs(
             "/dev/shm",
             "shm",
@@ -103,16 +114,18 @@ pub fn list(plan: &JobPlan, owner: (u32, u32)) -> Result<Vec<TreeMount>> {
 
 /// Makes `mounts` in the tree at `merged` (the job's overlay, in the helper's mount
 /// namespace), creating their targets inside it where missing.
-pub fn mount_all(merged: &Path, mounts: &[TreeMount], sys: &dyn Sys) -> Result<()> {
+/// What it creates (mount points, missing dirs on the way) is `owner`'s, the job's root's,
+/// as if the job had made it.
+pub fn mount_all(merged: &Path, mounts: &[TreeMount], owner: (u32, u32), sys: &dyn Sys) -> Result<()> {
     for m in mounts {
         let target = || format!("cannot create the mount point {} in the sandbox", m.dst.display());
         match &m.what {
             What::Tmpfs { source, data } => {
-                let fd = inroot::open_dir(merged, &m.dst, true).with_context(target)?;
+                let fd = inroot::open_dir_as(merged, &m.dst, owner).with_context(target)?;
                 sys.mount_tmpfs_in_tree(InTree { fd: fd.as_fd(), dst: &m.dst }, source, m.flags, data)?;
             }
             What::Bind { from, dir } => {
-                inroot::create_mount_target(merged, &m.dst, *dir).with_context(target)?;
+                inroot::create_mount_target_as(merged, &m.dst, *dir, owner).with_context(target)?;
                 let fd = inroot::open_existing(merged, &m.dst).with_context(target)?;
                 sys.bind_in_tree(from, InTree { fd: fd.as_fd(), dst: &m.dst })?;
                 // The bind's own root now: the flags go on it, not on what it covers.
@@ -180,8 +193,11 @@ mod tests {
         p.edits.device_nodes.push(super::super::spec::tests::nvidia1("/drv/dev/nvidia1"));
         // Without one, libcontainer makes the node (mknod, from the spec's devices).
         assert!(list(&p, (0, 0)).unwrap().iter().all(|m| m.dst != Path::new("/dev/nvidia1")));
+        assert!(!find(&list(&p, (0, 0)).unwrap(), "/dev").flags.contains(MsFlags::MS_NODEV), "mknod'ed nodes");
         p.rootless = true;
         let m = list(&p, (0, 0)).unwrap();
+        // Each node a bind of its own: /dev itself can be nodev, as in the job's namespace.
+        assert!(find(&m, "/dev").flags.contains(MsFlags::MS_NODEV));
         let pos = |dst: &str| m.iter().position(|m| m.dst == Path::new(dst)).unwrap();
         assert!(pos("/dev") < pos("/dev/nvidia1"));
         assert_eq!(m[pos("/dev/nvidia1")].what, What::Bind { from: "/drv/dev/nvidia1".into(), dir: false });
@@ -218,11 +234,20 @@ mod tests {
         std::fs::create_dir_all(root.join(outside.strip_prefix("/").unwrap())).unwrap();
         std::os::unix::fs::symlink(&outside, root.join("etc")).unwrap();
         let rec = Recorder::default();
-        let m = list(&plan(), (7, 8)).unwrap();
-        mount_all(&root, &m, &rec).unwrap();
+        // What it makes is the job root's (as root: someone else's; otherwise our own).
+        let me = (nix::unistd::getuid().as_raw(), nix::unistd::getgid().as_raw());
+        let owner = if me.0 == 0 { (7, 8) } else { me };
+        let m = list(&plan(), owner).unwrap();
+        mount_all(&root, &m, owner, &rec).unwrap();
+        use std::os::unix::fs::MetadataExt;
+        for made in [root.join("dev"), root.join("dev/shm"), root.join("dev/.azp-init")] {
+            let md = std::fs::symlink_metadata(&made).unwrap();
+            assert_eq!((md.uid(), md.gid()), owner, "{}", made.display());
+        }
         assert_eq!(std::fs::read_dir(&outside).unwrap().count(), 0, "nothing made outside the tree");
         let inside = root.join(outside.strip_prefix("/").unwrap());
         assert!(inside.join("hosts").is_file() && inside.join("resolv.conf").is_file(), "made inside instead");
+        assert_eq!(std::fs::metadata(inside.join("hosts")).unwrap().uid(), owner.0);
         assert!(root.join("dev/shm").is_dir() && root.join("dev/.azp-init").is_file());
         let calls = rec.calls();
         let at = |p: &str| calls.iter().position(|c| c.starts_with(p)).unwrap_or_else(|| panic!("{p}: {calls:?}"));
@@ -236,7 +261,7 @@ mod tests {
     fn a_failed_mount_says_where_and_stops() {
         let t = tempfile::tempdir().unwrap();
         let rec = Recorder::failing_at(1, nix::errno::Errno::ENOSPC);
-        let e = mount_all(t.path(), &list(&plan(), (0, 0)).unwrap(), &rec).unwrap_err();
+        let e = mount_all(t.path(), &list(&plan(), (0, 0)).unwrap(), (0, 0), &rec).unwrap_err();
         assert!(format!("{e:#}").contains("cannot mount a tmpfs on /dev/shm in the sandbox"), "{e:#}");
         assert_eq!(rec.calls().len(), 2);
     }

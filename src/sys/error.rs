@@ -52,7 +52,7 @@ pub enum Error {
         #[source]
         source: Errno,
     },
-    #[error("cannot make the bind mount on {} in the sandbox read-only (remount)", dst.display())]
+    #[error("cannot set the flags of the bind mount on {} in the sandbox (remount; EPERM: a flag its source has locked)", dst.display())]
     RestrictInTree {
         dst: PathBuf,
         #[source]

@@ -123,6 +123,10 @@ pub fn restrict_in_tree(at: InTree, flags: MsFlags) -> Result<()> {
     .into_iter()
     .filter(|(st, _)| has.contains(*st))
     .fold(MsFlags::empty(), |all, (_, ms)| all | ms);
+    // Neither noatime nor relatime: strictatime, or the remount would default to relatime
+    // (refused where the atime flags are locked).
+    let kept =
+        if has.intersects(FsFlags::ST_NOATIME | FsFlags::ST_RELATIME) { kept } else { kept | MsFlags::MS_STRICTATIME };
     let all = MsFlags::MS_REMOUNT | MsFlags::MS_BIND | kept | flags;
     mount(None::<&str>, &at.proc_path(), None::<&str>, all, None::<&str>).map_err(err)
 }
