@@ -31,13 +31,6 @@ pub enum Error {
         #[source]
         source: Errno,
     },
-    #[error("cannot bind-mount {} on {}", from.display(), target.display())]
-    BindMount {
-        from: PathBuf,
-        target: PathBuf,
-        #[source]
-        source: Errno,
-    },
     #[error("cannot mount a tmpfs on {} in the sandbox ({options})", dst.display())]
     MountTmpfsInTree {
         dst: PathBuf,

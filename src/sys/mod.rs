@@ -74,12 +74,10 @@ pub trait Sys {
     /// Owner of `path` (not followed).
     fn chown(&self, path: &Path, uid: u32, gid: u32) -> Result<()>;
     fn mount_overlay(&self, overlay: &Overlay) -> Result<()>;
-    /// A plain bind mount of `source` on `target` (a `/proc/self/fd/N` of a target
-    /// resolved inside a tree), in this process's private mount namespace.
-    fn bind_mount(&self, source: &Path, target: &Path) -> Result<()>;
     /// A tmpfs on a target in a job's tree (see [`mount::mount_tmpfs_in_tree`]).
     fn mount_tmpfs_in_tree(&self, at: InTree, source: &str, flags: MsFlags, data: &str) -> Result<()>;
-    /// The host's `from` bound on a target in a job's tree.
+    /// A plain bind of the host's `from` on a target in a job's tree (or a layer's being
+    /// built), in this process's private mount namespace.
     fn bind_in_tree(&self, from: &Path, at: InTree) -> Result<()>;
     /// `flags` added to the bind mount whose root `at` is (see [`mount::restrict_in_tree`]).
     fn restrict_in_tree(&self, at: InTree, flags: MsFlags) -> Result<()>;
@@ -157,9 +155,6 @@ impl Sys for Real {
     }
     fn mount_overlay(&self, overlay: &Overlay) -> Result<()> {
         mount::mount_overlay(overlay)
-    }
-    fn bind_mount(&self, source: &Path, target: &Path) -> Result<()> {
-        mount::bind_mount(source, target)
     }
     fn mount_tmpfs_in_tree(&self, at: InTree, source: &str, flags: MsFlags, data: &str) -> Result<()> {
         mount::mount_tmpfs_in_tree(at, source, flags, data)
@@ -336,13 +331,6 @@ impl Sys for Recorder {
             target: overlay.target.clone(),
             options,
             source,
-        })
-    }
-    fn bind_mount(&self, source: &Path, target: &Path) -> Result<()> {
-        self.step(format!("bind_mount {} {}", source.display(), target.display())).map_err(|e| Error::BindMount {
-            from: source.into(),
-            target: target.into(),
-            source: e,
         })
     }
     fn mount_tmpfs_in_tree(&self, at: InTree, source: &str, flags: MsFlags, data: &str) -> Result<()> {

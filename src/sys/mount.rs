@@ -62,15 +62,6 @@ pub fn mount_overlay(overlay: &Overlay) -> Result<()> {
     .map_err(|source| Error::MountOverlay { target: overlay.target.clone(), options: data, source })
 }
 
-/// A plain bind mount of `from` on `target`.
-pub fn bind_mount(from: &Path, target: &Path) -> Result<()> {
-    mount(Some(from), target, None::<&str>, MsFlags::MS_BIND, None::<&str>).map_err(|source| Error::BindMount {
-        from: from.to_path_buf(),
-        target: target.to_path_buf(),
-        source,
-    })
-}
-
 /// Where in a job's tree a mount goes: `fd` is the target resolved inside the tree (an
 /// `O_PATH` fd, see `sandbox::inroot`), mounted on through `/proc/self/fd/N`; `dst` is
 /// its path in the job, for messages.

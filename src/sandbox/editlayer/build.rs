@@ -6,9 +6,9 @@ use super::{dir, inroot, prune, write_edits, BUILD_PREFIX};
 use crate::config::Home;
 use crate::sandbox::plan::JobPlan;
 use crate::sys::fs_at;
-use crate::sys::{Overlay, Sys};
+use crate::sys::{InTree, Overlay, Sys};
 use anyhow::{bail, Context, Result};
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsFd, AsRawFd};
 use std::path::Path;
 
 /// Builds the layer for `plan` under `key`: an overlay over the plan's lower layers in a
@@ -95,7 +95,7 @@ fn make_edits(plan: &JobPlan, merged: &Path, sys: &dyn Sys) -> Result<Vec<Link>>
         if !fs_at::fstat(fd.as_raw_fd()).is_ok_and(|st| st.st_mode & libc::S_IFMT == libc::S_IFREG) {
             continue;
         }
-        sys.bind_mount(&m.host_path, &fs_at::proc_fd(fd.as_raw_fd()))?;
+        sys.bind_in_tree(&m.host_path, InTree { fd: fd.as_fd(), dst: &m.container_path })?;
     }
     let ldconfig = crate::sandbox::spec::host_ldconfig()?;
     let out = std::process::Command::new(ldconfig)
