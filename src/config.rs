@@ -297,10 +297,7 @@ impl std::str::FromStr for Volume {
         if container == Path::new("/") {
             bail!("malformed --volume '{s}': cannot mount a volume over the sandbox root");
         }
-        // The job's /dev holds its init (see sandbox::treemount), /proc and /sys are the
-        // kernel's: a volume there would cover them.
-        let norm: PathBuf = container.components().collect();
-        if ["/proc", "/sys", "/dev"].iter().any(|k| norm.starts_with(k)) {
+        if in_kernel_filesystem(&container) {
             bail!("malformed --volume '{s}': {ctr} is in a kernel filesystem (/proc, /sys, /dev): choose another container path");
         }
         if let Some(e) = env {
@@ -310,6 +307,14 @@ impl std::str::FromStr for Volume {
         }
         Ok(Volume { host: PathBuf::from(host), container, env: env.map(str::to_owned) })
     }
+}
+
+/// Whether the job's path `p` is in its `/proc`, `/sys` or `/dev` (components compared,
+/// `//dev/` included): the kernel's filesystems and the sandbox's own `/dev` (the job's
+/// init is there, see `sandbox::treemount`), which no volume or cache may cover.
+pub fn in_kernel_filesystem(p: &Path) -> bool {
+    let norm: PathBuf = p.components().collect();
+    ["/proc", "/sys", "/dev"].iter().any(|k| norm.starts_with(k))
 }
 
 /// `--env K=V`.

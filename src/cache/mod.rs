@@ -96,10 +96,8 @@ pub fn check_path(name: &str, p: &Path) -> Result<PathBuf> {
         bail!("cache '{name}': path {} must be absolute and inside the job's tree (no '..')", p.display());
     }
     let norm: PathBuf = p.components().collect();
-    for kernel in ["/proc", "/sys", "/dev"] {
-        if norm == Path::new("/") || norm.starts_with(kernel) {
-            bail!("cache '{name}': path {} is the job's root or a kernel filesystem: choose a dir such as /root/.cache/{name}", p.display());
-        }
+    if norm == Path::new("/") || crate::config::in_kernel_filesystem(&norm) {
+        bail!("cache '{name}': path {} is the job's root or a kernel filesystem: choose a dir such as /root/.cache/{name}", p.display());
     }
     if norm.as_os_str().to_str().is_none_or(|s| s.contains([',', ':', '\n'])) {
         bail!("cache '{name}': path {} must be UTF-8 without ',' ':' or newlines", p.display());
