@@ -323,13 +323,16 @@ fn host_side(v: &Veth) -> Result<HostSide> {
     Ok(HostSide { socket, conf6 })
 }
 
-/// Step 2: the namespace (the caller's from now on), its loopback, its sysfs.
-fn make_namespace(sysfs: &Path) -> Result<Socket> {
+/// Step 2: the namespace (the caller's from now on), its loopback, its sysfs. Returns
+/// a netlink socket in it and the namespace itself (for the helper, and for the veth's
+/// peer to be moved into).
+fn make_namespace(sysfs: &Path) -> Result<(Socket, std::fs::File)> {
     unshare_network()?;
     let job = socket()?;
     loopback_up(&job)?;
     mount_sysfs(sysfs)?;
-    Ok(job)
+    let ns = std::fs::File::open("/proc/self/ns/net").map_err(Error::OpenNetns)?;
+    Ok((job, ns))
 }
 
 /// What the child making the job's namespace tells the helper: `text` (`ok`, or why
@@ -365,9 +368,9 @@ fn receive_namespace(from: &std::os::unix::net::UnixStream) -> (String, Option<O
 }
 
 /// Steps 3-5 for a veth (none for loopback only): what [`Made::finish`] then holds.
-fn configure(veth: Option<&Veth>, host: Option<&HostSide>, job: &Socket) -> Result<Made> {
+fn configure(veth: Option<&Veth>, host: Option<&HostSide>, (job, ns): &(Socket, std::fs::File)) -> Result<Made> {
     match (veth, host) {
-        (Some(v), Some(h)) => configure_veth(&h.socket, job, v, h.conf6.as_ref()),
+        (Some(v), Some(h)) => configure_veth(&h.socket, job, ns, v, h.conf6.as_ref()),
         _ => Ok(Made::default()),
     }
 }
@@ -389,14 +392,10 @@ fn namespace_in_child(veth: Option<&Veth>, sysfs: &Path) -> Result<Made> {
         {
             return 125;
         }
-        let made = make_namespace(sysfs).and_then(|job| {
-            let ns = std::fs::File::open("/proc/self/ns/net").map_err(Error::OpenNetns)?;
-            Ok((job, ns))
-        });
-        let job = match made {
-            Ok((job, ns)) => {
-                send_namespace(&ns_tx, "ok\n", Some(ns.as_fd()));
-                job
+        let job = match make_namespace(sysfs) {
+            Ok(made) => {
+                send_namespace(&ns_tx, "ok\n", Some(made.1.as_fd()));
+                made
             }
             // The unshare's errno as such: EPERM is a failure of its own kind for the job.
             Err(Error::UnshareNetNs(errno)) => {
@@ -440,12 +439,17 @@ fn dash_or(a: Option<Ipv6Addr>) -> String {
     a.map(|a| a.to_string()).unwrap_or_else(|| "-".into())
 }
 
-/// A veth's steps after the unshare, in the job's namespace: the pair, the addresses,
-/// the routes.
-fn configure_veth(host: &Socket, job: &Socket, v: &Veth, host_conf6: Option<&std::fs::File>) -> Result<Made> {
+/// A veth's steps after the unshare, in the job's namespace `ns`: the pair, the
+/// addresses, the routes.
+fn configure_veth(
+    host: &Socket,
+    job: &Socket,
+    ns: &std::fs::File,
+    v: &Veth,
+    host_conf6: Option<&std::fs::File>,
+) -> Result<Made> {
     // Step 3: the pair, its host end configured and up.
-    let ns = std::fs::File::open("/proc/self/ns/net").map_err(Error::OpenNetns)?;
-    create_veth(host, v, &ns)?;
+    create_veth(host, v, ns)?;
     let index = link_index(host, &v.host_name)?;
     if let (Some(v6), Some(conf)) = (&v.v6, host_conf6) {
         host_end_ipv6_settings(conf, &v.host_name, v6)?;
