@@ -131,22 +131,32 @@ pub fn read_file(root: &Path, path: &Path, max: u64) -> io::Result<Vec<u8>> {
 /// (as mkdir -p). Whatever is already there, a dangling symlink included, is left alone:
 /// the runtime resolves it as it did before.
 pub fn create_mount_target(root: &Path, path: &Path, dir: bool) -> io::Result<()> {
-    create_mount_target_with(root, path, dir, None)
+    create_mount_target_with(root, path, dir, None).map(drop)
 }
 
-/// [`create_mount_target`], what it makes given to `owner` (see [`open_dir_as`]).
-pub fn create_mount_target_as(root: &Path, path: &Path, dir: bool, owner: (u32, u32)) -> io::Result<()> {
-    create_mount_target_with(root, path, dir, Some(owner))
+/// [`create_mount_target`], what it makes given to `owner` (see [`open_dir_as`]);
+/// returns the target as [`open_existing`] would, for the mount to land on.
+pub fn create_mount_target_as(root: &Path, path: &Path, dir: bool, owner: (u32, u32)) -> io::Result<OwnedFd> {
+    match create_mount_target_with(root, path, dir, Some(owner))? {
+        Some(fd) => Ok(fd),
+        None => open_existing(root, path),
+    }
 }
 
-fn create_mount_target_with(root: &Path, path: &Path, dir: bool, owner: Option<(u32, u32)>) -> io::Result<()> {
+/// The target when it was there already or is a dir just made (resolved once), None
+/// when a file was made or something left alone (a dangling symlink).
+fn create_mount_target_with(
+    root: &Path,
+    path: &Path,
+    dir: bool,
+    owner: Option<(u32, u32)>,
+) -> io::Result<Option<OwnedFd>> {
     match open_existing(root, path) {
-        Ok(_) => return Ok(()),
         Err(e) if fs_at::errno(&e) == libc::ENOENT => {}
-        Err(e) => return Err(e),
+        r => return r.map(Some),
     }
     if dir {
-        return open_dir_with(root, path, true, owner).map(drop);
+        return open_dir_with(root, path, true, owner).map(Some);
     }
     let (parent, name) = split(path)?;
     let dirfd = reopen(&open_dir_with(root, parent, true, owner)?)?;
@@ -156,10 +166,10 @@ fn create_mount_target_with(root: &Path, path: &Path, dir: bool, owner: Option<(
         libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW,
         0o644,
     ) {
-        Err(e) if fs_at::errno(&e) == libc::EEXIST => Ok(()),
+        Err(e) if fs_at::errno(&e) == libc::EEXIST => Ok(None),
         Ok(fd) => match owner {
-            Some((uid, gid)) => fs_at::fchown(fd.as_raw_fd(), uid, gid),
-            None => Ok(()),
+            Some((uid, gid)) => fs_at::fchown(fd.as_raw_fd(), uid, gid).map(|()| None),
+            None => Ok(None),
         },
         Err(e) => Err(e),
     }

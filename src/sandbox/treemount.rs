@@ -125,8 +125,7 @@ pub fn mount_all(merged: &Path, mounts: &[TreeMount], owner: (u32, u32), sys: &d
                 sys.mount_tmpfs_in_tree(InTree { fd: fd.as_fd(), dst: &m.dst }, source, m.flags, data)?;
             }
             What::Bind { from, dir } => {
-                inroot::create_mount_target_as(merged, &m.dst, *dir, owner).with_context(target)?;
-                let fd = inroot::open_existing(merged, &m.dst).with_context(target)?;
+                let fd = inroot::create_mount_target_as(merged, &m.dst, *dir, owner).with_context(target)?;
                 sys.bind_in_tree(from, InTree { fd: fd.as_fd(), dst: &m.dst })?;
                 // The bind's own root now: the flags go on it, not on what it covers.
                 let root = inroot::open_existing(merged, &m.dst).with_context(target)?;
