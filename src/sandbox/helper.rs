@@ -7,10 +7,11 @@
 //! Here those side effects stay in a process that lives exactly as long as the job.
 //!
 //! The straight line: no supplementary groups -> private mount namespace -> network
-//! namespace -> job cgroup -> edit layer (GPU jobs; built once, see [`editlayer`]) -> the
-//! job's own ids (its user namespace, the lower layers idmapped, see [`crate::identity`])
-//! -> overlay -> caches (see [`cachemount`]) -> the tree's own mounts (see [`treemount`])
-//! -> spec -> create -> start -> wait (forwarding signals) -> delete -> report.
+//! namespace (made by a child meanwhile) -> edit layer (GPU jobs; built once, see
+//! [`editlayer`]) -> the job's own ids (its user namespace, the lower layers idmapped,
+//! see [`crate::identity`]) -> overlay -> caches (see [`cachemount`]) -> into the network
+//! namespace -> the tree's own mounts (see [`treemount`]) -> job cgroup -> spec -> create
+//! -> the network's veth ready -> start -> wait (forwarding signals) -> report -> delete.
 //! The overlay exists only in the helper's
 //! mount namespace, so the kernel unmounts it when the job's last process is gone, even
 //! if everything is SIGKILLed.
@@ -189,7 +190,7 @@ fn run(
     // treemount), their tmpfs roots the job's root's as if it had mounted them.
     let root_ids = outside_ids(&plan, 0, 0)?;
     treemount::mount_all(&merged, &treemount::list(&plan, root_ids)?, root_ids, sys)?;
-    tracing::debug!(job = %plan.id, "overlay mounted");
+    tracing::debug!(job = %plan.id, "overlay and tree mounted");
     // The cgroup last, right before the container: the kernel makes the first move of a
     // process into a cgroup after a quiet spell wait for an RCU grace period (5-15 ms
     // here), and the moves that follow within about a grace period do not wait. Joined
