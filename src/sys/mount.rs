@@ -99,9 +99,18 @@ pub fn bind_in_tree(from: &Path, at: InTree) -> Result<()> {
 /// [`bind_in_tree`]) with `flags` added to those it has. Keeping the ones it has matters:
 /// the kernel refuses to clear a flag that a less privileged namespace has locked.
 pub fn restrict_in_tree(at: InTree, flags: MsFlags) -> Result<()> {
-    use nix::sys::statvfs::{fstatvfs, FsFlags};
+    use nix::sys::statvfs::fstatvfs;
     let err = |source| Error::RestrictInTree { dst: at.dst.to_path_buf(), source };
-    let has = fstatvfs(at.fd).map_err(err)?.flags();
+    let kept = flags_to_keep(fstatvfs(at.fd).map_err(err)?.flags());
+    let all = MsFlags::MS_REMOUNT | MsFlags::MS_BIND | kept | flags;
+    mount(None::<&str>, &at.proc_path(), None::<&str>, all, None::<&str>).map_err(err)
+}
+
+/// The mount flags a bind remount must repeat, from what statvfs says the mount has.
+/// Neither noatime nor relatime means strictatime: without it the remount would default
+/// to relatime, refused where the atime flags are locked.
+fn flags_to_keep(has: nix::sys::statvfs::FsFlags) -> MsFlags {
+    use nix::sys::statvfs::FsFlags;
     let kept = [
         (FsFlags::ST_RDONLY, MsFlags::MS_RDONLY),
         (FsFlags::ST_NOSUID, MsFlags::MS_NOSUID),
@@ -114,12 +123,11 @@ pub fn restrict_in_tree(at: InTree, flags: MsFlags) -> Result<()> {
     .into_iter()
     .filter(|(st, _)| has.contains(*st))
     .fold(MsFlags::empty(), |all, (_, ms)| all | ms);
-    // Neither noatime nor relatime: strictatime, or the remount would default to relatime
-    // (refused where the atime flags are locked).
-    let kept =
-        if has.intersects(FsFlags::ST_NOATIME | FsFlags::ST_RELATIME) { kept } else { kept | MsFlags::MS_STRICTATIME };
-    let all = MsFlags::MS_REMOUNT | MsFlags::MS_BIND | kept | flags;
-    mount(None::<&str>, &at.proc_path(), None::<&str>, all, None::<&str>).map_err(err)
+    if has.intersects(FsFlags::ST_NOATIME | FsFlags::ST_RELATIME) {
+        kept
+    } else {
+        kept | MsFlags::MS_STRICTATIME
+    }
 }
 
 /// Lazy unmount (MNT_DETACH), of the mounts below `target` too.
@@ -182,6 +190,16 @@ mod tests {
         assert!(rootless.options().unwrap().ends_with(",workdir=/h/jobs/j1/work,userxattr"));
         assert!(ov("/a,b").options().unwrap_err().to_string().contains("contains ','"));
         assert!(ov("/a:b").options().is_err());
+    }
+
+    #[test]
+    fn a_remount_keeps_the_flags_a_mount_has_and_its_atime_kind() {
+        use nix::sys::statvfs::FsFlags;
+        let host = FsFlags::ST_NOSUID | FsFlags::ST_NODEV | FsFlags::ST_RELATIME;
+        assert_eq!(flags_to_keep(host), MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_RELATIME);
+        assert_eq!(flags_to_keep(FsFlags::ST_RDONLY | FsFlags::ST_NOATIME), MsFlags::MS_RDONLY | MsFlags::MS_NOATIME);
+        // strictatime (no atime flag at all), with nodiratime: said again, not relatime.
+        assert_eq!(flags_to_keep(FsFlags::ST_NODIRATIME), MsFlags::MS_NODIRATIME | MsFlags::MS_STRICTATIME);
     }
 
     #[test]
