@@ -513,7 +513,7 @@ pub enum Error {
     MapIds { uid_args: Vec<String>, gid_args: Vec<String> },
 
     // ---- the job's own user namespace (root and setuid modes; rootless nested) ----
-    #[error("cannot create the job's user namespace (unshare CLONE_NEWUSER in a child of the helper)")]
+    #[error("cannot create the job's user namespace (clone CLONE_NEWUSER in the helper)")]
     UserNamespaceChild(#[source] Errno),
     #[error("cannot open {}", path.display())]
     OpenUserNs {

@@ -42,6 +42,86 @@ pub fn fork_if_single_threaded(what: &'static str) -> Result<Option<Forked>> {
     }
 }
 
+/// A child made in new namespaces (`clone(2)` with e.g. CLONE_NEWUSER: they exist once
+/// this returns, whether or not the child has run yet) that shares this process's memory
+/// (CLONE_VM, as posix_spawn's child does: no page tables copied for it, no copy-on-write
+/// faults here while it lives) and does nothing but wait to be killed. Its namespaces
+/// live as long as it does, or as an fd opened on them. [`WaitingChild::release`] kills
+/// and reaps it.
+#[derive(Debug)]
+pub struct WaitingChild {
+    pid: Pid,
+    /// Its stack, which must outlive it (it is reaped before this is freed).
+    _stack: Vec<u8>,
+    reaped: bool,
+}
+
+/// The stack of a [`WaitingChild`]: two system calls deep.
+const WAITING_CHILD_STACK: usize = 16 * 1024;
+
+/// The [`WaitingChild`]'s whole life: block every signal, then wait for one (none can
+/// come but SIGKILL). Only raw system calls that cannot fail with these arguments: the
+/// child shares our memory, thread pointer included, so it must neither allocate nor
+/// write errno. Were it ever to return, glibc's clone() would exit the child.
+extern "C" fn wait_to_be_killed(_: *mut libc::c_void) -> libc::c_int {
+    let all: [u64; 1] = [!0];
+    // SAFETY: rt_sigprocmask reads the 8-byte set `all` (a live local) and, with a null old
+    // set, writes nothing. Blocked, no handler of the parent's (shared code and statics)
+    // can run in this child.
+    unsafe { libc::syscall(libc::SYS_rt_sigprocmask, libc::SIG_SETMASK, all.as_ptr(), 0usize, 8usize) };
+    // SAFETY: ppoll with no fds, no timeout and no mask reads and writes no memory; with
+    // every signal blocked it returns only if a handled signal came, which cannot happen.
+    unsafe { libc::syscall(libc::SYS_ppoll, 0usize, 0usize, 0usize, 0usize, 0usize) };
+    0
+}
+
+/// Clones a [`WaitingChild`] into new namespaces (`flags`: CLONE_NEW* flags only).
+pub fn clone_waiting(flags: nix::sched::CloneFlags) -> std::result::Result<WaitingChild, nix::errno::Errno> {
+    let mut stack = vec![0u8; WAITING_CHILD_STACK];
+    // The stack grows down: its top, aligned down to 16 bytes as the ABI wants.
+    let top = (stack.as_mut_ptr() as usize + WAITING_CHILD_STACK) & !15;
+    // SAFETY: `wait_to_be_killed` runs on `stack`, which stays allocated until the child
+    // is reaped (WaitingChild owns it and its drop reaps first), and touches nothing else
+    // of ours. CLONE_VM without CLONE_THREAD or CLONE_SETTLS: the child is a process of
+    // its own that shares our memory, as posix_spawn's vfork child; SIGCHLD when it exits.
+    let pid = unsafe {
+        libc::clone(
+            wait_to_be_killed,
+            top as *mut libc::c_void,
+            flags.bits() | libc::CLONE_VM | libc::SIGCHLD,
+            std::ptr::null_mut(),
+        )
+    };
+    if pid < 0 {
+        return Err(nix::errno::Errno::last());
+    }
+    Ok(WaitingChild { pid: Pid::from_raw(pid), _stack: stack, reaped: false })
+}
+
+impl WaitingChild {
+    pub fn pid(&self) -> Pid {
+        self.pid
+    }
+
+    /// Kills the child and reaps it.
+    pub fn release(mut self) -> nix::Result<()> {
+        self.reaped = true;
+        // Our unreaped child: its pid cannot have been reused.
+        let _ = nix::sys::signal::kill(self.pid, Signal::SIGKILL);
+        nix::sys::wait::waitpid(self.pid, None).map(|_| ())
+    }
+}
+
+impl Drop for WaitingChild {
+    fn drop(&mut self) {
+        if !self.reaped {
+            // Never free the stack under a live child.
+            let _ = nix::sys::signal::kill(self.pid, Signal::SIGKILL);
+            let _ = nix::sys::wait::waitpid(self.pid, None);
+        }
+    }
+}
+
 /// Runs `f(data)` in a forked child, which then exits with its return value (125 if it
 /// panics) and never returns here: Ok(child's pid). When this process has threads,
 /// nothing is forked and `data` comes back: Err(data).
@@ -183,6 +263,41 @@ pub fn lower_priority_of_this_thread() {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A child cloned into a new user namespace (or a visible skip where this kernel
+    /// refuses one to us).
+    fn waiting_child_or_skip() -> Option<WaitingChild> {
+        match clone_waiting(nix::sched::CloneFlags::CLONE_NEWUSER) {
+            Ok(c) => Some(c),
+            Err(e) => {
+                eprintln!("SKIPPED: no user namespace for this test ({e})");
+                None
+            }
+        }
+    }
+
+    #[test]
+    fn a_waiting_child_is_in_its_new_namespace_until_released_and_reaped() {
+        let Some(child) = waiting_child_or_skip() else { return };
+        let pid = child.pid();
+        let ours = std::fs::read_link("/proc/self/ns/user").unwrap();
+        let theirs = std::fs::read_link(format!("/proc/{pid}/ns/user")).unwrap();
+        assert_ne!(ours, theirs, "the child is in a user namespace of its own");
+        // Alive (waiting, or not yet run), not exited.
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+        let state = stat.rsplit(')').next().unwrap().split_whitespace().next();
+        assert!(matches!(state, Some("S" | "R")), "{stat}");
+        child.release().unwrap();
+        assert!(!std::path::Path::new(&format!("/proc/{pid}")).exists(), "killed and reaped");
+    }
+
+    #[test]
+    fn a_dropped_waiting_child_is_reaped() {
+        let Some(child) = waiting_child_or_skip() else { return };
+        let pid = child.pid();
+        drop(child);
+        assert!(!std::path::Path::new(&format!("/proc/{pid}")).exists(), "killed and reaped");
+    }
 
     #[test]
     fn a_threaded_process_is_not_forked() {
