@@ -56,30 +56,31 @@ pub struct WaitingChild {
     reaped: bool,
 }
 
-/// The stack of a [`WaitingChild`]: two system calls deep.
+/// The stack of a [`WaitingChild`]: one system call deep.
 const WAITING_CHILD_STACK: usize = 16 * 1024;
 
-/// The [`WaitingChild`]'s whole life: block every signal, then wait for one (none can
-/// come but SIGKILL). Only raw system calls that cannot fail with these arguments: the
-/// child shares our memory, thread pointer included, so it must neither allocate nor
-/// write errno. Were it ever to return, glibc's clone() would exit the child.
+/// The [`WaitingChild`]'s whole life: wait for a signal with every signal blocked (it
+/// starts so: see [`clone_waiting`]), so that none comes but SIGKILL. One raw system
+/// call that cannot fail: the child shares our memory, thread pointer included, so it
+/// must neither allocate nor write errno. Were it ever to return, glibc's clone() would
+/// exit the child.
 extern "C" fn wait_to_be_killed(_: *mut libc::c_void) -> libc::c_int {
-    let all: [u64; 1] = [!0];
-    // SAFETY: rt_sigprocmask reads the 8-byte set `all` (a live local) and, with a null old
-    // set, writes nothing. Blocked, no handler of the parent's (shared code and statics)
-    // can run in this child.
-    unsafe { libc::syscall(libc::SYS_rt_sigprocmask, libc::SIG_SETMASK, all.as_ptr(), 0usize, 8usize) };
-    // SAFETY: ppoll with no fds, no timeout and no mask reads and writes no memory; with
-    // every signal blocked it returns only if a handled signal came, which cannot happen.
+    // SAFETY: ppoll with no fds, no timeout and no mask (the current one, which blocks
+    // every signal) reads and writes no memory and returns only for a handled signal.
     unsafe { libc::syscall(libc::SYS_ppoll, 0usize, 0usize, 0usize, 0usize, 0usize) };
     0
 }
 
 /// Clones a [`WaitingChild`] into new namespaces (`flags`: CLONE_NEW* flags only).
 pub fn clone_waiting(flags: nix::sched::CloneFlags) -> std::result::Result<WaitingChild, nix::errno::Errno> {
+    use nix::sys::signal::{sigprocmask, SigSet, SigmaskHow};
     let mut stack = vec![0u8; WAITING_CHILD_STACK];
     // The stack grows down: its top, aligned down to 16 bytes as the ABI wants.
     let top = (stack.as_mut_ptr() as usize + WAITING_CHILD_STACK) & !15;
+    // The child starts with every signal blocked, so no handler of ours (shared code and
+    // statics) can run in it; ours come back right after the clone.
+    let mut ours = SigSet::empty();
+    sigprocmask(SigmaskHow::SIG_SETMASK, Some(&SigSet::all()), Some(&mut ours))?;
     // SAFETY: `wait_to_be_killed` runs on `stack`, which stays allocated until the child
     // is reaped (WaitingChild owns it and its drop reaps first), and touches nothing else
     // of ours. CLONE_VM without CLONE_THREAD or CLONE_SETTLS: the child is a process of
@@ -92,10 +93,12 @@ pub fn clone_waiting(flags: nix::sched::CloneFlags) -> std::result::Result<Waiti
             std::ptr::null_mut(),
         )
     };
-    if pid < 0 {
-        return Err(nix::errno::Errno::last());
-    }
-    Ok(WaitingChild { pid: Pid::from_raw(pid), _stack: stack, reaped: false })
+    let cloned = match pid {
+        -1 => Err(nix::errno::Errno::last()),
+        pid => Ok(WaitingChild { pid: Pid::from_raw(pid), _stack: stack, reaped: false }),
+    };
+    sigprocmask(SigmaskHow::SIG_SETMASK, Some(&ours), None)?;
+    cloned
 }
 
 impl WaitingChild {
