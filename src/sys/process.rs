@@ -45,7 +45,7 @@ pub fn fork_if_single_threaded(what: &'static str) -> Result<Option<Forked>> {
 /// A child made in new namespaces (`clone(2)` with e.g. CLONE_NEWUSER: they exist once
 /// this returns, whether or not the child has run yet) that shares this process's memory
 /// (CLONE_VM, as posix_spawn's child does: no page tables copied for it, no copy-on-write
-/// faults here while it lives) and does nothing but wait to be killed. Its namespaces
+/// faults here while it lives) and fd table, and does nothing but wait to be killed. Its namespaces
 /// live as long as it does, or as an fd opened on them. [`WaitingChild::release`] kills
 /// and reaps it.
 #[derive(Debug)]
@@ -85,11 +85,14 @@ pub fn clone_waiting(flags: nix::sched::CloneFlags) -> std::result::Result<Waiti
     // is reaped (WaitingChild owns it and its drop reaps first), and touches nothing else
     // of ours. CLONE_VM without CLONE_THREAD or CLONE_SETTLS: the child is a process of
     // its own that shares our memory, as posix_spawn's vfork child; SIGCHLD when it exits.
+    // CLONE_FILES: it shares our fd table too, so it holds no copy of any open file (a
+    // pipe's write end that would not see EOF, a file being written that another thread
+    // would then fail to exec with ETXTBSY).
     let pid = unsafe {
         libc::clone(
             wait_to_be_killed,
             top as *mut libc::c_void,
-            flags.bits() | libc::CLONE_VM | libc::SIGCHLD,
+            flags.bits() | libc::CLONE_VM | libc::CLONE_FILES | libc::SIGCHLD,
             std::ptr::null_mut(),
         )
     };
@@ -292,6 +295,18 @@ mod tests {
         assert!(matches!(state, Some("S" | "R")), "{stat}");
         child.release().unwrap();
         assert!(!std::path::Path::new(&format!("/proc/{pid}")).exists(), "killed and reaped");
+    }
+
+    #[test]
+    fn a_waiting_child_holds_no_copy_of_our_files() {
+        // A pipe open when the child is made: once we close its write end, its read end
+        // is at EOF only if the child holds no copy of it (else: EAGAIN, no EOF ever).
+        let (r, w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_NONBLOCK | nix::fcntl::OFlag::O_CLOEXEC).unwrap();
+        let Some(child) = waiting_child_or_skip() else { return };
+        drop(w);
+        let mut b = [0u8; 1];
+        assert_eq!(nix::unistd::read(r.as_raw_fd(), &mut b), Ok(0), "EOF while the child lives");
+        child.release().unwrap();
     }
 
     #[test]
