@@ -31,7 +31,14 @@ summary() {
   echo "test.sh: $ignored ignored:"
   grep -E '^test .* \.\.\. ignored' "$output" | sed -E 's/^test (.*) \.\.\. ignored,? ?/  \1: /' || true
   rm -f "$AZP_SANDBOX_SKIP_LOG" "$output"
+  # Jobs run in this machine's own network namespace made the jobs' nftables table
+  # there (and turned IPv4 forwarding on): gc removes it once no job is left, as it
+  # would after a service's stop, and says so.
+  if [ "$(id -u)" = 0 ] && [ -x "$root_binary" ]; then
+    "$root_binary" gc 2>&1 | grep -i "nftables" || true
+  fi
 }
+root_binary="${CARGO_TARGET_DIR:-$(pwd)/target}/debug/azp-sandbox"
 trap summary EXIT
 
 cargo build --locked --all-targets
