@@ -19,6 +19,26 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+/// A fixed-seed xorshift64: the same shuffled orders on every run of the bench.
+struct XorShift(u64);
+
+impl XorShift {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+
+    /// Fisher-Yates.
+    fn shuffle(&mut self, v: &mut [usize]) {
+        for i in (1..v.len()).rev() {
+            let j = (self.next() % (i as u64 + 1)) as usize;
+            v.swap(i, j);
+        }
+    }
+}
+
 fn median(mut v: Vec<Duration>) -> Duration {
     v.sort();
     v[v.len() / 2]
@@ -140,10 +160,13 @@ fn main() {
 
     // Interleaved: one of each per round, so a shared machine's drift hits every row alike
     // (runs of one kind back to back gave ratios that moved with the neighbours' load),
-    // and in a rotating order, so no row always follows the same neighbour: in earlier
-    // versions of this loop the plain azp-sandbox row always came right after podman,
-    // whose clean-up (conmon, the kernel's teardown of its network namespace) goes on
-    // after `podman run` returns. After podman, the loop also waits (untimed) for that.
+    // and in an order shuffled anew each round, so that no row always follows the same
+    // neighbour. Rotating one fixed cycle did not do that (a rotation keeps every row's
+    // predecessor): with the GPU and podman rows absent, `none` always came right after
+    // runc and inherited the kernel's asynchronous teardown of runc's network namespace
+    // (a kworker's ~1-3 ms of CPU on 2 cores): `none` measured 2-5 ms slower than
+    // `isolated`, which does strictly more. After podman, the loop also waits (untimed)
+    // for its clean-up (conmon, the kernel's teardown of its network namespace).
     let warm = |f: &dyn Fn()| f();
     warm(&|| exec(&[]));
     warm(&|| runc_run(usize::MAX));
@@ -156,9 +179,12 @@ fn main() {
     let (mut plain, mut limited, mut runc, mut gpu_t, mut pod) = (vec![], vec![], vec![], vec![], vec![]);
     let (mut none, mut host, mut host_ids) = (vec![], vec![], vec![]);
     const KINDS: usize = 8;
+    let mut order: Vec<usize> = (0..KINDS).collect();
+    let mut rng = XorShift(0x9e37_79b9_7f4a_7c15);
     for i in 0..runs {
-        for k in 0..KINDS {
-            match (i + k) % KINDS {
+        rng.shuffle(&mut order);
+        for &k in &order {
+            match k {
                 0 => plain.push(timed(|| exec(&[]))),
                 1 => limited
                     .push(timed(|| exec(&["--memory", "256M", "--pids", "100", "--cpus", "1", "--volume", &vol]))),

@@ -264,6 +264,11 @@ fn enter_mode(needs: Needs, cgroup_parent: Option<&Path>, home: &Home) -> Result
         azp_sandbox::sandbox::teardown::kill_abandoned_inits(home);
     }
     let mode = azp_sandbox::rootless::init(cgroup_parent, namespace, needs == Needs::Service)?;
+    if needs == Needs::Sandboxes {
+        // The job's cgroup moves come in a few ms: their grace period starts now.
+        use azp_sandbox::{rootless::cgroups::CgroupHost, sandbox::cgroup};
+        cgroup::open_move_window_early(CgroupHost::get(), mode.rootless);
+    }
     if let (Some(warning), Needs::Sandboxes | Needs::Service) = (mode.limits_warning(), needs) {
         tracing::warn!("{warning}");
     }

@@ -52,17 +52,51 @@ pub enum Setup {
     Root { device_rules: Vec<String> },
 }
 
-/// Starts the grace period the job's cgroup moves wait for, in a grandchild of this
-/// process, as the first thing an `exec` does (see `sys::cgroup::start_move_grace_period`):
-/// the helper's move comes some milliseconds later and then waits for what is left of
-/// it, or not at all. Root mode on a host with a cgroup2 hierarchy (the helper's own
-/// cgroup set-up); elsewhere nothing. Hold what it returns until the job is done: its
-/// drop reaps the forked middle child.
-pub fn start_move_grace_period(host: &CgroupHost, rootless: bool) -> Option<crate::sys::cgroup::MiddleChild> {
+/// The cgroup-move window of one `exec` (see `sys::move_window`): held open from the
+/// command line's first steps until the job's own moves are made, so that they do not
+/// wait for a grace period of their own. Hold it until the job is done: its drop stops
+/// and reaps what it started.
+#[derive(Debug)]
+pub enum MoveWindow {
+    /// The keeper (x86_64, aarch64).
+    Kept(crate::sys::move_window::MoveWindow),
+    /// Elsewhere: one move, in a grandchild, that starts the grace period (see
+    /// `sys::cgroup::start_move_grace_period`); the middle child is reaped on drop.
+    Started(crate::sys::cgroup::MiddleChild),
+}
+
+/// A window opened early, by [`open_move_window_early`], for the `exec` to take.
+static EARLY: std::sync::Mutex<Option<MoveWindow>> = std::sync::Mutex::new(None);
+
+/// Opens the window as soon as the command line knows it will make a sandbox (root mode:
+/// it is known right after the mode), before it plans the job: the grace period then
+/// runs while it plans. [`move_window`] takes it.
+pub fn open_move_window_early(host: &CgroupHost, rootless: bool) {
+    let window = open_move_window(host, rootless);
+    *EARLY.lock().unwrap_or_else(|e| e.into_inner()) = window;
+}
+
+/// The window opened early, or one opened now. Root mode on a host with a cgroup2
+/// hierarchy (the helper's own cgroup set-up); elsewhere none. Best effort: a window
+/// that cannot be opened costs the job only the wait it would have saved.
+pub fn move_window(host: &CgroupHost, rootless: bool) -> Option<MoveWindow> {
+    let early = EARLY.lock().unwrap_or_else(|e| e.into_inner()).take();
+    early.or_else(|| open_move_window(host, rootless))
+}
+
+fn open_move_window(host: &CgroupHost, rootless: bool) -> Option<MoveWindow> {
     if rootless {
         return None;
     }
-    crate::sys::cgroup::start_move_grace_period(&host.own_v2_procs()?).ok().flatten()
+    let procs = host.own_v2_procs()?;
+    match crate::sys::move_window::hold(&procs) {
+        Ok(Some(kept)) => Some(MoveWindow::Kept(kept)),
+        Ok(None) => crate::sys::cgroup::start_move_grace_period(&procs).ok().flatten().map(MoveWindow::Started),
+        Err(e) => {
+            tracing::debug!("no cgroup-move window for this job: {e}");
+            None
+        }
+    }
 }
 
 /// The files to write in one cgroup dir, in order, for `limits` (v1 or v2 names).

@@ -99,8 +99,8 @@ impl ExecRequest {
 /// process forwarded to it), its clean-up. The rootfs stays leased until the job is gone.
 pub fn run(home: &Home, driver_root: &Path, req: &ExecRequest) -> Result<super::JobOutcome> {
     let rootless = crate::rootless::mode().rootless;
-    // Reaped when this returns (see the function).
-    let _grace_period = super::cgroup::start_move_grace_period(crate::rootless::cgroups::CgroupHost::get(), rootless);
+    // Held until this returns (see the function).
+    let _move_window = super::cgroup::move_window(crate::rootless::cgroups::CgroupHost::get(), rootless);
     super::prepare_home(home)?;
     let mut net = super::network::JobNetwork { allow: req.network_allow.clone(), ..Default::default() };
     let mut env = None;

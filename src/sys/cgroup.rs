@@ -99,8 +99,9 @@ pub fn move_self_to(dir: &Path) -> Result<()> {
     std::fs::write(&procs, std::process::id().to_string()).map_err(|source| Error::CgroupJoin { procs, source })
 }
 
-/// Starts, in a forked child, the wait that the first cgroup move after a quiet spell
-/// makes: every write to a `cgroup.procs` takes the kernel's global
+/// Where the keeper of `sys::move_window` has no raw system calls (architectures other
+/// than x86_64 and aarch64): starts, in a forked child, the wait that the first cgroup
+/// move after a quiet spell makes, once, without holding the window open after it: every write to a `cgroup.procs` takes the kernel's global
 /// cgroup_threadgroup_rwsem for writing, whose rcu_sync waits for a normal RCU grace
 /// period unless a writer held it within about a grace period before (5-15 ms here;
 /// none where cgroups are mounted `favordynmods`, which this then costs only forks).

@@ -447,6 +447,14 @@ pub enum Error {
         #[source]
         source: Errno,
     },
+    #[error("cannot open {} to keep the cgroup-move window open", procs.display())]
+    MoveWindowOpen {
+        procs: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error("cannot start the cgroup-move window's keeper (clone)")]
+    MoveWindowClone(#[source] Errno),
     #[error("cannot wait for {what}")]
     Wait {
         what: &'static str,

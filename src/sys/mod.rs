@@ -29,6 +29,7 @@ pub mod ids;
 pub mod isolate;
 pub mod lifeline;
 pub mod mount;
+pub mod move_window;
 pub mod net;
 pub mod netlink;
 pub mod ns;
