@@ -728,16 +728,28 @@ fn nft_table_exists(name: &str) -> Result<()> {
 }
 
 fn create_veth(host: &Socket, v: &Veth, job_ns: &std::fs::File) -> Result<()> {
+    host.request(veth_message(v, job_ns.as_raw_fd()))
+        .map_err(|source| Error::CreateVeth { name: v.host_name.clone(), source })
+}
+
+/// The request that creates the job's veth pair: the host end named and grouped, the
+/// job's end `eth0` in the namespace `job_ns`. One queue each way on both ends: the
+/// kernel's default is one per possible CPU, and every queue is a sysfs object made and
+/// removed with the link (hundreds per job on a large GPU node); without XDP a veth
+/// hands packets to the per-CPU backlog whatever its queues.
+fn veth_message(v: &Veth, job_ns: i32) -> Message {
     let mut m = Message::link(nl::RTM_NEWLINK, nl::NLM_F_CREATE | nl::NLM_F_EXCL, 0, 0, 0);
     m.attr_str(nl::IFLA_IFNAME, &v.host_name).attr(nl::IFLA_ADDRESS, &v.host_mac).attr_u32(nl::IFLA_GROUP, v.group);
+    m.attr_u32(nl::IFLA_NUM_TX_QUEUES, 1).attr_u32(nl::IFLA_NUM_RX_QUEUES, 1);
     m.nest(nl::IFLA_LINKINFO).attr_str(nl::IFLA_INFO_KIND, "veth").nest(nl::IFLA_INFO_DATA);
     m.nest(nl::VETH_INFO_PEER).raw(&nl::ifinfomsg(JOB_IFINDEX, 0, 0));
-    m.attr_str(nl::IFLA_IFNAME, JOB_IFNAME).attr_u32(nl::IFLA_NET_NS_FD, job_ns.as_raw_fd() as u32);
+    m.attr_str(nl::IFLA_IFNAME, JOB_IFNAME).attr_u32(nl::IFLA_NET_NS_FD, job_ns as u32);
+    m.attr_u32(nl::IFLA_NUM_TX_QUEUES, 1).attr_u32(nl::IFLA_NUM_RX_QUEUES, 1);
     if let Some(v6) = &v.v6 {
         // Known to the host's neighbour entry for the job's IPv6 address.
         m.attr(nl::IFLA_ADDRESS, &v6.job_mac);
     }
-    host.request(m).map_err(|source| Error::CreateVeth { name: v.host_name.clone(), source })
+    m
 }
 
 fn link_index(s: &Socket, name: &str) -> Result<i32> {
@@ -1048,6 +1060,32 @@ mod tests {
         assert!(!n.overlaps(&Ipv4Net::new(Ipv4Addr::new(10, 86, 0, 0), 16)));
         assert!(Ipv4Net::new(Ipv4Addr::UNSPECIFIED, 0).overlaps(&n), "a default route overlaps everything");
         assert_eq!((n.nth(1), n.size()), (Ipv4Addr::new(10, 87, 0, 1), 65536));
+    }
+
+    #[test]
+    fn the_veth_pair_gets_one_queue_each_way_on_both_ends() {
+        let v = Veth {
+            host_name: "azpj1".into(),
+            host_mac: [2, 0, 0, 0, 0, 1],
+            group: 7,
+            gateway: Ipv4Addr::new(10, 87, 0, 1),
+            pool: Ipv4Net::new(Ipv4Addr::new(10, 87, 0, 0), 16),
+            first_try: 2,
+            routes: vec![],
+            lock: PathBuf::from("/run/l"),
+            table: "t".into(),
+            v6: None,
+        };
+        let b = veth_message(&v, 9).finish(1, 0);
+        let top = nl::attributes(&b[16..], 16);
+        let one = &1u32.to_ne_bytes()[..];
+        let has = |attrs: &[(u16, &[u8])], t: u16| attrs.iter().any(|(k, val)| *k == t && *val == one);
+        assert!(has(&top, nl::IFLA_NUM_TX_QUEUES) && has(&top, nl::IFLA_NUM_RX_QUEUES), "the host end: {top:?}");
+        let info = nl::attributes(top.iter().find(|(k, _)| *k == nl::IFLA_LINKINFO).unwrap().1, 0);
+        let peer = nl::attributes(info[1].1, 0)[0].1;
+        let peer_attrs = nl::attributes(peer, 16);
+        assert!(has(&peer_attrs, nl::IFLA_NUM_TX_QUEUES) && has(&peer_attrs, nl::IFLA_NUM_RX_QUEUES), "the job's end");
+        assert!(peer_attrs.contains(&(nl::IFLA_NET_NS_FD, &9u32.to_ne_bytes()[..])));
     }
 
     #[test]
