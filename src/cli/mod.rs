@@ -41,6 +41,15 @@ Each command has its own examples: azp-sandbox COMMAND --help",
     next_help_heading = "Global options (any command)"
 )]
 pub struct Cli {
+    #[command(flatten)]
+    globals: Globals,
+    #[command(subcommand)]
+    command: Command,
+}
+
+/// The options every verb takes, before or after its name.
+#[derive(clap::Args)]
+struct Globals {
     /// State directory (rootfs store, job dirs, caches) [env: AZP_SANDBOX_HOME]
     /// [default: /var/lib/azp-sandbox as root, $XDG_DATA_HOME/azp-sandbox otherwise]
     #[arg(long, global = true)]
@@ -58,8 +67,6 @@ pub struct Cli {
     /// /azp-sandbox/user-UID (cgroup v1) or user@UID.service/azp-sandbox (cgroup v2)]
     #[arg(long, global = true, env = "AZP_SANDBOX_CGROUP_PARENT")]
     cgroup_parent: Option<PathBuf>,
-    #[command(subcommand)]
-    command: Command,
 }
 
 #[derive(Subcommand)]
@@ -227,11 +234,40 @@ fn hide_globals(cmd: &mut clap::Command, note: &str) {
 /// The command line, parsed (exits with clap's message on a bad one).
 pub fn parse() -> Cli {
     use clap::{CommandFactory, FromArgMatches};
+    let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
     // The help's rewrite (see [`command`]) builds and walks every subcommand: ~0.4 ms of
     // each `exec`'s start, for text that only help shows. Arguments parse the same
     // without it (hiding an option and an after-help note change no match).
-    let cmd = if asks_for_help(std::env::args_os().skip(1)) { command() } else { Cli::command() };
-    Cli::from_arg_matches(&cmd.get_matches()).unwrap_or_else(|e| e.exit())
+    let help = asks_for_help(args.iter().skip(1).cloned());
+    if !help {
+        if let Some(cli) = parse_job_verb(&args) {
+            return cli;
+        }
+    }
+    let cmd = if help { command() } else { Cli::command() };
+    Cli::from_arg_matches(&cmd.get_matches_from(args)).unwrap_or_else(|e| e.exit())
+}
+
+/// `exec` and `shell`, whose start is part of every job's latency, parsed by a command
+/// line that holds the global options and that one verb: building the whole tree (every
+/// verb and its flags) is most of clap's time at each start. None for anything that
+/// parser does not take; the whole one then parses it, and its errors and help are
+/// what the user sees. What this parser takes, the whole one takes the same way: the
+/// same global options and the verb's own derived flags.
+fn parse_job_verb(args: &[std::ffi::OsString]) -> Option<Cli> {
+    use clap::{Args, FromArgMatches};
+    let verb = args.iter().skip(1).find(|a| *a == "exec" || *a == "shell")?;
+    let root = Globals::augment_args(clap::Command::new("azp-sandbox"));
+    let sub = clap::Command::new(if verb == "exec" { "exec" } else { "shell" });
+    let sub = if verb == "exec" { exec::ExecArgs::augment_args(sub) } else { shell::ShellArgs::augment_args(sub) };
+    let matches = root.subcommand(sub).try_get_matches_from(args).ok()?;
+    let globals = Globals::from_arg_matches(&matches).ok()?;
+    let command = match matches.subcommand()? {
+        ("exec", m) => Command::Exec(exec::ExecArgs::from_arg_matches(m).ok()?),
+        ("shell", m) => Command::Shell(shell::ShellArgs::from_arg_matches(m).ok()?),
+        _ => return None,
+    };
+    Some(Cli { globals, command })
 }
 
 /// Whether these arguments may show a help text: `-h`, `--help` or `help` anywhere
@@ -243,14 +279,15 @@ fn asks_for_help(mut args: impl Iterator<Item = std::ffi::OsString>) -> bool {
 /// Runs the verb `cli` names, after logging and the mode are set up.
 pub fn dispatch(cli: Cli) -> Result<i32> {
     let is_root = nix::unistd::geteuid().is_root();
-    let home = azp_sandbox::settings::home(cli.home, &azp_sandbox::settings::Env::process(), is_root);
-    azp_sandbox::logging::init(if cli.quiet { -1 } else { cli.verbose as i8 });
+    let g = cli.globals;
+    let home = azp_sandbox::settings::home(g.home, &azp_sandbox::settings::Env::process(), is_root);
+    azp_sandbox::logging::init(if g.quiet { -1 } else { g.verbose as i8 });
     let verb = cli.command.into_verb();
     let needs = verb.needs();
     if needs != Needs::Nothing {
-        enter_mode(needs, cli.cgroup_parent.as_deref(), &home)?;
+        enter_mode(needs, g.cgroup_parent.as_deref(), &home)?;
     }
-    verb.run(&Context { home, driver_root: cli.driver_root })
+    verb.run(&Context { home, driver_root: g.driver_root })
 }
 
 /// Root or rootless (see `azp_sandbox::rootless`). Verbs that create sandboxes or touch
@@ -325,6 +362,48 @@ mod tests {
         assert!(missing.is_empty(), "help is incomplete:\n{}", missing.join("\n"));
     }
 
+    /// The fast parser of `exec` and `shell` takes what the whole one takes, the same
+    /// way, and leaves everything else to it.
+    #[test]
+    fn exec_and_shell_parse_the_same_without_the_other_verbs() {
+        let os = |v: &[&str]| v.iter().map(std::ffi::OsString::from).collect::<Vec<_>>();
+        let same = [
+            &["azp-sandbox", "--home", "/h", "-q", "exec", "--rootfs", "bb", "--network", "none", "--", "/bin/true"][..],
+            &["azp-sandbox", "exec", "--rootfs=r", "-e", "A=1=2", "--volume=/d:/data:DATA", "--memory=2G", "-v"],
+            &["azp-sandbox", "exec", "--cgroup-parent", "/x", "--rootfs", "r", "--", "sh", "-c", "x"],
+            &["azp-sandbox", "exec", "--rootfs", "r", "--gpus", "0,1", "--network-allow", "169.254.169.254:80", "true"],
+            &["azp-sandbox", "exec", "--rootfs", "r", "true", "--home", "/an-argument-of-true"],
+            &["azp-sandbox", "exec", "--rootfs", "r", "--userns", "host", "-u", "1000:100", "--name", "j1", "id"],
+            &["azp-sandbox", "-vv", "shell", "--rootfs", "r", "-u", "1000", "-w", "/tmp", "--home=/h2"],
+        ];
+        for args in same {
+            let fast = parse_job_verb(&os(args)).unwrap_or_else(|| panic!("not taken: {args:?}"));
+            let full = Cli::try_parse_from(args).unwrap();
+            let (f, w) = (&fast.globals, &full.globals);
+            assert_eq!(
+                (&f.home, &f.driver_root, f.verbose, f.quiet, &f.cgroup_parent),
+                (&w.home, &w.driver_root, w.verbose, w.quiet, &w.cgroup_parent),
+                "{args:?}"
+            );
+            let request = |c: Command| match c {
+                Command::Exec(a) => (a.job.userns, a.request()),
+                Command::Shell(a) => (a.job.userns, a.request()),
+                _ => unreachable!(),
+            };
+            assert_eq!(request(fast.command), request(full.command), "{args:?}");
+        }
+        let others = [
+            &["azp-sandbox", "run", "--pool", "exec"][..],
+            &["azp-sandbox", "rootfs", "list"],
+            &["azp-sandbox", "exec", "--rootfs=r", "--network=bridge", "true"],
+            &["azp-sandbox", "exec", "true"],
+            &["azp-sandbox", "exec", "--version"],
+        ];
+        for args in others {
+            assert!(parse_job_verb(&os(args)).is_none(), "left to the whole parser: {args:?}");
+        }
+    }
+
     #[test]
     fn global_options_are_listed_once() {
         let mut cmd = command();
@@ -336,7 +415,7 @@ mod tests {
         let cli =
             Cli::from_arg_matches(&command().try_get_matches_from(["azp-sandbox", "gc", "--home", "/h"]).unwrap())
                 .unwrap();
-        assert_eq!(cli.home.as_deref(), Some(Path::new("/h")));
+        assert_eq!(cli.globals.home.as_deref(), Some(Path::new("/h")));
     }
 
     #[test]
