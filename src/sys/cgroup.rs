@@ -175,16 +175,22 @@ fn enable_v2_controllers(dir: &Path, controllers: &[&str]) {
 }
 
 /// Deny everything, then allow the job's rules. Done before any process is in the cgroup.
+/// The kernel takes one rule per write(2): the rules go through one open `devices.allow`,
+/// a write each (an open and a close less per rule, on every job's path).
 fn write_device_rules(dir: &Path, rules: &[String]) -> Result<()> {
+    use std::io::Write;
     let deny = dir.join("devices.deny");
     std::fs::write(&deny, "a").map_err(|source| Error::CgroupDenyDevices { file: deny, source })?;
     let allow = dir.join("devices.allow");
+    let failed = |rule: &str, source| Error::CgroupAllowDevice { file: allow.clone(), rule: rule.to_string(), source };
+    let Some(first) = rules.first() else { return Ok(()) };
+    let mut file = std::fs::OpenOptions::new().write(true).open(&allow).map_err(|e| failed(first, e))?;
     for r in rules {
-        std::fs::write(&allow, r).map_err(|source| Error::CgroupAllowDevice {
-            file: allow.clone(),
-            rule: r.clone(),
-            source,
-        })?;
+        // One write(2) per rule: a rule is a few bytes, far below a short write's size.
+        let n = file.write(r.as_bytes()).map_err(|e| failed(r, e))?;
+        if n != r.len() {
+            return Err(failed(r, std::io::Error::from(std::io::ErrorKind::WriteZero)));
+        }
     }
     Ok(())
 }
@@ -277,11 +283,16 @@ mod tests {
     #[test]
     fn device_rules_deny_all_first() {
         let t = tempfile::tempdir().unwrap();
-        // A plain dir stands in for a cgroup: each write replaces the file, so the
-        // deny file keeps "a" and the allow file the last rule.
+        // A plain dir stands in for a cgroup, whose files exist: the allow file then holds
+        // the rules one after the other, one write each, through the one open file.
+        std::fs::write(t.path().join("devices.allow"), "").unwrap();
         write_device_rules(t.path(), &["c 1:3 rwm".into(), "c 136:* rwm".into()]).unwrap();
         assert_eq!(std::fs::read_to_string(t.path().join("devices.deny")).unwrap(), "a");
-        assert_eq!(std::fs::read_to_string(t.path().join("devices.allow")).unwrap(), "c 136:* rwm");
+        assert_eq!(std::fs::read_to_string(t.path().join("devices.allow")).unwrap(), "c 1:3 rwmc 136:* rwm");
+        // No allow file (not a devices cgroup): the error names the file and the rule.
+        let u = tempfile::tempdir().unwrap();
+        let e = write_device_rules(u.path(), &["c 1:3 rwm".into()]).unwrap_err().to_string();
+        assert!(e.contains("devices.allow") && e.contains("c 1:3 rwm"), "{e}");
     }
 
     #[test]
