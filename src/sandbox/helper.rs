@@ -229,6 +229,11 @@ fn run(
         let _ = sys.unmount(&merged);
         return Err(SandboxError::new(FailureKind::Cancelled, "cancelled before start").into());
     }
+    // The user namespace's child, killed when its namespace was made, is gone by now:
+    // reaped before the job's wait reaps whatever exits (see `sys::process::reap_killed`).
+    if let Err(e) = sys::process::reap_killed() {
+        tracing::debug!(job = %plan.id, "the user namespace's child: {e}");
+    }
     // From here on the container exists: whatever happens, delete it.
     let outcome = container.start_and_wait();
     tracing::debug!(job = %plan.id, "job exited");
