@@ -20,7 +20,7 @@ command -v iperf3 >/dev/null || { echo "net_throughput: needs iperf3 (scripts/se
 [ "$(id -u)" = 0 ] || { echo "net_throughput: run as root (network namespaces)" >&2; exit 2; }
 [ -x "$bin" ] || { echo "net_throughput: no $bin: cargo build --release first" >&2; exit 2; }
 tar=target/fixtures/busybox-rootfs.tar
-[ -s "$tar" ] || scripts/make-busybox-rootfs.sh "$tar"
+[ -s "$tar" ] || { mkdir -p "$(dirname "$tar")" && scripts/make-busybox-rootfs.sh "$tar"; }
 
 # Not "azp*": the jobs' nftables rules take every azp* link for a job's.
 n=nb$$
