@@ -214,9 +214,15 @@ pub fn kill_abandoned_inits(home: &Home) {
 /// Field 22 of /proc/PID/stat (start time in clock ticks since boot): with the pid, it
 /// names one process, never a later one that reused the pid.
 pub fn process_start_time(pid: i32) -> Option<u64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // The command name (field 2) may contain spaces and parentheses: split after the last ')'.
-    let rest = &stat[stat.rfind(')')? + 2..];
+    // One read: the line is a few hundred bytes (the name at most 16), and the helper
+    // reads it between the container's create and its start, while the job's init waits
+    // (`read_to_string` grows its buffer from 32 bytes: six reads).
+    let mut buf = [0u8; 2048];
+    let n = std::io::Read::read(&mut std::fs::File::open(format!("/proc/{pid}/stat")).ok()?, &mut buf).ok()?;
+    let stat = &buf[..n];
+    // The command name (field 2) may contain spaces, parentheses and bytes that are not
+    // UTF-8: split after the last ')'.
+    let rest = std::str::from_utf8(stat.get(stat.iter().rposition(|b| *b == b')')? + 2..)?).ok()?;
     rest.split(' ').nth(19)?.parse().ok()
 }
 
@@ -560,6 +566,25 @@ mod tests {
         assert_eq!(kill_recorded_init(&job), None);
         std::fs::write(job.init_file(), "garbage").unwrap();
         assert_eq!(kill_recorded_init(&job), None);
+        // A process whose name has a space, a ')' and a byte that is not UTF-8 (a job
+        // names its processes as it likes): its start time is read all the same.
+        use std::os::unix::ffi::OsStrExt;
+        let link = dir.path().join(std::ffi::OsStr::from_bytes(b"a) b\xff"));
+        std::os::unix::fs::symlink("/bin/sleep", &link).unwrap();
+        let mut child = std::process::Command::new(&link).arg("5").spawn().unwrap();
+        let pid = child.id() as i32;
+        let start = std::time::Instant::now();
+        while !std::fs::read(format!("/proc/{pid}/stat"))
+            .unwrap_or_default()
+            .starts_with(format!("{pid} (a) b").as_bytes())
+            && start.elapsed() < std::time::Duration::from_secs(5)
+        {
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        let t = process_start_time(pid);
+        let _ = child.kill();
+        let _ = child.wait();
+        assert!(t.is_some_and(|t| t > 0), "{t:?}");
     }
 
     /// A recorded job (as `Sandbox::create` leaves it) whose init is a live `sleep`,
