@@ -189,7 +189,7 @@ fn write_device_rules(dir: &Path, rules: &[String]) -> Result<()> {
         // One write(2) per rule: a rule is a few bytes, far below a short write's size.
         let n = file.write(r.as_bytes()).map_err(|e| failed(r, e))?;
         if n != r.len() {
-            return Err(failed(r, std::io::Error::from(std::io::ErrorKind::WriteZero)));
+            return Err(failed(r, std::io::Error::other(format!("short write: {n} of {} bytes", r.len()))));
         }
     }
     Ok(())

@@ -51,21 +51,28 @@ struct Shared {
 
 /// A running keeper. Dropping it stops, kills and reaps the keeper (it is our child
 /// until then, so its pid cannot be reused); hold it until the job's moves are done.
-#[derive(Debug)]
+/// Nothing else in the process may wait for any child (`waitpid(-1)`): that would reap
+/// the keeper, and the drop would then kill a pid that may have been reused. `exec`
+/// waits for its helper and threads by pid only.
 pub struct MoveWindow {
     pid: i32,
-    // Freed only after the keeper is reaped: it runs on the stack and reads `shared`.
-    shared: Box<SharedBox>,
-    _stack: Vec<u8>,
+    // Both freed only after the keeper is reaped: it runs on the stack and reads
+    // `shared`. Raw, not a Box: a Box moved after the keeper got its address would
+    // assert it is the only pointer to it.
+    shared: std::ptr::NonNull<Shared>,
+    stack: std::ptr::NonNull<[u8]>,
     _procs: OwnedFd,
 }
 
-/// [`Shared`], boxed so its address stays put while the keeper reads it.
-struct SharedBox(Shared);
+// SAFETY: `shared` and `stack` are owned by this value alone on our side (the keeper
+// reads `shared` and runs on `stack`, both freed only after it is reaped), and `Shared`
+// holds only integers and an atomic: moving the value to another thread is sound.
+unsafe impl Send for MoveWindow {}
 
-impl std::fmt::Debug for SharedBox {
+impl std::fmt::Debug for MoveWindow {
+    /// The pid only: the stack is the keeper's, being written while it runs.
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "Shared {{ fd: {} }}", self.0.fd)
+        f.debug_struct("MoveWindow").field("pid", &self.pid).finish_non_exhaustive()
     }
 }
 
@@ -81,37 +88,48 @@ pub fn hold(procs: &Path) -> Result<Option<MoveWindow>> {
         .open(procs)
         .map_err(|source| Error::MoveWindowOpen { procs: procs.to_path_buf(), source })?;
     let fd = OwnedFd::from(fd);
-    let shared = Box::new(SharedBox(Shared {
-        fd: fd.as_raw_fd(),
-        parent: std::process::id() as i32,
-        stop: AtomicBool::new(false),
-    }));
-    let mut stack = vec![0u8; STACK];
-    let pid = clone_keeper(&shared.0, &mut stack).map_err(Error::MoveWindowClone)?;
-    Ok(Some(MoveWindow { pid, shared, _stack: stack, _procs: fd }))
+    let shared =
+        Box::new(Shared { fd: fd.as_raw_fd(), parent: std::process::id() as i32, stop: AtomicBool::new(false) });
+    let shared = std::ptr::NonNull::from(Box::leak(shared));
+    let stack = std::ptr::NonNull::from(Box::leak(vec![0u8; STACK].into_boxed_slice()));
+    match clone_keeper(shared, stack) {
+        Ok(pid) => Ok(Some(MoveWindow { pid, shared, stack, _procs: fd })),
+        Err(e) => {
+            // SAFETY: no keeper was made: both allocations are ours alone again, leaked
+            // just above from these very boxes.
+            unsafe {
+                drop(Box::from_raw(shared.as_ptr()));
+                drop(Box::from_raw(stack.as_ptr()));
+            }
+            Err(Error::MoveWindowClone(e))
+        }
+    }
 }
 
 /// Clones the keeper (see the module doc); its pid.
-fn clone_keeper(shared: &Shared, stack: &mut [u8]) -> std::result::Result<i32, nix::errno::Errno> {
-    use nix::sys::signal::{sigprocmask, SigSet, SigmaskHow};
+fn clone_keeper(
+    shared: std::ptr::NonNull<Shared>,
+    stack: std::ptr::NonNull<[u8]>,
+) -> std::result::Result<i32, nix::errno::Errno> {
     // The stack grows down: its top, aligned down to 16 bytes as both ABIs want.
-    let top = (stack.as_mut_ptr() as usize + stack.len()) & !15;
-    // Every signal blocked in the child from its first instruction: no handler of ours
-    // (shared code and statics) may run there. Ours come back right after the clone.
-    let mut ours = SigSet::empty();
-    sigprocmask(SigmaskHow::SIG_SETMASK, Some(&SigSet::all()), Some(&mut ours))?;
-    // SAFETY: `keep_window` runs on `stack`, which the returned MoveWindow owns and frees
-    // only after the child is reaped, and reads only `shared`, which the MoveWindow's box
-    // holds for as long. CLONE_VM without CLONE_THREAD or CLONE_SETTLS: a process of its
-    // own that shares our memory, as posix_spawn's child; CLONE_FILES: it shares our fd
-    // table, so it holds no copy of any file (a pipe's write end, a lock) of its own;
-    // SIGCHLD when it exits, so it is our child to reap.
+    let top = (stack.as_ptr() as *mut u8 as usize + stack.len()) & !15;
+    // Every signal blocked in the child from its first instruction, glibc's own two
+    // included (its sigprocmask leaves them open): no handler of ours or of glibc's
+    // (shared code, statics, our thread's TLS) may run there. Ours come back right after.
+    let ours = super::process::block_every_signal()?;
+    // SAFETY: `keep_window` runs on `stack` and reads only `shared`, both owned by the
+    // returned MoveWindow, which frees them only after the child is reaped. CLONE_VM
+    // without CLONE_THREAD or CLONE_SETTLS: a process of its own that shares our memory,
+    // as posix_spawn's child (glibc >= 2.25's clone, which this binary's symbol versions
+    // require, writes nothing through the shared thread pointer for it); CLONE_FILES: it
+    // shares our fd table, so it holds no copy of any file (a pipe's write end, a lock)
+    // of its own; SIGCHLD when it exits, so it is our child to reap.
     let pid = unsafe {
         libc::clone(
             keep_window,
             top as *mut libc::c_void,
             libc::CLONE_VM | libc::CLONE_FILES | libc::SIGCHLD,
-            shared as *const Shared as *mut libc::c_void,
+            shared.as_ptr() as *mut libc::c_void,
         )
     };
     let cloned = match pid {
@@ -119,8 +137,8 @@ fn clone_keeper(shared: &Shared, stack: &mut [u8]) -> std::result::Result<i32, n
         pid => Ok(pid),
     };
     // Restored whatever happened: a child running on `stack` must not be left behind by
-    // an early return (this cannot fail for a mask sigprocmask itself returned).
-    let _ = sigprocmask(SigmaskHow::SIG_SETMASK, Some(&ours), None);
+    // an early return.
+    super::process::restore_signals(&ours);
     cloned
 }
 
@@ -153,12 +171,23 @@ impl MoveWindow {
 
 impl Drop for MoveWindow {
     fn drop(&mut self) {
-        self.shared.0.stop.store(true, Ordering::Relaxed);
+        // SAFETY: `shared` is live until the end of this function; `stop` is atomic.
+        unsafe { self.shared.as_ref() }.stop.store(true, Ordering::Relaxed);
         // Our unreaped child: its pid cannot have been reused. SIGKILL ends it in its
         // sleep; a write under way finishes first (the kernel's lock is not interrupted).
         let pid = nix::unistd::Pid::from_raw(self.pid);
         let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL);
-        let _ = nix::sys::wait::waitpid(pid, None);
+        if nix::sys::wait::waitpid(pid, None).is_err() {
+            // Not reaped here (it cannot be: it is our child, and nothing else waits for
+            // any child): leak both rather than free what it might still use.
+            return;
+        }
+        // SAFETY: the keeper is reaped: nothing else uses these allocations, leaked from
+        // these boxes in `hold`.
+        unsafe {
+            drop(Box::from_raw(self.shared.as_ptr()));
+            drop(Box::from_raw(self.stack.as_ptr()));
+        }
     }
 }
 
@@ -322,6 +351,13 @@ mod tests {
         assert!(n >= 3, "the keeper keeps writing ({n} writes)");
         assert!(std::fs::read_to_string(&file).unwrap().chars().all(|c| c == '0'), "only \"0\": the writer itself");
         assert!(std::path::Path::new(&format!("/proc/{pid}")).exists(), "alive while held");
+        // Every signal blocked, glibc's internal 32 and 33 too; the kernel keeps SIGKILL
+        // and SIGSTOP out of any mask.
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+        let blocked = status.lines().find_map(|l| l.strip_prefix("SigBlk:")).unwrap().trim();
+        let blocked = u64::from_str_radix(blocked, 16).unwrap();
+        let unblockable = (1u64 << (libc::SIGKILL - 1)) | (1u64 << (libc::SIGSTOP - 1));
+        assert_eq!(blocked, !unblockable, "SigBlk {blocked:x}");
         drop(window);
         assert!(!std::path::Path::new(&format!("/proc/{pid}")).exists(), "killed and reaped by the drop");
         let after = written();

@@ -73,14 +73,13 @@ extern "C" fn wait_to_be_killed(_: *mut libc::c_void) -> libc::c_int {
 
 /// Clones a [`WaitingChild`] into new namespaces (`flags`: CLONE_NEW* flags only).
 pub fn clone_waiting(flags: nix::sched::CloneFlags) -> std::result::Result<WaitingChild, nix::errno::Errno> {
-    use nix::sys::signal::{sigprocmask, SigSet, SigmaskHow};
     let mut stack = vec![0u8; WAITING_CHILD_STACK];
     // The stack grows down: its top, aligned down to 16 bytes as the ABI wants.
     let top = (stack.as_mut_ptr() as usize + WAITING_CHILD_STACK) & !15;
-    // The child starts with every signal blocked, so no handler of ours (shared code and
-    // statics) can run in it; ours come back right after the clone.
-    let mut ours = SigSet::empty();
-    sigprocmask(SigmaskHow::SIG_SETMASK, Some(&SigSet::all()), Some(&mut ours))?;
+    // The child starts with every signal blocked, glibc's own two included, so no handler
+    // of ours or glibc's (shared code and statics) can run in it; ours come back right
+    // after the clone.
+    let ours = block_every_signal()?;
     // SAFETY: `wait_to_be_killed` runs on `stack`, which stays allocated until the child
     // is reaped (WaitingChild owns it and its drop reaps first), and touches nothing else
     // of ours. CLONE_VM without CLONE_THREAD or CLONE_SETTLS: the child is a process of
@@ -100,8 +99,48 @@ pub fn clone_waiting(flags: nix::sched::CloneFlags) -> std::result::Result<Waiti
         -1 => Err(nix::errno::Errno::last()),
         pid => Ok(WaitingChild { pid: Pid::from_raw(pid), _stack: stack, reaped: false }),
     };
-    sigprocmask(SigmaskHow::SIG_SETMASK, Some(&ours), None)?;
+    restore_signals(&ours);
     cloned
+}
+
+/// The size of the kernel's signal set, which rt_sigprocmask(2) takes (_NSIG / 8).
+const KERNEL_SIGSET_BYTES: usize = if cfg!(any(target_arch = "mips", target_arch = "mips64")) { 16 } else { 8 };
+
+/// This thread's signal mask as it was before [`block_every_signal`].
+pub struct SavedSignalMask([u64; 2]);
+
+/// Blocks every signal in this thread, with rt_sigprocmask(2) itself: glibc's
+/// sigprocmask leaves its two internal signals (thread cancellation and set*id) open,
+/// and a child cloned to share our memory must start with none of their handlers able
+/// to run. SIGKILL and SIGSTOP cannot be blocked (the kernel drops them from the set).
+pub fn block_every_signal() -> std::result::Result<SavedSignalMask, nix::errno::Errno> {
+    let all = [u64::MAX; 2];
+    let mut old = [0u64; 2];
+    // SAFETY: rt_sigprocmask reads KERNEL_SIGSET_BYTES (at most 16) from `all` and writes
+    // as many into `old`, two live 16-byte locals.
+    let r = unsafe {
+        libc::syscall(libc::SYS_rt_sigprocmask, libc::SIG_SETMASK, all.as_ptr(), old.as_mut_ptr(), KERNEL_SIGSET_BYTES)
+    };
+    if r == -1 {
+        return Err(nix::errno::Errno::last());
+    }
+    Ok(SavedSignalMask(old))
+}
+
+/// Puts back the mask [`block_every_signal`] saved. It cannot fail: the mask is one the
+/// kernel itself returned, and SIG_SETMASK is valid.
+pub fn restore_signals(saved: &SavedSignalMask) {
+    // SAFETY: rt_sigprocmask reads KERNEL_SIGSET_BYTES from `saved` (16 bytes) and writes
+    // nothing (no old set).
+    unsafe {
+        libc::syscall(
+            libc::SYS_rt_sigprocmask,
+            libc::SIG_SETMASK,
+            saved.0.as_ptr(),
+            std::ptr::null_mut::<u64>(),
+            KERNEL_SIGSET_BYTES,
+        )
+    };
 }
 
 impl WaitingChild {
