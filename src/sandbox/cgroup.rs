@@ -58,7 +58,7 @@ pub enum Setup {
 /// and reaps what it started.
 #[derive(Debug)]
 pub enum MoveWindow {
-    /// The keeper (x86_64, aarch64).
+    /// The keeper (x86_64).
     Kept(crate::sys::move_window::MoveWindow),
     /// Elsewhere: one move, in a grandchild, that starts the grace period (see
     /// `sys::cgroup::start_move_grace_period`); the middle child is reaped on drop.

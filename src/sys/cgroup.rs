@@ -100,11 +100,12 @@ pub fn move_self_to(dir: &Path) -> Result<()> {
 }
 
 /// Where the keeper of `sys::move_window` has no raw system calls (architectures other
-/// than x86_64 and aarch64): starts, in a forked child, the wait that the first cgroup
-/// move after a quiet spell makes, once, without holding the window open after it: every write to a `cgroup.procs` takes the kernel's global
-/// cgroup_threadgroup_rwsem for writing, whose rcu_sync waits for a normal RCU grace
-/// period unless a writer held it within about a grace period before (5-15 ms here;
-/// none where cgroups are mounted `favordynmods`, which this then costs only forks).
+/// than x86_64): starts, in a forked child, the wait that the first cgroup move after a
+/// quiet spell makes, once, without holding the window open after it: every write to a
+/// `cgroup.procs` takes the kernel's global cgroup_threadgroup_rwsem for writing, whose
+/// rcu_sync waits for a normal RCU grace period unless a writer held it within about a
+/// grace period before (5-15 ms here; none where cgroups are mounted `favordynmods`,
+/// which this then costs only forks).
 /// The writer moves itself into the cgroup it is already in (`procs`: that cgroup's
 /// `cgroup.procs`, opened without O_CREAT) and exits: no process changes cgroups. A
 /// move made while that wait is under way waits only for what is left of it, and one

@@ -21,8 +21,10 @@
 //! copy-on-write faults), running one function of raw system calls on a small stack of
 //! its own, with every signal blocked. It touches no memory of ours but [`Shared`], never
 //! allocates, and never writes errno (it shares our thread pointer, so libc's errno would
-//! be the main thread's): its system calls are made with `asm!` (x86_64, aarch64).
-//! Elsewhere [`hold`] starts nothing.
+//! be the main thread's): its system calls are made with `asm!`, on x86_64. Elsewhere
+//! [`hold`] starts nothing and `sandbox::cgroup` falls back to one write in a forked
+//! grandchild (`sys::cgroup::start_move_grace_period`): the asm of another architecture
+//! belongs where it can be built and tested.
 
 use super::error::{Error, Result};
 use std::os::fd::{AsRawFd, OwnedFd};
@@ -191,40 +193,39 @@ impl Drop for MoveWindow {
     }
 }
 
-/// The keeper's system calls, made directly: they return the kernel's result (-errno on
-/// failure) and write no errno.
+/// The one primitive the keeper's system calls need: a system call of up to three
+/// arguments, made directly (x86_64; another architecture needs its numbers and its
+/// instruction here, built and tested there). It returns the kernel's result (-errno on
+/// failure) and writes no errno. Unused arguments are passed as 0 and ignored by the
+/// kernel.
 #[cfg(target_arch = "x86_64")]
-mod raw {
-    pub const AVAILABLE: bool = true;
-    const WRITE: usize = 1;
-    const NANOSLEEP: usize = 35;
-    const EXIT: usize = 60;
-    const GETPPID: usize = 110;
-    const PRCTL: usize = 157;
+mod arch {
+    pub const WRITE: usize = 1;
+    pub const NANOSLEEP: usize = 35;
+    pub const EXIT: usize = 60;
+    pub const GETPPID: usize = 110;
+    pub const PRCTL: usize = 157;
 
     #[inline(always)]
-    fn syscall2(nr: usize, a: usize, b: usize) -> isize {
+    pub fn syscall3(nr: usize, a: usize, b: usize, c: usize) -> isize {
         let ret: isize;
-        // SAFETY: the x86_64 system call ABI: number in rax, arguments in rdi and rsi,
-        // result in rax; the kernel clobbers rcx and r11 and touches no other register or
-        // memory of ours but what each call's arguments point to (checked by its callers).
-        unsafe {
-            core::arch::asm!("syscall", inlateout("rax") nr as isize => ret, in("rdi") a, in("rsi") b,
-                lateout("rcx") _, lateout("r11") _, options(nostack));
-        }
-        ret
-    }
-
-    #[inline(always)]
-    fn syscall3(nr: usize, a: usize, b: usize, c: usize) -> isize {
-        let ret: isize;
-        // SAFETY: as in syscall2, with the third argument in rdx.
+        // SAFETY: the x86_64 system call ABI: number in rax, arguments in rdi, rsi and
+        // rdx, result in rax; the kernel clobbers rcx and r11 and touches no other
+        // register or memory of ours but what each call's arguments point to (checked by
+        // the callers in `raw`).
         unsafe {
             core::arch::asm!("syscall", inlateout("rax") nr as isize => ret, in("rdi") a, in("rsi") b, in("rdx") c,
                 lateout("rcx") _, lateout("r11") _, options(nostack));
         }
         ret
     }
+}
+
+/// The keeper's system calls (see [`arch`]).
+#[cfg(target_arch = "x86_64")]
+mod raw {
+    use super::arch::*;
+    pub const AVAILABLE: bool = true;
 
     pub fn write_zero(fd: i32) -> isize {
         // "0": the writer itself. The kernel reads the one byte and nothing else.
@@ -234,55 +235,6 @@ mod raw {
     pub fn sleep(d: std::time::Duration) {
         let ts = libc::timespec { tv_sec: d.as_secs() as libc::time_t, tv_nsec: d.subsec_nanos() as libc::c_long };
         // The kernel reads `ts` (a live local) and writes nothing (no remainder pointer).
-        syscall2(NANOSLEEP, &ts as *const libc::timespec as usize, 0);
-    }
-
-    pub fn die_with_parent() {
-        syscall2(PRCTL, libc::PR_SET_PDEATHSIG as usize, libc::SIGKILL as usize);
-    }
-
-    pub fn parent() -> i32 {
-        syscall2(GETPPID, 0, 0) as i32
-    }
-
-    pub fn exit(code: i32) -> ! {
-        syscall2(EXIT, code as usize, 0);
-        // exit(2) does not return.
-        loop {
-            core::hint::spin_loop();
-        }
-    }
-}
-
-/// The keeper's system calls, made directly (see the x86_64 version).
-#[cfg(target_arch = "aarch64")]
-mod raw {
-    pub const AVAILABLE: bool = true;
-    const WRITE: usize = 64;
-    const NANOSLEEP: usize = 101;
-    const EXIT: usize = 93;
-    const GETPPID: usize = 173;
-    const PRCTL: usize = 167;
-
-    #[inline(always)]
-    fn syscall3(nr: usize, a: usize, b: usize, c: usize) -> isize {
-        let ret: isize;
-        // SAFETY: the aarch64 system call ABI: number in x8, arguments in x0-x2, result
-        // in x0; the kernel touches no other register or memory of ours but what each
-        // call's arguments point to (checked by its callers).
-        unsafe {
-            core::arch::asm!("svc 0", in("x8") nr, inlateout("x0") a as isize => ret, in("x1") b, in("x2") c,
-                options(nostack));
-        }
-        ret
-    }
-
-    pub fn write_zero(fd: i32) -> isize {
-        syscall3(WRITE, fd as usize, b"0".as_ptr() as usize, 1)
-    }
-
-    pub fn sleep(d: std::time::Duration) {
-        let ts = libc::timespec { tv_sec: d.as_secs() as libc::time_t, tv_nsec: d.subsec_nanos() as libc::c_long };
         syscall3(NANOSLEEP, &ts as *const libc::timespec as usize, 0, 0);
     }
 
@@ -296,6 +248,7 @@ mod raw {
 
     pub fn exit(code: i32) -> ! {
         syscall3(EXIT, code as usize, 0, 0);
+        // exit(2) does not return.
         loop {
             core::hint::spin_loop();
         }
@@ -303,7 +256,7 @@ mod raw {
 }
 
 /// Other architectures: no keeper (see [`hold`]).
-#[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
+#[cfg(not(target_arch = "x86_64"))]
 mod raw {
     pub const AVAILABLE: bool = false;
     pub fn write_zero(_: i32) -> isize {
