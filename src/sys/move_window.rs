@@ -281,17 +281,24 @@ mod tests {
     /// On a plain file instead of a cgroup.procs: the keeper writes its "0" at once, again
     /// every INTERVAL, stops after ROUNDS, and is reaped by the drop (no zombie, no
     /// process left), all without touching this process's errno or signal mask.
-    #[test]
-    fn the_keeper_writes_at_once_then_every_interval_and_is_reaped() {
+    /// A keeper on an empty plain file standing in for a cgroup.procs (or a visible skip
+    /// where there is no keeper); the dir holds the file.
+    fn keeper_on_a_plain_file() -> Option<(tempfile::TempDir, std::path::PathBuf, MoveWindow)> {
         if !raw::AVAILABLE {
             eprintln!("SKIPPED: no keeper on this architecture");
-            return;
+            return None;
         }
         let dir = tempfile::tempdir().unwrap();
         let file = dir.path().join("cgroup.procs");
         std::fs::write(&file, "").unwrap();
-        let mask_before = nix::sys::signal::SigSet::thread_get_mask().unwrap();
         let window = hold(&file).unwrap().expect("a keeper");
+        Some((dir, file, window))
+    }
+
+    #[test]
+    fn the_keeper_writes_at_once_then_every_interval_and_is_reaped() {
+        let mask_before = nix::sys::signal::SigSet::thread_get_mask().unwrap();
+        let Some((_dir, file, window)) = keeper_on_a_plain_file() else { return };
         let pid = window.pid();
         assert_eq!(nix::sys::signal::SigSet::thread_get_mask().unwrap(), mask_before, "our mask is back");
         // The first write comes at once; then one every INTERVAL.
@@ -322,14 +329,7 @@ mod tests {
     /// zombie for the drop to reap it.
     #[test]
     fn the_keeper_stops_by_itself_after_its_rounds() {
-        if !raw::AVAILABLE {
-            eprintln!("SKIPPED: no keeper on this architecture");
-            return;
-        }
-        let dir = tempfile::tempdir().unwrap();
-        let file = dir.path().join("cgroup.procs");
-        std::fs::write(&file, "").unwrap();
-        let window = hold(&file).unwrap().expect("a keeper");
+        let Some((_dir, file, window)) = keeper_on_a_plain_file() else { return };
         let state = || {
             let stat = std::fs::read_to_string(format!("/proc/{}/stat", window.pid())).unwrap_or_default();
             stat.rsplit(')').next().and_then(|r| r.split_whitespace().next()).unwrap_or("").to_string()
