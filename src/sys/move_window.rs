@@ -29,6 +29,7 @@
 use super::error::{Error, Result};
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::path::Path;
+use std::ptr::NonNull;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 /// Time between the keeper's writes: shorter than the grace periods it spans (a window
@@ -61,8 +62,8 @@ pub struct MoveWindow {
     // Both freed only after the keeper is reaped: it runs on the stack and reads
     // `shared`. Raw, not a Box: a Box moved after the keeper got its address would
     // assert it is the only pointer to it.
-    shared: std::ptr::NonNull<Shared>,
-    stack: std::ptr::NonNull<[u8]>,
+    shared: NonNull<Shared>,
+    stack: NonNull<[u8]>,
     _procs: OwnedFd,
 }
 
@@ -92,8 +93,8 @@ pub fn hold(procs: &Path) -> Result<Option<MoveWindow>> {
     let fd = OwnedFd::from(fd);
     let shared =
         Box::new(Shared { fd: fd.as_raw_fd(), parent: std::process::id() as i32, stop: AtomicBool::new(false) });
-    let shared = std::ptr::NonNull::from(Box::leak(shared));
-    let stack = std::ptr::NonNull::from(Box::leak(vec![0u8; STACK].into_boxed_slice()));
+    let shared = NonNull::from(Box::leak(shared));
+    let stack = NonNull::from(Box::leak(vec![0u8; STACK].into_boxed_slice()));
     match clone_keeper(shared, stack) {
         Ok(pid) => Ok(Some(MoveWindow { pid, shared, stack, _procs: fd })),
         Err(e) => {
@@ -109,39 +110,12 @@ pub fn hold(procs: &Path) -> Result<Option<MoveWindow>> {
 }
 
 /// Clones the keeper (see the module doc); its pid.
-fn clone_keeper(
-    shared: std::ptr::NonNull<Shared>,
-    stack: std::ptr::NonNull<[u8]>,
-) -> std::result::Result<i32, nix::errno::Errno> {
-    // The stack grows down: its top, aligned down to 16 bytes as both ABIs want.
-    let top = (stack.as_ptr() as *mut u8 as usize + stack.len()) & !15;
-    // Every signal blocked in the child from its first instruction, glibc's own two
-    // included (its sigprocmask leaves them open): no handler of ours or of glibc's
-    // (shared code, statics, our thread's TLS) may run there. Ours come back right after.
-    let ours = super::process::block_every_signal()?;
-    // SAFETY: `keep_window` runs on `stack` and reads only `shared`, both owned by the
-    // returned MoveWindow, which frees them only after the child is reaped. CLONE_VM
-    // without CLONE_THREAD or CLONE_SETTLS: a process of its own that shares our memory,
-    // as posix_spawn's child (glibc >= 2.25's clone, which this binary's symbol versions
-    // require, writes nothing through the shared thread pointer for it); CLONE_FILES: it
-    // shares our fd table, so it holds no copy of any file (a pipe's write end, a lock)
-    // of its own; SIGCHLD when it exits, so it is our child to reap.
-    let pid = unsafe {
-        libc::clone(
-            keep_window,
-            top as *mut libc::c_void,
-            libc::CLONE_VM | libc::CLONE_FILES | libc::SIGCHLD,
-            shared.as_ptr() as *mut libc::c_void,
-        )
-    };
-    let cloned = match pid {
-        -1 => Err(nix::errno::Errno::last()),
-        pid => Ok(pid),
-    };
-    // Restored whatever happened: a child running on `stack` must not be left behind by
-    // an early return.
-    super::process::restore_signals(&ours);
-    cloned
+fn clone_keeper(shared: NonNull<Shared>, stack: NonNull<[u8]>) -> std::result::Result<i32, nix::errno::Errno> {
+    // SAFETY: `keep_window` makes raw system calls only and reads only `shared` (but for
+    // its atomic `stop`, unchanged while the keeper lives); both it and `stack` are owned
+    // by the returned MoveWindow, which frees them only after the keeper is reaped.
+    let pid = unsafe { super::process::clone_sharing_memory(keep_window, shared.as_ptr().cast(), stack, 0) }?;
+    Ok(pid.as_raw())
 }
 
 /// The keeper's whole life (see the module doc). Raw system calls only.
@@ -193,39 +167,32 @@ impl Drop for MoveWindow {
     }
 }
 
-/// The one primitive the keeper's system calls need: a system call of up to three
-/// arguments, made directly (x86_64; another architecture needs its numbers and its
-/// instruction here, built and tested there). It returns the kernel's result (-errno on
-/// failure) and writes no errno. Unused arguments are passed as 0 and ignored by the
-/// kernel.
+/// The keeper's system calls, made directly on x86_64 (another architecture needs its
+/// numbers and its instruction here, built and tested there). Each returns the kernel's
+/// result (-errno on failure) and writes no errno.
 #[cfg(target_arch = "x86_64")]
-mod arch {
-    pub const WRITE: usize = 1;
-    pub const NANOSLEEP: usize = 35;
-    pub const EXIT: usize = 60;
-    pub const GETPPID: usize = 110;
-    pub const PRCTL: usize = 157;
+mod raw {
+    pub const AVAILABLE: bool = true;
+    const WRITE: usize = 1;
+    const NANOSLEEP: usize = 35;
+    const EXIT: usize = 60;
+    const GETPPID: usize = 110;
+    const PRCTL: usize = 157;
 
+    /// A system call of up to three arguments (unused ones 0, ignored by the kernel).
     #[inline(always)]
-    pub fn syscall3(nr: usize, a: usize, b: usize, c: usize) -> isize {
+    fn syscall3(nr: usize, a: usize, b: usize, c: usize) -> isize {
         let ret: isize;
         // SAFETY: the x86_64 system call ABI: number in rax, arguments in rdi, rsi and
         // rdx, result in rax; the kernel clobbers rcx and r11 and touches no other
-        // register or memory of ours but what each call's arguments point to (checked by
-        // the callers in `raw`).
+        // register or memory of ours but what each call's arguments point to (checked
+        // below, call by call).
         unsafe {
             core::arch::asm!("syscall", inlateout("rax") nr as isize => ret, in("rdi") a, in("rsi") b, in("rdx") c,
                 lateout("rcx") _, lateout("r11") _, options(nostack));
         }
         ret
     }
-}
-
-/// The keeper's system calls (see [`arch`]).
-#[cfg(target_arch = "x86_64")]
-mod raw {
-    use super::arch::*;
-    pub const AVAILABLE: bool = true;
 
     pub fn write_zero(fd: i32) -> isize {
         // "0": the writer itself. The kernel reads the one byte and nothing else.

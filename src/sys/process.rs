@@ -6,6 +6,7 @@ use nix::sys::signal::Signal;
 use nix::unistd::Pid;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::process::{CommandExt, ExitStatusExt};
+use std::ptr::NonNull;
 
 /// Threads of this process (from /proc/self/task; 0 when it cannot be read).
 pub fn thread_count() -> usize {
@@ -46,8 +47,9 @@ pub fn fork_if_single_threaded(what: &'static str) -> Result<Option<Forked>> {
 /// this returns, whether or not the child has run yet) that shares this process's memory
 /// (CLONE_VM, as posix_spawn's child does: no page tables copied for it, no copy-on-write
 /// faults here while it lives) and fd table, and does nothing but wait to be killed. Its namespaces
-/// live as long as it does, or as an fd opened on them. [`WaitingChild::release`] kills
-/// and reaps it.
+/// live as long as it does, or as an fd opened on them. Its drop kills and reaps it;
+/// [`WaitingChild::kill_and_reap_later`] kills it and leaves the reaping to
+/// [`reap_killed`].
 #[derive(Debug)]
 pub struct WaitingChild {
     pid: Pid,
@@ -74,31 +76,52 @@ extern "C" fn wait_to_be_killed(_: *mut libc::c_void) -> libc::c_int {
 /// Clones a [`WaitingChild`] into new namespaces (`flags`: CLONE_NEW* flags only).
 pub fn clone_waiting(flags: nix::sched::CloneFlags) -> std::result::Result<WaitingChild, nix::errno::Errno> {
     let mut stack = vec![0u8; WAITING_CHILD_STACK];
-    // The stack grows down: its top, aligned down to 16 bytes as the ABI wants.
-    let top = (stack.as_mut_ptr() as usize + WAITING_CHILD_STACK) & !15;
-    // The child starts with every signal blocked, glibc's own two included, so no handler
-    // of ours or glibc's (shared code and statics) can run in it; ours come back right
-    // after the clone.
-    let ours = block_every_signal()?;
-    // SAFETY: `wait_to_be_killed` runs on `stack`, which stays allocated until the child
-    // is reaped (WaitingChild owns it and its drop reaps first), and touches nothing else
-    // of ours. CLONE_VM without CLONE_THREAD or CLONE_SETTLS: the child is a process of
-    // its own that shares our memory, as posix_spawn's vfork child; SIGCHLD when it exits.
-    // CLONE_FILES: it shares our fd table too, so it holds no copy of any open file (a
-    // pipe's write end that would not see EOF, a file being written that another thread
-    // would then fail to exec with ETXTBSY).
+    // SAFETY: `wait_to_be_killed` reads no argument and touches nothing of ours but
+    // `stack`, which WaitingChild owns and frees only after the child is reaped (its
+    // drop, `kill_and_reap_later` and `reap_killed` reap first).
     let pid = unsafe {
-        libc::clone(
-            wait_to_be_killed,
-            top as *mut libc::c_void,
-            flags.bits() | libc::CLONE_VM | libc::CLONE_FILES | libc::SIGCHLD,
-            std::ptr::null_mut(),
-        )
+        clone_sharing_memory(wait_to_be_killed, std::ptr::null_mut(), NonNull::from(stack.as_mut_slice()), flags.bits())
+    }?;
+    Ok(WaitingChild { pid, _stack: stack, reaped: false })
+}
+
+/// Clones a child that shares this process's memory and fd table and runs `entry(arg)`
+/// on `stack`, with every signal blocked from its first instruction (ours come back
+/// before this returns); `flags`: more clone flags (CLONE_NEW*). It is a process of its
+/// own (no CLONE_THREAD), our child to reap (SIGCHLD).
+///
+/// # Safety
+/// `entry` must touch nothing of ours but `arg` (which must stay valid and, but for
+/// atomics, unchanged while the child lives) and `stack`: no allocation, no errno, no
+/// thread-local (it runs on our thread pointer). `stack` must stay allocated until the
+/// child is reaped.
+pub unsafe fn clone_sharing_memory(
+    entry: extern "C" fn(*mut libc::c_void) -> libc::c_int,
+    arg: *mut libc::c_void,
+    stack: NonNull<[u8]>,
+    flags: libc::c_int,
+) -> std::result::Result<Pid, nix::errno::Errno> {
+    // The stack grows down: its top, aligned down to 16 bytes as the ABIs want.
+    let top = (stack.as_ptr() as *mut u8 as usize + stack.len()) & !15;
+    // Every signal blocked in the child, glibc's own two included, so no handler of ours
+    // or glibc's (shared code, statics, our thread's TLS) can run in it.
+    let ours = block_every_signal()?;
+    // SAFETY: the caller's contract for `entry`, `arg` and `stack`. CLONE_VM without
+    // CLONE_THREAD or CLONE_SETTLS: a process of its own that shares our memory, as
+    // posix_spawn's child (glibc >= 2.25's clone, which this binary's symbol versions
+    // require, writes nothing through the shared thread pointer for it). CLONE_FILES: it
+    // shares our fd table, so it holds no copy of any open file (a pipe's write end that
+    // would not see EOF, a lock, a file being written that another thread would then fail
+    // to exec with ETXTBSY). SIGCHLD when it exits.
+    let pid = unsafe {
+        libc::clone(entry, top as *mut libc::c_void, flags | libc::CLONE_VM | libc::CLONE_FILES | libc::SIGCHLD, arg)
     };
     let cloned = match pid {
         -1 => Err(nix::errno::Errno::last()),
-        pid => Ok(WaitingChild { pid: Pid::from_raw(pid), _stack: stack, reaped: false }),
+        pid => Ok(Pid::from_raw(pid)),
     };
+    // Restored whatever happened: a child running on `stack` must not be left behind by
+    // an early return.
     restore_signals(&ours);
     cloned
 }
@@ -107,13 +130,13 @@ pub fn clone_waiting(flags: nix::sched::CloneFlags) -> std::result::Result<Waiti
 const KERNEL_SIGSET_BYTES: usize = if cfg!(any(target_arch = "mips", target_arch = "mips64")) { 16 } else { 8 };
 
 /// This thread's signal mask as it was before [`block_every_signal`].
-pub struct SavedSignalMask([u64; 2]);
+struct SavedSignalMask([u64; 2]);
 
 /// Blocks every signal in this thread, with rt_sigprocmask(2) itself: glibc's
 /// sigprocmask leaves its two internal signals (thread cancellation and set*id) open,
 /// and a child cloned to share our memory must start with none of their handlers able
 /// to run. SIGKILL and SIGSTOP cannot be blocked (the kernel drops them from the set).
-pub fn block_every_signal() -> std::result::Result<SavedSignalMask, nix::errno::Errno> {
+fn block_every_signal() -> std::result::Result<SavedSignalMask, nix::errno::Errno> {
     let all = [u64::MAX; 2];
     let mut old = [0u64; 2];
     // SAFETY: rt_sigprocmask reads KERNEL_SIGSET_BYTES (at most 16) from `all` and writes
@@ -129,7 +152,7 @@ pub fn block_every_signal() -> std::result::Result<SavedSignalMask, nix::errno::
 
 /// Puts back the mask [`block_every_signal`] saved. It cannot fail: the mask is one the
 /// kernel itself returned, and SIG_SETMASK is valid.
-pub fn restore_signals(saved: &SavedSignalMask) {
+fn restore_signals(saved: &SavedSignalMask) {
     // SAFETY: rt_sigprocmask reads KERNEL_SIGSET_BYTES from `saved` (16 bytes) and writes
     // nothing (no old set).
     unsafe {
@@ -146,14 +169,6 @@ pub fn restore_signals(saved: &SavedSignalMask) {
 impl WaitingChild {
     pub fn pid(&self) -> Pid {
         self.pid
-    }
-
-    /// Kills the child and reaps it.
-    pub fn release(mut self) -> nix::Result<()> {
-        self.reaped = true;
-        // Our unreaped child: its pid cannot have been reused.
-        let _ = nix::sys::signal::kill(self.pid, Signal::SIGKILL);
-        nix::sys::wait::waitpid(self.pid, None).map(|_| ())
     }
 }
 
@@ -363,7 +378,7 @@ mod tests {
         let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
         let state = stat.rsplit(')').next().unwrap().split_whitespace().next();
         assert!(matches!(state, Some("S" | "R")), "{stat}");
-        child.release().unwrap();
+        drop(child);
         assert!(!std::path::Path::new(&format!("/proc/{pid}")).exists(), "killed and reaped");
     }
 
@@ -376,7 +391,7 @@ mod tests {
         drop(w);
         let mut b = [0u8; 1];
         assert_eq!(nix::unistd::read(r.as_raw_fd(), &mut b), Ok(0), "EOF while the child lives");
-        child.release().unwrap();
+        drop(child);
     }
 
     #[test]
