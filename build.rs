@@ -37,9 +37,10 @@ fn main() {
 /// an `exec` cycle runs, in the order they first run (scripts/make-hot-text-order.sh).
 /// Every process of a job (the CLI, the forked helper, libcontainer's two clones) faults
 /// the binary's text in anew, 64 KB at a time (fork copies no page tables of a file
-/// mapping), and those functions were spread over ~100 of the text's ~170 such windows:
-/// grouped, the four take ~70 fewer text faults per cycle (bench/NOTES.md). A name the
-/// linker does not find (a function changed since the list was made) is skipped.
+/// mapping), and those functions were spread over ~100 of the text's ~170 such windows.
+/// Grouped (and by the processes that run them), the four take 51 text faults per cycle
+/// instead of 157 (bench/NOTES.md). A name the linker does not find (a function changed
+/// since the list was made) is skipped.
 ///
 /// Only where the linker is rust-lld: rustc's default for this target since 1.90, unless
 /// the flags choose another linker. GNU ld has no such option and would fail the link.
