@@ -42,8 +42,10 @@ fn main() {
 /// instead of 157 (bench/NOTES.md). A name the linker does not find (a function changed
 /// since the list was made) is skipped.
 ///
-/// Only where the linker is rust-lld: rustc's default for this target since 1.90, unless
-/// the flags choose another linker. GNU ld has no such option and would fail the link.
+/// Only where the linker takes the option: rust-lld, rustc's default for this target since
+/// 1.90 in the Rust project's builds (a distribution's rustc may keep GNU ld, which has no
+/// such option and would fail the link). A one-line program linked with it tells; flags
+/// that choose another linker skip it.
 fn link_hot_text_order() {
     let list = Path::new("build/hot-text.order");
     println!("cargo::rerun-if-changed={}", list.display());
@@ -52,24 +54,35 @@ fn link_hot_text_order() {
     let target = std::env::var("TARGET").is_ok_and(|t| t == "x86_64-unknown-linux-gnu");
     let flags = std::env::var("CARGO_ENCODED_RUSTFLAGS").unwrap_or_default();
     let other_linker = flags.contains("linker") || flags.contains("link-self-contained");
-    if !(release && target && list.exists()) || other_linker || !rustc_links_with_lld() {
+    if !(release && target && list.exists()) || other_linker {
         return;
     }
     let list = std::fs::canonicalize(list).expect("build/hot-text.order exists");
-    println!("cargo::rustc-link-arg-bins=-Wl,--symbol-ordering-file={}", list.display());
-    println!("cargo::rustc-link-arg-bins=-Wl,--no-warn-symbol-ordering");
+    let args = [format!("-Wl,--symbol-ordering-file={}", list.display()), "-Wl,--no-warn-symbol-ordering".into()];
+    if !links_with(&args) {
+        println!("cargo::warning=the linker does not take --symbol-ordering-file (not rust-lld): the release binary's hot text is not grouped (build.rs)");
+        return;
+    }
+    for a in args {
+        println!("cargo::rustc-link-arg-bins={a}");
+    }
 }
 
-/// Whether `$RUSTC` links x86_64-unknown-linux-gnu with its own rust-lld by default: 1.90
-/// and later.
-fn rustc_links_with_lld() -> bool {
+/// Whether `$RUSTC` links a one-line program with `link_args` added.
+fn links_with(link_args: &[String]) -> bool {
+    let dir = PathBuf::from(std::env::var_os("OUT_DIR").expect("cargo sets OUT_DIR"));
+    let src = dir.join("link-probe.rs");
+    if std::fs::write(&src, "fn main() {}\n").is_err() {
+        return false;
+    }
     let rustc = std::env::var_os("RUSTC").unwrap_or_else(|| "rustc".into());
-    let Ok(out) = Command::new(rustc).arg("-vV").output() else { return false };
-    let text = String::from_utf8_lossy(&out.stdout);
-    let Some(release) = text.lines().find_map(|l| l.strip_prefix("release: ")) else { return false };
-    let mut parts = release.split(['.', '-']).map(|p| p.parse::<u32>().unwrap_or(0));
-    let (major, minor) = (parts.next().unwrap_or(0), parts.next().unwrap_or(0));
-    (major, minor) >= (1, 90)
+    let mut cmd = Command::new(rustc);
+    for a in link_args {
+        cmd.arg("-C").arg(format!("link-arg={a}"));
+    }
+    cmd.arg("-o").arg(dir.join("link-probe")).arg(&src);
+    cmd.stdout(std::process::Stdio::null()).stderr(std::process::Stdio::null());
+    cmd.status().is_ok_and(|s| s.success())
 }
 
 /// [`seccomp::rules`] as the BPF program libseccomp would load (`seccomp_export_bpf`):
