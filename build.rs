@@ -34,7 +34,8 @@ fn main() {
 }
 
 /// `--symbol-ordering-file=build/hot-text.order` for the release binary: the functions
-/// an `exec` cycle runs, in the order they first run (scripts/make-hot-text-order.sh).
+/// an `exec` cycle runs, grouped by the processes that run them, each group in the order
+/// its functions first run (scripts/make-hot-text-order.sh).
 /// Every process of a job (the CLI, the forked helper, libcontainer's two clones) faults
 /// the binary's text in anew, 64 KB at a time (fork copies no page tables of a file
 /// mapping), and those functions were spread over ~100 of the text's ~170 such windows.

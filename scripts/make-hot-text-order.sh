@@ -1,6 +1,7 @@
 #!/bin/bash
 # Writes build/hot-text.order: the functions of azp-sandbox that an `exec` cycle runs,
-# in the order they first run. Release builds link them next to each other (build.rs,
+# grouped by the processes that run them (see below), each group in the order its
+# functions first run. Release builds link them next to each other (build.rs,
 # `--symbol-ordering-file`): every process of a job (the CLI, the forked helper,
 # libcontainer's two clones) faults the binary's text in anew, 64 KB at a time, and
 # the functions of one cycle were spread over ~100 of the text's ~170 such windows.
