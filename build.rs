@@ -33,32 +33,26 @@ fn main() {
     link_hot_text_order();
 }
 
-/// `--symbol-ordering-file=build/hot-text.order` for the release binary: the functions
-/// an `exec` cycle runs, grouped by the processes that run them, each group in the order
-/// its functions first run (scripts/make-hot-text-order.sh).
-/// Every process of a job (the CLI, the forked helper, libcontainer's two clones) faults
-/// the binary's text in anew, 64 KB at a time (fork copies no page tables of a file
-/// mapping), and those functions were spread over ~100 of the text's ~170 such windows.
-/// Grouped (and by the processes that run them), the four take 51 text faults per cycle
-/// instead of 157 (bench/NOTES.md). A name the linker does not find (a function changed
-/// since the list was made) is skipped.
+/// `--symbol-ordering-file=build/hot-text.order` for the release binary: the functions an
+/// `exec` cycle runs, grouped by the processes that run them, so that each of a job's
+/// processes faults the binary's text in from few 64 KB windows (why and how the list is
+/// made: docs/architecture.md, "The release build"). A name the linker does not find (a
+/// function changed since the list was made) is skipped.
 ///
 /// Only where the linker takes the option: rust-lld, rustc's default for this target since
-/// 1.90 in the Rust project's builds (a distribution's rustc may keep GNU ld, which has no
-/// such option and would fail the link). A one-line program linked with it tells; flags
-/// that choose another linker skip it.
+/// 1.90 in the Rust project's builds. GNU ld (a distribution's rustc, or flags that choose
+/// it) has no such option and would fail the link, so a one-line program is linked with
+/// it first, with the same flags and linker as the crate.
 fn link_hot_text_order() {
-    let list = Path::new("build/hot-text.order");
-    println!("cargo::rerun-if-changed={}", list.display());
+    println!("cargo::rerun-if-changed=build/hot-text.order");
     println!("cargo::rerun-if-env-changed=CARGO_ENCODED_RUSTFLAGS");
     let release = std::env::var("PROFILE").is_ok_and(|p| p == "release");
     let target = std::env::var("TARGET").is_ok_and(|t| t == "x86_64-unknown-linux-gnu");
-    let flags = std::env::var("CARGO_ENCODED_RUSTFLAGS").unwrap_or_default();
-    let other_linker = flags.contains("linker") || flags.contains("link-self-contained");
-    if !(release && target && list.exists()) || other_linker {
+    let list = PathBuf::from(std::env::var_os("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR"))
+        .join("build/hot-text.order");
+    if !(release && target && list.exists()) {
         return;
     }
-    let list = std::fs::canonicalize(list).expect("build/hot-text.order exists");
     let args = [format!("-Wl,--symbol-ordering-file={}", list.display()), "-Wl,--no-warn-symbol-ordering".into()];
     if !links_with(&args) {
         println!("cargo::warning=the linker does not take --symbol-ordering-file (not rust-lld): the release binary's hot text is not grouped (build.rs)");
@@ -69,7 +63,8 @@ fn link_hot_text_order() {
     }
 }
 
-/// Whether `$RUSTC` links a one-line program with `link_args` added.
+/// Whether `$RUSTC` links a one-line program with `link_args` added, under the flags
+/// (`CARGO_ENCODED_RUSTFLAGS`) and the linker (`RUSTC_LINKER`) cargo gives the crate.
 fn links_with(link_args: &[String]) -> bool {
     let dir = PathBuf::from(std::env::var_os("OUT_DIR").expect("cargo sets OUT_DIR"));
     let src = dir.join("link-probe.rs");
@@ -78,6 +73,11 @@ fn links_with(link_args: &[String]) -> bool {
     }
     let rustc = std::env::var_os("RUSTC").unwrap_or_else(|| "rustc".into());
     let mut cmd = Command::new(rustc);
+    let flags = std::env::var("CARGO_ENCODED_RUSTFLAGS").unwrap_or_default();
+    cmd.args(flags.split('\x1f').filter(|f| !f.is_empty()));
+    if let Some(linker) = std::env::var_os("RUSTC_LINKER") {
+        cmd.arg("-C").arg(format!("linker={}", linker.to_string_lossy()));
+    }
     for a in link_args {
         cmd.arg("-C").arg(format!("link-arg={a}"));
     }
