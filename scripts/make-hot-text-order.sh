@@ -1,10 +1,8 @@
 #!/bin/bash
 # Writes build/hot-text.order: the functions of azp-sandbox that an `exec` cycle runs,
 # grouped by the processes that run them (see below), each group in the order its
-# functions first run. Release builds link them next to each other (build.rs,
-# `--symbol-ordering-file`): every process of a job (the CLI, the forked helper,
-# libcontainer's two clones) faults the binary's text in anew, 64 KB at a time, and
-# the functions of one cycle were spread over ~100 of the text's ~170 such windows.
+# functions first run, for release builds to link next to each other (why:
+# docs/architecture.md, "The release build").
 #
 # Usage (root; perf and python3 installed): sudo scripts/make-hot-text-order.sh [BINARY]
 # BINARY: a release build of this checkout (default target/release/azp-sandbox);
