@@ -78,9 +78,24 @@ impl BtrfsFs {
     }
 
     /// Waits until the kernel has dropped every deleted subvolume (and, on kernels >=
-    /// 6.10, their qgroups with them).
+    /// 6.10, their qgroups with them). `subvolume sync` returns once the subvolumes are
+    /// dropped; their qgroups go in a transaction after that (`commit=1`, later on a busy
+    /// machine), so the qgroups of subvolumes that no longer exist get up to 10 s more.
+    /// What stays after that is left for the caller's assertion to show.
     pub(super) fn sync_deleted(&self) {
         self.btrfs(&["subvolume", "sync"]);
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while std::time::Instant::now() < deadline {
+            let live: Vec<String> = self
+                .subvolumes()
+                .iter()
+                .filter_map(|l| l.split_whitespace().nth(1).map(|id| format!("0_{id}")))
+                .collect();
+            if self.qgroups().iter().all(|q| live.contains(q)) {
+                return;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
     }
 }
 
