@@ -67,6 +67,8 @@ BIN=$(realpath "$BIN")
 ROOT=$(realpath "$ROOT")
 if [ -z "$WORK" ]; then
     WORK=$(mktemp -d /tmp/azp-gpu-proof.XXXXXX)
+    # mktemp's 0700 would keep the jobs' own ids from their init in the home below it.
+    chmod 0711 "$WORK"
     [ "$KEEP" = 1 ] || trap 'rm -rf "$WORK"' EXIT
 fi
 mkdir -p "$WORK" || die "cannot create $WORK"
@@ -107,12 +109,15 @@ verdict() {
 sandbox() {
     local gpus=$1 rc
     shift
-    "${AZP[@]}" exec --rootfs "$ROOTFS" --gpus "$gpus" ${SANDBOX_ARGS[@]+"${SANDBOX_ARGS[@]}"} -- "$@" 2>"$WORK/last.err"
+    "${AZP[@]}" exec --rootfs "$ROOTFS" --gpus "$gpus" ${NET_ARGS[@]+"${NET_ARGS[@]}"} \
+        ${SANDBOX_ARGS[@]+"${SANDBOX_ARGS[@]}"} -- "$@" 2>"$WORK/last.err"
     rc=$?
     cat "$WORK/last.err" >>"$WORK/sandbox.log"
     return $rc
 }
 SANDBOX_ARGS=()
+NET_ARGS=() # --network none where the default (isolated) cannot be set up here (row 2b)
+NET_NOTE="isolated (the default)"
 
 kv() { sed -n "s/^$1=//p" | head -n1; } # value of key=value in stdin
 
@@ -288,6 +293,28 @@ else
     row "rootfs from this machine, imported" "$ROOTFS_KIND" "$(tail -n1 "$WORK/import-$ROOTFS.log")" "FAIL: rootfs import failed"
 fi
 
+# ---- 2b. a job with the default network -----------------------------------------------------
+# A GPU machine may lack what the default network needs (nftables as root): that is its
+# own one-line error, not the GPU's (SKIPPED). Any other failure of the default network
+# is a FAIL. Either way, where a job with --network none runs, the GPU rows below run
+# with it, and the table says so.
+if sandbox all /bin/true; then
+    row "a job with the default network (isolated)" "-" "ran /bin/true" PASS
+else
+    first=$(grep -v '^$' "$WORK/last.err" | tail -n1)
+    if "${AZP[@]}" exec --rootfs "$ROOTFS" --network none -- /bin/true 2>>"$WORK/sandbox.log"; then
+        NET_ARGS=(--network none)
+        NET_NOTE="none (the default, isolated, failed here: $first)"
+        if printf '%s' "$first" | grep -q ' not found: '; then
+            row "a job with the default network (isolated)" "-" "$first" "SKIPPED: a package is missing here; the rows below run with --network none"
+        else
+            row "a job with the default network (isolated)" "-" "$first" "FAIL: the rows below run with --network none"
+        fi
+    else
+        row "a job with the default network (isolated)" "-" "$first" "FAIL: a job cannot start"
+    fi
+fi
+
 # ---- 3. device nodes ---------------------------------------------------------------------
 words() { sort -V | tr '\n' ' ' | sed 's/ $//'; }
 host_nodes=$(cd "$ROOT/dev" && ls -d nvidia[0-9]* 2>/dev/null | words)
@@ -444,7 +471,7 @@ fi
 
 # ---- 8. CUDA compatibility check ----------------------------------------------------------
 if import_rootfs "$WORK/newcuda" "${ROOTFS}-cuda99"; then
-    out=$("${AZP[@]}" exec --rootfs "${ROOTFS}-cuda99" --gpus all -- /bin/true 2>&1)
+    out=$("${AZP[@]}" exec --rootfs "${ROOTFS}-cuda99" --gpus all ${NET_ARGS[@]+"${NET_ARGS[@]}"} -- /bin/true 2>&1)
     rc=$?
     [ "$rc" = 125 ] && [ "$(printf '%s\n' "$out" | grep -c .)" = 1 ] && printf '%s' "$out" | grep -q "has CUDA 99.0"
     ok=$?
@@ -479,6 +506,7 @@ fi
     echo "- machine: $(hostname), $(uname -sr), $(nproc) CPUs; GPUs: $GPUS"
     echo "- driver: ${DRIVER:-not found}; azp-sandbox: $("$BIN" --version 2>/dev/null) ($BIN$(git -C "$REPO" rev-parse --short HEAD 2>/dev/null | sed 's/^/, commit /'))"
     [ "$REAL_GPU" = 1 ] || echo "- no GPU here: each row that needs one says SKIPPED: no GPU (run this on a GPU machine to fill them)"
+    echo "- jobs' network: $NET_NOTE"
     echo "- rootfs: $ROOTFS_KIND; cc: ${CC:-none}; nvcc: ${NVCC:-none}; PyTorch: $([ -n "$TORCH" ] && printf '%s\n' "$TORCH" | kv version || echo none)"
     echo
     echo "| check | host | sandbox | result |"

@@ -58,6 +58,7 @@ fn proof_script_on_the_driver_tree_skips_what_needs_a_gpu() {
     for check in [
         "driver found by azp-sandbox",
         "rootfs from this machine, imported",
+        "a job with the default network (isolated)",
         "--gpus all: device nodes",
         "--gpus 1: only GPU 1's node",
         "nvidia-smi injected, runs (exit status)",
