@@ -65,11 +65,30 @@ fi
 BIN=$(realpath "$BIN")
 [ -d "$ROOT" ] || die "--driver-root $ROOT is not a directory"
 ROOT=$(realpath "$ROOT")
+# Jobs run as host ids of their own, leased from the azp-sandbox entry of /etc/subuid and
+# /etc/subgid (scripts/setup.sh and `service install` add it). A machine without it gets
+# the default entry for this run only: added here, taken out at the end, and said so.
+SUBID_ENTRY=azp-sandbox:2147483648:67108864
+SUBID_ADDED=() RM_WORK=0
+cleanup() {
+    local f kept
+    for f in ${SUBID_ADDED[@]+"${SUBID_ADDED[@]}"}; do # rewritten in place: it may be a mount
+        kept=$(grep -vxF "$SUBID_ENTRY" "$f") ; printf '%s' "${kept:+$kept$'\n'}" >"$f"
+    done
+    [ "$RM_WORK" = 0 ] || rm -rf "$WORK"
+}
+trap cleanup EXIT
+for f in /etc/subuid /etc/subgid; do
+    if ! grep -q '^azp-sandbox:' "$f" 2>/dev/null; then
+        echo "$SUBID_ENTRY" >>"$f" || die "cannot add $SUBID_ENTRY to $f"
+        SUBID_ADDED+=("$f")
+    fi
+done
 if [ -z "$WORK" ]; then
     WORK=$(mktemp -d /tmp/azp-gpu-proof.XXXXXX)
     # mktemp's 0700 would keep the jobs' own ids from their init in the home below it.
     chmod 0711 "$WORK"
-    [ "$KEEP" = 1 ] || trap 'rm -rf "$WORK"' EXIT
+    [ "$KEEP" = 1 ] || RM_WORK=1
 fi
 mkdir -p "$WORK" || die "cannot create $WORK"
 WORK=$(realpath "$WORK")
@@ -138,7 +157,10 @@ for s in "$ROOT/usr/bin/nvidia-smi" "$ROOT/usr/local/nvidia/bin/nvidia-smi" "$RO
     [ -z "$HOST_SMI" ] && [ -x "$s" ] && HOST_SMI=$s
 done
 [ "$ROOT" = / ] && [ -z "$HOST_SMI" ] && HOST_SMI=$(command -v nvidia-smi || true)
-HOST_DRIVER=$(sed -n 's/^NVRM version:.*Kernel Module  *\([0-9.]*\).*/\1/p' "$ROOT/proc/driver/nvidia/version" 2>/dev/null)
+# The first word like 580.159.04 ("... x86_64 Kernel Module  535.309.01 ..." and the open
+# module's "... Open Kernel Module for x86_64  580.159.04 ...").
+HOST_DRIVER=$(awk '/^NVRM version:/ { for (i = 3; i <= NF; i++) if ($i ~ /^[0-9]+\.[0-9]+(\.[0-9]+)?$/) { print $i; exit } }' \
+    "$ROOT/proc/driver/nvidia/version" 2>/dev/null)
 
 # A real GPU: on the machine itself, nvidia-smi lists one. A driver tree never has one.
 REAL_GPU=0
@@ -199,8 +221,8 @@ if [ -n "$BUSYBOX" ] && ! ldd "$BUSYBOX" >/dev/null 2>&1; then
     for a in $("$BUSYBOX" --list); do [ -e "$RFS/bin/$a" ] || ln -s busybox "$RFS/bin/$a"; done
 else
     ROOTFS_KIND="host tools with their libraries"
-    for t in sh bash ls cat grep sed head tail tr wc sort cut env echo test readlink uname mkdir true ldconfig; do
-        p=$(command -v "$t" 2>/dev/null) || continue
+    for t in sh bash ls cat grep sed head tail tr wc sort cut env echo test readlink uname mkdir true id ldconfig; do
+        p=$(type -P "$t") || continue # the program, not the shell's builtin (true, echo, test)
         [ -x "$p" ] && copy_with_libs "$(realpath "$p")" "/bin/$t"
     done
 fi
@@ -267,7 +289,8 @@ if [ -n "$TORCH" ]; then
         done
     done
     [ -z "$PY_PRIVATE" ] || PY_VOLUMES+=(--userns host)
-    # The libraries torch's extensions load from outside those dirs (libstdc++, libgomp...).
+    # The libraries torch's and the stdlib's extensions load from outside those dirs
+    # (libstdc++, libgomp; libffi for ctypes, which torch imports).
     while read -r so; do
         while read -r lib; do
             [ -n "$lib" ] && [ -e "$lib" ] && ! is_driver_lib "$lib" || continue
@@ -275,7 +298,8 @@ if [ -n "$TORCH" ]; then
             for v in ${VOLS[@]+"${VOLS[@]}"}; do case "$lib" in "$v"/*) inside=1 ;; esac; done
             [ "$inside" = 0 ] && [ ! -e "$RFS$lib" ] && copy_with_libs "$lib"
         done < <(ldd "$so" 2>/dev/null | sed -n 's/.*=> \(\/[^ ]*\).*/\1/p')
-    done < <("$PY" -c 'import torch, os; d = os.path.dirname(torch.__file__); print("\n".join(os.path.join(r, f) for r, _, fs in os.walk(d) for f in fs if ".so" in f))' 2>/dev/null)
+    done < <("$PY" -c 'import torch, os, sysconfig; ds = [os.path.dirname(torch.__file__), os.path.join(sysconfig.get_path("stdlib"), "lib-dynload")]
+print("\n".join(os.path.join(r, f) for d in ds for r, _, fs in os.walk(d) for f in fs if ".so" in f))' 2>/dev/null)
 fi
 
 # A second rootfs claiming a CUDA no driver has: the compatibility check must refuse it.
@@ -507,6 +531,7 @@ fi
     echo "- driver: ${DRIVER:-not found}; azp-sandbox: $("$BIN" --version 2>/dev/null) ($BIN$(git -C "$REPO" rev-parse --short HEAD 2>/dev/null | sed 's/^/, commit /'))"
     [ "$REAL_GPU" = 1 ] || echo "- no GPU here: each row that needs one says SKIPPED: no GPU (run this on a GPU machine to fill them)"
     echo "- jobs' network: $NET_NOTE"
+    [ ${#SUBID_ADDED[@]} = 0 ] || echo "- jobs' ids: ${SUBID_ADDED[*]} had no azp-sandbox entry; $SUBID_ENTRY was added for this run and taken out after"
     echo "- rootfs: $ROOTFS_KIND; cc: ${CC:-none}; nvcc: ${NVCC:-none}; PyTorch: $([ -n "$TORCH" ] && printf '%s\n' "$TORCH" | kv version || echo none)"
     echo
     echo "| check | host | sandbox | result |"

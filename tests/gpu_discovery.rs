@@ -519,6 +519,11 @@ fn driver_outside_the_linker_cache() {
         std::os::unix::fs::symlink(format!("{name}.so.{v}"), lib64.join(format!("{name}.so.1"))).unwrap();
     }
     link_or_copy(&t.root.join("usr/lib/nvidia/current/nvidia-smi"), &root.join("usr/local/nvidia/bin/nvidia-smi"));
+    // As on the lent H200: /usr/bin/nvidia-smi, first on PATH, is a wrapper script.
+    let wrapper = root.join("usr/bin/nvidia-smi");
+    std::fs::create_dir_all(wrapper.parent().unwrap()).unwrap();
+    std::fs::write(&wrapper, "#!/bin/sh\nexec /usr/local/nvidia/bin/nvidia-smi \"$@\"\n").unwrap();
+    std::fs::set_permissions(&wrapper, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
     let lib32 = root.join("usr/local/nvidia/lib");
     std::fs::create_dir_all(&lib32).unwrap();
     std::fs::write(lib32.join(format!("libcuda.so.{v}")), azp_sandbox::gpu::elf::fake_elf32_header(3)).unwrap();
@@ -541,7 +546,8 @@ fn driver_outside_the_linker_cache() {
     assert!(d.notes.iter().any(|n| n.contains("32-bit i386")), "{:?}", d.notes);
     assert_eq!(
         d.binaries.iter().map(|b| (b.name.as_str(), b.host_path.clone())).collect::<Vec<_>>(),
-        vec![("nvidia-smi", root.join("usr/local/nvidia/bin/nvidia-smi"))]
+        vec![("nvidia-smi", root.join("usr/local/nvidia/bin/nvidia-smi"))],
+        "the program, not the wrapper script that execs it"
     );
 
     // Same files, found only through the directory NVML was loaded from.
@@ -550,6 +556,13 @@ fn driver_outside_the_linker_cache() {
     let d = discover(&opts(&root), &inv).unwrap();
     assert_eq!(d.libraries.len(), 3);
     assert!(d.libraries.iter().all(|l| l.found_via.starts_with("NVML library dir")), "{:?}", d.libraries);
+    // Found beside those libraries too (no extra lib dirs given).
+    assert_eq!(d.binaries.iter().map(|b| b.host_path.clone()).collect::<Vec<_>>(), vec![root.join("usr/local/nvidia/bin/nvidia-smi")]);
+
+    // A script with no program beside it is still better than nothing.
+    std::fs::remove_file(root.join("usr/local/nvidia/bin/nvidia-smi")).unwrap();
+    let d = discover(&opts(&root), &inv).unwrap();
+    assert_eq!(d.binaries.iter().map(|b| b.host_path.clone()).collect::<Vec<_>>(), vec![wrapper]);
     std::fs::remove_dir_all(&root).unwrap();
 }
 

@@ -410,9 +410,11 @@ pub(crate) fn discover(
         _ => Vec::new(),
     };
 
-    // Binaries.
+    // Binaries: the standard dirs, then the `bin` beside each dir the libraries came from
+    // (a driver under /usr/local/nvidia keeps its programs in /usr/local/nvidia/bin).
     let mut bin_dirs: Vec<PathBuf> = BIN_DIRS.iter().map(PathBuf::from).collect();
-    for d in extra_lib_dirs {
+    let lib_dirs = libraries.iter().filter_map(|l| l.host_path.strip_prefix(root).ok()?.parent().map(|d| Path::new("/").join(d)));
+    for d in extra_lib_dirs.iter().cloned().chain(lib_dirs) {
         if let Some(parent) = d.parent() {
             let b = parent.join("bin");
             if !bin_dirs.contains(&b) {
@@ -420,15 +422,25 @@ pub(crate) fn discover(
             }
         }
     }
+    // The first program of that name that is a real program (ELF), else the first
+    // executable: a site may put a wrapper script first (the lent H200's /usr/bin/nvidia-smi
+    // is `exec /usr/local/nvidia/bin/nvidia-smi "$@"`), which, bound alone into a job,
+    // execs a path the job does not have.
+    let executable_in = |d: &PathBuf, name: &str| {
+        let at = d.join(name);
+        let real = resolve_in_root(root, &at).ok()?;
+        let host = host_path(root, &real);
+        let meta = std::fs::metadata(&host).ok()?;
+        (meta.is_file() && meta.permissions().mode() & 0o111 != 0).then_some((at, host))
+    };
     let mut binaries = Vec::new();
     for (group, name) in BINARIES {
-        let found = bin_dirs.iter().find_map(|d| {
-            let at = d.join(name);
-            let real = resolve_in_root(root, &at).ok()?;
-            let host = host_path(root, &real);
-            let meta = std::fs::metadata(&host).ok()?;
-            (meta.is_file() && meta.permissions().mode() & 0o111 != 0).then_some((at, host))
-        });
+        let candidates: Vec<(PathBuf, PathBuf)> = bin_dirs.iter().filter_map(|d| executable_in(d, name)).collect();
+        let found = candidates
+            .iter()
+            .find(|(_, host)| matches!(elf::read(host), Ok(Some(_))))
+            .or(candidates.first())
+            .cloned();
         match found {
             Some((at, host)) => {
                 binaries.push(Binary { group: *group, name: name.to_string(), host_path: host, found_at: at })
@@ -618,6 +630,9 @@ mod tests {
     fn proc_version() {
         let t = "NVRM version: NVIDIA UNIX x86_64 Kernel Module  550.54.15  Tue Mar  5 22:23:56 UTC 2024\nGCC version: gcc 12\n";
         assert_eq!(parse_proc_version(t).as_deref(), Some("550.54.15"));
+        // The open kernel module, as on the lent H200.
+        let open = "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  580.159.04  Release Build  (nixbld@)  \n";
+        assert_eq!(parse_proc_version(open).as_deref(), Some("580.159.04"));
         assert_eq!(parse_proc_version("nothing"), None);
     }
 }

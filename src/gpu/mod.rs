@@ -251,8 +251,15 @@ pub fn job_edits(
         let reg = cdi::Registry::load(opts)?;
         return edits_for(None, Some(&reg), request, caps);
     }
+    // Timed for -v: on a GPU without persistence mode, NVML's init wakes the GPU up.
+    let started = std::time::Instant::now();
     let inventory = NvmlInventory::load(&opts.driver_root, &opts.extra_lib_dirs);
+    let nvml_ms = started.elapsed().as_secs_f64() * 1e3;
     let driver = discover_for_job(opts, &inventory, caps)?;
+    tracing::debug!(
+        "GPUs: NVML loaded in {nvml_ms:.1} ms, driver files found in {:.1} ms",
+        started.elapsed().as_secs_f64() * 1e3 - nvml_ms
+    );
     let mut edits = edits_for(Some(&driver), None, request, caps)?;
     if let Some(rootfs) = rootfs {
         if caps.compute {
