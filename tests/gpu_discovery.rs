@@ -557,7 +557,10 @@ fn driver_outside_the_linker_cache() {
     assert_eq!(d.libraries.len(), 3);
     assert!(d.libraries.iter().all(|l| l.found_via.starts_with("NVML library dir")), "{:?}", d.libraries);
     // Found beside those libraries too (no extra lib dirs given).
-    assert_eq!(d.binaries.iter().map(|b| b.host_path.clone()).collect::<Vec<_>>(), vec![root.join("usr/local/nvidia/bin/nvidia-smi")]);
+    assert_eq!(
+        d.binaries.iter().map(|b| b.host_path.clone()).collect::<Vec<_>>(),
+        vec![root.join("usr/local/nvidia/bin/nvidia-smi")]
+    );
 
     // A script with no program beside it is still better than nothing.
     std::fs::remove_file(root.join("usr/local/nvidia/bin/nvidia-smi")).unwrap();

@@ -413,7 +413,8 @@ pub(crate) fn discover(
     // Binaries: the standard dirs, then the `bin` beside each dir the libraries came from
     // (a driver under /usr/local/nvidia keeps its programs in /usr/local/nvidia/bin).
     let mut bin_dirs: Vec<PathBuf> = BIN_DIRS.iter().map(PathBuf::from).collect();
-    let lib_dirs = libraries.iter().filter_map(|l| l.host_path.strip_prefix(root).ok()?.parent().map(|d| Path::new("/").join(d)));
+    let lib_dirs =
+        libraries.iter().filter_map(|l| l.host_path.strip_prefix(root).ok()?.parent().map(|d| Path::new("/").join(d)));
     for d in extra_lib_dirs.iter().cloned().chain(lib_dirs) {
         if let Some(parent) = d.parent() {
             let b = parent.join("bin");
@@ -436,11 +437,8 @@ pub(crate) fn discover(
     let mut binaries = Vec::new();
     for (group, name) in BINARIES {
         let candidates: Vec<(PathBuf, PathBuf)> = bin_dirs.iter().filter_map(|d| executable_in(d, name)).collect();
-        let found = candidates
-            .iter()
-            .find(|(_, host)| matches!(elf::read(host), Ok(Some(_))))
-            .or(candidates.first())
-            .cloned();
+        let found =
+            candidates.iter().find(|(_, host)| matches!(elf::read(host), Ok(Some(_)))).or(candidates.first()).cloned();
         match found {
             Some((at, host)) => {
                 binaries.push(Binary { group: *group, name: name.to_string(), host_path: host, found_at: at })

@@ -182,14 +182,17 @@ fn run(
     }
     // Held (gc leaves those snapshots) until this helper exits with the job.
     let _snapshots = cachemount::mount_all(&plan, job, sys, userns.as_ref().map(|n| n.as_fd()), (uid, gid))?;
-    // The job's network namespace, made meanwhile by a child, with its sysfs.
-    if let Some(n) = network.as_mut() {
-        n.enter(sys)?;
-    }
     // /dev, /dev/shm, /tmp, /etc/resolv.conf, the init...: here, not in the spec (see
     // treemount), their tmpfs roots the job's root's as if it had mounted them.
     let root_ids = outside_ids(&plan, 0, 0)?;
-    treemount::mount_all(&merged, &treemount::list(&plan, root_ids)?, root_ids, sys)?;
+    let mut mounts = treemount::list(&plan, root_ids)?;
+    let network_mounts = treemount::split_off_network(&plan, &mut mounts);
+    treemount::mount_all(&merged, &mounts, root_ids, sys)?;
+    // The job's network namespace, made meanwhile by a child, with its sysfs; then that.
+    if let Some(n) = network.as_mut() {
+        n.enter(sys)?;
+    }
+    treemount::mount_all(&merged, &network_mounts, root_ids, sys)?;
     tracing::debug!(job = %plan.id, "overlay and tree mounted");
     // The cgroup last, right before the container: the kernel makes the first move of a
     // process into a cgroup after a quiet spell wait for an RCU grace period (5-15 ms
@@ -855,11 +858,15 @@ mod tests {
             let at = calls.iter().position(|c| c == "private_mount_namespace").unwrap() + 1;
             assert_eq!(calls[at..at + expected.len()], expected[..], "{network} rootless={rootless}: {calls:?}");
             if network != Network::Host {
-                // The helper enters it after the job's overlay, before the tree's mounts bind
-                // its sysfs.
+                // The helper enters it after the job's overlay and the tree's other mounts
+                // (made while a child makes the namespace), right before the bind of its
+                // sysfs, the last of the tree's, and the cgroup.
                 let pos = |name: &str| calls.iter().position(|c| c.starts_with(name));
                 let enter = pos("enter_network").expect("enter_network");
-                assert!(pos("mount_overlay") < Some(enter) && Some(enter) < pos("tmpfs_in_tree /dev "), "{calls:?}");
+                let sysfs = format!("bind_in_tree {} /sys", s.job.net_dir().join("sys").display());
+                assert!(pos("mount_overlay") < pos("tmpfs_in_tree /dev ") && pos("tmpfs_in_tree /dev ") < Some(enter));
+                assert_eq!(calls[enter + 1], sysfs, "{calls:?}");
+                assert!(Some(enter) < pos("join_cgroup"), "{calls:?}");
                 let rec = Recorder::failing_at(enter, Errno::EPERM);
                 assert!(matches!(s.run(&rec, None, None), HelperResult::Failed { .. }), "{network}");
                 assert_eq!(rec.calls().len(), enter + 1, "the line ends there: {:?}", rec.calls());

@@ -84,10 +84,6 @@ pub fn list(plan: &JobPlan, owner: (u32, u32)) -> Result<Vec<TreeMount>> {
             format!("mode=1777,{shm_size},{ids}"),
         ),
     ];
-    // A /sys of the job's own network namespace (see super::network); else the spec's.
-    if let Some(sysfs) = &plan.net.sysfs {
-        m.push(bind_ro(sysfs, "/sys", true, MsFlags::MS_NOEXEC));
-    }
     m.push(tmpfs("/tmp", "tmpfs", MsFlags::MS_NOSUID | MsFlags::MS_NODEV, format!("mode=1777{tmp_size},{ids}")));
     // Name resolution as on the host (the agent must reach Azure DevOps), or through the
     // job's gateway when the host's resolver is out of its reach (super::network).
@@ -109,7 +105,23 @@ pub fn list(plan: &JobPlan, owner: (u32, u32)) -> Result<Vec<TreeMount>> {
             });
         }
     }
+    // A /sys of the job's own network namespace (see super::network), last: see
+    // [`split_off_network`]. Else the spec's.
+    if let Some(sysfs) = &plan.net.sysfs {
+        m.push(bind_ro(sysfs, "/sys", true, MsFlags::MS_NOEXEC));
+    }
     Ok(m)
+}
+
+/// Takes out of `mounts` those that need the job's network namespace made: the bind of
+/// its sysfs, which the child making the namespace mounts (see `sys::net::isolate`). The
+/// helper makes the others while that child is still at work (~0.5 ms here), then waits
+/// for it.
+pub fn split_off_network(plan: &JobPlan, mounts: &mut Vec<TreeMount>) -> Vec<TreeMount> {
+    let needs = |m: &TreeMount| matches!(&m.what, What::Bind { from, .. } if Some(from) == plan.net.sysfs.as_ref());
+    let (network, rest): (Vec<_>, Vec<_>) = std::mem::take(mounts).into_iter().partition(needs);
+    *mounts = rest;
+    network
 }
 
 /// Makes `mounts` in the tree at `merged` (the job's overlay, in the helper's mount
@@ -222,6 +234,22 @@ mod tests {
         for dst in ["/etc/resolv.conf", "/etc/hosts"] {
             assert!(find(&m, dst).flags.contains(MsFlags::MS_RDONLY | MsFlags::MS_NOSUID | MsFlags::MS_NODEV));
         }
+    }
+
+    #[test]
+    fn only_the_own_sysfs_waits_for_the_network_namespace() {
+        let mut p = plan();
+        let mut m = list(&p, (0, 0)).unwrap();
+        let n = m.len();
+        assert!(split_off_network(&p, &mut m).is_empty(), "host network: nothing to wait for");
+        assert_eq!(m.len(), n);
+        p.net.sysfs = Some("/run/j/bundle/sys".into());
+        let mut m = list(&p, (0, 0)).unwrap();
+        let all = m.len();
+        let network = split_off_network(&p, &mut m);
+        assert_eq!(network.iter().map(|m| m.dst.as_path()).collect::<Vec<_>>(), [Path::new("/sys")]);
+        assert_eq!(m.len(), all - 1);
+        assert!(m.iter().all(|m| m.dst != Path::new("/sys")));
     }
 
     #[test]
