@@ -72,6 +72,9 @@ SUBID_ENTRY=azp-sandbox:2147483648:67108864
 SUBID_ADDED=() RM_WORK=0
 cleanup() {
     local f kept
+    # The jobs' network made the host's nftables table (and maybe turned forwarding on):
+    # gc takes it away again unless a running azp-sandbox still uses it.
+    [ -z "${HOME_DIR:-}" ] || "$BIN" --home "$HOME_DIR" -q gc >/dev/null 2>&1
     for f in ${SUBID_ADDED[@]+"${SUBID_ADDED[@]}"}; do # rewritten in place: it may be a mount
         kept=$(grep -vxF "$SUBID_ENTRY" "$f") ; printf '%s' "${kept:+$kept$'\n'}" >"$f"
     done

@@ -15,7 +15,10 @@ fn proof(name: &str, driver_root: &Path, envs: &[(&str, &str)]) -> (i32, String,
     let out_md = work.with_extension("md");
     let mut cmd = Command::new(repo().join("scripts/gpu-proof.sh"));
     cmd.arg("--bin").arg(bin()).arg("--driver-root").arg(driver_root).arg("--out").arg(&out_md);
-    cmd.arg("--work").arg(&work).env_remove("AZP_SANDBOX_HOME");
+    // As TestHome::command: the jobs run in the machine's own network namespace, whose
+    // IPv6 uplink is the real network's (an `auto` job would turn on its force_forwarding
+    // until gc).
+    cmd.arg("--work").arg(&work).env_remove("AZP_SANDBOX_HOME").env("AZP_SANDBOX_IPV6", "off");
     for (k, v) in envs {
         cmd.env(k, v);
     }
