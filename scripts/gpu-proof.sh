@@ -18,6 +18,8 @@
 #     the same binary inside and out: ratios inside/host, target >= 0.99;
 #   - with 2+ GPUs: --gpus 1 sees only GPU 1 (its UUID); with MIG: --gpus MIG-<uuid>
 #     sees that one instance;
+#   - what --gpus all adds to a job's set-up, and NVML's share of it (INFO: measured,
+#     not checked);
 #   - PyTorch, when the host has it, through a read-only --volume of its environment:
 #     torch.cuda sees the GPU inside;
 #   - the CUDA compatibility check refuses a rootfs whose CUDA the driver cannot run;
@@ -111,6 +113,7 @@ row() {
     ROWS+=("| ${cell[0]} | ${cell[1]} | ${cell[2]} | ${cell[3]} |")
     case "$4" in
         PASS*) PASSED=$((PASSED + 1)) ;;
+        INFO*) ;; # a measurement, not a check
         SKIPPED*) SKIPPED=$((SKIPPED + 1)) ;;
         *) FAILED=$((FAILED + 1)) ;;
     esac
@@ -241,7 +244,8 @@ done
 CC=$(command -v cc || command -v gcc || true)
 NVCC=$(command -v nvcc || true)
 [ -z "$NVCC" ] && [ -x /usr/local/cuda/bin/nvcc ] && NVCC=/usr/local/cuda/bin/nvcc
-HAVE_PROBE=0 HAVE_PROOF=0
+HAVE_PROBE=0 HAVE_PROOF=0 HAVE_TRUE=0
+[ -x "$RFS/bin/true" ] && HAVE_TRUE=1
 if [ -n "$CC" ] && "$CC" -O2 -o "$WORK/cuprobe" "$HERE/gpu-proof/cuprobe.c" -ldl 2>"$WORK/cc.log"; then
     copy_with_libs "$WORK/cuprobe" /opt/proof/cuprobe && HAVE_PROBE=1
 fi
@@ -467,6 +471,28 @@ else
             row "$name" "$hv" "$iv (x$r)" "$(verdict $ok "inside/host x$r < 0.99")"
         fi
     done
+fi
+
+# ---- 6b. what the GPUs add to a job's set-up -----------------------------------------------
+# /bin/true with --gpus all and with --gpus none, interleaved, 5 each (medians); and, from
+# one -v job, what NVML's load and the driver's discovery took of it (the lent H200, no
+# nvidia-persistenced: ~25 ms more a job, mostly NVML's init, it seemed).
+if [ "$HAVE_TRUE" = 1 ]; then
+    ms() { echo $(( ($(date +%s%N) - $1) / 1000 )); }
+    with="" without=""
+    for _ in 1 2 3 4 5; do
+        for g in all none; do
+            t=$(date +%s%N)
+            sandbox "$g" /bin/true >/dev/null 2>&1
+            if [ "$g" = all ]; then with="$with $(ms "$t")"; else without="$without $(ms "$t")"; fi
+        done
+    done
+    median() { printf '%s\n' $1 | sort -n | sed -n 3p; }
+    w=$(median "$with") wo=$(median "$without")
+    nvml=$("${AZP[@]}" -v exec --rootfs "$ROOTFS" --gpus all ${NET_ARGS[@]+"${NET_ARGS[@]}"} -- /bin/true 2>&1 |
+        sed -n 's/.*GPUs: \(NVML loaded in .*\)$/\1/p' | head -n1)
+    row "a job's set-up: --gpus all vs none (us)" "-" \
+        "$w vs $wo: +$(( (w - wo) / 1000 )) ms; ${nvml:-no NVML timing in -v}" "INFO: median of 5 each, interleaved"
 fi
 
 # ---- 7. PyTorch through a read-only volume -----------------------------------------------

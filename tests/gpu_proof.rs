@@ -96,6 +96,8 @@ fn proof_script_on_the_driver_tree_skips_what_needs_a_gpu() {
     } else {
         eprintln!("NOTE: no python3: the PyTorch rows are skipped");
     }
+    assert_eq!(result(&md, "a job's set-up: --gpus all vs none (us)"), "INFO: median of 5 each, interleaved");
+    assert!(md.contains("NVML loaded in "), "the -v job's timing line:\n{md}");
     assert!(md.contains("- no GPU here: each row that needs one says SKIPPED: no GPU"), "{md}");
     assert!(md.contains(" 0 failed in "), "{md}");
     let _ = std::fs::remove_dir_all(&fake);
