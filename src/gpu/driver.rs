@@ -436,9 +436,16 @@ pub(crate) fn discover(
     };
     let mut binaries = Vec::new();
     for (group, name) in BINARIES {
-        let candidates: Vec<(PathBuf, PathBuf)> = bin_dirs.iter().filter_map(|d| executable_in(d, name)).collect();
-        let found =
-            candidates.iter().find(|(_, host)| matches!(elf::read(host), Ok(Some(_)))).or(candidates.first()).cloned();
+        // Lazily: a GPU `exec` discovers per job, and the first dir usually has it.
+        let mut first = None;
+        let found = bin_dirs
+            .iter()
+            .filter_map(|d| executable_in(d, name))
+            .find(|c| {
+                first.get_or_insert_with(|| c.clone());
+                matches!(elf::read(&c.1), Ok(Some(_)))
+            })
+            .or(first);
         match found {
             Some((at, host)) => {
                 binaries.push(Binary { group: *group, name: name.to_string(), host_path: host, found_at: at })
