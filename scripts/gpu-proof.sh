@@ -68,27 +68,19 @@ BIN=$(realpath "$BIN")
 [ -d "$ROOT" ] || die "--driver-root $ROOT is not a directory"
 ROOT=$(realpath "$ROOT")
 # Jobs run as host ids of their own, leased from the azp-sandbox entry of /etc/subuid and
-# /etc/subgid (scripts/setup.sh and `service install` add it). A machine without it gets
-# the default entry for this run only: added here, taken out at the end, and said so.
+# /etc/subgid. A machine without it gets the default entry, as `azp-sandbox service
+# install` and scripts/setup.sh add it, and keeps it (said so in the table): taking it
+# out again would race with another run of this script using it, and rewriting those
+# files races with useradd. Appended on a line of its own, one run at a time.
 SUBID_ENTRY=azp-sandbox:2147483648:67108864
 SUBID_ADDED=() RM_WORK=0
 cleanup() {
-    local f kept
     # The jobs' network made the host's nftables table (and maybe turned forwarding on):
     # gc takes it away again unless a running azp-sandbox still uses it.
     [ -z "${HOME_DIR:-}" ] || "$BIN" --home "$HOME_DIR" -q gc >/dev/null 2>&1
-    for f in ${SUBID_ADDED[@]+"${SUBID_ADDED[@]}"}; do # rewritten in place: it may be a mount
-        kept=$(grep -vxF "$SUBID_ENTRY" "$f") ; printf '%s' "${kept:+$kept$'\n'}" >"$f"
-    done
     [ "$RM_WORK" = 0 ] || rm -rf "$WORK"
 }
 trap cleanup EXIT
-for f in /etc/subuid /etc/subgid; do
-    if ! grep -q '^azp-sandbox:' "$f" 2>/dev/null; then
-        echo "$SUBID_ENTRY" >>"$f" || die "cannot add $SUBID_ENTRY to $f"
-        SUBID_ADDED+=("$f")
-    fi
-done
 if [ -z "$WORK" ]; then
     WORK=$(mktemp -d /tmp/azp-gpu-proof.XXXXXX)
     # mktemp's 0700 would keep the jobs' own ids from their init in the home below it.
@@ -97,8 +89,26 @@ if [ -z "$WORK" ]; then
 fi
 mkdir -p "$WORK" || die "cannot create $WORK"
 WORK=$(realpath "$WORK")
+# The jobs run as ids of their own and must reach their init in the home below it.
+d=$WORK
+while [ "$d" != / ]; do
+    [ $(( 0$(stat -c %a "$d") & 1 )) = 1 ] ||
+        die "--work $WORK: $d is not searchable by others, which the jobs' own ids need: chmod o+x $d, or choose another --work"
+    d=$(dirname "$d")
+done
 HOME_DIR="$WORK/home"
 AZP=("$BIN" --home "$HOME_DIR" --driver-root "$ROOT")
+{
+    command -v flock >/dev/null && flock -x 7
+    for f in /etc/subuid /etc/subgid; do
+        grep -q '^azp-sandbox:' "$f" 2>/dev/null && continue
+        # A last line without its newline would swallow the entry.
+        if [ -s "$f" ] && [ -n "$(tail -c1 "$f")" ]; then echo >>"$f"; fi
+        echo "$SUBID_ENTRY" >>"$f" || die "cannot add $SUBID_ENTRY to $f"
+        SUBID_ADDED+=("$f")
+        log "added $SUBID_ENTRY to $f (the jobs' own host ids; it stays)"
+    done
+} 7>>/etc/subuid # the lock: on the file itself, no file of its own left behind
 
 # ---- results -----------------------------------------------------------------------------
 ROWS=() FAILED=0 PASSED=0 SKIPPED=0
@@ -328,8 +338,8 @@ fi
 # A GPU machine may lack what the default network needs (nftables as root): that is its
 # own one-line error, not the GPU's (SKIPPED). Any other failure of the default network
 # is a FAIL. Either way, where a job with --network none runs, the GPU rows below run
-# with it, and the table says so.
-if sandbox all /bin/true; then
+# with it, and the table says so. No GPUs here: this row is the network's alone.
+if sandbox none /bin/true; then
     row "a job with the default network (isolated)" "-" "ran /bin/true" PASS
 else
     first=$(grep -v '^$' "$WORK/last.err" | tail -n1)
@@ -560,7 +570,7 @@ fi
     echo "- driver: ${DRIVER:-not found}; azp-sandbox: $("$BIN" --version 2>/dev/null) ($BIN$(git -C "$REPO" rev-parse --short HEAD 2>/dev/null | sed 's/^/, commit /'))"
     [ "$REAL_GPU" = 1 ] || echo "- no GPU here: each row that needs one says SKIPPED: no GPU (run this on a GPU machine to fill them)"
     echo "- jobs' network: $NET_NOTE"
-    [ ${#SUBID_ADDED[@]} = 0 ] || echo "- jobs' ids: ${SUBID_ADDED[*]} had no azp-sandbox entry; $SUBID_ENTRY was added for this run and taken out after"
+    [ ${#SUBID_ADDED[@]} = 0 ] || echo "- jobs' ids: ${SUBID_ADDED[*]} had no azp-sandbox entry; $SUBID_ENTRY was added (as \`service install\` does) and stays"
     echo "- rootfs: $ROOTFS_KIND; cc: ${CC:-none}; nvcc: ${NVCC:-none}; PyTorch: $([ -n "$TORCH" ] && printf '%s\n' "$TORCH" | kv version || echo none)"
     echo
     echo "| check | host | sandbox | result |"

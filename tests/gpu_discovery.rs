@@ -556,16 +556,31 @@ fn driver_outside_the_linker_cache() {
     let d = discover(&opts(&root), &inv).unwrap();
     assert_eq!(d.libraries.len(), 3);
     assert!(d.libraries.iter().all(|l| l.found_via.starts_with("NVML library dir")), "{:?}", d.libraries);
-    // Found beside those libraries too (no extra lib dirs given).
-    assert_eq!(
-        d.binaries.iter().map(|b| b.host_path.clone()).collect::<Vec<_>>(),
-        vec![root.join("usr/local/nvidia/bin/nvidia-smi")]
-    );
 
-    // A script with no program beside it is still better than nothing.
+    // A script with no program anywhere is still better than nothing.
     std::fs::remove_file(root.join("usr/local/nvidia/bin/nvidia-smi")).unwrap();
     let d = discover(&opts(&root), &inv).unwrap();
     assert_eq!(d.binaries.iter().map(|b| b.host_path.clone()).collect::<Vec<_>>(), vec![wrapper]);
+    std::fs::remove_dir_all(&root).unwrap();
+
+    // A prefix of no standard dir (/opt/nv): its program is found in the `bin` beside the
+    // dir its libraries came from.
+    let root = scratch("opt-nv");
+    let lib64 = root.join("opt/nv/lib64");
+    for name in ["libcuda", "libnvidia-ml"] {
+        link_or_copy(&nv.join(format!("{name}.so.{v}")), &lib64.join(format!("{name}.so.{v}")));
+        std::os::unix::fs::symlink(format!("{name}.so.{v}"), lib64.join(format!("{name}.so.1"))).unwrap();
+    }
+    link_or_copy(&t.root.join("usr/lib/nvidia/current/nvidia-smi"), &root.join("opt/nv/bin/nvidia-smi"));
+    let mut inv = FakeInventory::with_gpus(v, 1);
+    inv.lib_dir = Some(lib64.clone());
+    let d = discover(&opts(&root), &inv).unwrap();
+    assert_eq!(
+        d.binaries.iter().map(|b| b.host_path.clone()).collect::<Vec<_>>(),
+        vec![root.join("opt/nv/bin/nvidia-smi")],
+        "{:?}",
+        d.missing
+    );
     std::fs::remove_dir_all(&root).unwrap();
 }
 

@@ -452,7 +452,11 @@ pub(crate) fn discover(
             }
             None => missing.push(Missing {
                 item: format!("{name} ({group})"),
-                why: format!("not found in {} under {}", BIN_DIRS.join(", "), root.display()),
+                why: format!(
+                    "not found in {} under {}",
+                    bin_dirs.iter().map(|d| d.display().to_string()).collect::<Vec<_>>().join(", "),
+                    root.display()
+                ),
             }),
         }
     }

@@ -452,18 +452,16 @@ impl Drop for NetLab {
             let _ = s.wait();
         }
         // azp-sandbox's per-namespace files of the fake host (firewall::USERS_LOCK,
-        // forward_record), named by its inode: a lab's namespace is gone after this, and
-        // without this /run/azp-sandbox gathered two files per lab.
-        let inode = std::fs::metadata(PathBuf::from("/run/netns").join(&self.host)).map(|m| {
+        // forward_record), named by its inode: without this /run/azp-sandbox gathered two
+        // files per lab. Removed while the namespace still holds that inode number (once
+        // it is gone, another lab's namespace may get it, and these files with it).
+        if let Ok(m) = std::fs::metadata(PathBuf::from("/run/netns").join(&self.host)) {
             use std::os::unix::fs::MetadataExt;
-            m.ino()
-        });
+            let _ = std::fs::remove_file(format!("/run/azp-sandbox/network-users-{}.lock", m.ino()));
+            let _ = std::fs::remove_file(format!("/run/azp-sandbox/forwarding-{}", m.ino()));
+        }
         // Whatever jobs left in the fake host (links, the table) goes with it.
         let _ = Command::new("ip").args(["netns", "del", &self.host]).status();
-        if let Ok(ino) = inode {
-            let _ = std::fs::remove_file(format!("/run/azp-sandbox/network-users-{ino}.lock"));
-            let _ = std::fs::remove_file(format!("/run/azp-sandbox/forwarding-{ino}"));
-        }
         let _ = Command::new("ip").args(["netns", "del", &self.internet]).status();
         let _ = std::fs::remove_dir_all(PathBuf::from("/etc/netns").join(&self.host));
         let _ = std::fs::remove_dir_all(&self.dir);

@@ -175,8 +175,9 @@ const HOST_RESOLV_CONF: &str = "/etc/resolv.conf";
 /// The helper's step (after its private mount namespace, before the container): the
 /// job's own network namespace, a sysfs of it and (isolated) its resolv.conf, recorded
 /// in the plan for the job's tree. `host` mode: nothing. What it returns must be entered
-/// ([`Entered::enter`]) before the tree's mounts and finished ([`Entered::finish`]) before
-/// the job starts: a child of the helper may still be making the namespace and its veth.
+/// ([`Entered::enter`]) before the tree's bind of that sysfs and the container, and
+/// finished ([`Entered::finish`]) before the job starts: a child of the helper may still
+/// be making the namespace and its veth.
 pub fn enter(mut plan: JobPlan, job: &JobDir, sys: &dyn Sys) -> Result<(JobPlan, Option<Entered>)> {
     if plan.network == Network::Host {
         return Ok((plan, None));
