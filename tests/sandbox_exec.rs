@@ -203,6 +203,33 @@ fn network_none_has_only_loopback() {
     assert_eq!(out.trim(), host_ns.to_str().unwrap(), "--network host shares the host network");
 }
 
+/// A CDI spec's hooks reach libcontainer: a poststart hook (passed through as it is, see
+/// `gpu::cdi`) runs once, after the job started, and the spec's env is the job's.
+#[test]
+#[cfg_attr(not(test_as_root), ignore = "needs root: creates real sandboxes (CI runs the suite as root)")]
+fn a_cdi_poststart_hook_runs() {
+    require_root!();
+    if rootless() {
+        return skip("CDI hooks run as root (the hook runs in the runtime's namespaces)");
+    }
+    let h = TestHome::with_busybox("cdi-hook");
+    let marker = h.dir.join("poststart-ran");
+    let spec = h.dir.join("test-cdi.yaml");
+    std::fs::write(
+        &spec,
+        format!(
+            "cdiVersion: \"0.6.0\"\nkind: example.com/test\ndevices:\n- name: x\n  containerEdits:\n    env: [\"CDI_TEST=1\"]\n\
+             containerEdits:\n  hooks:\n  - hookName: poststart\n    path: /bin/sh\n    args: [\"sh\", \"-c\", \"echo ran >> {}\"]\n",
+            marker.display()
+        ),
+    )
+    .unwrap();
+    let args = ["--network", "none", "--cdi-spec", spec.to_str().unwrap(), "--gpus", "example.com/test=x"];
+    let (code, out, err) = exec_out(&h, &[&args[..], &["--", "sh", "-c", "echo CDI_TEST=$CDI_TEST"]].concat());
+    assert_eq!((code, out.as_str()), (0, "CDI_TEST=1\n"), "{err}");
+    assert_eq!(std::fs::read_to_string(&marker).unwrap_or_default(), "ran\n", "the poststart hook, once");
+}
+
 #[test]
 #[cfg_attr(not(test_as_root), ignore = "needs root: creates real sandboxes (CI runs the suite as root)")]
 fn memory_limit_kills_an_allocation_over_it() {
