@@ -89,13 +89,18 @@ if [ -z "$WORK" ]; then
 fi
 mkdir -p "$WORK" || die "cannot create $WORK"
 WORK=$(realpath "$WORK")
-# The jobs run as ids of their own and must reach their init in the home below it.
-d=$WORK
-while [ "$d" != / ]; do
-    [ $(( 0$(stat -c %a "$d") & 1 )) = 1 ] ||
-        die "--work $WORK: $d is not searchable by others, which the jobs' own ids need: chmod o+x $d, or choose another --work"
-    d=$(dirname "$d")
-done
+# The first of DIR and the dirs above it that others cannot search (none: empty). Jobs
+# run as ids of their own: they reach nothing below such a dir.
+private_dir_above() {
+    local d=$1
+    while [ "$d" != / ]; do
+        [ $(( 0$(stat -c %a "$d") & 1 )) = 1 ] || { echo "$d"; return; }
+        d=$(dirname "$d")
+    done
+}
+# The jobs' init is in the home below --work.
+d=$(private_dir_above "$WORK")
+[ -z "$d" ] || die "--work $WORK: $d is not searchable by others, which the jobs' own ids need: chmod o+x $d, or choose another --work"
 HOME_DIR="$WORK/home"
 AZP=("$BIN" --home "$HOME_DIR" --driver-root "$ROOT")
 {
@@ -299,11 +304,8 @@ if [ -n "$TORCH" ]; then
     # runs with host ids (--userns host) and says so.
     PY_PRIVATE=""
     for v in ${VOLS[@]+"${VOLS[@]}"}; do
-        d=$(dirname "$v")
-        while [ "$d" != / ]; do
-            [ $(( 0$(stat -c %a "$d") & 1 )) = 1 ] || { PY_PRIVATE=$d; break 2; }
-            d=$(dirname "$d")
-        done
+        PY_PRIVATE=$(private_dir_above "$(dirname "$v")")
+        [ -z "$PY_PRIVATE" ] || break
     done
     [ -z "$PY_PRIVATE" ] || PY_VOLUMES+=(--userns host)
     # The libraries torch's and the stdlib's extensions load from outside those dirs
