@@ -60,6 +60,7 @@ const PROBE_C: &str = r#"
 #include <netinet/in.h>
 #include <sys/mount.h>
 #include <sys/personality.h>
+#include <sys/shm.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <sys/stat.h>
@@ -198,6 +199,13 @@ int main(int argc, char **argv) {
     }
     else if (!strcmp(op, "io-uring")) { char params[120] = {0}; r = syscall(SYS_io_uring_setup, 1, params); }
     else if (!strcmp(op, "open-tree")) r = syscall(SYS_open_tree, AT_FDCWD, a[1], 1 /* OPEN_TREE_CLONE */);
+    /* System V shared memory and POSIX message queues: made (EEXIST if already there)
+       or looked up (ENOENT if not). mq_open(2) takes the name without the leading slash
+       (libc's mq_open strips it). */
+    else if (!strcmp(op, "shm-create")) r = shmget(strtol(a[1], NULL, 0), 4096, IPC_CREAT | IPC_EXCL | 0666);
+    else if (!strcmp(op, "shm-find")) r = shmget(strtol(a[1], NULL, 0), 0, 0);
+    else if (!strcmp(op, "mq-create")) r = syscall(SYS_mq_open, a[1] + (a[1][0] == '/'), O_RDWR | O_CREAT | O_EXCL, 0666, NULL);
+    else if (!strcmp(op, "mq-find")) r = syscall(SYS_mq_open, a[1] + (a[1][0] == '/'), O_RDWR, 0, NULL);
     else if (!strcmp(op, "fsopen")) r = syscall(SYS_fsopen, a[1], 0);
     else if (!strcmp(op, "init-module")) { static char img[64] = "\177ELF"; r = syscall(SYS_init_module, img, sizeof img, ""); }
     else if (!strcmp(op, "finit-module")) { int fd = open(a[1], O_RDONLY); r = fd < 0 ? -1 : syscall(SYS_finit_module, fd, "", 0); }
@@ -1141,6 +1149,77 @@ fn t09_no_file_reaches_the_next_job() {
         }
     }
     assert_eq!(walk(&tree), tree_before, "the lower tree changed");
+    h.assert_no_residue(&[]);
+}
+
+/// A job's System V IPC objects and POSIX message queues live in an IPC namespace of its
+/// own (made by its helper, which mounts its /dev/mqueue): another job running at the same
+/// time, the next job and the host find none of them.
+#[test]
+#[cfg_attr(not(test_as_root), ignore = "needs root: creates real sandboxes (CI runs the suite as root)")]
+fn t09b_no_ipc_object_reaches_another_job_or_the_host() {
+    require_root!();
+    use std::io::BufRead;
+    let h = home("ipc");
+    let host_ns = fs::read_link("/proc/self/ns/ipc").unwrap();
+    for (who, user) in USERS {
+        let u = unique("q");
+        // A key that no one else uses: the queue's name as a number.
+        let key = format!("{:#x}", u.bytes().fold(0x617a_7000u32, |k, b| k.rotate_left(5) ^ b as u32) & 0x7fff_ffff);
+        let mine = toks(&[&format!("shm-create:{key}"), &format!("mq-create:/{u}")]);
+        let found = toks(&[&format!("shm-find:{key}"), &format!("mq-find:/{u}")]);
+        // The first job makes them, finds them itself, says so, and stays a while.
+        let script = format!(
+            "{}; {}; readlink /proc/self/ns/ipc; ls -ldn /dev/mqueue | awk '{{print $1, $3, $4}}'; echo ready; sleep 60",
+            probe(&mine),
+            probe(&found)
+        );
+        let mut first = h
+            .command()
+            .args(["exec", "--rootfs", "esc"])
+            .args(user.iter())
+            .args(["--", "sh", "-c", &script])
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut lines = std::io::BufReader::new(first.stdout.take().unwrap()).lines();
+        let mut seen = vec![];
+        for line in lines.by_ref() {
+            let line = line.unwrap();
+            if line == "ready" {
+                break;
+            }
+            seen.push(line);
+        }
+        assert_eq!(seen.len(), 6, "as {who}: {seen:?}");
+        assert_eq!(
+            seen[..4].join("\n") + "\n",
+            expect(&mine, |_| "OK".into()) + &expect(&found, |_| "OK".into()),
+            "as {who}"
+        );
+        let ns = &seen[4];
+        assert_ne!(Path::new(ns), host_ns, "as {who}: the job has the host's IPC namespace");
+        assert!(ns.starts_with("ipc:["), "as {who}: {ns}");
+        // Its queues' dir is the job's root's, sticky and open to all, as a job's own mount.
+        assert_eq!(seen[5], "drwxrwxrwt 0 0", "as {who}");
+        // While it runs: another job, and the host, see neither.
+        for (who2, user2) in USERS {
+            let out = exec_ok(&h, user2, &format!("{}; readlink /proc/self/ns/ipc", probe(&found)));
+            let want = expect(&found, |_| "ENOENT".into());
+            assert!(out.starts_with(&want), "{who}'s objects reached {who2}: {out}");
+            assert_ne!(out[want.len()..].trim(), ns, "{who2} shares {who}'s IPC namespace");
+        }
+        let host_keys = fs::read_to_string("/proc/sysvipc/shm").unwrap();
+        let dec = u32::from_str_radix(key.trim_start_matches("0x"), 16).unwrap().to_string();
+        assert!(
+            !host_keys.lines().any(|l| l.split_whitespace().next() == Some(dec.as_str())),
+            "on the host: {host_keys}"
+        );
+        // Stopped as a user would (exec passes SIGTERM on to the job), so that it cleans up.
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(first.id() as i32), nix::sys::signal::Signal::SIGTERM)
+            .unwrap();
+        assert!(!first.wait().unwrap().success(), "as {who}: the first job was not stopped");
+    }
     h.assert_no_residue(&[]);
 }
 

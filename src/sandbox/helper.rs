@@ -185,6 +185,8 @@ fn run(
     // /dev, /dev/shm, /tmp, /etc/resolv.conf, the init...: here, not in the spec (see
     // treemount), their tmpfs roots the job's root's as if it had mounted them.
     let root_ids = outside_ids(&plan, 0, 0)?;
+    // The job's IPC namespace, for its /dev/mqueue among the tree's mounts.
+    sys.own_ipc_namespace()?;
     let mut mounts = treemount::list(&plan, root_ids)?;
     let network_mounts = treemount::split_off_network(&plan, &mut mounts);
     treemount::mount_all(&merged, &mounts, root_ids, sys)?;
@@ -452,12 +454,16 @@ mod tests {
         /// The tree's own mounts (see [`treemount`]) as the helper makes them for this job.
         fn tree_steps(&self) -> Vec<String> {
             let plan = self.job.read_plan().unwrap();
-            let mut steps = vec![];
-            for m in treemount::list(&plan, outside_ids(&plan, 0, 0).unwrap()).unwrap() {
+            let root = outside_ids(&plan, 0, 0).unwrap();
+            let mut steps = vec!["own_ipc_namespace".to_string()];
+            for m in treemount::list(&plan, root).unwrap() {
                 let dst = m.dst.display();
                 match &m.what {
-                    treemount::What::Tmpfs { source, data } => {
-                        steps.push(format!("tmpfs_in_tree {dst} {source} {:?} {data}", m.flags))
+                    treemount::What::Fs { fstype, source, data } => {
+                        steps.push(format!("{fstype}_in_tree {dst} {source} {:?} {data}", m.flags));
+                        if *fstype != "tmpfs" {
+                            steps.push(format!("chown_in_tree {dst} {}:{}", root.0, root.1));
+                        }
                     }
                     treemount::What::Bind { from, .. } => {
                         steps.push(format!("bind_in_tree {} {dst}", from.display()));
@@ -503,7 +509,7 @@ mod tests {
         let rec = Recorder::default();
         s.run(&rec, None, None);
         let mut want = s.steps();
-        let at = s.pos("tmpfs_in_tree");
+        let at = s.pos("own_ipc_namespace");
         let host = s._t.path().join("nvme/hp-1");
         want.insert(at, format!("give_dir {} 1000:1001", host.display()));
         assert_eq!(rec.calls(), want);
@@ -665,10 +671,10 @@ mod tests {
                 steps.push(format!("chown {} {owner}", cachemount::upper(&s.job, k).display()));
                 steps.push(format!("mount_overlay {}", dir.join(k.to_string()).display()));
             }
-            // After the job's own overlay, before the tree's own mounts, the cgroup and the
-            // container.
+            // After the job's own overlay, before the IPC namespace and the tree's own
+            // mounts, the cgroup and the container.
             let calls = rec.calls();
-            let at = calls.iter().position(|c| c.starts_with("tmpfs_in_tree /dev ")).unwrap();
+            let at = calls.iter().position(|c| c == "own_ipc_namespace").unwrap();
             assert_eq!(calls[at - steps.len()..at], steps[..], "idmapped={idmapped}");
             assert!(calls[at - steps.len() - 1].starts_with(&format!("mount_overlay {}", s.job.merged().display())));
             // The spec binds each at its path, last (after /tmp and the volumes).

@@ -101,17 +101,14 @@ pub fn build(plan: &JobPlan, rootfs: &Path, cgroup: &CgroupOwner) -> Result<Spec
         .build()?;
 
     // No network namespace entry: the container inherits the helper's, which is the job's
-    // own (made by the helper, see super::network) or the host's (`--network host`).
-    let namespaces = [
-        LinuxNamespaceType::Pid,
-        LinuxNamespaceType::Mount,
-        LinuxNamespaceType::Ipc,
-        LinuxNamespaceType::Uts,
-        LinuxNamespaceType::Cgroup,
-    ]
-    .into_iter()
-    .map(|t| LinuxNamespaceBuilder::default().typ(t).build())
-    .collect::<Result<Vec<_>, _>>()?;
+    // own (made by the helper, see super::network) or the host's (`--network host`). No
+    // IPC namespace entry either: the helper made the job's, to mount its /dev/mqueue (see
+    // super::treemount).
+    let namespaces =
+        [LinuxNamespaceType::Pid, LinuxNamespaceType::Mount, LinuxNamespaceType::Uts, LinuxNamespaceType::Cgroup]
+            .into_iter()
+            .map(|t| LinuxNamespaceBuilder::default().typ(t).build())
+            .collect::<Result<Vec<_>, _>>()?;
 
     let mut devices = Vec::new();
     for node in plan.edits.device_nodes.iter().filter(|_| !plan.in_user_namespace()) {
@@ -311,11 +308,7 @@ fn sysfs(plan: &JobPlan) -> Result<Option<Mount>> {
 /// come first: /dev, /dev/shm, /tmp, ...), in the order libcontainer makes them.
 fn mounts(plan: &JobPlan) -> Result<Vec<Mount>> {
     let ro: Vec<String> = BIND_RO.iter().map(|s| s.to_string()).collect();
-    let mut m = vec![
-        mount("/proc", "proc", "proc", &["nosuid", "noexec", "nodev"])?,
-        mount("/dev/pts", "devpts", "devpts", &["nosuid", "noexec", "newinstance", "ptmxmode=0666", "mode=0620"])?,
-        mount("/dev/mqueue", "mqueue", "mqueue", &["nosuid", "noexec", "nodev"])?,
-    ];
+    let mut m = vec![mount("/proc", "proc", "proc", &["nosuid", "noexec", "nodev"])?];
     // No /sys/fs/cgroup: libcontainer 0.7 mounts the v1 hierarchies read-write despite
     // "ro", which would let a root job raise its own limits. /sys is read-only sysfs,
     // so nothing can be mounted there either.
@@ -504,11 +497,13 @@ pub(crate) mod tests {
         assert_eq!(process.terminal(), Some(true));
         // Its bind, /dev's and the other fixed ones are the helper's (see super::treemount).
         let mounts = spec.mounts().as_ref().unwrap();
-        for dst in ["/dev", "/dev/.azp-init", "/dev/shm", "/tmp", "/etc/resolv.conf", "/etc/hosts"] {
+        for dst in
+            ["/dev", "/dev/.azp-init", "/dev/shm", "/dev/pts", "/dev/mqueue", "/tmp", "/etc/resolv.conf", "/etc/hosts"]
+        {
             assert!(mounts.iter().all(|m| m.destination() != Path::new(dst)), "{dst} is in the spec");
         }
-        let order: Vec<_> = mounts.iter().take(4).map(|m| m.destination().clone()).collect();
-        assert_eq!(order, [Path::new("/proc"), Path::new("/dev/pts"), Path::new("/dev/mqueue"), Path::new("/sys")]);
+        let order: Vec<_> = mounts.iter().take(2).map(|m| m.destination().clone()).collect();
+        assert_eq!(order, [Path::new("/proc"), Path::new("/sys")]);
     }
 
     #[test]
@@ -528,6 +523,7 @@ pub(crate) mod tests {
         let ns: Vec<_> = linux.namespaces().as_ref().unwrap().iter().map(|n| n.typ()).collect();
         assert!(ns.contains(&LinuxNamespaceType::Pid) && ns.contains(&LinuxNamespaceType::Cgroup));
         assert!(!ns.contains(&LinuxNamespaceType::Network), "the helper's network namespace is inherited");
+        assert!(!ns.contains(&LinuxNamespaceType::Ipc), "the helper's IPC namespace (the job's) is inherited");
         let proc_ = spec.process().as_ref().unwrap();
         assert_eq!(proc_.no_new_privileges(), Some(true));
         assert_eq!(proc_.oom_score_adj(), Some(JOB_OOM_SCORE_ADJ));

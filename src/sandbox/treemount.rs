@@ -1,5 +1,6 @@
 //! The mounts the helper makes in the job's tree itself, before libcontainer creates the
-//! container: `/dev`, `/dev/shm`, `/tmp`, the job's own `/sys`, `/etc/resolv.conf`,
+//! container: `/dev`, `/dev/shm`, `/dev/pts`, `/dev/mqueue` (of the IPC namespace the
+//! helper made for the job), `/tmp`, the job's own `/sys`, `/etc/resolv.conf`,
 //! `/etc/hosts` and the init.
 //!
 //! Why not in the spec: libcontainer 0.7 puts every mount of the spec through pathrs'
@@ -20,8 +21,8 @@
 //!
 //! In a user namespace the device nodes of the job's GPUs are bound here too.
 //!
-//! What stays in the spec: `/proc` (it shows the pid namespace of whoever mounts it),
-//! `/dev/mqueue` (the IPC namespace's), `/dev/pts`, a `/sys` without a network namespace
+//! What stays in the spec: `/proc` (it shows the pid namespace of whoever mounts it, and
+//! libcontainer makes that namespace), a `/sys` without a network namespace
 //! of the job's own, nodes made with mknod (no user namespace), volumes and the edits'
 //! binds (recursive, read-only below too: libcontainer's `rro`), the scratch dir and
 //! caches.
@@ -36,8 +37,9 @@ use std::path::{Path, PathBuf};
 /// What goes on a target.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum What {
-    /// A new tmpfs: `source` names it in the mount table, `data` its mode, size and owner.
-    Tmpfs { source: &'static str, data: String },
+    /// A new filesystem of `fstype`: `source` names it in the mount table, `data` its
+    /// options (a tmpfs's mode, size and owner).
+    Fs { fstype: &'static str, source: &'static str, data: String },
     /// A bind of the host's `from` (a dir when `dir`), then remounted with the flags.
     Bind { from: PathBuf, dir: bool },
 }
@@ -51,7 +53,7 @@ pub struct TreeMount {
 }
 
 fn tmpfs(dst: &str, source: &'static str, flags: MsFlags, data: String) -> TreeMount {
-    TreeMount { dst: dst.into(), what: What::Tmpfs { source, data }, flags }
+    TreeMount { dst: dst.into(), what: What::Fs { fstype: "tmpfs", source, data }, flags }
 }
 
 fn bind_ro(from: &Path, dst: &str, dir: bool, extra: MsFlags) -> TreeMount {
@@ -83,6 +85,20 @@ pub fn list(plan: &JobPlan, owner: (u32, u32)) -> Result<Vec<TreeMount>> {
             MsFlags::MS_NOSUID | MsFlags::MS_NOEXEC | MsFlags::MS_NODEV,
             format!("mode=1777,{shm_size},{ids}"),
         ),
+        // The job's own pty instance (as runc and libcontainer mount it: ptys are the
+        // opener's, /dev/ptmx links to its ptmx), not nodev: its nodes are the ptys.
+        TreeMount {
+            dst: "/dev/pts".into(),
+            what: What::Fs { fstype: "devpts", source: "devpts", data: "newinstance,ptmxmode=0666,mode=0620".into() },
+            flags: MsFlags::MS_NOSUID | MsFlags::MS_NOEXEC,
+        },
+        // The queues of the job's IPC namespace, which the helper made for it (see
+        // `Sys::own_ipc_namespace`): mqueue shows the namespace of whoever mounts it.
+        TreeMount {
+            dst: "/dev/mqueue".into(),
+            what: What::Fs { fstype: "mqueue", source: "mqueue", data: String::new() },
+            flags: MsFlags::MS_NOSUID | MsFlags::MS_NOEXEC | MsFlags::MS_NODEV,
+        },
     ];
     m.push(tmpfs("/tmp", "tmpfs", MsFlags::MS_NOSUID | MsFlags::MS_NODEV, format!("mode=1777{tmp_size},{ids}")));
     // Name resolution as on the host (the agent must reach Azure DevOps), or through the
@@ -132,9 +148,14 @@ pub fn mount_all(merged: &Path, mounts: &[TreeMount], owner: (u32, u32), sys: &d
     for m in mounts {
         let target = || format!("cannot create the mount point {} in the sandbox", m.dst.display());
         match &m.what {
-            What::Tmpfs { source, data } => {
+            What::Fs { fstype, source, data } => {
                 let fd = inroot::open_dir_as(merged, &m.dst, owner).with_context(target)?;
-                sys.mount_tmpfs_in_tree(InTree { fd: fd.as_fd(), dst: &m.dst }, source, m.flags, data)?;
+                sys.mount_fs_in_tree(InTree { fd: fd.as_fd(), dst: &m.dst }, fstype, source, m.flags, data)?;
+                // A tmpfs is the job's root's by its options; the others were ours.
+                if *fstype != "tmpfs" {
+                    let root = inroot::open_existing(merged, &m.dst).with_context(target)?;
+                    sys.chown_in_tree(InTree { fd: root.as_fd(), dst: &m.dst }, owner)?;
+                }
             }
             What::Bind { from, dir } => {
                 let fd = inroot::create_mount_target_as(merged, &m.dst, *dir, owner).with_context(target)?;
@@ -168,7 +189,7 @@ mod tests {
     fn tmpfs_are_sized_from_the_limits_and_owned_by_the_jobs_root() {
         let m = list(&plan(), (100000, 100001)).unwrap();
         let data = |dst| match &find(&m, dst).what {
-            What::Tmpfs { data, .. } => data.clone(),
+            What::Fs { data, .. } => data.clone(),
             w => panic!("{dst}: {w:?}"),
         };
         assert_eq!(data("/tmp"), format!("mode=1777,size={},uid=100000,gid=100001", 64 << 20));
@@ -180,8 +201,23 @@ mod tests {
         let mut p = plan();
         (p.limits.tmp_bytes, p.limits.shm_bytes) = (None, None);
         let m = list(&p, (0, 0)).unwrap();
-        assert!(matches!(&find(&m, "/tmp").what, What::Tmpfs { data, .. } if data == "mode=1777,uid=0,gid=0"));
-        assert!(matches!(&find(&m, "/dev/shm").what, What::Tmpfs { data, .. } if data.contains("size=1g")));
+        assert!(matches!(&find(&m, "/tmp").what, What::Fs { data, .. } if data == "mode=1777,uid=0,gid=0"));
+        assert!(matches!(&find(&m, "/dev/shm").what, What::Fs { data, .. } if data.contains("size=1g")));
+    }
+
+    #[test]
+    fn the_jobs_ptys_and_message_queues_are_instances_of_its_own_on_its_dev() {
+        let m = list(&plan(), (0, 0)).unwrap();
+        let pts = find(&m, "/dev/pts");
+        let what = |fstype, data: &str| What::Fs { fstype, source: fstype, data: data.into() };
+        assert_eq!(pts.what, what("devpts", "newinstance,ptmxmode=0666,mode=0620"));
+        // Its nodes are the ptys: nodev would make them unusable.
+        assert_eq!(pts.flags, MsFlags::MS_NOSUID | MsFlags::MS_NOEXEC);
+        let mq = find(&m, "/dev/mqueue");
+        assert_eq!(mq.what, what("mqueue", ""));
+        assert_eq!(mq.flags, MsFlags::MS_NOSUID | MsFlags::MS_NOEXEC | MsFlags::MS_NODEV);
+        let pos = |dst: &str| m.iter().position(|m| m.dst == Path::new(dst)).unwrap();
+        assert!(pos("/dev") < pos("/dev/pts") && pos("/dev") < pos("/dev/mqueue"), "on the job's /dev");
     }
 
     #[test]
@@ -267,7 +303,13 @@ mod tests {
         let m = list(&plan(), owner).unwrap();
         mount_all(&root, &m, owner, &rec).unwrap();
         use std::os::unix::fs::MetadataExt;
-        for made in [root.join("dev"), root.join("dev/shm"), root.join("dev/.azp-init")] {
+        for made in [
+            root.join("dev"),
+            root.join("dev/shm"),
+            root.join("dev/pts"),
+            root.join("dev/mqueue"),
+            root.join("dev/.azp-init"),
+        ] {
             let md = std::fs::symlink_metadata(&made).unwrap();
             assert_eq!((md.uid(), md.gid()), owner, "{}", made.display());
         }
@@ -281,7 +323,16 @@ mod tests {
         assert!(at("tmpfs_in_tree /dev tmpfs") < at("tmpfs_in_tree /dev/shm shm"));
         assert!(at("bind_in_tree /etc/hosts /etc/hosts") < at("restrict_in_tree /etc/hosts"));
         assert!(at("tmpfs_in_tree /dev/shm") < at("bind_in_tree /home/cache/init/azp-init-1 /dev/.azp-init"));
-        assert_eq!(calls.len(), 3 + 2 * 3, "{calls:?}");
+        // The job's ptys and queues are its own instances (in the spec before, see above),
+        // their roots the job's root's as tmpfs's are by their options.
+        assert!(at("tmpfs_in_tree /dev tmpfs") < at("devpts_in_tree /dev/pts devpts"));
+        assert!(at("tmpfs_in_tree /dev tmpfs") < at("mqueue_in_tree /dev/mqueue mqueue"));
+        for (fstype, dst) in [("devpts", "/dev/pts"), ("mqueue", "/dev/mqueue")] {
+            let chown = format!("chown_in_tree {dst} {}:{}", owner.0, owner.1);
+            assert_eq!(at(&chown), at(&format!("{fstype}_in_tree {dst} ")) + 1, "{calls:?}");
+        }
+        assert!(calls.iter().all(|c| !c.starts_with("chown_in_tree /dev ") && !c.starts_with("chown_in_tree /tmp")));
+        assert_eq!(calls.len(), 5 + 2 + 2 * 3, "{calls:?}");
     }
 
     #[test]

@@ -14,6 +14,8 @@ pub enum Error {
     UnshareMountNs(#[source] Errno),
     #[error("cannot make / private in the helper's mount namespace")]
     MakeRootPrivate(#[source] Errno),
+    #[error("cannot create the job's IPC namespace (unshare CLONE_NEWIPC)")]
+    UnshareIpcNs(#[source] Errno),
     #[error("cannot create a cgroup namespace for the helper")]
     UnshareCgroupNs(#[source] Errno),
     #[error("cannot mount a private cgroup2 view on /sys/fs/cgroup in the helper")]
@@ -31,10 +33,19 @@ pub enum Error {
         #[source]
         source: Errno,
     },
-    #[error("cannot mount a tmpfs on {} in the sandbox ({options})", dst.display())]
-    MountTmpfsInTree {
+    #[error("cannot mount a {fstype} on {} in the sandbox ({options})", dst.display())]
+    MountFsInTree {
+        fstype: &'static str,
         dst: PathBuf,
         options: String,
+        #[source]
+        source: Errno,
+    },
+    #[error("cannot give the root of the new mount on {} in the sandbox to the job's root ({uid}:{gid})", dst.display())]
+    ChownInTree {
+        dst: PathBuf,
+        uid: u32,
+        gid: u32,
         #[source]
         source: Errno,
     },

@@ -62,6 +62,9 @@ pub trait Sys {
     /// Gives the calling process its own mount namespace with private propagation, so the
     /// job's mounts exist only there and vanish with it (even on SIGKILL).
     fn private_mount_namespace(&self) -> Result<()>;
+    /// The job's IPC namespace, made here for the container to inherit (see
+    /// [`ns::own_ipc_namespace`]).
+    fn own_ipc_namespace(&self) -> Result<()>;
     /// Creates the job's cgroup, writes its limits and moves the calling process in.
     fn join_cgroup(&self, join: &CgroupJoin) -> Result<()>;
     /// Covers the host's cgroup tree in this (private) mount namespace with a cgroup2
@@ -75,8 +78,19 @@ pub trait Sys {
     /// Owner of `path` (not followed).
     fn chown(&self, path: &Path, uid: u32, gid: u32) -> Result<()>;
     fn mount_overlay(&self, overlay: &Overlay) -> Result<()>;
-    /// A tmpfs on a target in a job's tree (see [`mount::mount_tmpfs_in_tree`]).
-    fn mount_tmpfs_in_tree(&self, at: InTree, source: &str, flags: MsFlags, data: &str) -> Result<()>;
+    /// A new filesystem (tmpfs, devpts, mqueue) on a target in a job's tree (see
+    /// [`mount::mount_fs_in_tree`]).
+    fn mount_fs_in_tree(
+        &self,
+        at: InTree,
+        fstype: &'static str,
+        source: &str,
+        flags: MsFlags,
+        data: &str,
+    ) -> Result<()>;
+    /// The root of the mount whose root `at` is, given to `owner` (see
+    /// [`mount::chown_in_tree`]).
+    fn chown_in_tree(&self, at: InTree, owner: (u32, u32)) -> Result<()>;
     /// A plain bind of the host's `from` on a target in a job's tree (or a layer's being
     /// built), in this process's private mount namespace.
     fn bind_in_tree(&self, from: &Path, at: InTree) -> Result<()>;
@@ -139,6 +153,9 @@ impl Sys for Real {
     fn private_mount_namespace(&self) -> Result<()> {
         ns::private_mount_namespace()
     }
+    fn own_ipc_namespace(&self) -> Result<()> {
+        ns::own_ipc_namespace()
+    }
     fn join_cgroup(&self, join: &CgroupJoin) -> Result<()> {
         cgroup::join(join)
     }
@@ -157,8 +174,18 @@ impl Sys for Real {
     fn mount_overlay(&self, overlay: &Overlay) -> Result<()> {
         mount::mount_overlay(overlay)
     }
-    fn mount_tmpfs_in_tree(&self, at: InTree, source: &str, flags: MsFlags, data: &str) -> Result<()> {
-        mount::mount_tmpfs_in_tree(at, source, flags, data)
+    fn mount_fs_in_tree(
+        &self,
+        at: InTree,
+        fstype: &'static str,
+        source: &str,
+        flags: MsFlags,
+        data: &str,
+    ) -> Result<()> {
+        mount::mount_fs_in_tree(at, fstype, source, flags, data)
+    }
+    fn chown_in_tree(&self, at: InTree, owner: (u32, u32)) -> Result<()> {
+        mount::chown_in_tree(at, owner)
     }
     fn bind_in_tree(&self, from: &Path, at: InTree) -> Result<()> {
         mount::bind_in_tree(from, at)
@@ -295,6 +322,9 @@ impl Sys for Recorder {
     fn private_mount_namespace(&self) -> Result<()> {
         self.step("private_mount_namespace".into()).map_err(Error::UnshareMountNs)
     }
+    fn own_ipc_namespace(&self) -> Result<()> {
+        self.step("own_ipc_namespace".into()).map_err(Error::UnshareIpcNs)
+    }
     fn join_cgroup(&self, join: &CgroupJoin) -> Result<()> {
         let dirs: Vec<String> = join.dirs.iter().map(|d| d.dir.display().to_string()).collect();
         self.step(format!("join_cgroup {}", dirs.join(" "))).map_err(|e| Error::CgroupJoin {
@@ -334,9 +364,20 @@ impl Sys for Recorder {
             source,
         })
     }
-    fn mount_tmpfs_in_tree(&self, at: InTree, source: &str, flags: MsFlags, data: &str) -> Result<()> {
-        self.step(format!("tmpfs_in_tree {} {source} {flags:?} {data}", at.dst.display()))
-            .map_err(|e| Error::MountTmpfsInTree { dst: at.dst.into(), options: data.into(), source: e })
+    fn mount_fs_in_tree(
+        &self,
+        at: InTree,
+        fstype: &'static str,
+        source: &str,
+        flags: MsFlags,
+        data: &str,
+    ) -> Result<()> {
+        self.step(format!("{fstype}_in_tree {} {source} {flags:?} {data}", at.dst.display()))
+            .map_err(|e| Error::MountFsInTree { fstype, dst: at.dst.into(), options: data.into(), source: e })
+    }
+    fn chown_in_tree(&self, at: InTree, owner: (u32, u32)) -> Result<()> {
+        self.step(format!("chown_in_tree {} {}:{}", at.dst.display(), owner.0, owner.1))
+            .map_err(|source| Error::ChownInTree { dst: at.dst.into(), uid: owner.0, gid: owner.1, source })
     }
     fn bind_in_tree(&self, from: &Path, at: InTree) -> Result<()> {
         self.step(format!("bind_in_tree {} {}", from.display(), at.dst.display())).map_err(|source| Error::BindInTree {

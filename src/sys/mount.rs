@@ -78,13 +78,28 @@ impl InTree<'_> {
     }
 }
 
-/// A tmpfs (`source` names it in the mount table) with `flags` and `data` (its mode,
-/// size and owner) on a target in a job's tree.
-pub fn mount_tmpfs_in_tree(at: InTree, source: &str, flags: MsFlags, data: &str) -> Result<()> {
-    mount(Some(source), &at.proc_path(), Some("tmpfs"), flags, Some(data)).map_err(|source| Error::MountTmpfsInTree {
+/// A new filesystem of `fstype` (tmpfs, devpts, mqueue; `source` names it in the mount
+/// table) with `flags` and `data` (e.g. a tmpfs's mode, size and owner) on a target in a
+/// job's tree.
+pub fn mount_fs_in_tree(at: InTree, fstype: &'static str, source: &str, flags: MsFlags, data: &str) -> Result<()> {
+    mount(Some(source), &at.proc_path(), Some(fstype), flags, Some(data)).map_err(|source| Error::MountFsInTree {
+        fstype,
         dst: at.dst.to_path_buf(),
         options: data.into(),
         source,
+    })
+}
+
+/// Gives the root dir of the mount whose root `at` is to `owner` (the job's root): what a
+/// tmpfs gets with its uid=/gid= options, for filesystems without them (devpts, mqueue),
+/// whose root is whoever mounted them, the helper, as when the job had mounted them.
+pub fn chown_in_tree(at: InTree, owner: (u32, u32)) -> Result<()> {
+    // Through the fd's magic link, followed: the mount's root, not the link.
+    std::os::unix::fs::chown(at.proc_path(), Some(owner.0), Some(owner.1)).map_err(|e| Error::ChownInTree {
+        dst: at.dst.to_path_buf(),
+        uid: owner.0,
+        gid: owner.1,
+        source: nix::errno::Errno::from_raw(e.raw_os_error().unwrap_or(libc::EIO)),
     })
 }
 
