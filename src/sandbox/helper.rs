@@ -461,7 +461,7 @@ mod tests {
                 match &m.what {
                     treemount::What::Fs { fstype, source, data } => {
                         steps.push(format!("{fstype}_in_tree {dst} {source} {:?} {data}", m.flags));
-                        if *fstype != "tmpfs" {
+                        if m.what.chowned() {
                             steps.push(format!("chown_in_tree {dst} {}:{}", root.0, root.1));
                         }
                     }

@@ -44,6 +44,15 @@ pub enum What {
     Bind { from: PathBuf, dir: bool },
 }
 
+impl What {
+    /// A new filesystem whose root is given to the job's root after the mount: a tmpfs is
+    /// its by the options (uid=/gid=); devpts and mqueue have none for their root, which
+    /// is then whoever mounted them, the helper.
+    pub fn chowned(&self) -> bool {
+        matches!(self, What::Fs { fstype, .. } if *fstype != "tmpfs")
+    }
+}
+
 /// One mount at `dst` (a path in the job) with `flags`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TreeMount {
@@ -151,8 +160,7 @@ pub fn mount_all(merged: &Path, mounts: &[TreeMount], owner: (u32, u32), sys: &d
             What::Fs { fstype, source, data } => {
                 let fd = inroot::open_dir_as(merged, &m.dst, owner).with_context(target)?;
                 sys.mount_fs_in_tree(InTree { fd: fd.as_fd(), dst: &m.dst }, fstype, source, m.flags, data)?;
-                // A tmpfs is the job's root's by its options; the others were ours.
-                if *fstype != "tmpfs" {
+                if m.what.chowned() {
                     let root = inroot::open_existing(merged, &m.dst).with_context(target)?;
                     sys.chown_in_tree(InTree { fd: root.as_fd(), dst: &m.dst }, owner)?;
                 }
