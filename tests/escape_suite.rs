@@ -1159,45 +1159,33 @@ fn t09_no_file_reaches_the_next_job() {
 #[cfg_attr(not(test_as_root), ignore = "needs root: creates real sandboxes (CI runs the suite as root)")]
 fn t09b_no_ipc_object_reaches_another_job_or_the_host() {
     require_root!();
-    use std::io::BufRead;
     let h = home("ipc");
     let host_ns = fs::read_link("/proc/self/ns/ipc").unwrap();
     for (who, user) in USERS {
         let u = unique("q");
         // A key that no one else uses: the queue's name as a number.
-        let key = format!("{:#x}", u.bytes().fold(0x617a_7000u32, |k, b| k.rotate_left(5) ^ b as u32) & 0x7fff_ffff);
-        let mine = toks(&[&format!("shm-create:{key}"), &format!("mq-create:/{u}")]);
-        let found = toks(&[&format!("shm-find:{key}"), &format!("mq-find:/{u}")]);
-        // The first job makes them, finds them itself, says so, and stays a while.
-        let script = format!(
-            "{}; {}; readlink /proc/self/ns/ipc; ls -ldn /dev/mqueue | awk '{{print $1, $3, $4}}'; echo ready; sleep 60",
-            probe(&mine),
-            probe(&found)
+        let key = u.bytes().fold(0x617a_7000u32, |k, b| k.rotate_left(5) ^ b as u32) & 0x7fff_ffff;
+        let mine = toks(&[&format!("shm-create:{key:#x}"), &format!("mq-create:/{u}")]);
+        let found = toks(&[&format!("shm-find:{key:#x}"), &format!("mq-find:/{u}")]);
+        // The first job makes them, finds them itself, says so, and waits.
+        let first = WaitingJob::start(
+            &h,
+            &[],
+            user,
+            &format!(
+                "{}; {}; readlink /proc/self/ns/ipc; ls -ldn /dev/mqueue | awk '{{print $1, $3, $4}}'",
+                probe(&mine),
+                probe(&found)
+            ),
         );
-        let mut first = h
-            .command()
-            .args(["exec", "--rootfs", "esc"])
-            .args(user.iter())
-            .args(["--", "sh", "-c", &script])
-            .stdout(std::process::Stdio::piped())
-            .spawn()
-            .unwrap();
-        let mut lines = std::io::BufReader::new(first.stdout.take().unwrap()).lines();
-        let mut seen = vec![];
-        for line in lines.by_ref() {
-            let line = line.unwrap();
-            if line == "ready" {
-                break;
-            }
-            seen.push(line);
-        }
+        let seen: Vec<&str> = first.before.lines().collect();
         assert_eq!(seen.len(), 6, "as {who}: {seen:?}");
         assert_eq!(
             seen[..4].join("\n") + "\n",
             expect(&mine, |_| "OK".into()) + &expect(&found, |_| "OK".into()),
             "as {who}"
         );
-        let ns = &seen[4];
+        let ns = seen[4];
         assert_ne!(Path::new(ns), host_ns, "as {who}: the job has the host's IPC namespace");
         assert!(ns.starts_with("ipc:["), "as {who}: {ns}");
         // Its queues' dir is the job's root's, sticky and open to all, as a job's own mount.
@@ -1210,15 +1198,12 @@ fn t09b_no_ipc_object_reaches_another_job_or_the_host() {
             assert_ne!(out[want.len()..].trim(), ns, "{who2} shares {who}'s IPC namespace");
         }
         let host_keys = fs::read_to_string("/proc/sysvipc/shm").unwrap();
-        let dec = u32::from_str_radix(key.trim_start_matches("0x"), 16).unwrap().to_string();
+        let key = key.to_string();
         assert!(
-            !host_keys.lines().any(|l| l.split_whitespace().next() == Some(dec.as_str())),
+            !host_keys.lines().any(|l| l.split_whitespace().next() == Some(key.as_str())),
             "on the host: {host_keys}"
         );
-        // Stopped as a user would (exec passes SIGTERM on to the job), so that it cleans up.
-        nix::sys::signal::kill(nix::unistd::Pid::from_raw(first.id() as i32), nix::sys::signal::Signal::SIGTERM)
-            .unwrap();
-        assert!(!first.wait().unwrap().success(), "as {who}: the first job was not stopped");
+        assert!(first.finish().success(), "as {who}: the first job failed");
     }
     h.assert_no_residue(&[]);
 }
