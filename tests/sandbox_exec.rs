@@ -230,6 +230,20 @@ fn a_cdi_poststart_hook_runs() {
     assert_eq!(std::fs::read_to_string(&marker).unwrap_or_default(), "ran\n", "the poststart hook, once");
 }
 
+/// The helper absorbs SIGPIPE (a hook may exit without reading the state on its stdin);
+/// the job still has SIGPIPE's default action (not ignored: a handler goes at execve).
+#[test]
+#[cfg_attr(not(test_as_root), ignore = "needs root: creates real sandboxes (CI runs the suite as root)")]
+fn a_job_does_not_ignore_sigpipe() {
+    require_root!();
+    let h = TestHome::with_busybox("sig-ign");
+    let (code, out, err) = exec_out(&h, &["--network", "none", "--", "/bin/cat", "/proc/self/status"]);
+    assert_eq!(code, 0, "{err}");
+    let ign = out.lines().find(|l| l.starts_with("SigIgn:")).unwrap_or_default();
+    let mask = u64::from_str_radix(ign.split_whitespace().nth(1).unwrap_or("x"), 16).expect(ign);
+    assert_eq!(mask & (1 << (libc::SIGPIPE - 1)), 0, "{out}");
+}
+
 #[test]
 #[cfg_attr(not(test_as_root), ignore = "needs root: creates real sandboxes (CI runs the suite as root)")]
 fn memory_limit_kills_an_allocation_over_it() {

@@ -75,6 +75,12 @@ pub fn run_helper(home: &Home, job_dir: &Path, pipes: Pipes) -> i32 {
     // SA_RESTART, so the setup's syscalls are not interrupted; the job's init gets
     // default handlers back at execve.
     sys::signals::record_on(&[Signal::SIGTERM, Signal::SIGINT, Signal::SIGHUP, Signal::SIGQUIT], &EARLY_SIGNAL);
+    // SIGPIPE is the default again in this binary (see main.rs), and libcontainer writes
+    // the container's state to each OCI/CDI hook's stdin, ignoring EPIPE as runc does: a
+    // hook that exits without reading it (`echo ran >> f`) killed the helper and lost the
+    // job's result (a CI run: "sandbox helper was killed by signal 13"). Absorbed here,
+    // the write fails instead; the job gets the default back at its execve.
+    sys::signals::absorb_on(&[Signal::SIGPIPE]);
     let job = JobDir::at(home, job_dir);
     // Before anything is opened: fd 3 is kept for the job's lifeline.
     let kept = pipes.above_lifeline_fd().and_then(|p| Ok(sys::lifeline::reserve().map(|()| p)?));

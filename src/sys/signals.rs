@@ -57,6 +57,16 @@ fn install(sigs: &[Signal], handler: extern "C" fn(libc::c_int)) {
     }
 }
 
+extern "C" fn absorb(_: libc::c_int) {}
+
+/// Makes `sigs` harmless to this process: a handler that returns at once, so that e.g. a
+/// write to a pipe whose reader is gone fails with EPIPE instead of killing it. Unlike
+/// SIG_IGN, which execve keeps, a handler goes back to the default at execve: what this
+/// process execs (a job) gets the default action.
+pub fn absorb_on(sigs: &[Signal]) {
+    install(sigs, absorb);
+}
+
 /// On any of `sigs`, sets `flag` (e.g. to stop an import at the next entry).
 pub fn set_flag_on(sigs: &[Signal], flag: &'static AtomicBool) {
     FLAG.store(std::ptr::from_ref(flag).cast_mut(), Ordering::SeqCst);
