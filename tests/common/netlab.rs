@@ -223,6 +223,11 @@ impl NetLab {
             dual.push(format!("--address=/{V6ONLY_NAME}/{DUAL_IPV6}"));
         }
         self.server(&i, dnsmasq(INTERNET_DNS, &dual.iter().map(String::as_str).collect::<Vec<_>>()))?;
+        // The fake host's resolver forwards to the fake internet's: started before that one
+        // listens, it could forward a first query into the void (port unreachable), and
+        // dnsmasq does not answer the client then: glibc waits its 5 s timeout before asking
+        // again (1 lab in ~20 took 5 s longer to get ready).
+        self.wait_udp_listener(&i, &format!("{INTERNET_DNS}:53"))?;
         self.server(&h, dnsmasq("127.0.0.53", &["--server=198.19.0.53"]))?;
         let etc = PathBuf::from("/etc/netns").join(&h);
         std::fs::create_dir_all(&etc).map_err(|e| e.to_string())?;
@@ -267,6 +272,25 @@ impl NetLab {
             .map_err(|e| format!("cannot start {}: {e}", argv[0]))?;
         self.servers.push(child);
         Ok(())
+    }
+
+    /// Until a UDP socket is bound to `addr` (`IP:PORT`) in namespace `ns`.
+    fn wait_udp_listener(&self, ns: &str, addr: &str) -> Result<(), String> {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        loop {
+            let o = Command::new("ip")
+                .args(["netns", "exec", ns, "ss", "-H", "-n", "-l", "-u", "src", addr])
+                .stderr(Stdio::null())
+                .output()
+                .map_err(|e| format!("cannot run ss: {e}"))?;
+            if !o.stdout.is_empty() {
+                return Ok(());
+            }
+            if std::time::Instant::now() > deadline {
+                return Err(format!("nothing listened on UDP {addr} in {ns} within 10 s"));
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
     }
 
     /// The servers answer (dnsmasq and httpd take a moment to bind).
