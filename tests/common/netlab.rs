@@ -86,6 +86,18 @@ pub struct NetLab {
 /// The lab cannot be made here: why (for a visible skip).
 pub type Unavailable = String;
 
+/// Polls `ready` every `every_ms` until it holds; `what` (and "within 10 s") after 10 s.
+fn within_10s(every_ms: u64, what: &str, mut ready: impl FnMut() -> Result<bool, String>) -> Result<(), String> {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while !ready()? {
+        if std::time::Instant::now() > deadline {
+            return Err(format!("{what} within 10 s"));
+        }
+        std::thread::sleep(std::time::Duration::from_millis(every_ms));
+    }
+    Ok(())
+}
+
 fn run(args: &[&str]) -> Result<(), String> {
     let out = Command::new(args[0]).args(&args[1..]).output().map_err(|e| format!("cannot run {}: {e}", args[0]))?;
     if !out.status.success() {
@@ -276,28 +288,20 @@ impl NetLab {
 
     /// Until a UDP socket is bound to `addr` (`IP:PORT`) in namespace `ns`.
     fn wait_udp_listener(&self, ns: &str, addr: &str) -> Result<(), String> {
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-        loop {
+        within_10s(10, &format!("nothing listened on UDP {addr} in {ns}"), || {
             let o = Command::new("ip")
                 .args(["netns", "exec", ns, "ss", "-H", "-n", "-l", "-u", "src", addr])
                 .stderr(Stdio::null())
                 .output()
                 .map_err(|e| format!("cannot run ss: {e}"))?;
-            if !o.stdout.is_empty() {
-                return Ok(());
-            }
-            if std::time::Instant::now() > deadline {
-                return Err(format!("nothing listened on UDP {addr} in {ns} within 10 s"));
-            }
-            std::thread::sleep(std::time::Duration::from_millis(10));
-        }
+            Ok(!o.stdout.is_empty())
+        })
     }
 
     /// The servers answer (dnsmasq and httpd take a moment to bind).
     fn wait_ready(&self) -> Result<(), String> {
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-        loop {
-            let ok = self.in_host(&["busybox", "wget", "-q", "-O", "/dev/null", &format!("http://{INTERNET_NAME}/")])
+        within_10s(50, "the network lab's servers did not answer", || {
+            Ok(self.in_host(&["busybox", "wget", "-q", "-O", "/dev/null", &format!("http://{INTERNET_NAME}/")])
                 && self.in_host(&[
                     "busybox",
                     "wget",
@@ -307,15 +311,8 @@ impl NetLab {
                     &format!("http://127.0.0.1:{HOST_LOOPBACK_PORT}/"),
                 ])
                 && self.in_host(&["busybox", "wget", "-q", "-O", "/dev/null", &format!("http://{METADATA_IP}/")])
-                && (!self.ipv6 || self.ipv6_ready());
-            if ok {
-                return Ok(());
-            }
-            if std::time::Instant::now() > deadline {
-                return Err("the network lab's servers did not answer within 10 s".into());
-            }
-            std::thread::sleep(std::time::Duration::from_millis(50));
-        }
+                && (!self.ipv6 || self.ipv6_ready()))
+        })
     }
 
     fn ipv6_ready(&self) -> bool {
