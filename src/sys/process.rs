@@ -62,26 +62,43 @@ pub struct WaitingChild {
 const WAITING_CHILD_STACK: usize = 16 * 1024;
 
 /// The [`WaitingChild`]'s whole life: wait for a signal with every signal blocked (it
-/// starts so: see [`clone_waiting`]), so that none comes but SIGKILL. One raw system
-/// call that cannot fail: the child shares our memory, thread pointer included, so it
-/// must neither allocate nor write errno. Were it ever to return, glibc's clone() would
-/// exit the child.
-extern "C" fn wait_to_be_killed(_: *mut libc::c_void) -> libc::c_int {
-    // SAFETY: ppoll with no fds, no timeout and no mask (the current one, which blocks
-    // every signal) reads and writes no memory and returns only for a handled signal.
-    unsafe { libc::syscall(libc::SYS_ppoll, 0usize, 0usize, 0usize, 0usize, 0usize) };
+/// starts so: see [`clone_waiting`]), so that none comes but SIGKILL, which its
+/// parent's death sends too: a helper killed before it released the child (its
+/// manager's death kills it) must not leave it waiting forever, holding the helper's fd
+/// table and with it the firewall's shared lock (every later job's wait for that lock
+/// hung). `parent`: the caller's pid, as a pointer-sized integer; gone already, the child
+/// exits at once. Raw system calls that cannot fail: the child shares our memory, thread
+/// pointer included, so it must neither allocate nor write errno. Returning, glibc's
+/// clone() exits the child.
+extern "C" fn wait_to_be_killed(parent: *mut libc::c_void) -> libc::c_int {
+    // SAFETY: prctl(PR_SET_PDEATHSIG) with a valid signal and getppid(2) take integers,
+    // touch no memory and cannot fail (no errno written). ppoll with no fds, no timeout
+    // and no mask (the current one, which blocks every signal) reads and writes no memory
+    // and returns only for a handled signal.
+    unsafe {
+        libc::syscall(libc::SYS_prctl, libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0usize, 0usize, 0usize);
+        // Checked after the prctl: a parent that died before it sent nothing.
+        if libc::syscall(libc::SYS_getppid) as usize != parent as usize {
+            return 0;
+        }
+        libc::syscall(libc::SYS_ppoll, 0usize, 0usize, 0usize, 0usize, 0usize)
+    };
     0
 }
 
-/// Clones a [`WaitingChild`] into new namespaces (`flags`: CLONE_NEW* flags only).
+/// Clones a [`WaitingChild`] into new namespaces (`flags`: CLONE_NEW* flags only). It
+/// dies with the thread that calls this (its parent-death signal: see
+/// [`wait_to_be_killed`]).
 pub fn clone_waiting(flags: nix::sched::CloneFlags) -> std::result::Result<WaitingChild, nix::errno::Errno> {
     let mut stack = vec![0u8; WAITING_CHILD_STACK];
-    // SAFETY: `wait_to_be_killed` reads no argument and touches nothing of ours but
-    // `stack`, which WaitingChild owns and frees only after the child is reaped (its
-    // drop, `kill_and_reap_later` and `reap_killed` reap first).
-    let pid = unsafe {
-        clone_sharing_memory(wait_to_be_killed, std::ptr::null_mut(), NonNull::from(stack.as_mut_slice()), flags.bits())
-    }?;
+    // What the child's getppid() returns while we live: our process's pid.
+    let parent = std::process::id() as usize as *mut libc::c_void;
+    // SAFETY: `wait_to_be_killed` reads its argument as an integer (no memory behind it)
+    // and touches nothing of ours but `stack`, which WaitingChild owns and frees only
+    // after the child is reaped (its drop, `kill_and_reap_later` and `reap_killed` reap
+    // first).
+    let pid =
+        unsafe { clone_sharing_memory(wait_to_be_killed, parent, NonNull::from(stack.as_mut_slice()), flags.bits()) }?;
     Ok(WaitingChild { pid, _stack: stack, reaped: false })
 }
 
@@ -412,6 +429,43 @@ mod tests {
         reap_killed().unwrap();
         assert!(!std::path::Path::new(&format!("/proc/{pid}")).exists(), "reaped");
         reap_killed().unwrap();
+    }
+
+    /// A helper killed before it released its child (its manager's death sends it
+    /// SIGKILL) must not leave the child waiting forever, holding the helper's fd table
+    /// (the firewall's shared lock among its files): the child dies with the thread that
+    /// made it. Found when a killed manager's prepared helper left one behind and every
+    /// later job's wait for the lock hung.
+    #[test]
+    fn a_waiting_child_dies_with_the_thread_that_made_it() {
+        // Made by a thread that then ends without dropping it, as a killed helper would.
+        let made = std::thread::spawn(|| {
+            waiting_child_or_skip().map(|c| {
+                let pid = c.pid();
+                // Its stack stays allocated: leaked with it.
+                std::mem::forget(c);
+                pid
+            })
+        })
+        .join()
+        .unwrap();
+        let Some(pid) = made else { return };
+        // Still this process's child to reap (the thread's children pass to the others).
+        let start = std::time::Instant::now();
+        let status = loop {
+            match nix::sys::wait::waitpid(pid, Some(nix::sys::wait::WaitPidFlag::WNOHANG)).unwrap() {
+                nix::sys::wait::WaitStatus::StillAlive if start.elapsed() < std::time::Duration::from_secs(5) => {
+                    std::thread::sleep(std::time::Duration::from_millis(5))
+                }
+                nix::sys::wait::WaitStatus::StillAlive => {
+                    let _ = nix::sys::signal::kill(pid, Signal::SIGKILL);
+                    let _ = nix::sys::wait::waitpid(pid, None);
+                    panic!("the child outlived the thread that made it by 5 s");
+                }
+                st => break st,
+            }
+        };
+        assert_eq!(status, nix::sys::wait::WaitStatus::Signaled(pid, Signal::SIGKILL, false));
     }
 
     #[test]

@@ -264,7 +264,16 @@ impl TestHome {
 impl Drop for TestHome {
     fn drop(&mut self) {
         if !std::thread::panicking() {
+            // The home's runtime dir (/run/azp-sandbox/h-<hash>) too, named while the home
+            // still exists (the hash is of its canonical path). It is empty and gone after
+            // a clean test; a test that killed a manager mid-creation leaves a staging
+            // record there that gc keeps for 60 s (its creator may be alive), and no gc
+            // of this home runs again once the home is gone.
+            let run_root = self.jobs_dir().parent().map(Path::to_path_buf);
             let _ = std::fs::remove_dir_all(&self.dir);
+            if let Some(r) = run_root {
+                let _ = std::fs::remove_dir_all(r);
+            }
         }
     }
 }
