@@ -438,10 +438,19 @@ mod tests {
     /// later job's wait for the lock hung.
     #[test]
     fn a_waiting_child_dies_with_the_thread_that_made_it() {
-        // Made by a thread that then ends without dropping it, as a killed helper would.
+        // Made by a thread that then ends without dropping it, as a killed helper would;
+        // once the child waits (in its ppoll: its parent-death signal is set). A thread
+        // that ended before that would go unnoticed: the child's new parent is another
+        // thread of this process, whose pid getppid() returns just the same. A helper has
+        // one thread: its death changes the child's getppid().
         let made = std::thread::spawn(|| {
             waiting_child_or_skip().map(|c| {
                 let pid = c.pid();
+                let wchan = || std::fs::read_to_string(format!("/proc/{pid}/wchan")).unwrap_or_default();
+                let start = std::time::Instant::now();
+                while !wchan().contains("poll") && start.elapsed() < std::time::Duration::from_secs(5) {
+                    std::thread::sleep(std::time::Duration::from_millis(1));
+                }
                 // Its stack stays allocated: leaked with it.
                 std::mem::forget(c);
                 pid
