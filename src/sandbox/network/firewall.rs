@@ -229,8 +229,63 @@ fn lock() -> Result<nix::fcntl::Flock<std::fs::File>> {
         .write(true)
         .open(LOCK)
         .with_context(|| format!("cannot open {LOCK}"))?;
-    nix::fcntl::Flock::lock(f, nix::fcntl::FlockArg::LockExclusive)
-        .map_err(|(_, e)| anyhow::anyhow!("cannot lock {LOCK}: {e}"))
+    lock_naming_holders(f, Path::new(LOCK), LOCK_PATIENCE, |holders| {
+        tracing::warn!("waiting for {LOCK}, held by {holders}");
+    })
+}
+
+/// How long [`lock`] waits quietly: others hold the lock for milliseconds (a helper from
+/// its check of the table to its link, another process making or removing the table).
+const LOCK_PATIENCE: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// Locks `file` (open on `path`) exclusively. Held by others for longer than `patience`,
+/// `waiting` is told who holds it (see [`holders_of`]) once, and the wait goes on: a
+/// `gc` or a job that hangs here says what it waits for (a process left behind by a
+/// bug held it for ever once; see `sys::process::clone_waiting`).
+fn lock_naming_holders(
+    mut file: std::fs::File,
+    path: &Path,
+    patience: std::time::Duration,
+    waiting: impl FnOnce(&str),
+) -> Result<nix::fcntl::Flock<std::fs::File>> {
+    use nix::fcntl::{Flock, FlockArg};
+    let failed = |e: nix::errno::Errno| anyhow::anyhow!("cannot lock {}: {e}", path.display());
+    let deadline = std::time::Instant::now() + patience;
+    while std::time::Instant::now() < deadline {
+        match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
+            Ok(locked) => return Ok(locked),
+            Err((f, nix::errno::Errno::EWOULDBLOCK)) => file = f,
+            Err((_, e)) => return Err(failed(e)),
+        }
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    waiting(&holders_of(path, std::os::fd::AsRawFd::as_raw_fd(&file)));
+    Flock::lock(file, FlockArg::LockExclusive).map_err(|(_, e)| failed(e))
+}
+
+/// The processes with `path` open, as `pid 12 (comm), ...` (from /proc/PID/fd: as root
+/// every process's, as a user only its own), but for our own `waiting_fd`, or "no
+/// process this one can see".
+fn holders_of(path: &Path, waiting_fd: std::os::fd::RawFd) -> String {
+    let ours = (std::process::id(), waiting_fd.to_string());
+    let mut found = vec![];
+    for proc_dir in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let Some(pid) = proc_dir.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else { continue };
+        let fds = std::fs::read_dir(proc_dir.path().join("fd")).into_iter().flatten().flatten();
+        let holds = |fd: &std::fs::DirEntry| {
+            (pid, fd.file_name().to_string_lossy().into_owned()) != ours
+                && std::fs::read_link(fd.path()).is_ok_and(|target| target == path)
+        };
+        if fds.into_iter().any(|fd| holds(&fd)) {
+            let comm = std::fs::read_to_string(proc_dir.path().join("comm")).unwrap_or_default();
+            found.push(format!("pid {pid} ({})", comm.trim()));
+        }
+    }
+    if found.is_empty() {
+        "no process this one can see".to_string()
+    } else {
+        found.join(", ")
+    }
 }
 
 /// Makes the table when it is absent (turning IPv4 forwarding on when it is off), and
@@ -427,6 +482,44 @@ pub fn job_links() -> Result<Vec<String>> {
 
 #[cfg(test)]
 mod tests {
+    /// Held by another open file (this process's: flock locks belong to open files), the
+    /// lock is waited for quietly for `patience`, then the wait names the holders (this
+    /// process) and goes on until the holder lets go.
+    #[test]
+    fn a_long_wait_for_the_lock_names_who_holds_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("network.lock");
+        let open = || std::fs::OpenOptions::new().create(true).truncate(false).write(true).open(&path).unwrap();
+        let held = nix::fcntl::Flock::lock(open(), nix::fcntl::FlockArg::LockShared).unwrap();
+        let (told_tx, told_rx) = std::sync::mpsc::channel::<String>();
+        let waiter = {
+            let (file, path) = (open(), path.clone());
+            std::thread::spawn(move || {
+                super::lock_naming_holders(file, &path, std::time::Duration::from_millis(50), |h| {
+                    told_tx.send(h.to_string()).unwrap()
+                })
+                .map(|_| ())
+            })
+        };
+        let told = told_rx.recv_timeout(std::time::Duration::from_secs(10)).expect("the wait said who holds the lock");
+        assert!(told.contains(&format!("pid {} (", std::process::id())), "{told}");
+        assert!(!waiter.is_finished(), "it waits on after saying so");
+        drop(held);
+        waiter.join().unwrap().expect("locked once the holder let go");
+    }
+
+    /// Free, the lock is taken at once, with nothing said.
+    #[test]
+    fn a_free_lock_is_taken_without_a_word() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("network.lock");
+        let file = std::fs::File::create(&path).unwrap();
+        let locked = super::lock_naming_holders(file, &path, std::time::Duration::from_secs(5), |h| {
+            panic!("told of holders of a free lock: {h}")
+        });
+        assert!(locked.is_ok());
+    }
+
     use super::*;
 
     fn net() -> Ipv4Net {
