@@ -482,6 +482,8 @@ pub fn job_links() -> Result<Vec<String>> {
 
 #[cfg(test)]
 mod tests {
+    use super::*;
+
     /// Held by another open file (this process's: flock locks belong to open files), the
     /// lock is waited for quietly for `patience`, then the wait names the holders (this
     /// process) and goes on until the holder lets go.
@@ -495,7 +497,7 @@ mod tests {
         let waiter = {
             let (file, path) = (open(), path.clone());
             std::thread::spawn(move || {
-                super::lock_naming_holders(file, &path, std::time::Duration::from_millis(50), |h| {
+                lock_naming_holders(file, &path, std::time::Duration::from_millis(50), |h| {
                     told_tx.send(h.to_string()).unwrap()
                 })
                 .map(|_| ())
@@ -514,13 +516,11 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("network.lock");
         let file = std::fs::File::create(&path).unwrap();
-        let locked = super::lock_naming_holders(file, &path, std::time::Duration::from_secs(5), |h| {
+        let locked = lock_naming_holders(file, &path, std::time::Duration::from_secs(5), |h| {
             panic!("told of holders of a free lock: {h}")
         });
         assert!(locked.is_ok());
     }
-
-    use super::*;
 
     fn net() -> Ipv4Net {
         Ipv4Net::new(Ipv4Addr::new(10, 87, 0, 0), 16)
