@@ -238,7 +238,7 @@ impl NetLab {
         // The fake host's resolver forwards to the fake internet's: started before that one
         // listens, it could forward a first query into the void (port unreachable), and
         // dnsmasq does not answer the client then: glibc waits its 5 s timeout before asking
-        // again (1 lab in ~20 took 5 s longer to get ready).
+        // again (8 of 250 labs of t32 took 5 s longer to get ready).
         self.wait_udp_listener(&i, &format!("{INTERNET_DNS}:53"))?;
         self.server(&h, dnsmasq("127.0.0.53", &["--server=198.19.0.53"]))?;
         let etc = PathBuf::from("/etc/netns").join(&h);
