@@ -128,13 +128,21 @@ mod tests {
     fn init(i: &Installed, args: &[&str], lifeline: Option<OwnedFd>) -> std::process::Child {
         let mut cmd = Command::new(&i.path);
         cmd.args(args).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
-        if let Some(fd) = lifeline {
-            crate::sys::lifeline::pass_as_fd3(&mut cmd, &fd);
-            let child = cmd.spawn().unwrap();
-            drop(fd);
-            return child;
+        if let Some(fd) = &lifeline {
+            crate::sys::lifeline::pass_as_fd3(&mut cmd, fd);
         }
-        cmd.spawn().unwrap()
+        // ETXTBSY: a process another test thread was spawning while `installed()` wrote
+        // this init still held a copy of its write fd (until its own exec). Not this
+        // init's doing; a fresh-clone CI run hit it once. Tried again for up to 2 s.
+        let start = std::time::Instant::now();
+        loop {
+            match cmd.spawn() {
+                Err(e) if e.raw_os_error() == Some(libc::ETXTBSY) && start.elapsed() < Duration::from_secs(2) => {
+                    std::thread::sleep(Duration::from_millis(10))
+                }
+                spawned => return spawned.unwrap(),
+            }
+        }
     }
 
     fn output(mut c: std::process::Child) -> (Option<i32>, String, String) {
