@@ -1,4 +1,4 @@
-//! Three things, before the crate compiles:
+//! Before the crate compiles:
 //! - sets `cfg(test_as_root)` when the build runs as root, so that tests needing root are
 //!   marked ignored, with their reason, in a build by anyone else (tests/common/skip.rs);
 //! - compiles the jobs' seccomp profile (`src/sandbox/seccomp.rs`, included here) into a
@@ -9,7 +9,9 @@
 //!   glibc's `libc.a`. The crate embeds it
 //!   (`include_bytes!`), named by `AZP_INIT_HASH`, a hash of its bytes;
 //! - in release builds linked by rust-lld, places the functions an `exec` cycle runs
-//!   next to each other (`build/hot-text.order`, see [`link_hot_text_order`]).
+//!   next to each other (`build/hot-text.order`, see [`link_hot_text_order`]);
+//! - in release builds for x86_64 glibc, links libgcc's unwinder and libseccomp from their
+//!   static archives (see [`link_runtime_libs_statically`]).
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -31,6 +33,40 @@ fn main() {
     build_seccomp_filter();
     build_init();
     link_hot_text_order();
+    link_runtime_libs_statically();
+}
+
+/// In release builds for x86_64 glibc, libgcc's unwinder and libseccomp are linked into
+/// the binary from their static archives. Each shared library
+/// is a file the loader opens, maps and resolves at every start of the CLI, once per
+/// `exec`, and libgcc_s's constructor queries the CPU's features (each `cpuid` traps to the
+/// hypervisor in a VM): a C `main(){}` that also loads these two took ~0.15 ms more to
+/// start (interleaved, 400 rounds). libc stays shared, so that name lookups (NSS: a
+/// cluster's LDAP or SSSD users) load the host's modules as they should; libm too, as its
+/// archive's CPU dispatch needs glibc's private symbols of a static libc.
+///
+/// How: rustc links them as `-lgcc_s` and `-lseccomp` (std's and libseccomp-sys's link
+/// attributes, std's with no static choice), so a dir searched before the system's holds
+/// linker scripts of those names that name the archives instead. The same one-line program
+/// as for the hot text must link with it first.
+fn link_runtime_libs_statically() {
+    let release = std::env::var("PROFILE").is_ok_and(|p| p == "release");
+    let target = std::env::var("TARGET").is_ok_and(|t| t == "x86_64-unknown-linux-gnu");
+    if !(release && target) {
+        return;
+    }
+    let dir = PathBuf::from(std::env::var_os("OUT_DIR").expect("cargo sets OUT_DIR")).join("static-runtime");
+    let scripts = [("libgcc_s.so", "-lgcc_eh"), ("libseccomp.so", "-l:libseccomp.a")];
+    // Made anew: a script an earlier build left there would still be searched.
+    let _ = std::fs::remove_dir_all(&dir);
+    let written = std::fs::create_dir_all(&dir).is_ok()
+        && scripts.iter().all(|(name, archive)| std::fs::write(dir.join(name), format!("INPUT({archive})\n")).is_ok());
+    let search = format!("-L{}", dir.display());
+    if !written || !links_with(&[search, "-lseccomp".into()]) {
+        println!("cargo::warning=the static archives of libgcc or libseccomp are missing: the release binary loads them as shared libraries (build.rs)");
+        return;
+    }
+    println!("cargo::rustc-link-search=native={}", dir.display());
 }
 
 /// `--symbol-ordering-file=build/hot-text.order` for the release binary: the functions an
