@@ -268,12 +268,14 @@ impl Drop for TestHome {
             // still exists (the hash is of its canonical path). It is empty and gone after
             // a clean test; a test that killed a manager mid-creation leaves a staging
             // record there that gc keeps for 60 s (its creator may be alive), and no gc
-            // of this home runs again once the home is gone.
-            let run_root = self.jobs_dir().parent().map(Path::to_path_buf);
+            // of this home runs again once the home is gone. And the marker beside it that
+            // says gc has looked for orphaned layer dirs (`.layers-checked-h-<hash>`): one
+            // per home ever used, else, until a reboot.
+            let home = self.home();
+            let (run_root, marker) = (home.run_root(), home.layers_checked_marker());
             let _ = std::fs::remove_dir_all(&self.dir);
-            if let Some(r) = run_root {
-                let _ = std::fs::remove_dir_all(r);
-            }
+            let _ = std::fs::remove_dir_all(run_root);
+            let _ = std::fs::remove_file(marker);
         }
     }
 }
