@@ -37,22 +37,20 @@ fn main() {
 }
 
 /// In release builds for x86_64 glibc, libgcc's unwinder and libseccomp are linked into
-/// the binary from their static archives. Each shared library
-/// is a file the loader opens, maps and resolves at every start of the CLI, once per
-/// `exec`, and libgcc_s's constructor queries the CPU's features (each `cpuid` traps to the
-/// hypervisor in a VM): a C `main(){}` that also loads these two took ~0.15 ms more to
-/// start (interleaved, 400 rounds). libc stays shared, so that name lookups (NSS: a
-/// cluster's LDAP or SSSD users) load the host's modules as they should; libm too, as its
-/// archive's CPU dispatch needs glibc's private symbols of a static libc.
+/// the binary from their static archives. Each shared library is a file the loader opens,
+/// maps and binds at every start of the CLI, once per `exec`, and libgcc_s's constructor
+/// queries the CPU's features (each `cpuid` traps to the hypervisor in a VM): a C
+/// `main(){}` that also loads these two took ~0.15 ms more to start (interleaved, 400
+/// rounds). libc stays shared, so that name lookups (NSS: a cluster's LDAP or SSSD users)
+/// load the host's modules as they should; libm too, as its archive's CPU dispatch needs
+/// glibc's private symbols of a static libc.
 ///
 /// How: rustc links them as `-lgcc_s` and `-lseccomp` (std's and libseccomp-sys's link
 /// attributes, std's with no static choice), so a dir searched before the system's holds
-/// linker scripts of those names that name the archives instead. The same one-line program
-/// as for the hot text must link with it first.
+/// linker scripts of those names that name the archives instead. A one-line program must
+/// link with them first, as for the hot text.
 fn link_runtime_libs_statically() {
-    let release = std::env::var("PROFILE").is_ok_and(|p| p == "release");
-    let target = std::env::var("TARGET").is_ok_and(|t| t == "x86_64-unknown-linux-gnu");
-    if !(release && target) {
+    if !release_for_x86_64_gnu() {
         return;
     }
     let dir = PathBuf::from(std::env::var_os("OUT_DIR").expect("cargo sets OUT_DIR")).join("static-runtime");
@@ -63,7 +61,7 @@ fn link_runtime_libs_statically() {
         && scripts.iter().all(|(name, archive)| std::fs::write(dir.join(name), format!("INPUT({archive})\n")).is_ok());
     let search = format!("-L{}", dir.display());
     if !written || !links_with(&[search, "-lseccomp".into()]) {
-        println!("cargo::warning=the static archives of libgcc or libseccomp are missing: the release binary loads them as shared libraries (build.rs)");
+        println!("cargo::warning=libgcc_eh.a or libseccomp.a (libseccomp-dev) does not link: the release binary loads libgcc_s and libseccomp as shared libraries (build.rs)");
         return;
     }
     println!("cargo::rustc-link-search=native={}", dir.display());
@@ -82,11 +80,9 @@ fn link_runtime_libs_statically() {
 fn link_hot_text_order() {
     println!("cargo::rerun-if-changed=build/hot-text.order");
     println!("cargo::rerun-if-env-changed=CARGO_ENCODED_RUSTFLAGS");
-    let release = std::env::var("PROFILE").is_ok_and(|p| p == "release");
-    let target = std::env::var("TARGET").is_ok_and(|t| t == "x86_64-unknown-linux-gnu");
     let list = PathBuf::from(std::env::var_os("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR"))
         .join("build/hot-text.order");
-    if !(release && target && list.exists()) {
+    if !(release_for_x86_64_gnu() && list.exists()) {
         return;
     }
     let args = [format!("-Wl,--symbol-ordering-file={}", list.display()), "-Wl,--no-warn-symbol-ordering".into()];
@@ -97,6 +93,13 @@ fn link_hot_text_order() {
     for a in args {
         println!("cargo::rustc-link-arg-bins={a}");
     }
+}
+
+/// A release build (`cargo build --release`, or the bench profile that inherits it) for
+/// x86_64 glibc: the `exec` binary whose start the link steps above shorten.
+fn release_for_x86_64_gnu() -> bool {
+    std::env::var("PROFILE").is_ok_and(|p| p == "release")
+        && std::env::var("TARGET").is_ok_and(|t| t == "x86_64-unknown-linux-gnu")
 }
 
 /// Whether `$RUSTC` links a one-line program with `link_args` added, under the flags
