@@ -102,6 +102,17 @@ pub fn run(home: &Home, driver_root: &Path, req: &ExecRequest) -> Result<super::
     // Held until this returns (see the function).
     let _move_window = super::cgroup::move_window(crate::rootless::cgroups::CgroupHost::get(), rootless);
     super::prepare_home(home)?;
+    let opts = super::RunOptions { forward_signals: true, ..Default::default() };
+    // The job's helper, now: its first steps overlap the plan (see EarlyHelper). A job
+    // with a terminal gets its helper after the plan (its console socket is in the job
+    // dir); one that cannot be forked here gets it then too.
+    let early = match req.terminal {
+        true => None,
+        false => super::EarlyHelper::fork(home, req.network, &opts).unwrap_or_else(|e| {
+            tracing::debug!("no early helper ({e:#}): forked after the plan");
+            None
+        }),
+    };
     let mut net = super::network::JobNetwork { allow: req.network_allow.clone(), ..Default::default() };
     let mut env = None;
     if req.host_loopback_proxy && req.network == Network::Isolated {
@@ -122,11 +133,10 @@ pub fn run(home: &Home, driver_root: &Path, req: &ExecRequest) -> Result<super::
         (plan.env, plan.net.host_ports) = (env, net.host_ports);
     }
     plan.net.ipv6 = net.ipv6;
-    let opts = super::RunOptions { forward_signals: true, ..Default::default() };
     let outcome = if plan.caches.iter().any(|c| c.commit) {
-        run_and_commit(home, plan, &opts)
+        run_and_commit(home, plan, &opts, early)
     } else {
-        super::run_job(home, plan, &opts)
+        super::run_job(home, plan, &opts, early)
     };
     drop(lease);
     outcome
@@ -134,8 +144,14 @@ pub fn run(home: &Home, driver_root: &Path, req: &ExecRequest) -> Result<super::
 
 /// [`super::run_job`] that commits the caches marked `commit` after the job, whatever
 /// its exit (the operator asked for it), before its layers go.
-fn run_and_commit(home: &Home, plan: JobPlan, opts: &super::RunOptions) -> Result<super::JobOutcome> {
+fn run_and_commit(
+    home: &Home,
+    plan: JobPlan,
+    opts: &super::RunOptions,
+    early: Option<super::EarlyHelper>,
+) -> Result<super::JobOutcome> {
     let mut sandbox = super::Sandbox::create(home, plan)?;
+    sandbox.adopt_early_helper(early);
     let outcome = sandbox.run(&super::Phase::default(), opts);
     let all: Vec<usize> = (0..sandbox.plan().caches.len()).filter(|k| sandbox.plan().caches[*k].commit).collect();
     sandbox.commit_caches(&all, "exec --cache ...:commit");

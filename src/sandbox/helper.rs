@@ -6,8 +6,10 @@
 //! deadlock (measured); it also writes oom_score_adj and clears "dumpable" on its caller.
 //! Here those side effects stay in a process that lives exactly as long as the job.
 //!
-//! The straight line: no supplementary groups -> private mount namespace -> network
-//! namespace (made by a child meanwhile) -> edit layer (GPU jobs; built once, see
+//! The straight line: no supplementary groups -> private mount namespace (these first
+//! steps, and a `none` job's network namespace, an early helper takes before its job is
+//! planned: see [`run_early_helper`]) -> network namespace (made by a child meanwhile)
+//! -> edit layer (GPU jobs; built once, see
 //! [`editlayer`]) -> the job's own ids (its user namespace, the lower layers idmapped,
 //! see [`crate::identity`]) -> overlay -> caches (see [`cachemount`]) -> into the network
 //! namespace -> the tree's own mounts (see [`treemount`]) -> job cgroup -> spec -> create
@@ -24,7 +26,7 @@ use super::jobdir::JobDir;
 use super::report::{kind_of, FailureKind, SandboxError};
 use super::spec;
 use super::treemount;
-use crate::config::Home;
+use crate::config::{Home, Network};
 use crate::rootless::cgroups::CgroupHost;
 use crate::sys::{self, Overlay, Signal, Sys};
 use anyhow::{Context, Result};
@@ -42,13 +44,16 @@ pub struct Pipes {
     /// A prepared sandbox: the container is built, then the helper waits for one byte
     /// here before starting the job (EOF: cancelled).
     pub go: Option<OwnedFd>,
+    /// An early helper's (see [`run_early_helper`]): its job dir's path comes here once
+    /// the runner has planned the job (EOF: the plan failed).
+    pub job: Option<OwnedFd>,
 }
 
 impl Pipes {
     /// The same pipes at fds above 3: fd 3 is the job's lifeline's (see `sys::lifeline`).
     fn above_lifeline_fd(self) -> Result<Pipes> {
         let mv = |fd: Option<OwnedFd>| fd.map(sys::lifeline::move_above).transpose();
-        Ok(Pipes { result: mv(self.result)?, go: mv(self.go)? })
+        Ok(Pipes { result: mv(self.result)?, go: mv(self.go)?, job: mv(self.job)? })
     }
 
     /// The pipes of a re-executed helper, named by [`RESULT_FD_ENV`] and [`GO_FD_ENV`].
@@ -59,7 +64,7 @@ impl Pipes {
             // Never inherited by the job (libcontainer also closes fds >= 3 before exec).
             fd.and_then(sys::process::adopt_inherited_fd)
         };
-        Pipes { result: take(RESULT_FD_ENV), go: take(GO_FD_ENV) }
+        Pipes { result: take(RESULT_FD_ENV), go: take(GO_FD_ENV), job: None }
     }
 }
 
@@ -71,6 +76,36 @@ pub fn main(home: &Home, job_dir: &Path) -> i32 {
 /// The helper's whole life, in a fresh process (re-executed, or forked from a
 /// single-threaded runner). Returns the process exit code.
 pub fn run_helper(home: &Home, job_dir: &Path, pipes: Pipes) -> i32 {
+    handle_signals();
+    let job = JobDir::at(home, job_dir);
+    let pipes = match keep_lifeline_fd(pipes) {
+        Ok(p) => p,
+        Err(e) => return report_failure(&job, None, e),
+    };
+    let mut container = Libcontainer::default();
+    run_and_report(home, &job, pipes, &mut container, None)
+}
+
+/// The life of a helper forked before its job was planned (see `runner::EarlyHelper`):
+/// its [`FirstSteps`] for a job of `network` while the runner plans, then its job dir's
+/// path from `pipes.job`, then [`run_helper`]'s line from the plan on. A first step that
+/// failed is the job's failure, reported as any other. EOF instead of a path: the plan
+/// failed and the runner reaps this helper, which ends quietly.
+pub fn run_early_helper(home: &Home, network: Network, pipes: Pipes) -> i32 {
+    handle_signals();
+    // Without its pipes it cannot report: the runner says "exited without a result".
+    let Ok(mut pipes) = keep_lifeline_fd(pipes) else { return 125 };
+    let mut container = Libcontainer::default();
+    let first = first_steps(home, network, &sys::Real, &mut container);
+    let Some(job_dir) = pipes.job.take().and_then(read_job_dir) else { return 0 };
+    let job = JobDir::at(home, &job_dir);
+    match first {
+        Ok(first) => run_and_report(home, &job, pipes, &mut container, Some(first)),
+        Err(e) => report_failure(&job, pipes.result, e),
+    }
+}
+
+fn handle_signals() {
     // The handler only records the signal (see EARLY_SIGNAL); glibc's signal() sets
     // SA_RESTART, so the setup's syscalls are not interrupted; the job's init gets
     // default handlers back at execve.
@@ -81,23 +116,69 @@ pub fn run_helper(home: &Home, job_dir: &Path, pipes: Pipes) -> i32 {
     // job's result (a CI run: "sandbox helper was killed by signal 13"). Absorbed here,
     // the write fails instead; the job gets the default back at its execve.
     sys::signals::absorb_on(&[Signal::SIGPIPE]);
-    let job = JobDir::at(home, job_dir);
-    // Before anything is opened: fd 3 is kept for the job's lifeline.
-    let kept = pipes.above_lifeline_fd().and_then(|p| Ok(sys::lifeline::reserve().map(|()| p)?));
-    let pipes = match kept {
-        Ok(p) => p,
-        Err(e) => {
-            let result = into_result(Err(e));
-            Reporter { fd: std::cell::Cell::new(None) }.report(&job, &result);
-            return exit_code(&result);
-        }
-    };
+}
+
+/// Before anything is opened: fd 3 is kept for the job's lifeline.
+fn keep_lifeline_fd(pipes: Pipes) -> Result<Pipes> {
+    let pipes = pipes.above_lifeline_fd()?;
+    sys::lifeline::reserve()?;
+    Ok(pipes)
+}
+
+/// The job dir's path as an early helper's runner sends it (all of it, then EOF); None
+/// for nothing (cancelled) or a failed read.
+fn read_job_dir(pipe: OwnedFd) -> Option<std::path::PathBuf> {
+    use std::os::unix::ffi::OsStringExt;
+    let mut bytes = Vec::new();
+    std::io::Read::read_to_end(&mut std::fs::File::from(pipe), &mut bytes).ok()?;
+    (!bytes.is_empty()).then(|| std::ffi::OsString::from_vec(bytes).into())
+}
+
+fn report_failure(job: &JobDir, result: Option<OwnedFd>, e: anyhow::Error) -> i32 {
+    let result_of = into_result(Err(e));
+    Reporter { fd: std::cell::Cell::new(result) }.report(job, &result_of);
+    exit_code(&result_of)
+}
+
+fn run_and_report(
+    home: &Home,
+    job: &JobDir,
+    pipes: Pipes,
+    container: &mut Libcontainer,
+    first: Option<FirstSteps>,
+) -> i32 {
     let reporter = Reporter { fd: std::cell::Cell::new(pipes.result) };
-    let mut container = Libcontainer::default();
-    let result = into_result(run(home, &job, CgroupHost::get(), &sys::Real, &mut container, &reporter, pipes.go));
+    let start = Start { go: pipes.go, first };
+    let result = into_result(run(home, job, CgroupHost::get(), &sys::Real, container, &reporter, start));
     let code = exit_code(&result);
-    reporter.report(&job, &result);
+    reporter.report(job, &result);
     code
+}
+
+/// How a helper came to [`run`] its job: a prepared one with its go pipe, an early one
+/// with its first steps taken.
+#[derive(Default)]
+struct Start {
+    go: Option<OwnedFd>,
+    first: Option<FirstSteps>,
+}
+
+/// What a helper does first whatever its job: the container's stdio, no supplementary
+/// groups, a private mount namespace and, for a `none` job, its network namespace (see
+/// [`super::network::begin`]). An early helper takes them while its runner plans.
+pub struct FirstSteps {
+    /// The job's network mode they were taken for.
+    network: Network,
+    /// A `none` job's namespace, under way.
+    loopback: Option<sys::net::Made>,
+}
+
+fn first_steps(home: &Home, network: Network, sys: &dyn Sys, container: &mut dyn Container) -> Result<FirstSteps> {
+    container.prepare_stdio()?;
+    sys.clear_groups()?;
+    sys.private_mount_namespace()?;
+    let loopback = super::network::begin(network, &super::jobdir::net_dir(&home.mount_point()), sys)?;
+    Ok(FirstSteps { network, loopback })
 }
 
 /// The result a helper reports for what [`run`] returned: a failure with its kind,
@@ -151,14 +232,17 @@ fn run(
     sys: &dyn Sys,
     container: &mut dyn Container,
     reporter: &Reporter,
-    go: Option<OwnedFd>,
+    start: Start,
 ) -> Result<HelperResult> {
+    let Start { go, first } = start;
     let plan = job.read_plan()?;
     let merged = job.merged();
-    container.prepare_stdio()?;
-    sys.clear_groups()?;
-    sys.private_mount_namespace()?;
-    let (mut plan, mut network) = super::network::enter(plan, job, sys)?;
+    let first = match first {
+        Some(f) if f.network == plan.network => f,
+        Some(f) => anyhow::bail!("the helper started for a {} network, the job's is {}", f.network, plan.network),
+        None => first_steps(home, plan.network, sys, container)?,
+    };
+    let (mut plan, mut network) = super::network::enter(plan, job, sys, first.loopback)?;
     // Held (locked against gc) until this helper exits with the job.
     let _edit_layer = if editlayer::wanted(&plan.edits) {
         let layer = editlayer::obtain(home, &plan, sys)?;
@@ -428,7 +512,15 @@ mod tests {
         fn run(&self, rec: &Recorder, create_fails_with: Option<&'static str>, go: Option<OwnedFd>) -> HelperResult {
             let mut container = FakeContainer { rec, create_fails_with };
             let reporter = Reporter { fd: std::cell::Cell::new(None) };
-            into_result(run(&self.home, &self.job, &self.cgroups, rec, &mut container, &reporter, go))
+            into_result(run(
+                &self.home,
+                &self.job,
+                &self.cgroups,
+                rec,
+                &mut container,
+                &reporter,
+                Start { go, first: None },
+            ))
         }
 
         /// Where the step named `name` (its first word) is in [`Setup::steps`].
@@ -502,6 +594,58 @@ mod tests {
         assert!(init.starts_with(&format!("{} ", std::process::id())), "init.pid for gc: {init}");
         let reported: HelperResult = serde_json::from_slice(&std::fs::read(s.job.result_file()).unwrap()).unwrap();
         assert_eq!(reported, r, "reported as soon as the job exited, before the delete");
+    }
+
+    #[test]
+    fn an_early_helper_takes_the_same_steps_its_first_ones_before_the_plan() {
+        use crate::config::Network;
+        for network in [Network::None, Network::Isolated, Network::Host] {
+            let s = setup(|p, _| p.network = network);
+            let late = Recorder::default();
+            assert_eq!(s.run(&late, None, None), HelperResult::Exited { code: 3, signal: None });
+            let early = Recorder::default();
+            let mut container = FakeContainer { rec: &early, create_fails_with: None };
+            let first = first_steps(&s.home, network, &early, &mut container).unwrap();
+            let before_plan = early.calls();
+            let reporter = Reporter { fd: std::cell::Cell::new(None) };
+            let start = Start { go: None, first: Some(first) };
+            let r = into_result(run(&s.home, &s.job, &s.cgroups, &early, &mut container, &reporter, start));
+            assert_eq!(r, HelperResult::Exited { code: 3, signal: None }, "{network}");
+            assert_eq!(early.calls(), late.calls(), "{network}: the same line");
+            // Before the plan: up to the mount namespace, and a `none` job's network.
+            let upto = late.calls().iter().position(|c| c == "private_mount_namespace").unwrap() + 1;
+            let more = if network == Network::None { 2 } else { 0 };
+            assert_eq!(before_plan, late.calls()[..upto + more], "{network}");
+            if network == Network::None {
+                assert_eq!(before_plan.last().map(String::as_str), Some("isolate_network loopback"));
+            }
+        }
+        // Started for another mode than its job's: the job fails, nothing more is done.
+        let s = setup(|p, _| p.network = Network::Isolated);
+        let rec = Recorder::default();
+        let mut container = FakeContainer { rec: &rec, create_fails_with: None };
+        let first = first_steps(&s.home, Network::None, &rec, &mut container).unwrap();
+        let steps = rec.calls().len();
+        let reporter = Reporter { fd: std::cell::Cell::new(None) };
+        let start = Start { go: None, first: Some(first) };
+        let r = into_result(run(&s.home, &s.job, &s.cgroups, &rec, &mut container, &reporter, start));
+        let (_, error) = failed(&r);
+        assert!(error.contains("the helper started for a none network, the job's is isolated"), "{error}");
+        assert_eq!(rec.calls().len(), steps, "{:?}", rec.calls());
+    }
+
+    #[test]
+    fn an_early_helper_reads_its_job_dir_to_the_end() {
+        use std::io::Write;
+        let (tx, rx) = std::os::unix::net::UnixStream::pair().unwrap();
+        let path = "/run/azp-sandbox/h-1/jobs/exec-1";
+        (&tx).write_all(path.as_bytes()).unwrap();
+        drop(tx);
+        assert_eq!(read_job_dir(rx.into()), Some(std::path::PathBuf::from(path)));
+        // Nothing before EOF: the plan failed.
+        let (tx, rx) = std::os::unix::net::UnixStream::pair().unwrap();
+        drop(tx);
+        assert_eq!(read_job_dir(rx.into()), None);
     }
 
     #[test]

@@ -92,6 +92,16 @@ impl JobState {
     }
 }
 
+/// Where a helper mounts its job's network files (see [`crate::sys::net::mount_job_net_dir`]):
+/// beside the overlay's mount point `mount`, one path for all jobs (each helper sees its
+/// own tmpfs there). Known before the job is: an early helper mounts it (see
+/// `runner::EarlyHelper`).
+pub fn net_dir(mount: &Path) -> PathBuf {
+    let mut name = mount.file_name().unwrap_or_default().to_os_string();
+    name.push("-net");
+    mount.with_file_name(name)
+}
+
 impl JobDir {
     pub fn new(home: &Home, id: &str) -> JobDir {
         JobDir { root: home.jobs_dir().join(id), layers: home.job_layers_dir(id), mount: home.mount_point() }
@@ -124,13 +134,9 @@ impl JobDir {
     pub fn idmapped_lower(&self, k: usize) -> PathBuf {
         self.root.join("lower").join(k.to_string())
     }
-    /// The OCI bundle: `config.json` (libcontainer reads it from here).
-    /// Where the helper mounts the job's network files (see [`crate::sys::net::mount_job_net_dir`]):
-    /// beside the overlay's mount point, one path for all jobs.
+    /// Where the helper mounts the job's network files: see [`net_dir`].
     pub fn net_dir(&self) -> PathBuf {
-        let mut name = self.mount.file_name().unwrap_or_default().to_os_string();
-        name.push("-net");
-        self.mount.with_file_name(name)
+        net_dir(&self.mount)
     }
 
     /// Where the helper mounts the job's caches (see [`super::cachemount`]): beside the
@@ -141,6 +147,7 @@ impl JobDir {
         self.mount.with_file_name(name)
     }
 
+    /// The OCI bundle: `config.json` (libcontainer reads it from here).
     pub fn bundle(&self) -> PathBuf {
         self.root.join("bundle")
     }

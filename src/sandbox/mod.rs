@@ -24,7 +24,7 @@ pub mod treemount;
 pub use limits::{Ask, LimitsAsk};
 pub use plan::{JobPlan, Limits, ScratchDir};
 pub use report::{FailureKind, SandboxError};
-pub use runner::{run_job, wait_for_background_cleanups, JobOutcome, Phase, RunOptions, Sandbox};
+pub use runner::{run_job, wait_for_background_cleanups, EarlyHelper, JobOutcome, Phase, RunOptions, Sandbox};
 pub use teardown::{gc, gc_all, gc_before_job, GcReport};
 
 use crate::config::Home;

@@ -129,6 +129,8 @@ pub struct Sandbox {
     project_id: Option<u32>,
     /// The qgroup of the layer dir's disk quota (a btrfs subvolume).
     qgroup: Option<u64>,
+    /// A helper forked before the plan, for the first phase (see [`EarlyHelper`]).
+    early: Option<EarlyHelper>,
 }
 
 impl Sandbox {
@@ -171,6 +173,7 @@ impl Sandbox {
             ids,
             project_id: state.project_id,
             qgroup: state.qgroup,
+            early: None,
         };
         // Recorded first, so gc removes it if we die from here on (dropped on an error).
         if let Some(s) = &sandbox.plan.scratch {
@@ -191,6 +194,12 @@ impl Sandbox {
 
     pub fn id(&self) -> &str {
         &self.plan.id
+    }
+
+    /// The helper of the first phase [`run`](Sandbox::run) without a terminal or stdin:
+    /// one forked before the plan ([`EarlyHelper::fork`]), for this job's network mode.
+    pub fn adopt_early_helper(&mut self, early: Option<EarlyHelper>) {
+        self.early = early;
     }
 
     /// The job's lock and id lease: this runner's, never a helper's. A forked helper
@@ -319,7 +328,13 @@ impl Sandbox {
                 let console = plan.process.terminal.then(|| Console::listen(&self.job)).transpose()?;
                 let how = Spawn { prepared: false, terminal: console.is_some() };
                 let held = self.held_fds();
-                (spawn_helper(&self.home, &self.job.root, phase.stdin.as_deref(), opts, how, &held)?, plan, console)
+                // (One that cannot be used here is reaped when dropped.)
+                let early = self.early.take().filter(|_| !how.terminal && phase.stdin.is_none());
+                let spawned = match early {
+                    Some(early) => early.hand_over(&self.job.root),
+                    None => spawn_helper(&self.home, &self.job.root, phase.stdin.as_deref(), opts, how, &held)?,
+                };
+                (spawned, plan, console)
             }
         };
         let started = Instant::now();
@@ -425,6 +440,7 @@ impl Sandbox {
                 ids: self.ids.take(),
                 project_id: self.project_id,
                 qgroup: self.qgroup,
+                early: self.early.take(),
             };
             std::thread::spawn(move || {
                 sys::process::lower_priority_of_this_thread();
@@ -544,12 +560,14 @@ pub(crate) fn make_scratch(
     Ok((None, None))
 }
 
-/// Runs one command to completion in a fresh sandbox and removes everything it left.
-pub fn run_job(home: &Home, plan: JobPlan, opts: &RunOptions) -> Result<JobOutcome> {
+/// Runs one command to completion in a fresh sandbox and removes everything it left;
+/// `early`: its helper, forked before the plan (see [`EarlyHelper`]).
+pub fn run_job(home: &Home, plan: JobPlan, opts: &RunOptions, early: Option<EarlyHelper>) -> Result<JobOutcome> {
     if plan.args.is_empty() {
         bail!("no command given: use `azp-sandbox exec [OPTIONS] -- CMD [ARGS...]`");
     }
     let mut sandbox = Sandbox::create(home, plan)?;
+    sandbox.adopt_early_helper(early);
     let outcome = sandbox.run(&Phase::default(), opts);
     let cleanup = sandbox.teardown(opts.background_delete)?;
     outcome.map(|o| JobOutcome { cleanup, ..o })
@@ -705,6 +723,20 @@ fn fork_helper(
 }
 
 fn forked_helper(home: &Home, job_dir: &std::path::Path, fds: HelperFds, ours: &[i32], parent: i32) -> i32 {
+    match become_helper(fds, ours, parent) {
+        Ok((result, go)) => super::helper::run_helper(home, job_dir, super::helper::Pipes { result, go, job: None }),
+        Err(code) => code,
+    }
+}
+
+/// In a forked helper: its name, our fds closed (`ours`, the runner's ends of the pipes),
+/// its stdio in place, tied to the runner (`parent`). Its result and go pipes, or the code
+/// to exit with.
+fn become_helper(
+    fds: HelperFds,
+    ours: &[i32],
+    parent: i32,
+) -> std::result::Result<(Option<OwnedFd>, Option<OwnedFd>), i32> {
     // Its command line is the runner's: the name tells them apart in `ps -o comm`/top.
     sys::process::set_name(c"azp-sbx-helper");
     // The child's copies of the runner's pipe ends: nothing in the child uses them.
@@ -718,18 +750,103 @@ fn forked_helper(home: &Home, job_dir: &std::path::Path, fds: HelperFds, ours: &
     for (fd, to) in [(stdin, 0), (stdout, 1), (stderr, 2)] {
         if let Some(fd) = fd {
             if let Err(e) = sys::process::dup_onto(&fd, to) {
-                return failed("set up its standard fds (dup2)", e);
+                return Err(failed("set up its standard fds (dup2)", e));
             }
         }
     }
     if let Err(e) = sys::process::child_setup(HelperPipes { result: -1, go: -1 }) {
-        return failed("tie itself to the runner (PDEATHSIG) or clear its signal mask", e);
+        return Err(failed("tie itself to the runner (PDEATHSIG) or clear its signal mask", e));
     }
     if nix::unistd::getppid().as_raw() != parent {
         // The runner died before PDEATHSIG was set: nobody would wait for us.
-        return 125;
+        return Err(125);
     }
-    super::helper::run_helper(home, job_dir, super::helper::Pipes { result: Some(result_tx), go: go_rx })
+    Ok((Some(result_tx), go_rx))
+}
+
+/// A helper forked before its job is planned (`exec` without a terminal or stdin): its
+/// [first steps](super::helper::FirstSteps), the same for every job (a private mount
+/// namespace; a `none` job's network namespace, the kernel's ~0.6 ms), overlap the
+/// runner's plan instead of following it; then it waits for its job dir on a socket
+/// ([`EarlyHelper::hand_over`]). Dropped unused (the plan failed), it is told so by EOF
+/// and reaped.
+pub struct EarlyHelper {
+    child: Option<HelperProcess>,
+    result_rx: Option<OwnedFd>,
+    job_tx: Option<std::os::unix::net::UnixStream>,
+    /// The job's output pipes to copy into files (see [`output_plan`]), once handed over.
+    copy: Vec<(OwnedFd, std::fs::File)>,
+}
+
+impl EarlyHelper {
+    /// Forks it, for a job of `network` run with `opts` (its stdout and stderr are set
+    /// now). None when this process has threads (see [`spawn_helper`]): the job gets
+    /// its helper after the plan then.
+    pub fn fork(home: &Home, network: crate::config::Network, opts: &RunOptions) -> Result<Option<EarlyHelper>> {
+        let (result_rx, result_tx) = pipe()?;
+        // A socket, not a pipe: sent with MSG_NOSIGNAL, a helper gone meanwhile is an
+        // error here instead of SIGPIPE (the default in this binary) killing the runner.
+        let (job_tx, job_rx) = std::os::unix::net::UnixStream::pair().context("cannot make a socket pair")?;
+        let output = output_plan(opts)?;
+        let ours: Vec<i32> = [result_rx.as_raw_fd(), job_tx.as_raw_fd()]
+            .into_iter()
+            .chain(output.copy.iter().map(|(r, _)| r.as_raw_fd()))
+            .collect();
+        let fds = HelperFds { result_tx, go_rx: None, stdin: None, stdout: output.stdout, stderr: output.stderr };
+        let parent = std::process::id() as i32;
+        crate::rootless::cgroups::CgroupHost::get();
+        let forked = sys::process::run_forked("the sandbox helper", (fds, OwnedFd::from(job_rx)), |(fds, job)| {
+            match become_helper(fds, &ours, parent) {
+                Ok((result, _)) => {
+                    let pipes = super::helper::Pipes { result, go: None, job: Some(job) };
+                    super::helper::run_early_helper(home, network, pipes)
+                }
+                Err(code) => code,
+            }
+        })?;
+        Ok(forked.ok().map(|pid| EarlyHelper {
+            child: Some(HelperProcess { pid: pid.as_raw() }),
+            result_rx: Some(result_rx),
+            job_tx: Some(job_tx),
+            copy: output.copy,
+        }))
+    }
+
+    /// Tells it its job dir (written, with the plan, by now): from here on it is the
+    /// job's helper, as [`spawn_helper`] would have started it.
+    fn hand_over(mut self, job_dir: &std::path::Path) -> Spawned {
+        use std::os::unix::ffi::OsStrExt;
+        if let Some(tx) = self.job_tx.take() {
+            let mut left = job_dir.as_os_str().as_bytes();
+            while !left.is_empty() {
+                match nix::sys::socket::send(tx.as_raw_fd(), left, nix::sys::socket::MsgFlags::MSG_NOSIGNAL) {
+                    Ok(n) => left = &left[n..],
+                    Err(nix::errno::Errno::EINTR) => {}
+                    // The helper is gone: its missing result says so.
+                    Err(_) => break,
+                }
+            }
+        }
+        let copiers = std::mem::take(&mut self.copy).into_iter().map(|(r, f)| copier(r, f)).collect();
+        let (child, result_rx) = (self.child.take(), self.result_rx.take());
+        Spawned {
+            child: child.expect("an early helper"),
+            result_rx: result_rx.expect("its result pipe"),
+            go_tx: None,
+            copiers,
+        }
+    }
+}
+
+impl Drop for EarlyHelper {
+    /// Not handed over: EOF on its socket ends it (quietly), and it is reaped here.
+    fn drop(&mut self) {
+        drop(self.job_tx.take());
+        drop(self.result_rx.take());
+        if let Some(mut child) = self.child.take() {
+            let _ = child.wait();
+        }
+    }
 }
 
 /// Waits for the helper's result (sent when the job exits, before the container is
@@ -928,5 +1045,39 @@ mod tests {
                 format!("create_quota_subvolume {d} {}", 1u64 << 30)
             ]
         );
+    }
+
+    /// An early helper as [`EarlyHelper::fork`] leaves it, with `cat` in the helper's
+    /// place: it reads the job socket until EOF and writes what it read to `out`. (Reaped
+    /// through its pid, as a helper is.)
+    #[allow(clippy::zombie_processes)]
+    fn cat_as_early_helper(out: Stdio) -> EarlyHelper {
+        let (job_tx, job_rx) = std::os::unix::net::UnixStream::pair().unwrap();
+        let (result_rx, _result_tx) = pipe().unwrap();
+        let child = Command::new("cat").stdin(Stdio::from(OwnedFd::from(job_rx))).stdout(out).spawn().unwrap();
+        let process = HelperProcess { pid: child.id() as i32 };
+        EarlyHelper { child: Some(process), result_rx: Some(result_rx), job_tx: Some(job_tx), copy: vec![] }
+    }
+
+    #[test]
+    fn an_early_helper_not_used_is_told_by_eof_and_reaped() {
+        let early = cat_as_early_helper(Stdio::null());
+        let pid = early.child.as_ref().unwrap().pid;
+        drop(early);
+        // Reaped, not a zombie: the pid is gone.
+        assert_eq!(nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None), Err(nix::errno::Errno::ESRCH));
+    }
+
+    #[test]
+    fn an_early_helper_gets_its_whole_job_dir_then_eof() {
+        let (out_rx, out_tx) = pipe().unwrap();
+        let early = cat_as_early_helper(Stdio::from(out_tx));
+        let dir = std::path::Path::new("/run/azp-sandbox/h-0123/jobs/exec-0123456789ab");
+        let mut spawned = early.hand_over(dir);
+        assert!(spawned.go_tx.is_none(), "started, not prepared");
+        let mut got = String::new();
+        std::io::Read::read_to_string(&mut std::fs::File::from(out_rx), &mut got).unwrap();
+        assert_eq!(got, dir.display().to_string());
+        assert!(spawned.child.wait().unwrap().success(), "EOF after the path");
     }
 }

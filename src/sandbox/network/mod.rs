@@ -50,11 +50,11 @@ pub use job::{HostPorts, JobNetwork, DEFAULT_SUBNET};
 use super::jobdir::JobDir;
 use super::plan::JobPlan;
 use crate::config::{Ipv6, Network, NetworkAllow};
-use crate::sys::net::{Ipv4Net, JobRoute, Pasta, Setup, Veth, Veth6};
+use crate::sys::net::{Ipv4Net, JobRoute, Made, Pasta, Setup, Veth, Veth6};
 use crate::sys::Sys;
 use anyhow::{bail, Context, Result};
 use std::net::{Ipv4Addr, Ipv6Addr};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 /// Job links on the host: `azp` and 12 hex digits.
 const LINK_PREFIX: &str = "azp";
@@ -178,7 +178,15 @@ const HOST_RESOLV_CONF: &str = "/etc/resolv.conf";
 /// ([`Entered::enter`]) before the tree's bind of that sysfs and the container, and
 /// finished ([`Entered::finish`]) before the job starts: a child of the helper may still
 /// be making the namespace and its veth.
-pub fn enter(mut plan: JobPlan, job: &JobDir, sys: &dyn Sys) -> Result<(JobPlan, Option<Entered>)> {
+///
+/// `begun`: what [`begin`] made already (a `none` job's namespace, made by an early
+/// helper before the plan existed).
+pub fn enter(
+    mut plan: JobPlan,
+    job: &JobDir,
+    sys: &dyn Sys,
+    begun: Option<Made>,
+) -> Result<(JobPlan, Option<Entered>)> {
     if plan.network == Network::Host {
         return Ok((plan, None));
     }
@@ -203,9 +211,10 @@ pub fn enter(mut plan: JobPlan, job: &JobDir, sys: &dyn Sys) -> Result<(JobPlan,
         _ => Setup::Loopback,
     };
     let dir = job.net_dir();
-    super::jobdir::create_mount_point(&dir)?;
-    sys.mount_job_net_dir(&dir)?;
-    let made = sys.isolate_network(&setup, &dir.join("sys"))?;
+    let made = match begun {
+        Some(made) => made,
+        None => isolate(&setup, &dir, sys)?,
+    };
     plan.net.sysfs = Some(dir.join("sys"));
     if let Some(text) = resolv {
         let path = dir.join("resolv.conf");
@@ -219,10 +228,28 @@ pub fn enter(mut plan: JobPlan, job: &JobDir, sys: &dyn Sys) -> Result<(JobPlan,
     Ok((plan, Some(Entered { made, host_link })))
 }
 
+/// The part of [`enter`] that needs no plan, for a helper forked before its job was
+/// planned (see `runner::EarlyHelper`): a `none` job's namespace, loopback only, and its
+/// sysfs in `dir` (see [`crate::sandbox::jobdir::net_dir`]). Nothing for the other
+/// modes: a veth needs the job's id and addresses, pasta its ports.
+pub fn begin(mode: Network, dir: &Path, sys: &dyn Sys) -> Result<Option<Made>> {
+    match mode {
+        Network::None => Ok(Some(isolate(&Setup::Loopback, dir, sys)?)),
+        Network::Isolated | Network::Host => Ok(None),
+    }
+}
+
+/// The dir of the job's network files, mounted, and the namespace made as `setup` says.
+fn isolate(setup: &Setup, dir: &Path, sys: &dyn Sys) -> Result<Made> {
+    super::jobdir::create_mount_point(dir)?;
+    sys.mount_job_net_dir(dir)?;
+    Ok(sys.isolate_network(setup, &dir.join("sys"))?)
+}
+
 /// The job's network as [`enter`] left it.
 #[derive(Debug)]
 pub struct Entered {
-    made: crate::sys::net::Made,
+    made: Made,
     /// A veth's host end.
     host_link: Option<String>,
 }
