@@ -384,19 +384,24 @@ fn make_mount_point(dir: &Path) -> Result<()> {
 
 /// A fresh job id: valid as a container id, a cgroup name and a file name.
 pub fn new_job_id(prefix: &str) -> String {
-    let mut bytes = [0u8; 6];
-    if let Ok(mut f) = File::open("/dev/urandom") {
-        use std::io::Read;
-        let _ = f.read_exact(&mut bytes);
-    }
-    let hex = crate::digest::hex(&bytes);
-    format!("{prefix}-{hex}")
+    // getrandom(2): one call on every `exec`'s path, where /dev/urandom took three and
+    // gave an all-zero id when it could not be opened.
+    let hex = crate::sys::fs_at::random_suffix();
+    format!("{prefix}-{}", &hex[..12])
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::sys::Recorder;
+
+    #[test]
+    fn job_ids_are_the_prefix_and_12_random_hex_digits() {
+        let (a, b) = (new_job_id("exec"), new_job_id("exec"));
+        assert_ne!(a, b);
+        let hex = a.strip_prefix("exec-").unwrap();
+        assert!(hex.len() == 12 && hex.chars().all(|c| c.is_ascii_hexdigit()), "{a}");
+    }
 
     fn home(t: &Path) -> Home {
         std::fs::create_dir_all(t.join("xdg")).unwrap();
