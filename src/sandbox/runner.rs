@@ -131,6 +131,8 @@ pub struct Sandbox {
     qgroup: Option<u64>,
     /// A helper forked before the plan, for the first phase (see [`EarlyHelper`]).
     early: Option<EarlyHelper>,
+    /// Phases started so far (see [`Sandbox::write_phase_plan`]).
+    phases: u32,
 }
 
 impl Sandbox {
@@ -174,6 +176,7 @@ impl Sandbox {
             project_id: state.project_id,
             qgroup: state.qgroup,
             early: None,
+            phases: 0,
         };
         // Recorded first, so gc removes it if we die from here on (dropped on an error).
         if let Some(s) = &sandbox.plan.scratch {
@@ -291,6 +294,17 @@ impl Sandbox {
         plan.gid = phase.gid.unwrap_or(plan.gid);
         if let Some(cwd) = &phase.cwd {
             plan.cwd = cwd.clone();
+        }
+        let first = self.phases == 0;
+        self.phases += 1;
+        let unchanged = phase.args.is_empty()
+            && phase.env.is_empty()
+            && (phase.uid, phase.gid) == (None, None)
+            && phase.cwd.is_none();
+        if first && unchanged {
+            // The record's plan (see JobDir::create) is this one, and no result is there
+            // yet: `exec`, one phase, writes its plan once.
+            return Ok(plan);
         }
         std::fs::write(self.job.plan_file(), serde_json::to_vec(&plan)?)
             .context("cannot write job plan: disk full?")?;
@@ -441,6 +455,7 @@ impl Sandbox {
                 project_id: self.project_id,
                 qgroup: self.qgroup,
                 early: self.early.take(),
+                phases: self.phases,
             };
             std::thread::spawn(move || {
                 sys::process::lower_priority_of_this_thread();
