@@ -854,8 +854,11 @@ impl EarlyHelper {
 }
 
 impl Drop for EarlyHelper {
-    /// Not handed over: EOF on its socket ends it (quietly), and it is reaped here.
+    /// Not handed over: EOF on its socket ends it (quietly), and it is reaped here. Its
+    /// output pipes close first: nothing copies them yet, and a helper blocked on a full
+    /// one would never exit.
     fn drop(&mut self) {
+        self.copy.clear();
         drop(self.job_tx.take());
         drop(self.result_rx.take());
         if let Some(mut child) = self.child.take() {
@@ -1062,16 +1065,22 @@ mod tests {
         );
     }
 
-    /// An early helper as [`EarlyHelper::fork`] leaves it, with `cat` in the helper's
-    /// place: it reads the job socket until EOF and writes what it read to `out`. (Reaped
-    /// through its pid, as a helper is.)
+    /// An early helper as [`EarlyHelper::fork`] leaves it, with `sh -c script` in the
+    /// helper's place, the job socket its stdin and `out` its stdout. (Reaped through its
+    /// pid, as a helper is.)
     #[allow(clippy::zombie_processes)]
-    fn cat_as_early_helper(out: Stdio) -> EarlyHelper {
+    fn early_helper_running(script: &str, out: Stdio) -> EarlyHelper {
         let (job_tx, job_rx) = std::os::unix::net::UnixStream::pair().unwrap();
         let (result_rx, _result_tx) = pipe().unwrap();
-        let child = Command::new("cat").stdin(Stdio::from(OwnedFd::from(job_rx))).stdout(out).spawn().unwrap();
-        let process = HelperProcess { pid: child.id() as i32 };
+        let mut sh = Command::new("sh");
+        sh.args(["-c", script]).stdin(Stdio::from(OwnedFd::from(job_rx))).stdout(out);
+        let process = HelperProcess { pid: sh.spawn().unwrap().id() as i32 };
         EarlyHelper { child: Some(process), result_rx: Some(result_rx), job_tx: Some(job_tx), copy: vec![] }
+    }
+
+    /// ... `cat`: it reads the job socket until EOF and writes what it read to `out`.
+    fn cat_as_early_helper(out: Stdio) -> EarlyHelper {
+        early_helper_running("exec cat", out)
     }
 
     #[test]
@@ -1080,6 +1089,15 @@ mod tests {
         let pid = early.child.as_ref().unwrap().pid;
         drop(early);
         // Reaped, not a zombie: the pid is gone.
+        assert_eq!(nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None), Err(nix::errno::Errno::ESRCH));
+        // One that writes more than its output pipe holds before it exits: its pipe is
+        // closed first, or the drop would wait for it forever.
+        let (out_rx, out_tx) = pipe().unwrap();
+        let mut early = early_helper_running("cat; head -c 1000000 /dev/zero", Stdio::from(out_tx));
+        let file = std::fs::OpenOptions::new().append(true).open("/dev/null").unwrap();
+        early.copy.push((out_rx, file));
+        let pid = early.child.as_ref().unwrap().pid;
+        drop(early);
         assert_eq!(nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None), Err(nix::errno::Errno::ESRCH));
     }
 
