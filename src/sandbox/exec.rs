@@ -106,12 +106,13 @@ pub fn run(home: &Home, driver_root: &Path, req: &ExecRequest) -> Result<super::
     // The job's helper, now: its first steps overlap the plan (see EarlyHelper). A job
     // with a terminal gets its helper after the plan (its console socket is in the job
     // dir); one that cannot be forked here gets it then too.
-    let early = match req.terminal {
-        true => None,
-        false => super::EarlyHelper::fork(home, req.network, &opts).unwrap_or_else(|e| {
+    let early = if req.terminal {
+        None
+    } else {
+        super::EarlyHelper::fork(home, req.network, &opts).unwrap_or_else(|e| {
             tracing::debug!("no early helper ({e:#}): forked after the plan");
             None
-        }),
+        })
     };
     let mut net = super::network::JobNetwork { allow: req.network_allow.clone(), ..Default::default() };
     let mut env = None;

@@ -131,8 +131,8 @@ pub struct Sandbox {
     qgroup: Option<u64>,
     /// A helper forked before the plan, for the first phase (see [`EarlyHelper`]).
     early: Option<EarlyHelper>,
-    /// Phases started so far (see [`Sandbox::write_phase_plan`]).
-    phases: u32,
+    /// Whether a phase was started (see [`Sandbox::write_phase_plan`]).
+    phase_started: bool,
 }
 
 impl Sandbox {
@@ -176,7 +176,7 @@ impl Sandbox {
             project_id: state.project_id,
             qgroup: state.qgroup,
             early: None,
-            phases: 0,
+            phase_started: false,
         };
         // Recorded first, so gc removes it if we die from here on (dropped on an error).
         if let Some(s) = &sandbox.plan.scratch {
@@ -295,8 +295,7 @@ impl Sandbox {
         if let Some(cwd) = &phase.cwd {
             plan.cwd = cwd.clone();
         }
-        let first = self.phases == 0;
-        self.phases += 1;
+        let first = !std::mem::replace(&mut self.phase_started, true);
         let unchanged = phase.args.is_empty()
             && phase.env.is_empty()
             && (phase.uid, phase.gid) == (None, None)
@@ -455,7 +454,7 @@ impl Sandbox {
                 project_id: self.project_id,
                 qgroup: self.qgroup,
                 early: self.early.take(),
-                phases: self.phases,
+                phase_started: self.phase_started,
             };
             std::thread::spawn(move || {
                 sys::process::lower_priority_of_this_thread();
@@ -809,6 +808,7 @@ impl EarlyHelper {
             .collect();
         let fds = HelperFds { result_tx, go_rx: None, stdin: None, stdout: output.stdout, stderr: output.stderr };
         let parent = std::process::id() as i32;
+        // Read here, once, for the helper (it inherits the result) and our own teardown.
         crate::rootless::cgroups::CgroupHost::get();
         let forked = sys::process::run_forked("the sandbox helper", (fds, OwnedFd::from(job_rx)), |(fds, job)| {
             match become_helper(fds, &ours, parent) {
@@ -1078,7 +1078,8 @@ mod tests {
         EarlyHelper { child: Some(process), result_rx: Some(result_rx), job_tx: Some(job_tx), copy: vec![] }
     }
 
-    /// ... `cat`: it reads the job socket until EOF and writes what it read to `out`.
+    /// [`early_helper_running`] `cat`: it reads the job socket until EOF and writes what
+    /// it read to `out`.
     fn cat_as_early_helper(out: Stdio) -> EarlyHelper {
         early_helper_running("exec cat", out)
     }
