@@ -146,6 +146,15 @@ pub fn rootless() -> bool {
     test_user().is_some()
 }
 
+/// The environment of an azp-sandbox command a test runs in the machine's own network
+/// namespace (not the network lab's fake host): no home from the caller's environment,
+/// and no IPv6 for its jobs. The machine's IPv6 default route (if any) is the real
+/// network's: an `auto` job there would turn on the real uplink's force_forwarding while
+/// the jobs' table exists (test.sh exports the same; this holds for `cargo test` alone).
+pub fn in_machine_namespace(cmd: &mut Command) {
+    cmd.env_remove("AZP_SANDBOX_HOME").env("AZP_SANDBOX_IPV6", "off");
+}
+
 /// Makes `cmd` run as the test user (if any), with that user's environment basics.
 pub fn as_test_user(cmd: &mut Command) {
     use std::os::unix::process::CommandExt;
@@ -189,11 +198,8 @@ impl TestHome {
 
     pub fn command(&self) -> Command {
         let mut c = Command::new(bin());
-        c.arg("--home").arg(&self.dir).env_remove("AZP_SANDBOX_HOME").stdin(Stdio::null());
-        // Outside the network lab jobs run in the machine's own namespace, whose IPv6
-        // default route (if any) is the real network's: no IPv6 for them (an `auto` job
-        // there would turn on the real uplink's force_forwarding while the table exists).
-        c.env("AZP_SANDBOX_IPV6", "off");
+        c.arg("--home").arg(&self.dir).stdin(Stdio::null());
+        in_machine_namespace(&mut c);
         as_test_user(&mut c);
         c
     }

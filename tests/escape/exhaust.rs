@@ -152,8 +152,8 @@ fn e02_memory_balloon_with_no_flags_is_killed_at_the_default_memory_limit() {
         .args(["exec", "--rootfs", "esc", "--name", &name, "--", "sh", "-c"])
         // 2 GiB: a job that got no limit survives it (and it harms no host).
         .arg("probe hog:2048; echo hog=$?; echo alive")
-        .env_remove("AZP_SANDBOX_HOME")
         .stdin(Stdio::null());
+    in_machine_namespace(&mut cmd);
     as_test_user(&mut cmd);
     let started = Instant::now();
     let o = cmd.output().unwrap();
@@ -175,10 +175,10 @@ fn e02_memory_balloon_with_no_flags_is_killed_at_the_default_memory_limit() {
         .args(["exec", "--rootfs", "esc", "--name", &job, "--volume"])
         .arg(format!("{}:/ctl", ctl.display()))
         .args(["--", "sh", "-c", "echo ready; while [ ! -e /ctl/go ]; do sleep 0.05; done"])
-        .env_remove("AZP_SANDBOX_HOME")
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::null());
+    in_machine_namespace(&mut cmd);
     as_test_user(&mut cmd);
     let mut child = HostProc(cmd.spawn().unwrap());
     let mut line = String::new();

@@ -117,7 +117,8 @@ fn command_with_groups(h: &TestHome, groups: &str) -> Command {
             .env("LOGNAME", &u.name)
             .env_remove("XDG_RUNTIME_DIR");
     }
-    c.arg("--").arg(bin()).arg("--home").arg(&h.dir).env_remove("AZP_SANDBOX_HOME").stdin(Stdio::null());
+    c.arg("--").arg(bin()).arg("--home").arg(&h.dir).stdin(Stdio::null());
+    in_machine_namespace(&mut c);
     c
 }
 

@@ -363,6 +363,7 @@ fn r06_job_cannot_push_input_into_the_callers_terminal() {
         let line = argv.iter().map(|a| format!("'{a}'")).collect::<Vec<_>>().join(" ");
         let mut c = Command::new("script");
         c.args(["-qec", &line, "/dev/null"]).stdin(Stdio::null());
+        in_machine_namespace(&mut c);
         as_test_user(&mut c);
         let o = c.output().unwrap();
         let out = String::from_utf8_lossy(&o.stdout).replace('\r', "");
