@@ -12,7 +12,8 @@
 //! -> edit layer (GPU jobs; built once, see
 //! [`editlayer`]) -> the job's own ids (its user namespace, the lower layers idmapped,
 //! see [`crate::identity`]) -> overlay -> caches (see [`cachemount`]) -> into the network
-//! namespace -> the tree's own mounts (see [`treemount`]) -> job cgroup -> spec -> create
+//! namespace -> the tree's own mounts (see [`treemount`]) -> job cgroup (an early
+//! helper's runner may have made it: see [`HandOver`]) -> spec -> create
 //! -> the network's veth ready -> start -> wait (forwarding signals) -> report -> delete.
 //! The overlay exists only in the helper's
 //! mount namespace, so the kernel unmounts it when the job's last process is gone, even
@@ -97,10 +98,10 @@ pub fn run_early_helper(home: &Home, network: Network, pipes: Pipes) -> i32 {
     let Ok(mut pipes) = keep_lifeline_fd(pipes) else { return 125 };
     let mut container = Libcontainer::default();
     let first = first_steps(home, network, &sys::Real, &mut container);
-    let Some(job_dir) = pipes.job.take().and_then(read_job_dir) else { return 0 };
+    let Some((job_dir, rest)) = pipes.job.take().and_then(read_job_dir) else { return 0 };
     let job = JobDir::at(home, &job_dir);
     match first {
-        Ok(first) => run_and_report(home, &job, pipes, &mut container, Some(first)),
+        Ok(first) => run_and_report(home, &job, pipes, &mut container, Some((first, rest))),
         Err(e) => report_failure(&job, pipes.result, e),
     }
 }
@@ -125,13 +126,39 @@ fn keep_lifeline_fd(pipes: Pipes) -> Result<Pipes> {
     Ok(pipes)
 }
 
-/// The job dir's path as an early helper's runner sends it (all of it, then EOF); None
-/// for nothing (cancelled) or a failed read.
-fn read_job_dir(pipe: OwnedFd) -> Option<std::path::PathBuf> {
+/// Ends the job dir's path on an early helper's socket (a path holds no NUL).
+pub const END_OF_PATH: u8 = 0;
+/// Sent after the path when the runner has made the job's cgroup dirs and written their
+/// limits ([`root_join`], see `runner::EarlyHelper::hand_over`): the helper only moves in.
+pub const CGROUP_PREPARED: &[u8] = b"k";
+
+/// The job dir's path as an early helper's runner sends it (up to [`END_OF_PATH`] or
+/// EOF), and what follows it on the socket; None for nothing (cancelled) or a failed
+/// read.
+fn read_job_dir(pipe: OwnedFd) -> Option<(std::path::PathBuf, HandOver)> {
+    use std::io::BufRead;
     use std::os::unix::ffi::OsStringExt;
+    let mut rest = std::io::BufReader::new(std::fs::File::from(pipe));
     let mut bytes = Vec::new();
-    std::io::Read::read_to_end(&mut std::fs::File::from(pipe), &mut bytes).ok()?;
-    (!bytes.is_empty()).then(|| std::ffi::OsString::from_vec(bytes).into())
+    rest.read_until(END_OF_PATH, &mut bytes).ok()?;
+    if bytes.last() == Some(&END_OF_PATH) {
+        bytes.pop();
+    }
+    (!bytes.is_empty()).then(|| (std::ffi::OsString::from_vec(bytes).into(), HandOver(rest)))
+}
+
+/// The rest of an early helper's socket after its job dir's path: read when the helper
+/// comes to the job's cgroup.
+pub struct HandOver(std::io::BufReader<std::fs::File>);
+
+impl HandOver {
+    /// Whether the runner prepared the job's cgroup ([`CGROUP_PREPARED`], then EOF).
+    /// Anything else (EOF at once: it did not, or could not) leaves all of it to the
+    /// helper, whose own attempt then fails with the typed error if it fails again.
+    fn cgroup_prepared(mut self) -> bool {
+        let mut word = Vec::new();
+        std::io::Read::read_to_end(&mut self.0, &mut word).is_ok() && word == CGROUP_PREPARED
+    }
 }
 
 fn report_failure(job: &JobDir, result: Option<OwnedFd>, e: anyhow::Error) -> i32 {
@@ -145,10 +172,11 @@ fn run_and_report(
     job: &JobDir,
     pipes: Pipes,
     container: &mut Libcontainer,
-    first: Option<FirstSteps>,
+    early: Option<(FirstSteps, HandOver)>,
 ) -> i32 {
     let reporter = Reporter { fd: std::cell::Cell::new(pipes.result) };
-    let start = Start { go: pipes.go, first };
+    let (first, hand_over) = early.unzip();
+    let start = Start { go: pipes.go, first, hand_over };
     let result = into_result(run(home, job, CgroupHost::get(), &sys::Real, container, &reporter, start));
     let code = exit_code(&result);
     reporter.report(job, &result);
@@ -156,11 +184,12 @@ fn run_and_report(
 }
 
 /// How a helper came to [`run`] its job: a prepared one with its go pipe, an early one
-/// with its first steps taken.
+/// with its first steps taken and the rest of its runner's word.
 #[derive(Default)]
 struct Start {
     go: Option<OwnedFd>,
     first: Option<FirstSteps>,
+    hand_over: Option<HandOver>,
 }
 
 /// What a helper does first whatever its job: the container's stdio, no supplementary
@@ -234,7 +263,7 @@ fn run(
     reporter: &Reporter,
     start: Start,
 ) -> Result<HelperResult> {
-    let Start { go, first } = start;
+    let Start { go, first, hand_over } = start;
     let plan = job.read_plan()?;
     let merged = job.merged();
     let first = match first {
@@ -291,7 +320,7 @@ fn run(
     // here), and the moves that follow within about a grace period do not wait. Joined
     // here, libcontainer's move of the job's init into its leaf comes within that window;
     // joined before the mounts, it often came after it and waited a second time.
-    let cgroup_owner = enter_job_cgroup(&plan, cgroups, sys)?;
+    let cgroup_owner = enter_job_cgroup(&plan, cgroups, sys, hand_over)?;
 
     let mut spec = spec::build(&plan, &merged, &cgroup_owner)?;
     if !plan.caches.is_empty() {
@@ -378,24 +407,45 @@ fn outside_ids(plan: &super::JobPlan, uid: u32, gid: u32) -> Result<(u32, u32)> 
 /// Puts the helper into the job's cgroup (see [`super::cgroup`]), so the job is born there,
 /// and hides the host's cgroup tree from libcontainer. Root mode on a host without a
 /// cgroup2 hierarchy leaves it all to libcontainer's v1 manager instead. Rootless without
-/// delegation, the job gets no cgroup (the warning was printed at start).
-fn enter_job_cgroup(plan: &super::JobPlan, host: &CgroupHost, sys: &dyn Sys) -> Result<spec::CgroupOwner> {
+/// delegation, the job gets no cgroup (the warning was printed at start). `hand_over`:
+/// an early helper's, which may say that its runner made the dirs and wrote the limits.
+fn enter_job_cgroup(
+    plan: &super::JobPlan,
+    host: &CgroupHost,
+    sys: &dyn Sys,
+    hand_over: Option<HandOver>,
+) -> Result<spec::CgroupOwner> {
     use super::cgroup::{plan_join, Setup};
-    let has_cgroup = !plan.cgroup_path.as_os_str().is_empty();
     if plan.rootless {
-        if has_cgroup {
+        if !plan.cgroup_path.as_os_str().is_empty() {
             sys.join_cgroup(&plan_join(host, &plan.cgroup_path, &plan.limits, &Setup::Rootless))?;
         }
         sys.hide_cgroupfs()?;
         return Ok(spec::CgroupOwner::Helper { leaf: None });
     }
-    if host.v2_mount.is_none() || !has_cgroup {
+    let Some(join) = root_join(plan, host)? else {
         return Ok(spec::CgroupOwner::Libcontainer { memsw: host.v1_memsw() });
+    };
+    if hand_over.is_some_and(HandOver::cgroup_prepared) {
+        sys.enter_cgroup(&join)?;
+    } else {
+        sys.join_cgroup(&join)?;
     }
-    let setup = Setup::Root { device_rules: spec::v1_device_allow_lines(plan)? };
-    sys.join_cgroup(&plan_join(host, &plan.cgroup_path, &plan.limits, &setup))?;
     sys.hide_cgroupfs()?;
     Ok(spec::CgroupOwner::Helper { leaf: Some(JOB_CGROUP_LEAF.into()) })
+}
+
+/// The cgroup a helper of a root job joins itself: its dirs in every hierarchy, its
+/// device rules and limits (see [`super::cgroup::plan_join`]). None where it joins none
+/// (rootless: see [`enter_job_cgroup`]) or libcontainer's v1 manager makes it (no
+/// cgroup2 hierarchy mounted), or the job has no cgroup.
+pub fn root_join(plan: &super::JobPlan, host: &CgroupHost) -> Result<Option<sys::CgroupJoin>> {
+    use super::cgroup::{plan_join, Setup};
+    if plan.rootless || host.v2_mount.is_none() || plan.cgroup_path.as_os_str().is_empty() {
+        return Ok(None);
+    }
+    let setup = Setup::Root { device_rules: spec::v1_device_allow_lines(plan)? };
+    Ok(Some(plan_join(host, &plan.cgroup_path, &plan.limits, &setup)))
 }
 
 /// Where libcontainer puts the job's init, in the helper's private cgroup2 view (root
@@ -519,7 +569,7 @@ mod tests {
                 rec,
                 &mut container,
                 &reporter,
-                Start { go, first: None },
+                Start { go, first: None, hand_over: None },
             ))
         }
 
@@ -608,7 +658,7 @@ mod tests {
             let first = first_steps(&s.home, network, &early, &mut container).unwrap();
             let before_plan = early.calls();
             let reporter = Reporter { fd: std::cell::Cell::new(None) };
-            let start = Start { go: None, first: Some(first) };
+            let start = Start { go: None, first: Some(first), hand_over: None };
             let r = into_result(run(&s.home, &s.job, &s.cgroups, &early, &mut container, &reporter, start));
             assert_eq!(r, HelperResult::Exited { code: 3, signal: None }, "{network}");
             assert_eq!(early.calls(), late.calls(), "{network}: the same line");
@@ -627,25 +677,99 @@ mod tests {
         let first = first_steps(&s.home, Network::None, &rec, &mut container).unwrap();
         let steps = rec.calls().len();
         let reporter = Reporter { fd: std::cell::Cell::new(None) };
-        let start = Start { go: None, first: Some(first) };
+        let start = Start { go: None, first: Some(first), hand_over: None };
         let r = into_result(run(&s.home, &s.job, &s.cgroups, &rec, &mut container, &reporter, start));
         let (_, error) = failed(&r);
         assert!(error.contains("the helper started for a none network, the job's is isolated"), "{error}");
         assert_eq!(rec.calls().len(), steps, "{:?}", rec.calls());
     }
 
-    #[test]
-    fn an_early_helper_reads_its_job_dir_to_the_end() {
+    /// What an early helper reads from a socket on which its runner sent `sent`, then EOF:
+    /// the job dir, and whether the cgroup was prepared.
+    fn hand_over_of(sent: &[u8]) -> Option<(std::path::PathBuf, bool)> {
         use std::io::Write;
         let (tx, rx) = std::os::unix::net::UnixStream::pair().unwrap();
+        (&tx).write_all(sent).unwrap();
+        drop(tx);
+        read_job_dir(rx.into()).map(|(dir, rest)| (dir, rest.cgroup_prepared()))
+    }
+
+    #[test]
+    fn an_early_helper_reads_its_job_dir_then_the_runners_word() {
         let path = "/run/azp-sandbox/h-1/jobs/exec-1";
-        (&tx).write_all(path.as_bytes()).unwrap();
-        drop(tx);
-        assert_eq!(read_job_dir(rx.into()), Some(std::path::PathBuf::from(path)));
+        let dir = std::path::PathBuf::from(path);
+        assert_eq!(hand_over_of(format!("{path}\0k").as_bytes()), Some((dir.clone(), true)));
+        // EOF after the path: the runner made no cgroup (or could not).
+        assert_eq!(hand_over_of(format!("{path}\0").as_bytes()), Some((dir.clone(), false)));
+        assert_eq!(hand_over_of(path.as_bytes()), Some((dir.clone(), false)));
+        // Anything but the word is not it.
+        assert_eq!(hand_over_of(format!("{path}\0kk").as_bytes()), Some((dir.clone(), false)));
+        assert_eq!(hand_over_of(format!("{path}\0x").as_bytes()), Some((dir, false)));
         // Nothing before EOF: the plan failed.
-        let (tx, rx) = std::os::unix::net::UnixStream::pair().unwrap();
-        drop(tx);
-        assert_eq!(read_job_dir(rx.into()), None);
+        assert_eq!(hand_over_of(b""), None);
+        assert_eq!(hand_over_of(b"\0"), None);
+    }
+
+    #[test]
+    fn an_early_helper_moves_into_the_cgroup_its_runner_prepared() {
+        use std::io::Write;
+        use std::os::unix::net::UnixStream;
+        let s = setup(|_, _| {});
+        let late = Recorder::default();
+        s.run(&late, None, None);
+        let word = |sent: &[u8]| {
+            let (tx, rx) = UnixStream::pair().unwrap();
+            (&tx).write_all(sent).unwrap();
+            HandOver(std::io::BufReader::new(std::fs::File::from(OwnedFd::from(rx))))
+        };
+        let run_early = |hand_over: HandOver| {
+            let rec = Recorder::default();
+            let mut container = FakeContainer { rec: &rec, create_fails_with: None };
+            let first = first_steps(&s.home, s.job.read_plan().unwrap().network, &rec, &mut container).unwrap();
+            let reporter = Reporter { fd: std::cell::Cell::new(None) };
+            let start = Start { go: None, first: Some(first), hand_over: Some(hand_over) };
+            let r = into_result(run(&s.home, &s.job, &s.cgroups, &rec, &mut container, &reporter, start));
+            assert_eq!(r, HelperResult::Exited { code: 3, signal: None });
+            rec.calls()
+        };
+        // Prepared: the same line, its join only the move.
+        let expected: Vec<String> = late.calls().iter().map(|c| c.replace("join_cgroup ", "enter_cgroup ")).collect();
+        assert_ne!(expected, late.calls());
+        assert_eq!(run_early(word(b"k")), expected);
+        // Not prepared: all of it, as a late helper does.
+        assert_eq!(run_early(word(b"")), late.calls());
+        // A rootless job's cgroup is its helper's whatever the socket says (its runner
+        // sends no word: see `runner::prepare_job_cgroup`).
+        let s = setup(|p, _| p.rootless = true);
+        let rec = Recorder::default();
+        let mut container = FakeContainer { rec: &rec, create_fails_with: None };
+        let first = first_steps(&s.home, s.job.read_plan().unwrap().network, &rec, &mut container).unwrap();
+        let reporter = Reporter { fd: std::cell::Cell::new(None) };
+        let start = Start { go: None, first: Some(first), hand_over: Some(word(b"k")) };
+        into_result(run(&s.home, &s.job, &s.cgroups, &rec, &mut container, &reporter, start));
+        assert!(rec.calls().iter().any(|c| c.starts_with("join_cgroup ")), "{:?}", rec.calls());
+        assert!(!rec.calls().iter().any(|c| c.starts_with("enter_cgroup ")), "{:?}", rec.calls());
+    }
+
+    #[test]
+    fn only_a_root_job_with_a_cgroup2_view_has_a_cgroup_its_runner_may_prepare() {
+        let s = setup(|_, _| {});
+        let plan = s.job.read_plan().unwrap();
+        let join = root_join(&plan, &s.cgroups).unwrap().expect("root, cgroup2 mounted");
+        let dirs: Vec<_> = join.dirs.iter().map(|d| d.dir.clone()).collect();
+        assert_eq!(
+            dirs,
+            [s.cgroups.root.join("memory/azp-test-hp/hp-1"), s.cgroups.root.join("unified/azp-test-hp/hp-1")]
+        );
+        let mut rootless = plan.clone();
+        rootless.rootless = true;
+        assert!(root_join(&rootless, &s.cgroups).unwrap().is_none());
+        let mut no_cgroup = plan.clone();
+        no_cgroup.cgroup_path = PathBuf::new();
+        assert!(root_join(&no_cgroup, &s.cgroups).unwrap().is_none());
+        let mut v1_only = s.cgroups.clone();
+        v1_only.v2_mount = None;
+        assert!(root_join(&plan, &v1_only).unwrap().is_none(), "libcontainer's v1 manager makes it");
     }
 
     #[test]

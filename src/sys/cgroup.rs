@@ -41,6 +41,14 @@ pub struct CgroupDir {
 const SWAP_FILES: [&str; 2] = ["memory.swap.max", "memory.memsw.limit_in_bytes"];
 
 pub fn join(j: &CgroupJoin) -> Result<()> {
+    prepare(j)?;
+    enter(j)
+}
+
+/// Everything [`join`] does before the move: the dirs, device rules and limits. Anyone
+/// may do it (an `exec` runner does it while its helper mounts the job's tree); the
+/// process that then [`enter`]s is born into a cgroup that is already limited.
+pub fn prepare(j: &CgroupJoin) -> Result<()> {
     for w in j.v2_levels.windows(2) {
         let _ = std::fs::create_dir(&w[1]);
         enable_v2_controllers(&w[0], &j.v2_controllers);
@@ -65,6 +73,12 @@ pub fn join(j: &CgroupJoin) -> Result<()> {
             })?;
         }
     }
+    Ok(())
+}
+
+/// The rest of [`join`], once the dirs are [`prepare`]d: the calling process moves into
+/// each (into its leaf, made here, where there is one).
+pub fn enter(j: &CgroupJoin) -> Result<()> {
     let me = std::process::id().to_string();
     for d in &j.dirs {
         let dir = match d.leaf {
@@ -267,6 +281,41 @@ mod tests {
         assert!(!job.join("cgroup.procs").exists(), "no process in the job dir itself");
         let me = std::process::id().to_string();
         assert_eq!(std::fs::read_to_string(job.join("sandbox/cgroup.procs")).unwrap(), me);
+    }
+
+    #[test]
+    fn a_prepared_job_dir_has_its_limits_and_no_process_until_one_enters() {
+        let t = tempfile::tempdir().unwrap();
+        let job = t.path().join("a/j");
+        let join = CgroupJoin {
+            dirs: vec![CgroupDir {
+                dir: job.clone(),
+                cpuset: false,
+                device_rules: None,
+                leaf: Some("sandbox"),
+                limits: vec![("pids.max", "77".into())],
+            }],
+            ..Default::default()
+        };
+        prepare(&join).unwrap();
+        assert_eq!(std::fs::read_to_string(job.join("pids.max")).unwrap(), "77");
+        assert!(!job.join("sandbox").exists(), "no leaf, no move: whoever prepares stays where it is");
+        enter(&join).unwrap();
+        assert_eq!(std::fs::read_to_string(job.join("sandbox/cgroup.procs")).unwrap(), std::process::id().to_string());
+        // Entering a dir nobody prepared fails with the dir's name, and makes nothing.
+        let none = CgroupJoin {
+            dirs: vec![CgroupDir {
+                dir: t.path().join("b/j"),
+                cpuset: false,
+                device_rules: None,
+                leaf: None,
+                limits: vec![],
+            }],
+            ..Default::default()
+        };
+        let e = enter(&none).unwrap_err().to_string();
+        assert!(e.contains("b/j/cgroup.procs"), "{e}");
+        assert!(!t.path().join("b").exists());
     }
 
     #[test]

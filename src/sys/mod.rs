@@ -67,6 +67,10 @@ pub trait Sys {
     fn own_ipc_namespace(&self) -> Result<()>;
     /// Creates the job's cgroup, writes its limits and moves the calling process in.
     fn join_cgroup(&self, join: &CgroupJoin) -> Result<()>;
+    /// The first part of [`Sys::join_cgroup`]: the dirs and limits, no move.
+    fn prepare_cgroup(&self, join: &CgroupJoin) -> Result<()>;
+    /// The rest of it, after a [`Sys::prepare_cgroup`] (here or in the runner): the move.
+    fn enter_cgroup(&self, join: &CgroupJoin) -> Result<()>;
     /// Covers the host's cgroup tree in this (private) mount namespace with a cgroup2
     /// view rooted at the cgroup this process is in: libcontainer's cgroup manager can
     /// change nothing outside the job's cgroup.
@@ -158,6 +162,12 @@ impl Sys for Real {
     }
     fn join_cgroup(&self, join: &CgroupJoin) -> Result<()> {
         cgroup::join(join)
+    }
+    fn prepare_cgroup(&self, join: &CgroupJoin) -> Result<()> {
+        cgroup::prepare(join)
+    }
+    fn enter_cgroup(&self, join: &CgroupJoin) -> Result<()> {
+        cgroup::enter(join)
     }
     fn hide_cgroupfs(&self) -> Result<()> {
         ns::private_cgroup_view()
@@ -313,6 +323,15 @@ impl Recorder {
     fn io(&self, e: Errno) -> std::io::Error {
         std::io::Error::from_raw_os_error(e as i32)
     }
+
+    /// A cgroup call: `name` and the job's dirs.
+    fn cgroup_step(&self, name: &str, join: &CgroupJoin) -> Result<()> {
+        let dirs: Vec<String> = join.dirs.iter().map(|d| d.dir.display().to_string()).collect();
+        self.step(format!("{name} {}", dirs.join(" "))).map_err(|e| Error::CgroupJoin {
+            procs: join.dirs.first().map(|d| d.dir.join("cgroup.procs")).unwrap_or_default(),
+            source: self.io(e),
+        })
+    }
 }
 
 impl Sys for Recorder {
@@ -326,11 +345,13 @@ impl Sys for Recorder {
         self.step("own_ipc_namespace".into()).map_err(Error::UnshareIpcNs)
     }
     fn join_cgroup(&self, join: &CgroupJoin) -> Result<()> {
-        let dirs: Vec<String> = join.dirs.iter().map(|d| d.dir.display().to_string()).collect();
-        self.step(format!("join_cgroup {}", dirs.join(" "))).map_err(|e| Error::CgroupJoin {
-            procs: join.dirs.first().map(|d| d.dir.join("cgroup.procs")).unwrap_or_default(),
-            source: self.io(e),
-        })
+        self.cgroup_step("join_cgroup", join)
+    }
+    fn prepare_cgroup(&self, join: &CgroupJoin) -> Result<()> {
+        self.cgroup_step("prepare_cgroup", join)
+    }
+    fn enter_cgroup(&self, join: &CgroupJoin) -> Result<()> {
+        self.cgroup_step("enter_cgroup", join)
     }
     fn hide_cgroupfs(&self) -> Result<()> {
         self.step("hide_cgroupfs".into()).map_err(Error::MountCgroupView)
