@@ -1155,7 +1155,13 @@ mod tests {
                 // starts and its container goes.
                 let pos = |calls: &[String], name: &str| calls.iter().position(|c| c == name);
                 let finish = pos(&calls, "finish_network").expect("finish_network");
-                assert!(pos(&calls, "create") < Some(finish), "{network}: {calls:?}");
+                // Before that, once the container holds the job's namespace, the helper
+                // goes back to its own (the namespace then goes with the job).
+                let leave = pos(&calls, "leave_network").expect("leave_network");
+                assert!(pos(&calls, "create") < Some(leave) && leave + 1 == finish, "{network}: {calls:?}");
+                let rec = Recorder::failing_at(leave, Errno::EPERM);
+                assert!(matches!(s.run(&rec, None, None), HelperResult::Failed { .. }), "{network}");
+                assert_eq!(rec.calls()[leave + 1..], ["kill_unreaped_init", "delete"], "{network}: {:?}", rec.calls());
                 assert!(Some(finish) < pos(&calls, "start_and_wait"), "{network}: {calls:?}");
                 let rec = Recorder::failing_at(finish, Errno::EIO);
                 assert!(matches!(s.run(&rec, None, None), HelperResult::Failed { .. }), "{network}");

@@ -130,8 +130,12 @@ pub enum Error {
     /// Step 2 failed in the child making the namespace (see `net::isolate`): its message.
     #[error("cannot make the job's network namespace: {0}")]
     MakeJobNetns(String),
+    #[error("cannot open the helper's own network namespace (/proc/thread-self/ns/net)")]
+    OwnNetns(#[source] Errno),
     #[error("cannot enter the job's network namespace (setns)")]
     EnterNetns(#[source] Errno),
+    #[error("cannot return to the helper's own network namespace (setns)")]
+    LeaveNetns(#[source] Errno),
     #[error("cannot create the veth pair {name} <-> eth0 for the job")]
     CreateVeth {
         name: String,

@@ -137,6 +137,9 @@ pub trait Sys {
     /// Waits for what [`Sys::isolate_network`] left under way (a veth's configuration,
     /// see [`net::Made::finish`]): before the job starts.
     fn finish_network(&self, made: &mut net::Made) -> Result<()>;
+    /// Moves the helper back into its own namespace (see [`net::Made::leave`]): once the
+    /// job's container is in the job's.
+    fn leave_network(&self, made: &mut net::Made) -> Result<()>;
     /// Mounts the dir of the job's network files on `dir` (see [`net::mount_job_net_dir`]),
     /// with `dir/sys` for the sysfs of the job's network namespace.
     fn mount_job_net_dir(&self, dir: &Path) -> Result<()>;
@@ -254,6 +257,9 @@ impl Sys for Real {
     }
     fn finish_network(&self, made: &mut net::Made) -> Result<()> {
         made.finish()
+    }
+    fn leave_network(&self, made: &mut net::Made) -> Result<()> {
+        made.leave()
     }
     fn mount_job_net_dir(&self, dir: &Path) -> Result<()> {
         net::mount_job_net_dir(dir)
@@ -504,6 +510,9 @@ impl Sys for Recorder {
     }
     fn finish_network(&self, _made: &mut net::Made) -> Result<()> {
         self.step("finish_network".into()).map_err(|e| Error::ConfigureVeth(e.to_string()))
+    }
+    fn leave_network(&self, _made: &mut net::Made) -> Result<()> {
+        self.step("leave_network".into()).map_err(Error::LeaveNetns)
     }
     /// Makes `dir/sys`, as the tmpfs would hold it.
     fn mount_job_net_dir(&self, dir: &Path) -> Result<()> {

@@ -210,6 +210,8 @@ pub struct Made {
     entering: Option<Entering>,
     /// The veth's steps after the unshare, under way in that child.
     configuring: Option<Configuring>,
+    /// The namespace the caller was in before [`Made::enter`], for [`Made::leave`].
+    left: Option<OwnedFd>,
 }
 
 /// The child making the job's namespace (see `namespace_in_child`): the socket on which
@@ -243,7 +245,18 @@ impl Made {
             return Err(Error::MakeJobNetns(why));
         }
         let ns = ns.ok_or_else(|| Error::MakeJobNetns("its namespace did not come with its word".into()))?;
-        nix::sched::setns(ns, CloneFlags::CLONE_NEWNET).map_err(Error::EnterNetns)
+        let own = std::fs::File::open("/proc/thread-self/ns/net").map_err(|e| Error::OwnNetns(errno_of(&e)))?;
+        nix::sched::setns(ns, CloneFlags::CLONE_NEWNET).map_err(Error::EnterNetns)?;
+        self.left = Some(own.into());
+        Ok(())
+    }
+
+    /// Moves the caller back into the namespace it left for the job's (see
+    /// [`Made::enter`]); nothing when it never entered one. Once the job's processes are
+    /// in theirs, they alone hold it: it goes with the last of them, not with the caller.
+    pub fn leave(&mut self) -> Result<()> {
+        let Some(own) = self.left.take() else { return Ok(()) };
+        nix::sched::setns(own, CloneFlags::CLONE_NEWNET).map_err(Error::LeaveNetns)
     }
 
     /// Waits for the veth's configuration when a child does it (see [`isolate`]) and takes
