@@ -260,7 +260,7 @@ pub fn check_reachable(path: &std::path::Path) -> anyhow::Result<()> {
 /// This process is in a user namespace other than the initial one (its uid map is not
 /// the identity of all ids).
 fn in_user_namespace() -> bool {
-    std::fs::read_to_string("/proc/self/uid_map")
+    crate::sys::procfile::read("/proc/self/uid_map")
         .map(|m| m.split_whitespace().collect::<Vec<_>>() != ["0", "0", "4294967295"])
         .unwrap_or(false)
 }

@@ -67,14 +67,14 @@ impl CgroupHost {
         let (v1_mounts, v2_mount) = if unified {
             (vec![], Some(root.clone()))
         } else {
-            let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+            let info = crate::sys::procfile::read("/proc/self/mountinfo").unwrap_or_default();
             let v2 = cgroup2_mount(&info);
             // Without any cgroup2 mount libcontainer's own v1 manager makes the job's
             // cgroup, in every controller hierarchy: tear down what it made.
             let controllers = if v2.is_some() { JOB_V1_CONTROLLERS } else { ALL_V1_CONTROLLERS };
             (v1_controller_mounts(&info, controllers), v2)
         };
-        let own_v2 = std::fs::read_to_string("/proc/self/cgroup")
+        let own_v2 = crate::sys::procfile::read("/proc/self/cgroup")
             .ok()
             .and_then(|t| t.lines().find_map(|l| l.strip_prefix("0::").map(PathBuf::from)));
         CgroupHost { unified, v1_mounts, root, own_v2, v2_mount }

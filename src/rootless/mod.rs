@@ -106,8 +106,8 @@ pub fn init(cgroup_parent: Option<&Path>, enter_namespace: bool, service: bool) 
 /// where jobs go either way. None: the default layout.
 fn below_service() -> Option<PathBuf> {
     use crate::sys::cgroup::{delegated, move_self_to};
-    let own = std::fs::read_to_string("/proc/self/cgroup").unwrap_or_default();
-    let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    let own = crate::sys::procfile::read("/proc/self/cgroup").unwrap_or_default();
+    let mounts = crate::sys::procfile::read("/proc/self/mountinfo").unwrap_or_default();
     let root = Path::new(libcgroups::common::DEFAULT_CGROUP_ROOT);
     let abs = |p: &Path| root.join(p.strip_prefix("/").unwrap_or(p));
     match cgroups::service_cgroup(&own, &mounts, &delegated) {
@@ -141,7 +141,7 @@ fn below_service() -> Option<PathBuf> {
 
 /// The host uid that uid 0 of this user namespace maps to.
 pub fn host_uid_of_root() -> u32 {
-    std::fs::read_to_string("/proc/self/uid_map")
+    crate::sys::procfile::read("/proc/self/uid_map")
         .ok()
         .and_then(|m| {
             m.lines().find_map(|l| {

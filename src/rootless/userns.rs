@@ -53,7 +53,7 @@ fn find_tool(name: &str) -> Result<std::path::PathBuf> {
 /// True when this process is in a user namespace other than the initial one (its uid map
 /// is not the identity over all ids).
 pub fn in_child_user_namespace() -> bool {
-    match std::fs::read_to_string("/proc/self/uid_map") {
+    match crate::sys::procfile::read("/proc/self/uid_map") {
         Ok(m) => !is_identity_map(&m),
         Err(_) => false,
     }

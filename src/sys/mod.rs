@@ -35,6 +35,7 @@ pub mod netlink;
 pub mod ns;
 pub mod nvml_mig;
 pub mod process;
+pub mod procfile;
 pub mod quota;
 pub mod runtime_tmpfs;
 pub mod signals;

@@ -161,7 +161,7 @@ pub fn mount_tmpfs(dir: &Path, size: &str) -> Result<()> {
 
 /// Mount points at or below `dir` in this process's mount namespace, deepest first.
 pub fn mounts_under(dir: &Path) -> Result<Vec<PathBuf>> {
-    let info = std::fs::read_to_string("/proc/self/mountinfo").map_err(Error::ReadMountinfo)?;
+    let info = super::procfile::read("/proc/self/mountinfo").map_err(Error::ReadMountinfo)?;
     Ok(mount_points_under(&info, dir))
 }
 

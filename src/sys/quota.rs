@@ -240,7 +240,7 @@ fn quotactl(
 fn device_of(dir: &Path) -> Option<CString> {
     let dev = std::fs::metadata(dir).ok()?.dev();
     let want = format!("{}:{}", libc::major(dev), libc::minor(dev));
-    let info = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
+    let info = super::procfile::read("/proc/self/mountinfo").ok()?;
     info.lines().find_map(|l| {
         let (pre, post) = l.split_once(" - ")?;
         (pre.split(' ').nth(2)? == want).then(|| CString::new(post.split(' ').nth(1)?).ok()).flatten()

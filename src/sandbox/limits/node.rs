@@ -47,7 +47,7 @@ impl Node {
             Err(why) => (None, Some(why)),
         };
         let cgroups = CgroupHost::get();
-        let own = std::fs::read_to_string("/proc/self/cgroup").unwrap_or_default();
+        let own = crate::sys::procfile::read("/proc/self/cgroup").unwrap_or_default();
         let (memory_bytes, memory_from) = match own_memory_limit(cgroups, &own) {
             Some((limit, at)) if limit < ram => (limit, format!("the memory limit of cgroup {at}")),
             _ => (ram, "RAM".into()),
@@ -58,7 +58,7 @@ impl Node {
             swap_bytes: swap,
             swap_limited: swap == 0 || swap_limited(cgroups, &own),
             cores: cores(),
-            pid_max: std::fs::read_to_string("/proc/sys/kernel/pid_max")
+            pid_max: crate::sys::procfile::read("/proc/sys/kernel/pid_max")
                 .ok()
                 .and_then(|s| s.trim().parse().ok())
                 .unwrap_or(32768),
