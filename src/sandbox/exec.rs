@@ -99,6 +99,21 @@ impl ExecRequest {
 /// process forwarded to it), its clean-up. The rootfs stays leased until the job is gone.
 pub fn run(home: &Home, driver_root: &Path, req: &ExecRequest) -> Result<super::JobOutcome> {
     let rootless = crate::rootless::mode().rootless;
+    // A `none` job's network namespace, first of all: the kernel's part (~0.6 ms here,
+    // more while the last job's namespace is being torn down) is otherwise what the
+    // helper waits for before the job's tree is done. Its child is reaped when this
+    // returns; unused (a terminal, no early helper), it is just that. Not rootless: the
+    // child makes the namespace's sysfs in our mount namespace, the host's there, where
+    // a user namespace may not mount (fsopen: EPERM); the helper's child does, in the
+    // helper's own.
+    let (_loopback, netns) = match req.network {
+        Network::None if !req.terminal && !rootless => crate::sys::net::start_loopback().unwrap_or_else(|e| {
+            tracing::debug!("the job's namespace is left to its helper: {e}");
+            None
+        }),
+        _ => None,
+    }
+    .unzip();
     // Held until this returns (see the function).
     let _move_window = super::cgroup::move_window(crate::rootless::cgroups::CgroupHost::get(), rootless);
     super::prepare_home(home)?;
@@ -109,7 +124,7 @@ pub fn run(home: &Home, driver_root: &Path, req: &ExecRequest) -> Result<super::
     let early = if req.terminal {
         None
     } else {
-        super::EarlyHelper::fork(home, req.network, &opts).unwrap_or_else(|e| {
+        super::EarlyHelper::fork(home, req.network, &opts, netns).unwrap_or_else(|e| {
             tracing::debug!("no early helper ({e:#}): forked after the plan");
             None
         })

@@ -48,13 +48,16 @@ pub struct Pipes {
     /// An early helper's (see [`run_early_helper`]): its job dir's path comes here once
     /// the runner has planned the job (EOF: the plan failed).
     pub job: Option<OwnedFd>,
+    /// An early helper's, for a `none` job: its end of the socket of the namespace its
+    /// runner started (see `sys::net::start_loopback`).
+    pub netns: Option<OwnedFd>,
 }
 
 impl Pipes {
     /// The same pipes at fds above 3: fd 3 is the job's lifeline's (see `sys::lifeline`).
     fn above_lifeline_fd(self) -> Result<Pipes> {
         let mv = |fd: Option<OwnedFd>| fd.map(sys::lifeline::move_above).transpose();
-        Ok(Pipes { result: mv(self.result)?, go: mv(self.go)?, job: mv(self.job)? })
+        Ok(Pipes { result: mv(self.result)?, go: mv(self.go)?, job: mv(self.job)?, netns: mv(self.netns)? })
     }
 
     /// The pipes of a re-executed helper, named by [`RESULT_FD_ENV`] and [`GO_FD_ENV`].
@@ -65,7 +68,7 @@ impl Pipes {
             // Never inherited by the job (libcontainer also closes fds >= 3 before exec).
             fd.and_then(sys::process::adopt_inherited_fd)
         };
-        Pipes { result: take(RESULT_FD_ENV), go: take(GO_FD_ENV), job: None }
+        Pipes { result: take(RESULT_FD_ENV), go: take(GO_FD_ENV), job: None, netns: None }
     }
 }
 
@@ -97,7 +100,7 @@ pub fn run_early_helper(home: &Home, network: Network, pipes: Pipes) -> i32 {
     // Without its pipes it cannot report: the runner says "exited without a result".
     let Ok(mut pipes) = keep_lifeline_fd(pipes) else { return 125 };
     let mut container = Libcontainer::default();
-    let first = first_steps(home, network, &sys::Real, &mut container);
+    let first = first_steps(home, network, &sys::Real, &mut container, pipes.netns.take());
     let Some((job_dir, rest)) = pipes.job.take().and_then(read_job_dir) else { return 0 };
     let job = JobDir::at(home, &job_dir);
     match first {
@@ -202,11 +205,17 @@ pub struct FirstSteps {
     loopback: Option<sys::net::Made>,
 }
 
-fn first_steps(home: &Home, network: Network, sys: &dyn Sys, container: &mut dyn Container) -> Result<FirstSteps> {
+fn first_steps(
+    home: &Home,
+    network: Network,
+    sys: &dyn Sys,
+    container: &mut dyn Container,
+    started: Option<OwnedFd>,
+) -> Result<FirstSteps> {
     container.prepare_stdio()?;
     sys.clear_groups()?;
     sys.private_mount_namespace()?;
-    let loopback = super::network::begin(network, &super::jobdir::net_dir(&home.mount_point()), sys)?;
+    let loopback = super::network::begin(network, &super::jobdir::net_dir(&home.mount_point()), sys, started)?;
     Ok(FirstSteps { network, loopback })
 }
 
@@ -269,7 +278,7 @@ fn run(
     let first = match first {
         Some(f) if f.network == plan.network => f,
         Some(f) => anyhow::bail!("the helper started for a {} network, the job's is {}", f.network, plan.network),
-        None => first_steps(home, plan.network, sys, container)?,
+        None => first_steps(home, plan.network, sys, container, None)?,
     };
     let (mut plan, mut network) = super::network::enter(plan, job, sys, first.loopback)?;
     // Held (locked against gc) until this helper exits with the job.
@@ -655,7 +664,7 @@ mod tests {
             assert_eq!(s.run(&late, None, None), HelperResult::Exited { code: 3, signal: None });
             let early = Recorder::default();
             let mut container = FakeContainer { rec: &early, create_fails_with: None };
-            let first = first_steps(&s.home, network, &early, &mut container).unwrap();
+            let first = first_steps(&s.home, network, &early, &mut container, None).unwrap();
             let before_plan = early.calls();
             let reporter = Reporter { fd: std::cell::Cell::new(None) };
             let start = Start { go: None, first: Some(first), hand_over: None };
@@ -670,11 +679,30 @@ mod tests {
                 assert_eq!(before_plan.last().map(String::as_str), Some("isolate_network loopback"));
             }
         }
+        // A `none` namespace its runner started: adopted in place of made, the rest alike.
+        let s = setup(|p, _| p.network = Network::None);
+        let late = Recorder::default();
+        s.run(&late, None, None);
+        let early = Recorder::default();
+        let mut container = FakeContainer { rec: &early, create_fails_with: None };
+        let (started, _runner_end) = std::os::unix::net::UnixStream::pair().unwrap();
+        let first = first_steps(&s.home, Network::None, &early, &mut container, Some(started.into())).unwrap();
+        let reporter = Reporter { fd: std::cell::Cell::new(None) };
+        let start = Start { go: None, first: Some(first), hand_over: None };
+        let r = into_result(run(&s.home, &s.job, &s.cgroups, &early, &mut container, &reporter, start));
+        assert_eq!(r, HelperResult::Exited { code: 3, signal: None });
+        let expected: Vec<String> = late
+            .calls()
+            .iter()
+            .map(|c| if c == "isolate_network loopback" { "adopt_network loopback".to_string() } else { c.clone() })
+            .collect();
+        assert_ne!(expected, late.calls());
+        assert_eq!(early.calls(), expected);
         // Started for another mode than its job's: the job fails, nothing more is done.
         let s = setup(|p, _| p.network = Network::Isolated);
         let rec = Recorder::default();
         let mut container = FakeContainer { rec: &rec, create_fails_with: None };
-        let first = first_steps(&s.home, Network::None, &rec, &mut container).unwrap();
+        let first = first_steps(&s.home, Network::None, &rec, &mut container, None).unwrap();
         let steps = rec.calls().len();
         let reporter = Reporter { fd: std::cell::Cell::new(None) };
         let start = Start { go: None, first: Some(first), hand_over: None };
@@ -725,7 +753,7 @@ mod tests {
         let run_early = |hand_over: HandOver| {
             let rec = Recorder::default();
             let mut container = FakeContainer { rec: &rec, create_fails_with: None };
-            let first = first_steps(&s.home, s.job.read_plan().unwrap().network, &rec, &mut container).unwrap();
+            let first = first_steps(&s.home, s.job.read_plan().unwrap().network, &rec, &mut container, None).unwrap();
             let reporter = Reporter { fd: std::cell::Cell::new(None) };
             let start = Start { go: None, first: Some(first), hand_over: Some(hand_over) };
             let r = into_result(run(&s.home, &s.job, &s.cgroups, &rec, &mut container, &reporter, start));
@@ -743,7 +771,7 @@ mod tests {
         let s = setup(|p, _| p.rootless = true);
         let rec = Recorder::default();
         let mut container = FakeContainer { rec: &rec, create_fails_with: None };
-        let first = first_steps(&s.home, s.job.read_plan().unwrap().network, &rec, &mut container).unwrap();
+        let first = first_steps(&s.home, s.job.read_plan().unwrap().network, &rec, &mut container, None).unwrap();
         let reporter = Reporter { fd: std::cell::Cell::new(None) };
         let start = Start { go: None, first: Some(first), hand_over: Some(word(b"k")) };
         into_result(run(&s.home, &s.job, &s.cgroups, &rec, &mut container, &reporter, start));

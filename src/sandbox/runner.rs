@@ -738,7 +738,9 @@ fn fork_helper(
 
 fn forked_helper(home: &Home, job_dir: &std::path::Path, fds: HelperFds, ours: &[i32], parent: i32) -> i32 {
     match become_helper(fds, ours, parent) {
-        Ok((result, go)) => super::helper::run_helper(home, job_dir, super::helper::Pipes { result, go, job: None }),
+        Ok((result, go)) => {
+            super::helper::run_helper(home, job_dir, super::helper::Pipes { result, go, job: None, netns: None })
+        }
         Err(code) => code,
     }
 }
@@ -794,9 +796,15 @@ pub struct EarlyHelper {
 
 impl EarlyHelper {
     /// Forks it, for a job of `network` run with `opts` (its stdout and stderr are set
-    /// now). None when this process has threads (see [`spawn_helper`]): the job gets
-    /// its helper after the plan then.
-    pub fn fork(home: &Home, network: crate::config::Network, opts: &RunOptions) -> Result<Option<EarlyHelper>> {
+    /// now); `netns`: for a `none` job, the helper's end of the socket of the namespace
+    /// this runner started (see `sys::net::start_loopback`). None when this process has
+    /// threads (see [`spawn_helper`]): the job gets its helper after the plan then.
+    pub fn fork(
+        home: &Home,
+        network: crate::config::Network,
+        opts: &RunOptions,
+        netns: Option<OwnedFd>,
+    ) -> Result<Option<EarlyHelper>> {
         let (result_rx, result_tx) = pipe()?;
         // A socket, not a pipe: sent with MSG_NOSIGNAL, a helper gone meanwhile is an
         // error here instead of SIGPIPE (the default in this binary) killing the runner.
@@ -810,15 +818,18 @@ impl EarlyHelper {
         let parent = std::process::id() as i32;
         // Read here, once, for the helper (it inherits the result) and our own teardown.
         crate::rootless::cgroups::CgroupHost::get();
-        let forked = sys::process::run_forked("the sandbox helper", (fds, OwnedFd::from(job_rx)), |(fds, job)| {
-            match become_helper(fds, &ours, parent) {
+        // The socket ends go with the child: the parent's copies close when this returns.
+        let forked = sys::process::run_forked(
+            "the sandbox helper",
+            (fds, OwnedFd::from(job_rx), netns),
+            |(fds, job, netns)| match become_helper(fds, &ours, parent) {
                 Ok((result, _)) => {
-                    let pipes = super::helper::Pipes { result, go: None, job: Some(job) };
+                    let pipes = super::helper::Pipes { result, go: None, job: Some(job), netns };
                     super::helper::run_early_helper(home, network, pipes)
                 }
                 Err(code) => code,
-            }
-        })?;
+            },
+        )?;
         Ok(forked.ok().map(|pid| EarlyHelper {
             child: Some(HelperProcess { pid: pid.as_raw() }),
             result_rx: Some(result_rx),

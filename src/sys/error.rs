@@ -235,6 +235,12 @@ pub enum Error {
         #[source]
         source: Errno,
     },
+    #[error("cannot open a sysfs for the job's network namespace (fsopen)")]
+    SysfsOpen(#[source] Errno),
+    #[error("cannot create the sysfs of the job's network namespace (fsconfig)")]
+    SysfsCreate(#[source] Errno),
+    #[error("cannot make a mount of the job's sysfs (fsmount)")]
+    SysfsMount(#[source] Errno),
     #[error("cannot mount a sysfs for the job on {}", target.display())]
     MountSysfs {
         target: PathBuf,

@@ -132,6 +132,10 @@ pub trait Sys {
     /// The job's own network namespace, set up as `setup` says, with its sysfs at `sysfs`
     /// (see [`net::isolate`]); the helper is in it after [`Sys::enter_network`].
     fn isolate_network(&self, setup: &net::Setup, sysfs: &Path) -> Result<net::Made>;
+    /// A `none` job's namespace that its runner's child is making (see
+    /// [`net::start_loopback`]): `ready` is the helper's end of that child's socket; its
+    /// sysfs goes at `sysfs`. In place of [`Sys::isolate_network`].
+    fn adopt_network(&self, ready: OwnedFd, sysfs: &Path) -> Result<net::Made>;
     /// Moves the helper into the namespace [`Sys::isolate_network`] made (see
     /// [`net::Made::enter`]): before the job's tree binds its sysfs.
     fn enter_network(&self, made: &mut net::Made) -> Result<()>;
@@ -252,6 +256,9 @@ impl Sys for Real {
     }
     fn isolate_network(&self, setup: &net::Setup, sysfs: &Path) -> Result<net::Made> {
         net::isolate(setup, sysfs)
+    }
+    fn adopt_network(&self, ready: OwnedFd, sysfs: &Path) -> Result<net::Made> {
+        Ok(net::adopt_loopback(ready, sysfs))
     }
     fn enter_network(&self, made: &mut net::Made) -> Result<()> {
         made.enter()
@@ -489,6 +496,10 @@ impl Sys for Recorder {
         Ok(vec![std::net::Ipv6Addr::new(0x2001, 0xdb8, 0, 0, 0, 0, 0, 2)])
     }
     /// A veth job gets the pool's third address.
+    fn adopt_network(&self, _ready: OwnedFd, _sysfs: &Path) -> Result<net::Made> {
+        self.step("adopt_network loopback".into()).map_err(Error::UnshareNetNs)?;
+        Ok(net::Made::default())
+    }
     fn isolate_network(&self, setup: &net::Setup, _sysfs: &Path) -> Result<net::Made> {
         let what = match setup {
             net::Setup::Loopback => "loopback".to_string(),

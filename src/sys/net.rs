@@ -206,7 +206,7 @@ pub struct Made {
     pub address6: Option<Ipv6Addr>,
     /// pasta's pid: it dies with the helper (PDEATHSIG).
     pub pasta_pid: Option<i32>,
-    /// The namespace, made by a child of the helper, for the helper to join.
+    /// The namespace, made by a child of the helper or of its runner, for the helper to join.
     entering: Option<Entering>,
     /// The veth's steps after the unshare, under way in that child.
     configuring: Option<Configuring>,
@@ -219,6 +219,8 @@ pub struct Made {
 #[derive(Debug)]
 struct Entering {
     ready: std::os::unix::net::UnixStream,
+    /// Where the namespace's sysfs, which comes with it, goes (see [`detached_sysfs`]).
+    sysfs: PathBuf,
 }
 
 /// The forked child that made the job's namespace and does a veth's steps 3-5 (see
@@ -232,11 +234,12 @@ struct Configuring {
 }
 
 impl Made {
-    /// Moves the caller into the job's namespace once the child making it (see [`isolate`])
-    /// has it with its sysfs; the caller is in it already otherwise.
+    /// Moves the caller into the job's namespace once the child making it (see [`isolate`]
+    /// and [`start_loopback`]) has it with its sysfs, which is attached first (in the
+    /// caller's mount namespace); the caller is in it already otherwise.
     pub fn enter(&mut self) -> Result<()> {
         let Some(e) = self.entering.take() else { return Ok(()) };
-        let (said, ns) = receive_namespace(&e.ready);
+        let (said, mut fds) = receive_namespace(&e.ready);
         if let Some(errno) = said.trim().strip_prefix("unshare ").and_then(|n| n.parse().ok()) {
             return Err(Error::UnshareNetNs(nix::errno::Errno::from_raw(errno)));
         }
@@ -244,7 +247,10 @@ impl Made {
             let why = said.trim().strip_prefix("err ").unwrap_or("its child ended without a word").to_string();
             return Err(Error::MakeJobNetns(why));
         }
-        let ns = ns.ok_or_else(|| Error::MakeJobNetns("its namespace did not come with its word".into()))?;
+        let (Some(sysfs), Some(ns)) = (fds.pop(), fds.pop()) else {
+            return Err(Error::MakeJobNetns("its namespace and sysfs did not come with its word".into()));
+        };
+        attach_sysfs(sysfs, &e.sysfs)?;
         let own = std::fs::File::open("/proc/thread-self/ns/net").map_err(|e| Error::OwnNetns(errno_of(&e)))?;
         nix::sched::setns(ns, CloneFlags::CLONE_NEWNET).map_err(Error::EnterNetns)?;
         self.left = Some(own.into());
@@ -337,47 +343,49 @@ fn host_side(v: &Veth) -> Result<HostSide> {
 }
 
 /// Step 2: the namespace (the caller's from now on), its loopback, its sysfs. Returns
-/// a netlink socket in it and the namespace itself (for the helper, and for the veth's
-/// peer to be moved into).
-fn make_namespace(sysfs: &Path) -> Result<(Socket, std::fs::File)> {
+/// a netlink socket in it, the namespace itself (for the helper, and for the veth's
+/// peer to be moved into) and its sysfs, detached (for the helper to attach: see
+/// [`detached_sysfs`]).
+fn make_namespace() -> Result<(Socket, std::fs::File, OwnedFd)> {
     unshare_network()?;
     let job = socket()?;
     loopback_up(&job)?;
-    mount_sysfs(sysfs)?;
+    let sysfs = detached_sysfs()?;
     let ns = std::fs::File::open("/proc/self/ns/net").map_err(Error::OpenNetns)?;
-    Ok((job, ns))
+    Ok((job, ns, sysfs))
 }
 
 /// What the child making the job's namespace tells the helper: `text` (`ok`, or why
-/// not), with the namespace's fd when there is one.
-fn send_namespace(to: &std::os::unix::net::UnixStream, text: &str, ns: Option<std::os::fd::BorrowedFd>) {
+/// not), with the namespace's fd and its sysfs's when there are.
+fn send_namespace(to: &std::os::unix::net::UnixStream, text: &str, fds: &[std::os::fd::BorrowedFd]) {
     use nix::sys::socket::{sendmsg, ControlMessage, MsgFlags};
-    let fds: Vec<RawFd> = ns.iter().map(|f| f.as_raw_fd()).collect();
+    let fds: Vec<RawFd> = fds.iter().map(|f| f.as_raw_fd()).collect();
     let cmsg: Vec<ControlMessage> = if fds.is_empty() { vec![] } else { vec![ControlMessage::ScmRights(&fds)] };
     let iov = [std::io::IoSlice::new(text.as_bytes())];
     // A failure shows in the helper as a word missing.
     let _ = sendmsg::<()>(to.as_raw_fd(), &iov, &cmsg, MsgFlags::empty(), None);
 }
 
-/// What [`send_namespace`] sent: its text, and the fd that came with it (close-on-exec).
-fn receive_namespace(from: &std::os::unix::net::UnixStream) -> (String, Option<OwnedFd>) {
+/// What [`send_namespace`] sent: its text, and the fds that came with it, in order
+/// (close-on-exec).
+fn receive_namespace(from: &std::os::unix::net::UnixStream) -> (String, Vec<OwnedFd>) {
     use nix::sys::socket::{recvmsg, ControlMessageOwned, MsgFlags};
     let mut buf = [0u8; 512];
     let mut iov = [std::io::IoSliceMut::new(&mut buf)];
-    let mut cmsg = nix::cmsg_space!([RawFd; 1]);
+    let mut cmsg = nix::cmsg_space!([RawFd; 2]);
     let Ok(msg) = recvmsg::<()>(from.as_raw_fd(), &mut iov, Some(&mut cmsg), MsgFlags::MSG_CMSG_CLOEXEC) else {
-        return (String::new(), None);
+        return (String::new(), vec![]);
     };
-    let mut fd = None;
+    let mut owned = vec![];
     for c in msg.cmsgs().into_iter().flatten() {
         if let ControlMessageOwned::ScmRights(fds) = c {
             // SAFETY: SCM_RIGHTS just installed these fds in this process: new fds that
-            // nothing else owns (the child sends one).
-            fd = fds.first().map(|&f| unsafe { OwnedFd::from_raw_fd(f) });
+            // nothing else owns.
+            owned.extend(fds.iter().map(|&f| unsafe { OwnedFd::from_raw_fd(f) }));
         }
     }
     let n = msg.bytes;
-    (String::from_utf8_lossy(&buf[..n]).into_owned(), fd)
+    (String::from_utf8_lossy(&buf[..n]).into_owned(), owned)
 }
 
 /// Steps 3-5 for a veth (none for loopback only): what [`Made::finish`] then holds.
@@ -405,22 +413,9 @@ fn namespace_in_child(veth: Option<&Veth>, sysfs: &Path) -> Result<Made> {
         {
             return 125;
         }
-        let job = match make_namespace(sysfs) {
-            Ok(made) => {
-                send_namespace(&ns_tx, "ok\n", Some(made.1.as_fd()));
-                made
-            }
-            // The unshare's errno as such: EPERM is a failure of its own kind for the job.
-            Err(Error::UnshareNetNs(errno)) => {
-                send_namespace(&ns_tx, &format!("unshare {}\n", errno as i32), None);
-                return 1;
-            }
-            Err(e) => {
-                send_namespace(&ns_tx, &format!("err {e:#}\n"), None);
-                return 1;
-            }
-        };
+        let Some((job, ns)) = made_and_sent(&ns_tx) else { return 1 };
         drop(ns_tx);
+        let job = (job, ns);
         let (code, report) = match configure(veth, host.as_ref(), &job) {
             Ok(m) => match m.address {
                 Some(a) => (0, format!("ok {a} {}", dash_or(m.address6))),
@@ -435,17 +430,170 @@ fn namespace_in_child(veth: Option<&Veth>, sysfs: &Path) -> Result<Made> {
         Ok(pid) => {
             let pid = pid.as_raw();
             Ok(Made {
-                entering: Some(Entering { ready: ns_rx }),
+                entering: Some(Entering { ready: ns_rx, sysfs: sysfs.to_path_buf() }),
                 configuring: Some(Configuring { pid, report: std::fs::File::from(report_rx), _lock: lock }),
                 ..Default::default()
             })
         }
         // A threaded caller: every step here, in order.
         Err(host) => {
-            let job = make_namespace(sysfs)?;
-            configure(veth, host.as_ref(), &job)
+            let (job, ns, detached) = make_namespace()?;
+            attach_sysfs(detached, sysfs)?;
+            configure(veth, host.as_ref(), &(job, ns))
         }
     }
+}
+
+/// In the child making the job's namespace: [`make_namespace`], then the word (with the
+/// namespace and its sysfs, or why not) to `to`. The netlink socket in the namespace and
+/// the namespace, for a veth's next steps; None when it failed (the word says why).
+fn made_and_sent(to: &std::os::unix::net::UnixStream) -> Option<(Socket, std::fs::File)> {
+    match make_namespace() {
+        Ok((job, ns, sysfs)) => {
+            send_namespace(to, "ok\n", &[ns.as_fd(), sysfs.as_fd()]);
+            Some((job, ns))
+        }
+        // The unshare's errno as such: EPERM is a failure of its own kind for the job.
+        Err(Error::UnshareNetNs(errno)) => {
+            send_namespace(to, &format!("unshare {}\n", errno as i32), &[]);
+            None
+        }
+        Err(e) => {
+            send_namespace(to, &format!("err {e:#}\n"), &[]);
+            None
+        }
+    }
+}
+
+/// A `none` job's namespace, started by its runner (`exec`) before anything else: a
+/// forked child makes it (see [`made_and_sent`]) while the runner plans and starts the
+/// job's helper, which takes the other end of the returned socket ([`adopt_loopback`]).
+/// None when this process has threads. Dropped, the child is killed (it is done by then)
+/// and reaped.
+pub fn start_loopback() -> Result<Option<(LoopbackChild, OwnedFd)>> {
+    let (ns_rx, ns_tx) = std::os::unix::net::UnixStream::pair().map_err(|e| Error::Pipe(errno_of(&e)))?;
+    let parent = nix::unistd::getpid().as_raw();
+    let forked = super::process::run_forked("the job's network namespace", ns_tx, |ns_tx| {
+        // Dies with the runner, not after it.
+        if nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL).is_err()
+            || nix::unistd::getppid().as_raw() != parent
+        {
+            return 125;
+        }
+        match made_and_sent(&ns_tx) {
+            Some(_) => 0,
+            None => 1,
+        }
+    })?;
+    Ok(forked.ok().map(|pid| (LoopbackChild { pid }, ns_rx.into())))
+}
+
+/// The child of [`start_loopback`], for its runner to reap.
+#[derive(Debug)]
+pub struct LoopbackChild {
+    pid: nix::unistd::Pid,
+}
+
+impl Drop for LoopbackChild {
+    fn drop(&mut self) {
+        let _ = nix::sys::signal::kill(self.pid, nix::sys::signal::Signal::SIGKILL);
+        let _ = nix::sys::wait::waitpid(self.pid, None);
+    }
+}
+
+/// The namespace a runner's child is making (see [`start_loopback`]), for the helper to
+/// enter ([`Made::enter`]), its sysfs attached at `sysfs` then.
+pub fn adopt_loopback(ready: OwnedFd, sysfs: &Path) -> Made {
+    Made { entering: Some(Entering { ready: ready.into(), sysfs: sysfs.to_path_buf() }), ..Default::default() }
+}
+
+/// A sysfs of the caller's network namespace, read-only, nosuid, nodev and noexec, not
+/// attached anywhere: whoever makes the namespace makes it (sysfs shows the namespace of
+/// whoever creates it), wherever its own mounts are (a runner's child has the host's),
+/// and the helper attaches it in its own mount namespace ([`attach_sysfs`]).
+fn detached_sysfs() -> Result<OwnedFd> {
+    const FSOPEN_CLOEXEC: libc::c_uint = 1;
+    const FSCONFIG_SET_FLAG: libc::c_uint = 0;
+    const FSCONFIG_SET_STRING: libc::c_uint = 1;
+    const FSCONFIG_CMD_CREATE: libc::c_uint = 6;
+    const FSMOUNT_CLOEXEC: libc::c_uint = 1;
+    const ATTRS: libc::c_uint = 0x1 | 0x2 | 0x4 | 0x8; // MOUNT_ATTR_RDONLY, NOSUID, NODEV, NOEXEC
+                                                       // SAFETY: fsopen(2) reads the NUL-terminated literal during the call and returns a
+                                                       // new fd or -1; no memory of ours is kept.
+    let fs = unsafe { libc::syscall(libc::SYS_fsopen, c"sysfs".as_ptr(), FSOPEN_CLOEXEC) };
+    if fs < 0 {
+        return Err(Error::SysfsOpen(Errno::last()));
+    }
+    // SAFETY: `fs` is a new fd that nothing else owns; the OwnedFd closes it once.
+    let fs = unsafe { OwnedFd::from_raw_fd(fs as RawFd) };
+    // The superblock read-only too, as mount(2)'s MS_RDONLY made it (a write is refused
+    // with EROFS before any permission check), and named as that mount named it.
+    // SAFETY: fsconfig(2) reads the NUL-terminated literals during the call only (a flag
+    // takes no value: null).
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_fsconfig,
+            fs.as_raw_fd(),
+            FSCONFIG_SET_FLAG,
+            c"ro".as_ptr(),
+            std::ptr::null::<libc::c_void>(),
+            0,
+        )
+    };
+    if r < 0 {
+        return Err(Error::SysfsCreate(Errno::last()));
+    }
+    // SAFETY: as above, with a NUL-terminated literal for the value.
+    let r = unsafe {
+        libc::syscall(libc::SYS_fsconfig, fs.as_raw_fd(), FSCONFIG_SET_STRING, c"source".as_ptr(), c"sysfs".as_ptr(), 0)
+    };
+    if r < 0 {
+        return Err(Error::SysfsCreate(Errno::last()));
+    }
+    // SAFETY: fsconfig(2)'s CMD_CREATE takes no key or value: both pointers are null and
+    // nothing of ours is read or written.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_fsconfig,
+            fs.as_raw_fd(),
+            FSCONFIG_CMD_CREATE,
+            std::ptr::null::<libc::c_char>(),
+            std::ptr::null::<libc::c_void>(),
+            0,
+        )
+    };
+    if r < 0 {
+        return Err(Error::SysfsCreate(Errno::last()));
+    }
+    // SAFETY: fsmount(2) takes integers only and returns a new fd or -1.
+    let mnt = unsafe { libc::syscall(libc::SYS_fsmount, fs.as_raw_fd(), FSMOUNT_CLOEXEC, ATTRS) };
+    if mnt < 0 {
+        return Err(Error::SysfsMount(Errno::last()));
+    }
+    // SAFETY: `mnt` is a new fd that nothing else owns; the OwnedFd closes it once.
+    Ok(unsafe { OwnedFd::from_raw_fd(mnt as RawFd) })
+}
+
+/// Attaches a [`detached_sysfs`] at `target`, in the caller's mount namespace.
+fn attach_sysfs(sysfs: OwnedFd, target: &Path) -> Result<()> {
+    const MOVE_MOUNT_F_EMPTY_PATH: libc::c_uint = 0x4;
+    let failed = |source| Error::MountSysfs { target: target.into(), source };
+    let c_target = std::ffi::CString::new(target.as_os_str().as_encoded_bytes()).map_err(|_| failed(Errno::EINVAL))?;
+    // SAFETY: move_mount(2) reads the two NUL-terminated paths during the call only.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_move_mount,
+            sysfs.as_raw_fd(),
+            c"".as_ptr(),
+            libc::AT_FDCWD,
+            c_target.as_ptr(),
+            MOVE_MOUNT_F_EMPTY_PATH,
+        )
+    };
+    if r < 0 {
+        return Err(failed(Errno::last()));
+    }
+    Ok(())
 }
 
 fn dash_or(a: Option<Ipv6Addr>) -> String {
@@ -1005,32 +1153,39 @@ pub fn link_name(index: i32) -> Result<Option<String>> {
 mod tests {
     use super::*;
 
-    /// The word of the child making a job's namespace, as `Made::enter` takes it (any fd
-    /// stands in for the namespace's: no privilege needed).
-    fn entered_with(text: &str, with_fd: bool) -> Result<()> {
+    /// The word of the child making a job's namespace, as `Made::enter` takes it, with
+    /// `fds` stand-in fds (any fd stands in for the namespace's: no privilege needed).
+    fn entered_with(text: &str, fds: usize) -> Result<()> {
         let (rx, tx) = std::os::unix::net::UnixStream::pair().unwrap();
         let stand_in = std::fs::File::open("/dev/null").unwrap();
-        send_namespace(&tx, text, with_fd.then(|| stand_in.as_fd()));
+        send_namespace(&tx, text, &vec![stand_in.as_fd(); fds]);
         drop(tx);
-        let mut made = Made { entering: Some(Entering { ready: rx }), ..Default::default() };
+        let sysfs = PathBuf::from("/nonexistent/azp-test/sys");
+        let mut made = Made { entering: Some(Entering { ready: rx, sysfs }), ..Default::default() };
         made.enter()
     }
 
     #[test]
-    fn the_namespaces_word_and_fd_cross_and_failures_keep_their_kind() {
+    fn the_namespaces_word_and_fds_cross_and_failures_keep_their_kind() {
         let (rx, tx) = std::os::unix::net::UnixStream::pair().unwrap();
         let f = std::fs::File::open("/dev/null").unwrap();
-        send_namespace(&tx, "ok\n", Some(f.as_fd()));
-        let (text, fd) = receive_namespace(&rx);
+        let dir = std::fs::File::open("/").unwrap();
+        send_namespace(&tx, "ok\n", &[f.as_fd(), dir.as_fd()]);
+        let (text, fds) = receive_namespace(&rx);
         assert_eq!(text, "ok\n");
-        assert!(fd.is_some_and(|fd| fs_at_is_char_device(&fd)), "the fd came along");
+        assert_eq!(fds.len(), 2, "both fds came along");
+        assert!(fs_at_is_char_device(&fds[0]), "in order");
+        // Its sysfs is attached before the namespace is entered: a stand-in is no mount.
+        let e = entered_with("ok\n", 2).unwrap_err();
+        assert!(matches!(e, Error::MountSysfs { .. }), "{e}");
         // The unshare's EPERM stays that error (the job's record says "not permitted").
-        assert!(matches!(entered_with("unshare 1\n", false), Err(Error::UnshareNetNs(nix::errno::Errno::EPERM))));
-        let e = entered_with("err cannot mount sysfs\n", false).unwrap_err();
+        assert!(matches!(entered_with("unshare 1\n", 0), Err(Error::UnshareNetNs(nix::errno::Errno::EPERM))));
+        let e = entered_with("err cannot mount sysfs\n", 0).unwrap_err();
         assert_eq!(e.to_string(), "cannot make the job's network namespace: cannot mount sysfs");
-        // A child gone without a word, or a word without its namespace.
-        assert!(matches!(entered_with("", false), Err(Error::MakeJobNetns(_))));
-        assert!(matches!(entered_with("ok\n", false), Err(Error::MakeJobNetns(_))));
+        // A child gone without a word, or a word without its namespace and its sysfs.
+        assert!(matches!(entered_with("", 0), Err(Error::MakeJobNetns(_))));
+        assert!(matches!(entered_with("ok\n", 0), Err(Error::MakeJobNetns(_))));
+        assert!(matches!(entered_with("ok\n", 1), Err(Error::MakeJobNetns(_))));
     }
 
     fn fs_at_is_char_device(fd: &OwnedFd) -> bool {

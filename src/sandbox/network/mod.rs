@@ -54,6 +54,7 @@ use crate::sys::net::{Ipv4Net, JobRoute, Made, Pasta, Setup, Veth, Veth6};
 use crate::sys::Sys;
 use anyhow::{bail, Context, Result};
 use std::net::{Ipv4Addr, Ipv6Addr};
+use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
 
 /// Job links on the host: `azp` and 12 hex digits.
@@ -231,11 +232,18 @@ pub fn enter(
 /// The part of [`enter`] that needs no plan, for a helper forked before its job was
 /// planned (see `runner::EarlyHelper`): a `none` job's namespace, loopback only, and its
 /// sysfs in `dir` (see [`crate::sandbox::jobdir::net_dir`]). Nothing for the other
-/// modes: a veth needs the job's id and addresses, pasta its ports.
-pub fn begin(mode: Network, dir: &Path, sys: &dyn Sys) -> Result<Option<Made>> {
-    match mode {
-        Network::None => Ok(Some(isolate(&Setup::Loopback, dir, sys)?)),
-        Network::Isolated | Network::Host => Ok(None),
+/// modes: a veth needs the job's id and addresses, pasta its ports. `started`: the
+/// helper's end of the socket of a `none` namespace its runner started even earlier
+/// (see `sys::net::start_loopback`), adopted instead of made.
+pub fn begin(mode: Network, dir: &Path, sys: &dyn Sys, started: Option<OwnedFd>) -> Result<Option<Made>> {
+    match (mode, started) {
+        (Network::None, Some(ready)) => {
+            super::jobdir::create_mount_point(dir)?;
+            sys.mount_job_net_dir(dir)?;
+            Ok(Some(sys.adopt_network(ready, &dir.join("sys"))?))
+        }
+        (Network::None, None) => Ok(Some(isolate(&Setup::Loopback, dir, sys)?)),
+        (Network::Isolated | Network::Host, _) => Ok(None),
     }
 }
 
