@@ -262,21 +262,25 @@ fn inherit_cpuset(dir: &Path) -> Result<()> {
 mod tests {
     use super::*;
 
+    /// A join of one v2 job dir `dir` with a `sandbox` leaf and one limit.
+    fn one_v2_dir(dir: &Path, file: &'static str, value: &str) -> CgroupJoin {
+        CgroupJoin {
+            dirs: vec![CgroupDir {
+                dir: dir.to_path_buf(),
+                cpuset: false,
+                device_rules: None,
+                leaf: Some("sandbox"),
+                limits: vec![(file, value.into())],
+            }],
+            ..Default::default()
+        }
+    }
+
     #[test]
     fn a_v2_job_dir_gets_its_limits_and_the_process_joins_its_leaf() {
         let t = tempfile::tempdir().unwrap();
         let job = t.path().join("a/j");
-        let join = CgroupJoin {
-            dirs: vec![CgroupDir {
-                dir: job.clone(),
-                cpuset: false,
-                device_rules: None,
-                leaf: Some("sandbox"),
-                limits: vec![("memory.max", "1048576".into())],
-            }],
-            ..Default::default()
-        };
-        super::join(&join).unwrap();
+        super::join(&one_v2_dir(&job, "memory.max", "1048576")).unwrap();
         assert_eq!(std::fs::read_to_string(job.join("memory.max")).unwrap(), "1048576", "the limit on the job dir");
         assert!(!job.join("cgroup.procs").exists(), "no process in the job dir itself");
         let me = std::process::id().to_string();
@@ -287,16 +291,7 @@ mod tests {
     fn a_prepared_job_dir_has_its_limits_and_no_process_until_one_enters() {
         let t = tempfile::tempdir().unwrap();
         let job = t.path().join("a/j");
-        let join = CgroupJoin {
-            dirs: vec![CgroupDir {
-                dir: job.clone(),
-                cpuset: false,
-                device_rules: None,
-                leaf: Some("sandbox"),
-                limits: vec![("pids.max", "77".into())],
-            }],
-            ..Default::default()
-        };
+        let join = one_v2_dir(&job, "pids.max", "77");
         prepare(&join).unwrap();
         assert_eq!(std::fs::read_to_string(job.join("pids.max")).unwrap(), "77");
         assert!(!job.join("sandbox").exists(), "no leaf, no move: whoever prepares stays where it is");
