@@ -226,7 +226,10 @@ pub fn enter(
         Setup::Veth(v) => Some(v.host_name),
         _ => None,
     };
-    Ok((plan, Some(Entered { made, host_link })))
+    // Rootless, the helper's own namespace is the host's, which its user namespace may
+    // not enter again (setns: EPERM): it stays in the job's.
+    let leave = !plan.rootless;
+    Ok((plan, Some(Entered { made, host_link, leave })))
 }
 
 /// The part of [`enter`] that needs no plan, for a helper forked before its job was
@@ -260,6 +263,8 @@ pub struct Entered {
     made: Made,
     /// A veth's host end.
     host_link: Option<String>,
+    /// Whether the helper goes back to its own namespace (see [`Entered::finish`]).
+    leave: bool,
 }
 
 impl Entered {
@@ -276,7 +281,9 @@ impl Entered {
     /// lock), waits for what is still under way (a veth's configuration, in a child of
     /// the helper) and logs what the job got. Before the job starts.
     pub fn finish(mut self, job_id: &str, sys: &dyn Sys) -> Result<()> {
-        sys.leave_network(&mut self.made)?;
+        if self.leave {
+            sys.leave_network(&mut self.made)?;
+        }
         sys.finish_network(&mut self.made)?;
         let made = &self.made;
         match (&self.host_link, made.address, made.pasta_pid) {
