@@ -517,9 +517,10 @@ fn detached_sysfs() -> Result<OwnedFd> {
     const FSCONFIG_SET_STRING: libc::c_uint = 1;
     const FSCONFIG_CMD_CREATE: libc::c_uint = 6;
     const FSMOUNT_CLOEXEC: libc::c_uint = 1;
-    const ATTRS: libc::c_uint = 0x1 | 0x2 | 0x4 | 0x8; // MOUNT_ATTR_RDONLY, NOSUID, NODEV, NOEXEC
-                                                       // SAFETY: fsopen(2) reads the NUL-terminated literal during the call and returns a
-                                                       // new fd or -1; no memory of ours is kept.
+    // MOUNT_ATTR_RDONLY, NOSUID, NODEV, NOEXEC.
+    const ATTRS: libc::c_uint = 0x1 | 0x2 | 0x4 | 0x8;
+    // SAFETY: fsopen(2) reads the NUL-terminated literal during the call and returns a
+    // new fd or -1; no memory of ours is kept.
     let fs = unsafe { libc::syscall(libc::SYS_fsopen, c"sysfs".as_ptr(), FSOPEN_CLOEXEC) };
     if fs < 0 {
         return Err(Error::SysfsOpen(Errno::last()));
@@ -576,7 +577,7 @@ fn detached_sysfs() -> Result<OwnedFd> {
 
 /// Attaches a [`detached_sysfs`] at `target`, in the caller's mount namespace.
 fn attach_sysfs(sysfs: OwnedFd, target: &Path) -> Result<()> {
-    const MOVE_MOUNT_F_EMPTY_PATH: libc::c_uint = 0x4;
+    use super::userns::MOVE_MOUNT_F_EMPTY_PATH;
     let failed = |source| Error::MountSysfs { target: target.into(), source };
     let c_target = std::ffi::CString::new(target.as_os_str().as_encoded_bytes()).map_err(|_| failed(Errno::EINVAL))?;
     // SAFETY: move_mount(2) reads the two NUL-terminated paths during the call only.

@@ -48,7 +48,7 @@ fn write_map(pid: i32, file: &str, map: &str) -> Result<()> {
 const OPEN_TREE_CLONE: libc::c_uint = 1;
 const MOUNT_ATTR_RDONLY: u64 = 0x0000_0001;
 const MOUNT_ATTR_IDMAP: u64 = 0x0010_0000;
-const MOVE_MOUNT_F_EMPTY_PATH: libc::c_uint = 0x0000_0004;
+pub(super) const MOVE_MOUNT_F_EMPTY_PATH: libc::c_uint = 0x0000_0004;
 
 /// `struct mount_attr` of mount_setattr(2).
 #[repr(C)]
