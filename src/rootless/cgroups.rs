@@ -52,6 +52,9 @@ pub struct CgroupHost {
     pub root: PathBuf,
     /// This process's v2 cgroup path (the `0::` line of /proc/self/cgroup).
     pub own_v2: Option<PathBuf>,
+    /// This process's v1 cgroups: each hierarchy's controllers as /proc/self/cgroup
+    /// names them (`cpu,cpuacct`), and the path in it.
+    pub own_v1: Vec<(String, PathBuf)>,
     /// Where the cgroup2 hierarchy is mounted: `root` on a v2 host, `<root>/unified` on a
     /// hybrid one, None on a v1-only host.
     pub v2_mount: Option<PathBuf>,
@@ -74,10 +77,10 @@ impl CgroupHost {
             let controllers = if v2.is_some() { JOB_V1_CONTROLLERS } else { ALL_V1_CONTROLLERS };
             (v1_controller_mounts(&info, controllers), v2)
         };
-        let own_v2 = crate::sys::procfile::read("/proc/self/cgroup")
-            .ok()
-            .and_then(|t| t.lines().find_map(|l| l.strip_prefix("0::").map(PathBuf::from)));
-        CgroupHost { unified, v1_mounts, root, own_v2, v2_mount }
+        let own = crate::sys::procfile::read("/proc/self/cgroup").unwrap_or_default();
+        let own_v2 = own.lines().find_map(|l| l.strip_prefix("0::").map(PathBuf::from));
+        let own_v1 = own_v1_cgroups(&own);
+        CgroupHost { unified, v1_mounts, root, own_v2, own_v1, v2_mount }
     }
 }
 
@@ -93,12 +96,27 @@ impl CgroupHost {
     /// This process's own `cgroup.procs` in the cgroup2 hierarchy (None on a v1-only host,
     /// or where its path leaves the mount: `..` for a process outside its cgroup namespace).
     pub fn own_v2_procs(&self) -> Option<PathBuf> {
+        Some(self.own_dir(self.v2_mount.as_deref()?)?.join("cgroup.procs"))
+    }
+
+    /// This process's own cgroup dir in `hierarchy` (the cgroup2 mount, or one of
+    /// `v1_mounts`, named by its controllers). None where it is not known, or where its
+    /// path leaves the mount (`..`: a process outside its cgroup namespace).
+    pub fn own_dir(&self, hierarchy: &Path) -> Option<PathBuf> {
         use std::path::Component;
-        let rel = self.own_v2.as_deref()?.strip_prefix("/").ok()?;
-        if !rel.components().all(|c| matches!(c, Component::Normal(_))) {
-            return None;
-        }
-        Some(self.v2_mount.as_deref()?.join(rel).join("cgroup.procs"))
+        let own = if Some(hierarchy) == self.v2_mount.as_deref() {
+            self.own_v2.as_deref()?
+        } else {
+            fn controllers(names: &str) -> Vec<&str> {
+                let mut v: Vec<&str> = names.split(',').collect();
+                v.sort_unstable();
+                v
+            }
+            let name = controllers(hierarchy.file_name()?.to_str()?);
+            self.own_v1.iter().find(|(c, _)| controllers(c) == name)?.1.as_path()
+        };
+        let rel = own.strip_prefix("/").ok()?;
+        rel.components().all(|c| matches!(c, Component::Normal(_))).then(|| hierarchy.join(rel))
     }
 
     /// cgroup v1 with swap accounting: the memory hierarchy has `memory.memsw.*` files
@@ -115,6 +133,20 @@ impl CgroupHost {
     pub fn hierarchies(&self) -> impl Iterator<Item = &Path> {
         self.v1_mounts.iter().map(PathBuf::as_path).chain(self.v2_mount.as_deref())
     }
+}
+
+/// The v1 lines of a /proc/self/cgroup (`ID:CONTROLLERS:PATH`; named hierarchies such
+/// as `name=systemd` and the v2 line `0::` have no controllers of their own).
+fn own_v1_cgroups(proc_self_cgroup: &str) -> Vec<(String, PathBuf)> {
+    proc_self_cgroup
+        .lines()
+        .filter_map(|l| {
+            let mut f = l.splitn(3, ':');
+            let (_, controllers, path) = (f.next()?, f.next()?, f.next()?);
+            let named = controllers.is_empty() || controllers.starts_with("name=");
+            (!named).then(|| (controllers.to_string(), PathBuf::from(path)))
+        })
+        .collect()
 }
 
 /// The cgroup v1 controllers whose hierarchies a job's cgroup is made in: those
@@ -338,7 +370,14 @@ mod tests {
         for m in &mounts {
             std::fs::create_dir_all(m).unwrap();
         }
-        CgroupHost { unified: false, v1_mounts: mounts, root: root.into(), own_v2: None, v2_mount: None }
+        CgroupHost {
+            unified: false,
+            v1_mounts: mounts,
+            root: root.into(),
+            own_v2: None,
+            own_v1: vec![],
+            v2_mount: None,
+        }
     }
 
     #[test]
@@ -348,6 +387,7 @@ mod tests {
             v1_mounts: vec![],
             root: "/sys/fs/cgroup".into(),
             own_v2: own.map(PathBuf::from),
+            own_v1: vec![],
             v2_mount: v2.map(PathBuf::from),
         };
         let hybrid = host(Some("/"), Some("/sys/fs/cgroup/unified"));
@@ -357,6 +397,30 @@ mod tests {
         assert_eq!(host(None, None).own_v2_procs(), None, "v1 only: no cgroup2 file to write");
         assert_eq!(host(Some("/"), None).own_v2_procs(), None);
         assert_eq!(host(Some("/../../other"), Some("/sys/fs/cgroup")).own_v2_procs(), None, "outside the mount");
+    }
+
+    #[test]
+    fn own_cgroup_dirs_in_each_hierarchy() {
+        let own = "12:pids:/user.slice/user-0.slice\n\
+                   11:cpu,cpuacct:/user.slice\n\
+                   4:memory:/../../escaped\n\
+                   1:name=systemd:/user.slice/user-0.slice/session-1.scope\n\
+                   0::/user.slice/user-0.slice/session-1.scope\n";
+        let cg = Path::new("/sys/fs/cgroup");
+        let host = CgroupHost {
+            unified: false,
+            v1_mounts: ["cpuacct,cpu", "memory", "pids", "devices"].map(|m| cg.join(m)).to_vec(),
+            root: cg.into(),
+            own_v2: own.lines().find_map(|l| l.strip_prefix("0::").map(PathBuf::from)),
+            own_v1: own_v1_cgroups(own),
+            v2_mount: Some(cg.join("unified")),
+        };
+        assert_eq!(host.own_v1.len(), 3, "{:?}: no named hierarchy, no v2 line", host.own_v1);
+        assert_eq!(host.own_dir(&cg.join("pids")), Some(cg.join("pids/user.slice/user-0.slice")));
+        assert_eq!(host.own_dir(&cg.join("cpuacct,cpu")), Some(cg.join("cpuacct,cpu/user.slice")), "any order");
+        assert_eq!(host.own_dir(&cg.join("unified")), Some(cg.join("unified/user.slice/user-0.slice/session-1.scope")));
+        assert_eq!(host.own_dir(&cg.join("memory")), None, "outside the mount");
+        assert_eq!(host.own_dir(&cg.join("devices")), None, "no line for it");
     }
 
     #[test]
@@ -381,7 +445,14 @@ mod tests {
 
     #[test]
     fn root_mode_uses_the_default_or_requested_parent() {
-        let h = CgroupHost { unified: false, v1_mounts: vec![], root: "/x".into(), own_v2: None, v2_mount: None };
+        let h = CgroupHost {
+            unified: false,
+            v1_mounts: vec![],
+            root: "/x".into(),
+            own_v2: None,
+            own_v1: vec![],
+            v2_mount: None,
+        };
         assert_eq!(place(&|| h.clone(), None, false, 0, &|_| false).parent(), Some(Path::new("/azp-sandbox")));
         assert_eq!(
             place(&|| h.clone(), Some(Path::new("/slurm/job1")), false, 0, &|_| false).parent(),
@@ -460,6 +531,7 @@ mod tests {
             v1_mounts: vec![],
             root: t.path().into(),
             own_v2: Some("/user.slice/user-1001.slice/user@1001.service/app.slice/term.scope".into()),
+            own_v1: vec![],
             v2_mount: Some(t.path().into()),
         };
         let ours = |p: &Path| p.starts_with(&svc);

@@ -134,10 +134,12 @@ pub fn limit_writes(limits: &Limits, v2: bool, hierarchy: &str) -> Vec<(&'static
     w
 }
 
-/// One cgroup dir of the job: where, which hierarchy (v1 mount dir name, "" for v2), and
-/// whether limits apply there (not in the controller-less v2 tree of a hybrid host).
+/// One cgroup dir of the job: where, in which hierarchy (its mount; its v1 mount dir's
+/// name, "" for v2), and whether limits apply there (not in the controller-less v2 tree
+/// of a hybrid host).
 struct JobDir {
     dir: PathBuf,
+    mount: PathBuf,
     hierarchy: String,
     v2: bool,
     limits: bool,
@@ -147,7 +149,8 @@ struct JobDir {
 fn job_dirs(host: &CgroupHost, cgroup: &Path, setup: &Setup) -> Vec<JobDir> {
     let rel = cgroup.strip_prefix("/").unwrap_or(cgroup);
     if host.unified {
-        return vec![JobDir { dir: host.root.join(rel), hierarchy: String::new(), v2: true, limits: true }];
+        let mount = host.root.clone();
+        return vec![JobDir { dir: mount.join(rel), mount, hierarchy: String::new(), v2: true, limits: true }];
     }
     let mut dirs: Vec<JobDir> = host
         .v1_mounts
@@ -155,13 +158,14 @@ fn job_dirs(host: &CgroupHost, cgroup: &Path, setup: &Setup) -> Vec<JobDir> {
         .filter(|m| matches!(setup, Setup::Root { .. }) || !m.ends_with("devices"))
         .map(|m| JobDir {
             dir: m.join(rel),
+            mount: m.clone(),
             hierarchy: m.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default(),
             v2: false,
             limits: true,
         })
         .collect();
     if let (Setup::Root { .. }, Some(v2)) = (setup, &host.v2_mount) {
-        dirs.push(JobDir { dir: v2.join(rel), hierarchy: String::new(), v2: true, limits: false });
+        dirs.push(JobDir { dir: v2.join(rel), mount: v2.clone(), hierarchy: String::new(), v2: true, limits: false });
     }
     dirs
 }
@@ -184,7 +188,13 @@ pub fn plan_join(host: &CgroupHost, cgroup: &Path, limits: &Limits, setup: &Setu
         }
         join.v2_controllers = V2_CONTROLLERS.to_vec();
     }
-    for d in job_dirs(host, cgroup, setup) {
+    let dirs = job_dirs(host, cgroup, setup);
+    if let Setup::Root { .. } = setup {
+        // Where the helper goes back once the job's init is started (see
+        // `Sys::leave_cgroup`): all of its cgroups, or it stays.
+        join.back = dirs.iter().map(|d| host.own_dir(&d.mount)).collect::<Option<Vec<_>>>().unwrap_or_default();
+    }
+    for d in dirs {
         let devices = d.hierarchy.split(',').any(|h| h == "devices");
         let device_rules = match setup {
             Setup::Root { device_rules } if devices => Some(device_rules.clone()),
@@ -232,6 +242,7 @@ mod tests {
             v1_mounts: ["cpu,cpuacct", "devices", "memory"].map(|m| PathBuf::from("/cg").join(m)).to_vec(),
             root: "/cg".into(),
             own_v2: None,
+            own_v1: vec![],
             v2_mount: Some("/cg/unified".into()),
         }
     }
@@ -278,5 +289,23 @@ mod tests {
         assert_eq!(j.dirs[0].leaf, Some(HELPER_LEAF), "v2: the limits above, the helper in the leaf");
         let hybrid = plan_join(&hybrid(), Path::new("/a/j"), &limits, &setup);
         assert!(hybrid.dirs.iter().all(|d| d.leaf.is_none()), "v1 and the controller-less v2 tree: the dir itself");
+    }
+
+    #[test]
+    fn a_root_helper_goes_back_to_its_own_cgroups_only_where_it_knows_all() {
+        let setup = Setup::Root { device_rules: vec![] };
+        let own = |v1: &[&str]| CgroupHost {
+            own_v2: Some("/user.slice".into()),
+            own_v1: v1.iter().map(|c| (c.to_string(), PathBuf::from("/svc"))).collect(),
+            ..hybrid()
+        };
+        let all = own(&["cpu,cpuacct", "devices", "memory"]);
+        let j = plan_join(&all, Path::new("/a/j"), &Limits::default(), &setup);
+        let back: Vec<String> = j.back.iter().map(|p| p.display().to_string()).collect();
+        assert_eq!(back, ["/cg/cpu,cpuacct/svc", "/cg/devices/svc", "/cg/memory/svc", "/cg/unified/user.slice"]);
+        let some = own(&["cpu,cpuacct", "memory"]);
+        assert!(plan_join(&some, Path::new("/a/j"), &Limits::default(), &setup).back.is_empty(), "devices unknown");
+        let rootless = plan_join(&all, Path::new("/a/j"), &Limits::default(), &Setup::Rootless);
+        assert!(rootless.back.is_empty(), "a rootless helper stays: its own cgroup may not be its to move into");
     }
 }

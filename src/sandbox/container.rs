@@ -25,8 +25,9 @@ pub trait Container {
     fn create(&mut self, plan: &JobPlan, job: &JobDir) -> Result<()>;
     /// The pid of the container's init, once created.
     fn init_pid(&self) -> Option<i32>;
-    /// Starts the job and waits for its init to exit, forwarding stop signals.
-    fn start_and_wait(&mut self) -> Result<HelperResult>;
+    /// Starts the job and waits for its init to exit, forwarding stop signals; `started`
+    /// is called once the job runs (not when the start fails).
+    fn start_and_wait(&mut self, started: &mut dyn FnMut()) -> Result<HelperResult>;
     /// SIGKILLs an init that was never started (cancelled).
     fn kill_unreaped_init(&mut self);
     /// Removes the container (forced), with libcontainer's state.
@@ -119,9 +120,9 @@ impl Container for Libcontainer {
         self.container.as_ref()?.pid().map(Pid::as_raw)
     }
 
-    fn start_and_wait(&mut self) -> Result<HelperResult> {
+    fn start_and_wait(&mut self, started: &mut dyn FnMut()) -> Result<HelperResult> {
         let container = self.container.as_mut().context("no container to start")?;
-        start_and_wait(container)
+        start_and_wait(container, started)
     }
 
     fn kill_unreaped_init(&mut self) {
@@ -151,7 +152,10 @@ pub(super) fn create_error(text: &str, args: &[String]) -> SandboxError {
     SandboxError { kind, message }
 }
 
-fn start_and_wait(container: &mut libcontainer::container::Container) -> Result<HelperResult> {
+fn start_and_wait(
+    container: &mut libcontainer::container::Container,
+    started: &mut dyn FnMut(),
+) -> Result<HelperResult> {
     // Block the signals we handle before the job starts, so none is lost; the job's
     // init was forked during build() and does not inherit this mask.
     let mut set = SigSet::empty();
@@ -166,6 +170,7 @@ fn start_and_wait(container: &mut libcontainer::container::Container) -> Result<
         return Err(SandboxError::new(classify_libcontainer(&text), format!("cannot start the sandbox: {text}")).into());
     }
     let init = container.pid().context("sandbox started but has no init pid")?;
+    started();
     let kill = |sig: Signal| {
         let _ = crate::sys::process::kill(init.as_raw(), sig);
     };

@@ -166,7 +166,7 @@ impl HandOver {
 
 fn report_failure(job: &JobDir, result: Option<OwnedFd>, e: anyhow::Error) -> i32 {
     let result_of = into_result(Err(e));
-    Reporter { fd: std::cell::Cell::new(result) }.report(job, &result_of);
+    Reporter::new(result).report(job, &result_of);
     exit_code(&result_of)
 }
 
@@ -177,11 +177,12 @@ fn run_and_report(
     container: &mut Libcontainer,
     early: Option<(FirstSteps, HandOver)>,
 ) -> i32 {
-    let reporter = Reporter { fd: std::cell::Cell::new(pipes.result) };
+    let reporter = Reporter::new(pipes.result);
     let (first, hand_over) = early.unzip();
     let start = Start { go: pipes.go, first, hand_over };
     let result = into_result(run(home, job, CgroupHost::get(), &sys::Real, container, &reporter, start));
     let code = exit_code(&result);
+    // A failure's (a result sent already is not sent again).
     reporter.report(job, &result);
     code
 }
@@ -240,20 +241,47 @@ pub const RESULT_FD_ENV: &str = "AZP_SANDBOX_RESULT_FD";
 /// Env var naming a re-executed helper's go pipe (see [`Pipes::go`]).
 pub const GO_FD_ENV: &str = "AZP_SANDBOX_GO_FD";
 
+/// Ends the result on the result pipe, which stays open after it for [`DONE`] (compact
+/// JSON holds no raw newline).
+pub const END_OF_RESULT: u8 = b'\n';
+/// The helper's last word on the result pipe, after the result: the container is
+/// deleted and the helper is out of the job's cgroups (see `Sys::leave_cgroup`), so the
+/// runner may tear the job down while this process exits. EOF without it: the runner
+/// waits for the helper's exit first.
+pub const DONE: &[u8] = b"d";
+
 struct Reporter {
     fd: std::cell::Cell<Option<OwnedFd>>,
+    reported: std::cell::Cell<bool>,
 }
 
 impl Reporter {
-    /// Writes the result file, then sends it on the pipe (once).
+    fn new(fd: Option<OwnedFd>) -> Reporter {
+        Reporter { fd: std::cell::Cell::new(fd), reported: std::cell::Cell::new(false) }
+    }
+
+    /// Writes the result file, then sends it on the pipe, once: after [`Reporter::done`]
+    /// nothing may touch the job dir, which the runner is removing.
     fn report(&self, job: &JobDir, result: &HelperResult) {
-        let bytes = serde_json::to_vec(result).unwrap_or_default();
+        if self.reported.replace(true) {
+            return;
+        }
+        let mut bytes = serde_json::to_vec(result).unwrap_or_default();
         if let Err(e) = std::fs::write(job.result_file(), &bytes) {
             eprintln!("azp-sandbox helper: cannot write {}: {e}", job.result_file().display());
         }
         if let Some(fd) = self.fd.take() {
             let mut f = std::fs::File::from(fd);
+            bytes.push(END_OF_RESULT);
             let _ = std::io::Write::write_all(&mut f, &bytes);
+            self.fd.set(Some(f.into()));
+        }
+    }
+
+    /// Sends [`DONE`] and closes the pipe.
+    fn done(&self) {
+        if let Some(fd) = self.fd.take() {
+            let _ = std::io::Write::write_all(&mut std::fs::File::from(fd), DONE);
         }
     }
 }
@@ -329,7 +357,7 @@ fn run(
     // here), and the moves that follow within about a grace period do not wait. Joined
     // here, libcontainer's move of the job's init into its leaf comes within that window;
     // joined before the mounts, it often came after it and waited a second time.
-    let cgroup_owner = enter_job_cgroup(&plan, cgroups, sys, hand_over)?;
+    let (cgroup_owner, mut way_back) = enter_job_cgroup(&plan, cgroups, sys, hand_over)?;
 
     let mut spec = spec::build(&plan, &merged, &cgroup_owner)?;
     if !plan.caches.is_empty() {
@@ -367,8 +395,17 @@ fn run(
     if let Err(e) = sys::process::reap_killed() {
         tracing::debug!(job = %plan.id, "the user namespace's child: {e}");
     }
-    // From here on the container exists: whatever happens, delete it.
-    let outcome = container.start_and_wait();
+    // From here on the container exists: whatever happens, delete it. Once the job runs,
+    // its init and all it forks are in the job's cgroup: the helper goes back to its
+    // runner's, so that the runner may remove the job's while this process exits.
+    let mut left = false;
+    let outcome = container.start_and_wait(&mut || {
+        let Some(back) = way_back.take() else { return };
+        match sys.leave_cgroup(back) {
+            Ok(()) => left = true,
+            Err(e) => tracing::debug!(job = %plan.id, "the helper stays in the job's cgroup: {e}"),
+        }
+    });
     tracing::debug!(job = %plan.id, "job exited");
     if let Ok(r) = &outcome {
         reporter.report(job, r);
@@ -380,6 +417,9 @@ fn run(
     // which the kernel tears down when we exit, before our parent's wait returns. An
     // unmount of its own costs one more RCU grace period (~0.7 ms per job measured).
     tracing::debug!(job = %plan.id, "container deleted");
+    if left && outcome.is_ok() {
+        reporter.done();
+    }
     outcome
 }
 
@@ -423,25 +463,31 @@ fn enter_job_cgroup(
     host: &CgroupHost,
     sys: &dyn Sys,
     hand_over: Option<HandOver>,
-) -> Result<spec::CgroupOwner> {
+) -> Result<(spec::CgroupOwner, Option<sys::WayBack>)> {
     use super::cgroup::{plan_join, Setup};
     if plan.rootless {
         if !plan.cgroup_path.as_os_str().is_empty() {
             sys.join_cgroup(&plan_join(host, &plan.cgroup_path, &plan.limits, &Setup::Rootless))?;
         }
         sys.hide_cgroupfs()?;
-        return Ok(spec::CgroupOwner::Helper { leaf: None });
+        return Ok((spec::CgroupOwner::Helper { leaf: None }, None));
     }
     let Some(join) = root_join(plan, host)? else {
-        return Ok(spec::CgroupOwner::Libcontainer { memsw: host.v1_memsw() });
+        return Ok((spec::CgroupOwner::Libcontainer { memsw: host.v1_memsw() }, None));
     };
+    // Opened while the host's tree is in view. Without it the helper stays in the job's
+    // cgroup until it exits, as it did before it could leave: nothing is lost but time.
+    let way_back = (!join.back.is_empty()).then(|| sys.open_cgroup_way_back(&join)).transpose().unwrap_or_else(|e| {
+        tracing::debug!(job = %plan.id, "no way back out of the job's cgroup: {e}");
+        None
+    });
     if hand_over.is_some_and(HandOver::cgroup_prepared) {
         sys.enter_cgroup(&join)?;
     } else {
         sys.join_cgroup(&join)?;
     }
     sys.hide_cgroupfs()?;
-    Ok(spec::CgroupOwner::Helper { leaf: Some(JOB_CGROUP_LEAF.into()) })
+    Ok((spec::CgroupOwner::Helper { leaf: Some(JOB_CGROUP_LEAF.into()) }, way_back))
 }
 
 /// The cgroup a helper of a root job joins itself: its dirs in every hierarchy, its
@@ -517,8 +563,9 @@ mod tests {
             // A live process, so that init.pid gets its start time.
             Some(std::process::id() as i32)
         }
-        fn start_and_wait(&mut self) -> Result<HelperResult> {
+        fn start_and_wait(&mut self, started: &mut dyn FnMut()) -> Result<HelperResult> {
             self.step("start_and_wait")?;
+            started();
             Ok(HelperResult::Exited { code: 3, signal: None })
         }
         fn kill_unreaped_init(&mut self) {
@@ -562,6 +609,7 @@ mod tests {
             v1_mounts: vec![cg.join("memory")],
             root: cg.clone(),
             own_v2: None,
+            own_v1: vec![],
             v2_mount: Some(cg.join("unified")),
         };
         Setup { _t: t, home, job, cgroups, _lock: lock }
@@ -570,7 +618,7 @@ mod tests {
     impl Setup {
         fn run(&self, rec: &Recorder, create_fails_with: Option<&'static str>, go: Option<OwnedFd>) -> HelperResult {
             let mut container = FakeContainer { rec, create_fails_with };
-            let reporter = Reporter { fd: std::cell::Cell::new(None) };
+            let reporter = Reporter::new(None);
             into_result(run(
                 &self.home,
                 &self.job,
@@ -656,6 +704,55 @@ mod tests {
     }
 
     #[test]
+    fn a_root_helper_goes_back_to_its_cgroups_once_the_job_runs_and_says_done_last() {
+        let mut s = setup(|_, _| {});
+        s.cgroups.own_v1 = vec![("memory".into(), "/svc".into())];
+        s.cgroups.own_v2 = Some("/svc".into());
+        let run = |rec: &Recorder| {
+            let (rx, tx) = nix::unistd::pipe().unwrap();
+            let reporter = Reporter::new(Some(tx));
+            let mut container = FakeContainer { rec, create_fails_with: None };
+            let start = Start::default();
+            let r = into_result(run(&s.home, &s.job, &s.cgroups, rec, &mut container, &reporter, start));
+            drop(reporter);
+            let mut sent = Vec::new();
+            std::io::Read::read_to_end(&mut std::fs::File::from(rx), &mut sent).unwrap();
+            (r, sent)
+        };
+        let rec = Recorder::default();
+        let (r, sent) = run(&rec);
+        let calls = rec.calls();
+        let back = format!(
+            "open_cgroup_way_back {} {}",
+            s.cgroups.root.join("memory/svc").display(),
+            s.cgroups.root.join("unified/svc").display()
+        );
+        let mut expected = s.steps();
+        expected.insert(s.pos("join_cgroup"), back);
+        expected.insert(expected.iter().position(|c| c == "start_and_wait").unwrap() + 1, "leave_cgroup".into());
+        assert_eq!(calls, expected, "opened before the join, left once the job runs, before the delete");
+        let mut result = serde_json::to_vec(&r).unwrap();
+        result.push(END_OF_RESULT);
+        result.extend_from_slice(DONE);
+        assert_eq!(String::from_utf8_lossy(&sent), String::from_utf8_lossy(&result), "the result, then DONE");
+
+        // A helper that could not leave stays in the job's cgroup: no DONE (its runner
+        // waits for its exit before it removes the cgroup).
+        let leave = calls.iter().position(|c| c == "leave_cgroup").unwrap();
+        let rec = Recorder::failing_at(leave, nix::errno::Errno::EBUSY);
+        let (r, sent) = run(&rec);
+        assert_eq!(r, HelperResult::Exited { code: 3, signal: None }, "the job's result all the same");
+        assert_eq!(sent.last(), Some(&END_OF_RESULT), "{}", String::from_utf8_lossy(&sent));
+        // Nor without a way back: the job runs, the helper stays.
+        let at = calls.iter().position(|c| c.starts_with("open_cgroup_way_back")).unwrap();
+        let rec = Recorder::failing_at(at, nix::errno::Errno::EACCES);
+        let (r, sent) = run(&rec);
+        assert_eq!(r, HelperResult::Exited { code: 3, signal: None });
+        assert!(!rec.calls().contains(&"leave_cgroup".to_string()), "{:?}", rec.calls());
+        assert_eq!(sent.last(), Some(&END_OF_RESULT));
+    }
+
+    #[test]
     fn an_early_helper_takes_the_same_steps_its_first_ones_before_the_plan() {
         use crate::config::Network;
         for network in [Network::None, Network::Isolated, Network::Host] {
@@ -666,7 +763,7 @@ mod tests {
             let mut container = FakeContainer { rec: &early, create_fails_with: None };
             let first = first_steps(&s.home, network, &early, &mut container, None).unwrap();
             let before_plan = early.calls();
-            let reporter = Reporter { fd: std::cell::Cell::new(None) };
+            let reporter = Reporter::new(None);
             let start = Start { go: None, first: Some(first), hand_over: None };
             let r = into_result(run(&s.home, &s.job, &s.cgroups, &early, &mut container, &reporter, start));
             assert_eq!(r, HelperResult::Exited { code: 3, signal: None }, "{network}");
@@ -687,7 +784,7 @@ mod tests {
         let mut container = FakeContainer { rec: &early, create_fails_with: None };
         let (started, _runner_end) = std::os::unix::net::UnixStream::pair().unwrap();
         let first = first_steps(&s.home, Network::None, &early, &mut container, Some(started.into())).unwrap();
-        let reporter = Reporter { fd: std::cell::Cell::new(None) };
+        let reporter = Reporter::new(None);
         let start = Start { go: None, first: Some(first), hand_over: None };
         let r = into_result(run(&s.home, &s.job, &s.cgroups, &early, &mut container, &reporter, start));
         assert_eq!(r, HelperResult::Exited { code: 3, signal: None });
@@ -704,7 +801,7 @@ mod tests {
         let mut container = FakeContainer { rec: &rec, create_fails_with: None };
         let first = first_steps(&s.home, Network::None, &rec, &mut container, None).unwrap();
         let steps = rec.calls().len();
-        let reporter = Reporter { fd: std::cell::Cell::new(None) };
+        let reporter = Reporter::new(None);
         let start = Start { go: None, first: Some(first), hand_over: None };
         let r = into_result(run(&s.home, &s.job, &s.cgroups, &rec, &mut container, &reporter, start));
         let (_, error) = failed(&r);
@@ -754,7 +851,7 @@ mod tests {
             let rec = Recorder::default();
             let mut container = FakeContainer { rec: &rec, create_fails_with: None };
             let first = first_steps(&s.home, s.job.read_plan().unwrap().network, &rec, &mut container, None).unwrap();
-            let reporter = Reporter { fd: std::cell::Cell::new(None) };
+            let reporter = Reporter::new(None);
             let start = Start { go: None, first: Some(first), hand_over: Some(hand_over) };
             let r = into_result(run(&s.home, &s.job, &s.cgroups, &rec, &mut container, &reporter, start));
             assert_eq!(r, HelperResult::Exited { code: 3, signal: None });
@@ -772,7 +869,7 @@ mod tests {
         let rec = Recorder::default();
         let mut container = FakeContainer { rec: &rec, create_fails_with: None };
         let first = first_steps(&s.home, s.job.read_plan().unwrap().network, &rec, &mut container, None).unwrap();
-        let reporter = Reporter { fd: std::cell::Cell::new(None) };
+        let reporter = Reporter::new(None);
         let start = Start { go: None, first: Some(first), hand_over: Some(word(b"k")) };
         into_result(run(&s.home, &s.job, &s.cgroups, &rec, &mut container, &reporter, start));
         assert!(rec.calls().iter().any(|c| c.starts_with("join_cgroup ")), "{:?}", rec.calls());

@@ -477,14 +477,17 @@ impl Sandbox {
         self.cancel_prepared();
         let (stopped, layers_gone) = if self.pending.is_some() {
             // The job is over (its result came after its init, and with it the whole pid
-            // namespace, was reaped); its helper is still deleting the container and
-            // exiting. Meanwhile its layers go: on a disk where each freed dir block
-            // waits for a discard, that wait overlaps the helper's exit and then the
-            // clean-up's first half (the cgroup, libcontainer's state).
+            // namespace, was reaped); its helper may still be deleting its container.
+            // Meanwhile its layers go: on a disk where each freed dir block waits for a
+            // discard, that wait overlaps the helper's exit and the rest of the clean-up.
+            // A helper done with the job exits while the job's cgroup and libcontainer's
+            // state go here; it is reaped after them. Otherwise it is reaped first.
             let (home, job, project) = (self.home.clone(), self.job.clone(), self.project_id);
             std::thread::scope(|s| {
                 let layers = s.spawn(move || teardown::remove_layers(&home, &job, project));
-                self.wait_pending();
+                if !self.pending.as_mut().is_some_and(|(helper, _)| helper.done()) {
+                    self.wait_pending();
+                }
                 let stopped = teardown::stop_job(&self.home, &self.job);
                 (stopped, layers.join().unwrap_or_else(|_| Err(anyhow::anyhow!("layer removal panicked"))))
             })
@@ -496,6 +499,7 @@ impl Sandbox {
             tracing::debug!(job = %self.plan.id, "early layer removal failed ({e:#}); the clean-up retries");
         }
         let cleanup = stopped.and_then(|s| s.finish(&self.home, &self.job));
+        self.wait_pending();
         drop(self.lock.take());
         // Its processes are gone and its record with them: the ids are free.
         drop(self.ids.take());
@@ -913,21 +917,32 @@ impl Drop for EarlyHelper {
 }
 
 /// Waits for the helper's result (sent when the job exits, before the container is
-/// deleted). Returns the still-running helper and the result, or None when the helper
-/// ended without reporting one.
+/// deleted). Returns the still-running helper, holding the rest of its result pipe (see
+/// [`Helper::done`]), and the result, or None when the helper ended without one.
 fn await_result(s: Spawned, opts: &RunOptions) -> (Helper, Option<HelperResult>) {
     let Spawned { child, result_rx, go_tx, copiers } = s;
     drop(go_tx);
     watch_helper(child.pid, opts);
-    // EOF comes when the helper has sent its result (or died): it is the last holder of
-    // the write end once the job has exec'd.
+    // The result ends with END_OF_RESULT, or at EOF when the helper died (it is the last
+    // holder of the write end once the job has exec'd).
+    let mut pipe = std::fs::File::from(result_rx);
     let mut bytes = Vec::new();
-    let _ = std::io::Read::read_to_end(&mut std::fs::File::from(result_rx), &mut bytes);
+    let mut chunk = [0u8; 4096];
+    while !bytes.contains(&super::helper::END_OF_RESULT) {
+        match std::io::Read::read(&mut pipe, &mut chunk) {
+            Ok(0) => break,
+            Ok(n) => bytes.extend_from_slice(&chunk[..n]),
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(_) => break,
+        }
+    }
     if opts.forward_signals {
         FORWARD_PID.store(0, Ordering::SeqCst);
     }
-    let report = serde_json::from_slice::<HelperResult>(&bytes).ok();
-    (Helper { child, copiers }, report)
+    let end = bytes.iter().position(|b| *b == super::helper::END_OF_RESULT).unwrap_or(bytes.len());
+    let report = serde_json::from_slice::<HelperResult>(&bytes[..end]).ok();
+    let after = bytes.get(end + 1..).unwrap_or_default().to_vec();
+    (Helper { child, copiers, result: Some((pipe, after)) }, report)
 }
 
 /// From now on the helper `pid` is the one a supervisor signals (published) and, for
@@ -964,9 +979,20 @@ impl HelperProcess {
 pub(crate) struct Helper {
     child: HelperProcess,
     copiers: Vec<std::thread::JoinHandle<()>>,
+    /// Its result pipe after the result, and what was read of it past the result.
+    result: Option<(std::fs::File, Vec<u8>)>,
 }
 
 impl Helper {
+    /// Whether the helper says it is done with the job ([`super::helper::DONE`], then
+    /// EOF): its container deleted, itself out of the job's cgroups. The job can then be
+    /// torn down while the helper exits; it is reaped ([`Helper::wait`]) after that.
+    fn done(&mut self) -> bool {
+        let Some((mut pipe, mut rest)) = self.result.take() else { return false };
+        let _ = std::io::Read::read_to_end(&mut pipe, &mut rest);
+        rest == super::helper::DONE
+    }
+
     fn wait(&mut self) -> std::io::Result<std::process::ExitStatus> {
         let st = self.child.wait();
         // The job's processes are gone with the helper: the copiers see EOF now.
@@ -1162,6 +1188,44 @@ mod tests {
         assert!(spawned.child.wait().unwrap().success(), "EOF after the path");
     }
 
+    /// A helper's result pipe as `sh -c script` writes it (its stdout), awaited.
+    #[allow(clippy::zombie_processes)]
+    fn result_of(script: &str) -> (Helper, Option<HelperResult>) {
+        let (result_rx, result_tx) = pipe().unwrap();
+        // (The Command holds the write end until it drops.)
+        let pid = Command::new("sh").args(["-c", script]).stdout(Stdio::from(result_tx)).spawn().unwrap().id();
+        let child = HelperProcess { pid: pid as i32 };
+        await_result(Spawned { child, result_rx, go_tx: None, copiers: vec![] }, &RunOptions::default())
+    }
+
+    #[test]
+    fn the_result_comes_before_eof_and_done_after_it() {
+        // The result at once, DONE a while later: the result is not held up by it.
+        let (mut helper, r) = result_of(r#"printf '{"Exited":{"code":3,"signal":null}}\n'; sleep 0.2; printf d"#);
+        assert_eq!(r, Some(HelperResult::Exited { code: 3, signal: None }));
+        assert!(helper.done(), "DONE, then EOF");
+        assert!(helper.wait().unwrap().success());
+        // In one write with the result.
+        let (mut helper, r) = result_of(r#"printf '{"Exited":{"code":0,"signal":null}}\nd'"#);
+        assert_eq!(r, Some(HelperResult::Exited { code: 0, signal: None }));
+        assert!(helper.done());
+        let _ = helper.wait();
+        // EOF without it (a helper still in the job's cgroup), or anything else: not done.
+        for script in
+            [r#"printf '{"Exited":{"code":0,"signal":null}}\n'"#, r#"printf '{"Exited":{"code":0,"signal":null}}\nxd'"#]
+        {
+            let (mut helper, r) = result_of(script);
+            assert!(r.is_some() && !helper.done(), "{script}");
+            let _ = helper.wait();
+        }
+        // A helper that died without a result (EOF) or mid-way through it.
+        for script in ["true", r#"printf '{"Exited":'"#] {
+            let (mut helper, r) = result_of(script);
+            assert!(r.is_none() && !helper.done(), "{script}");
+            let _ = helper.wait();
+        }
+    }
+
     #[test]
     fn the_runner_prepares_a_root_jobs_cgroup_and_nothing_else() {
         let t = tempfile::tempdir().unwrap();
@@ -1173,6 +1237,7 @@ mod tests {
             v1_mounts: vec![cg.join("memory")],
             root: cg.clone(),
             own_v2: None,
+            own_v1: vec![],
             v2_mount: Some(cg.join("unified")),
         };
         let mut plan = crate::sandbox::plan::test_plan("exec-1", vec![], "/azp-test/exec-1");

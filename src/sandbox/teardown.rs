@@ -627,6 +627,7 @@ mod tests {
             v1_mounts: vec![cg.join("memory"), cg.join("pids")],
             root: cg.clone(),
             own_v2: None,
+            own_v1: vec![],
             v2_mount: None,
         };
         Fixture { _t: t, home, job, host, _lock: lock, init }
@@ -778,8 +779,14 @@ mod tests {
         let job = mem.join("azp-test-td/td-2");
         std::fs::create_dir_all(&job).unwrap();
         std::fs::write(job.join("cgroup.procs"), "999999\n").unwrap();
-        let host =
-            CgroupHost { unified: false, v1_mounts: vec![mem], root: t.path().into(), own_v2: None, v2_mount: None };
+        let host = CgroupHost {
+            unified: false,
+            v1_mounts: vec![mem],
+            root: t.path().into(),
+            own_v2: None,
+            own_v1: vec![],
+            v2_mount: None,
+        };
         // The fast path's rmdir is refused (busy): the thorough way kills, then rmdirs.
         let rec = crate::sys::Recorder::failing_at(0, Errno::EBUSY);
         let n = remove_cgroup_with(&rec, &host, Path::new("/azp-test-td/td-2")).unwrap();

@@ -17,6 +17,9 @@ pub struct CgroupJoin {
     pub v2_controllers: Vec<&'static str>,
     /// The job's dir in each hierarchy it uses.
     pub dirs: Vec<CgroupDir>,
+    /// The cgroups the process is in before it enters, one in each hierarchy of `dirs`
+    /// (see [`open_way_back`]); empty where it stays in the job's (rootless).
+    pub back: Vec<PathBuf>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -95,6 +98,39 @@ pub fn enter(j: &CgroupJoin) -> Result<()> {
         };
         let procs = dir.join("cgroup.procs");
         std::fs::write(&procs, &me).map_err(|source| Error::CgroupJoin { procs, source })?;
+    }
+    Ok(())
+}
+
+/// The `cgroup.procs` files of the cgroups a process came from, opened before it
+/// entered a job's (see [`open_way_back`]): once the job's init is started, the process
+/// goes back there ([`leave`]) and the job's cgroup holds the job alone, so the runner
+/// may remove it while this process is still exiting.
+#[derive(Debug, Default)]
+pub struct WayBack {
+    procs: Vec<(PathBuf, std::os::fd::OwnedFd)>,
+}
+
+/// Opens [`CgroupJoin::back`]'s `cgroup.procs` (write-only) while the host's cgroupfs is
+/// still in view: the helper covers it with its own cgroup2 view after it enters.
+pub fn open_way_back(j: &CgroupJoin) -> Result<WayBack> {
+    let mut procs = Vec::with_capacity(j.back.len());
+    for dir in &j.back {
+        let path = dir.join("cgroup.procs");
+        let file = std::fs::OpenOptions::new()
+            .write(true)
+            .open(&path)
+            .map_err(|source| Error::CgroupWayBack { procs: path.clone(), source })?;
+        procs.push((path, file.into()));
+    }
+    Ok(WayBack { procs })
+}
+
+/// Moves the calling process back into the cgroups of `back` ("0": the writer itself).
+pub fn leave(back: WayBack) -> Result<()> {
+    for (path, fd) in back.procs {
+        std::io::Write::write_all(&mut std::fs::File::from(fd), b"0")
+            .map_err(|source| Error::CgroupLeave { procs: path, source })?;
     }
     Ok(())
 }
@@ -311,6 +347,28 @@ mod tests {
         let e = enter(&none).unwrap_err().to_string();
         assert!(e.contains("b/j/cgroup.procs"), "{e}");
         assert!(!t.path().join("b").exists());
+    }
+
+    #[test]
+    fn the_way_back_is_opened_before_and_written_at_the_leave() {
+        let t = tempfile::tempdir().unwrap();
+        let (cpu, mem) = (t.path().join("cpu/svc"), t.path().join("memory/svc"));
+        for d in [&cpu, &mem] {
+            std::fs::create_dir_all(d).unwrap();
+            std::fs::write(d.join("cgroup.procs"), "").unwrap();
+        }
+        let join = CgroupJoin { back: vec![cpu.clone(), mem.clone()], ..Default::default() };
+        let back = open_way_back(&join).unwrap();
+        // Opened now: the files may go out of view before the leave (the helper's own
+        // cgroup2 view covers the host's tree).
+        std::fs::rename(t.path().join("memory"), t.path().join("gone")).unwrap();
+        leave(back).unwrap();
+        assert_eq!(std::fs::read_to_string(cpu.join("cgroup.procs")).unwrap(), "0", "0: the writer itself");
+        assert_eq!(std::fs::read_to_string(t.path().join("gone/svc/cgroup.procs")).unwrap(), "0");
+        let missing = CgroupJoin { back: vec![t.path().join("no/such")], ..Default::default() };
+        let e = open_way_back(&missing).unwrap_err();
+        assert!(matches!(e, Error::CgroupWayBack { .. }) && e.to_string().contains("no/such/cgroup.procs"), "{e}");
+        assert!(open_way_back(&CgroupJoin::default()).unwrap().procs.is_empty(), "nothing to go back to");
     }
 
     #[test]

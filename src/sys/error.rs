@@ -307,6 +307,18 @@ pub enum Error {
         #[source]
         source: io::Error,
     },
+    #[error("cannot open {} to go back there after the job's start", procs.display())]
+    CgroupWayBack {
+        procs: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error("cannot move the helper back into {}", procs.display())]
+    CgroupLeave {
+        procs: PathBuf,
+        #[source]
+        source: io::Error,
+    },
 
     // ---- disk quotas of the jobs' layer dirs (see sys::quota) ----
     #[error("no project quotas on the filesystem of {}", dir.display())]

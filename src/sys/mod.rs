@@ -42,7 +42,7 @@ pub mod signals;
 pub mod tty;
 pub mod userns;
 
-pub use cgroup::{CgroupDir, CgroupJoin};
+pub use cgroup::{CgroupDir, CgroupJoin, WayBack};
 pub use dir_flags::spread_subdirs;
 pub use error::{Error, Result};
 pub use mount::{InTree, Overlay};
@@ -72,6 +72,11 @@ pub trait Sys {
     fn prepare_cgroup(&self, join: &CgroupJoin) -> Result<()>;
     /// The rest of it, after a [`Sys::prepare_cgroup`] (here or in the runner): the move.
     fn enter_cgroup(&self, join: &CgroupJoin) -> Result<()>;
+    /// Before entering: the way back to the cgroups the process is in now (see
+    /// [`cgroup::open_way_back`]).
+    fn open_cgroup_way_back(&self, join: &CgroupJoin) -> Result<WayBack>;
+    /// Once the job's init is started: the process goes back (see [`cgroup::leave`]).
+    fn leave_cgroup(&self, back: WayBack) -> Result<()>;
     /// Covers the host's cgroup tree in this (private) mount namespace with a cgroup2
     /// view rooted at the cgroup this process is in: libcontainer's cgroup manager can
     /// change nothing outside the job's cgroup.
@@ -176,6 +181,12 @@ impl Sys for Real {
     }
     fn enter_cgroup(&self, join: &CgroupJoin) -> Result<()> {
         cgroup::enter(join)
+    }
+    fn open_cgroup_way_back(&self, join: &CgroupJoin) -> Result<WayBack> {
+        cgroup::open_way_back(join)
+    }
+    fn leave_cgroup(&self, back: WayBack) -> Result<()> {
+        cgroup::leave(back)
     }
     fn hide_cgroupfs(&self) -> Result<()> {
         ns::private_cgroup_view()
@@ -366,6 +377,17 @@ impl Sys for Recorder {
     }
     fn enter_cgroup(&self, join: &CgroupJoin) -> Result<()> {
         self.cgroup_step("enter_cgroup", join)
+    }
+    fn open_cgroup_way_back(&self, join: &CgroupJoin) -> Result<WayBack> {
+        let dirs: Vec<String> = join.back.iter().map(|d| d.display().to_string()).collect();
+        self.step(format!("open_cgroup_way_back {}", dirs.join(" "))).map_err(|e| Error::CgroupWayBack {
+            procs: join.back.first().map(|d| d.join("cgroup.procs")).unwrap_or_default(),
+            source: self.io(e),
+        })?;
+        Ok(WayBack::default())
+    }
+    fn leave_cgroup(&self, _back: WayBack) -> Result<()> {
+        self.step("leave_cgroup".into()).map_err(|e| Error::CgroupLeave { procs: PathBuf::new(), source: self.io(e) })
     }
     fn hide_cgroupfs(&self) -> Result<()> {
         self.step("hide_cgroupfs".into()).map_err(Error::MountCgroupView)

@@ -234,6 +234,7 @@ mod tests {
             v1_mounts: if unified { vec![] } else { vec![root.join("cpu,cpuacct"), root.join("memory")] },
             root: root.into(),
             own_v2: None,
+            own_v1: vec![],
             v2_mount: Some(root.into()),
         }
     }
