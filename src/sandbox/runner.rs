@@ -475,31 +475,37 @@ impl Sandbox {
 
     fn finish(mut self) -> Result<Cleanup> {
         self.cancel_prepared();
-        let (stopped, layers_gone) = if self.pending.is_some() {
+        let cleanup = if self.pending.is_some() {
             // The job is over (its result came after its init, and with it the whole pid
             // namespace, was reaped); its helper may still be deleting its container.
-            // Meanwhile its layers go: on a disk where each freed dir block waits for a
-            // discard, that wait overlaps the helper's exit and the rest of the clean-up.
-            // A helper done with the job exits while the job's cgroup and libcontainer's
-            // state go here; it is reaped after them. Otherwise it is reaped first.
-            let (home, job, project) = (self.home.clone(), self.job.clone(), self.project_id);
+            // Its layers go to the trash at once and a thread deletes them there: on a
+            // disk where each freed dir block waits for a discard, that overlaps all the
+            // rest, the helper's exit included. A helper done with the job exits while
+            // the job's cgroup and record go here; otherwise it is reaped first.
+            let trashed = teardown::trash_layers(&self.home, &self.job, self.project_id);
             std::thread::scope(|s| {
-                let layers = s.spawn(move || teardown::remove_layers(&home, &job, project));
+                let deleting = match trashed {
+                    Ok(trash) => trash.map(|t| s.spawn(move || teardown::delete_trashed(&t))),
+                    Err(e) => {
+                        tracing::debug!(job = %self.plan.id, "layers not moved to the trash ({e:#}); the clean-up retries");
+                        None
+                    }
+                };
                 if !self.pending.as_mut().is_some_and(|(helper, _)| helper.done()) {
                     self.wait_pending();
                 }
-                let stopped = teardown::stop_job(&self.home, &self.job);
-                (stopped, layers.join().unwrap_or_else(|_| Err(anyhow::anyhow!("layer removal panicked"))))
+                let cleanup = teardown::stop_job(&self.home, &self.job).and_then(|s| s.finish(&self.home, &self.job));
+                self.wait_pending();
+                let deleted = deleting.map(|d| d.join().unwrap_or_else(|_| Err(anyhow::anyhow!("panicked"))));
+                if let Some(Err(e)) = deleted {
+                    tracing::debug!(job = %self.plan.id, "layer removal failed ({e:#}); gc removes the trash");
+                }
+                cleanup
             })
         } else {
             self.wait_pending();
-            (teardown::stop_job(&self.home, &self.job), Ok(()))
+            teardown::stop_job(&self.home, &self.job).and_then(|s| s.finish(&self.home, &self.job))
         };
-        if let Err(e) = layers_gone {
-            tracing::debug!(job = %self.plan.id, "early layer removal failed ({e:#}); the clean-up retries");
-        }
-        let cleanup = stopped.and_then(|s| s.finish(&self.home, &self.job));
-        self.wait_pending();
         drop(self.lock.take());
         // Its processes are gone and its record with them: the ids are free.
         drop(self.ids.take());

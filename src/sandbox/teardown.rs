@@ -152,18 +152,34 @@ fn remove_job_files_with(
 /// overlay may still be mounted over them, which only holds the dirs' inodes until it
 /// goes. The layer dir's disk quota (`project`) is cleared first: while the dir still
 /// holds usage, no other job can have taken its project id (see [`crate::sys::quota`]).
-pub fn remove_layers(home: &Home, job: &JobDir, project: Option<u32>) -> Result<()> {
-    remove_layers_with(home, job, &sys::Real, project)
-}
-
 fn remove_layers_with(home: &Home, job: &JobDir, sys: &dyn Sys, project: Option<u32>) -> Result<()> {
-    if job.layers.exists() {
-        if let Some(id) = project {
-            sys.release_disk_quota(&job.layers, id)?;
-        }
-        remove_dir(home, &job.layers, sys)?;
+    if let Some(trash) = trash_layers_with(home, job, sys, project)? {
+        sys.remove_tree(&trash)?;
     }
     Ok(())
+}
+
+/// The first half of removing a finished job's layers (see [`remove_layers_with`]):
+/// their quota cleared and the dir renamed into the trash, where gc finds it should the
+/// rest be cut short. Returns where it is now (None: there were none), for
+/// [`delete_trashed`]. Once it returns, the job's record may go before the layers do.
+pub fn trash_layers(home: &Home, job: &JobDir, project: Option<u32>) -> Result<Option<PathBuf>> {
+    trash_layers_with(home, job, &sys::Real, project)
+}
+
+fn trash_layers_with(home: &Home, job: &JobDir, sys: &dyn Sys, project: Option<u32>) -> Result<Option<PathBuf>> {
+    if !job.layers.exists() {
+        return Ok(None);
+    }
+    if let Some(id) = project {
+        sys.release_disk_quota(&job.layers, id)?;
+    }
+    Ok(Some(move_to_trash(home, &job.layers, sys)?))
+}
+
+/// The second half: the layers, deleted from the trash.
+pub fn delete_trashed(trash: &Path) -> Result<()> {
+    Ok(sys::Real.remove_tree(trash)?)
 }
 
 /// The home's runtime dir levels once its last job is gone (rmdir fails while one is
@@ -366,9 +382,14 @@ fn cgroup_dirs_anywhere<'a>(cgroups: &'a CgroupHost, path: &'a Path) -> impl Ite
 /// Removes a layer dir: renamed into the trash first (so its name is free at once, and a
 /// crash mid-way leaves it where gc looks), then deleted.
 fn remove_dir(home: &Home, dir: &Path, sys: &dyn Sys) -> Result<()> {
+    let trash = move_to_trash(home, dir, sys)?;
+    Ok(sys.remove_tree(&trash)?)
+}
+
+fn move_to_trash(home: &Home, dir: &Path, sys: &dyn Sys) -> Result<PathBuf> {
     let trash = home.trash_dir().join(dir.file_name().unwrap_or_default());
     sys.rename(dir, &trash)?;
-    Ok(sys.remove_tree(&trash)?)
+    Ok(trash)
 }
 
 /// What `gc` did.
@@ -681,6 +702,26 @@ mod tests {
         remove_job_files_with(&f.home, &f.job, &rec, state.as_ref(), &mut out).unwrap();
         assert_eq!(rec.calls(), f.steps(), "then the layers, the record last");
         assert!(out.job_dir_removed);
+    }
+
+    #[test]
+    fn layers_moved_to_the_trash_let_the_record_go_before_they_are_deleted() {
+        let f = fixture();
+        std::fs::create_dir_all(f.job.upper().join("usr")).unwrap();
+        let trash = trash_layers(&f.home, &f.job, None).unwrap().expect("the job has layers");
+        assert_eq!(trash, f.home.trash_dir().join("td-1"));
+        assert!(!f.job.layers.exists() && trash.join("upper/usr").is_dir(), "renamed, not deleted yet");
+        // The record's half no longer sees layers: no second rename, the record goes.
+        let rec = crate::sys::Recorder::default();
+        let state = f.job.read_state().ok();
+        let mut out = Cleanup::default();
+        remove_job_files_with(&f.home, &f.job, &rec, state.as_ref(), &mut out).unwrap();
+        let layer_steps = f.steps().into_iter().filter(|s| s.starts_with("rename ") || s.contains("/trash/"));
+        assert!(rec.calls().iter().all(|c| !layer_steps.clone().any(|l| &l == c)), "{:?}", rec.calls());
+        assert!(out.job_dir_removed);
+        delete_trashed(&trash).unwrap();
+        assert!(!trash.exists());
+        assert_eq!(trash_layers(&f.home, &f.job, None).unwrap(), None, "nothing left to move");
     }
 
     #[test]
