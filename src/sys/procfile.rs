@@ -1,8 +1,9 @@
-//! Reading a small file of /proc in one `read`: `std::fs::read_to_string` sizes its buffer
-//! from the file's size, which /proc reports as 0, so it probes with 32 bytes and doubles
-//! from there (eight reads for this VM's 2.5 KB mountinfo), and the kernel generates
-//! mountinfo again up to the offset of every read. `exec` reads a few such files on its
-//! path (its cgroups, the stray-mount check of its clean-up).
+//! Reading a small file of /proc (or cgroupfs) in one `read`: `std::fs::read_to_string`
+//! sizes its buffer from the file's size, which both report as 0, so it probes with 32
+//! bytes and doubles from there (eight reads for this VM's 2.5 KB mountinfo, seven for a
+//! v1 memory.stat), and the kernel generates the file again up to the offset of every
+//! read. `exec` reads a few such files on its path (its cgroups and their memory limit,
+//! the stray-mount check of its clean-up).
 
 use std::io::Read;
 use std::path::Path;

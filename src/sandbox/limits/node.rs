@@ -114,7 +114,9 @@ pub fn own_memory_limit(host: &CgroupHost, proc_self_cgroup: &str) -> Option<(u6
     }
     let (mount, path) = v1_memory(host, proc_self_cgroup)?;
     let rel = path.strip_prefix('/').unwrap_or(path);
-    let stat = std::fs::read_to_string(mount.join(rel).join("memory.stat")).ok()?;
+    // In one read (see sys::procfile): a cgroup file's size is 0 too, and v1 sums every
+    // descendant's counters again for each read.
+    let stat = crate::sys::procfile::read(mount.join(rel).join("memory.stat")).ok()?;
     let limit = stat.lines().find_map(|l| l.strip_prefix("hierarchical_memory_limit "))?;
     parse_limit(limit).map(|b| (b, path.to_string()))
 }
