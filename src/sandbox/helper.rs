@@ -197,8 +197,9 @@ struct Start {
 }
 
 /// What a helper does first whatever its job: the container's stdio, no supplementary
-/// groups, a private mount namespace and, for a `none` job, its network namespace (see
-/// [`super::network::begin`]). An early helper takes them while its runner plans.
+/// groups, a private mount namespace, the job's IPC namespace and, for a `none` job, its
+/// network namespace (see [`super::network::begin`]). An early helper takes them while
+/// its runner plans.
 pub struct FirstSteps {
     /// The job's network mode they were taken for.
     network: Network,
@@ -216,6 +217,9 @@ fn first_steps(
     container.prepare_stdio()?;
     sys.clear_groups()?;
     sys.private_mount_namespace()?;
+    // For the container to inherit, and the tree's /dev/mqueue (see treemount). Its own
+    // work (~0.1 ms here) is done before the plan comes.
+    sys.own_ipc_namespace()?;
     let loopback = super::network::begin(network, &super::jobdir::net_dir(&home.mount_point()), sys, started)?;
     Ok(FirstSteps { network, loopback })
 }
@@ -341,8 +345,6 @@ fn run(
     // /dev, /dev/shm, /tmp, /etc/resolv.conf, the init...: here, not in the spec (see
     // treemount), their tmpfs roots the job's root's as if it had mounted them.
     let root_ids = outside_ids(&plan, 0, 0)?;
-    // The job's IPC namespace, for its /dev/mqueue among the tree's mounts.
-    sys.own_ipc_namespace()?;
     let mut mounts = treemount::list(&plan, root_ids)?;
     let network_mounts = treemount::split_off_network(&plan, &mut mounts);
     treemount::mount_all(&merged, &mounts, root_ids, sys)?;
@@ -642,6 +644,7 @@ mod tests {
                 "prepare_stdio".into(),
                 "clear_groups".into(),
                 "private_mount_namespace".into(),
+                "own_ipc_namespace".into(),
                 format!("mount_overlay {}", self.job.merged().display()),
             ]
             .into_iter()
@@ -656,11 +659,17 @@ mod tests {
             .collect()
         }
 
+        /// Where the tree's own mounts begin in [`Setup::steps`].
+        fn tree_start(&self) -> usize {
+            let first = self.tree_steps().remove(0);
+            self.steps().iter().position(|c| *c == first).unwrap()
+        }
+
         /// The tree's own mounts (see [`treemount`]) as the helper makes them for this job.
         fn tree_steps(&self) -> Vec<String> {
             let plan = self.job.read_plan().unwrap();
             let root = outside_ids(&plan, 0, 0).unwrap();
-            let mut steps = vec!["own_ipc_namespace".to_string()];
+            let mut steps = vec![];
             for m in treemount::list(&plan, root).unwrap() {
                 let dst = m.dst.display();
                 match &m.what {
@@ -768,8 +777,8 @@ mod tests {
             let r = into_result(run(&s.home, &s.job, &s.cgroups, &early, &mut container, &reporter, start));
             assert_eq!(r, HelperResult::Exited { code: 3, signal: None }, "{network}");
             assert_eq!(early.calls(), late.calls(), "{network}: the same line");
-            // Before the plan: up to the mount namespace, and a `none` job's network.
-            let upto = late.calls().iter().position(|c| c == "private_mount_namespace").unwrap() + 1;
+            // Before the plan: up to the IPC namespace, and a `none` job's network.
+            let upto = late.calls().iter().position(|c| c == "own_ipc_namespace").unwrap() + 1;
             let more = if network == Network::None { 2 } else { 0 };
             assert_eq!(before_plan, late.calls()[..upto + more], "{network}");
             if network == Network::None {
@@ -908,7 +917,7 @@ mod tests {
         let rec = Recorder::default();
         s.run(&rec, None, None);
         let mut want = s.steps();
-        let at = s.pos("own_ipc_namespace");
+        let at = s.tree_start();
         let host = s._t.path().join("nvme/hp-1");
         want.insert(at, format!("give_dir {} 1000:1001", host.display()));
         assert_eq!(rec.calls(), want);
@@ -1073,7 +1082,7 @@ mod tests {
             // After the job's own overlay, before the IPC namespace and the tree's own
             // mounts, the cgroup and the container.
             let calls = rec.calls();
-            let at = calls.iter().position(|c| c == "own_ipc_namespace").unwrap();
+            let at = calls.iter().position(|c| c == &s.tree_steps()[0]).unwrap();
             assert_eq!(calls[at - steps.len()..at], steps[..], "idmapped={idmapped}");
             assert!(calls[at - steps.len() - 1].starts_with(&format!("mount_overlay {}", s.job.merged().display())));
             // The spec binds each at its path, last (after /tmp and the volumes).
@@ -1221,7 +1230,7 @@ mod tests {
         let rec = Recorder::default();
         assert_eq!(s.run(&rec, None, None), HelperResult::Exited { code: 3, signal: None });
         let calls = rec.calls();
-        let at = calls.iter().position(|c| c == "private_mount_namespace").unwrap() + 1;
+        let at = calls.iter().position(|c| c == "own_ipc_namespace").unwrap() + 1;
         let net_dir = format!("mount_job_net_dir {}", s.job.net_dir().display());
         let want = [
             "host_addresses".to_string(),
@@ -1253,14 +1262,14 @@ mod tests {
             let rec = Recorder::default();
             assert_eq!(s.run(&rec, None, None), HelperResult::Exited { code: 3, signal: None }, "{network}");
             let calls = rec.calls();
-            // Right after the private mount namespace (the sysfs is mounted in it), before
+            // Right after the private mount and IPC namespaces (the sysfs is mounted in it), before
             // the overlay, the cgroup and the container: the dir for the namespace's sysfs,
             // then the namespace (made by a child meanwhile, see sys::net::isolate).
             let mut expected: Vec<String> = net_steps.clone();
             if network != Network::Host {
                 expected.insert(expected.len() - 1, format!("mount_job_net_dir {}", s.job.net_dir().display()));
             }
-            let at = calls.iter().position(|c| c == "private_mount_namespace").unwrap() + 1;
+            let at = calls.iter().position(|c| c == "own_ipc_namespace").unwrap() + 1;
             assert_eq!(calls[at..at + expected.len()], expected[..], "{network} rootless={rootless}: {calls:?}");
             if network != Network::Host {
                 // The helper enters it after the job's overlay and the tree's other mounts
@@ -1320,9 +1329,9 @@ mod tests {
             }
         }
         // A failed network step ends the line there.
-        // (0 prepare_stdio, 1 clear_groups, 2 private_mount_namespace, then the network:
-        // the host's addresses, the dir for its sysfs, the namespace.)
-        for (k, want) in [(3, FailureKind::Other), (4, FailureKind::Other), (5, FailureKind::NotPermitted)] {
+        // (0 prepare_stdio, 1 clear_groups, 2 private_mount_namespace, 3 own_ipc_namespace,
+        // then the network: the host's addresses, the dir for its sysfs, the namespace.)
+        for (k, want) in [(4, FailureKind::Other), (5, FailureKind::Other), (6, FailureKind::NotPermitted)] {
             let s = setup(|p, _| p.network = Network::Isolated);
             let rec = Recorder::failing_at(k, Errno::EPERM);
             let r = s.run(&rec, None, None);
