@@ -99,18 +99,17 @@ impl ExecRequest {
 /// process forwarded to it), its clean-up. The rootfs stays leased until the job is gone.
 pub fn run(home: &Home, driver_root: &Path, req: &ExecRequest) -> Result<super::JobOutcome> {
     let rootless = crate::rootless::mode().rootless;
-    // A `none` job's network namespace, first of all: the kernel's part (~0.6 ms here,
-    // more while the last job's namespace is being torn down) is otherwise what the
-    // helper waits for before the job's tree is done. Its child is reaped when this
-    // returns; unused (a terminal, no early helper), it is just that. Not rootless: the
-    // child makes the namespace's sysfs in our mount namespace, the host's there, where
-    // a user namespace may not mount (fsopen: EPERM); the helper's child does, in the
-    // helper's own.
-    let (_loopback, netns) = match req.network {
-        Network::None if !req.terminal && !rootless => crate::sys::net::start_loopback().unwrap_or_else(|e| {
-            tracing::debug!("the job's namespace is left to its helper: {e}");
-            None
-        }),
+    // A `none` job's network namespace: its socket now, for the early helper to take at
+    // its fork; the namespace right after that fork, made by a thread while this plans
+    // (the kernel's part, ~0.6 ms here, more while the last job's namespace is being torn
+    // down, is otherwise what the helper waits for before the job's tree is done). Not
+    // rootless: the thread makes the namespace's sysfs in our mount namespace, the
+    // host's there, where a user namespace may not mount (fsopen: EPERM); the helper's
+    // child does, in the helper's own.
+    let (maker, netns) = match req.network {
+        Network::None if !req.terminal && !rootless => crate::sys::net::loopback_maker()
+            .map_err(|e| tracing::debug!("the job's namespace is left to its helper: {e}"))
+            .ok(),
         _ => None,
     }
     .unzip();
@@ -129,6 +128,9 @@ pub fn run(home: &Home, driver_root: &Path, req: &ExecRequest) -> Result<super::
             None
         })
     };
+    // Joined when this returns (done long before). Without an early helper nobody takes
+    // the namespace: its own helper makes it.
+    let _loopback = maker.filter(|_| early.is_some()).map(crate::sys::net::LoopbackMaker::start);
     let mut net = super::network::JobNetwork { allow: req.network_allow.clone(), ..Default::default() };
     let mut env = None;
     if req.host_loopback_proxy && req.network == Network::Isolated {

@@ -49,7 +49,7 @@ pub struct Pipes {
     /// the runner has planned the job (EOF: the plan failed).
     pub job: Option<OwnedFd>,
     /// An early helper's, for a `none` job: its end of the socket of the namespace its
-    /// runner started (see `sys::net::start_loopback`).
+    /// runner started (see `sys::net::loopback_maker`).
     pub netns: Option<OwnedFd>,
 }
 

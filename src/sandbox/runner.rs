@@ -807,7 +807,7 @@ pub struct EarlyHelper {
 impl EarlyHelper {
     /// Forks it, for a job of `network` run with `opts` (its stdout and stderr are set
     /// now); `netns`: for a `none` job, the helper's end of the socket of the namespace
-    /// this runner started (see `sys::net::start_loopback`). None when this process has
+    /// this runner started (see `sys::net::loopback_maker`). None when this process has
     /// threads (see [`spawn_helper`]): the job gets its helper after the plan then.
     pub fn fork(
         home: &Home,

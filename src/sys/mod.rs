@@ -137,8 +137,8 @@ pub trait Sys {
     /// The job's own network namespace, set up as `setup` says, with its sysfs at `sysfs`
     /// (see [`net::isolate`]); the helper is in it after [`Sys::enter_network`].
     fn isolate_network(&self, setup: &net::Setup, sysfs: &Path) -> Result<net::Made>;
-    /// A `none` job's namespace that its runner's child is making (see
-    /// [`net::start_loopback`]): `ready` is the helper's end of that child's socket; its
+    /// A `none` job's namespace that its runner is making (see [`net::loopback_maker`]):
+    /// `ready` is the helper's end of the maker's socket; its
     /// sysfs goes at `sysfs`. In place of [`Sys::isolate_network`].
     fn adopt_network(&self, ready: OwnedFd, sysfs: &Path) -> Result<net::Made>;
     /// Moves the helper into the namespace [`Sys::isolate_network`] made (see

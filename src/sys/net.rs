@@ -234,8 +234,8 @@ struct Configuring {
 }
 
 impl Made {
-    /// Moves the caller into the job's namespace once the child making it (see [`isolate`]
-    /// and [`start_loopback`]) has it with its sysfs, which is attached first (in the
+    /// Moves the caller into the job's namespace once the child or thread making it (see
+    /// [`isolate`] and [`loopback_maker`]) has it with its sysfs, which is attached first (in the
     /// caller's mount namespace); the caller is in it already otherwise.
     pub fn enter(&mut self) -> Result<()> {
         let Some(e) = self.entering.take() else { return Ok(()) };
@@ -244,7 +244,7 @@ impl Made {
             return Err(Error::UnshareNetNs(nix::errno::Errno::from_raw(errno)));
         }
         if said.trim() != "ok" {
-            let why = said.trim().strip_prefix("err ").unwrap_or("its child ended without a word").to_string();
+            let why = said.trim().strip_prefix("err ").unwrap_or("its maker ended without a word").to_string();
             return Err(Error::MakeJobNetns(why));
         }
         let (Some(sysfs), Some(ns)) = (fds.pop(), fds.pop()) else {
@@ -351,7 +351,9 @@ fn make_namespace() -> Result<(Socket, std::fs::File, OwnedFd)> {
     let job = socket()?;
     loopback_up(&job)?;
     let sysfs = detached_sysfs()?;
-    let ns = std::fs::File::open("/proc/self/ns/net").map_err(Error::OpenNetns)?;
+    // The calling thread's (a runner's thread makes a `none` job's: /proc/self is the
+    // process's, its main thread's namespace).
+    let ns = std::fs::File::open("/proc/thread-self/ns/net").map_err(Error::OpenNetns)?;
     Ok((job, ns, sysfs))
 }
 
@@ -444,7 +446,7 @@ fn namespace_in_child(veth: Option<&Veth>, sysfs: &Path) -> Result<Made> {
     }
 }
 
-/// In the child making the job's namespace: [`make_namespace`], then the word (with the
+/// In the child (or a runner's thread) making the job's namespace: [`make_namespace`], then the word (with the
 /// namespace and its sysfs, or why not) to `to`. The netlink socket in the namespace and
 /// the namespace, for a veth's next steps; None when it failed (the word says why).
 fn made_and_sent(to: &std::os::unix::net::UnixStream) -> Option<(Socket, std::fs::File)> {
@@ -465,43 +467,51 @@ fn made_and_sent(to: &std::os::unix::net::UnixStream) -> Option<(Socket, std::fs
     }
 }
 
-/// A `none` job's namespace, started by its runner (`exec`) before anything else: a
-/// forked child makes it (see [`made_and_sent`]) while the runner plans and starts the
-/// job's helper, which takes the other end of the returned socket ([`adopt_loopback`]).
-/// None when this process has threads. Dropped, the child is killed (it is done by then)
-/// and reaped.
-pub fn start_loopback() -> Result<Option<(LoopbackChild, OwnedFd)>> {
+/// A `none` job's namespace, made by its runner (`exec`) while it plans: the returned fd
+/// is the helper's end of a socket ([`adopt_loopback`]), given to the early helper as it
+/// is forked, and [`LoopbackMaker::start`], once that fork is made, makes the namespace
+/// in a thread of the runner and sends it there (see [`made_and_sent`]).
+pub fn loopback_maker() -> Result<(LoopbackMaker, OwnedFd)> {
     let (ns_rx, ns_tx) = std::os::unix::net::UnixStream::pair().map_err(|e| Error::Pipe(errno_of(&e)))?;
-    let parent = nix::unistd::getpid().as_raw();
-    let forked = super::process::run_forked("the job's network namespace", ns_tx, |ns_tx| {
-        // Dies with the runner, not after it.
-        if nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL).is_err()
-            || nix::unistd::getppid().as_raw() != parent
-        {
-            return 125;
-        }
-        match made_and_sent(&ns_tx) {
-            Some(_) => 0,
-            None => 1,
-        }
-    })?;
-    Ok(forked.ok().map(|pid| (LoopbackChild { pid }, ns_rx.into())))
+    Ok((LoopbackMaker { to: ns_tx }, ns_rx.into()))
 }
 
-/// The child of [`start_loopback`], for its runner to reap.
+/// The runner's end of the socket of [`loopback_maker`].
 #[derive(Debug)]
-pub struct LoopbackChild {
-    pid: nix::unistd::Pid,
+pub struct LoopbackMaker {
+    to: std::os::unix::net::UnixStream,
 }
 
-impl Drop for LoopbackChild {
-    fn drop(&mut self) {
-        let _ = nix::sys::signal::kill(self.pid, nix::sys::signal::Signal::SIGKILL);
-        let _ = nix::sys::wait::waitpid(self.pid, None);
+impl LoopbackMaker {
+    /// Makes the namespace in a thread: unshare(CLONE_NEWNET) moves the calling thread
+    /// alone, and the namespace outlives the thread in the fds it sends. A thread, not a
+    /// child: no fork of the runner (its page tables copied, copy-on-write faults on both
+    /// sides after it, a process to kill and reap at the end), on the part of `exec`
+    /// where both CPUs here are busy. Only after the runner's last fork made while it has
+    /// one thread (its helper's). If no thread can be started, the socket closes and the
+    /// helper says that no namespace came. Joined when the returned value drops.
+    pub fn start(self) -> LoopbackThread {
+        let to = self.to;
+        let made = std::thread::Builder::new().name("azp-job-netns".into()).spawn(move || {
+            made_and_sent(&to);
+        });
+        LoopbackThread(made.ok())
     }
 }
 
-/// The namespace a runner's child is making (see [`start_loopback`]), for the helper to
+/// The thread of [`LoopbackMaker::start`], joined on drop (it is done long before).
+#[derive(Debug)]
+pub struct LoopbackThread(Option<std::thread::JoinHandle<()>>);
+
+impl Drop for LoopbackThread {
+    fn drop(&mut self) {
+        if let Some(t) = self.0.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// The namespace a runner's thread is making (see [`loopback_maker`]), for the helper to
 /// enter ([`Made::enter`]), its sysfs attached at `sysfs` then.
 pub fn adopt_loopback(ready: OwnedFd, sysfs: &Path) -> Made {
     Made { entering: Some(Entering { ready: ready.into(), sysfs: sysfs.to_path_buf() }), ..Default::default() }
@@ -1214,6 +1224,39 @@ mod tests {
             unshare(CloneFlags::CLONE_NEWNET).expect("unshare(CLONE_NEWNET)");
             assert_eq!(link_name(1).unwrap().as_deref(), Some("lo"));
             assert_eq!(link_name(4242).unwrap(), None, "no such link: None, not an error");
+        })
+        .join()
+        .unwrap();
+    }
+
+    #[test]
+    #[cfg_attr(not(test_as_root), ignore = "needs root: a network namespace of its own")]
+    fn a_runners_thread_makes_a_none_namespace_and_leaves_the_process_in_its_own() {
+        use std::os::unix::fs::MetadataExt;
+        if !nix::unistd::geteuid().is_root() {
+            return crate::test_skip::skip("needs root: a network namespace of its own");
+        }
+        let ours = std::fs::metadata("/proc/thread-self/ns/net").unwrap().ino();
+        let (maker, ready) = loopback_maker().unwrap();
+        let thread = maker.start();
+        let (said, fds) = receive_namespace(&std::os::unix::net::UnixStream::from(ready));
+        drop(thread);
+        assert_eq!(said.trim(), "ok");
+        assert_eq!(fds.len(), 2, "the namespace and its sysfs");
+        let ns = std::fs::File::from(fds.into_iter().next().unwrap());
+        let made = ns.metadata().unwrap().ino();
+        assert_ne!(made, ours, "the thread's own namespace was sent, not the process's");
+        assert_eq!(std::fs::metadata("/proc/thread-self/ns/net").unwrap().ino(), ours, "this thread stays");
+        // Its loopback is up: a thread in it finds lo and nothing else.
+        std::thread::spawn(move || {
+            nix::sched::setns(ns, CloneFlags::CLONE_NEWNET).unwrap();
+            assert_eq!(link_name(1).unwrap().as_deref(), Some("lo"));
+            assert_eq!(link_name(2).unwrap(), None);
+            let dev = std::fs::read_to_string("/proc/thread-self/net/dev").unwrap();
+            assert!(dev.lines().count() == 3 && dev.contains("lo:"), "{dev}");
+            // Up: a connection to 127.0.0.1 goes through (ENETUNREACH on a fresh one's).
+            let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            std::net::TcpStream::connect(l.local_addr().unwrap()).expect("a connection over an up loopback");
         })
         .join()
         .unwrap();

@@ -236,8 +236,8 @@ pub fn enter(
 /// planned (see `runner::EarlyHelper`): a `none` job's namespace, loopback only, and its
 /// sysfs in `dir` (see [`crate::sandbox::jobdir::net_dir`]). Nothing for the other
 /// modes: a veth needs the job's id and addresses, pasta its ports. `started`: the
-/// helper's end of the socket of a `none` namespace its runner started even earlier
-/// (see `sys::net::start_loopback`), adopted instead of made.
+/// helper's end of the socket of a `none` namespace its runner makes meanwhile (see
+/// `sys::net::loopback_maker`), adopted instead of made.
 pub fn begin(mode: Network, dir: &Path, sys: &dyn Sys, started: Option<OwnedFd>) -> Result<Option<Made>> {
     match (mode, started) {
         (Network::None, Some(ready)) => {
