@@ -364,8 +364,10 @@ fn send_namespace(to: &std::os::unix::net::UnixStream, text: &str, fds: &[std::o
     let fds: Vec<RawFd> = fds.iter().map(|f| f.as_raw_fd()).collect();
     let cmsg: Vec<ControlMessage> = if fds.is_empty() { vec![] } else { vec![ControlMessage::ScmRights(&fds)] };
     let iov = [std::io::IoSlice::new(text.as_bytes())];
-    // A failure shows in the helper as a word missing.
-    let _ = sendmsg::<()>(to.as_raw_fd(), &iov, &cmsg, MsgFlags::empty(), None);
+    // A failure shows in the helper as a word missing. MSG_NOSIGNAL: a helper gone
+    // already (its job failed early) must not take a runner's thread's process with it
+    // (SIGPIPE is the default again in this binary, see main.rs).
+    let _ = sendmsg::<()>(to.as_raw_fd(), &iov, &cmsg, MsgFlags::MSG_NOSIGNAL, None);
 }
 
 /// What [`send_namespace`] sent: its text, and the fds that came with it, in order
@@ -1260,6 +1262,28 @@ mod tests {
         })
         .join()
         .unwrap();
+    }
+
+    #[test]
+    fn a_word_to_a_helper_gone_already_raises_no_sigpipe() {
+        use nix::sys::signal::{SigSet, SigmaskHow, Signal};
+        // Blocked, a SIGPIPE stays pending on this thread even where it is ignored (as
+        // in this test binary): that is what would kill a runner whose thread sends.
+        let mut pipe = SigSet::empty();
+        pipe.add(Signal::SIGPIPE);
+        let mut old = SigSet::empty();
+        nix::sys::signal::pthread_sigmask(SigmaskHow::SIG_BLOCK, Some(&pipe), Some(&mut old)).unwrap();
+        let (to, helper) = std::os::unix::net::UnixStream::pair().unwrap();
+        drop(helper);
+        send_namespace(&to, "ok\n", &[]);
+        // SAFETY: sigpending(2) fills the sigset_t we own for the call, nothing more.
+        let pending = unsafe {
+            let mut set = std::mem::zeroed::<libc::sigset_t>();
+            assert_eq!(libc::sigpending(&mut set), 0);
+            libc::sigismember(&set, libc::SIGPIPE) == 1
+        };
+        nix::sys::signal::pthread_sigmask(SigmaskHow::SIG_SETMASK, Some(&old), None).unwrap();
+        assert!(!pending, "a SIGPIPE was raised");
     }
 
     #[test]
