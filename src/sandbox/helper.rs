@@ -412,14 +412,15 @@ fn run(
     if let Ok(r) = &outcome {
         reporter.report(job, r);
     }
-    if let Err(e) = container.delete() {
+    let deleted = container.delete();
+    if let Err(e) = &deleted {
         tracing::warn!(job = %plan.id, "libcontainer delete failed ({e}); gc will finish the clean-up");
     }
     // No unmount of the overlay here: it lives only in this process's mount namespace,
     // which the kernel tears down when we exit, before our parent's wait returns. An
     // unmount of its own costs one more RCU grace period (~0.7 ms per job measured).
     tracing::debug!(job = %plan.id, "container deleted");
-    if left && outcome.is_ok() {
+    if left && outcome.is_ok() && deleted.is_ok() {
         reporter.done();
     }
     outcome
@@ -752,6 +753,11 @@ mod tests {
         let (r, sent) = run(&rec);
         assert_eq!(r, HelperResult::Exited { code: 3, signal: None }, "the job's result all the same");
         assert_eq!(sent.last(), Some(&END_OF_RESULT), "{}", String::from_utf8_lossy(&sent));
+        // Nor after a failed delete (the runner's clean-up finds what is left, after
+        // the helper's exit).
+        let delete = calls.iter().position(|c| c == "delete").unwrap();
+        let (_, sent) = run(&Recorder::failing_at(delete, nix::errno::Errno::EIO));
+        assert_eq!(sent.last(), Some(&END_OF_RESULT));
         // Nor without a way back: the job runs, the helper stays.
         let at = calls.iter().position(|c| c.starts_with("open_cgroup_way_back")).unwrap();
         let rec = Recorder::failing_at(at, nix::errno::Errno::EACCES);
