@@ -99,17 +99,15 @@ impl ExecRequest {
 /// process forwarded to it), its clean-up. The rootfs stays leased until the job is gone.
 pub fn run(home: &Home, driver_root: &Path, req: &ExecRequest) -> Result<super::JobOutcome> {
     let rootless = crate::rootless::mode().rootless;
-    // The job's network namespace (`none`, or `isolated` as root): its socket now, for
-    // the early helper to take at its fork; the namespace right after that fork, made by
-    // a thread while this plans (the kernel's part, ~0.6 ms here, more while the last
-    // job's namespace is being torn down, is otherwise what the helper waits for before
-    // the job's tree is done: a median 0.9 ms for `isolated` measured); an `isolated`
-    // job's veth follows after the plan, in a child of the helper. Not rootless: the
-    // thread makes the namespace's sysfs in our mount namespace, the host's there, where
-    // a user namespace may not mount (fsopen: EPERM), and pasta makes a rootless job's
-    // network; the helper's child does, in the helper's own.
+    // A `none` job's network namespace: its socket now, for the early helper to take at
+    // its fork; the namespace right after that fork, made by a thread while this plans
+    // (the kernel's part, ~0.6 ms here, more while the last job's namespace is being torn
+    // down, is otherwise what the helper waits for before the job's tree is done). Not
+    // rootless: the thread makes the namespace's sysfs in our mount namespace, the
+    // host's there, where a user namespace may not mount (fsopen: EPERM); the helper's
+    // child does, in the helper's own.
     let (maker, netns) = match req.network {
-        Network::None | Network::Isolated if !req.terminal && !rootless => crate::sys::net::loopback_maker()
+        Network::None if !req.terminal && !rootless => crate::sys::net::loopback_maker()
             .map_err(|e| tracing::debug!("the job's namespace is left to its helper: {e}"))
             .ok(),
         _ => None,

@@ -810,36 +810,6 @@ mod tests {
             .collect();
         assert_ne!(expected, late.calls());
         assert_eq!(early.calls(), expected);
-        // An `isolated` one likewise, made before the plan: after the plan, its veth is
-        // configured on it (a child of the helper) where the helper made it all before.
-        let s = setup(|p, _| p.network = Network::Isolated);
-        let late = Recorder::default();
-        s.run(&late, None, None);
-        let early = Recorder::default();
-        let mut container = FakeContainer { rec: &early, create_fails_with: None };
-        let (started, _runner_end) = std::os::unix::net::UnixStream::pair().unwrap();
-        let first = first_steps(&s.home, Network::Isolated, &early, &mut container, Some(started.into())).unwrap();
-        let before_plan = early.calls();
-        let reporter = Reporter::new(None);
-        let start = Start { go: None, first: Some(first), hand_over: None };
-        let r = into_result(run(&s.home, &s.job, &s.cgroups, &early, &mut container, &reporter, start));
-        assert_eq!(r, HelperResult::Exited { code: 3, signal: None });
-        let net_dir = format!("mount_job_net_dir {}", s.job.net_dir().display());
-        assert_eq!(before_plan[before_plan.len() - 2..], [net_dir.clone(), "adopt_network loopback".into()]);
-        let link = crate::sandbox::network::link_name("hp-1", std::process::id());
-        let expected: Vec<String> = late
-            .calls()
-            .iter()
-            .filter(|c| **c != net_dir)
-            .map(|c| match c.strip_prefix("isolate_network ") {
-                Some(veth) => format!("configure_network {veth}"),
-                None => c.clone(),
-            })
-            .collect();
-        let after_plan: Vec<String> = early.calls().into_iter().filter(|c| !before_plan.contains(c)).collect();
-        let late_after: Vec<String> = expected.into_iter().filter(|c| !before_plan.contains(c)).collect();
-        assert_eq!(after_plan, late_after);
-        assert!(after_plan.contains(&format!("configure_network veth {link}")), "{after_plan:?}");
         // Started for another mode than its job's: the job fails, nothing more is done.
         let s = setup(|p, _| p.network = Network::Isolated);
         let rec = Recorder::default();

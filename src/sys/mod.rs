@@ -141,9 +141,6 @@ pub trait Sys {
     /// `ready` is the helper's end of the maker's socket; its
     /// sysfs goes at `sysfs`. In place of [`Sys::isolate_network`].
     fn adopt_network(&self, ready: OwnedFd, sysfs: &Path) -> Result<net::Made>;
-    /// A veth for a namespace [`Sys::adopt_network`] took (see [`net::configure_adopted`]):
-    /// its configuration under way in a child of the helper, for [`Sys::finish_network`].
-    fn configure_network(&self, made: &mut net::Made, veth: &net::Veth) -> Result<()>;
     /// Moves the helper into the namespace [`Sys::isolate_network`] made (see
     /// [`net::Made::enter`]): before the job's tree binds its sysfs.
     fn enter_network(&self, made: &mut net::Made) -> Result<()>;
@@ -273,9 +270,6 @@ impl Sys for Real {
     }
     fn adopt_network(&self, ready: OwnedFd, sysfs: &Path) -> Result<net::Made> {
         Ok(net::adopt_loopback(ready, sysfs))
-    }
-    fn configure_network(&self, made: &mut net::Made, veth: &net::Veth) -> Result<()> {
-        net::configure_adopted(made, veth)
     }
     fn enter_network(&self, made: &mut net::Made) -> Result<()> {
         made.enter()
@@ -527,12 +521,6 @@ impl Sys for Recorder {
     fn adopt_network(&self, _ready: OwnedFd, _sysfs: &Path) -> Result<net::Made> {
         self.step("adopt_network loopback".into()).map_err(Error::UnshareNetNs)?;
         Ok(net::Made::default())
-    }
-    fn configure_network(&self, made: &mut net::Made, veth: &net::Veth) -> Result<()> {
-        self.step(format!("configure_network veth {}", veth.host_name)).map_err(Error::EnterNetns)?;
-        made.address = Some(veth.pool.nth(2));
-        made.address6 = veth.v6.as_ref().map(|v6| v6.address(veth.pool.nth(2)));
-        Ok(())
     }
     fn isolate_network(&self, setup: &net::Setup, _sysfs: &Path) -> Result<net::Made> {
         let what = match setup {

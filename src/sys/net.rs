@@ -214,31 +214,13 @@ pub struct Made {
     left: Option<OwnedFd>,
 }
 
-/// The namespace being made (see `namespace_in_child` and [`loopback_maker`]): the word
-/// of its maker (`ok`, with the namespace's fd and its sysfs's, once they exist).
+/// The child making the job's namespace (see `namespace_in_child`): the socket on which
+/// it says `ok`, with the namespace's fd, once the namespace and its sysfs exist.
 #[derive(Debug)]
 struct Entering {
-    word: Word,
+    ready: std::os::unix::net::UnixStream,
     /// Where the namespace's sysfs, which comes with it, goes (see [`detached_sysfs`]).
     sysfs: PathBuf,
-}
-
-/// A maker's word: still to come on its socket, or taken already (a veth configured on
-/// an adopted namespace needs the namespace before the helper enters it).
-#[derive(Debug)]
-enum Word {
-    Coming(std::os::unix::net::UnixStream),
-    Came(String, Vec<OwnedFd>),
-}
-
-impl Word {
-    /// The word, waited for if it is still coming.
-    fn take(self) -> (String, Vec<OwnedFd>) {
-        match self {
-            Word::Coming(ready) => receive_namespace(&ready),
-            Word::Came(said, fds) => (said, fds),
-        }
-    }
 }
 
 /// The forked child that made the job's namespace and does a veth's steps 3-5 (see
@@ -257,7 +239,17 @@ impl Made {
     /// caller's mount namespace); the caller is in it already otherwise.
     pub fn enter(&mut self) -> Result<()> {
         let Some(e) = self.entering.take() else { return Ok(()) };
-        let (ns, sysfs) = namespace_of(e.word.take())?;
+        let (said, mut fds) = receive_namespace(&e.ready);
+        if let Some(errno) = said.trim().strip_prefix("unshare ").and_then(|n| n.parse().ok()) {
+            return Err(Error::UnshareNetNs(nix::errno::Errno::from_raw(errno)));
+        }
+        if said.trim() != "ok" {
+            let why = said.trim().strip_prefix("err ").unwrap_or("its maker ended without a word").to_string();
+            return Err(Error::MakeJobNetns(why));
+        }
+        let (Some(sysfs), Some(ns)) = (fds.pop(), fds.pop()) else {
+            return Err(Error::MakeJobNetns("its namespace and sysfs did not come with its word".into()));
+        };
         attach_sysfs(sysfs, &e.sysfs)?;
         let own = std::fs::File::open("/proc/thread-self/ns/net").map_err(|e| Error::OwnNetns(errno_of(&e)))?;
         nix::sched::setns(ns, CloneFlags::CLONE_NEWNET).map_err(Error::EnterNetns)?;
@@ -378,21 +370,6 @@ fn send_namespace(to: &std::os::unix::net::UnixStream, text: &str, fds: &[std::o
     let _ = sendmsg::<()>(to.as_raw_fd(), &iov, &cmsg, MsgFlags::MSG_NOSIGNAL, None);
 }
 
-/// The namespace and its sysfs from a maker's word, or why there are none.
-fn namespace_of((said, mut fds): (String, Vec<OwnedFd>)) -> Result<(OwnedFd, OwnedFd)> {
-    if let Some(errno) = said.trim().strip_prefix("unshare ").and_then(|n| n.parse().ok()) {
-        return Err(Error::UnshareNetNs(nix::errno::Errno::from_raw(errno)));
-    }
-    if said.trim() != "ok" {
-        let why = said.trim().strip_prefix("err ").unwrap_or("its maker ended without a word").to_string();
-        return Err(Error::MakeJobNetns(why));
-    }
-    let (Some(sysfs), Some(ns)) = (fds.pop(), fds.pop()) else {
-        return Err(Error::MakeJobNetns("its namespace and sysfs did not come with its word".into()));
-    };
-    Ok((ns, sysfs))
-}
-
 /// What [`send_namespace`] sent: its text, and the fds that came with it, in order
 /// (close-on-exec).
 fn receive_namespace(from: &std::os::unix::net::UnixStream) -> (String, Vec<OwnedFd>) {
@@ -457,7 +434,7 @@ fn namespace_in_child(veth: Option<&Veth>, sysfs: &Path) -> Result<Made> {
         Ok(pid) => {
             let pid = pid.as_raw();
             Ok(Made {
-                entering: Some(Entering { word: Word::Coming(ns_rx), sysfs: sysfs.to_path_buf() }),
+                entering: Some(Entering { ready: ns_rx, sysfs: sysfs.to_path_buf() }),
                 configuring: Some(Configuring { pid, report: std::fs::File::from(report_rx), _lock: lock }),
                 ..Default::default()
             })
@@ -539,54 +516,7 @@ impl Drop for LoopbackThread {
 /// The namespace a runner's thread is making (see [`loopback_maker`]), for the helper to
 /// enter ([`Made::enter`]), its sysfs attached at `sysfs` then.
 pub fn adopt_loopback(ready: OwnedFd, sysfs: &Path) -> Made {
-    let entering = Entering { word: Word::Coming(ready.into()), sysfs: sysfs.to_path_buf() };
-    Made { entering: Some(entering), ..Default::default() }
-}
-
-/// A veth for a namespace its runner made (see [`loopback_maker`], adopted with
-/// [`adopt_loopback`]): its word is taken now, and a forked child enters the namespace
-/// and does the veth's steps 3-5 from there, as `namespace_in_child`'s does after its
-/// unshare, while the helper goes on; [`Made::enter`] then uses the namespace and sysfs
-/// that came, [`Made::finish`] waits for the child.
-pub fn configure_adopted(made: &mut Made, v: &Veth) -> Result<()> {
-    let Some(entering) = made.entering.take() else {
-        return Err(Error::MakeJobNetns("no namespace to configure a veth in".into()));
-    };
-    let (ns, sysfs) = namespace_of(entering.word.take())?;
-    // As `namespace_in_child`: the lock from the table's check to the link's creation.
-    let lock = lock_shared(&v.lock)?;
-    let host = host_side(v)?;
-    let (report_rx, report_tx) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(Error::Pipe)?;
-    let ns = std::fs::File::from(ns);
-    let forked = super::process::run_forked("the job's veth", host, |host| {
-        // Dies with the helper (and its job), not after it.
-        if nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL).is_err()
-            || nix::unistd::getppid().as_raw() == 1
-        {
-            return 125;
-        }
-        let configured = nix::sched::setns(&ns, CloneFlags::CLONE_NEWNET)
-            .map_err(Error::EnterNetns)
-            .and_then(|()| socket())
-            .and_then(|job| configure_veth(&host.socket, &job, &ns, v, host.conf6.as_ref()));
-        let (code, report) = match configured {
-            Ok(m) => match m.address {
-                Some(a) => (0, format!("ok {a} {}", dash_or(m.address6))),
-                None => (0, "ok".into()),
-            },
-            Err(e) => (1, format!("err {e}")),
-        };
-        let _ = std::io::Write::write_all(&mut std::fs::File::from(report_tx), report.as_bytes());
-        code
-    })?;
-    let Ok(pid) = forked else {
-        return Err(Error::MakeJobNetns("a threaded helper cannot fork the veth's child".into()));
-    };
-    let word = Word::Came("ok".into(), vec![OwnedFd::from(ns), sysfs]);
-    made.entering = Some(Entering { word, sysfs: entering.sysfs });
-    made.configuring =
-        Some(Configuring { pid: pid.as_raw(), report: std::fs::File::from(report_rx), _lock: Some(lock) });
-    Ok(())
+    Made { entering: Some(Entering { ready: ready.into(), sysfs: sysfs.to_path_buf() }), ..Default::default() }
 }
 
 /// A sysfs of the caller's network namespace, read-only, nosuid, nodev and noexec, not
@@ -1244,7 +1174,7 @@ mod tests {
         send_namespace(&tx, text, &vec![stand_in.as_fd(); fds]);
         drop(tx);
         let sysfs = PathBuf::from("/nonexistent/azp-test/sys");
-        let mut made = Made { entering: Some(Entering { word: Word::Coming(rx), sysfs }), ..Default::default() };
+        let mut made = Made { entering: Some(Entering { ready: rx, sysfs }), ..Default::default() };
         made.enter()
     }
 

@@ -212,13 +212,9 @@ pub fn enter(
         _ => Setup::Loopback,
     };
     let dir = job.net_dir();
-    let made = match (begun, &setup) {
-        (Some(mut made), Setup::Veth(v)) => {
-            sys.configure_network(&mut made, v)?;
-            made
-        }
-        (Some(made), _) => made,
-        (None, _) => isolate(&setup, &dir, sys)?,
+    let made = match begun {
+        Some(made) => made,
+        None => isolate(&setup, &dir, sys)?,
     };
     plan.net.sysfs = Some(dir.join("sys"));
     if let Some(text) = resolv {
@@ -244,8 +240,7 @@ pub fn enter(
 /// `sys::net::loopback_maker`), adopted instead of made.
 pub fn begin(mode: Network, dir: &Path, sys: &dyn Sys, started: Option<OwnedFd>) -> Result<Option<Made>> {
     match (mode, started) {
-        // Root `isolated` too: its veth is configured after the plan (`enter`).
-        (Network::None | Network::Isolated, Some(ready)) => {
+        (Network::None, Some(ready)) => {
             super::jobdir::create_mount_point(dir)?;
             sys.mount_job_net_dir(dir)?;
             Ok(Some(sys.adopt_network(ready, &dir.join("sys"))?))
