@@ -146,6 +146,35 @@ fn flags_to_keep(has: nix::sys::statvfs::FsFlags) -> MsFlags {
 }
 
 /// Lazy unmount (MNT_DETACH), of the mounts below `target` too.
+/// Attaches a detached mount (`fd`: from open_tree(2) or fsmount(2)) at `target` in the
+/// caller's mount namespace; the errno as such, for the caller's own error variant.
+pub(super) fn attach_detached(
+    fd: std::os::fd::BorrowedFd,
+    target: &Path,
+) -> std::result::Result<(), nix::errno::Errno> {
+    use std::os::fd::AsRawFd;
+    // From <linux/mount.h>: `fd` itself is what moves ("" as its path).
+    const MOVE_MOUNT_F_EMPTY_PATH: libc::c_uint = 0x0000_0004;
+    let c_target =
+        std::ffi::CString::new(target.as_os_str().as_encoded_bytes()).map_err(|_| nix::errno::Errno::EINVAL)?;
+    // SAFETY: move_mount(2) reads the two NUL-terminated paths during the call only; `fd`
+    // is borrowed, open for the call.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_move_mount,
+            fd.as_raw_fd(),
+            c"".as_ptr(),
+            libc::AT_FDCWD,
+            c_target.as_ptr(),
+            MOVE_MOUNT_F_EMPTY_PATH,
+        )
+    };
+    if r < 0 {
+        return Err(nix::errno::Errno::last());
+    }
+    Ok(())
+}
+
 pub fn unmount(target: &Path) -> Result<()> {
     nix::mount::umount2(target, nix::mount::MntFlags::MNT_DETACH)
         .map_err(|source| Error::Unmount { target: target.to_path_buf(), source })

@@ -589,24 +589,8 @@ fn detached_sysfs() -> Result<OwnedFd> {
 
 /// Attaches a [`detached_sysfs`] at `target`, in the caller's mount namespace.
 fn attach_sysfs(sysfs: OwnedFd, target: &Path) -> Result<()> {
-    use super::userns::MOVE_MOUNT_F_EMPTY_PATH;
-    let failed = |source| Error::MountSysfs { target: target.into(), source };
-    let c_target = std::ffi::CString::new(target.as_os_str().as_encoded_bytes()).map_err(|_| failed(Errno::EINVAL))?;
-    // SAFETY: move_mount(2) reads the two NUL-terminated paths during the call only.
-    let r = unsafe {
-        libc::syscall(
-            libc::SYS_move_mount,
-            sysfs.as_raw_fd(),
-            c"".as_ptr(),
-            libc::AT_FDCWD,
-            c_target.as_ptr(),
-            MOVE_MOUNT_F_EMPTY_PATH,
-        )
-    };
-    if r < 0 {
-        return Err(failed(Errno::last()));
-    }
-    Ok(())
+    super::mount::attach_detached(sysfs.as_fd(), target)
+        .map_err(|source| Error::MountSysfs { target: target.into(), source })
 }
 
 fn dash_or(a: Option<Ipv6Addr>) -> String {

@@ -48,7 +48,6 @@ fn write_map(pid: i32, file: &str, map: &str) -> Result<()> {
 const OPEN_TREE_CLONE: libc::c_uint = 1;
 const MOUNT_ATTR_RDONLY: u64 = 0x0000_0001;
 const MOUNT_ATTR_IDMAP: u64 = 0x0010_0000;
-pub(super) const MOVE_MOUNT_F_EMPTY_PATH: libc::c_uint = 0x0000_0004;
 
 /// `struct mount_attr` of mount_setattr(2).
 #[repr(C)]
@@ -108,22 +107,11 @@ pub fn idmap_layer(layer: &Path, userns: BorrowedFd, target: &Path) -> Result<()
         return Err(Error::IdmapLayer { layer: layer.into(), source: Errno::last() });
     }
     // Step 3: attach it at `target`.
-    let c_target = cstring(target)?;
-    // SAFETY: move_mount(2) reads the two NUL-terminated paths during the call only.
-    let r = unsafe {
-        libc::syscall(
-            libc::SYS_move_mount,
-            tree.as_raw_fd(),
-            c"".as_ptr(),
-            libc::AT_FDCWD,
-            c_target.as_ptr(),
-            MOVE_MOUNT_F_EMPTY_PATH,
-        )
-    };
-    if r < 0 {
-        return Err(Error::IdmapMove { layer: layer.into(), target: target.into(), source: Errno::last() });
-    }
-    Ok(())
+    super::mount::attach_detached(std::os::fd::AsFd::as_fd(&tree), target).map_err(|source| Error::IdmapMove {
+        layer: layer.into(),
+        target: target.into(),
+        source,
+    })
 }
 
 fn cstring(p: &Path) -> Result<CString> {
