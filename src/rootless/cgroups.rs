@@ -137,7 +137,7 @@ impl CgroupHost {
 
 /// The v1 lines of a /proc/self/cgroup (`ID:CONTROLLERS:PATH`; named hierarchies such
 /// as `name=systemd` and the v2 line `0::` have no controllers of their own).
-fn own_v1_cgroups(proc_self_cgroup: &str) -> Vec<(String, PathBuf)> {
+pub(crate) fn own_v1_cgroups(proc_self_cgroup: &str) -> Vec<(String, PathBuf)> {
     proc_self_cgroup
         .lines()
         .filter_map(|l| {

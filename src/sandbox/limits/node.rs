@@ -113,7 +113,7 @@ pub fn own_memory_limit(host: &CgroupHost, proc_self_cgroup: &str) -> Option<(u6
         return best;
     }
     let (mount, path) = v1_memory(host, proc_self_cgroup)?;
-    let rel = path.strip_prefix('/').unwrap_or(path);
+    let rel = path.strip_prefix('/').unwrap_or(&path);
     // In one read (see sys::procfile): a cgroup file's size is 0 too, and v1 sums every
     // descendant's counters again for each read.
     let stat = crate::sys::procfile::read(mount.join(rel).join("memory.stat")).ok()?;
@@ -127,12 +127,11 @@ fn v2_path(proc_self_cgroup: &str) -> Option<&str> {
 }
 
 /// The v1 memory hierarchy's mount and this process's path in it.
-fn v1_memory<'a>(host: &'a CgroupHost, proc_self_cgroup: &'a str) -> Option<(&'a Path, &'a str)> {
-    let path = proc_self_cgroup.lines().find_map(|l| {
-        let mut f = l.splitn(3, ':');
-        let (_, controllers, path) = (f.next()?, f.next()?, f.next()?);
-        controllers.split(',').any(|c| c == "memory").then_some(path)
-    })?;
+fn v1_memory<'a>(host: &'a CgroupHost, proc_self_cgroup: &str) -> Option<(&'a Path, String)> {
+    let (_, path) = crate::rootless::cgroups::own_v1_cgroups(proc_self_cgroup)
+        .into_iter()
+        .find(|(controllers, _)| controllers.split(',').any(|c| c == "memory"))?;
+    let path = path.to_string_lossy().into_owned();
     let mount = host
         .v1_mounts
         .iter()
