@@ -448,9 +448,10 @@ fn namespace_in_child(veth: Option<&Veth>, sysfs: &Path) -> Result<Made> {
     }
 }
 
-/// In the child (or a runner's thread) making the job's namespace: [`make_namespace`], then the word (with the
-/// namespace and its sysfs, or why not) to `to`. The netlink socket in the namespace and
-/// the namespace, for a veth's next steps; None when it failed (the word says why).
+/// In the child (or a runner's thread) making the job's namespace: [`make_namespace`],
+/// then the word (with the namespace and its sysfs, or why not) to `to`. The netlink
+/// socket in the namespace and the namespace, for a veth's next steps; None when it
+/// failed (the word says why).
 fn made_and_sent(to: &std::os::unix::net::UnixStream) -> Option<(Socket, std::fs::File)> {
     match make_namespace() {
         Ok((job, ns, sysfs)) => {
