@@ -10,9 +10,14 @@
 //!  @azp-netlab-NAME   an abstract unix socket                                = 198.19.0.1, dual.example
 //!                                                                            = 198.19.0.1 and 2001:2::1
 //!  resolv.conf: nameserver 127.0.0.53                    lo 169.254.169.254:80 HTTP "metadata-secret"
+//!                                                        lo 168.63.129.16:80 HTTP "wireserver-secret"
 //!  NAMEh 198.18.0.1/30 ----------------- veth ---------- NAMEi 198.18.0.2/30
-//!  default via 198.18.0.2; 169.254.169.254/32 via 198.18.0.2 (only here)
+//!  default via 198.18.0.2; 169.254.169.254/32 and 168.63.129.16/32 via 198.18.0.2 (only here)
 //! ```
+//!
+//! [`NetLab::resolve_through`] moves the fake host's resolver to one of the fake
+//! internet's addresses (a cloud's: GCP's on the metadata address, Azure's on its host
+//! endpoint).
 //!
 //! [`NetLab::new_v6`] adds IPv6 (RFC 5180's benchmarking range 2001:2::/48), the rest
 //! unchanged:
@@ -51,6 +56,10 @@ pub const INTERNET_NAME: &str = "fake.example";
 pub const DUAL_NAME: &str = "dual.example";
 pub const DUAL_IPV6: &str = "2001:2::1";
 pub const METADATA_IP: &str = "169.254.169.254";
+/// Azure's host endpoint (WireServer, Azure DNS), routed to the fake internet in the fake
+/// host only, as the metadata address is.
+pub const AZURE_HOST_IP: &str = "168.63.129.16";
+pub const WIRESERVER_BODY: &str = "wireserver-secret";
 pub const HOST_IP: &str = "198.18.0.1";
 pub const HOST_LOOPBACK_PORT: u16 = 8080;
 /// A fake host service on all its addresses (its own, not loopback's).
@@ -168,8 +177,9 @@ impl NetLab {
                     vec!["addr", "add", "198.18.0.1/30", "dev", &hl],
                     vec!["link", "set", &hl, "up"],
                     vec!["route", "add", "default", "via", "198.18.0.2"],
-                    // The metadata address is routed in the fake host only.
+                    // The metadata address and Azure's are routed in the fake host only.
                     vec!["route", "add", "169.254.169.254/32", "via", "198.18.0.2"],
+                    vec!["route", "add", "168.63.129.16/32", "via", "198.18.0.2"],
                 ],
             ),
             (
@@ -181,6 +191,7 @@ impl NetLab {
                     vec!["addr", "add", "198.19.0.1/32", "dev", "lo"],
                     vec!["addr", "add", "198.19.0.53/32", "dev", "lo"],
                     vec!["addr", "add", "169.254.169.254/32", "dev", "lo"],
+                    vec!["addr", "add", "168.63.129.16/32", "dev", "lo"],
                     vec!["route", "add", "default", "via", "198.18.0.1"],
                 ],
             ),
@@ -194,7 +205,9 @@ impl NetLab {
         if self.ipv6 {
             self.build_ipv6(&h, &i, &hl, &il)?;
         }
-        for (sub, body) in [("www", INTERNET_BODY), ("meta", METADATA_BODY), ("host", HOST_BODY)] {
+        for (sub, body) in
+            [("www", INTERNET_BODY), ("meta", METADATA_BODY), ("host", HOST_BODY), ("wire", WIRESERVER_BODY)]
+        {
             std::fs::create_dir_all(self.dir.join(sub)).map_err(|e| e.to_string())?;
             std::fs::write(self.dir.join(sub).join("index.html"), format!("{body}\n")).map_err(|e| e.to_string())?;
         }
@@ -206,6 +219,8 @@ impl NetLab {
         };
         self.server(&i, httpd("198.19.0.1:80", &www))?;
         self.server(&i, httpd("169.254.169.254:80", &meta))?;
+        let wire = self.dir.join("wire").display().to_string();
+        self.server(&i, httpd("168.63.129.16:80", &wire))?;
         self.server(&h, httpd(&format!("127.0.0.1:{HOST_LOOPBACK_PORT}"), &host))?;
         self.server(&h, httpd(&format!("{HOST_ANY_PORT}"), &host))?;
         if self.ipv6 {
@@ -286,6 +301,29 @@ impl NetLab {
         Ok(())
     }
 
+    /// The fake host's resolver becomes a DNS server at `addr`, one of the fake internet's
+    /// addresses (a cloud's resolver: GCP's on the metadata address, Azure's on its host
+    /// endpoint), answering the fake internet's names. For this lab only: its resolv.conf
+    /// is its own.
+    pub fn resolve_through(&mut self, addr: &str) -> Result<(), String> {
+        let i = self.internet.clone();
+        let argv = ["dnsmasq", "-k", "-C", "/dev/null", "--no-resolv", "--no-hosts", "--bind-interfaces"]
+            .into_iter()
+            .map(String::from)
+            .chain([
+                format!("--listen-address={addr}"),
+                "--pid-file=".into(),
+                format!("--address=/{INTERNET_NAME}/{INTERNET_IP}"),
+            ])
+            .collect();
+        self.server(&i, argv)?;
+        self.wait_udp_listener(&i, &format!("{addr}:53"))?;
+        std::fs::write(self.resolv_conf(), format!("nameserver {addr}\n")).map_err(|e| e.to_string())?;
+        within_10s(50, &format!("the fake host resolved nothing through {addr}"), || {
+            Ok(self.in_host(&["busybox", "wget", "-q", "-O", "/dev/null", &format!("http://{INTERNET_NAME}/")]))
+        })
+    }
+
     /// Until a UDP socket is bound to `addr` (`IP:PORT`) in namespace `ns`.
     fn wait_udp_listener(&self, ns: &str, addr: &str) -> Result<(), String> {
         within_10s(10, &format!("nothing listened on UDP {addr} in {ns}"), || {
@@ -311,6 +349,7 @@ impl NetLab {
                     &format!("http://127.0.0.1:{HOST_LOOPBACK_PORT}/"),
                 ])
                 && self.in_host(&["busybox", "wget", "-q", "-O", "/dev/null", &format!("http://{METADATA_IP}/")])
+                && self.in_host(&["busybox", "wget", "-q", "-O", "/dev/null", &format!("http://{AZURE_HOST_IP}/")])
                 && (!self.ipv6 || self.ipv6_ready()))
         })
     }

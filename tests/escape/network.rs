@@ -253,3 +253,132 @@ fn t28_bad_network_input_gets_one_line() {
     assert!(err.contains("unknown network mode 'bridge': use isolated (the default), none or host"), "{err}");
     assert_eq!(err.lines().filter(|l| l.contains("error")).count(), 1, "{err}");
 }
+
+#[test]
+#[cfg_attr(not(test_as_root), ignore = "needs root: creates real sandboxes and network namespaces")]
+fn t40_another_dnat_rule_of_the_host_opens_nothing_to_jobs() {
+    require_root!();
+    let lab = or_skip!(NetLab::new());
+    let h = home("net-foreign-dnat");
+    // The host's own port forwards (a Kubernetes node's ClusterIPs, an operator's rule):
+    // to one of its addresses and to its loopback. They count what they translate.
+    let rules = format!(
+        "table ip foreign {{ chain pre {{ type nat hook prerouting priority dstnat; policy accept;\n\
+         ip daddr 198.18.200.1 tcp dport 443 counter dnat to {HOST_IP}:{any}\n\
+         ip daddr 198.18.200.2 tcp dport 80 counter dnat to 127.0.0.1:{lo}\n}}\n}}\n",
+        any = netlab::HOST_ANY_PORT,
+        lo = netlab::HOST_LOOPBACK_PORT
+    );
+    let nft = |args: &[&str], input: Option<&str>| {
+        let mut c = Command::new("nsenter");
+        c.arg(format!("--net={}", lab.host_path().display())).arg("nft").args(args);
+        c.stdin(if input.is_some() { Stdio::piped() } else { Stdio::null() }).stdout(Stdio::piped());
+        let mut child = c.spawn().expect("nft");
+        if let Some(text) = input {
+            std::io::Write::write_all(&mut child.stdin.take().unwrap(), text.as_bytes()).unwrap();
+        }
+        let out = child.wait_with_output().unwrap();
+        assert!(out.status.success(), "nft {args:?}");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    nft(&["-f", "-"], Some(&rules));
+    for (who, opts) in USERS {
+        let targets = toks(&["connect-tcp:198.18.200.1:443", "connect-tcp:198.18.200.2:80"]);
+        let out = lab_exec_ok(&lab, &h, opts, &probe(&targets));
+        let r = probe_results(&out);
+        for t in &targets {
+            assert!(blocked(&r[t]), "{who}: {t}: {out}");
+        }
+    }
+    // The rules did translate the jobs' connections (root mode: the host's table then
+    // dropped them); pasta's connections leave from the host itself, past no prerouting.
+    let counted = nft(&["list", "table", "ip", "foreign"], None);
+    if !rootless() {
+        assert!(!counted.contains("counter packets 0 "), "both rules met the jobs' packets: {counted}");
+    }
+    h.assert_no_residue(&[]);
+}
+
+#[test]
+#[cfg_attr(not(test_as_root), ignore = "needs root: creates real sandboxes and network namespaces")]
+fn t41_dns_works_through_a_hosts_resolver_on_a_cloud_address() {
+    require_root!();
+    // GCP's resolver is on the metadata address, Azure's on its host endpoint: both are
+    // refused to jobs, but their port 53 is what the gateway forwards to.
+    for resolver in [netlab::METADATA_IP, netlab::AZURE_HOST_IP] {
+        let mut lab = or_skip!(NetLab::new());
+        lab.resolve_through(resolver).expect("the fake host's resolver");
+        let h = home("net-cloud-dns");
+        for (who, opts) in USERS {
+            let script = format!(
+                "{}; grep nameserver /etc/resolv.conf; {}",
+                get(&format!("http://{INTERNET_NAME}/")),
+                get(&format!("http://{resolver}/"))
+            );
+            let out = lab_exec_ok(&lab, &h, opts, &script);
+            assert_eq!(out.matches(INTERNET_BODY).count(), 1, "{who}, resolver {resolver}: {out}");
+            assert!(out.contains(&format!("nameserver {GATEWAY}")), "{who}, resolver {resolver}: {out}");
+            assert!(!out.contains(METADATA_BODY) && !out.contains(netlab::WIRESERVER_BODY), "{who}: {out}");
+        }
+        h.assert_no_residue(&[]);
+    }
+}
+
+#[test]
+#[cfg_attr(not(test_as_root), ignore = "needs root: creates real sandboxes and network namespaces")]
+fn t42_azures_host_endpoint_is_blocked_unless_allowed() {
+    require_root!();
+    let lab = or_skip!(NetLab::new());
+    let h = home("net-wireserver");
+    let url = format!("http://{}/", netlab::AZURE_HOST_IP);
+    let tok = toks(&[&format!("connect-tcp:{}:80", netlab::AZURE_HOST_IP)]);
+    // The control: the fake host itself reaches it.
+    let out = lab_exec_ok(&lab, &h, &["--network", "host"], &get(&url));
+    assert!(out.contains(netlab::WIRESERVER_BODY), "{out}");
+    for (who, opts) in USERS {
+        let out = lab_exec_ok(&lab, &h, opts, &format!("{}; {}", probe(&tok), get(&url)));
+        assert!(!out.contains(netlab::WIRESERVER_BODY), "{who}: {out}");
+        assert_eq!(probe_results(&out)[&tok[0]], "EACCES", "{who}: {out}");
+    }
+    let allow = if rootless() { netlab::AZURE_HOST_IP.to_string() } else { format!("{}:80", netlab::AZURE_HOST_IP) };
+    let out = lab_exec_ok(&lab, &h, &["--network-allow", &allow], &get(&url));
+    assert!(out.contains(netlab::WIRESERVER_BODY), "--network-allow {allow}: {out}");
+    h.assert_no_residue(&[]);
+}
+
+#[test]
+#[cfg_attr(not(test_as_root), ignore = "needs root: creates real sandboxes and network namespaces")]
+fn t43_a_table_that_lets_any_dnat_in_is_said_once_and_gc_makes_it_anew() {
+    require_root!();
+    if rootless() {
+        return common::skip::skip("rootless jobs have no host table (pasta, no forwarding)");
+    }
+    let lab = or_skip!(NetLab::new());
+    let h = home("net-old-dnat");
+    // The table as the version before t40's fix made it: IPv6 rules, no "own-dnat". The
+    // helper only checks that the table exists.
+    let old = "add table inet azp-sandbox { comment \"azp-sandbox jobs: subnet 10.87.0.0/16, ipv6\"; }";
+    let o = Command::new("ip").args(["netns", "exec", &lab.host, "nft", old]).output().unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let o = lab_exec(&lab, &h, &["--network", "none"], "true");
+    assert_eq!(o.code, 0, "{}", o.err);
+    assert!(!o.err.contains("older azp-sandbox"), "a job without the table says nothing: {}", o.err);
+    let o = lab_exec(&lab, &h, &[], "true");
+    assert_eq!(o.code, 0, "{}", o.err);
+    let said: Vec<&str> = o.err.lines().filter(|l| l.contains("was made by an older azp-sandbox")).collect();
+    assert_eq!(said.len(), 1, "{}", o.err);
+    assert!(said[0].contains("other DNAT rules") && said[0].contains("run `azp-sandbox gc`"), "{}", o.err);
+    // gc removes it (no job left); the next job makes the current table, and says nothing.
+    let out = h.lab_command(&lab).arg("gc").output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let o = lab_exec(&lab, &h, &[], "true");
+    assert_eq!(o.code, 0, "{}", o.err);
+    assert!(!o.err.contains("older azp-sandbox"), "{}", o.err);
+    let table = Command::new("ip")
+        .args(["netns", "exec", &lab.host, "nft", "list", "table", "inet", "azp-sandbox"])
+        .output()
+        .unwrap();
+    let listed = String::from_utf8_lossy(&table.stdout).into_owned();
+    assert!(listed.contains("own-dnat") && listed.contains("@service_targets accept"), "{listed}");
+    h.assert_no_residue(&[]);
+}

@@ -1,6 +1,7 @@
 //! The job's `/etc/resolv.conf`: the host's, with the resolvers a job cannot reach
 //! itself (on the host's loopback, such as systemd-resolved's 127.0.0.53, on a link-local
-//! address, or on one of the host's own addresses) replaced by the jobs' gateway, which
+//! address, on Azure's host endpoint, or on one of the host's own addresses) replaced by
+//! the jobs' gateway, which
 //! forwards port 53 to the first of them (root mode: a DNAT in the host's table;
 //! rootless: pasta's `--dns-forward`).
 
@@ -32,7 +33,13 @@ pub fn for_job(host: &str, gateway: Ipv4Addr, host_addresses: &[Ipv4Addr], alway
         let direct = match addr {
             // Jobs have IPv4 only.
             IpAddr::V6(_) => continue,
-            IpAddr::V4(a) => !(always_gateway || a.is_loopback() || a.is_link_local() || host_addresses.contains(&a)),
+            IpAddr::V4(a) => {
+                !(always_gateway
+                    || a.is_loopback()
+                    || a.is_link_local()
+                    || a == super::firewall::AZURE_HOST
+                    || host_addresses.contains(&a))
+            }
         };
         if direct {
             lines.push(format!("nameserver {addr}"));
@@ -80,6 +87,15 @@ mod tests {
         assert_eq!(d.forward_to, Some(Ipv4Addr::new(169, 254, 169, 253)), "the first one the job cannot reach");
         let d = for_job("nameserver 8.8.8.8\n", G, &[], false);
         assert_eq!((d.resolv_conf.as_str(), d.forward_to), ("nameserver 8.8.8.8\n", None));
+    }
+
+    #[test]
+    fn azures_resolver_is_reached_at_the_gateway() {
+        // Azure DNS is the host endpoint jobs are refused (WireServer's address): only its
+        // port 53, through the gateway's forward.
+        let d = for_job("nameserver 168.63.129.16\nsearch reddog.microsoft.com\n", G, &[], false);
+        assert_eq!(d.resolv_conf, "nameserver 10.87.0.1\nsearch reddog.microsoft.com\n");
+        assert_eq!(d.forward_to, Some(Ipv4Addr::new(168, 63, 129, 16)));
     }
 
     #[test]

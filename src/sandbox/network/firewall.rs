@@ -11,10 +11,15 @@
 //!   resolver on the host's loopback (`host_services`; `route_localnet` is set on each
 //!   host end, and dies with it);
 //! - drops everything from a job link to the host itself (any address, any port) but
-//!   those forwarded ports and the destinations `network_allow` lists for that job;
+//!   those forwarded ports and the destinations `network_allow` lists for that job. A
+//!   forwarded connection passes only as the table's own: sent to the gateway and
+//!   translated to one of its services (`service_targets`), not any connection some
+//!   other DNAT rule of the host (kube-proxy, an operator's port forward) translated;
 //! - drops what is new towards a job link (another job, the world: jobs are outbound
-//!   only), and refuses what a job sends to link-local addresses (cloud metadata) and
-//!   to the jobs' subnet (the gateway's other ports), unless allowed;
+//!   only), and refuses what a job sends to link-local addresses (cloud metadata), to
+//!   Azure's host endpoint ([`AZURE_HOST`]) and to the jobs' subnet (the gateway's other
+//!   ports), unless allowed; the table's own forwarded services pass first (a host
+//!   resolver on a link-local address, as on GCP, or on Azure's);
 //! - when it had to turn IPv4 forwarding on (net.ipv4.ip_forward was 0), drops forwarded
 //!   IPv4 traffic that involves no job link (the host does not become a router for
 //!   others), and the table's comment says so: whoever removes the table turns
@@ -52,6 +57,13 @@ const V6_UPLINKS: &str = "v6_uplinks";
 /// In the comment of a table that has the IPv6 rules: one made by an older azp-sandbox
 /// drops jobs' IPv6 (its jobs get IPv4 only until it is removed).
 const HAS_IPV6_RULES: &str = "ipv6";
+/// In the comment of a table whose input chain accepts only its own forwarded services;
+/// one made before accepted any DNAT'd connection from a job link (see [`ensure`]).
+const OWN_DNAT_ONLY: &str = "own-dnat";
+/// Azure's host endpoint (WireServer, the host agent, Azure DNS): the Azure VM agent lets
+/// only root on the VM reach it (an OUTPUT rule, which forwarded traffic never meets);
+/// jobs are refused it as they are link-local addresses. DNS there is forwarded.
+pub const AZURE_HOST: Ipv4Addr = Ipv4Addr::new(168, 63, 129, 16);
 
 /// A host service on the host's loopback that jobs reach at their gateway.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -67,13 +79,25 @@ pub enum Proto {
     Udp,
 }
 
+/// Its element of the map `host_services`: the gateway's port and where it goes.
 impl std::fmt::Display for HostService {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let p = match self.proto {
+        write!(f, "{} . {} : {}", self.proto_name(), self.port, self.target)
+    }
+}
+
+impl HostService {
+    fn proto_name(&self) -> &'static str {
+        match self.proto {
             Proto::Tcp => "tcp",
             Proto::Udp => "udp",
-        };
-        write!(f, "{p} . {} : {}", self.port, self.target)
+        }
+    }
+
+    /// Its element of the set `service_targets`: what a connection forwarded to it looks
+    /// like once translated.
+    fn target_element(&self) -> String {
+        format!("{} . {} . {}", self.proto_name(), self.port, self.target)
     }
 }
 
@@ -89,7 +113,17 @@ pub fn script(subnet: Ipv4Net, gateway: Ipv4Addr, services: &[HostService], forw
     } else {
         format!(" elements = {{ {} }}", services.iter().map(|s| s.to_string()).collect::<Vec<_>>().join(", "))
     };
-    let blocked = format!("{{ 169.254.0.0/16, {subnet} }}");
+    let targets = if services.is_empty() {
+        String::new()
+    } else {
+        format!(" elements = {{ {} }}", services.iter().map(|s| s.target_element()).collect::<Vec<_>>().join(", "))
+    };
+    let blocked = format!("{{ 169.254.0.0/16, {AZURE_HOST}, {subnet} }}");
+    // A connection the table itself forwarded: sent to the gateway, translated to one of
+    // its services.
+    let own_dnat = format!(
+        "iifname \"azp*\" ct status dnat ct original ip daddr {gateway} meta l4proto . th dport . ip daddr @service_targets accept"
+    );
     let mut blocked6 = vec![super::ipv6::LINK_LOCAL, super::ipv6::PREFIX];
     blocked6.extend(super::ipv6::METADATA);
     let blocked6 = format!("{{ {} }}", blocked6.iter().map(|n| n.to_string()).collect::<Vec<_>>().join(", "));
@@ -97,6 +131,8 @@ pub fn script(subnet: Ipv4Net, gateway: Ipv4Addr, services: &[HostService], forw
         r#"table inet {TABLE} {{
   comment "{}"
   map host_services {{ type inet_proto . inet_service : ipv4_addr;{elements}
+  }}
+  set service_targets {{ type inet_proto . inet_service . ipv4_addr;{targets}
   }}
   set allow_port {{ type devgroup . ipv4_addr . inet_service;
   }}
@@ -111,7 +147,7 @@ pub fn script(subnet: Ipv4Net, gateway: Ipv4Addr, services: &[HostService], forw
     iifname "azp*" oifname != "azp*" masquerade
   }}
   chain input {{ type filter hook input priority filter; policy accept;
-    iifname "azp*" ct status dnat accept
+    {own_dnat}
     iifname "azp*" meta iifgroup . ip daddr . th dport @allow_port accept
     iifname "azp*" meta iifgroup . ip daddr @allow_addr accept
     iifname "azp*" drop
@@ -120,6 +156,7 @@ pub fn script(subnet: Ipv4Net, gateway: Ipv4Addr, services: &[HostService], forw
     oifname "azp*" ct state established,related accept
     oifname "azp*" drop
     iifname "azp*" meta nfproto ipv6 fib saddr . iif oif missing drop
+    {own_dnat}
     iifname "azp*" ip daddr {blocked} meta iifgroup . ip daddr . th dport @allow_port accept
     iifname "azp*" ip daddr {blocked} meta iifgroup . ip daddr @allow_addr accept
     iifname "azp*" ip daddr {blocked} reject with icmpx type admin-prohibited
@@ -136,7 +173,7 @@ pub fn script(subnet: Ipv4Net, gateway: Ipv4Addr, services: &[HostService], forw
 }
 
 fn comment(subnet: Ipv4Net, forwarding_was_off: bool) -> String {
-    let mut c = format!("azp-sandbox jobs: subnet {subnet}, {HAS_IPV6_RULES}");
+    let mut c = format!("azp-sandbox jobs: subnet {subnet}, {HAS_IPV6_RULES}, {OWN_DNAT_ONLY}");
     if forwarding_was_off {
         c.push_str(&format!(", {FORWARDING_WAS_OFF}"));
     }
@@ -153,6 +190,7 @@ pub fn elements(services: &[HostService], group: u32, allow: &[NetworkAllow]) ->
     let mut s = String::new();
     for svc in services {
         s.push_str(&format!("add element inet {TABLE} host_services {{ {svc} }}\n"));
+        s.push_str(&format!("add element inet {TABLE} service_targets {{ {} }}\n", svc.target_element()));
     }
     for a in allow {
         match a.port {
@@ -303,6 +341,7 @@ pub fn ensure(
     begin_table_use()?;
     let has_v6 = |c: &str| c.split(", ").any(|w| w == HAS_IPV6_RULES);
     if let Some(c) = existing(subnet)? {
+        warn_if_outdated(&c);
         let v6_pending = || ipv6 && has_v6(&c) && !uplinks_to_turn_on(&super::ipv6::Host::probe()).is_empty();
         if extra.is_empty() && !v6_pending() {
             return Ok(has_v6(&c));
@@ -356,6 +395,26 @@ pub fn ensure(
         run_nft(&nft, extra)?;
     }
     Ok(v6_rules)
+}
+
+/// A table made by an azp-sandbox before [`OWN_DNAT_ONLY`] lets a job reach host
+/// services that any other DNAT rule of the host translates to (a Kubernetes node's
+/// ClusterIPs, an operator's port forward): said once per process, with the fix. It is
+/// not replaced under running jobs (their runs' elements would go with it); `gc`, the
+/// end of the last run, or a reboot removes it, and the next job makes the current one.
+/// One older still, without the IPv6 rules, is said so where IPv6 is decided, with the
+/// same fix: one line is enough.
+fn warn_if_outdated(comment: &str) {
+    static SAID: std::sync::Once = std::sync::Once::new();
+    let has = |marker: &str| comment.split(", ").any(|w| w == marker);
+    if has(HAS_IPV6_RULES) && !has(OWN_DNAT_ONLY) {
+        SAID.call_once(|| {
+            tracing::warn!(
+                "jobs' network: the nftables table inet {TABLE} was made by an older azp-sandbox and lets jobs \
+                 reach host services other DNAT rules forward to: run `azp-sandbox gc` once no jobs run"
+            )
+        });
+    }
 }
 
 /// `link` in the table's set of uplinks it turned on (they forward nothing but to jobs).
@@ -531,13 +590,26 @@ mod tests {
         let s = script(net(), Ipv4Addr::new(10, 87, 0, 1), &dns(Ipv4Addr::new(127, 0, 0, 53)), true);
         assert!(
             s.starts_with(
-                "table inet azp-sandbox {\n  comment \"azp-sandbox jobs: subnet 10.87.0.0/16, ipv6, ip_forward was 0\"\n"
+                "table inet azp-sandbox {\n  comment \"azp-sandbox jobs: subnet 10.87.0.0/16, ipv6, own-dnat, ip_forward was 0\"\n"
             ),
             "{s}"
         );
         assert!(s.contains("elements = { udp . 53 : 127.0.0.53, tcp . 53 : 127.0.0.53 }"), "{s}");
         assert!(s.contains("iifname \"azp*\" ip daddr 10.87.0.1 dnat ip to meta l4proto . th dport map @host_services"));
-        assert!(s.contains("iifname \"azp*\" ip daddr { 169.254.0.0/16, 10.87.0.0/16 } reject with icmpx"));
+        assert!(
+            s.contains("iifname \"azp*\" ip daddr { 169.254.0.0/16, 168.63.129.16, 10.87.0.0/16 } reject with icmpx")
+        );
+        // Only the table's own forwarded connections pass to the host (input) and past
+        // the blocked destinations (forward: a resolver on a link-local address).
+        assert!(s.contains("set service_targets { type inet_proto . inet_service . ipv4_addr; elements = { udp . 53 . 127.0.0.53, tcp . 53 . 127.0.0.53 }"), "{s}");
+        let own = "iifname \"azp*\" ct status dnat ct original ip daddr 10.87.0.1 meta l4proto . th dport . ip daddr @service_targets accept";
+        assert_eq!(s.matches(own).count(), 2, "{s}");
+        assert!(!s.contains("iifname \"azp*\" ct status dnat accept"), "{s}");
+        let (input, forward) = (s.find("chain input").unwrap(), s.find("chain forward").unwrap());
+        let in_input = &s[input..forward];
+        assert!(in_input.find(own).unwrap() < in_input.find("iifname \"azp*\" drop").unwrap(), "{s}");
+        let in_forward = &s[forward..];
+        assert!(in_forward.find(own).unwrap() < in_forward.find("reject").unwrap(), "{s}");
         assert!(
             s.contains("meta nfproto ipv4 iifname != \"azp*\" oifname != \"azp*\" drop"),
             "IPv4 forwarding was off: only ours is forwarded (IPv6 routing of a host that routes it untouched)"
@@ -574,6 +646,7 @@ mod tests {
         assert_eq!(
             elements(&[proxy], 77, &allow),
             "add element inet azp-sandbox host_services { tcp . 3128 : 127.0.0.1 }\n\
+             add element inet azp-sandbox service_targets { tcp . 3128 . 127.0.0.1 }\n\
              add element inet azp-sandbox allow_port { 77 . 169.254.169.254 . 80 }\n\
              add element inet azp-sandbox allow_addr { 77 . 10.1.1.1 }\n"
         );

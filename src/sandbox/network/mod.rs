@@ -100,11 +100,11 @@ pub fn allow_group(allow: &[NetworkAllow]) -> u32 {
     1 + (fnv64(entries.join(",").as_bytes()) % 0x7fff_fffe) as u32
 }
 
-/// The job's routes besides its default route: link-local, the host's addresses and
-/// (`subnet`, root mode) the other jobs prohibited; each allowed destination inside
-/// them through the gateway.
+/// The job's routes besides its default route: link-local, Azure's host endpoint, the
+/// host's addresses and (`subnet`, root mode) the other jobs prohibited; each allowed
+/// destination inside them through the gateway.
 pub fn job_routes(host: &[Ipv4Addr], subnet: Option<Ipv4Net>, allow: &[NetworkAllow]) -> Vec<JobRoute> {
-    let mut blocked = vec![LINK_LOCAL];
+    let mut blocked = vec![LINK_LOCAL, Ipv4Net::host(firewall::AZURE_HOST)];
     blocked.extend(subnet);
     for a in host.iter().filter(|a| !a.is_loopback()) {
         let n = Ipv4Net::host(*a);
@@ -112,7 +112,11 @@ pub fn job_routes(host: &[Ipv4Addr], subnet: Option<Ipv4Net>, allow: &[NetworkAl
             blocked.push(n);
         }
     }
-    let mut routes: Vec<JobRoute> = blocked.iter().map(|b| JobRoute::Prohibit(*b)).collect();
+    // A blocked address allowed itself (a host address, Azure's) gets the allowed route
+    // alone: the kernel keeps one route per prefix, and the prohibit came first.
+    let allowed: Vec<Ipv4Net> = allow.iter().map(|a| Ipv4Net::host(a.addr)).collect();
+    let mut routes: Vec<JobRoute> =
+        blocked.iter().filter(|b| !allowed.contains(b)).map(|b| JobRoute::Prohibit(*b)).collect();
     for a in allow {
         let n = Ipv4Net::host(a.addr);
         if blocked.iter().any(|b| b.contains(a.addr)) && !routes.contains(&JobRoute::Allow(n)) {
@@ -578,15 +582,19 @@ mod tests {
             show,
             [
                 "prohibit 169.254.0.0/16",
+                "prohibit 168.63.129.16/32",
                 "prohibit 10.87.0.0/16",
-                "prohibit 192.0.2.2/32",
                 "169.254.169.254/32 via the gateway",
                 "192.0.2.2/32 via the gateway",
             ],
-            "8.8.8.8 is not blocked: no route for it; 169.254.1.1 is inside link-local"
+            "8.8.8.8 is not blocked: no route for it; 169.254.1.1 is inside link-local; the host address \
+             192.0.2.2, allowed, has the allowed route only (one route per prefix)"
         );
         let r = job_routes(&host, None, &[]);
-        assert_eq!(r.len(), 2, "rootless: no jobs' subnet to block: {r:?}");
+        assert_eq!(r.len(), 3, "rootless: no jobs' subnet to block: {r:?}");
+        let r = job_routes(&[], None, &allow(&["168.63.129.16:80"]));
+        let azure = Ipv4Net::host(firewall::AZURE_HOST);
+        assert!(r.contains(&JobRoute::Allow(azure)) && !r.contains(&JobRoute::Prohibit(azure)), "allowed: {r:?}");
     }
 
     #[test]
