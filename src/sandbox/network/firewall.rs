@@ -392,7 +392,15 @@ pub fn ensure(
         }
     }
     if !extra.is_empty() {
-        run_nft(&nft, extra)?;
+        // An older table has no `service_targets` (it lets any DNAT'd connection in, and
+        // warns so): its elements would fail the whole transaction.
+        let own_dnat = existing(subnet)?.is_some_and(|c| c.split(", ").any(|w| w == OWN_DNAT_ONLY));
+        let extra: String = extra
+            .lines()
+            .filter(|l| own_dnat || !l.contains(" service_targets "))
+            .map(|l| l.to_string() + "\n")
+            .collect();
+        run_nft(&nft, &extra)?;
     }
     Ok(v6_rules)
 }
