@@ -111,13 +111,27 @@ pub fn network(settings: &RunSettings) -> Result<(crate::sandbox::network::JobNe
         subnet: settings.network_subnet,
         ..Default::default()
     };
-    let (env, ports) = network::proxy_env(&settings.proxy_env, &net, rootless);
+    let (env, ports) = jobs_proxy(settings, &net, rootless);
     if settings.network == crate::config::Network::Isolated {
         net.host_ports = ports;
     }
     network::check_host(settings.network, &net, rootless)?;
     net.ipv6 = network::resolve_ipv6(settings.network, settings.network_ipv6, rootless)?;
     Ok((net, env))
+}
+
+/// What jobs get of the service's proxy variables, and the ports of the host's loopback
+/// forwarded for them: none in setuid mode (`proxy_as_is`), where the variables are the
+/// caller's and the host's table is shared by every job.
+fn jobs_proxy(
+    settings: &RunSettings,
+    net: &crate::sandbox::network::JobNetwork,
+    rootless: bool,
+) -> (Vec<(String, String)>, crate::sandbox::network::HostPorts) {
+    if settings.proxy_as_is {
+        return (settings.proxy_env.clone(), vec![]);
+    }
+    crate::sandbox::network::proxy_env(&settings.proxy_env, net, rootless)
 }
 
 /// The PAT works, the pool exists and we may manage its agents. Returns the PAT, the
@@ -297,6 +311,19 @@ mod tests {
 
     fn no_reason() -> Option<String> {
         None
+    }
+
+    #[test]
+    fn a_loopback_proxy_is_forwarded_unless_it_is_a_setuid_callers() {
+        let mut s = settings(Some(1), PerAgent::None);
+        s.proxy_env = vec![("HTTP_PROXY".into(), "http://127.0.0.1:3128".into())];
+        let net = crate::sandbox::network::JobNetwork::default();
+        let (env, ports) = jobs_proxy(&s, &net, false);
+        assert_eq!(env[0].1, "http://10.87.0.1:3128");
+        assert_eq!(ports.len(), 1, "{ports:?}");
+        s.proxy_as_is = true;
+        let (env, ports) = jobs_proxy(&s, &net, false);
+        assert_eq!((env, ports.len()), (s.proxy_env.clone(), 0), "as it is, and no host port");
     }
 
     #[test]

@@ -43,6 +43,10 @@ pub struct FlagSettings {
     pub network_ipv6: Option<crate::config::Ipv6>,
     /// The service's HTTP(S)_PROXY and NO_PROXY (either case), from the environment.
     pub proxy_env: Vec<(String, String)>,
+    /// Setuid mode: the caller's proxy variables reach jobs as they are, and no port of
+    /// the host's loopback is forwarded for them (the host's table is shared by every
+    /// job: an ordinary user's HTTP_PROXY must not open a host port to all of them).
+    pub proxy_as_is: bool,
     /// Where each job's agent work folder lives on the host (AZP_WORK).
     pub work_dir: Option<PathBuf>,
     /// Keep the layers and logs of this many failed jobs.
@@ -90,8 +94,11 @@ pub struct RunSettings {
     /// Whether jobs get outbound IPv6 (see `sandbox::network::ipv6`).
     pub network_ipv6: crate::config::Ipv6,
     /// What jobs get of HTTP(S)_PROXY and NO_PROXY, as the service has them (a proxy on
-    /// the host's loopback is rewritten to the jobs' gateway when the job plan is made).
+    /// the host's loopback is rewritten to the jobs' gateway when the job plan is made,
+    /// unless `proxy_as_is`).
     pub proxy_env: Vec<(String, String)>,
+    /// See [`FlagSettings::proxy_as_is`].
+    pub proxy_as_is: bool,
     /// A host dir (absolute) holding a fresh dir per job for the agent's work folder
     /// (`_work`), bound read-write; None: in the job's writable layer.
     pub work_dir: Option<PathBuf>,
@@ -273,6 +280,7 @@ pub fn merge(file: FileSettings, env: FlagSettings, flags: FlagSettings) -> Resu
         network_subnet,
         network_ipv6,
         proxy_env,
+        proxy_as_is: flags.proxy_as_is,
         work_dir,
         keep_failed: flags.keep_failed.or(file.keep_failed).unwrap_or(0),
         diag_logs_max,

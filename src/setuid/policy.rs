@@ -275,7 +275,10 @@ impl Policy {
             network: Some(req.network),
             network_allow: req.network_allow.clone(),
             network_ipv6: Some(req.network_ipv6),
+            // As `exec` in setuid mode: the variables reach the jobs as they are, opening
+            // no port of the host's loopback in the table every job shares.
             proxy_env: req.proxy_env.clone(),
+            proxy_as_is: true,
             ..Default::default()
         };
         // No config file and no environment here: only what was checked.
@@ -544,6 +547,10 @@ network_allow = ["169.254.169.254:80"]
             p3.authorize_run(&super::super::RunRequest { network: Network::Host, ..run_req() }, &canon).unwrap_err();
         assert!(e.to_string().contains("--network host is not allowed"), "{e}");
         assert_eq!(p.authorize_run(&run_req(), &canon).unwrap().network, Network::Isolated);
+        // A proxy on the host's loopback in the caller's environment opens nothing.
+        let proxy = vec![("HTTP_PROXY".to_string(), "http://127.0.0.1:5432".to_string())];
+        let s = p.authorize_run(&super::super::RunRequest { proxy_env: proxy.clone(), ..run_req() }, &canon).unwrap();
+        assert!(s.proxy_as_is && s.proxy_env == proxy, "{:?}", s.proxy_env);
         let vol = Volume { host: "/etc".into(), container: "/e".into(), env: None };
         refuse(super::super::RunRequest { volumes: vec![vol], ..run_req() }, "--volume /etc is not allowed");
     }
