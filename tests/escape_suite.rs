@@ -189,6 +189,22 @@ int main(int argc, char **argv) {
         else { getsockopt(s, SOL_SOCKET, SO_ERROR, &e, &l); errno = e; r = e ? -1 : 0; }
       }
     }
+    else if (!strcmp(op, "connect-tcp-dev")) {
+      /* connect-tcp from a socket bound to link DEV (SO_BINDTODEVICE, allowed to anyone
+         since Linux 5.7): the kernel then takes a failed route lookup, a prohibit route's
+         included, for "on the link". 3 s at most. */
+      struct sockaddr_in sa = { .sin_family = AF_INET, .sin_port = htons(atoi(a[2])) };
+      inet_pton(AF_INET, a[1], &sa.sin_addr);
+      int s = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK, 0);
+      r = setsockopt(s, SOL_SOCKET, SO_BINDTODEVICE, a[3], strlen(a[3]));
+      if (r == 0) r = connect(s, (struct sockaddr *)&sa, sizeof sa);
+      if (r < 0 && errno == EINPROGRESS) {
+        struct pollfd p = { .fd = s, .events = POLLOUT };
+        int e = 0; socklen_t l = sizeof e;
+        if (poll(&p, 1, 3000) == 0) { errno = ETIMEDOUT; r = -1; }
+        else { getsockopt(s, SOL_SOCKET, SO_ERROR, &e, &l); errno = e; r = e ? -1 : 0; }
+      }
+    }
     else if (!strcmp(op, "connect-abstract")) {
       /* connect(2) to the abstract unix socket @NAME. */
       struct sockaddr_un sa = { .sun_family = AF_UNIX };

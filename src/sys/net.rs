@@ -187,6 +187,24 @@ pub struct Pasta {
     /// tap gets no link-local address, hence no `fe80::/64` route through pasta, which
     /// would connect to link-local addresses from the host.
     pub ipv6_blocked: Option<Vec<Ipv6Net>>,
+    /// The job's own filter, in its namespace: what its routes prohibit, refused again
+    /// where a socket bound to its link would pass the routes by (see [`JobFilter`]).
+    pub filter: JobFilter,
+}
+
+/// An nftables table for the job's own namespace, installed by the helper, whose user
+/// namespace owns that network namespace: the job (in a user namespace below it) can
+/// neither see nor change it. Why routes are not enough: a socket that names its output
+/// link (`SO_BINDTODEVICE`, allowed to anyone since Linux 5.7, or `IP_PKTINFO` on
+/// `sendmsg`) makes the kernel take a failed route lookup, a prohibit route's included,
+/// for "on the link", and the packet leaves anyway (found by a red-team pass: rootless
+/// jobs read the metadata service and the host's own addresses through pasta).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct JobFilter {
+    /// The `nft` binary.
+    pub program: PathBuf,
+    /// Its input (`nft -f -`).
+    pub script: String,
 }
 
 /// What a job's namespace gets.
@@ -754,7 +772,34 @@ fn isolate_pasta(p: &Pasta) -> Result<Made> {
         prohibit6(&job, blocked)?;
         prohibit_link_local_rule(&job)?;
     }
+    // Step 5: the job's own filter, for sockets bound to its link.
+    install_filter(&p.filter)?;
     Ok(Made { pasta_pid: Some(pid), ..Default::default() })
+}
+
+/// `nft -f -` with the filter's script, run in this process's network namespace (the
+/// job's, entered by the unshare above), with the capabilities this process has over it.
+fn install_filter(f: &JobFilter) -> Result<()> {
+    use std::io::Write;
+    let failed = |said: String| Error::JobFilter { program: f.program.clone(), said };
+    let mut child = std::process::Command::new(&f.program)
+        .args(["-f", "-"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .map_err(|e| failed(e.to_string()))?;
+    let written = child.stdin.take().map(|mut i| i.write_all(f.script.as_bytes()));
+    let out = child.wait_with_output().map_err(|e| failed(e.to_string()))?;
+    if let Some(Err(e)) = written {
+        return Err(failed(e.to_string()));
+    }
+    if !out.status.success() {
+        let err = String::from_utf8_lossy(&out.stderr);
+        let line = err.lines().find(|l| l.contains("Error")).or(err.lines().next()).unwrap_or("no message");
+        return Err(failed(format!("{} ({})", line.trim(), out.status)));
+    }
+    Ok(())
 }
 
 /// A routing rule, looked at before any route: link-local destinations are prohibited.

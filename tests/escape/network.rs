@@ -395,3 +395,29 @@ fn t43_a_table_that_lets_any_dnat_in_is_said_once_and_gc_makes_it_anew() {
     assert!(listed.contains("own-dnat") && listed.contains("@service_targets accept"), "{listed}");
     h.assert_no_residue(&[]);
 }
+
+#[test]
+#[cfg_attr(not(test_as_root), ignore = "needs root: creates real sandboxes and network namespaces")]
+fn t44_a_socket_bound_to_the_jobs_link_is_blocked_as_any_other() {
+    require_root!();
+    let lab = or_skip!(NetLab::new());
+    let h = home("net-bound");
+    // SO_BINDTODEVICE (anyone's since Linux 5.7) makes the kernel take a prohibit route's
+    // failed lookup for "on the link": the packet left, and pasta connected from the host
+    // (a red-team pass read the metadata service and the host's pages, rootless).
+    let bound = |target: &str| format!("connect-tcp-dev:{target}:eth0");
+    let (meta, azure) = (format!("{}:80", netlab::METADATA_IP), format!("{}:80", netlab::AZURE_HOST_IP));
+    let host_any = format!("{HOST_IP}:{}", netlab::HOST_ANY_PORT);
+    let targets = toks(&[&bound(&meta), &bound(&azure), &bound(&host_any)]);
+    // The control: bound, the fake internet answers (the bind itself works).
+    let control = toks(&[&bound(&format!("{INTERNET_IP}:80"))]);
+    for (who, opts) in USERS {
+        let out = lab_exec_ok(&lab, &h, opts, &format!("{}; {}", probe(&control), probe(&targets)));
+        let r = probe_results(&out);
+        assert_eq!(r[&control[0]], "OK", "{who}: the bound socket reaches the internet: {out}");
+        for t in &targets {
+            assert!(blocked(&r[t]), "{who}: {t}: {out}");
+        }
+    }
+    h.assert_no_residue(&[]);
+}
