@@ -266,8 +266,8 @@ pub enum Error {
     NftTableMissing { table: String },
     #[error("pasta ({}) exited before the job's network was ready: {said}", program.display())]
     PastaFailed { program: PathBuf, said: String },
-    #[error("cannot install the job's own filter with {} (nftables): {said}", program.display())]
-    JobFilter { program: PathBuf, said: String },
+    #[error("cannot make the job's own nftables table {table} in its network namespace (nf_tables in the kernel?)")]
+    JobFilter { table: &'static str, source: Errno },
 
     // ---- the job's cgroup (the helper joins it; teardown removes it) ----
     #[error("cannot create the job's cgroup {}", dir.display())]

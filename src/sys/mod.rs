@@ -27,6 +27,7 @@ pub mod forwarding;
 pub mod fs_at;
 pub mod ids;
 pub mod isolate;
+pub mod job_filter;
 pub mod lifeline;
 pub mod mount;
 pub mod move_window;

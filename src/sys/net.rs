@@ -21,6 +21,7 @@
 //! in which the job has no CAP_NET_ADMIN: its routes and addresses are out of its reach.
 
 use super::error::{errno_of, Error, Result};
+pub use super::job_filter::JobFilter;
 use super::netlink::{self as nl, Message, Proto, Socket};
 use nix::errno::Errno;
 use nix::sched::{unshare, CloneFlags};
@@ -147,6 +148,9 @@ pub struct Veth {
     pub table: String,
     /// IPv6 for the job too (None: IPv4 only).
     pub v6: Option<Veth6>,
+    /// The job's own table, in its namespace (see [`super::job_filter`]): it holds
+    /// when the host's table is flushed away.
+    pub filter: JobFilter,
 }
 
 /// A veth job's IPv6: an address of `prefix` whose last 32 bits are its IPv4 address's
@@ -187,24 +191,8 @@ pub struct Pasta {
     /// tap gets no link-local address, hence no `fe80::/64` route through pasta, which
     /// would connect to link-local addresses from the host.
     pub ipv6_blocked: Option<Vec<Ipv6Net>>,
-    /// The job's own filter, in its namespace: what its routes prohibit, refused again
-    /// where a socket bound to its link would pass the routes by (see [`JobFilter`]).
+    /// The job's own table, in its namespace (see [`super::job_filter`]).
     pub filter: JobFilter,
-}
-
-/// An nftables table for the job's own namespace, installed by the helper, whose user
-/// namespace owns that network namespace: the job (in a user namespace below it) can
-/// neither see nor change it. Why routes are not enough: a socket that names its output
-/// link (`SO_BINDTODEVICE`, allowed to anyone since Linux 5.7, or `IP_PKTINFO` on
-/// `sendmsg`) makes the kernel take a failed route lookup, a prohibit route's included,
-/// for "on the link", and the packet leaves anyway (found by a red-team pass: rootless
-/// jobs read the metadata service and the host's own addresses through pasta).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct JobFilter {
-    /// The `nft` binary.
-    pub program: PathBuf,
-    /// Its input (`nft -f -`).
-    pub script: String,
 }
 
 /// What a job's namespace gets.
@@ -644,6 +632,8 @@ fn configure_veth(
     if let (Some(v6), Some(a6)) = (&v.v6, address6) {
         configure_job_ipv6(job, v, v6, a6)?;
     }
+    // Step 6: the job's own table, for sockets bound to its link.
+    super::job_filter::install(&v.filter)?;
     Ok(Made { address: Some(address), address6, ..Default::default() })
 }
 
@@ -772,34 +762,9 @@ fn isolate_pasta(p: &Pasta) -> Result<Made> {
         prohibit6(&job, blocked)?;
         prohibit_link_local_rule(&job)?;
     }
-    // Step 5: the job's own filter, for sockets bound to its link.
-    install_filter(&p.filter)?;
+    // Step 5: the job's own table, for sockets bound to its link.
+    super::job_filter::install(&p.filter)?;
     Ok(Made { pasta_pid: Some(pid), ..Default::default() })
-}
-
-/// `nft -f -` with the filter's script, run in this process's network namespace (the
-/// job's, entered by the unshare above), with the capabilities this process has over it.
-fn install_filter(f: &JobFilter) -> Result<()> {
-    use std::io::Write;
-    let failed = |said: String| Error::JobFilter { program: f.program.clone(), said };
-    let mut child = std::process::Command::new(&f.program)
-        .args(["-f", "-"])
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .map_err(|e| failed(e.to_string()))?;
-    let written = child.stdin.take().map(|mut i| i.write_all(f.script.as_bytes()));
-    let out = child.wait_with_output().map_err(|e| failed(e.to_string()))?;
-    if let Some(Err(e)) = written {
-        return Err(failed(e.to_string()));
-    }
-    if !out.status.success() {
-        let err = String::from_utf8_lossy(&out.stderr);
-        let line = err.lines().find(|l| l.contains("Error")).or(err.lines().next()).unwrap_or("no message");
-        return Err(failed(format!("{} ({})", line.trim(), out.status)));
-    }
-    Ok(())
 }
 
 /// A routing rule, looked at before any route: link-local destinations are prohibited.
@@ -1341,6 +1306,7 @@ mod tests {
             lock: PathBuf::from("/run/l"),
             table: "t".into(),
             v6: None,
+            filter: JobFilter::default(),
         };
         let b = veth_message(&v, 9).finish(1, 0);
         let top = nl::attributes(&b[16..], 16);

@@ -84,6 +84,8 @@ pub const AF_INET6: u8 = libc::AF_INET6 as u8;
 
 // nftables over nfnetlink (linux/netfilter/nfnetlink.h, nf_tables.h).
 const NFNL_SUBSYS_NFTABLES: u16 = 10;
+const NFNL_MSG_BATCH_BEGIN: u16 = 0x10;
+const NFNL_MSG_BATCH_END: u16 = 0x11;
 const NFT_MSG_GETTABLE: u16 = 1;
 const NFTA_TABLE_NAME: u16 = 1;
 const NFTA_TABLE_USERDATA: u16 = 6;
@@ -148,6 +150,48 @@ impl Socket {
     pub fn request(&self, msg: Message) -> Result<(), Errno> {
         self.call(msg).map(|_| ())
     }
+
+    /// nftables messages as one transaction (`NFNL_MSG_BATCH_BEGIN` ... `END`, one
+    /// `send`): all of them or none. The kernel's first error as `Err`.
+    pub fn batch(&self, msgs: Vec<Message>) -> Result<(), Errno> {
+        let first = self.seq.get();
+        let mut bytes = batch_mark(NFNL_MSG_BATCH_BEGIN, first);
+        let mut acks = Vec::new();
+        for (i, m) in msgs.into_iter().enumerate() {
+            let seq = first.wrapping_add(1 + i as u32);
+            acks.push(seq);
+            bytes.extend(m.finish(seq, NLM_F_ACK));
+        }
+        let last = first.wrapping_add(1 + acks.len() as u32);
+        bytes.extend(batch_mark(NFNL_MSG_BATCH_END, last));
+        self.seq.set(last.wrapping_add(1));
+        let sent = socket::send(self.fd.as_raw_fd(), &bytes, MsgFlags::empty())?;
+        if sent != bytes.len() {
+            return Err(Errno::EMSGSIZE);
+        }
+        let mut buf = vec![0u8; 64 * 1024];
+        while !acks.is_empty() {
+            let n = socket::recv(self.fd.as_raw_fd(), &mut buf, MsgFlags::empty())?;
+            for (typ, seq, payload) in messages(&buf[..n]) {
+                if typ != NLMSG_ERROR || !acks.contains(&seq) {
+                    continue;
+                }
+                let code = payload.get(..4).map(|b| i32::from_ne_bytes(b.try_into().unwrap())).unwrap_or(0);
+                if code != 0 {
+                    return Err(Errno::from_raw(-code));
+                }
+                acks.retain(|s| *s != seq);
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A batch's begin or end: `nfgenmsg` with the nftables subsystem as its resource id.
+fn batch_mark(typ: u16, seq: u32) -> Vec<u8> {
+    let mut m = Message::new(typ, 0, &[0, 0, 0, NFNL_SUBSYS_NFTABLES as u8]);
+    m.flags = NLM_F_REQUEST;
+    m.finish(seq, 0)
 }
 
 /// `(type, seq, payload)` of each message in a received buffer.
@@ -243,6 +287,12 @@ impl Message {
     /// of `dst_len` bits, with `action` (FR_ACT_*).
     pub fn rule(flags: u16, family: u8, dst_len: u8, action: u8) -> Message {
         Message::new(RTM_NEWRULE, flags, &[family, dst_len, 0, 0, 0, 0, 0, action, 0, 0, 0, 0])
+    }
+
+    /// An nftables message of `msg` (NFT_MSG_*) for the inet family, to go in a batch
+    /// ([`Socket::batch`]).
+    pub fn nft(msg: u16, flags: u16) -> Message {
+        Message::new((NFNL_SUBSYS_NFTABLES << 8) | msg, flags, &[NFPROTO_INET, 0, 0, 0])
     }
 
     /// nftables `GETTABLE` of `name` in the inet family.

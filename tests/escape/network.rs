@@ -421,3 +421,44 @@ fn t44_a_socket_bound_to_the_jobs_link_is_blocked_as_any_other() {
     }
     h.assert_no_residue(&[]);
 }
+
+#[test]
+#[cfg_attr(not(test_as_root), ignore = "needs root: creates real sandboxes and network namespaces")]
+fn t45_a_flushed_host_table_leaves_the_jobs_own_table() {
+    require_root!();
+    if rootless() {
+        return common::skip::skip("rootless jobs have no host table (pasta, no forwarding)");
+    }
+    let lab = or_skip!(NetLab::new());
+    let h = home("net-flushed");
+    let bound = toks(&[&format!("connect-tcp-dev:{HOST_IP}:{}:eth0", netlab::HOST_ANY_PORT)]);
+    let plain = toks(&[&format!("connect-tcp:{HOST_IP}:{}", netlab::HOST_ANY_PORT)]);
+    for (who, opts) in USERS {
+        // The job waits for the host's ruleset to be flushed (a firewall reload), then
+        // connects to the host's address, plainly and from a socket bound to its link.
+        let flag = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("flushed-{who}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&flag);
+        let script = format!("while [ ! -e /flag/flushed ]; do sleep 0.05; done; {}; {}", probe(&plain), probe(&bound));
+        std::fs::create_dir_all(&flag).unwrap();
+        std::fs::set_permissions(&flag, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let vol = format!("{}:/flag", flag.display());
+        let mut c = h.lab_command(&lab);
+        c.args(["exec", "--rootfs", "esc", "--volume", &vol]).args(opts.iter()).args(["--", "sh", "-c", &script]);
+        let job = c.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+        wait_until("the job's link", Duration::from_secs(10), || !lab.host_network_residue().is_empty());
+        let o = Command::new("ip").args(["netns", "exec", &lab.host, "nft", "flush", "ruleset"]).output().unwrap();
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        std::fs::write(flag.join("flushed"), "").unwrap();
+        let o = job.wait_with_output().unwrap();
+        let out = String::from_utf8_lossy(&o.stdout).into_owned();
+        assert!(o.status.success(), "{who}: {out} {}", String::from_utf8_lossy(&o.stderr));
+        let r = probe_results(&out);
+        assert_eq!(r[&plain[0]], "EACCES", "{who}: its routes: {out}");
+        assert!(blocked(&r[&bound[0]]), "{who}: its own table: {out}");
+        // gc turns off what the table had turned on, and removes the job's link (gone).
+        let gc = h.lab_command(&lab).arg("gc").output().unwrap();
+        assert!(gc.status.success(), "{}", String::from_utf8_lossy(&gc.stderr));
+        std::fs::remove_dir_all(&flag).unwrap();
+    }
+    h.assert_no_residue(&[]);
+}

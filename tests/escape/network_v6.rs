@@ -254,7 +254,7 @@ fn t36_no_ipv6_state_is_left_after_jobs_a_kill_9_and_gc() {
 
 #[test]
 #[cfg_attr(not(test_as_root), ignore = "needs root: creates real sandboxes and network namespaces")]
-fn t37_the_hosts_table_blocks_the_same_without_the_jobs_own_routes() {
+fn t37_the_hosts_table_blocks_the_same_without_the_jobs_own_routes_and_table() {
     require_root!();
     root_mode_only!();
     let lab = or_skip!(NetLab::new_v6());
@@ -283,9 +283,14 @@ fn t37_the_hosts_table_blocks_the_same_without_the_jobs_own_routes() {
         let job_pid = || processes_matching(&m).iter().find(|(_, cmd)| cmd.starts_with(&job_cmd)).map(|(pid, _)| *pid);
         wait_until("the job to run", Duration::from_secs(30), || job_pid().is_some());
         let pid = job_pid().unwrap().to_string();
-        // What a job cannot do (no CAP_NET_ADMIN), root does from outside: the job's
-        // prohibit routes of both targets go, as a bug would make them; the job waits
-        // for that.
+        // What a job cannot do (no CAP_NET_ADMIN), root does from outside: the job's own
+        // table goes, then the job's prohibit routes of both targets, as a bug would make
+        // them; the job waits for the routes.
+        let o = Command::new("nsenter")
+            .args(["-t", &pid, "-n", "nft", "delete", "table", "inet", "azp-job"])
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{who}: the job's own table: {}", String::from_utf8_lossy(&o.stderr));
         for dst in [AWS_METADATA_IP6, HOST_IP6] {
             let o = Command::new("nsenter")
                 .args(["-t", &pid, "-n", "ip", "-6", "route", "del", "prohibit", &format!("{dst}/128")])

@@ -126,43 +126,20 @@ pub fn job_routes(host: &[Ipv4Addr], subnet: Option<Ipv4Net>, allow: &[NetworkAl
     routes
 }
 
-/// The job's own nftables table (rootless: nothing on the host filters what pasta
-/// connects to): its output chain refuses what its routes prohibit, the allowed
-/// addresses excepted, for the sockets that pass routes by (see [`JobFilter`]).
-pub fn job_filter(routes: &[JobRoute], blocked6: &[Ipv6Net]) -> String {
-    let set = |nets: Vec<String>| format!("{{ {} }}", nets.join(", "));
-    let mut allowed = vec![];
-    let mut prohibited = vec![];
+/// The job's own table (see `sys::job_filter`): what its routes prohibit, refused again
+/// for the sockets that pass routes by; the allowed networks and `gateway` (root mode:
+/// its forwarded services; the host's table minds the ports) accepted first.
+pub fn job_filter(routes: &[JobRoute], gateway: Option<Ipv4Addr>, blocked6: &[Ipv6Net]) -> JobFilter {
+    let mut f = JobFilter::default();
+    f.accept4.extend(gateway.map(Ipv4Net::host));
     for r in routes {
         match r {
-            JobRoute::Allow(n) => allowed.push(n.to_string()),
-            JobRoute::Prohibit(n) => prohibited.push(n.to_string()),
+            JobRoute::Allow(n) => f.accept4.push(*n),
+            JobRoute::Prohibit(n) => f.reject4.push(*n),
         }
     }
-    // The job's own addresses never leave it (rootless IPv6: pasta copies the host's
-    // address to the job, where it is the job's own, and in the blocked list).
-    let mut rules = String::from("    fib daddr type local accept\n");
-    if !allowed.is_empty() {
-        rules.push_str(&format!("    ip daddr {} accept\n", set(allowed)));
-    }
-    if !prohibited.is_empty() {
-        rules.push_str(&format!("    ip daddr {} reject with icmpx type admin-prohibited\n", set(prohibited)));
-    }
-    let mut v6: Vec<String> = vec![ipv6::LINK_LOCAL.to_string()];
-    v6.extend(blocked6.iter().map(|n| n.to_string()).filter(|n| *n != ipv6::LINK_LOCAL.to_string()));
-    rules.push_str(&format!("    ip6 daddr {} reject with icmpx type admin-prohibited\n", set(v6)));
-    format!(
-        "table inet azp-job {{\n  chain output {{ type filter hook output priority filter; policy accept;\n{rules}  }}\n}}\n"
-    )
-}
-
-/// The `nft` binary a rootless job's own filter needs, or a one-line error naming the
-/// package.
-fn rootless_nft() -> Result<std::path::PathBuf> {
-    find_program("nft", &["/usr/sbin/nft", "/sbin/nft"]).context(
-        "nft not found: rootless jobs' own network (--network isolated, the default) needs it to filter what \
-         their sockets bound to their link reach: install the Debian package nftables (or use --network none)",
-    )
+    f.reject6.extend(blocked6.iter().filter(|n| **n != ipv6::LINK_LOCAL));
+    f
 }
 
 /// The job's address behind pasta (the same in every job: each has its own pasta).
@@ -246,10 +223,7 @@ pub fn enter(
                 let log = job.bundle().join("pasta.log");
                 let ipv6_blocked = host6.map(|h| ipv6::blocked_rootless(&h));
                 let args = pasta_args(&plan.net);
-                let filter = JobFilter {
-                    program: rootless_nft()?,
-                    script: job_filter(&routes, ipv6_blocked.as_deref().unwrap_or_default()),
-                };
+                let filter = job_filter(&routes, None, ipv6_blocked.as_deref().unwrap_or_default());
                 Setup::Pasta(Pasta { program: pasta_program()?, args, routes, log, ipv6_blocked, filter })
             } else {
                 let v6 = host6.map(|h| veth6(&h, !crate::sys::forwarding::ipv6_all_forwarding()));
@@ -359,6 +333,7 @@ fn veth6(host: &[Ipv6Addr], force_forwarding: bool) -> Veth6 {
 
 fn veth(plan: &JobPlan, host: &[Ipv4Addr], v6: Option<Veth6>, pid: u32) -> Veth {
     let subnet = plan.net.subnet();
+    let routes = job_routes(host, Some(subnet), &plan.net.allow);
     Veth {
         host_name: link_name(&plan.id, pid),
         host_mac: HOST_MAC,
@@ -367,9 +342,14 @@ fn veth(plan: &JobPlan, host: &[Ipv4Addr], v6: Option<Veth6>, pid: u32) -> Veth 
         pool: subnet,
         // Spread over the pool: the first try is free unless the pool fills up.
         first_try: (fnv64(format!("{}/{pid}", plan.id).as_bytes()) % subnet.size()) as u32,
-        routes: job_routes(host, Some(subnet), &plan.net.allow),
+        routes: routes.clone(),
         lock: PathBuf::from(firewall::LOCK),
         table: firewall::TABLE.into(),
+        filter: job_filter(
+            &routes,
+            Some(plan.net.gateway()),
+            v6.as_ref().map(|v| v.blocked.as_slice()).unwrap_or_default(),
+        ),
         v6,
     }
 }
@@ -386,7 +366,6 @@ pub fn check_host(mode: Network, net: &JobNetwork, rootless: bool) -> Result<()>
         Network::None => Ok(()),
         Network::Isolated if rootless => {
             pasta_program()?;
-            rootless_nft()?;
             if let Some(a) = net.allow.iter().find(|a| a.port.is_some()) {
                 bail!(
                     "network_allow {a}: rootless jobs' allowed destinations cannot be limited to a port \
@@ -636,16 +615,20 @@ mod tests {
         );
         let r = job_routes(&host, None, &[]);
         assert_eq!(r.len(), 3, "rootless: no jobs' subnet to block: {r:?}");
-        let f = job_filter(&job_routes(&host, None, &allow(&["169.254.169.254", "192.0.2.2"])), &[]);
+        let routes = job_routes(&host, Some(DEFAULT_SUBNET), &allow(&["169.254.169.254", "192.0.2.2"]));
+        let f = job_filter(&routes, Some(Ipv4Addr::new(10, 87, 0, 1)), &[]);
+        let show = |nets: &[Ipv4Net]| nets.iter().map(|n| n.to_string()).collect::<Vec<_>>();
         assert_eq!(
-            f,
-            "table inet azp-job {\n  chain output { type filter hook output priority filter; policy accept;\n    \
-             fib daddr type local accept\n    \
-             ip daddr { 169.254.169.254/32, 192.0.2.2/32 } accept\n    \
-             ip daddr { 169.254.0.0/16, 168.63.129.16/32 } reject with icmpx type admin-prohibited\n    \
-             ip6 daddr { fe80::/10 } reject with icmpx type admin-prohibited\n  }\n}\n",
-            "the routes' blocks again, for sockets bound to the job's link"
+            show(&f.accept4),
+            ["10.87.0.1/32", "169.254.169.254/32", "192.0.2.2/32"],
+            "the gateway, the allowed"
         );
+        assert_eq!(
+            show(&f.reject4),
+            ["169.254.0.0/16", "168.63.129.16/32", "10.87.0.0/16"],
+            "what the routes prohibit"
+        );
+        assert!(f.reject6.is_empty(), "link-local is refused by routing itself, scoped or not: {:?}", f.reject6);
         let r = job_routes(&[], None, &allow(&["168.63.129.16:80"]));
         let azure = Ipv4Net::host(firewall::AZURE_HOST);
         assert!(r.contains(&JobRoute::Allow(azure)) && !r.contains(&JobRoute::Prohibit(azure)), "allowed: {r:?}");
