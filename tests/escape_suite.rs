@@ -19,6 +19,17 @@
 //! SECURITY.md has the results table of this suite.
 
 mod common;
+
+/// The host's nftables table is root mode's: rootless, skipped (visibly). Before the
+/// network modules, which use it.
+macro_rules! root_mode_only {
+    () => {
+        if rootless() {
+            return common::skip::skip("rootless jobs have no host table (pasta, no forwarding)");
+        }
+    };
+}
+
 #[path = "escape/identity.rs"]
 mod identity;
 #[path = "escape/network.rs"]

@@ -350,9 +350,7 @@ fn t42_azures_host_endpoint_is_blocked_unless_allowed() {
 #[cfg_attr(not(test_as_root), ignore = "needs root: creates real sandboxes and network namespaces")]
 fn t43_a_table_that_lets_any_dnat_in_is_said_once_and_gc_makes_it_anew() {
     require_root!();
-    if rootless() {
-        return common::skip::skip("rootless jobs have no host table (pasta, no forwarding)");
-    }
+    root_mode_only!();
     let lab = or_skip!(NetLab::new());
     let h = home("net-old-dnat");
     // The table as the version before t40's fix made it, as far as a job uses it: its
@@ -426,9 +424,7 @@ fn t44_a_socket_bound_to_the_jobs_link_is_blocked_as_any_other() {
 #[cfg_attr(not(test_as_root), ignore = "needs root: creates real sandboxes and network namespaces")]
 fn t45_a_flushed_host_table_leaves_the_jobs_own_table() {
     require_root!();
-    if rootless() {
-        return common::skip::skip("rootless jobs have no host table (pasta, no forwarding)");
-    }
+    root_mode_only!();
     let lab = or_skip!(NetLab::new());
     let h = home("net-flushed");
     let bound = toks(&[&format!("connect-tcp-dev:{HOST_IP}:{}:eth0", netlab::HOST_ANY_PORT)]);

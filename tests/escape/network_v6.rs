@@ -49,15 +49,6 @@ fn refused(said: &str) -> bool {
                 .any(|w| said.contains(w)))
 }
 
-/// The host's table is root mode's: rootless, skipped (visibly).
-macro_rules! root_mode_only {
-    () => {
-        if rootless() {
-            return common::skip::skip("rootless jobs have no host table (pasta, no forwarding)");
-        }
-    };
-}
-
 #[test]
 #[cfg_attr(not(test_as_root), ignore = "needs root: creates real sandboxes and network namespaces")]
 fn t32_job_reaches_the_internet_over_ipv6_by_address_and_name() {
