@@ -240,6 +240,20 @@ mod tests {
         assert!(has(&bytes[6], &[0xfe, 0x80]) && has(&bytes[6], &[NFPROTO_IPV6]), "IPv6");
     }
 
+    /// A batch the kernel refuses is one error, not a wait: the chain without its table.
+    #[test]
+    #[cfg_attr(not(test_as_root), ignore = "needs root: a network namespace")]
+    fn a_refused_batch_is_an_error() {
+        let got = std::thread::spawn(|| {
+            nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNET).unwrap();
+            let s = Socket::open(Proto::Netfilter).unwrap();
+            s.batch(messages(&filter()).split_off(1))
+        })
+        .join()
+        .unwrap();
+        assert_eq!(got, Err(nix::errno::Errno::ENOENT));
+    }
+
     /// Made in a network namespace of this test thread's own, then read back by `nft`.
     #[test]
     #[cfg_attr(not(test_as_root), ignore = "needs root: a network namespace")]
