@@ -216,6 +216,14 @@ int main(int argc, char **argv) {
         else { getsockopt(s, SOL_SOCKET, SO_ERROR, &e, &l); errno = e; r = e ? -1 : 0; }
       }
     }
+    else if (!strcmp(op, "send-udp")) {
+      /* One UDP datagram to IP:PORT, broadcast allowed (SO_BROADCAST). */
+      struct sockaddr_in sa = { .sin_family = AF_INET, .sin_port = htons(atoi(a[2])) };
+      inet_pton(AF_INET, a[1], &sa.sin_addr);
+      int s = socket(AF_INET, SOCK_DGRAM, 0), one = 1;
+      r = setsockopt(s, SOL_SOCKET, SO_BROADCAST, &one, sizeof one);
+      if (r == 0) r = sendto(s, "x", 1, 0, (struct sockaddr *)&sa, sizeof sa) == 1 ? 0 : -1;
+    }
     else if (!strcmp(op, "connect-abstract")) {
       /* connect(2) to the abstract unix socket @NAME. */
       struct sockaddr_un sa = { .sun_family = AF_UNIX };

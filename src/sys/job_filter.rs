@@ -13,7 +13,9 @@
 //! - `fib daddr type local accept`: the job's own addresses never leave it;
 //! - `ip daddr NET accept` for each allowed network (the gateway, `network_allow`);
 //! - `ip daddr NET reject with icmpx type admin-prohibited`, and the same for IPv6, for
-//!   each network the job's routes prohibit.
+//!   each network the job's routes prohibit;
+//! - `meta oif != lo ip daddr NET reject ...` for broadcast and multicast
+//!   ([`JobFilter::reject_off_lo4`]), which routes cannot stop.
 //!
 //! Made over netlink, not by the `nft` binary: one batch (~0.1 ms) instead of a process
 //! (~5 ms) on every job's start. Every message has a unit test of its shape; the root
@@ -29,6 +31,12 @@ pub struct JobFilter {
     pub accept4: Vec<Ipv4Net>,
     pub reject4: Vec<Ipv4Net>,
     pub reject6: Vec<Ipv6Net>,
+    /// Refused when they leave by a link other than loopback (a job's multicast on its
+    /// own loopback stays its own): IPv4's limited broadcast and multicast, and (root
+    /// mode, whose job links need no neighbour discovery) IPv6 multicast. The host would
+    /// deliver them to its services on all addresses once a flush took its table away.
+    pub reject_off_lo4: Vec<Ipv4Net>,
+    pub reject_off_lo6: Vec<Ipv6Net>,
 }
 
 pub const TABLE: &str = "azp-job";
@@ -60,8 +68,11 @@ const NFTA_DATA_VERDICT: u16 = 2;
 const NFTA_VERDICT_CODE: u16 = 1;
 const NFT_REG_VERDICT: u32 = 0;
 const NFT_REG_1: u32 = 1;
+const NFT_META_OIF: u32 = 5;
 const NFT_META_NFPROTO: u32 = 15;
 const NFT_CMP_EQ: u32 = 0;
+const NFT_CMP_NEQ: u32 = 1;
+const LO_IFINDEX: u32 = 1;
 const NFT_PAYLOAD_NETWORK_HEADER: u32 = 1;
 const NFT_FIB_RESULT_ADDRTYPE: u32 = 3;
 const NFTA_FIB_F_DADDR: u32 = 1 << 1;
@@ -114,7 +125,32 @@ pub fn messages(f: &JobFilter) -> Vec<Message> {
             reject(m);
         }));
     }
+    for n in &f.reject_off_lo4 {
+        out.push(rule(|m| {
+            oif_not_lo(m);
+            daddr(m, NFPROTO_IPV4, &n.addr.octets(), n.prefix);
+            reject(m);
+        }));
+    }
+    for n in &f.reject_off_lo6 {
+        out.push(rule(|m| {
+            oif_not_lo(m);
+            daddr(m, NFPROTO_IPV6, &n.addr.octets(), n.prefix);
+            reject(m);
+        }));
+    }
     out
+}
+
+/// `meta oif != lo`: loopback is link 1 in every network namespace.
+fn oif_not_lo(m: &mut Message) {
+    expr(m, "meta", |m| {
+        m.attr(1, &be(NFT_REG_1)).attr(2, &be(NFT_META_OIF));
+    });
+    expr(m, "cmp", |m| {
+        m.attr(1, &be(NFT_REG_1)).attr(2, &be(NFT_CMP_NEQ));
+        m.nest(3).attr(NFTA_DATA_VALUE, &LO_IFINDEX.to_ne_bytes()).end();
+    });
 }
 
 /// A rule appended to the chain, its expressions written by `exprs`.
@@ -215,6 +251,8 @@ mod tests {
                 Ipv4Net::new(Ipv4Addr::new(10, 87, 0, 0), 16),
             ],
             reject6: vec![Ipv6Net { addr: Ipv6Addr::new(0xfe80, 0, 0, 0, 0, 0, 0, 0), prefix: 10 }],
+            reject_off_lo4: vec![Ipv4Net::host(Ipv4Addr::BROADCAST)],
+            reject_off_lo6: vec![Ipv6Net { addr: Ipv6Addr::new(0xff00, 0, 0, 0, 0, 0, 0, 0), prefix: 8 }],
         }
     }
 
@@ -229,8 +267,8 @@ mod tests {
     #[test]
     fn one_message_per_rule_after_the_table_and_chain() {
         let msgs = messages(&filter());
-        // table, chain, local, one accept, two IPv4 rejects, one IPv6 reject.
-        assert_eq!(msgs.len(), 7);
+        // table, chain, local, one accept, two IPv4 rejects, one IPv6 reject, two off lo.
+        assert_eq!(msgs.len(), 9);
         let bytes: Vec<Vec<u8>> = msgs.into_iter().map(|m| m.finish(1, 0)).collect();
         let has = |b: &[u8], needle: &[u8]| b.windows(needle.len()).any(|w| w == needle);
         assert!(has(&bytes[1], b"filter\0") && has(&bytes[1], &be(NF_INET_LOCAL_OUT)), "the output hook");
@@ -282,6 +320,8 @@ mod tests {
                 "ip daddr 169.254.0.0/16 reject with icmpx admin-prohibited",
                 "ip daddr 10.87.0.0/16 reject with icmpx admin-prohibited",
                 "ip6 daddr fe80::/10 reject with icmpx admin-prohibited",
+                "oif != \"lo\" ip daddr 255.255.255.255 reject with icmpx admin-prohibited",
+                "oif != \"lo\" ip6 daddr ff00::/8 reject with icmpx admin-prohibited",
                 "}",
                 "}",
             ],

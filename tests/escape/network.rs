@@ -458,3 +458,75 @@ fn t45_a_flushed_host_table_leaves_the_jobs_own_table() {
     }
     h.assert_no_residue(&[]);
 }
+
+#[test]
+#[cfg_attr(not(test_as_root), ignore = "needs root: creates real sandboxes and network namespaces")]
+fn t46_broadcast_and_multicast_reach_no_host_service_after_a_flush() {
+    require_root!();
+    root_mode_only!();
+    let lab = or_skip!(NetLab::new());
+    let h = home("net-bcast");
+    // A UDP service of the fake host on all its addresses, counting what it gets.
+    const PORT: u16 = 7778;
+    let got = std::sync::atomic::AtomicUsize::new(0);
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    let targets = toks(&[&format!("send-udp:255.255.255.255:{PORT}"), &format!("send-udp:224.0.0.1:{PORT}")]);
+    std::thread::scope(|s| {
+        let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+        let (lab, got, stop) = (&lab, &got, &stop);
+        s.spawn(move || {
+            lab.enter_host();
+            let sock = std::net::UdpSocket::bind(("0.0.0.0", PORT)).unwrap();
+            sock.set_read_timeout(Some(Duration::from_millis(100))).unwrap();
+            ready_tx.send(()).unwrap();
+            let mut buf = [0u8; 16];
+            while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+                if sock.recv(&mut buf).is_ok() {
+                    got.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                }
+            }
+        });
+        ready_rx.recv().unwrap();
+        // The listener stops however this ends (a failed assertion too: the scope waits
+        // for it).
+        struct Stop<'a>(&'a std::sync::atomic::AtomicBool);
+        impl Drop for Stop<'_> {
+            fn drop(&mut self) {
+                self.0.store(true, std::sync::atomic::Ordering::SeqCst);
+            }
+        }
+        let _stop = Stop(stop);
+        // The control: the host's own broadcast reaches it (a job in the host's network).
+        lab_exec_ok(&lab, &h, &["--network", "host"], &probe(&targets[..1]));
+        wait_until("the control's datagram", Duration::from_secs(5), || {
+            got.load(std::sync::atomic::Ordering::SeqCst) >= 1
+        });
+        got.store(0, std::sync::atomic::Ordering::SeqCst);
+        for (who, opts) in USERS {
+            // The job sends once the fake host's whole ruleset is flushed (a firewall
+            // reload): its own table must refuse what the host's no longer does.
+            let flag = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("bcast-{who}-{}", std::process::id()));
+            let _ = std::fs::remove_dir_all(&flag);
+            std::fs::create_dir_all(&flag).unwrap();
+            std::fs::set_permissions(&flag, std::fs::Permissions::from_mode(0o755)).unwrap();
+            let script = format!("while [ ! -e /flag/flushed ]; do sleep 0.05; done; {}", probe(&targets));
+            let vol = format!("{}:/flag", flag.display());
+            let mut c = h.lab_command(&lab);
+            c.args(["exec", "--rootfs", "esc", "--volume", &vol]).args(opts.iter()).args(["--", "sh", "-c", &script]);
+            let job = c.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+            wait_until("the job's link", Duration::from_secs(10), || !lab.host_network_residue().is_empty());
+            let o = Command::new("ip").args(["netns", "exec", &lab.host, "nft", "flush", "ruleset"]).output().unwrap();
+            assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+            std::fs::write(flag.join("flushed"), "").unwrap();
+            let o = job.wait_with_output().unwrap();
+            assert!(o.status.success(), "{who}: {}", String::from_utf8_lossy(&o.stderr));
+            std::thread::sleep(Duration::from_millis(300));
+            let out = String::from_utf8_lossy(&o.stdout).into_owned();
+            assert_eq!(got.load(std::sync::atomic::Ordering::SeqCst), 0, "{who}: the host's service got them: {out}");
+            let gc = h.lab_command(&lab).arg("gc").output().unwrap();
+            assert!(gc.status.success(), "{}", String::from_utf8_lossy(&gc.stderr));
+            std::fs::remove_dir_all(&flag).unwrap();
+        }
+    });
+    h.assert_no_residue(&[]);
+}

@@ -139,6 +139,14 @@ pub fn job_filter(routes: &[JobRoute], gateway: Option<Ipv4Addr>, blocked6: &[Ip
         }
     }
     f.reject6.extend(blocked6.iter().filter(|n| **n != ipv6::LINK_LOCAL));
+    // Broadcast and multicast, which routes cannot stop: the host delivers them to its
+    // services on all addresses once a flush took its table away. IPv6 multicast in root
+    // mode only: a rootless job finds pasta's gateway by neighbour discovery (multicast);
+    // a veth job's neighbours are permanent entries both ways.
+    f.reject_off_lo4 = vec![Ipv4Net::host(Ipv4Addr::BROADCAST), Ipv4Net::new(Ipv4Addr::new(224, 0, 0, 0), 4)];
+    if gateway.is_some() {
+        f.reject_off_lo6 = vec![Ipv6Net::new(Ipv6Addr::new(0xff00, 0, 0, 0, 0, 0, 0, 0), 8)];
+    }
     f
 }
 
@@ -629,6 +637,9 @@ mod tests {
             "what the routes prohibit"
         );
         assert!(f.reject6.is_empty(), "link-local is refused by routing itself, scoped or not: {:?}", f.reject6);
+        assert_eq!(show(&f.reject_off_lo4), ["255.255.255.255/32", "224.0.0.0/4"]);
+        assert_eq!(f.reject_off_lo6.len(), 1, "root mode: IPv6 multicast too");
+        assert!(job_filter(&routes, None, &[]).reject_off_lo6.is_empty(), "rootless: pasta's NDP is multicast");
         let r = job_routes(&[], None, &allow(&["168.63.129.16:80"]));
         let azure = Ipv4Net::host(firewall::AZURE_HOST);
         assert!(r.contains(&JobRoute::Allow(azure)) && !r.contains(&JobRoute::Prohibit(azure)), "allowed: {r:?}");
