@@ -104,39 +104,28 @@ pub fn messages(f: &JobFilter) -> Vec<Message> {
     out.push(chain);
     out.push(rule(|m| {
         fib_daddr_type(m);
-        cmp_eq(m, &RTN_LOCAL.to_ne_bytes());
+        cmp(m, NFT_CMP_EQ, &RTN_LOCAL.to_ne_bytes());
         accept(m);
     }));
-    for n in &f.accept4 {
+    // (family, network, prefix, only off loopback, accept?), in the chain's order.
+    let v4 = |n: &Ipv4Net| (NFPROTO_IPV4, n.addr.octets().to_vec(), n.prefix);
+    let v6 = |n: &Ipv6Net| (NFPROTO_IPV6, n.addr.octets().to_vec(), n.prefix);
+    let nets = (f.accept4.iter().map(|n| (v4(n), false, true)))
+        .chain(f.reject4.iter().map(|n| (v4(n), false, false)))
+        .chain(f.reject6.iter().map(|n| (v6(n), false, false)))
+        .chain(f.reject_off_lo4.iter().map(|n| (v4(n), true, false)))
+        .chain(f.reject_off_lo6.iter().map(|n| (v6(n), true, false)));
+    for ((family, net, prefix), off_lo, accepted) in nets {
         out.push(rule(|m| {
-            daddr(m, NFPROTO_IPV4, &n.addr.octets(), n.prefix);
-            accept(m);
-        }));
-    }
-    for n in &f.reject4 {
-        out.push(rule(|m| {
-            daddr(m, NFPROTO_IPV4, &n.addr.octets(), n.prefix);
-            reject(m);
-        }));
-    }
-    for n in &f.reject6 {
-        out.push(rule(|m| {
-            daddr(m, NFPROTO_IPV6, &n.addr.octets(), n.prefix);
-            reject(m);
-        }));
-    }
-    for n in &f.reject_off_lo4 {
-        out.push(rule(|m| {
-            oif_not_lo(m);
-            daddr(m, NFPROTO_IPV4, &n.addr.octets(), n.prefix);
-            reject(m);
-        }));
-    }
-    for n in &f.reject_off_lo6 {
-        out.push(rule(|m| {
-            oif_not_lo(m);
-            daddr(m, NFPROTO_IPV6, &n.addr.octets(), n.prefix);
-            reject(m);
+            if off_lo {
+                oif_not_lo(m);
+            }
+            daddr(m, family, &net, prefix);
+            if accepted {
+                accept(m)
+            } else {
+                reject(m)
+            }
         }));
     }
     out
@@ -147,10 +136,7 @@ fn oif_not_lo(m: &mut Message) {
     expr(m, "meta", |m| {
         m.attr(1, &be(NFT_REG_1)).attr(2, &be(NFT_META_OIF));
     });
-    expr(m, "cmp", |m| {
-        m.attr(1, &be(NFT_REG_1)).attr(2, &be(NFT_CMP_NEQ));
-        m.nest(3).attr(NFTA_DATA_VALUE, &LO_IFINDEX.to_ne_bytes()).end();
-    });
+    cmp(m, NFT_CMP_NEQ, &LO_IFINDEX.to_ne_bytes());
 }
 
 /// A rule appended to the chain, its expressions written by `exprs`.
@@ -180,7 +166,7 @@ fn daddr(m: &mut Message, family: u8, net: &[u8], prefix: u8) {
     expr(m, "meta", |m| {
         m.attr(1, &be(NFT_REG_1)).attr(2, &be(NFT_META_NFPROTO));
     });
-    cmp_eq(m, &[family]);
+    cmp(m, NFT_CMP_EQ, &[family]);
     let offset = if family == NFPROTO_IPV4 { 16 } else { 24 };
     let len = net.len() as u32;
     expr(m, "payload", |m| {
@@ -195,7 +181,7 @@ fn daddr(m: &mut Message, family: u8, net: &[u8], prefix: u8) {
         });
     }
     let masked: Vec<u8> = net.iter().zip(mask(net.len(), prefix)).map(|(b, k)| b & k).collect();
-    cmp_eq(m, &masked);
+    cmp(m, NFT_CMP_EQ, &masked);
 }
 
 /// The first `prefix` bits of `len` bytes set.
@@ -218,9 +204,10 @@ fn fib_daddr_type(m: &mut Message) {
     });
 }
 
-fn cmp_eq(m: &mut Message, value: &[u8]) {
+/// Register 1 compared with `value` (`op`: NFT_CMP_*).
+fn cmp(m: &mut Message, op: u32, value: &[u8]) {
     expr(m, "cmp", |m| {
-        m.attr(1, &be(NFT_REG_1)).attr(2, &be(NFT_CMP_EQ));
+        m.attr(1, &be(NFT_REG_1)).attr(2, &be(op));
         m.nest(3).attr(NFTA_DATA_VALUE, value).end();
     });
 }
