@@ -180,6 +180,11 @@ fn comment(subnet: Ipv4Net, forwarding_was_off: bool) -> String {
     c
 }
 
+/// Whether a table's comment has `marker` (its words are separated by ", ").
+fn has_marker(comment: &str, marker: &str) -> bool {
+    comment.split(", ").any(|w| w == marker)
+}
+
 /// The subnet a table's comment names.
 fn subnet_of(comment: &str) -> Option<&str> {
     comment.split("subnet ").nth(1)?.split([',', ' ']).next()
@@ -339,7 +344,7 @@ pub fn ensure(
     ipv6: bool,
 ) -> Result<bool> {
     begin_table_use()?;
-    let has_v6 = |c: &str| c.split(", ").any(|w| w == HAS_IPV6_RULES);
+    let has_v6 = |c: &str| has_marker(c, HAS_IPV6_RULES);
     if let Some(c) = existing(subnet)? {
         warn_if_outdated(&c);
         let v6_pending = || ipv6 && has_v6(&c) && !uplinks_to_turn_on(&super::ipv6::Host::probe()).is_empty();
@@ -394,7 +399,7 @@ pub fn ensure(
     if !extra.is_empty() {
         // An older table has no `service_targets` (it lets any DNAT'd connection in, and
         // warns so): its elements would fail the whole transaction.
-        let own_dnat = existing(subnet)?.is_some_and(|c| c.split(", ").any(|w| w == OWN_DNAT_ONLY));
+        let own_dnat = existing(subnet)?.is_some_and(|c| has_marker(&c, OWN_DNAT_ONLY));
         let extra: String = extra
             .lines()
             .filter(|l| own_dnat || !l.contains(" service_targets "))
@@ -414,8 +419,7 @@ pub fn ensure(
 /// same fix: one line is enough.
 fn warn_if_outdated(comment: &str) {
     static SAID: std::sync::Once = std::sync::Once::new();
-    let has = |marker: &str| comment.split(", ").any(|w| w == marker);
-    if has(HAS_IPV6_RULES) && !has(OWN_DNAT_ONLY) {
+    if has_marker(comment, HAS_IPV6_RULES) && !has_marker(comment, OWN_DNAT_ONLY) {
         SAID.call_once(|| {
             tracing::warn!(
                 "jobs' network: the nftables table inet {TABLE} was made by an older azp-sandbox and lets jobs \
