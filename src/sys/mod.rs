@@ -129,8 +129,9 @@ pub trait Sys {
     /// Makes `dir` (not there yet) a btrfs subvolume whose qgroup is limited to `bytes`
     /// (see [`btrfs`]); returns the qgroup's id. Nothing is left on an error.
     fn create_quota_subvolume(&self, dir: &Path, bytes: u64) -> Result<u64>;
-    /// The host's IPv4 addresses, read before the helper leaves the host's network
-    /// namespace (the job's routes block them).
+    /// The host's IPv4 addresses and its subnets' broadcast addresses (see
+    /// [`net::delivered_addresses`]), read before the helper leaves the host's network
+    /// namespace (the job's routes and table block them).
     fn host_addresses(&self) -> Result<Vec<std::net::Ipv4Addr>>;
     /// The host's IPv6 addresses but loopback's and link-local ones (see
     /// [`net::global_addresses6`]), read as [`Sys::host_addresses`] is.
@@ -261,7 +262,7 @@ impl Sys for Real {
         btrfs::create_limited_subvolume(dir, bytes)
     }
     fn host_addresses(&self) -> Result<Vec<std::net::Ipv4Addr>> {
-        net::addresses()
+        net::delivered_addresses()
     }
     fn host_ipv6_addresses(&self) -> Result<Vec<std::net::Ipv6Addr>> {
         net::global_addresses6()

@@ -1066,22 +1066,59 @@ pub struct HostRoute {
 
 /// The IPv4 addresses of this namespace's links (all of them, loopback included).
 pub fn addresses() -> Result<Vec<Ipv4Addr>> {
+    Ok(address_entries()?.into_iter().map(|e| e.local).collect())
+}
+
+/// Every IPv4 address this namespace takes as its own: its links' addresses and their
+/// subnets' broadcast addresses, to which the kernel delivers a datagram from a job as it
+/// does to the host's own address (its local table has a broadcast route for each). A
+/// subnet's broadcast is what the kernel adds for a prefix under /31, whether the address
+/// was given a `brd` or not; an explicit `brd` is added as well.
+pub fn delivered_addresses() -> Result<Vec<Ipv4Addr>> {
+    let mut all = Vec::new();
+    for e in address_entries()? {
+        for a in [Some(e.local), subnet_broadcast(e.local, e.prefix), e.broadcast].into_iter().flatten() {
+            if a != Ipv4Addr::BROADCAST && !all.contains(&a) {
+                all.push(a);
+            }
+        }
+    }
+    Ok(all)
+}
+
+/// One IPv4 address of a link, as `RTM_GETADDR` gives it.
+struct AddressEntry {
+    local: Ipv4Addr,
+    prefix: u8,
+    /// `IFA_BROADCAST`, when the address has one.
+    broadcast: Option<Ipv4Addr>,
+}
+
+fn address_entries() -> Result<Vec<AddressEntry>> {
     let s = socket()?;
     let replies = s
         .call(Message::dump(nl::RTM_GETADDR, nl::AF_INET))
         .map_err(|source| Error::NetlinkDump { what: "addresses", source })?;
+    let v4 = |d: &[u8]| <[u8; 4]>::try_from(d).ok().map(Ipv4Addr::from);
     Ok(replies
         .iter()
         .filter_map(|r| {
+            let prefix = *r.get(1)?;
             let attrs = nl::attributes(r, 8);
             let a = attrs
                 .iter()
                 .find(|(t, _)| *t == nl::IFA_LOCAL)
                 .or(attrs.iter().find(|(t, _)| *t == nl::IFA_ADDRESS))?;
-            let b: [u8; 4] = a.1.try_into().ok()?;
-            Some(Ipv4Addr::from(b))
+            let broadcast = attrs.iter().find(|(t, _)| *t == nl::IFA_BROADCAST).and_then(|(_, d)| v4(d));
+            Some(AddressEntry { local: v4(a.1)?, prefix, broadcast })
         })
         .collect())
+}
+
+/// The broadcast address of `addr`'s subnet, as the kernel routes it (`fib_add_ifaddr`):
+/// none for /31 and /32, which have no broadcast.
+pub fn subnet_broadcast(addr: Ipv4Addr, prefix: u8) -> Option<Ipv4Addr> {
+    (prefix < 31).then(|| Ipv4Addr::from(u32::from(addr) | (u32::MAX >> prefix)))
 }
 
 /// The IPv4 routes of this namespace (every table).
@@ -1160,6 +1197,52 @@ pub fn link_name(index: i32) -> Result<Option<String>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_subnets_broadcast_is_the_kernels() {
+        let b = |a: [u8; 4], p| subnet_broadcast(Ipv4Addr::from(a), p);
+        assert_eq!(b([198, 18, 0, 1], 30), Some(Ipv4Addr::new(198, 18, 0, 3)));
+        assert_eq!(b([192, 168, 1, 20], 24), Some(Ipv4Addr::new(192, 168, 1, 255)));
+        assert_eq!(b([10, 1, 2, 3], 8), Some(Ipv4Addr::new(10, 255, 255, 255)));
+        // /31 (point to point) and /32 have none.
+        assert_eq!(b([198, 18, 0, 1], 31), None);
+        assert_eq!(b([198, 18, 0, 1], 32), None);
+    }
+
+    /// As root, in a namespace of its own: the local table's broadcast routes, every one,
+    /// are among the delivered addresses (the kernel's word against ours).
+    #[test]
+    #[cfg_attr(not(test_as_root), ignore = "needs root: a network namespace")]
+    fn delivered_addresses_cover_the_local_tables_broadcast_routes() {
+        let out = std::thread::spawn(|| {
+            nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNET).unwrap();
+            let ip = |args: &[&str]| {
+                let o = std::process::Command::new("ip").args(args).output().unwrap();
+                assert!(o.status.success(), "ip {args:?}: {}", String::from_utf8_lossy(&o.stderr));
+                String::from_utf8_lossy(&o.stdout).into_owned()
+            };
+            ip(&["link", "set", "lo", "up"]);
+            ip(&["link", "add", "t0", "type", "veth", "peer", "name", "t1"]);
+            ip(&["link", "set", "t0", "up"]);
+            ip(&["addr", "add", "198.18.0.1/30", "dev", "t0"]);
+            ip(&["addr", "add", "10.9.0.1/24", "brd", "10.9.0.127", "dev", "t0"]);
+            ip(&["addr", "add", "192.0.2.1/31", "dev", "t0"]);
+            let table = ip(&["-4", "route", "show", "table", "local", "type", "broadcast"]);
+            (table, delivered_addresses().unwrap())
+        })
+        .join()
+        .unwrap();
+        let (table, delivered) = out;
+        let routes: Vec<Ipv4Addr> = table.lines().filter_map(|l| l.split_whitespace().nth(1)?.parse().ok()).collect();
+        assert!(routes.len() >= 3, "{table}");
+        for r in &routes {
+            assert!(delivered.contains(r), "{r} (a broadcast route) is not among {delivered:?}");
+        }
+        for a in ["198.18.0.1", "10.9.0.1", "192.0.2.1", "127.0.0.1"] {
+            assert!(delivered.contains(&a.parse().unwrap()), "{a}: {delivered:?}");
+        }
+        assert!(!delivered.contains(&Ipv4Addr::BROADCAST), "{delivered:?}");
+    }
 
     /// The word of the child making a job's namespace, as `Made::enter` takes it, with
     /// `fds` stand-in fds (any fd stands in for the namespace's: no privilege needed).

@@ -64,6 +64,7 @@ pub const IFF_UP: u32 = 0x1;
 // Address, route and neighbour attributes.
 pub const IFA_ADDRESS: u16 = 1;
 pub const IFA_LOCAL: u16 = 2;
+pub const IFA_BROADCAST: u16 = 4;
 /// `ifa_flags`: no duplicate address detection (the address is the job's alone on its link).
 pub const IFA_F_NODAD: u8 = 0x02;
 pub const RTA_DST: u16 = 1;

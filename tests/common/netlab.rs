@@ -61,6 +61,9 @@ pub const METADATA_IP: &str = "169.254.169.254";
 pub const AZURE_HOST_IP: &str = "168.63.129.16";
 pub const WIRESERVER_BODY: &str = "wireserver-secret";
 pub const HOST_IP: &str = "198.18.0.1";
+/// The broadcast address of the fake host's uplink subnet (198.18.0.0/30): the fake host
+/// delivers a datagram to it to its own services, as to [`HOST_IP`].
+pub const HOST_SUBNET_BROADCAST: &str = "198.18.0.3";
 pub const HOST_LOOPBACK_PORT: u16 = 8080;
 /// A fake host service on all its addresses (its own, not loopback's).
 pub const HOST_ANY_PORT: u16 = 8081;

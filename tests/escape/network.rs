@@ -470,7 +470,12 @@ fn t46_broadcast_and_multicast_reach_no_host_service_after_a_flush() {
     const PORT: u16 = 7778;
     let got = std::sync::atomic::AtomicUsize::new(0);
     let stop = std::sync::atomic::AtomicBool::new(false);
-    let targets = toks(&[&format!("send-udp:255.255.255.255:{PORT}"), &format!("send-udp:224.0.0.1:{PORT}")]);
+    // The limited broadcast, the host's subnet's directed broadcast, a multicast group.
+    let targets = toks(&[
+        &format!("send-udp:255.255.255.255:{PORT}"),
+        &format!("send-udp:{}:{PORT}", netlab::HOST_SUBNET_BROADCAST),
+        &format!("send-udp:224.0.0.1:{PORT}"),
+    ]);
     std::thread::scope(|s| {
         let (ready_tx, ready_rx) = std::sync::mpsc::channel();
         let (lab, got, stop) = (&lab, &got, &stop);
@@ -496,10 +501,11 @@ fn t46_broadcast_and_multicast_reach_no_host_service_after_a_flush() {
             }
         }
         let _stop = Stop(stop);
-        // The control: the host's own broadcast reaches it (a job in the host's network).
-        lab_exec_ok(&lab, &h, &["--network", "host"], &probe(&targets[..1]));
-        wait_until("the control's datagram", Duration::from_secs(5), || {
-            got.load(std::sync::atomic::Ordering::SeqCst) >= 1
+        // The control: the host's own broadcasts reach it, both (a job in the host's
+        // network).
+        lab_exec_ok(&lab, &h, &["--network", "host"], &probe(&targets[..2]));
+        wait_until("the control's datagrams", Duration::from_secs(5), || {
+            got.load(std::sync::atomic::Ordering::SeqCst) >= 2
         });
         got.store(0, std::sync::atomic::Ordering::SeqCst);
         for (who, opts) in USERS {
