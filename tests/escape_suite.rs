@@ -216,6 +216,13 @@ int main(int argc, char **argv) {
         else { getsockopt(s, SOL_SOCKET, SO_ERROR, &e, &l); errno = e; r = e ? -1 : 0; }
       }
     }
+    else if (!strcmp(op, "nest-dirs")) {
+      /* N dirs, each inside the last: mkdir d, chdir d (a tree deeper than any walk's
+         stack or fd limit). */
+      int n = atoi(a[1]);
+      r = 0;
+      for (int k = 0; k < n && r == 0; k++) r = mkdir("d", 0755) == 0 && chdir("d") == 0 ? 0 : -1;
+    }
     else if (!strcmp(op, "send-udp")) {
       /* One UDP datagram to IP:PORT, broadcast allowed (SO_BROADCAST). */
       struct sockaddr_in sa = { .sin_family = AF_INET, .sin_port = htons(atoi(a[2])) };

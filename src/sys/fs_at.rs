@@ -242,44 +242,107 @@ pub(crate) fn is_root() -> bool {
 
 /// Removes `name` in `dirfd` and, if it is a directory, everything below it, without
 /// following symlinks (a symlink is unlinked, never traversed). ENOENT is success.
+///
+/// The walk holds two descriptors and no stack frame per level, whatever the depth: a
+/// job's layer is a stranger's tree, and one of 100000 nested dirs took a descriptor
+/// per level (EMFILE past the nofile limit) and a frame per level (a stack overflow
+/// aborted `exec`, and its layer stayed for ever) in a recursive walk. It goes back up
+/// through `..`, checked against the device and inode it came down from.
 pub(crate) fn remove_all_at(dirfd: RawFd, name: &CStr) -> io::Result<()> {
+    let Some(top) = open_for_removal(dirfd, name)? else { return Ok(()) };
+    let mut cur = top.fd;
+    let mut down = vec![top.level];
+    loop {
+        let at = cur.as_raw_fd();
+        let level = down.last_mut().expect("the top is popped last");
+        if let Some(child) = level.left.pop() {
+            if let Some(below) = open_for_removal(at, &child)? {
+                cur = below.fd;
+                down.push(below.level);
+            }
+            continue;
+        }
+        // `cur` is empty: remove it from the level above (the caller's `dirfd` for the top).
+        let done = down.pop().expect("a level was taken above");
+        let above = match down.last() {
+            None => None,
+            Some(parent) => {
+                let up = openat(at, c"..", libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW, 0)?;
+                if dev_ino(&fstat(up.as_raw_fd())?) != parent.id {
+                    return Err(io::Error::other("the tree was moved while it was being removed"));
+                }
+                Some(up)
+            }
+        };
+        let parent_fd = above.as_ref().map_or(dirfd, |fd| fd.as_raw_fd());
+        match unlinkat(parent_fd, &done.name, libc::AT_REMOVEDIR) {
+            Err(e) if errno(&e) != libc::ENOENT => return Err(e),
+            _ => {}
+        }
+        match above {
+            None => return Ok(()),
+            Some(up) => cur = up,
+        }
+    }
+}
+
+/// A directory on the way down in [`remove_all_at`].
+struct Level {
+    /// Its name in the directory above.
+    name: CString,
+    /// Its device and inode, checked when the walk comes back up to it.
+    id: (u64, u64),
+    /// Its entries not yet removed.
+    left: Vec<CString>,
+}
+
+/// A directory [`remove_all_at`] goes down into.
+struct Opened {
+    fd: OwnedFd,
+    level: Level,
+}
+
+/// Removes `name` in `dirfd` if it is not a directory (`None`, ENOENT included), or
+/// opens it to be emptied: listed, and made listable and writable for us first when we
+/// are not root (our own tree with a mode-000 directory, left by an interrupted import).
+fn open_for_removal(dirfd: RawFd, name: &CStr) -> io::Result<Option<Opened>> {
     match unlinkat(dirfd, name, 0) {
-        Ok(()) => return Ok(()),
-        Err(e) if errno(&e) == libc::ENOENT => return Ok(()),
+        Ok(()) => return Ok(None),
+        Err(e) if errno(&e) == libc::ENOENT => return Ok(None),
         Err(e) if errno(&e) == libc::EISDIR || errno(&e) == libc::EPERM => {}
         Err(e) => return Err(e),
     }
     let st = match fstatat_nofollow(dirfd, name) {
         Ok(st) => st,
-        Err(e) if errno(&e) == libc::ENOENT => return Ok(()),
+        Err(e) if errno(&e) == libc::ENOENT => return Ok(None),
         Err(e) => return Err(e),
     };
     if !is_dir(&st) {
-        return unlinkat(dirfd, name, 0);
+        return unlinkat(dirfd, name, 0).map(|()| None);
     }
-    let dir = match openat(dirfd, name, libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW, 0) {
+    let flags = libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW;
+    let fd = match openat(dirfd, name, flags, 0) {
         Ok(fd) => fd,
         Err(e) if errno(&e) == libc::EACCES => {
-            // Our own tree with a mode-000 directory (non-root): make it listable. The name
-            // was just seen as a directory, so fchmodat's symlink following cannot apply.
+            // The name was just seen as a directory, so fchmodat's symlink following
+            // cannot apply.
             fchmodat(dirfd, name, 0o700)?;
-            openat(dirfd, name, libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW, 0)?
+            openat(dirfd, name, flags, 0)?
         }
         Err(e) => return Err(e),
     };
+    let st = fstat(fd.as_raw_fd())?;
     if st.st_mode & 0o700 != 0o700 && !is_root() {
         // Readable but not writable or searchable by us: the unlinks below need both.
         // Ignored on failure: the unlink that then fails says so with its own errno.
-        let _ = fchmod(dir.as_raw_fd(), 0o700);
+        let _ = fchmod(fd.as_raw_fd(), 0o700);
     }
-    for child in read_dir_names(dir.as_raw_fd())? {
-        remove_all_at(dir.as_raw_fd(), &child)?;
-    }
-    drop(dir);
-    match unlinkat(dirfd, name, libc::AT_REMOVEDIR) {
-        Err(e) if errno(&e) == libc::ENOENT => Ok(()),
-        r => r,
-    }
+    let left = read_dir_names(fd.as_raw_fd())?;
+    Ok(Some(Opened { fd, level: Level { name: name.to_owned(), id: dev_ino(&st), left } }))
+}
+
+fn dev_ino(st: &libc::stat) -> (u64, u64) {
+    (st.st_dev, st.st_ino)
 }
 
 /// Names in a directory (without `.` and `..`), read through a dup of `dir`. The dup
@@ -300,20 +363,17 @@ pub(crate) fn read_dir_names(dir: RawFd) -> io::Result<Vec<CString>> {
     Ok(names)
 }
 
-/// Removes a directory tree by path (our own store dirs: temp imports, removed rootfs).
-/// `std::fs::remove_dir_all` does not follow symlinks; on EACCES (non-root, mode-000
-/// directories left by an interrupted import) fall back to the chmod-as-we-go walker.
+/// Removes a directory tree by path (jobs' layers, our own store dirs) with
+/// [`remove_all_at`]: not `std::fs::remove_dir_all`, which takes a descriptor and a
+/// stack frame per level of a job's tree.
 pub(crate) fn remove_tree(path: &Path) -> io::Result<()> {
-    match std::fs::remove_dir_all(path) {
-        Ok(()) => Ok(()),
-        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
-        Err(_) => {
-            let parent = path.parent().unwrap_or(Path::new("/"));
-            let name = path.file_name().unwrap_or(OsStr::new("."));
-            let pfd = open_dir(parent)?;
-            remove_all_at(pfd.as_raw_fd(), &cstring(name.as_bytes())?)
-        }
-    }
+    let parent = path.parent().unwrap_or(Path::new("/"));
+    let name = path.file_name().unwrap_or(OsStr::new("."));
+    let pfd = match open_dir(parent) {
+        Err(e) if errno(&e) == libc::ENOENT => return Ok(()),
+        r => r?,
+    };
+    remove_all_at(pfd.as_raw_fd(), &cstring(name.as_bytes())?)
 }
 
 pub(crate) fn fsync_dir(path: &Path) -> io::Result<()> {
@@ -373,6 +433,29 @@ mod tests {
         assert!(!tree.exists());
         assert!(outside.join("keep").exists(), "a symlink is unlinked, not followed");
         remove_all_at(pfd.as_raw_fd(), c"tree").unwrap(); // ENOENT is success
+    }
+
+    /// A job's tree of 2000 nested dirs (each with a file and a sibling), removed by
+    /// a thread with a 64 KiB stack: the recursive walk's frame per level overflowed it
+    /// and aborted the process (its descriptor per level went with the recursion).
+    #[test]
+    fn a_tree_too_deep_for_a_recursive_walk_is_removed() {
+        const DEPTH: usize = 2000;
+        let t = tempfile::tempdir().unwrap();
+        let mut fd = open_dir(t.path()).unwrap();
+        for _ in 0..DEPTH {
+            nix::sys::stat::mkdirat(Some(fd.as_raw_fd()), c"d", Mode::from_bits_retain(0o755)).unwrap();
+            nix::sys::stat::mkdirat(Some(fd.as_raw_fd()), c"e", Mode::from_bits_retain(0o755)).unwrap();
+            drop(openat(fd.as_raw_fd(), c"f", libc::O_WRONLY | libc::O_CREAT, 0o644).unwrap());
+            fd = open_dir_at(fd.as_raw_fd(), c"d").unwrap();
+        }
+        drop(fd);
+        let path = t.path().join("d");
+        let removal = std::thread::Builder::new().stack_size(64 << 10).spawn(move || remove_tree(&path)).unwrap();
+        removal.join().expect("the walk's thread").unwrap();
+        let mut left: Vec<_> = std::fs::read_dir(t.path()).unwrap().map(|e| e.unwrap().file_name()).collect();
+        left.sort();
+        assert_eq!(left, ["e", "f"], "the tree's top level's siblings stay");
     }
 
     #[test]

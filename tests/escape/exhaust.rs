@@ -459,3 +459,22 @@ fn e07_a_job_writing_past_its_disk_quota_gets_edquot_while_the_host_writes_on() 
     }
     std::mem::forget(h); // its dir is on the image: the guard unmounts it
 }
+
+#[test]
+#[cfg_attr(not(test_as_root), ignore = "needs root: creates real sandboxes (CI runs the suite as root)")]
+fn e08_a_tree_of_30000_nested_dirs_is_removed_with_the_job() {
+    require_root!();
+    let h = home("exh-deep");
+    // Deeper than exec's open-files limit and than a walk of one stack frame per level
+    // could go on its thread: exec aborted with a stack overflow after the job, and its
+    // layer stayed in the trash, which gc then failed on (found by a red-team pass).
+    let deep = toks(&["nest-dirs:30000"]);
+    for (who, opts) in USERS {
+        let t = Instant::now();
+        // In the job's layer (/var/tmp: world-writable there, not a tmpfs).
+        let out = exec_ok(&h, opts, &format!("cd /var/tmp && {}", probe(&deep)));
+        assert_eq!(out, expect(&deep, |_| "OK".into()), "{who}");
+        eprintln!("{who}: 30000 nested dirs made and removed with the job in {:?}", t.elapsed());
+        h.assert_no_residue(&[]);
+    }
+}
