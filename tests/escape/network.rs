@@ -503,7 +503,7 @@ fn t46_broadcast_and_multicast_reach_no_host_service_after_a_flush() {
         let _stop = Stop(stop);
         // The control: the host's own broadcasts reach it, both (a job in the host's
         // network).
-        lab_exec_ok(&lab, &h, &["--network", "host"], &probe(&targets[..2]));
+        lab_exec_ok(lab, &h, &["--network", "host"], &probe(&targets[..2]));
         wait_until("the control's datagrams", Duration::from_secs(5), || {
             got.load(std::sync::atomic::Ordering::SeqCst) >= 2
         });
@@ -517,7 +517,7 @@ fn t46_broadcast_and_multicast_reach_no_host_service_after_a_flush() {
             std::fs::set_permissions(&flag, std::fs::Permissions::from_mode(0o755)).unwrap();
             let script = format!("while [ ! -e /flag/flushed ]; do sleep 0.05; done; {}", probe(&targets));
             let vol = format!("{}:/flag", flag.display());
-            let mut c = h.lab_command(&lab);
+            let mut c = h.lab_command(lab);
             c.args(["exec", "--rootfs", "esc", "--volume", &vol]).args(opts.iter()).args(["--", "sh", "-c", &script]);
             let job = c.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
             wait_until("the job's link", Duration::from_secs(10), || !lab.host_network_residue().is_empty());
@@ -529,7 +529,7 @@ fn t46_broadcast_and_multicast_reach_no_host_service_after_a_flush() {
             std::thread::sleep(Duration::from_millis(300));
             let out = String::from_utf8_lossy(&o.stdout).into_owned();
             assert_eq!(got.load(std::sync::atomic::Ordering::SeqCst), 0, "{who}: the host's service got them: {out}");
-            let gc = h.lab_command(&lab).arg("gc").output().unwrap();
+            let gc = h.lab_command(lab).arg("gc").output().unwrap();
             assert!(gc.status.success(), "{}", String::from_utf8_lossy(&gc.stderr));
             std::fs::remove_dir_all(&flag).unwrap();
         }
