@@ -24,8 +24,11 @@ mod common;
 /// network modules, which use it.
 macro_rules! root_mode_only {
     () => {
+        root_mode_only!("rootless jobs have no host table (pasta, no forwarding)")
+    };
+    ($why:expr) => {
         if rootless() {
-            return common::skip::skip("rootless jobs have no host table (pasta, no forwarding)");
+            return common::skip::skip($why);
         }
     };
 }
@@ -69,6 +72,8 @@ const PROBE_C: &str = r#"
 #include <poll.h>
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <mqueue.h>
+#include <sys/inotify.h>
 #include <sys/mount.h>
 #include <sys/personality.h>
 #include <sys/shm.h>
@@ -95,7 +100,7 @@ static const char *ename(int e) {
   case EOPNOTSUPP: return "EOPNOTSUPP"; case EAFNOSUPPORT: return "EAFNOSUPPORT";
   case ECONNREFUSED: return "ECONNREFUSED";
   case ETIMEDOUT: return "ETIMEDOUT"; case EHOSTUNREACH: return "EHOSTUNREACH";
-  case ENETUNREACH: return "ENETUNREACH";
+  case ENETUNREACH: return "ENETUNREACH"; case EMFILE: return "EMFILE";
   }
   snprintf(buf, sizeof buf, "E%d", e);
   return buf;
@@ -215,6 +220,44 @@ int main(int argc, char **argv) {
         if (poll(&p, 1, 3000) == 0) { errno = ETIMEDOUT; r = -1; }
         else { getsockopt(s, SOL_SOCKET, SO_ERROR, &e, &l); errno = e; r = e ? -1 : 0; }
       }
+    }
+    else if (!strcmp(op, "fill-inotify") || !strcmp(op, "fill-mq") || !strcmp(op, "fill-sigq")) {
+      /* As many inotify instances, 80 KiB POSIX message queues, or queued SIGRTMINs
+         (blocked) as the kernel gives, kept: prints how many, then the errno that
+         stopped it. Up to 1000000. */
+      sigset_t rt; sigemptyset(&rt); sigaddset(&rt, SIGRTMIN);
+      sigprocmask(SIG_BLOCK, &rt, NULL);
+      struct mq_attr qa = { .mq_maxmsg = 10, .mq_msgsize = 8192 };
+      long k = 0;
+      for (; k < 1000000; k++) {
+        char q[64]; snprintf(q, sizeof q, "/azp-fill-%ld", k);
+        union sigval v = { .sival_int = 0 };
+        long ok = !strcmp(op, "fill-inotify") ? inotify_init1(IN_CLOEXEC)
+                : !strcmp(op, "fill-mq") ? (long)mq_open(q, O_CREAT | O_EXCL | O_RDWR, 0600, &qa)
+                : sigqueue(getpid(), SIGRTMIN, v);
+        if (ok < 0) break;
+      }
+      printf("%s: %ld %s\n", tok, k, ename(errno));
+      fflush(stdout);
+      continue;
+    }
+    else if (!strcmp(op, "one-inotify")) r = inotify_init1(IN_CLOEXEC);
+    else if (!strcmp(op, "one-mq")) {
+      /* One queue (removed at once: run in an IPC namespace of its own). */
+      struct mq_attr qa = { .mq_maxmsg = 10, .mq_msgsize = 8192 };
+      r = (long)mq_open("/azp-one", O_CREAT | O_RDWR, 0600, &qa);
+      if (r >= 0) mq_unlink("/azp-one");
+    }
+    else if (!strcmp(op, "one-sigq")) {
+      sigset_t rt; sigemptyset(&rt); sigaddset(&rt, SIGRTMIN);
+      sigprocmask(SIG_BLOCK, &rt, NULL);
+      union sigval v = { .sival_int = 0 };
+      r = sigqueue(getpid(), SIGRTMIN, v);
+    }
+    else if (!strcmp(op, "wait-for")) {
+      /* Until the file PATH exists (the test's go), 60 s at most. */
+      r = -1; errno = ETIMEDOUT;
+      for (int k = 0; k < 1200 && r < 0; k++) { r = access(a[1], F_OK); if (r < 0) usleep(50000); }
     }
     else if (!strcmp(op, "nest-dirs")) {
       /* N dirs, each inside the last: mkdir d, chdir d (a tree deeper than any walk's

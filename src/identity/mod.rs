@@ -153,6 +153,14 @@ impl JobIds {
         JobIds { uid_map: map.clone(), gid_map: map, idmap_layers: false, block: None }
     }
 
+    /// The host uid that owns the job's user namespace: its root's (root mode: its
+    /// block's first id), so that the kernel's per-user budgets its processes use are
+    /// charged to the job's own host uid, not to host root's (see
+    /// `sys::userns::new_user_namespace`). None rootless: the namespace is the user's,
+    /// nested in the user's own, whose budgets are the user's anyway.
+    pub fn owner(&self) -> Option<u32> {
+        self.block.and_then(|_| self.uid_outside(0))
+    }
     /// The id outside (host, or the rootless process's namespace) of container uid `uid`.
     pub fn uid_outside(&self, uid: u32) -> Option<u32> {
         outside(&self.uid_map, uid)
@@ -210,6 +218,13 @@ pub fn for_sandbox(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_namespace_is_owned_by_the_jobs_root_in_root_mode_only() {
+        let b = JobIds::block(3, (2147483648 + 3 * 65536, 3000000000), (1000, 1000));
+        assert_eq!(b.owner(), Some(2147483648 + 3 * 65536));
+        assert_eq!(JobIds::nested().owner(), None);
+    }
 
     #[test]
     fn a_block_maps_container_ids_onto_it() {

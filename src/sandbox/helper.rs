@@ -432,7 +432,7 @@ fn run(
 /// job's root (the overlay's root dir is the upper's). None: host ids.
 fn own_ids(plan: &mut super::JobPlan, job: &JobDir, sys: &dyn Sys) -> Result<Option<OwnedFd>> {
     let Some(ids) = plan.userns.clone() else { return Ok(None) };
-    let ns = sys.new_user_namespace(&ids.uid_map_text(), &ids.gid_map_text())?;
+    let ns = sys.new_user_namespace(&ids.uid_map_text(), &ids.gid_map_text(), ids.owner())?;
     if ids.idmap_layers {
         for (k, layer) in plan.lower.iter_mut().enumerate() {
             let target = job.idmapped_lower(k);
@@ -1137,7 +1137,7 @@ mod tests {
         want.splice(
             at..at,
             [
-                format!("new_user_namespace 0 {uid} 65536 0 {gid} 65536"),
+                format!("new_user_namespace 0 {uid} 65536 0 {gid} 65536 owner {uid}"),
                 format!("idmap_layer {} {}", plan.lower[0].display(), s.job.idmapped_lower(0).display()),
                 format!("idmap_layer {} {}", plan.lower[1].display(), s.job.idmapped_lower(1).display()),
                 format!("chown {} {uid}:{gid}", s.job.upper().display()),

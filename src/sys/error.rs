@@ -558,6 +558,22 @@ pub enum Error {
     // ---- the job's own user namespace (root and setuid modes; rootless nested) ----
     #[error("cannot create the job's user namespace (clone CLONE_NEWUSER in the helper)")]
     UserNamespaceChild(#[source] Errno),
+    #[error("cannot read the helper's parent-death signal, dumpable flag or securebits (prctl)")]
+    HelperStateRead(#[source] Errno),
+    #[error("cannot keep the helper's capabilities across a uid change (prctl PR_SET_SECUREBITS)")]
+    KeepCapabilities(#[source] Errno),
+    #[error("cannot make the job's user namespace as its owner, host uid {uid} (setresuid)")]
+    BecomeNamespaceOwner {
+        uid: u32,
+        #[source]
+        source: Errno,
+    },
+    #[error("cannot return to uid 0 after making the job's user namespace (setresuid)")]
+    ResumeRoot(#[source] Errno),
+    #[error("cannot restore the helper's securebits, dumpable flag or parent-death signal (prctl)")]
+    RestoreHelperState(#[source] Errno),
+    #[error("the helper's runner exited while the helper made the job's user namespace")]
+    RunnerGoneMeanwhile,
     #[error("cannot open {}", path.display())]
     OpenUserNs {
         path: PathBuf,

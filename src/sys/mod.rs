@@ -82,8 +82,9 @@ pub trait Sys {
     /// view rooted at the cgroup this process is in: libcontainer's cgroup manager can
     /// change nothing outside the job's cgroup.
     fn hide_cgroupfs(&self) -> Result<()>;
-    /// A new user namespace with these maps (`/proc/PID/uid_map` text): the job's.
-    fn new_user_namespace(&self, uid_map: &str, gid_map: &str) -> Result<OwnedFd>;
+    /// A new user namespace with these maps (`/proc/PID/uid_map` text): the job's, owned
+    /// by host uid `owner` when given (see [`userns::new_user_namespace`]).
+    fn new_user_namespace(&self, uid_map: &str, gid_map: &str, owner: Option<u32>) -> Result<OwnedFd>;
     /// `layer` read-only at `target`, idmapped with the namespace `userns`.
     fn idmap_layer(&self, layer: &Path, userns: BorrowedFd, target: &Path) -> Result<()>;
     /// Owner of `path` (not followed).
@@ -193,8 +194,8 @@ impl Sys for Real {
     fn hide_cgroupfs(&self) -> Result<()> {
         ns::private_cgroup_view()
     }
-    fn new_user_namespace(&self, uid_map: &str, gid_map: &str) -> Result<OwnedFd> {
-        userns::new_user_namespace(uid_map, gid_map)
+    fn new_user_namespace(&self, uid_map: &str, gid_map: &str, owner: Option<u32>) -> Result<OwnedFd> {
+        userns::new_user_namespace(uid_map, gid_map, owner)
     }
     fn idmap_layer(&self, layer: &Path, ns: BorrowedFd, target: &Path) -> Result<()> {
         userns::idmap_layer(layer, ns, target)
@@ -394,9 +395,10 @@ impl Sys for Recorder {
     fn hide_cgroupfs(&self) -> Result<()> {
         self.step("hide_cgroupfs".into()).map_err(Error::MountCgroupView)
     }
-    fn new_user_namespace(&self, uid_map: &str, gid_map: &str) -> Result<OwnedFd> {
+    fn new_user_namespace(&self, uid_map: &str, gid_map: &str, owner: Option<u32>) -> Result<OwnedFd> {
         let maps = |m: &str| m.trim().replace('\n', ",");
-        self.step(format!("new_user_namespace {} {}", maps(uid_map), maps(gid_map)))
+        let owner = owner.map(|u| format!(" owner {u}")).unwrap_or_default();
+        self.step(format!("new_user_namespace {} {}{owner}", maps(uid_map), maps(gid_map)))
             .map_err(Error::UserNamespaceChild)?;
         // Any fd stands for the namespace here.
         std::fs::File::open("/dev/null")

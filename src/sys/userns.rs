@@ -12,7 +12,9 @@ use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
-/// A new user namespace with these maps (`/proc/PID/uid_map` text), as an fd.
+/// A new user namespace with these maps (`/proc/PID/uid_map` text), as an fd, owned by
+/// host uid `owner` when given (root and setuid modes: the job's root's host uid; see
+/// [`as_owner`]), else by this process's uid.
 ///
 /// A namespace needs a process to be made in and its maps written for: clone a child
 /// into a new one (it exists when clone returns: no hand-shake with the child), write
@@ -22,9 +24,14 @@ use std::path::{Path, PathBuf};
 /// helper cost ~0.1 ms and the wait for the child to run and unshare up to ~0.6 ms on a
 /// busy machine. It is killed, not waited for: the caller reaps it with
 /// `process::reap_killed` before it waits for any child.
-pub fn new_user_namespace(uid_map: &str, gid_map: &str) -> Result<OwnedFd> {
-    // Step 1: the child, in its new namespace.
-    let child = process::clone_waiting(nix::sched::CloneFlags::CLONE_NEWUSER).map_err(Error::UserNamespaceChild)?;
+pub fn new_user_namespace(uid_map: &str, gid_map: &str, owner: Option<u32>) -> Result<OwnedFd> {
+    // Step 1: the child, in its new namespace, owned by `owner`.
+    let clone = || process::clone_waiting(nix::sched::CloneFlags::CLONE_NEWUSER);
+    let child = match owner {
+        Some(uid) => as_owner(uid, clone)?,
+        None => clone(),
+    }
+    .map_err(Error::UserNamespaceChild)?;
     let pid = child.pid().as_raw();
     // Step 2: its namespace, then the maps.
     let made = (|| -> Result<OwnedFd> {
@@ -37,6 +44,57 @@ pub fn new_user_namespace(uid_map: &str, gid_map: &str) -> Result<OwnedFd> {
     // Step 3: the child goes; reaped later (see `process::reap_killed`), not waited for.
     child.kill_and_reap_later();
     made
+}
+
+/// Runs `make` with this process's effective uid `owner`, so that a user namespace it
+/// creates is `owner`'s. The kernel charges what a namespace's processes hold of the
+/// per-user budgets (inotify instances and watches, POSIX message queue bytes, queued
+/// signals, user namespaces) to its owner in the parent namespace, on top of the
+/// namespace's own (unlimited) counts: owned by root, a job used up host root's budgets
+/// and root's services' inotify, mq_open and sigqueue failed host-wide while it ran
+/// (found by a red-team pass). Owned by the job's own host uid, a job has the host's
+/// per-user budgets to itself, as any host account has.
+///
+/// The real and saved uids stay root's, so the effective uid can come back; the
+/// capabilities are kept across both changes (SECBIT_NO_SETUID_FIXUP), so the namespace
+/// is made by a capable process (no unprivileged-namespace restriction, e.g. Ubuntu's
+/// AppArmor one, applies). A change of effective uid also clears the parent-death
+/// signal and the dumpable flag: both are put back, and a runner that died meanwhile
+/// (its signal lost) is an error.
+fn as_owner<T>(owner: u32, make: impl FnOnce() -> T) -> Result<T> {
+    let parent = nix::unistd::getppid();
+    let death_signal = nix::sys::prctl::get_pdeathsig().map_err(Error::HelperStateRead)?;
+    let dumpable = nix::sys::prctl::get_dumpable().map_err(Error::HelperStateRead)?;
+    // SAFETY: prctl(PR_GET_SECUREBITS) takes no pointer and only returns an integer.
+    let bits = unsafe { libc::prctl(libc::PR_GET_SECUREBITS) };
+    if bits < 0 {
+        return Err(Error::HelperStateRead(Errno::last()));
+    }
+    let set_bits = |b: libc::c_int| {
+        // SAFETY: prctl(PR_SET_SECUREBITS) takes the bits as an integer, no pointer.
+        Errno::result(unsafe { libc::prctl(libc::PR_SET_SECUREBITS, b as libc::c_ulong) }).map(drop)
+    };
+    let keep = Uid::from_raw(u32::MAX); // -1: unchanged
+                                        // Step 1: capabilities kept across uid changes, then the owner's effective uid.
+    set_bits(bits | libc::SECBIT_NO_SETUID_FIXUP).map_err(Error::KeepCapabilities)?;
+    if let Err(source) = nix::unistd::setresuid(keep, Uid::from_raw(owner), keep) {
+        let _ = set_bits(bits);
+        return Err(Error::BecomeNamespaceOwner { uid: owner, source });
+    }
+    // Step 2: the namespace.
+    let made = make();
+    // Step 3: root again, and what the uid changes cleared.
+    nix::unistd::setresuid(keep, Uid::from_raw(0), keep).map_err(Error::ResumeRoot)?;
+    set_bits(bits).map_err(Error::RestoreHelperState)?;
+    nix::sys::prctl::set_dumpable(dumpable).map_err(Error::RestoreHelperState)?;
+    if let Some(signal) = death_signal {
+        nix::sys::prctl::set_pdeathsig(signal).map_err(Error::RestoreHelperState)?;
+        // Checked after the prctl: a runner that died before it sent nothing.
+        if nix::unistd::getppid() != parent {
+            return Err(Error::RunnerGoneMeanwhile);
+        }
+    }
+    Ok(made)
 }
 
 fn write_map(pid: i32, file: &str, map: &str) -> Result<()> {

@@ -478,3 +478,55 @@ fn e08_a_tree_of_30000_nested_dirs_is_removed_with_the_job() {
         h.assert_no_residue(&[]);
     }
 }
+
+#[test]
+#[cfg_attr(not(test_as_root), ignore = "needs root: creates real sandboxes (CI runs the suite as root)")]
+fn e09_a_job_cannot_use_up_host_roots_per_user_budgets() {
+    require_root!();
+    root_mode_only!("a rootless job's namespace is the user's: what it holds is charged to the user's own budgets");
+    use std::io::BufRead;
+    let h = home("exh-ucounts");
+    // The kernel's per-user budgets (inotify instances, POSIX message queue bytes, queued
+    // signals) are charged to a user namespace's owner too. The job takes all it can of
+    // each and holds it while host root takes one of each (found by a red-team pass: the
+    // job's namespace was root's, and root's inotify_init, mq_open and sigqueue failed).
+    let fills = toks(&["fill-inotify", "fill-mq", "fill-sigq"]);
+    let host = toks(&["one-inotify", "one-mq", "one-sigq"]);
+    for (who, opts) in USERS {
+        let flag = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("ucounts-{who}-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&flag);
+        fs::create_dir_all(&flag).unwrap();
+        fs::set_permissions(&flag, fs::Permissions::from_mode(0o755)).unwrap();
+        let vol = format!("{}:/flag", flag.display());
+        let script = probe(&[fills.clone(), toks(&["wait-for:/flag/go"])].concat());
+        let mut job = HostProc(
+            h.command()
+                .args(["exec", "--rootfs", "esc", "--volume", &vol])
+                .args(opts.iter())
+                .args(["--", "sh", "-c", &script])
+                .stdout(Stdio::piped())
+                .stderr(Stdio::null())
+                .spawn()
+                .unwrap(),
+        );
+        let mut lines = std::io::BufReader::new(job.0.stdout.take().unwrap()).lines();
+        for fill in &fills {
+            let line = lines.next().expect("the job's fill line").unwrap();
+            let got: u64 = line
+                .strip_prefix(&format!("{fill}: "))
+                .and_then(|l| l.split(' ').next()?.parse().ok())
+                .unwrap_or_else(|| panic!("{who}: {line}"));
+            assert!(got > 0, "{who}: the job got none: {line}");
+            eprintln!("{who}: the job holds {line}");
+        }
+        // Host root, while the job holds them (its queue in an IPC namespace of its own).
+        let o = Command::new("unshare").arg("--ipc").arg(probe_bin()).args(&host).output().unwrap();
+        let out = String::from_utf8_lossy(&o.stdout).into_owned();
+        fs::write(flag.join("go"), "").unwrap();
+        let status = job.0.wait().unwrap();
+        assert_eq!(out, expect(&host, |_| "OK".into()), "{who}: host root's own, while the job holds its");
+        assert!(status.success(), "{who}: {status:?}");
+        fs::remove_dir_all(&flag).unwrap();
+    }
+    h.assert_no_residue(&[]);
+}
