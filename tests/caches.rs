@@ -274,6 +274,59 @@ fn run_commits_a_trusted_build_and_never_a_pull_request() {
     h.assert_no_residue(&[]);
 }
 
+/// A pull request's job reads its agent's credentials (readable in the sandbox, as on any
+/// self-hosted agent), takes the next queued build of `main` as the agent, reports it
+/// succeeded, and writes the cache. The agent's newest request is then a trusted build:
+/// before, the manager committed the pull request's write on its word (found by a
+/// red-team pass). Now the job's request must be the agent's only one since its run.sh
+/// started: nothing is committed.
+#[test]
+fn a_job_that_takes_a_trusted_build_as_its_agent_commits_nothing() {
+    require_root!();
+    let lab = or_skip!(netlab::NetLab::new());
+    let fake = common::fake_azure::FakeAzure::start_in(&lab);
+    let h = TestHome::with_busybox("cache-steal");
+    let tf = token_file(&h, &fake.pat());
+    let config = h.dir.join("config.toml");
+    std::fs::write(&config, "[[cache]]\nname = \"pip\"\npath = \"/cache/pip\"\n").unwrap();
+    if let Some(u) = test_user() {
+        for f in [&tf, &config] {
+            nix::unistd::chown(f, Some(u.uid), Some(u.gid)).unwrap();
+        }
+    }
+    let mut cmd = h.lab_command(&lab);
+    cmd.args(["run", "--config", config.to_str().unwrap(), "--pool", "gpu", "--url", &fake.url()])
+        .args(["--token-file", tf.to_str().unwrap()])
+        .args(["--agents", "1", "--gpus-per-agent", "none", "--rootfs", "bb", "--name-prefix", "stealhost"]);
+    let mgr = ManagerProc::spawn(cmd, h.dir.join("manager.log"));
+    let steal = r#"cd /azp/agent || exit 1
+base=$(sed -n 's/.*"serverUrl": *"\([^"]*\)".*/\1/p' .agent)
+name=$(sed -n 's/.*"agentName": *"\([^"]*\)".*/\1/p' .agent)
+auth="Authorization: Bearer $(sed -n 's/.*"clientId": *"\([^"]*\)".*/\1/p' .credentials)"
+job=$(wget -q -Y off -O - --header "$auth" "$base/_fake/jobs/next?agent=$name")
+id=$(printf '%s' "$job" | sed -n 's/.*"jobId": *\([0-9][0-9]*\).*/\1/p')
+echo stole=$id
+: > /tmp/empty
+wget -q -Y off -O /dev/null --header "$auth" --post-file /tmp/empty "$base/_fake/jobs/$id/result?agent=$name&exitCode=0"
+echo evil > /cache/pip/evil"#;
+    // Both queued before the agent asks: it takes the pull request's, whose job takes main's.
+    fake.enqueue_build_job(steal, &[], "refs/pull/9/merge", "pullRequest");
+    fake.enqueue_build_job("echo main ran", &[], "refs/heads/main", "individualCI");
+    let got = fake.wait_results(2, Duration::from_secs(90));
+    assert_eq!(got.len(), 2, "{}", mgr.log());
+    assert!(got.iter().any(|r| r.output.contains("stole=")), "the job took the main build: {got:?}");
+    fake.enqueue_job("echo seen=$(ls /cache/pip | tr '\\n' ' ')");
+    let results = fake.wait_results(3, Duration::from_secs(90));
+    assert_eq!(results.len(), 3, "{}", mgr.log());
+    let seen = results[2].output.lines().find_map(|l| l.strip_prefix("seen=")).map(str::trim);
+    assert_eq!(seen, Some(""), "the pull request's write was committed: {}", mgr.log());
+    let log = mgr.log();
+    assert!(log.contains("took 2 job requests in one sandbox"), "{log}");
+    let st = mgr.stop();
+    assert!(st.success(), "{st}");
+    h.assert_no_residue(&[]);
+}
+
 /// A trusted job's commit runs after the slot's next agent has started: the commit is
 /// held here on the cache's commit lock (as a concurrent commit would hold it), and the
 /// next agent still configures; its job then waits for the commit and sees the new

@@ -4,7 +4,7 @@
 //! Trusted: a build of a protected branch (`refs/heads/main` unless the operator sets
 //! `trusted_branches`), and never one whose reason is a pull request.
 
-use crate::azure::{AzureClient, AzureError};
+use crate::azure::{AzureClient, AzureError, JobRequest};
 use anyhow::{bail, Result};
 
 /// What Azure DevOps says about the build a job belonged to.
@@ -45,21 +45,45 @@ pub fn decide(facts: &BuildFacts, patterns: &[String]) -> Verdict {
     }
 }
 
-/// The build of the last job of the agent named `agent_name`, from Azure DevOps: the
-/// agent's record (by its name, which the manager chose) -> its newest job request ->
-/// that request's owner build. A request that did not succeed is refused.
-pub fn learn(client: &AzureClient, pool_id: u64, agent_name: &str) -> Result<BuildFacts> {
-    let agents = client.list_agents(pool_id, Some(agent_name))?;
-    let Some(agent) = agents.iter().find(|a| a.name == agent_name) else {
-        bail!("pool {pool_id} has no agent named {agent_name}");
-    };
-    let agent_id = agent.id;
-    let requests = client.agent_job_requests(pool_id, agent_id, 10)?;
-    let mine = requests
-        .iter()
-        .filter(|r| r.reserved_agent.as_ref().and_then(|a| a.id) == Some(agent_id))
-        .max_by_key(|r| r.request_id);
-    let Some(req) = mine else { bail!("Azure DevOps lists no job request of agent {agent_id}") };
+/// The agent's job requests before its job could start: taken after `config.sh` and
+/// before `run.sh` (see [`learn`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Before {
+    pub agent_id: u64,
+    /// The newest request id the agent had then (0: none).
+    pub newest_request: u64,
+}
+
+/// How many of the agent's newest requests are read: more than one since [`Before`] is
+/// refused anyway.
+const REQUESTS_READ: u32 = 10;
+
+/// [`Before`] for the agent named `agent_name`, from Azure DevOps.
+pub fn before(client: &AzureClient, pool_id: u64, agent_name: &str) -> Result<Before> {
+    let agent_id = agent_id(client, pool_id, agent_name)?;
+    let requests = client.agent_job_requests(pool_id, agent_id, REQUESTS_READ)?;
+    Ok(Before { agent_id, newest_request: requests.iter().map(|r| r.request_id).max().unwrap_or(0) })
+}
+
+/// The build of the job the agent named `agent_name` ran in its sandbox, from Azure
+/// DevOps: the agent's record (by its name, which the manager chose) -> the one job
+/// request it took since `before` -> that request's owner build. A request that did not
+/// succeed is refused.
+///
+/// The job can read its agent's credentials (it runs as the agent's user, as on any
+/// self-hosted agent) and act as the agent until its sandbox ends: a pull request's job
+/// took the next queued build of `main` that way, so that "the agent's newest request"
+/// was a trusted build and the pull request's cache writes were committed (found by a
+/// red-team pass). So the request is the agent's only one since `before`, taken before
+/// `run.sh` started: a second one means something in the sandbox took a job as the agent,
+/// and nothing of it is trusted.
+pub fn learn(client: &AzureClient, pool_id: u64, agent_name: &str, before: &Before) -> Result<BuildFacts> {
+    let agent_id = agent_id(client, pool_id, agent_name)?;
+    if agent_id != before.agent_id {
+        bail!("agent {agent_name}'s record changed during its job (id {} -> {agent_id})", before.agent_id);
+    }
+    let requests = client.agent_job_requests(pool_id, agent_id, REQUESTS_READ)?;
+    let req = the_jobs_request(&requests, before)?;
     if let Some(result) = req.result.as_deref().filter(|r| !r.eq_ignore_ascii_case("succeeded")) {
         bail!("job request {} ended {result}: only a succeeded job commits", req.request_id);
     }
@@ -79,12 +103,61 @@ pub fn learn(client: &AzureClient, pool_id: u64, agent_name: &str) -> Result<Bui
     })
 }
 
+fn agent_id(client: &AzureClient, pool_id: u64, agent_name: &str) -> Result<u64> {
+    let agents = client.list_agents(pool_id, Some(agent_name))?;
+    match agents.iter().find(|a| a.name == agent_name) {
+        Some(agent) => Ok(agent.id),
+        None => bail!("pool {pool_id} has no agent named {agent_name}"),
+    }
+}
+
+/// The agent's one request since `before` (reserved to it), or why there is none.
+fn the_jobs_request<'a>(requests: &'a [JobRequest], before: &Before) -> Result<&'a JobRequest> {
+    let agent = before.agent_id;
+    let new: Vec<&JobRequest> = requests.iter().filter(|r| r.request_id > before.newest_request).collect();
+    match new.as_slice() {
+        [] => bail!("Azure DevOps lists no job request of agent {agent} since its sandbox started"),
+        [one] if one.reserved_agent.as_ref().and_then(|a| a.id) == Some(agent) => Ok(one),
+        [one] => bail!("job request {} is not reserved to agent {agent}", one.request_id),
+        many => {
+            let ids: Vec<String> = many.iter().map(|r| r.request_id.to_string()).collect();
+            bail!(
+                "agent {agent} took {} job requests in one sandbox ({}): something in it acted as the agent \
+                 (its credentials are readable there) and took more than its own job",
+                many.len(),
+                ids.join(", ")
+            )
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     fn facts(branch: &str, reason: &str) -> BuildFacts {
         BuildFacts { request_id: 1, build_id: 7, source_branch: branch.into(), reason: reason.into() }
+    }
+
+    fn request(id: u64, agent: u64) -> JobRequest {
+        serde_json::from_value(serde_json::json!({"requestId": id, "reservedAgent": {"id": agent, "name": "a"}}))
+            .unwrap()
+    }
+
+    #[test]
+    fn the_jobs_request_is_the_agents_only_one_since_before() {
+        let before = Before { agent_id: 5, newest_request: 100 };
+        let older = [request(99, 5), request(100, 5)];
+        let err = |r: &[JobRequest]| the_jobs_request(r, &before).unwrap_err().to_string();
+        assert!(err(&older).contains("no job request of agent 5 since"), "{}", err(&older));
+        let one = [request(101, 5), request(100, 5)];
+        assert_eq!(the_jobs_request(&one, &before).unwrap().request_id, 101);
+        // A job acting as its agent took the next queued build too: neither is trusted,
+        // whichever is newest.
+        let two = [request(102, 5), request(101, 5), request(100, 5)];
+        assert!(err(&two).contains("took 2 job requests in one sandbox (102, 101)"), "{}", err(&two));
+        let elsewhere = [request(101, 6)];
+        assert!(err(&elsewhere).contains("not reserved to agent 5"), "{}", err(&elsewhere));
     }
 
     #[test]

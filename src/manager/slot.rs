@@ -226,6 +226,10 @@ fn one_job(
             tracing::warn!(slot = cfg.index, "could not prepare the next sandbox ({e:#}); it will be built on demand")
         }
     }
+    // What the agent had of job requests before its run.sh can take one: its job's
+    // request is then the only newer one (see `cache::trust::learn`). Asked here, not
+    // while run.sh starts: a job could take a second request first.
+    let before = (!plan.caches.is_empty()).then(|| super::caches::before_the_job(shared, &cfg.agent_name));
     let run = Phase { args: phases::run_args(), env, cwd: Some(phases::agent_dir()), ..Default::default() };
     // The agent configured meanwhile; its job mounts the caches as the run phase starts,
     // so it waits for the previous job's commit here: it sees the committed snapshot.
@@ -268,8 +272,8 @@ fn one_job(
             let (shared, slot, agent) = (shared.clone(), cfg.index, cfg.agent_name.clone());
             sandbox.teardown_after(!stopping, move |sb| {
                 copy(&sb.upper());
-                if commit {
-                    super::caches::commit_if_trusted(&shared, slot, &agent, sb);
+                if let (true, Some(before)) = (commit, &before) {
+                    super::caches::commit_if_trusted(&shared, slot, &agent, before, sb);
                 }
                 drop(done);
             })
