@@ -424,3 +424,41 @@ fn a_setuid_job_is_nobody_on_the_host_with_no_groups_and_a_network_of_its_own() 
         assert_eq!(field(st, "Groups:"), Vec::<u32>::new(), "{st}");
     }
 }
+
+/// A user keeps at most `[setuid] max_jobs` sandboxes at once: without a cap, one user's
+/// concurrent `exec`s took every job id block of the host, shared with the root service
+/// and the other users (found by a red-team pass). A seat comes free when its `exec` ends.
+#[test]
+#[cfg_attr(not(test_as_root), ignore = "needs root: installs a setuid binary and a site policy")]
+fn a_user_keeps_at_most_max_jobs_sandboxes_at_once() {
+    use std::io::BufRead;
+    let site = or_skip!(Site::new("seats"));
+    site.policy(&format!("{}max_jobs = 1\n", site.default_policy()));
+    let vol = format!("{}:/data", site.data());
+    let wait = "echo started; while [ ! -e /data/go ]; do sleep 0.05; done; echo first-done";
+    let first = site
+        .cmd(None)
+        .args(["exec", "--rootfs", "bb", "--volume", &vol, "--", "sh", "-c", wait])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Killed however the test ends (it waits for a file otherwise).
+    struct Kill(std::process::Child);
+    impl Drop for Kill {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let mut first = Kill(first);
+    let mut lines = std::io::BufReader::new(first.0.stdout.take().unwrap()).lines();
+    assert_eq!(lines.next().unwrap().unwrap(), "started");
+    let err = one_line_error(&site.exec(&[], "echo second"));
+    assert!(err.contains("you run 1 sandbox(es) already") && err.contains("[setuid] max_jobs"), "{err}");
+    fs::write(site.dir.join("data/go"), "").unwrap();
+    assert_eq!(lines.next().unwrap().unwrap(), "first-done");
+    assert!(first.0.wait().unwrap().success());
+    let o = site.exec(&[], "echo third");
+    assert_eq!(String::from_utf8_lossy(&o.stdout), "third\n", "{}", String::from_utf8_lossy(&o.stderr));
+}

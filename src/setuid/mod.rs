@@ -18,6 +18,7 @@
 //! closed struct (`deny_unknown_fields`).
 
 pub mod policy;
+pub mod seats;
 
 use crate::config::Home;
 use crate::sandbox::exec::ExecRequest;
@@ -226,11 +227,18 @@ impl Monitor {
                 request.validate()?;
                 let request = policy.authorize(request, &caller, &resolve)?;
                 become_root()?;
+                let _seat = seats::take(Path::new(seats::SEATS_DIR), caller.uid, 1, policy.jobs_cap())?;
                 run_exec(&policy, request)
             }
             Request::Run(request) => {
                 let settings = policy.authorize_run(&request, &resolve)?;
                 become_root()?;
+                let _seats = seats::take(
+                    Path::new(seats::SEATS_DIR),
+                    caller.uid,
+                    settings.agents.unwrap_or(1),
+                    policy.jobs_cap(),
+                )?;
                 run_agents(&policy, &caller, settings, request.token)
             }
         }

@@ -13,6 +13,7 @@
 //! max_pids = 4096
 //! max_cpus = 8
 //! max_disk = "100G"            # disk quota per job (where the home has project quotas)
+//! max_jobs = 4                 # sandboxes one user keeps at once (exec, run's slots; default 4)
 //! network = ["isolated", "none"]  # network modes users may choose (default; "host" opts in)
 //! network_allow = ["169.254.169.254:80"]  # blocked destinations users may allow
 //! home = "/var/lib/azp-sandbox"  # the site store and job dirs
@@ -55,6 +56,10 @@ pub struct Policy {
     pub home: PathBuf,
     #[serde(default = "default_driver_root")]
     pub driver_root: PathBuf,
+    /// Sandboxes one caller keeps at once, `exec`s and `run`'s slots together (see
+    /// [`super::seats`]); absent: [`super::seats::DEFAULT_MAX_JOBS`].
+    #[serde(default, deserialize_with = "keys::count")]
+    pub max_jobs: Option<usize>,
     /// Agent slots one caller's `run` may keep; absent: `run` is not allowed in setuid mode.
     #[serde(default, deserialize_with = "keys::count")]
     pub max_agents: Option<usize>,
@@ -122,6 +127,11 @@ pub struct Caller {
 }
 
 impl Policy {
+    /// Sandboxes one caller keeps at once (see [`super::seats`]).
+    pub fn jobs_cap(&self) -> usize {
+        self.max_jobs.unwrap_or(super::seats::DEFAULT_MAX_JOBS)
+    }
+
     fn memory_cap(&self) -> Result<Option<u64>> {
         self.max_memory
             .as_deref()
@@ -238,6 +248,12 @@ impl Policy {
         let agents = req.agents.unwrap_or(1);
         if agents == 0 || agents > max {
             bail!("--agents {agents} is not allowed by site policy (at most {max})");
+        }
+        if agents > self.jobs_cap() {
+            bail!(
+                "--agents {agents} is above the site's {} sandboxes at once per user ([setuid] max_jobs)",
+                self.jobs_cap()
+            );
         }
         if req.agent_package.is_some() {
             bail!("--agent-package is not allowed in setuid mode: the agent comes from the organization's server");
@@ -532,6 +548,14 @@ network_allow = ["169.254.169.254:80"]
             "site memory cap applied"
         );
         assert_eq!(s.cancel_grace, std::time::Duration::from_secs(7), "the caller's cancel grace");
+        // Each slot is a sandbox: more slots than the caller's sandboxes at once is refused.
+        let p8 = Policy { max_agents: Some(8), max_jobs: Some(2), ..policy() };
+        let e = p8
+            .authorize_run(&super::super::RunRequest { agents: Some(3), ..run_req() }, &canon)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("--agents 3 is above the site's 2 sandboxes at once per user"), "{e}");
+        assert_eq!(policy().jobs_cap(), super::super::seats::DEFAULT_MAX_JOBS);
         assert!(s.hooks_dir.is_none() && s.agent_package.is_none() && s.token_file.is_none());
         let refuse = |r: super::super::RunRequest, want: &str| {
             let e = p.authorize_run(&r, &canon).unwrap_err().to_string();
