@@ -16,10 +16,11 @@
 //! max_jobs = 4                 # sandboxes one user keeps at once (exec, run's slots; default 4)
 //! network = ["isolated", "none"]  # network modes users may choose (default; "host" opts in)
 //! network_allow = ["169.254.169.254:80"]  # blocked destinations users may allow
+//! network_ipv6 = "auto"        # "off": IPv4 only for users' jobs (`--ipv6 on` refused)
 //! home = "/var/lib/azp-sandbox"  # the site store and job dirs
 //! ```
 
-use crate::config::{parse_size, Network, NetworkAllow};
+use crate::config::{parse_size, Ipv6, Network, NetworkAllow};
 use crate::sandbox::exec::ExecRequest;
 use crate::sandbox::limits::{Ask, LimitsAsk};
 use crate::settings::keys;
@@ -52,6 +53,10 @@ pub struct Policy {
     /// Entries of `--network-allow` users may give (`IP[:PORT]`).
     #[serde(default)]
     pub network_allow: Vec<String>,
+    /// "off": users' jobs get IPv4 only; "auto"/"on" (absent: "auto"): the caller's
+    /// `--ipv6` as asked.
+    #[serde(default, deserialize_with = "keys::word")]
+    pub network_ipv6: Option<String>,
     #[serde(default = "default_home")]
     pub home: PathBuf,
     #[serde(default = "default_driver_root")]
@@ -106,6 +111,9 @@ pub fn parse(text: &str, file: &Path) -> Result<Policy> {
     }
     for a in &p.network_allow {
         a.parse::<NetworkAllow>().map_err(|e| anyhow::anyhow!("bad [setuid] {e} in {}", file.display()))?;
+    }
+    if let Some(v) = &p.network_ipv6 {
+        v.parse::<Ipv6>().map_err(|e| anyhow::anyhow!("bad [setuid] {e} in {}", file.display()))?;
     }
     p.memory_cap()?;
     p.disk_cap()?;
@@ -177,6 +185,7 @@ impl Policy {
             bail!("--cache is not allowed in setuid mode: caches are the operator's (`run` with [[cache]])");
         }
         self.check_network(req.network, &req.network_allow)?;
+        req.ipv6 = self.check_ipv6(req.ipv6)?;
         req.limits = self.cap_limits(&req.limits)?;
         if let Some((u, g)) = req.user {
             if (u, g) != (caller.uid, caller.gid) {
@@ -200,6 +209,18 @@ impl Policy {
             }
         }
         Ok(())
+    }
+
+    /// The caller's `--ipv6` under the policy: a site's "off" makes it off, and refuses "on".
+    fn check_ipv6(&self, asked: Ipv6) -> Result<Ipv6> {
+        let site_off = self.network_ipv6.as_deref().and_then(|v| v.parse::<Ipv6>().ok()) == Some(Ipv6::Off);
+        match (site_off, asked) {
+            (false, asked) => Ok(asked),
+            (true, Ipv6::On) => {
+                bail!("--ipv6 on is not allowed by site policy ([setuid] network_ipv6 = \"off\": IPv4 only)")
+            }
+            (true, _) => Ok(Ipv6::Off),
+        }
     }
 
     fn check_rootfs(&self, name: &str) -> Result<()> {
@@ -290,7 +311,7 @@ impl Policy {
             exit_when_idle: req.exit_when_idle_secs.map(std::time::Duration::from_secs),
             network: Some(req.network),
             network_allow: req.network_allow.clone(),
-            network_ipv6: Some(req.network_ipv6),
+            network_ipv6: Some(self.check_ipv6(req.network_ipv6)?),
             // As `exec` in setuid mode: the variables reach the jobs as they are, opening
             // no port of the host's loopback in the table every job shares.
             proxy_env: req.proxy_env.clone(),
@@ -436,6 +457,23 @@ network_allow = ["169.254.169.254:80"]
         assert!(p.allows_caller(&caller("bob", &["users", "gpu"])).is_ok());
         let e = p.allows_caller(&caller("mallory", &["users"])).unwrap_err().to_string();
         assert!(e.contains("mallory may not run sandboxes"), "{e}");
+    }
+
+    #[test]
+    fn a_sites_ipv6_off_makes_every_job_ipv4_only() {
+        let c = caller("alice", &[]);
+        let open = policy();
+        let got = |p: &Policy, asked| p.authorize(ExecRequest { ipv6: asked, ..req() }, &c, &canon).map(|r| r.ipv6);
+        assert_eq!(got(&open, Ipv6::On).unwrap(), Ipv6::On, "absent: the caller's choice");
+        let off = Policy { network_ipv6: Some("off".into()), ..policy() };
+        assert_eq!(got(&off, Ipv6::Auto).unwrap(), Ipv6::Off);
+        let e = got(&off, Ipv6::On).unwrap_err().to_string();
+        assert!(e.contains("--ipv6 on is not allowed by site policy"), "{e}");
+        let run = Policy { max_agents: Some(1), ..off };
+        let s = run.authorize_run(&run_req(), &canon).unwrap();
+        assert_eq!(s.network_ipv6, Ipv6::Off, "run too");
+        let e = parse("[setuid]\nnetwork_ipv6 = \"sometimes\"\n", Path::new("/etc/x.toml")).unwrap_err().to_string();
+        assert!(e.contains("bad [setuid] unknown network_ipv6 'sometimes'"), "{e}");
     }
 
     #[test]
