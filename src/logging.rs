@@ -26,8 +26,47 @@ pub fn init(verbosity: i8) {
     let _ = if terminal {
         builder.event_format(Plain).try_init()
     } else {
-        builder.with_ansi(false).with_target(false).try_init()
+        let full = tracing_subscriber::fmt::format().with_ansi(false).with_target(false);
+        builder.with_ansi(false).event_format(OneLine(full)).try_init()
     };
+}
+
+/// Line breaks inside one event's text, escaped (`\n`, `\r`, `\u{2028}`...): one event is
+/// one line. A job controls some of what is logged (names in its cache or its `_diag`), and
+/// a break in them forged whole lines under the service, each a journal entry with its
+/// own timestamp and level, such as a fake "committed snapshot" (found by a red-team pass).
+/// tracing already escapes terminal escape sequences.
+fn escape_breaks(text: &str) -> std::borrow::Cow<'_, str> {
+    let is_break = |c: char| matches!(c, '\n' | '\r' | '\u{0b}' | '\u{0c}' | '\u{85}' | '\u{2028}' | '\u{2029}');
+    if !text.contains(is_break) {
+        return text.into();
+    }
+    let mut out = String::with_capacity(text.len() + 8);
+    for c in text.chars() {
+        match c {
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            c if is_break(c) => out.push_str(&c.escape_unicode().to_string()),
+            c => out.push(c),
+        }
+    }
+    out.into()
+}
+
+/// A format whose lines keep to one per event (see [`escape_breaks`]).
+struct OneLine<F>(F);
+
+impl<S, N, F> FormatEvent<S, N> for OneLine<F>
+where
+    S: Subscriber + for<'a> LookupSpan<'a>,
+    N: for<'a> FormatFields<'a> + 'static,
+    F: FormatEvent<S, N>,
+{
+    fn format_event(&self, ctx: &FmtContext<'_, S, N>, mut writer: Writer<'_>, event: &Event<'_>) -> fmt::Result {
+        let mut text = String::new();
+        self.0.format_event(ctx, Writer::new(&mut text), event)?;
+        writeln!(writer, "{}", escape_breaks(text.strip_suffix('\n').unwrap_or(&text)))
+    }
 }
 
 /// A terminal's line: the level as a word where it matters, then the message and fields.
@@ -63,7 +102,7 @@ where
     fn format_event(&self, ctx: &FmtContext<'_, S, N>, mut writer: Writer<'_>, event: &Event<'_>) -> fmt::Result {
         let mut line = String::new();
         ctx.field_format().format_fields(Writer::new(&mut line), event)?;
-        writeln!(writer, "{}", Self::line(*event.metadata().level(), &line))
+        writeln!(writer, "{}", escape_breaks(&Self::line(*event.metadata().level(), &line)))
     }
 }
 
@@ -79,5 +118,42 @@ mod tests {
         assert_eq!(Plain::line(Level::WARN, "x"), "warning: x");
         assert_eq!(Plain::line(Level::WARN, "WARNING: loud"), "WARNING: loud");
         assert_eq!(Plain::line(Level::INFO, "done"), "done");
+    }
+
+    /// A job-controlled name with a forged line in it stays inside its own event's line,
+    /// through the service's format (the subscriber writing to a buffer).
+    #[test]
+    fn an_event_is_one_line_whatever_its_text_holds() {
+        #[derive(Clone, Default)]
+        struct Buf(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+        impl std::io::Write for Buf {
+            fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+                self.0.lock().unwrap().extend_from_slice(b);
+                Ok(b.len())
+            }
+            fn flush(&mut self) -> std::io::Result<()> {
+                Ok(())
+            }
+        }
+        let buf = Buf::default();
+        let out = buf.clone();
+        let full = tracing_subscriber::fmt::format().with_ansi(false).with_target(false);
+        let sub = tracing_subscriber::fmt()
+            .with_ansi(false)
+            .event_format(OneLine(full))
+            .with_writer(move || buf.clone())
+            .finish();
+        let name = "zz\n2026-11-29T17:20:00.000000Z  INFO cache c: committed snapshot 99\r\u{2028}x";
+        tracing::subscriber::with_default(sub, || tracing::warn!("commit refused: {name}"));
+        let text = String::from_utf8(out.0.lock().unwrap().clone()).unwrap();
+        assert_eq!(text.lines().count(), 1, "{text}");
+        assert!(
+            text.ends_with(
+                "commit refused: zz\\n2026-11-29T17:20:00.000000Z  INFO cache c: committed snapshot 99\\r\\u{2028}x\n"
+            ),
+            "{text}"
+        );
+        assert!(text.contains(" WARN "), "{text}");
+        assert_eq!(escape_breaks("plain"), "plain");
     }
 }
