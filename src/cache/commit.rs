@@ -140,14 +140,15 @@ fn copy_owner_mode(m: &fs::Metadata, to: &Path) -> Result<()> {
     Ok(())
 }
 
-/// overlayfs's own metadata (`trusted.` as root, `user.` in a user namespace).
+/// overlayfs's own metadata: `trusted.` as root, `user.` in rootless mode (the cache's
+/// overlay is mounted `userxattr` there, see `sandbox::cachemount`). Only that one: as
+/// root, a job sets `user.overlay.*` on its files like any other xattr (overlayfs guards
+/// only the namespace it uses), and reading it as overlay's let a job refuse every
+/// commit with a false "redirect_dir/metacopy is on", or empty a dir of the snapshot
+/// with `opaque` (found by a red-team pass).
 fn overlay_xattr(path: &Path, key: &str) -> Option<Vec<u8>> {
-    for ns in ["trusted.overlay.", "user.overlay."] {
-        if let Ok(Some(v)) = xattr::get(path, format!("{ns}{key}")) {
-            return Some(v);
-        }
-    }
-    None
+    let ns = if crate::rootless::mode().rootless { "user.overlay." } else { "trusted.overlay." };
+    xattr::get(path, format!("{ns}{key}")).ok().flatten()
 }
 
 /// Applies the upper dir `upper` onto `dst` (a fresh tree of links), moving its entries.
@@ -182,6 +183,12 @@ fn apply(upper: &Path, dst: &Path, ids: Option<&JobIds>, entries: &mut u64) -> R
             continue;
         }
         remove_any(&to)?;
+        if !(kind.is_file() || kind.is_symlink()) {
+            // What the path held is gone in the job's view; a socket or fifo (or a device
+            // node) is not kept.
+            tracing::debug!("cache commit: {} (not a file, dir or symlink) is not kept", src.display());
+            continue;
+        }
         match fs::rename(&src, &to) {
             Err(e) if e.raw_os_error() == Some(libc::EXDEV) => copy_entry(&src, &to, &m)?,
             r => r.with_context(|| format!("cannot move {} into the snapshot: disk full?", src.display()))?,
@@ -198,14 +205,13 @@ fn apply(upper: &Path, dst: &Path, ids: Option<&JobIds>, entries: &mut u64) -> R
     Ok(())
 }
 
-/// Across filesystems (a project quota's boundary refuses rename too): a copy.
+/// Across filesystems (a project quota's boundary refuses rename too): a copy of a file
+/// or symlink (the only kinds [`apply`] keeps).
 fn copy_entry(src: &Path, to: &Path, m: &fs::Metadata) -> Result<()> {
     if m.is_file() {
         fs::copy(src, to).with_context(|| format!("cannot copy {} into the snapshot: disk full?", src.display()))?;
-    } else if m.file_type().is_symlink() {
-        std::os::unix::fs::symlink(fs::read_link(src)?, to)?;
     } else {
-        tracing::debug!("cache commit: {} (a socket or fifo) is not kept", src.display());
+        std::os::unix::fs::symlink(fs::read_link(src)?, to)?;
     }
     Ok(())
 }
@@ -274,9 +280,13 @@ mod tests {
             nix::sys::stat::Mode::empty(),
             0,
         );
+        // A fifo over a file of the snapshot: the file is gone, the fifo not kept.
+        nix::unistd::mkfifo(&upper.join("keep-fifo"), nix::sys::stat::Mode::S_IRWXU).unwrap();
+        fs::write(s1.join("keep-fifo"), "f").unwrap();
         let r = commit(&store, &upper, None, "job-1", None).unwrap();
         assert!(matches!(r, Committed::Snapshot { n: 2, .. }), "{r:?}");
         let s2 = store.join("snapshots/2");
+        assert!(fs::symlink_metadata(s2.join("keep-fifo")).is_err(), "a fifo is not committed");
         assert_eq!(store::current(&store).unwrap(), 2);
         assert_eq!((read(&s2.join("keep")), read(&s2.join("changed"))), ("k".into(), "v2".into()));
         assert_eq!((read(&s2.join("d/new")), read(&s2.join("d/sub/old"))), ("n".into(), "o".into()));
@@ -295,6 +305,35 @@ mod tests {
         // Nothing changed: no snapshot.
         fs::create_dir(t.path().join("empty")).unwrap();
         assert_eq!(commit(&store, &t.path().join("empty"), None, "j", None).unwrap(), Committed::Unchanged);
+    }
+
+    /// As root the cache's overlay keeps its metadata in `trusted.overlay.*`: the same
+    /// names under `user.` are a job's own xattrs, which must neither refuse the commit
+    /// nor empty a dir of the snapshot; `trusted.overlay.redirect` still refuses it.
+    #[test]
+    #[cfg_attr(not(test_as_root), ignore = "needs root: root mode's trusted.overlay xattrs")]
+    fn a_jobs_user_overlay_xattrs_are_its_own_as_root() {
+        let t = tempfile::tempdir().unwrap();
+        let store = t.path().join("c");
+        store::ensure(&store).unwrap();
+        fs::create_dir_all(store.join("snapshots/1/d")).unwrap();
+        fs::write(store.join("snapshots/1/d/old"), "o").unwrap();
+        let upper = t.path().join("upper");
+        fs::create_dir_all(upper.join("d")).unwrap();
+        fs::write(upper.join("f"), "x").unwrap();
+        xattr::set(upper.join("f"), "user.overlay.redirect", b"/x").unwrap();
+        xattr::set(upper.join("f"), "user.overlay.metacopy", b"").unwrap();
+        xattr::set(upper.join("d"), "user.overlay.opaque", b"y").unwrap();
+        let r = commit(&store, &upper, None, "job-1", None).unwrap();
+        assert!(matches!(r, Committed::Snapshot { n: 2, .. }), "{r:?}");
+        assert_eq!(read(&store.join("snapshots/2/d/old")), "o", "not opaque: the dir's old files stay");
+        assert_eq!(read(&store.join("snapshots/2/f")), "x");
+        let upper2 = t.path().join("upper2");
+        fs::create_dir_all(&upper2).unwrap();
+        fs::write(upper2.join("g"), "y").unwrap();
+        xattr::set(upper2.join("g"), "trusted.overlay.redirect", b"/x").unwrap();
+        let e = commit(&store, &upper2, None, "job-2", None).unwrap_err().to_string();
+        assert!(e.contains("redirect_dir/metacopy"), "{e}");
     }
 
     #[test]

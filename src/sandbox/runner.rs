@@ -456,14 +456,20 @@ impl Sandbox {
                 early: self.early.take(),
                 phase_started: self.phase_started,
             };
-            std::thread::spawn(move || {
+            // A deep stack: `first` may commit caches, whose walk takes a frame per level
+            // of a job's tree (up to PATH_MAX's ~2000): 2030 levels overflowed 1 MiB, and
+            // std's 2 MiB was the margin (found by a red-team pass); an abort here would
+            // take `run`'s manager and every slot down.
+            const CLEANUP_STACK: usize = 16 << 20;
+            let spawned = std::thread::Builder::new().name("clean-up".into()).stack_size(CLEANUP_STACK);
+            spawned.spawn(move || {
                 sys::process::lower_priority_of_this_thread();
                 first(&mut sb);
                 if let Err(e) = sb.finish() {
                     tracing::warn!("clean-up failed ({e:#}); `azp-sandbox gc` will retry");
                 }
                 BACKGROUND_CLEANUPS.fetch_sub(1, Ordering::SeqCst);
-            });
+            })?;
             return Ok(Cleanup { background: true, ..Default::default() });
         }
         if background {
