@@ -81,14 +81,11 @@ fn build(
     let _ = crate::sys::fs_at::remove_tree(tmp);
     link_tree(&from, tmp).with_context(|| format!("cannot link snapshot {} into {}", from.display(), tmp.display()))?;
     let mut entries = 0;
-    apply(upper, tmp, ids, &mut entries)?;
+    let mut copies = Copies { max: max_size, ..Default::default() };
+    apply(upper, tmp, ids, &mut entries, &mut copies)?;
     let size = super::size::tree_size(tmp)?;
     if let Some(max) = max_size.filter(|m| size > *m) {
-        bail!(
-            "the snapshot would be {} > max_size {}: raise max_size or empty the cache (`azp-sandbox cache rm`)",
-            crate::config::human_size(size),
-            crate::config::human_size(max)
-        );
+        bail!("{}", over_max_size(size, max));
     }
     // The upper was written without syncs (a volatile overlay): make the snapshot durable
     // before any job can be given it.
@@ -96,6 +93,14 @@ fn build(
     nix::unistd::syncfs(std::os::fd::AsRawFd::as_raw_fd(&dir))
         .with_context(|| format!("cannot sync {}", tmp.display()))?;
     Ok((size, entries))
+}
+
+fn over_max_size(size: u64, max: u64) -> String {
+    format!(
+        "the snapshot would be {} > max_size {}: raise max_size or empty the cache (`azp-sandbox cache rm`)",
+        crate::config::human_size(size),
+        crate::config::human_size(max)
+    )
 }
 
 fn lock_exclusive(path: &Path) -> Result<nix::fcntl::Flock<fs::File>> {
@@ -152,7 +157,7 @@ fn overlay_xattr(path: &Path, key: &str) -> Option<Vec<u8>> {
 }
 
 /// Applies the upper dir `upper` onto `dst` (a fresh tree of links), moving its entries.
-fn apply(upper: &Path, dst: &Path, ids: Option<&JobIds>, entries: &mut u64) -> Result<()> {
+fn apply(upper: &Path, dst: &Path, ids: Option<&JobIds>, entries: &mut u64, copies: &mut Copies) -> Result<()> {
     for e in fs::read_dir(upper)? {
         let e = e?;
         let (src, to) = (e.path(), dst.join(e.file_name()));
@@ -179,7 +184,7 @@ fn apply(upper: &Path, dst: &Path, ids: Option<&JobIds>, entries: &mut u64) -> R
                 fs::create_dir(&to).with_context(|| format!("cannot create {}: disk full?", to.display()))?;
             }
             set_owner_mode(&m, &to, ids)?;
-            apply(&src, &to, ids, entries)?;
+            apply(&src, &to, ids, entries, copies)?;
             continue;
         }
         remove_any(&to)?;
@@ -190,7 +195,7 @@ fn apply(upper: &Path, dst: &Path, ids: Option<&JobIds>, entries: &mut u64) -> R
             continue;
         }
         match fs::rename(&src, &to) {
-            Err(e) if e.raw_os_error() == Some(libc::EXDEV) => copy_entry(&src, &to, &m)?,
+            Err(e) if e.raw_os_error() == Some(libc::EXDEV) => copy_entry(&src, &to, &m, copies)?,
             r => r.with_context(|| format!("cannot move {} into the snapshot: disk full?", src.display()))?,
         }
         for key in ["origin", "impure", "nlink", "upper", "uuid"] {
@@ -205,13 +210,91 @@ fn apply(upper: &Path, dst: &Path, ids: Option<&JobIds>, entries: &mut u64) -> R
     Ok(())
 }
 
-/// Across filesystems (a project quota's boundary refuses rename too): a copy of a file
-/// or symlink (the only kinds [`apply`] keeps).
-fn copy_entry(src: &Path, to: &Path, m: &fs::Metadata) -> Result<()> {
-    if m.is_file() {
-        fs::copy(src, to).with_context(|| format!("cannot copy {} into the snapshot: disk full?", src.display()))?;
-    } else {
+/// What a commit's copies did so far (see [`copy_entry`]).
+#[derive(Default)]
+struct Copies {
+    /// A file of several links (device, inode) -> its first copy.
+    linked: std::collections::HashMap<(u64, u64), std::path::PathBuf>,
+    /// Blocks written by the copies, in bytes.
+    bytes: u64,
+    max: Option<u64>,
+}
+
+/// Across filesystems (a btrfs subvolume's or an XFS project quota's boundary refuses
+/// rename too): a copy of a file or symlink (the only kinds [`apply`] keeps). A job's
+/// file of many links stays one file of many links, and a sparse file stays sparse; the
+/// copies stop at `max_size` before they write past it. Copied plainly, a job's 3 GiB
+/// sparse file and 30 links to one file were written out whole, on the home's disk, before
+/// the size was checked (found by a red-team pass).
+fn copy_entry(src: &Path, to: &Path, m: &fs::Metadata, copies: &mut Copies) -> Result<()> {
+    if !m.is_file() {
         std::os::unix::fs::symlink(fs::read_link(src)?, to)?;
+        return Ok(());
+    }
+    let key = (m.dev(), m.ino());
+    if let Some(first) = copies.linked.get(&key).filter(|_| m.nlink() > 1) {
+        return fs::hard_link(first, to).with_context(|| format!("cannot link {} into the snapshot", to.display()));
+    }
+    let written = copies.bytes + m.blocks() * 512;
+    if let Some(max) = copies.max.filter(|max| written > *max) {
+        bail!("{}", over_max_size(written, max));
+    }
+    copy_sparse(src, to).with_context(|| format!("cannot copy {} into the snapshot: disk full?", src.display()))?;
+    copies.bytes = written;
+    if m.nlink() > 1 {
+        copies.linked.insert(key, to.to_path_buf());
+    }
+    Ok(())
+}
+
+/// Bytes `start..end` of `from` to the same offsets of `out`: copy_file_range (a reflink
+/// where the filesystem can), or reads and writes where it refuses (across filesystems
+/// it gives EXDEV since Linux 5.19).
+fn copy_range(from: &fs::File, out: &fs::File, start: u64, end: u64) -> std::io::Result<()> {
+    use std::os::unix::fs::FileExt;
+    let (mut off_in, mut off_out) = (start as i64, start as i64);
+    while (off_in as u64) < end {
+        let left = (end - off_in as u64) as usize;
+        match nix::fcntl::copy_file_range(from, Some(&mut off_in), out, Some(&mut off_out), left) {
+            Ok(0) => return Ok(()), // the file shrank meanwhile
+            Ok(_) => {}
+            Err(nix::errno::Errno::EXDEV | nix::errno::Errno::ENOSYS | nix::errno::Errno::EOPNOTSUPP) => break,
+            Err(e) => return Err(e.into()),
+        }
+    }
+    let mut buf = vec![0u8; 1 << 20];
+    let mut at = off_in as u64;
+    while at < end {
+        let want = buf.len().min((end - at) as usize);
+        let n = from.read_at(&mut buf[..want], at)?;
+        if n == 0 {
+            return Ok(());
+        }
+        out.write_all_at(&buf[..n], at)?;
+        at += n as u64;
+    }
+    Ok(())
+}
+
+/// Copies the file `src` to the new file `to`, its data extents only: its holes stay
+/// holes (SEEK_DATA/SEEK_HOLE, then copy_file_range, which reflinks where it can).
+fn copy_sparse(src: &Path, to: &Path) -> std::io::Result<()> {
+    use nix::unistd::{lseek, Whence};
+    use std::os::fd::AsRawFd;
+    let from = fs::File::open(src)?;
+    let out = fs::File::options().write(true).create_new(true).open(to)?;
+    let len = from.metadata()?.len() as i64;
+    out.set_len(len as u64)?;
+    let mut at = 0i64;
+    while at < len {
+        let data = match lseek(from.as_raw_fd(), at, Whence::SeekData) {
+            Ok(d) => d,
+            Err(nix::errno::Errno::ENXIO) => break, // only a hole is left
+            Err(e) => return Err(e.into()),
+        };
+        let end = lseek(from.as_raw_fd(), data, Whence::SeekHole)?;
+        copy_range(&from, &out, data as u64, end as u64)?;
+        at = end;
     }
     Ok(())
 }
@@ -334,6 +417,50 @@ mod tests {
         xattr::set(upper2.join("g"), "trusted.overlay.redirect", b"/x").unwrap();
         let e = commit(&store, &upper2, None, "job-2", None).unwrap_err().to_string();
         assert!(e.contains("redirect_dir/metacopy"), "{e}");
+    }
+
+    /// Across filesystems (the store on a tmpfs, the upper on the test's disk: rename gives
+    /// EXDEV) a job's sparse file stays sparse, its links stay one file, and a file past
+    /// max_size is refused before it is copied.
+    #[test]
+    #[cfg_attr(not(test_as_root), ignore = "needs root: mounts a tmpfs")]
+    fn copies_across_filesystems_keep_holes_and_links_and_stop_at_max_size() {
+        let t = tempfile::tempdir().unwrap();
+        let fs_dir = t.path().join("fs");
+        fs::create_dir(&fs_dir).unwrap();
+        nix::mount::mount(Some("azp-test"), &fs_dir, Some("tmpfs"), nix::mount::MsFlags::empty(), Some("size=256m"))
+            .unwrap();
+        let result = std::panic::catch_unwind(|| {
+            let store = fs_dir.join("c");
+            store::ensure(&store).unwrap();
+            let upper = t.path().join("upper");
+            fs::create_dir(&upper).unwrap();
+            let sparse = fs::File::create(upper.join("sparse")).unwrap();
+            sparse.set_len(64 << 20).unwrap();
+            std::os::unix::fs::FileExt::write_at(&sparse, &[7u8; 4096], (64 << 20) - 4096).unwrap();
+            fs::write(upper.join("a"), vec![1u8; 1 << 20]).unwrap();
+            for l in ["b", "c"] {
+                fs::hard_link(upper.join("a"), upper.join(l)).unwrap();
+            }
+            assert!(matches!(commit(&store, &upper, None, "j", None).unwrap(), Committed::Snapshot { n: 2, .. }));
+            let s2 = store.join("snapshots/2");
+            let m = fs::metadata(s2.join("sparse")).unwrap();
+            assert_eq!(m.len(), 64 << 20);
+            assert!(m.blocks() * 512 < 1 << 20, "holes kept: {} bytes allocated", m.blocks() * 512);
+            let tail = fs::read(s2.join("sparse")).unwrap();
+            assert_eq!(&tail[(64 << 20) - 4096..], &[7u8; 4096][..]);
+            let inos: Vec<u64> = ["a", "b", "c"].iter().map(|l| fs::metadata(s2.join(l)).unwrap().ino()).collect();
+            assert!(inos.iter().all(|i| *i == inos[0]), "links kept: {inos:?}");
+            // A dense 8 MiB file against max_size 4 MiB: refused before it is written.
+            let upper2 = t.path().join("upper2");
+            fs::create_dir(&upper2).unwrap();
+            fs::write(upper2.join("big"), vec![1u8; 8 << 20]).unwrap();
+            let e = commit(&store, &upper2, None, "j2", Some(4 << 20)).unwrap_err().to_string();
+            assert!(e.contains("> max_size 4.0M"), "{e}");
+            assert_eq!(store::current(&store).unwrap(), 2);
+        });
+        nix::mount::umount2(&fs_dir, nix::mount::MntFlags::MNT_DETACH).unwrap();
+        result.unwrap();
     }
 
     #[test]
