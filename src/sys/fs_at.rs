@@ -243,11 +243,12 @@ pub(crate) fn is_root() -> bool {
 /// Removes `name` in `dirfd` and, if it is a directory, everything below it, without
 /// following symlinks (a symlink is unlinked, never traversed). ENOENT is success.
 ///
-/// The walk holds two descriptors and no stack frame per level, whatever the depth: a
-/// job's layer is a stranger's tree, and one of 100000 nested dirs took a descriptor
-/// per level (EMFILE past the nofile limit) and a frame per level (a stack overflow
-/// aborted `exec`, and its layer stayed for ever) in a recursive walk. It goes back up
-/// through `..`, checked against the device and inode it came down from.
+/// The walk holds at most three descriptors and no stack frame per level, whatever the
+/// depth (the names still to remove, level by level, are on the heap): a job's layer is
+/// a stranger's tree, and one of 100000 nested dirs took a descriptor per level (EMFILE
+/// past the nofile limit) and a frame per level (a stack overflow aborted `exec`, and
+/// its layer stayed for ever) in a recursive walk. It goes back up through `..`,
+/// checked against the device and inode it came down from.
 pub(crate) fn remove_all_at(dirfd: RawFd, name: &CStr) -> io::Result<()> {
     let Some(top) = open_for_removal(dirfd, name)? else { return Ok(()) };
     let mut cur = top.fd;
