@@ -31,13 +31,15 @@ pub fn init(verbosity: i8) {
     };
 }
 
-/// Line breaks inside one event's text, escaped (`\n`, `\r`, `\u{2028}`...): one event is
-/// one line. A job controls some of what is logged (names in its cache or its `_diag`), and
-/// a break in them forged whole lines under the service, each a journal entry with its
-/// own timestamp and level, such as a fake "committed snapshot" (found by a red-team pass).
-/// tracing already escapes terminal escape sequences.
+/// Line breaks and other control characters inside one event's text, escaped (`\n`, `\r`,
+/// `\u{0}`, `\u{2028}`...; tabs stay): one event is one line. A job controls some of what
+/// is logged (names in its cache or its `_diag`), and a break in them forged whole lines
+/// under the service, each a journal entry with its own timestamp and level, such as a
+/// fake "committed snapshot" (found by a red-team pass). tracing already escapes terminal
+/// escape sequences.
 fn escape_breaks(text: &str) -> std::borrow::Cow<'_, str> {
-    let is_break = |c: char| matches!(c, '\n' | '\r' | '\u{0b}' | '\u{0c}' | '\u{85}' | '\u{2028}' | '\u{2029}');
+    // NUL too: journald's stream reader ends a line there as well.
+    let is_break = |c: char| (c.is_control() && c != '\t') || matches!(c, '\u{2028}' | '\u{2029}');
     if !text.contains(is_break) {
         return text.into();
     }
@@ -143,13 +145,13 @@ mod tests {
             .event_format(OneLine(full))
             .with_writer(move || buf.clone())
             .finish();
-        let name = "zz\n2026-11-29T17:20:00.000000Z  INFO cache c: committed snapshot 99\r\u{2028}x";
+        let name = "zz\n2026-11-29T17:20:00.000000Z  INFO cache c: committed snapshot 99\r\u{2028}\0x";
         tracing::subscriber::with_default(sub, || tracing::warn!("commit refused: {name}"));
         let text = String::from_utf8(out.0.lock().unwrap().clone()).unwrap();
         assert_eq!(text.lines().count(), 1, "{text}");
         assert!(
             text.ends_with(
-                "commit refused: zz\\n2026-11-29T17:20:00.000000Z  INFO cache c: committed snapshot 99\\r\\u{2028}x\n"
+                "commit refused: zz\\n2026-11-29T17:20:00.000000Z  INFO cache c: committed snapshot 99\\r\\u{2028}\\u{0}x\n"
             ),
             "{text}"
         );

@@ -227,12 +227,15 @@ impl Monitor {
                 request.validate()?;
                 let request = policy.authorize(request, &caller, &resolve)?;
                 become_root()?;
+                // The runtime tmpfs first (a host whose /run is not one): the seats live on it.
+                crate::sandbox::prepare_home(&Home::new(&policy.home))?;
                 let _seat = seats::take(Path::new(seats::SEATS_DIR), caller.uid, 1, policy.jobs_cap())?;
                 run_exec(&policy, request)
             }
             Request::Run(request) => {
                 let settings = policy.authorize_run(&request, &resolve)?;
                 become_root()?;
+                crate::sandbox::prepare_home(&Home::new(&policy.home))?;
                 let _seats = seats::take(
                     Path::new(seats::SEATS_DIR),
                     caller.uid,

@@ -25,8 +25,9 @@ pub struct Seats {
     _locks: Vec<OwnedFd>,
 }
 
-/// Takes `want` of caller `uid`'s `max` seats in `dir`, or says how many the caller
-/// holds already.
+/// Takes `want` of caller `uid`'s `max` seats in `dir` (on the runtime tmpfs: the caller
+/// prepares it first, see `sandbox::prepare_home`), or says how many the caller holds
+/// already.
 pub fn take(dir: &Path, uid: u32, want: usize, max: usize) -> Result<Seats> {
     let mine = dir.join(uid.to_string());
     std::fs::DirBuilder::new()
