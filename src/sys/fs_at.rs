@@ -243,58 +243,70 @@ pub(crate) fn is_root() -> bool {
 /// Removes `name` in `dirfd` and, if it is a directory, everything below it, without
 /// following symlinks (a symlink is unlinked, never traversed). ENOENT is success.
 ///
-/// The walk holds at most three descriptors and no stack frame per level, whatever the
-/// depth (the names still to remove, level by level, are on the heap): a job's layer is
-/// a stranger's tree, and one of 100000 nested dirs took a descriptor per level (EMFILE
-/// past the nofile limit) and a frame per level (a stack overflow aborted `exec`, and
-/// its layer stayed for ever) in a recursive walk. It goes back up through `..`,
-/// checked against the device and inode it came down from.
+/// No stack frame per level, and a bounded number of descriptors, whatever the depth: a
+/// job's layer is a stranger's tree, and one of 100000 nested dirs took a descriptor per
+/// level (EMFILE past the nofile limit) and a frame per level (a stack overflow aborted
+/// `exec`, and its layer stayed for ever) in a recursive walk. The names still to remove
+/// are on the heap, level by level; the first [`KEPT_FDS`] levels keep their
+/// descriptors, deeper ones let them go and are found again through `..`, checked against
+/// the device and inode the walk came down from. A listing gives each name's type, so a
+/// dir is opened at once and a file unlinked at once.
 pub(crate) fn remove_all_at(dirfd: RawFd, name: &CStr) -> io::Result<()> {
-    let Some(top) = open_for_removal(dirfd, name)? else { return Ok(()) };
+    let Some(top) = open_for_removal(dirfd, name, None)? else { return Ok(()) };
     let mut cur = top.fd;
     let mut down = vec![top.level];
     loop {
-        let at = cur.as_raw_fd();
+        let depth = down.len();
         let level = down.last_mut().expect("the top is popped last");
-        if let Some(child) = level.left.pop() {
-            if let Some(below) = open_for_removal(at, &child)? {
-                cur = below.fd;
+        if let Some((child, is_dir)) = level.left.pop() {
+            if let Some(below) = open_for_removal(cur.as_raw_fd(), &child, is_dir)? {
+                let above = std::mem::replace(&mut cur, below.fd);
+                level.fd = (depth <= KEPT_FDS).then_some(above);
                 down.push(below.level);
             }
             continue;
         }
         // `cur` is empty: remove it from the level above (the caller's `dirfd` for the top).
         let done = down.pop().expect("a level was taken above");
-        let above = match down.last() {
-            None => None,
-            Some(parent) => {
-                let up = openat(at, c"..", libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW, 0)?;
+        let Some(parent) = down.last_mut() else {
+            drop(cur);
+            return match unlinkat(dirfd, &done.name, libc::AT_REMOVEDIR) {
+                Err(e) if errno(&e) != libc::ENOENT => Err(e),
+                _ => Ok(()),
+            };
+        };
+        let up = match parent.fd.take() {
+            Some(fd) => fd,
+            None => {
+                let up = openat(cur.as_raw_fd(), c"..", libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW, 0)?;
                 if dev_ino(&fstat(up.as_raw_fd())?) != parent.id {
                     return Err(io::Error::other("the tree was moved while it was being removed"));
                 }
-                Some(up)
+                up
             }
         };
-        let parent_fd = above.as_ref().map_or(dirfd, |fd| fd.as_raw_fd());
-        match unlinkat(parent_fd, &done.name, libc::AT_REMOVEDIR) {
+        cur = up;
+        match unlinkat(cur.as_raw_fd(), &done.name, libc::AT_REMOVEDIR) {
             Err(e) if errno(&e) != libc::ENOENT => return Err(e),
             _ => {}
         }
-        match above {
-            None => return Ok(()),
-            Some(up) => cur = up,
-        }
     }
 }
+
+/// How many levels of [`remove_all_at`]'s walk keep their descriptors.
+const KEPT_FDS: usize = 64;
 
 /// A directory on the way down in [`remove_all_at`].
 struct Level {
     /// Its name in the directory above.
     name: CString,
-    /// Its device and inode, checked when the walk comes back up to it.
+    /// Its device and inode, checked when the walk comes back up to it through `..`.
     id: (u64, u64),
-    /// Its entries not yet removed.
-    left: Vec<CString>,
+    /// Its entries not yet removed, with whether each is a dir (None: the listing did not
+    /// say).
+    left: Vec<(CString, Option<bool>)>,
+    /// Its descriptor while the walk is below it (the first [`KEPT_FDS`] levels).
+    fd: Option<OwnedFd>,
 }
 
 /// A directory [`remove_all_at`] goes down into.
@@ -306,27 +318,27 @@ struct Opened {
 /// Removes `name` in `dirfd` if it is not a directory (`None`, ENOENT included), or
 /// opens it to be emptied: listed, and made listable and writable for us first when we
 /// are not root (our own tree with a mode-000 directory, left by an interrupted import).
-fn open_for_removal(dirfd: RawFd, name: &CStr) -> io::Result<Option<Opened>> {
-    match unlinkat(dirfd, name, 0) {
-        Ok(()) => return Ok(None),
-        Err(e) if errno(&e) == libc::ENOENT => return Ok(None),
-        Err(e) if errno(&e) == libc::EISDIR || errno(&e) == libc::EPERM => {}
-        Err(e) => return Err(e),
-    }
-    let st = match fstatat_nofollow(dirfd, name) {
-        Ok(st) => st,
-        Err(e) if errno(&e) == libc::ENOENT => return Ok(None),
-        Err(e) => return Err(e),
-    };
-    if !is_dir(&st) {
-        return unlinkat(dirfd, name, 0).map(|()| None);
+/// `is_dir`: what the listing said of it.
+fn open_for_removal(dirfd: RawFd, name: &CStr, is_dir: Option<bool>) -> io::Result<Option<Opened>> {
+    if is_dir != Some(true) {
+        match unlinkat(dirfd, name, 0) {
+            Ok(()) => return Ok(None),
+            Err(e) if errno(&e) == libc::ENOENT => return Ok(None),
+            Err(e) if errno(&e) == libc::EISDIR || errno(&e) == libc::EPERM => {}
+            Err(e) => return Err(e),
+        }
     }
     let flags = libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW;
     let fd = match openat(dirfd, name, flags, 0) {
         Ok(fd) => fd,
+        Err(e) if errno(&e) == libc::ENOENT => return Ok(None),
+        // Not a dir after all (a symlink, or the listing was wrong): unlinked.
+        Err(e) if errno(&e) == libc::ENOTDIR || errno(&e) == libc::ELOOP => {
+            return unlinkat(dirfd, name, 0).map(|()| None)
+        }
         Err(e) if errno(&e) == libc::EACCES => {
-            // The name was just seen as a directory, so fchmodat's symlink following
-            // cannot apply.
+            // A dir (O_DIRECTORY | O_NOFOLLOW got that far), so fchmodat's symlink
+            // following cannot apply.
             fchmodat(dirfd, name, 0o700)?;
             openat(dirfd, name, flags, 0)?
         }
@@ -338,8 +350,25 @@ fn open_for_removal(dirfd: RawFd, name: &CStr) -> io::Result<Option<Opened>> {
         // Ignored on failure: the unlink that then fails says so with its own errno.
         let _ = fchmod(fd.as_raw_fd(), 0o700);
     }
-    let left = read_dir_names(fd.as_raw_fd())?;
-    Ok(Some(Opened { fd, level: Level { name: name.to_owned(), id: dev_ino(&st), left } }))
+    let left = read_fresh_dir(fd.as_raw_fd())?;
+    Ok(Some(Opened { fd, level: Level { name: name.to_owned(), id: dev_ino(&st), left, fd: None } }))
+}
+
+/// The names of a directory just opened as `dir` (its offset at the start) and whether
+/// each is a dir, read through a dup of `dir`.
+fn read_fresh_dir(dir: RawFd) -> io::Result<Vec<(CString, Option<bool>)>> {
+    let dup = owned(nix::fcntl::fcntl(dir, nix::fcntl::FcntlArg::F_DUPFD_CLOEXEC(0)).map_err(io)?);
+    let mut d = nix::dir::Dir::from(dup).map_err(io)?;
+    let mut entries = Vec::new();
+    for ent in d.iter() {
+        let ent = ent.map_err(io)?;
+        let b = ent.file_name().to_bytes();
+        if b != b"." && b != b".." {
+            let is_dir = ent.file_type().map(|t| t == nix::dir::Type::Directory);
+            entries.push((ent.file_name().to_owned(), is_dir));
+        }
+    }
+    Ok(entries)
 }
 
 fn dev_ino(st: &libc::stat) -> (u64, u64) {
