@@ -201,30 +201,39 @@ fn bad_cache_input_is_one_line() {
     // (A cache dir overlayfs refuses: the helper's unit test, on the sys double.)
 }
 
+/// `run` of one agent named `PREFIX-0` against `fake` in `lab`, with `config` as its
+/// config file (owned by the test user in the rootless pass, as its token file).
+fn one_agent_run(
+    lab: &netlab::NetLab,
+    fake: &common::fake_azure::FakeAzure,
+    h: &TestHome,
+    config: &str,
+    prefix: &str,
+) -> ManagerProc {
+    let tf = token_file(h, &fake.pat());
+    let config_file = h.dir.join("config.toml");
+    std::fs::write(&config_file, config).unwrap();
+    if let Some(u) = test_user() {
+        for f in [&tf, &config_file] {
+            nix::unistd::chown(f, Some(u.uid), Some(u.gid)).unwrap();
+        }
+    }
+    let mut cmd = h.lab_command(lab);
+    cmd.args(["run", "--config", config_file.to_str().unwrap(), "--pool", "gpu", "--url", &fake.url()])
+        .args(["--token-file", tf.to_str().unwrap()])
+        .args(["--agents", "1", "--gpus-per-agent", "none", "--rootfs", "bb", "--name-prefix", prefix]);
+    ManagerProc::spawn(cmd, h.dir.join("manager.log"))
+}
+
 #[test]
 fn run_commits_a_trusted_build_and_never_a_pull_request() {
     require_root!();
     let lab = or_skip!(netlab::NetLab::new());
     let fake = common::fake_azure::FakeAzure::start_in(&lab);
     let h = TestHome::with_busybox("cache-run");
-    let tf = token_file(&h, &fake.pat());
-    let config = h.dir.join("config.toml");
-    std::fs::write(
-        &config,
-        "trusted_branches = [\"refs/heads/main\", \"refs/heads/release/*\"]\n\
-         [[cache]]\nname = \"pip\"\npath = \"/cache/pip\"\nmax_size = \"1G\"\n",
-    )
-    .unwrap();
-    if let Some(u) = test_user() {
-        for f in [&tf, &config] {
-            nix::unistd::chown(f, Some(u.uid), Some(u.gid)).unwrap();
-        }
-    }
-    let mut cmd = h.lab_command(&lab);
-    cmd.args(["run", "--config", config.to_str().unwrap(), "--pool", "gpu", "--url", &fake.url()])
-        .args(["--token-file", tf.to_str().unwrap()])
-        .args(["--agents", "1", "--gpus-per-agent", "none", "--rootfs", "bb", "--name-prefix", "cachehost"]);
-    let mgr = ManagerProc::spawn(cmd, h.dir.join("manager.log"));
+    let config = "trusted_branches = [\"refs/heads/main\", \"refs/heads/release/*\"]\n\
+                  [[cache]]\nname = \"pip\"\npath = \"/cache/pip\"\nmax_size = \"1G\"\n";
+    let mgr = one_agent_run(&lab, &fake, &h, config, "cachehost");
     let look = "echo seen=$(ls /cache/pip | tr '\\n' ' ')";
     // One agent: the jobs run one after the other, in this order.
     let steps = [
@@ -286,19 +295,7 @@ fn a_job_that_takes_a_trusted_build_as_its_agent_commits_nothing() {
     let lab = or_skip!(netlab::NetLab::new());
     let fake = common::fake_azure::FakeAzure::start_in(&lab);
     let h = TestHome::with_busybox("cache-steal");
-    let tf = token_file(&h, &fake.pat());
-    let config = h.dir.join("config.toml");
-    std::fs::write(&config, "[[cache]]\nname = \"pip\"\npath = \"/cache/pip\"\n").unwrap();
-    if let Some(u) = test_user() {
-        for f in [&tf, &config] {
-            nix::unistd::chown(f, Some(u.uid), Some(u.gid)).unwrap();
-        }
-    }
-    let mut cmd = h.lab_command(&lab);
-    cmd.args(["run", "--config", config.to_str().unwrap(), "--pool", "gpu", "--url", &fake.url()])
-        .args(["--token-file", tf.to_str().unwrap()])
-        .args(["--agents", "1", "--gpus-per-agent", "none", "--rootfs", "bb", "--name-prefix", "stealhost"]);
-    let mgr = ManagerProc::spawn(cmd, h.dir.join("manager.log"));
+    let mgr = one_agent_run(&lab, &fake, &h, "[[cache]]\nname = \"pip\"\npath = \"/cache/pip\"\n", "stealhost");
     let steal = r#"cd /azp/agent || exit 1
 base=$(sed -n 's/.*"serverUrl": *"\([^"]*\)".*/\1/p' .agent)
 name=$(sed -n 's/.*"agentName": *"\([^"]*\)".*/\1/p' .agent)
@@ -337,19 +334,7 @@ fn a_commit_does_not_hold_back_the_slots_refill() {
     let lab = or_skip!(netlab::NetLab::new());
     let fake = common::fake_azure::FakeAzure::start_in(&lab);
     let h = TestHome::with_busybox("cache-refill");
-    let tf = token_file(&h, &fake.pat());
-    let config = h.dir.join("config.toml");
-    std::fs::write(&config, "[[cache]]\nname = \"pip\"\npath = \"/cache/pip\"\n").unwrap();
-    if let Some(u) = test_user() {
-        for f in [&tf, &config] {
-            nix::unistd::chown(f, Some(u.uid), Some(u.gid)).unwrap();
-        }
-    }
-    let mut cmd = h.lab_command(&lab);
-    cmd.args(["run", "--config", config.to_str().unwrap(), "--pool", "gpu", "--url", &fake.url()])
-        .args(["--token-file", tf.to_str().unwrap()])
-        .args(["--agents", "1", "--gpus-per-agent", "none", "--rootfs", "bb", "--name-prefix", "cacherefill"]);
-    let mgr = ManagerProc::spawn(cmd, h.dir.join("manager.log"));
+    let mgr = one_agent_run(&lab, &fake, &h, "[[cache]]\nname = \"pip\"\npath = \"/cache/pip\"\n", "cacherefill");
     let registrations = || fake.agent("cacherefill-0").map(|a| a.registrations).unwrap_or(0);
     wait_until("the first agent", Duration::from_secs(60), || registrations() >= 1);
     // The store exists once a sandbox with the cache was made; its commit lock, held here.
