@@ -350,14 +350,19 @@ fn open_for_removal(dirfd: RawFd, name: &CStr, is_dir: Option<bool>) -> io::Resu
         // Ignored on failure: the unlink that then fails says so with its own errno.
         let _ = fchmod(fd.as_raw_fd(), 0o700);
     }
-    let left = read_fresh_dir(fd.as_raw_fd())?;
+    let left = read_dir_entries(fd.as_raw_fd(), false)?;
     Ok(Some(Opened { fd, level: Level { name: name.to_owned(), id: dev_ino(&st), left, fd: None } }))
 }
 
-/// The names of a directory just opened as `dir` (its offset at the start) and whether
-/// each is a dir, read through a dup of `dir`.
-fn read_fresh_dir(dir: RawFd) -> io::Result<Vec<(CString, Option<bool>)>> {
+/// The entries of a directory (without `.` and `..`) and whether each is a dir (None:
+/// the listing did not say), read through a dup of `dir`. The dup shares `dir`'s file
+/// offset: `rewind` for a descriptor an earlier listing may have moved, not for one just
+/// opened.
+fn read_dir_entries(dir: RawFd, rewind: bool) -> io::Result<Vec<(CString, Option<bool>)>> {
     let dup = owned(nix::fcntl::fcntl(dir, nix::fcntl::FcntlArg::F_DUPFD_CLOEXEC(0)).map_err(io)?);
+    if rewind {
+        nix::unistd::lseek(dup.as_raw_fd(), 0, nix::unistd::Whence::SeekSet).map_err(io)?;
+    }
     let mut d = nix::dir::Dir::from(dup).map_err(io)?;
     let mut entries = Vec::new();
     for ent in d.iter() {
@@ -375,22 +380,10 @@ fn dev_ino(st: &libc::stat) -> (u64, u64) {
     (st.st_dev, st.st_ino)
 }
 
-/// Names in a directory (without `.` and `..`), read through a dup of `dir`. The dup
-/// shares `dir`'s file offset, which an earlier listing may have moved: rewound first.
+/// Names in a directory (without `.` and `..`), from the start whatever `dir`'s offset
+/// (see [`read_dir_entries`]).
 pub(crate) fn read_dir_names(dir: RawFd) -> io::Result<Vec<CString>> {
-    let dup = nix::fcntl::fcntl(dir, nix::fcntl::FcntlArg::F_DUPFD_CLOEXEC(0)).map_err(io)?;
-    let dup = owned(dup);
-    nix::unistd::lseek(dup.as_raw_fd(), 0, nix::unistd::Whence::SeekSet).map_err(io)?;
-    let mut d = nix::dir::Dir::from(dup).map_err(io)?;
-    let mut names = Vec::new();
-    for ent in d.iter() {
-        let ent = ent.map_err(io)?;
-        let b = ent.file_name().to_bytes();
-        if b != b"." && b != b".." {
-            names.push(ent.file_name().to_owned());
-        }
-    }
-    Ok(names)
+    Ok(read_dir_entries(dir, true)?.into_iter().map(|(name, _)| name).collect())
 }
 
 /// Removes a directory tree by path (jobs' layers, our own store dirs) with
