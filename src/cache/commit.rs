@@ -425,15 +425,10 @@ mod tests {
     #[test]
     #[cfg_attr(not(test_as_root), ignore = "needs root: mounts a tmpfs")]
     fn copies_across_filesystems_keep_holes_and_links_and_stop_at_max_size() {
-        let t = tempfile::tempdir().unwrap();
-        let fs_dir = t.path().join("fs");
-        fs::create_dir(&fs_dir).unwrap();
-        nix::mount::mount(Some("azp-test"), &fs_dir, Some("tmpfs"), nix::mount::MsFlags::empty(), Some("size=256m"))
-            .unwrap();
-        let result = std::panic::catch_unwind(|| {
+        on_tmpfs("size=256m", |tmp, fs_dir| {
             let store = fs_dir.join("c");
             store::ensure(&store).unwrap();
-            let upper = t.path().join("upper");
+            let upper = tmp.join("upper");
             fs::create_dir(&upper).unwrap();
             let sparse = fs::File::create(upper.join("sparse")).unwrap();
             sparse.set_len(64 << 20).unwrap();
@@ -452,15 +447,13 @@ mod tests {
             let inos: Vec<u64> = ["a", "b", "c"].iter().map(|l| fs::metadata(s2.join(l)).unwrap().ino()).collect();
             assert!(inos.iter().all(|i| *i == inos[0]), "links kept: {inos:?}");
             // A dense 8 MiB file against max_size 4 MiB: refused before it is written.
-            let upper2 = t.path().join("upper2");
+            let upper2 = tmp.join("upper2");
             fs::create_dir(&upper2).unwrap();
             fs::write(upper2.join("big"), vec![1u8; 8 << 20]).unwrap();
             let e = commit(&store, &upper2, None, "j2", Some(4 << 20)).unwrap_err().to_string();
             assert!(e.contains("> max_size 4.0M"), "{e}");
             assert_eq!(store::current(&store).unwrap(), 2);
         });
-        nix::mount::umount2(&fs_dir, nix::mount::MntFlags::MNT_DETACH).unwrap();
-        result.unwrap();
     }
 
     #[test]
@@ -482,14 +475,9 @@ mod tests {
         if !nix::unistd::geteuid().is_root() {
             return crate::test_skip::skip("needs root: mounts a tmpfs with few inodes");
         }
-        let t = tempfile::tempdir().unwrap();
-        let fs_dir = t.path().join("fs");
-        fs::create_dir(&fs_dir).unwrap();
         // Few inodes: the snapshot's 20 dirs fit once, not twice (a commit links files but
         // makes every dir anew).
-        nix::mount::mount(Some("azp-test"), &fs_dir, Some("tmpfs"), nix::mount::MsFlags::empty(), Some("nr_inodes=40"))
-            .unwrap();
-        let result = std::panic::catch_unwind(|| {
+        on_tmpfs("nr_inodes=40", |_, fs_dir| {
             let store = fs_dir.join("c");
             store::ensure(&store).unwrap();
             for k in 0..20 {
@@ -506,6 +494,17 @@ mod tests {
             assert_eq!(left, ["1"], "the half-built tree is gone");
             assert_eq!(fs::read_dir(store.join("snapshots/1")).unwrap().count(), 20, "the old snapshot whole");
         });
+    }
+
+    /// Runs `test(tmp, fs)` with a tmpfs mounted with `options` at `fs`, in the temporary
+    /// dir `tmp` (on the test's own disk); unmounted however the test ends (root only).
+    fn on_tmpfs(options: &str, test: impl FnOnce(&Path, &Path) + std::panic::UnwindSafe) {
+        let t = tempfile::tempdir().unwrap();
+        let fs_dir = t.path().join("fs");
+        fs::create_dir(&fs_dir).unwrap();
+        nix::mount::mount(Some("azp-test"), &fs_dir, Some("tmpfs"), nix::mount::MsFlags::empty(), Some(options))
+            .unwrap();
+        let result = std::panic::catch_unwind(|| test(t.path(), &fs_dir));
         nix::mount::umount2(&fs_dir, nix::mount::MntFlags::MNT_DETACH).unwrap();
         result.unwrap();
     }
