@@ -26,8 +26,14 @@ pub trait Container {
     /// The pid of the container's init, once created.
     fn init_pid(&self) -> Option<i32>;
     /// Starts the job and waits for its init to exit, forwarding stop signals; `started`
-    /// is called once the job runs (not when the start fails).
-    fn start_and_wait(&mut self, started: &mut dyn FnMut()) -> Result<HelperResult>;
+    /// is called once the job runs (not when the start fails); `tend` once before the
+    /// start and on each `sys::address_watch::SIGNAL` (an error: the job is not started,
+    /// or killed).
+    fn start_and_wait(
+        &mut self,
+        started: &mut dyn FnMut(),
+        tend: &mut dyn FnMut() -> Result<()>,
+    ) -> Result<HelperResult>;
     /// SIGKILLs an init that was never started (cancelled).
     fn kill_unreaped_init(&mut self);
     /// Removes the container (forced), with libcontainer's state.
@@ -120,9 +126,13 @@ impl Container for Libcontainer {
         self.container.as_ref()?.pid().map(Pid::as_raw)
     }
 
-    fn start_and_wait(&mut self, started: &mut dyn FnMut()) -> Result<HelperResult> {
+    fn start_and_wait(
+        &mut self,
+        started: &mut dyn FnMut(),
+        tend: &mut dyn FnMut() -> Result<()>,
+    ) -> Result<HelperResult> {
         let container = self.container.as_mut().context("no container to start")?;
-        start_and_wait(container, started)
+        start_and_wait(container, started, tend)
     }
 
     fn kill_unreaped_init(&mut self) {
@@ -155,14 +165,21 @@ pub(super) fn create_error(text: &str, args: &[String]) -> SandboxError {
 fn start_and_wait(
     container: &mut libcontainer::container::Container,
     started: &mut dyn FnMut(),
+    tend: &mut dyn FnMut() -> Result<()>,
 ) -> Result<HelperResult> {
     // Block the signals we handle before the job starts, so none is lost; the job's
     // init was forked during build() and does not inherit this mask.
     let mut set = SigSet::empty();
-    for s in [Signal::SIGCHLD, Signal::SIGTERM, Signal::SIGINT, Signal::SIGHUP, Signal::SIGQUIT] {
+    let watched = crate::sys::address_watch::SIGNAL;
+    for s in [Signal::SIGCHLD, Signal::SIGTERM, Signal::SIGINT, Signal::SIGHUP, Signal::SIGQUIT, watched] {
         set.add(s);
     }
     set.thread_block().map_err(crate::sys::Error::BlockSignals)?;
+    // What the watch saw before its signal was blocked (and dropped, ignored).
+    if let Err(e) = tend() {
+        kill_unreaped_init(container);
+        return Err(e);
+    }
 
     if let Err(e) = container.start() {
         kill_unreaped_init(container);
@@ -215,6 +232,12 @@ fn start_and_wait(
         let timeout = kill_at.map(|t| t.saturating_duration_since(Instant::now())).unwrap_or(Duration::from_secs(60));
         match wait_timeout(&set, timeout) {
             Some(Signal::SIGCHLD) => {}
+            Some(sig) if sig == watched => {
+                if let Err(e) = tend() {
+                    tracing::error!("{e:#}: killing the job");
+                    kill(Signal::SIGKILL);
+                }
+            }
             Some(sig) => act(sig, "", &mut kill_at),
             None => {
                 if kill_at.is_some_and(|t| Instant::now() >= t) {

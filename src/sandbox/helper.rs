@@ -382,11 +382,14 @@ fn run(
     // A veth configured meanwhile (in a child: see `sys::net::isolate`) must be ready
     // before the job runs.
     let ready =
-        record_init(job, container.init_pid()).and_then(|()| network.map_or(Ok(()), |n| n.finish(&plan.id, sys)));
-    if let Err(e) = ready {
-        undo(container);
-        return Err(e);
-    }
+        record_init(job, container.init_pid()).and_then(|()| network.map_or(Ok(None), |n| n.finish(&plan.id, sys)));
+    let mut guard = match ready {
+        Ok(guard) => guard,
+        Err(e) => {
+            undo(container);
+            return Err(e);
+        }
+    };
     if !wait_for_go(go) {
         undo(container);
         let _ = sys.unmount(&merged);
@@ -401,13 +404,16 @@ fn run(
     // its init and all it forks are in the job's cgroup: the helper goes back to its
     // runner's, so that the runner may remove the job's while this process exits.
     let mut left = false;
-    let outcome = container.start_and_wait(&mut || {
-        let Some(back) = way_back.take() else { return };
-        match sys.leave_cgroup(back) {
-            Ok(()) => left = true,
-            Err(e) => tracing::debug!(job = %plan.id, "the helper stays in the job's cgroup: {e}"),
-        }
-    });
+    let outcome = container.start_and_wait(
+        &mut || {
+            let Some(back) = way_back.take() else { return };
+            match sys.leave_cgroup(back) {
+                Ok(()) => left = true,
+                Err(e) => tracing::debug!(job = %plan.id, "the helper stays in the job's cgroup: {e}"),
+            }
+        },
+        &mut || guard.as_mut().map_or(Ok(()), |g| g.tend()),
+    );
     tracing::debug!(job = %plan.id, "job exited");
     if let Ok(r) = &outcome {
         reporter.report(job, r);
@@ -566,7 +572,11 @@ mod tests {
             // A live process, so that init.pid gets its start time.
             Some(std::process::id() as i32)
         }
-        fn start_and_wait(&mut self, started: &mut dyn FnMut()) -> Result<HelperResult> {
+        fn start_and_wait(
+            &mut self,
+            started: &mut dyn FnMut(),
+            _tend: &mut dyn FnMut() -> Result<()>,
+        ) -> Result<HelperResult> {
             self.step("start_and_wait")?;
             started();
             Ok(HelperResult::Exited { code: 3, signal: None })
@@ -1253,7 +1263,12 @@ mod tests {
         let link = crate::sandbox::network::link_name("hp-1", std::process::id());
         for (network, rootless, net_steps) in [
             (Network::Isolated, false, vec!["host_addresses".to_string(), format!("isolate_network veth {link}")]),
-            (Network::Isolated, true, vec!["host_addresses".into(), "isolate_network pasta".into()]),
+            // Rootless: the watch of the host's addresses is subscribed before they are read.
+            (
+                Network::Isolated,
+                true,
+                vec!["watch_host_addresses".into(), "host_addresses".into(), "isolate_network pasta".into()],
+            ),
             (Network::None, false, vec!["isolate_network loopback".into()]),
             (Network::Host, false, vec![]),
         ] {

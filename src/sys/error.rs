@@ -268,6 +268,12 @@ pub enum Error {
     PastaFailed { program: PathBuf, said: String },
     #[error("cannot make the job's own nftables table {table} in its network namespace (nf_tables in the kernel?)")]
     JobFilter { table: &'static str, source: Errno },
+    #[error("cannot watch the host's address changes (a netlink socket subscribed to RTMGRP_IPV4/6_IFADDR)")]
+    WatchAddresses(#[source] Errno),
+    #[error("cannot have the watch of the host's addresses signal the helper (fcntl F_SETOWN_EX, F_SETSIG, O_ASYNC)")]
+    ArmAddressWatch(#[source] Errno),
+    #[error("cannot read the host's address changes (netlink)")]
+    ReadAddressWatch(#[source] Errno),
 
     // ---- the job's cgroup (the helper joins it; teardown removes it) ----
     #[error("cannot create the job's cgroup {}", dir.display())]

@@ -108,27 +108,48 @@ pub fn messages(f: &JobFilter) -> Vec<Message> {
         accept(m);
     }));
     // (family, network, prefix, only off loopback, accept?), in the chain's order.
-    let v4 = |n: &Ipv4Net| (NFPROTO_IPV4, n.addr.octets().to_vec(), n.prefix);
-    let v6 = |n: &Ipv6Net| (NFPROTO_IPV6, n.addr.octets().to_vec(), n.prefix);
     let nets = (f.accept4.iter().map(|n| (v4(n), false, true)))
         .chain(f.reject4.iter().map(|n| (v4(n), false, false)))
         .chain(f.reject6.iter().map(|n| (v6(n), false, false)))
         .chain(f.reject_off_lo4.iter().map(|n| (v4(n), true, false)))
         .chain(f.reject_off_lo6.iter().map(|n| (v6(n), true, false)));
-    for ((family, net, prefix), off_lo, accepted) in nets {
-        out.push(rule(|m| {
-            if off_lo {
-                oif_not_lo(m);
-            }
-            daddr(m, family, &net, prefix);
-            if accepted {
-                accept(m)
-            } else {
-                reject(m)
-            }
-        }));
-    }
+    out.extend(nets.map(|((family, net, prefix), off_lo, accepted)| net_rule(family, &net, prefix, off_lo, accepted)));
     out
+}
+
+/// Refuses `reject4` and `reject6` as well, in the table [`install`] made in this
+/// thread's network namespace: rules appended to its chain, in one batch (see
+/// `sys::address_watch`: host addresses that came after the job's start).
+pub fn refuse_more(s: &Socket, reject4: &[Ipv4Net], reject6: &[Ipv6Net]) -> Result<()> {
+    s.batch(more_rules(reject4, reject6)).map_err(|source| Error::JobFilter { table: TABLE, source })
+}
+
+fn more_rules(reject4: &[Ipv4Net], reject6: &[Ipv6Net]) -> Vec<Message> {
+    let rules4 = reject4.iter().map(|n| net_rule(NFPROTO_IPV4, &v4(n).1, n.prefix, false, false));
+    rules4.chain(reject6.iter().map(|n| net_rule(NFPROTO_IPV6, &v6(n).1, n.prefix, false, false))).collect()
+}
+
+fn v4(n: &Ipv4Net) -> (u8, Vec<u8>, u8) {
+    (NFPROTO_IPV4, n.addr.octets().to_vec(), n.prefix)
+}
+
+fn v6(n: &Ipv6Net) -> (u8, Vec<u8>, u8) {
+    (NFPROTO_IPV6, n.addr.octets().to_vec(), n.prefix)
+}
+
+/// `[meta oif != lo] ip[6] daddr NET accept|reject`.
+fn net_rule(family: u8, net: &[u8], prefix: u8, off_lo: bool, accepted: bool) -> Message {
+    rule(|m| {
+        if off_lo {
+            oif_not_lo(m);
+        }
+        daddr(m, family, net, prefix);
+        if accepted {
+            accept(m)
+        } else {
+            reject(m)
+        }
+    })
 }
 
 /// `meta oif != lo`: loopback is link 1 in every network namespace.

@@ -18,6 +18,7 @@
 //! trait, so the order of their steps and what happens when one fails are unit-tested
 //! without root on [`Recorder`].
 
+pub mod address_watch;
 pub mod btrfs;
 pub mod cache_dir;
 pub mod cgroup;
@@ -130,6 +131,9 @@ pub trait Sys {
     /// Makes `dir` (not there yet) a btrfs subvolume whose qgroup is limited to `bytes`
     /// (see [`btrfs`]); returns the qgroup's id. Nothing is left on an error.
     fn create_quota_subvolume(&self, dir: &Path, bytes: u64) -> Result<u64>;
+    /// A watch of the host's address changes (see [`address_watch`]; `ipv6`: IPv6 ones
+    /// too), subscribed before [`Sys::host_addresses`] reads them: rootless jobs.
+    fn watch_host_addresses(&self, ipv6: bool) -> Result<Box<dyn address_watch::HostAddresses>>;
     /// The host's IPv4 addresses and its subnets' broadcast addresses (see
     /// [`net::delivered_addresses`]), read before the helper leaves the host's network
     /// namespace (the job's routes and table block them).
@@ -262,6 +266,9 @@ impl Sys for Real {
     fn create_quota_subvolume(&self, dir: &Path, bytes: u64) -> Result<u64> {
         btrfs::create_limited_subvolume(dir, bytes)
     }
+    fn watch_host_addresses(&self, ipv6: bool) -> Result<Box<dyn address_watch::HostAddresses>> {
+        Ok(Box::new(address_watch::Watch::subscribe(ipv6)?))
+    }
     fn host_addresses(&self) -> Result<Vec<std::net::Ipv4Addr>> {
         net::delivered_addresses()
     }
@@ -359,6 +366,21 @@ impl Recorder {
             procs: join.dirs.first().map(|d| d.dir.join("cgroup.procs")).unwrap_or_default(),
             source: self.io(e),
         })
+    }
+}
+
+/// [`Recorder`]'s watch of the host's addresses: none ever comes.
+struct QuietWatch;
+
+impl address_watch::HostAddresses for QuietWatch {
+    fn arm(&mut self) -> Result<()> {
+        Ok(())
+    }
+    fn added(&mut self) -> Result<Vec<std::net::IpAddr>> {
+        Ok(vec![])
+    }
+    fn refuse(&mut self, _v4: &[net::Ipv4Net], _v6: &[net::Ipv6Net]) -> Result<()> {
+        Ok(())
     }
 }
 
@@ -509,6 +531,12 @@ impl Sys for Recorder {
         std::fs::create_dir(dir)
             .map_err(|e| Error::BtrfsSubvolCreate { dir: dir.into(), source: error::errno_of(&e) })?;
         Ok(256)
+    }
+    /// A watch that never sees a new address.
+    fn watch_host_addresses(&self, ipv6: bool) -> Result<Box<dyn address_watch::HostAddresses>> {
+        let v6 = if ipv6 { " ipv6" } else { "" };
+        self.step(format!("watch_host_addresses{v6}")).map_err(Error::WatchAddresses)?;
+        Ok(Box::new(QuietWatch))
     }
     /// The host's addresses: 127.0.0.1 and 192.0.2.2.
     fn host_addresses(&self) -> Result<Vec<std::net::Ipv4Addr>> {

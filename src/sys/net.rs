@@ -714,7 +714,7 @@ fn configure_job_ipv6(job: &Socket, v: &Veth, v6: &Veth6, address: Ipv6Addr) -> 
 }
 
 /// Prohibit routes for `blocked` in the job's namespace.
-fn prohibit6(job: &Socket, blocked: &[Ipv6Net]) -> Result<()> {
+pub(super) fn prohibit6(job: &Socket, blocked: &[Ipv6Net]) -> Result<()> {
     for n in blocked {
         let mut m =
             Message::route6(nl::NLM_F_CREATE | nl::NLM_F_EXCL, n.prefix, nl::RT_SCOPE_UNIVERSE, nl::RTN_PROHIBIT);
@@ -1000,7 +1000,7 @@ fn configure_job_end(job: &Socket, v: &Veth, address: Ipv4Addr) -> Result<()> {
     job.request(m).map_err(|source| Error::AddRoute { route: format!("default via {}", v.gateway), source })
 }
 
-fn add_routes(job: &Socket, routes: &[JobRoute], gateway: Ipv4Addr) -> Result<()> {
+pub(super) fn add_routes(job: &Socket, routes: &[JobRoute], gateway: Ipv4Addr) -> Result<()> {
     for r in routes {
         let m = match r {
             JobRoute::Prohibit(n) => {
@@ -1066,7 +1066,7 @@ pub struct HostRoute {
 
 /// The IPv4 addresses of this namespace's links (all of them, loopback included).
 pub fn addresses() -> Result<Vec<Ipv4Addr>> {
-    Ok(address_entries()?.into_iter().map(|e| e.local).collect())
+    Ok(address_entries(&socket()?)?.into_iter().map(|e| e.local).collect())
 }
 
 /// Every IPv4 address this namespace takes as its own: its links' addresses and their
@@ -1075,10 +1075,15 @@ pub fn addresses() -> Result<Vec<Ipv4Addr>> {
 /// subnet's broadcast is what the kernel adds for a prefix under /31, whether the address
 /// was given a `brd` or not; an explicit `brd` is added as well.
 pub fn delivered_addresses() -> Result<Vec<Ipv4Addr>> {
+    delivered_addresses_on(&socket()?)
+}
+
+/// [`delivered_addresses`] of the namespace `s` was opened in.
+pub fn delivered_addresses_on(s: &Socket) -> Result<Vec<Ipv4Addr>> {
     let mut all = Vec::new();
-    for e in address_entries()? {
-        for a in [Some(e.local), subnet_broadcast(e.local, e.prefix), e.broadcast].into_iter().flatten() {
-            if a != Ipv4Addr::BROADCAST && !all.contains(&a) {
+    for e in address_entries(s)? {
+        for a in e.delivered() {
+            if !all.contains(&a) {
                 all.push(a);
             }
         }
@@ -1086,33 +1091,45 @@ pub fn delivered_addresses() -> Result<Vec<Ipv4Addr>> {
     Ok(all)
 }
 
-/// One IPv4 address of a link, as `RTM_GETADDR` gives it.
-struct AddressEntry {
+/// One IPv4 address of a link, as `RTM_GETADDR` (or an `RTM_NEWADDR` notification) gives it.
+pub struct AddressEntry {
     local: Ipv4Addr,
     prefix: u8,
     /// `IFA_BROADCAST`, when the address has one.
     broadcast: Option<Ipv4Addr>,
 }
 
-fn address_entries() -> Result<Vec<AddressEntry>> {
-    let s = socket()?;
+impl AddressEntry {
+    /// From the payload of an `RTM_NEWADDR` of family AF_INET (an `ifaddrmsg`, then
+    /// attributes).
+    pub fn parse(payload: &[u8]) -> Option<AddressEntry> {
+        let prefix = *payload.get(1)?;
+        let attrs = nl::attributes(payload, 8);
+        let v4 = |d: &[u8]| <[u8; 4]>::try_from(d).ok().map(Ipv4Addr::from);
+        let a =
+            attrs.iter().find(|(t, _)| *t == nl::IFA_LOCAL).or(attrs.iter().find(|(t, _)| *t == nl::IFA_ADDRESS))?;
+        let broadcast = attrs.iter().find(|(t, _)| *t == nl::IFA_BROADCAST).and_then(|(_, d)| v4(d));
+        Some(AddressEntry { local: v4(a.1)?, prefix, broadcast })
+    }
+
+    /// The address and the broadcast addresses the kernel delivers to with it (see
+    /// [`delivered_addresses`]), the limited broadcast left out (a job's own table refuses it).
+    pub fn delivered(&self) -> Vec<Ipv4Addr> {
+        let mut out = Vec::new();
+        for a in [Some(self.local), subnet_broadcast(self.local, self.prefix), self.broadcast].into_iter().flatten() {
+            if a != Ipv4Addr::BROADCAST && !out.contains(&a) {
+                out.push(a);
+            }
+        }
+        out
+    }
+}
+
+fn address_entries(s: &Socket) -> Result<Vec<AddressEntry>> {
     let replies = s
         .call(Message::dump(nl::RTM_GETADDR, nl::AF_INET))
         .map_err(|source| Error::NetlinkDump { what: "addresses", source })?;
-    let v4 = |d: &[u8]| <[u8; 4]>::try_from(d).ok().map(Ipv4Addr::from);
-    Ok(replies
-        .iter()
-        .filter_map(|r| {
-            let prefix = *r.get(1)?;
-            let attrs = nl::attributes(r, 8);
-            let a = attrs
-                .iter()
-                .find(|(t, _)| *t == nl::IFA_LOCAL)
-                .or(attrs.iter().find(|(t, _)| *t == nl::IFA_ADDRESS))?;
-            let broadcast = attrs.iter().find(|(t, _)| *t == nl::IFA_BROADCAST).and_then(|(_, d)| v4(d));
-            Some(AddressEntry { local: v4(a.1)?, prefix, broadcast })
-        })
-        .collect())
+    Ok(replies.iter().filter_map(|r| AddressEntry::parse(r)).collect())
 }
 
 /// The broadcast address of `addr`'s subnet, as the kernel routes it (`fib_add_ifaddr`):
@@ -1151,21 +1168,27 @@ pub fn routes() -> Result<Vec<HostRoute>> {
 /// The IPv6 addresses of this namespace's links but loopback's and link-local ones (the
 /// job's routes block these: link-local as a whole).
 pub fn global_addresses6() -> Result<Vec<Ipv6Addr>> {
-    let s = socket()?;
+    global_addresses6_on(&socket()?)
+}
+
+/// [`global_addresses6`] of the namespace `s` was opened in.
+pub fn global_addresses6_on(s: &Socket) -> Result<Vec<Ipv6Addr>> {
     let replies = s
         .call(Message::dump(nl::RTM_GETADDR, nl::AF_INET6))
         .map_err(|source| Error::NetlinkDump { what: "IPv6 addresses", source })?;
-    Ok(replies
-        .iter()
-        .filter(|r| r.first() == Some(&nl::AF_INET6))
-        .filter_map(|r| {
-            let attrs = nl::attributes(r, 8);
-            let a = attrs.iter().find(|(t, _)| *t == nl::IFA_ADDRESS)?;
-            let b: [u8; 16] = a.1.try_into().ok()?;
-            Some(Ipv6Addr::from(b))
-        })
-        .filter(|a| !a.is_loopback() && (a.segments()[0] & 0xffc0) != 0xfe80)
-        .collect())
+    Ok(replies.iter().filter_map(|r| global_address6(r)).collect())
+}
+
+/// The address of an `RTM_NEWADDR` payload of family AF_INET6, unless it is loopback's
+/// or link-local.
+pub fn global_address6(payload: &[u8]) -> Option<Ipv6Addr> {
+    if payload.first() != Some(&nl::AF_INET6) {
+        return None;
+    }
+    let attrs = nl::attributes(payload, 8);
+    let a = attrs.iter().find(|(t, _)| *t == nl::IFA_ADDRESS)?;
+    let a = Ipv6Addr::from(<[u8; 16]>::try_from(a.1).ok()?);
+    (!a.is_loopback() && (a.segments()[0] & 0xffc0) != 0xfe80).then_some(a)
 }
 
 /// The links of this namespace: `(index, name)`.

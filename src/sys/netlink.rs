@@ -191,6 +191,56 @@ impl Socket {
     }
 }
 
+/// Route netlink's multicast groups of address changes (linux/rtnetlink.h, `RTMGRP_*`).
+pub const RTMGRP_IPV4_IFADDR: u32 = 0x10;
+pub const RTMGRP_IPV6_IFADDR: u32 = 0x100;
+
+/// A route netlink socket subscribed to multicast groups: the kernel's notifications
+/// of the namespace it was opened in, read without blocking.
+pub struct Listener {
+    fd: OwnedFd,
+}
+
+/// What [`Listener::drain`] read.
+#[derive(Debug, Default)]
+pub struct Drained {
+    /// `(type, payload)` of each notification.
+    pub notifications: Vec<(u16, Vec<u8>)>,
+    /// Some were lost (ENOBUFS: the socket's buffer was full): whoever reads them must
+    /// read the state they describe afresh.
+    pub overrun: bool,
+}
+
+impl Listener {
+    pub fn open(groups: u32) -> Result<Listener, Errno> {
+        let flags = SockFlag::SOCK_CLOEXEC | SockFlag::SOCK_NONBLOCK;
+        let fd = socket::socket(AddressFamily::Netlink, SockType::Raw, flags, SockProtocol::NetlinkRoute)?;
+        socket::bind(fd.as_raw_fd(), &NetlinkAddr::new(0, groups))?;
+        Ok(Listener { fd })
+    }
+
+    /// Everything received so far.
+    pub fn drain(&self) -> Result<Drained, Errno> {
+        let mut out = Drained::default();
+        let mut buf = vec![0u8; 64 * 1024];
+        loop {
+            match socket::recv(self.fd.as_raw_fd(), &mut buf, MsgFlags::empty()) {
+                Ok(0) | Err(Errno::EAGAIN) => return Ok(out),
+                Ok(n) => out.notifications.extend(messages(&buf[..n]).into_iter().map(|(t, _, p)| (t, p.to_vec()))),
+                Err(Errno::ENOBUFS) => out.overrun = true,
+                Err(Errno::EINTR) => {}
+                Err(e) => return Err(e),
+            }
+        }
+    }
+}
+
+impl std::os::fd::AsFd for Listener {
+    fn as_fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        self.fd.as_fd()
+    }
+}
+
 /// A batch's begin or end: `nfgenmsg` with the nftables subsystem as its resource id.
 fn batch_mark(typ: u16, seq: u32) -> Vec<u8> {
     let mut m = Message::new(typ, 0, &[0, 0, 0, NFNL_SUBSYS_NFTABLES as u8]);

@@ -536,3 +536,77 @@ fn t46_broadcast_and_multicast_reach_no_host_service_after_a_flush() {
     });
     h.assert_no_residue(&[]);
 }
+
+#[test]
+#[cfg_attr(not(test_as_root), ignore = "needs root: creates real sandboxes and network namespaces")]
+fn t47_a_host_address_that_comes_while_a_job_runs_is_out_of_its_reach() {
+    require_root!();
+    let lab = or_skip!(NetLab::new());
+    let h = home("net-new-addr");
+    // An address the fake host gets while the job runs (a VPN, a bridge coming up, DHCP),
+    // on a link of its own; the fake host's service on all addresses answers there.
+    // Rootless jobs reached it through pasta: their routes and table listed the host's
+    // addresses of the job's start only.
+    const NEW: &str = "198.18.200.1";
+    const LINK: &str = "t47late";
+    const PEER: &str = "t47peer";
+    let targets = toks(&[
+        &format!("connect-tcp:{NEW}:{}", netlab::HOST_ANY_PORT),
+        &format!("connect-tcp-dev:{NEW}:{}:eth0", netlab::HOST_ANY_PORT),
+    ]);
+    let ip = |args: &[&str]| {
+        let o = Command::new("ip").args(["netns", "exec", &lab.host, "ip"]).args(args).output().unwrap();
+        assert!(o.status.success(), "ip {args:?}: {}", String::from_utf8_lossy(&o.stderr));
+    };
+    for (who, opts) in USERS {
+        let flag = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("new-addr-{who}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&flag);
+        std::fs::create_dir_all(&flag).unwrap();
+        std::fs::set_permissions(&flag, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let m = unique("t47");
+        let script = format!(
+            ": {m}; while [ ! -e /flag/added ]; do sleep 0.05; done; {}; {}",
+            probe(&targets),
+            get(&format!("http://{NEW}:{}/", netlab::HOST_ANY_PORT))
+        );
+        let vol = format!("{}:/flag", flag.display());
+        let mut c = h.lab_command(&lab);
+        c.args(["exec", "--rootfs", "esc", "--volume", &vol]).args(opts.iter()).args(["--", "sh", "-c", &script]);
+        let job = c.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+        // The job's own shell (the lab's wrapper is an `sh -c` naming the marker too).
+        let own = format!("sh -c : {m};");
+        let job_runs = || processes_matching(&m).iter().any(|(_, cmd)| cmd.starts_with(&own));
+        wait_until("the job to run", Duration::from_secs(30), job_runs);
+        // (A veth pair: this machine's kernel has no dummy links.)
+        ip(&["link", "add", LINK, "type", "veth", "peer", "name", PEER]);
+        ip(&["addr", "add", &format!("{NEW}/24"), "dev", LINK]);
+        ip(&["link", "set", PEER, "up"]);
+        ip(&["link", "set", LINK, "up"]);
+        // The host's own view: the new address serves (the control).
+        let served = std::thread::scope(|s| {
+            s.spawn(|| {
+                lab.enter_host();
+                let to = std::net::SocketAddr::new(NEW.parse().unwrap(), netlab::HOST_ANY_PORT);
+                std::net::TcpStream::connect_timeout(&to, Duration::from_secs(5)).map(drop)
+            })
+            .join()
+            .unwrap()
+        });
+        assert!(served.is_ok(), "the host's service on {NEW}: {served:?}");
+        // The watch acts within a millisecond or so of the kernel's notification; the
+        // job looks a moment later.
+        std::thread::sleep(Duration::from_millis(300));
+        std::fs::write(flag.join("added"), "").unwrap();
+        let o = job.wait_with_output().unwrap();
+        let out = String::from_utf8_lossy(&o.stdout).into_owned();
+        ip(&["link", "del", LINK]);
+        assert!(o.status.success(), "{who}: {out} {}", String::from_utf8_lossy(&o.stderr));
+        assert!(!out.contains(HOST_BODY), "{who} read the host's service on its new address: {out}");
+        let r = probe_results(&out);
+        for t in &targets {
+            assert!(blocked(&r[t]), "{who}: {t}: {out}");
+        }
+        std::fs::remove_dir_all(&flag).unwrap();
+    }
+    h.assert_no_residue(&[]);
+}

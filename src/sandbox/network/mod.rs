@@ -44,8 +44,10 @@ pub mod firewall;
 pub mod forward_record;
 pub mod ipv6;
 pub mod job;
+pub mod watch;
 
 pub use job::{HostPorts, JobNetwork, DEFAULT_SUBNET};
+pub use watch::HostAddressGuard;
 
 use super::jobdir::JobDir;
 use super::plan::JobPlan;
@@ -220,12 +222,20 @@ pub fn enter(
         return Ok((plan, None));
     }
     let mut resolv = None;
+    let mut guard = None;
     let setup = match plan.network {
         Network::Isolated => {
+            // Rootless: subscribed before the addresses are read, so that none the host
+            // gets from now on is missed (see `sys::address_watch`).
+            let watch = if plan.rootless { Some(sys.watch_host_addresses(plan.net.ipv6)?) } else { None };
             let host = sys.host_addresses()?;
             let host_resolv = std::fs::read_to_string(HOST_RESOLV_CONF).unwrap_or_default();
             resolv = Some(dns::for_job(&host_resolv, plan.net.gateway(), &host, plan.rootless).resolv_conf);
             let host6 = if plan.net.ipv6 { Some(sys.host_ipv6_addresses()?) } else { None };
+            if let Some(watch) = watch {
+                let host6 = host6.as_deref().unwrap_or_default();
+                guard = Some(HostAddressGuard::new(watch, &host, host6, &plan.net.allow, &plan.id));
+            }
             if plan.rootless {
                 let routes = job_routes(&host, None, &plan.net.allow);
                 let log = job.bundle().join("pasta.log");
@@ -258,7 +268,7 @@ pub fn enter(
     // Rootless, the helper's own namespace is the host's, which its user namespace may
     // not enter again (setns: EPERM): it stays in the job's.
     let leave = !plan.rootless;
-    Ok((plan, Some(Entered { made, host_link, leave })))
+    Ok((plan, Some(Entered { made, host_link, leave, guard })))
 }
 
 /// The part of [`enter`] that needs no plan, for a helper forked before its job was
@@ -294,6 +304,8 @@ pub struct Entered {
     host_link: Option<String>,
     /// Whether the helper goes back to its own namespace (see [`Entered::finish`]).
     leave: bool,
+    /// Rootless: the guard against host addresses that come while the job runs.
+    guard: Option<HostAddressGuard>,
 }
 
 impl Entered {
@@ -308,12 +320,16 @@ impl Entered {
     /// teardown, ~1.4 ms of the kernel's CPU and `rtnl_lock` here, then overlaps the
     /// end of this job rather than the start of the next, whose namespace needs that
     /// lock), waits for what is still under way (a veth's configuration, in a child of
-    /// the helper) and logs what the job got. Before the job starts.
-    pub fn finish(mut self, job_id: &str, sys: &dyn Sys) -> Result<()> {
+    /// the helper) and logs what the job got. Before the job starts. Returns the armed
+    /// guard against new host addresses (rootless), for the helper's wait to tend.
+    pub fn finish(mut self, job_id: &str, sys: &dyn Sys) -> Result<Option<HostAddressGuard>> {
         if self.leave {
             sys.leave_network(&mut self.made)?;
         }
         sys.finish_network(&mut self.made)?;
+        if let Some(g) = self.guard.as_mut() {
+            g.arm()?;
+        }
         let made = &self.made;
         match (&self.host_link, made.address, made.pasta_pid) {
             (Some(link), Some(a), _) => match made.address6 {
@@ -323,7 +339,7 @@ impl Entered {
             (_, _, Some(pid)) => tracing::debug!(job = %job_id, "network: pasta (pid {pid})"),
             _ => tracing::debug!(job = %job_id, "network: loopback only"),
         }
-        Ok(())
+        Ok(self.guard)
     }
 }
 
