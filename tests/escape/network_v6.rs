@@ -383,3 +383,61 @@ fn t39_a_firewall_reload_does_not_leave_the_host_forwarding_after_gc() {
     assert_eq!(lab.host_network_residue(), Vec::<String>::new(), "links or the table left in the fake host");
     h.assert_no_residue(&[]);
 }
+
+#[test]
+#[cfg_attr(not(test_as_root), ignore = "needs root: creates real sandboxes and network namespaces")]
+fn t48_an_ipv6_address_the_host_gets_while_a_job_runs_is_out_of_its_reach() {
+    require_root!();
+    let lab = or_skip!(NetLab::new_v6());
+    let h = home("net6-new-addr");
+    // An address the fake host gets while the job runs (renumbering, a temporary address,
+    // a VPN), on a link of its own (a veth pair: this kernel has no dummy links), usable
+    // at once (nodad). Rootless jobs reached it through pasta before the host's address
+    // notifications were watched.
+    const NEW: &str = "2001:2:0:7::1";
+    const LINK: &str = "t48late";
+    const PEER: &str = "t48peer";
+    let ip = |args: &[&str]| {
+        let o = Command::new("ip").args(["netns", "exec", &lab.host, "ip"]).args(args).output().unwrap();
+        assert!(o.status.success(), "ip {args:?}: {}", String::from_utf8_lossy(&o.stderr));
+    };
+    for (who, opts) in USERS {
+        let flag = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("new-addr6-{who}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&flag);
+        std::fs::create_dir_all(&flag).unwrap();
+        std::fs::set_permissions(&flag, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let m = unique("t48");
+        let script = format!(
+            ": {m}; while [ ! -e /flag/added ]; do sleep 0.05; done; {}",
+            connect("new", NEW, netlab::HOST_ANY_PORT)
+        );
+        let vol = format!("{}:/flag", flag.display());
+        let mut c = h.lab_command(&lab);
+        c.args(["exec", "--rootfs", "esc", "--volume", &vol]).args(opts.iter()).args(["--", "sh", "-c", &script]);
+        let job = c.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+        // The job's own shell (the lab's wrapper is an `sh -c` naming the marker too).
+        let own = format!("sh -c : {m};");
+        let job_runs = || processes_matching(&m).iter().any(|(_, cmd)| cmd.starts_with(&own));
+        wait_until("the job to run", Duration::from_secs(30), job_runs);
+        ip(&["link", "add", LINK, "type", "veth", "peer", "name", PEER]);
+        ip(&["-6", "addr", "add", &format!("{NEW}/64"), "dev", LINK, "nodad"]);
+        ip(&["link", "set", PEER, "up"]);
+        ip(&["link", "set", LINK, "up"]);
+        // The control: the fake host's service answers on the new address.
+        let url = format!("http://[{NEW}]:{}/", netlab::HOST_ANY_PORT);
+        let o = lab.host_command("busybox", None).args(["wget", "-q", "-O-", &url]).output().unwrap();
+        assert!(String::from_utf8_lossy(&o.stdout).contains(HOST_BODY), "the host's service on {NEW}");
+        // The watch acts within a millisecond or so of the kernel's notification; the
+        // job looks a moment later.
+        std::thread::sleep(Duration::from_millis(300));
+        std::fs::write(flag.join("added"), "").unwrap();
+        let o = job.wait_with_output().unwrap();
+        let out = String::from_utf8_lossy(&o.stdout).into_owned();
+        ip(&["link", "del", LINK]);
+        assert!(o.status.success(), "{who}: {out} {}", String::from_utf8_lossy(&o.stderr));
+        assert!(!out.contains(HOST_BODY), "{who} read the host's service on its new address: {out}");
+        assert!(refused(line(&out, "new")), "{who}: {out}");
+        std::fs::remove_dir_all(&flag).unwrap();
+    }
+    h.assert_no_residue(&[]);
+}
