@@ -214,35 +214,44 @@ fn start_and_wait(
     if let Ok(sig) = Signal::try_from(EARLY_SIGNAL.swap(0, Ordering::SeqCst)) {
         act(sig, " while starting", &mut kill_at);
     }
+    // A guard that could not refuse a new host address (see `tend`): the job is killed,
+    // and its end is that failure, not an exit code.
+    let mut guard_failed: Option<anyhow::Error> = None;
+    let mut tend_or_kill = |guard_failed: &mut Option<anyhow::Error>| {
+        if let Err(e) = tend() {
+            tracing::error!("{e:#}: killing the job");
+            kill(Signal::SIGKILL);
+            guard_failed.get_or_insert(e);
+        }
+    };
     loop {
         // Reap everything (libcontainer's intermediate too); stop when init is gone.
         loop {
-            match waitpid(Pid::from_raw(-1), Some(WaitPidFlag::WNOHANG)) {
-                Ok(WaitStatus::Exited(pid, code)) if pid == init => {
-                    return Ok(HelperResult::Exited { code, signal: None })
-                }
+            let ended = match waitpid(Pid::from_raw(-1), Some(WaitPidFlag::WNOHANG)) {
+                Ok(WaitStatus::Exited(pid, code)) if pid == init => HelperResult::Exited { code, signal: None },
                 Ok(WaitStatus::Signaled(pid, sig, _)) if pid == init => {
-                    return Ok(HelperResult::Exited { code: 128 + sig as i32, signal: Some(sig as i32) })
+                    HelperResult::Exited { code: 128 + sig as i32, signal: Some(sig as i32) }
                 }
                 Ok(WaitStatus::StillAlive) | Err(nix::errno::Errno::ECHILD) => break,
                 Ok(_) => continue,
                 Err(e) => return Err(e).context("waitpid failed"),
-            }
+            };
+            return match guard_failed.take() {
+                Some(e) => Err(SandboxError::new(FailureKind::Other, format!("{e:#}: the job was killed")).into()),
+                None => Ok(ended),
+            };
         }
         let timeout = kill_at.map(|t| t.saturating_duration_since(Instant::now())).unwrap_or(Duration::from_secs(60));
         match wait_timeout(&set, timeout) {
             Some(Signal::SIGCHLD) => {}
-            Some(sig) if sig == watched => {
-                if let Err(e) = tend() {
-                    tracing::error!("{e:#}: killing the job");
-                    kill(Signal::SIGKILL);
-                }
-            }
+            Some(sig) if sig == watched => tend_or_kill(&mut guard_failed),
             Some(sig) => act(sig, "", &mut kill_at),
             None => {
                 if kill_at.is_some_and(|t| Instant::now() >= t) {
                     kill(Signal::SIGKILL);
                 }
+                // A backstop, should a signal of the watch never come.
+                tend_or_kill(&mut guard_failed);
             }
         }
     }

@@ -1,31 +1,35 @@
 //! Host addresses that appear while a rootless job runs (issue 23). A rootless job's
 //! network is pasta, which connects to whatever address the job names, from the host's
-//! own namespace: the job's routes and its own table refuse the host's addresses as they
-//! were when the job started. One the host gets later (DHCP, a VPN, a bridge coming up,
-//! an operator's `ip addr add`) would otherwise be open to the job until its end, with
-//! every service of the host bound to all addresses behind it.
+//! own namespace: the job's routes and its own table refuse what the host delivers to
+//! itself as it was when the job started. An address the host gets later (DHCP, a VPN, a
+//! bridge coming up, an operator's `ip addr add`) would otherwise be open to the job
+//! until its end, with every service of the host bound to all addresses behind it.
 //!
-//! So the helper watches the host's address notifications, on a netlink socket of the
-//! host's namespace subscribed before the host's addresses are read (none falls between
-//! the read and the watch), and refuses each new one in the job's namespace as it comes:
-//! a prohibit route and a rule of the job's table (see [`super::job_filter`]). In root
-//! mode there is nothing to watch: the host's table drops whatever a job link sends to any
-//! local address of the host.
+//! What the host delivers to itself is its local routing table's local, broadcast and
+//! anycast routes ([`super::net::local_routes_on`]): its addresses, its subnets'
+//! broadcasts, the whole prefix of an address on loopback, a network made local with no
+//! address (`ip route add local`). So the helper watches the host's route notifications,
+//! on a netlink socket of the host's namespace subscribed before the job's blocks are
+//! read (none falls between), and refuses each new local destination in the job's
+//! namespace as it comes: a prohibit route and a rule of the job's table (see
+//! [`super::job_filter`]). In root mode there is nothing to watch: the host's table drops
+//! whatever a job link sends to any local destination of the host.
 //!
 //! The socket raises SIGURG when a notification comes (`O_ASYNC` with `F_SETSIG`): the
 //! helper's wait for its job takes it among the job's signals, single-threaded. SIGURG's
 //! default action is to ignore it, so one raised while the helper does not wait for it
 //! (before the job starts) is dropped harmlessly: the wait drains the socket once first.
 //!
-//! Steps: [`Watch::subscribe`] (host's namespace, before the addresses are read),
-//! [`HostAddresses::arm`] (in the job's namespace, before the job starts), then per
-//! signal [`HostAddresses::added`] and [`HostAddresses::refuse`].
+//! Steps: [`Watch::subscribe`] (host's namespace, first), [`HostAddresses::current`]
+//! (what the job's routes and table refuse from the start), [`HostAddresses::arm`] (in
+//! the job's namespace, before the job starts), then per signal
+//! [`HostAddresses::added`] and [`HostAddresses::refuse`].
 
 use super::error::{Error, Result};
-use super::net::{AddressEntry, Ipv4Net, Ipv6Net, JobRoute};
+use super::net::{Ipv4Net, Ipv6Net, JobRoute, LocalNet};
 use super::netlink::{self as nl, Listener, Proto, Socket};
 use nix::errno::Errno;
-use std::net::{IpAddr, Ipv4Addr};
+use std::net::Ipv4Addr;
 use std::os::fd::{AsFd, AsRawFd};
 
 /// The signal an address notification raises.
@@ -45,13 +49,15 @@ struct OwnerEx {
 
 /// What the helper does with a watch (the real one below; the tests' in `sys::Recorder`).
 pub trait HostAddresses {
+    /// What the host delivers to itself now (see [`super::net::local_routes_on`]), read
+    /// after the subscription: the job's routes and table refuse it from the start.
+    fn current(&mut self) -> Result<Vec<LocalNet>>;
     /// Starts the signals and opens what [`HostAddresses::refuse`] needs: in the job's
     /// namespace.
     fn arm(&mut self) -> Result<()>;
-    /// The host's addresses that came since the last call (every address of the host
-    /// when notifications were lost): each address with the broadcast addresses it
-    /// brings (IPv4), IPv6 ones but loopback's and link-local ones.
-    fn added(&mut self) -> Result<Vec<IpAddr>>;
+    /// The host's local destinations that came since the last call (all of them when
+    /// notifications were lost).
+    fn added(&mut self) -> Result<Vec<LocalNet>>;
     /// Refuses `v4` and `v6` in the job's namespace: a prohibit route each and a rule
     /// each of the job's table.
     fn refuse(&mut self, v4: &[Ipv4Net], v6: &[Ipv6Net]) -> Result<()>;
@@ -60,8 +66,8 @@ pub trait HostAddresses {
 /// The real thing.
 pub struct Watch {
     listener: Listener,
-    /// A socket of the host's namespace too, to read every address afresh when
-    /// notifications were lost.
+    /// A socket of the host's namespace too, for its local routes at the start and
+    /// afresh when notifications were lost.
     host: Socket,
     ipv6: bool,
     /// The job's namespace's route and nftables sockets, from [`HostAddresses::arm`].
@@ -69,10 +75,10 @@ pub struct Watch {
 }
 
 impl Watch {
-    /// Step 1, in the host's network namespace, before its addresses are read: the
-    /// subscription (IPv6 too when `ipv6`).
+    /// Step 1, in the host's network namespace, before anything of it is read: the
+    /// subscription to its route changes (IPv6 too when `ipv6`).
     pub fn subscribe(ipv6: bool) -> Result<Watch> {
-        let groups = nl::RTMGRP_IPV4_IFADDR | if ipv6 { nl::RTMGRP_IPV6_IFADDR } else { 0 };
+        let groups = nl::RTMGRP_IPV4_ROUTE | if ipv6 { nl::RTMGRP_IPV6_ROUTE } else { 0 };
         let listener = Listener::open(groups).map_err(Error::WatchAddresses)?;
         let host = Socket::open(Proto::Route).map_err(Error::NetlinkSocket)?;
         Ok(Watch { listener, host, ipv6, job: None })
@@ -104,22 +110,21 @@ impl HostAddresses for Watch {
         Errno::result(set).map(drop).map_err(Error::ArmAddressWatch)
     }
 
-    fn added(&mut self) -> Result<Vec<IpAddr>> {
+    fn current(&mut self) -> Result<Vec<LocalNet>> {
+        super::net::local_routes_on(&self.host, self.ipv6)
+    }
+
+    fn added(&mut self) -> Result<Vec<LocalNet>> {
         let drained = self.listener.drain().map_err(Error::ReadAddressWatch)?;
         if drained.overrun {
-            let mut all: Vec<IpAddr> =
-                super::net::delivered_addresses_on(&self.host)?.into_iter().map(IpAddr::V4).collect();
-            if self.ipv6 {
-                all.extend(super::net::global_addresses6_on(&self.host)?.into_iter().map(IpAddr::V6));
-            }
-            return Ok(all);
+            return self.current();
         }
-        Ok(new_addresses(&drained.notifications))
+        Ok(new_local_routes(&drained.notifications))
     }
 
     fn refuse(&mut self, v4: &[Ipv4Net], v6: &[Ipv6Net]) -> Result<()> {
         let Some((route, nft)) = &self.job else {
-            return Err(Error::ArmAddressWatch(Errno::ENOTCONN));
+            return Err(Error::AddressWatchNotArmed);
         };
         let routes: Vec<JobRoute> = v4.iter().map(|n| JobRoute::Prohibit(*n)).collect();
         super::net::add_routes(route, &routes, Ipv4Addr::UNSPECIFIED)?;
@@ -128,21 +133,13 @@ impl HostAddresses for Watch {
     }
 }
 
-/// The addresses of the `RTM_NEWADDR` notifications among `(type, payload)`.
-pub fn new_addresses(notifications: &[(u16, Vec<u8>)]) -> Vec<IpAddr> {
-    let mut out: Vec<IpAddr> = Vec::new();
-    for (_, payload) in notifications.iter().filter(|(t, _)| *t == nl::RTM_NEWADDR) {
-        let found: Vec<IpAddr> = match payload.first() {
-            Some(&nl::AF_INET) => {
-                let entry = AddressEntry::parse(payload);
-                entry.map(|e| e.delivered()).unwrap_or_default().into_iter().map(IpAddr::V4).collect()
-            }
-            Some(&nl::AF_INET6) => super::net::global_address6(payload).into_iter().map(IpAddr::V6).collect(),
-            _ => vec![],
-        };
-        for a in found {
-            if !out.contains(&a) {
-                out.push(a);
+/// The local destinations of the `RTM_NEWROUTE` notifications among `(type, payload)`.
+pub fn new_local_routes(notifications: &[(u16, Vec<u8>)]) -> Vec<LocalNet> {
+    let mut out: Vec<LocalNet> = Vec::new();
+    for (_, payload) in notifications.iter().filter(|(t, _)| *t == nl::RTM_NEWROUTE) {
+        if let Some(n) = super::net::local_route(payload) {
+            if !out.contains(&n) {
+                out.push(n);
             }
         }
     }
@@ -155,75 +152,92 @@ mod tests {
     use super::*;
     use std::net::Ipv6Addr;
 
-    /// The payload of an `RTM_NEWADDR` (or another type) as the kernel sends it: the
-    /// netlink header cut off.
+    /// The payload of a message as the kernel sends it: the netlink header cut off.
     fn notification(typ: u16, m: Message) -> (u16, Vec<u8>) {
         (typ, m.finish(0, 0)[16..].to_vec())
     }
 
-    fn v4(prefix: u8, a: Ipv4Addr) -> Message {
-        let mut m = Message::addr(nl::RTM_NEWADDR, 0, nl::AF_INET, prefix, 0, 3);
-        m.attr_ipv4(nl::IFA_ADDRESS, a).attr_ipv4(nl::IFA_LOCAL, a);
-        m
-    }
-
-    fn v6(a: Ipv6Addr) -> Message {
-        let mut m = Message::addr(nl::RTM_NEWADDR, 0, nl::AF_INET6, 64, 0, 3);
-        m.attr_ipv6(nl::IFA_ADDRESS, a);
-        m
+    /// An `RTM_NEWROUTE` of `family` to `dst`/`prefix`, of type `kind`, in `table` (the
+    /// local table's number, 255, does not fit the header's byte only for tables above
+    /// 255: this one does).
+    fn route(family: u8, dst: &[u8], prefix: u8, kind: u8, table: u8) -> (u16, Vec<u8>) {
+        let mut m = if family == nl::AF_INET {
+            Message::route(0, prefix, 0, kind)
+        } else {
+            Message::route6(0, prefix, 0, kind)
+        };
+        m.attr(nl::RTA_DST, dst).attr_u32(nl::RTA_TABLE, table as u32);
+        notification(nl::RTM_NEWROUTE, m)
     }
 
     #[test]
-    fn an_address_notification_brings_the_address_and_its_broadcasts() {
-        const RTM_DELADDR: u16 = 21;
-        let got = new_addresses(&[
-            notification(nl::RTM_NEWADDR, v4(24, Ipv4Addr::new(198, 18, 200, 1))),
-            notification(nl::RTM_NEWADDR, v4(32, Ipv4Addr::new(192, 0, 2, 9))),
-            notification(nl::RTM_NEWADDR, v6(Ipv6Addr::new(0x2001, 0xdb8, 0, 0, 0, 0, 0, 7))),
-            notification(nl::RTM_NEWADDR, v6(Ipv6Addr::new(0xfe80, 0, 0, 0, 0, 0, 0, 7))),
-            notification(nl::RTM_NEWADDR, v6(Ipv6Addr::LOCALHOST)),
-            notification(RTM_DELADDR, v4(32, Ipv4Addr::new(192, 0, 2, 10))),
+    fn local_routes_of_the_local_table_are_what_the_host_delivers_to_itself() {
+        const RTM_DELROUTE: u16 = 25;
+        let v6 = Ipv6Addr::new(0x2001, 0xdb8, 0, 0, 0, 0, 0, 7).octets();
+        let mut gone = route(nl::AF_INET, &[192, 0, 2, 10], 32, nl::RTN_LOCAL, 255);
+        gone.0 = RTM_DELROUTE;
+        let got = new_local_routes(&[
+            route(nl::AF_INET, &[198, 18, 200, 1], 32, nl::RTN_LOCAL, 255),
+            route(nl::AF_INET, &[198, 18, 200, 255], 32, nl::RTN_BROADCAST, 255),
+            // An address on loopback: its whole prefix is local.
+            route(nl::AF_INET, &[10, 50, 0, 0], 16, nl::RTN_LOCAL, 255),
+            route(nl::AF_INET6, &v6, 128, nl::RTN_LOCAL, 255),
+            route(nl::AF_INET6, &v6, 64, nl::RTN_ANYCAST, 255),
+            // Not delivered here: a unicast route, a local route of another table, a deletion.
+            route(nl::AF_INET, &[198, 18, 200, 0], 24, nl::RTN_UNICAST, 254),
+            route(nl::AF_INET, &[192, 0, 2, 9], 32, nl::RTN_LOCAL, 254),
+            gone,
+            route(nl::AF_INET, &[198, 18, 200, 1], 32, nl::RTN_LOCAL, 255),
         ]);
-        let want: Vec<IpAddr> = vec![
-            Ipv4Addr::new(198, 18, 200, 1).into(),
-            Ipv4Addr::new(198, 18, 200, 255).into(),
-            Ipv4Addr::new(192, 0, 2, 9).into(),
-            Ipv6Addr::new(0x2001, 0xdb8, 0, 0, 0, 0, 0, 7).into(),
+        let want = [
+            LocalNet::V4(Ipv4Net::host(Ipv4Addr::new(198, 18, 200, 1))),
+            LocalNet::V4(Ipv4Net::host(Ipv4Addr::new(198, 18, 200, 255))),
+            LocalNet::V4(Ipv4Net::new(Ipv4Addr::new(10, 50, 0, 0), 16)),
+            LocalNet::V6(Ipv6Net::host(Ipv6Addr::from(v6))),
+            LocalNet::V6(Ipv6Net::new(Ipv6Addr::from(v6), 64)),
         ];
         assert_eq!(got, want);
     }
 
-    /// A real subscription sees an address added in its namespace, and, armed, raises
-    /// the signal in the thread that armed it; what it refuses is refused.
+    /// A real subscription sees the local route of an address added in its namespace,
+    /// and, armed, raises the signal in the thread that armed it; what it refuses is
+    /// refused.
     #[test]
     #[cfg_attr(not(test_as_root), ignore = "needs root: a network namespace")]
     fn a_subscription_signals_an_address_added_and_refuses_it() {
-        let (sig, added, refused) = std::thread::spawn(|| {
+        let (sig, current, added, refused) = std::thread::spawn(|| {
             nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNET).unwrap();
             let s = Socket::open(Proto::Route).unwrap();
             s.request(Message::link(nl::RTM_NEWLINK, 0, 1, nl::IFF_UP, nl::IFF_UP)).unwrap();
             super::super::job_filter::install(&Default::default()).unwrap();
             let mut w = Watch::subscribe(false).unwrap();
+            let current = w.current().unwrap();
             let mut set = nix::sys::signal::SigSet::empty();
             set.add(SIGNAL);
             set.thread_block().unwrap();
             w.arm().unwrap();
+            // On loopback, with a prefix: the whole /24 becomes local.
             let a = Ipv4Addr::new(192, 0, 2, 77);
-            let mut m = Message::addr(nl::RTM_NEWADDR, nl::NLM_F_CREATE | nl::NLM_F_EXCL, nl::AF_INET, 32, 0, 1);
+            let mut m = Message::addr(nl::RTM_NEWADDR, nl::NLM_F_CREATE | nl::NLM_F_EXCL, nl::AF_INET, 24, 0, 1);
             m.attr_ipv4(nl::IFA_LOCAL, a).attr_ipv4(nl::IFA_ADDRESS, a);
             s.request(m).unwrap();
             let sig = set.wait().unwrap();
             let added = w.added().unwrap();
-            // Refused: a route lookup from this namespace now fails as a prohibit route does.
-            w.refuse(&[Ipv4Net::new(Ipv4Addr::new(192, 0, 2, 0), 24)], &[]).unwrap();
+            // Refused (a network not local here: this one namespace plays both the host
+            // and the job): a route lookup now fails as a prohibit route does.
+            w.refuse(&[Ipv4Net::new(Ipv4Addr::new(198, 51, 100, 0), 24)], &[]).unwrap();
             let sock = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
-            let refused = sock.connect("192.0.2.5:9").map_err(|e| e.raw_os_error());
-            (sig, added, refused)
+            let refused = sock.connect("198.51.100.5:9").map_err(|e| e.raw_os_error());
+            (sig, current, added, refused)
         })
         .join()
         .unwrap();
         assert_eq!(sig, SIGNAL);
-        assert_eq!(added, [IpAddr::V4(Ipv4Addr::new(192, 0, 2, 77))]);
+        // A new namespace's loopback: 127.0.0.0/8, 127.0.0.1 and its broadcast.
+        let lo = |n: &LocalNet| matches!(n, LocalNet::V4(v) if Ipv4Net::new(Ipv4Addr::new(127, 0, 0, 0), 8).contains(v.addr));
+        assert!(!current.is_empty() && current.iter().all(lo), "{current:?}");
+        let net = LocalNet::V4(Ipv4Net::new(Ipv4Addr::new(192, 0, 2, 0), 24));
+        assert!(added.contains(&net), "{added:?}");
         assert_eq!(refused, Err(Some(libc::EACCES)));
     }
 }

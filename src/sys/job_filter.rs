@@ -121,7 +121,7 @@ pub fn messages(f: &JobFilter) -> Vec<Message> {
 /// thread's network namespace: rules appended to its chain, in one batch (see
 /// `sys::address_watch`: host addresses that came after the job's start).
 pub fn refuse_more(s: &Socket, reject4: &[Ipv4Net], reject6: &[Ipv6Net]) -> Result<()> {
-    s.batch(more_rules(reject4, reject6)).map_err(|source| Error::JobFilter { table: TABLE, source })
+    s.batch(more_rules(reject4, reject6)).map_err(|source| Error::JobFilterRule { table: TABLE, source })
 }
 
 fn more_rules(reject4: &[Ipv4Net], reject6: &[Ipv6Net]) -> Vec<Message> {

@@ -131,7 +131,7 @@ pub trait Sys {
     /// Makes `dir` (not there yet) a btrfs subvolume whose qgroup is limited to `bytes`
     /// (see [`btrfs`]); returns the qgroup's id. Nothing is left on an error.
     fn create_quota_subvolume(&self, dir: &Path, bytes: u64) -> Result<u64>;
-    /// A watch of the host's address changes (see [`address_watch`]; `ipv6`: IPv6 ones
+    /// A watch of the host's local destinations (see [`address_watch`]; `ipv6`: IPv6 ones
     /// too), subscribed before [`Sys::host_addresses`] reads them: rootless jobs.
     fn watch_host_addresses(&self, ipv6: bool) -> Result<Box<dyn address_watch::HostAddresses>>;
     /// The host's IPv4 addresses and its subnets' broadcast addresses (see
@@ -373,10 +373,13 @@ impl Recorder {
 struct QuietWatch;
 
 impl address_watch::HostAddresses for QuietWatch {
+    fn current(&mut self) -> Result<Vec<net::LocalNet>> {
+        Ok(vec![])
+    }
     fn arm(&mut self) -> Result<()> {
         Ok(())
     }
-    fn added(&mut self) -> Result<Vec<std::net::IpAddr>> {
+    fn added(&mut self) -> Result<Vec<net::LocalNet>> {
         Ok(vec![])
     }
     fn refuse(&mut self, _v4: &[net::Ipv4Net], _v6: &[net::Ipv6Net]) -> Result<()> {

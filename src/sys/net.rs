@@ -60,6 +60,10 @@ impl Ipv4Net {
         let p = self.prefix.min(other.prefix);
         u32::from(self.addr) & Self::mask(p) == u32::from(other.addr) & Self::mask(p)
     }
+    /// Whether all of `other` is inside this network.
+    pub fn covers(&self, other: &Ipv4Net) -> bool {
+        self.prefix <= other.prefix && self.contains(other.addr)
+    }
     /// Address number `n` of the network (0 = the network's own).
     pub fn nth(&self, n: u32) -> Ipv4Addr {
         Ipv4Addr::from(u32::from(self.addr).wrapping_add(n))
@@ -96,6 +100,10 @@ impl Ipv6Net {
         } else {
             u128::MAX << (128 - prefix as u32)
         }
+    }
+    /// Whether all of `other` is inside this network.
+    pub fn covers(&self, other: &Ipv6Net) -> bool {
+        self.prefix <= other.prefix && self.contains(other.addr)
     }
     pub fn contains(&self, a: Ipv6Addr) -> bool {
         u128::from(a) & Self::mask(self.prefix) == u128::from(self.addr)
@@ -1185,10 +1193,103 @@ pub fn global_address6(payload: &[u8]) -> Option<Ipv6Addr> {
     if payload.first() != Some(&nl::AF_INET6) {
         return None;
     }
+    // The host's own address: IFA_LOCAL where the kernel gives one (an address with a
+    // peer, `ip -6 addr add A peer B`: IFA_ADDRESS is then the peer's), else IFA_ADDRESS.
     let attrs = nl::attributes(payload, 8);
-    let a = attrs.iter().find(|(t, _)| *t == nl::IFA_ADDRESS)?;
+    let a = attrs.iter().find(|(t, _)| *t == nl::IFA_LOCAL).or(attrs.iter().find(|(t, _)| *t == nl::IFA_ADDRESS))?;
     let a = Ipv6Addr::from(<[u8; 16]>::try_from(a.1).ok()?);
     (!a.is_loopback() && (a.segments()[0] & 0xffc0) != 0xfe80).then_some(a)
+}
+
+/// A destination a namespace delivers to itself (see [`local_routes_on`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LocalNet {
+    V4(Ipv4Net),
+    V6(Ipv6Net),
+}
+
+impl LocalNet {
+    pub fn v4(&self) -> Option<Ipv4Net> {
+        match self {
+            LocalNet::V4(n) => Some(*n),
+            LocalNet::V6(_) => None,
+        }
+    }
+    pub fn v6(&self) -> Option<Ipv6Net> {
+        match self {
+            LocalNet::V6(n) => Some(*n),
+            LocalNet::V4(_) => None,
+        }
+    }
+    /// Whether all of `other` is inside this one (the same family).
+    pub fn covers(&self, other: &LocalNet) -> bool {
+        match (self, other) {
+            (LocalNet::V4(a), LocalNet::V4(b)) => a.covers(b),
+            (LocalNet::V6(a), LocalNet::V6(b)) => a.covers(b),
+            _ => false,
+        }
+    }
+}
+
+impl std::fmt::Display for LocalNet {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            LocalNet::V4(n) => n.fmt(f),
+            LocalNet::V6(n) => n.fmt(f),
+        }
+    }
+}
+
+/// Everything the namespace `s` was opened in delivers to itself: its local table's
+/// local, broadcast and anycast routes, IPv4 (and IPv6 when `ipv6`). More than its
+/// addresses: an address on loopback makes its whole prefix local
+/// (`ip addr add 10.50.0.1/16 dev lo`), and `ip route add local NET` makes a network local
+/// with no address at all (AnyIP).
+pub fn local_routes_on(s: &Socket, ipv6: bool) -> Result<Vec<LocalNet>> {
+    let mut out = Vec::new();
+    let families: &[(u8, &'static str)] = if ipv6 {
+        &[(nl::AF_INET, "local routes"), (nl::AF_INET6, "IPv6 local routes")]
+    } else {
+        &[(nl::AF_INET, "local routes")]
+    };
+    for (family, what) in families {
+        let replies =
+            s.call(Message::dump(nl::RTM_GETROUTE, *family)).map_err(|source| Error::NetlinkDump { what, source })?;
+        out.extend(replies.iter().filter_map(|r| local_route(r)));
+    }
+    Ok(out)
+}
+
+/// The destination of an `RTM_NEWROUTE` payload (a dump's reply or a notification) when
+/// it is a route of the local table of a type the host delivers to itself.
+pub fn local_route(payload: &[u8]) -> Option<LocalNet> {
+    let (family, dst_len, kind) = (*payload.first()?, *payload.get(1)?, *payload.get(7)?);
+    let mut table = *payload.get(4)? as u32;
+    if ![nl::RTN_LOCAL, nl::RTN_BROADCAST, nl::RTN_ANYCAST].contains(&kind) {
+        return None;
+    }
+    let mut dst: Option<&[u8]> = None;
+    for (t, d) in nl::attributes(payload, 12) {
+        match t {
+            nl::RTA_DST => dst = Some(d),
+            nl::RTA_TABLE => table = u32::from_ne_bytes(d.try_into().ok()?),
+            _ => {}
+        }
+    }
+    if table != nl::RT_TABLE_LOCAL {
+        return None;
+    }
+    match family {
+        nl::AF_INET => {
+            let a = dst.map_or(Some(Ipv4Addr::UNSPECIFIED), |d| <[u8; 4]>::try_from(d).ok().map(Ipv4Addr::from))?;
+            Some(LocalNet::V4(Ipv4Net::new(a, dst_len)))
+        }
+        nl::AF_INET6 => {
+            let a = dst.map_or(Some(Ipv6Addr::UNSPECIFIED), |d| <[u8; 16]>::try_from(d).ok().map(Ipv6Addr::from))?;
+            Some(LocalNet::V6(Ipv6Net::new(a, dst_len)))
+        }
+        _ => None,
+    }
 }
 
 /// The links of this namespace: `(index, name)`.

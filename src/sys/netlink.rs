@@ -74,6 +74,11 @@ pub const RTA_TABLE: u16 = 15;
 pub const NDA_DST: u16 = 1;
 pub const NDA_LLADDR: u16 = 2;
 pub const RT_TABLE_MAIN: u8 = 254;
+pub const RT_TABLE_LOCAL: u32 = 255;
+/// Route types a host delivers to itself (`rtm_type`).
+pub const RTN_LOCAL: u8 = 2;
+pub const RTN_BROADCAST: u8 = 3;
+pub const RTN_ANYCAST: u8 = 4;
 pub const RTPROT_BOOT: u8 = 3;
 pub const RT_SCOPE_UNIVERSE: u8 = 0;
 pub const RT_SCOPE_LINK: u8 = 253;
@@ -191,9 +196,9 @@ impl Socket {
     }
 }
 
-/// Route netlink's multicast groups of address changes (linux/rtnetlink.h, `RTMGRP_*`).
-pub const RTMGRP_IPV4_IFADDR: u32 = 0x10;
-pub const RTMGRP_IPV6_IFADDR: u32 = 0x100;
+/// Route netlink's multicast groups of route changes (linux/rtnetlink.h, `RTMGRP_*`).
+pub const RTMGRP_IPV4_ROUTE: u32 = 0x40;
+pub const RTMGRP_IPV6_ROUTE: u32 = 0x400;
 
 /// A route netlink socket subscribed to multicast groups: the kernel's notifications
 /// of the namespace it was opened in, read without blocking.

@@ -539,74 +539,121 @@ fn t46_broadcast_and_multicast_reach_no_host_service_after_a_flush() {
 
 #[test]
 #[cfg_attr(not(test_as_root), ignore = "needs root: creates real sandboxes and network namespaces")]
-fn t47_a_host_address_that_comes_while_a_job_runs_is_out_of_its_reach() {
+fn t47_what_the_host_delivers_to_itself_is_out_of_reach_also_when_it_comes_mid_job() {
     require_root!();
     let lab = or_skip!(NetLab::new());
     let h = home("net-new-addr");
-    // An address the fake host gets while the job runs (a VPN, a bridge coming up, DHCP),
-    // on a link of its own; the fake host's service on all addresses answers there.
-    // Rootless jobs reached it through pasta: their routes and table listed the host's
-    // addresses of the job's start only.
-    const NEW: &str = "198.18.200.1";
+    // The fake host's service on all addresses answers on each of these:
+    // - BEFORE: an address on loopback with a prefix, there before the job (the kernel
+    //   makes the whole /24 local: any of its addresses is the host's);
+    // - NEW: an address the fake host gets while the job runs (a VPN, a bridge coming
+    //   up, DHCP), on a link of its own (a veth pair: this kernel has no dummy links);
+    // - NEW_LO: another loopback prefix, while the job runs.
+    // Rootless jobs reached all three through pasta: their routes and table listed the
+    // host's addresses of the job's start only.
+    const BEFORE: (&str, &str) = ("198.18.210.1/24", "198.18.210.9");
+    const NEW: (&str, &str) = ("198.18.200.1/24", "198.18.200.1");
+    const NEW_LO: (&str, &str) = ("198.18.220.1/24", "198.18.220.9");
     const LINK: &str = "t47late";
     const PEER: &str = "t47peer";
-    let targets = toks(&[
-        &format!("connect-tcp:{NEW}:{}", netlab::HOST_ANY_PORT),
-        &format!("connect-tcp-dev:{NEW}:{}:eth0", netlab::HOST_ANY_PORT),
-    ]);
+    let port = netlab::HOST_ANY_PORT;
+    // Root mode, where the host's table drops these (3 s per probe till its timeout):
+    // the plain connects only; the bound ones are t44's and t45's there.
+    let targets: Vec<String> = [BEFORE.1, NEW.1, NEW_LO.1]
+        .iter()
+        .flat_map(|a| [format!("connect-tcp:{a}:{port}"), format!("connect-tcp-dev:{a}:{port}:eth0")])
+        .filter(|t| rootless() || !t.starts_with("connect-tcp-dev"))
+        .collect();
     let ip = |args: &[&str]| {
         let o = Command::new("ip").args(["netns", "exec", &lab.host, "ip"]).args(args).output().unwrap();
         assert!(o.status.success(), "ip {args:?}: {}", String::from_utf8_lossy(&o.stderr));
     };
+    let serves = |addr: &str| {
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                lab.enter_host();
+                let to = std::net::SocketAddr::new(addr.parse().unwrap(), port);
+                std::net::TcpStream::connect_timeout(&to, Duration::from_secs(5)).map(drop)
+            })
+            .join()
+            .unwrap()
+        })
+    };
+    ip(&["addr", "add", BEFORE.0, "dev", "lo"]);
+    assert!(serves(BEFORE.1).is_ok(), "the control: the fake host's service on {}", BEFORE.1);
     for (who, opts) in USERS {
         let flag = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("new-addr-{who}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&flag);
         std::fs::create_dir_all(&flag).unwrap();
         std::fs::set_permissions(&flag, std::fs::Permissions::from_mode(0o755)).unwrap();
         let m = unique("t47");
+        // After the probes, the control: the job's network still works.
+        let page = if rootless() { get(&format!("http://{}:{port}/", NEW.1)) } else { ":".into() };
         let script = format!(
-            ": {m}; while [ ! -e /flag/added ]; do sleep 0.05; done; {}; {}",
+            ": {m}; while [ ! -e /flag/added ]; do sleep 0.05; done; {}; {page}; {}",
             probe(&targets),
-            get(&format!("http://{NEW}:{}/", netlab::HOST_ANY_PORT))
+            get(&format!("http://{INTERNET_IP}/"))
         );
         let vol = format!("{}:/flag", flag.display());
         let mut c = h.lab_command(&lab);
         c.args(["exec", "--rootfs", "esc", "--volume", &vol]).args(opts.iter()).args(["--", "sh", "-c", &script]);
-        let job = c.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+        let mut job = c.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+        // Its log, as it comes.
+        let log = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+        let reader = {
+            let (log, mut err) = (log.clone(), job.stderr.take().unwrap());
+            std::thread::spawn(move || {
+                let mut buf = [0u8; 4096];
+                while let Ok(n @ 1..) = std::io::Read::read(&mut err, &mut buf) {
+                    log.lock().unwrap().push_str(&String::from_utf8_lossy(&buf[..n]));
+                }
+            })
+        };
         // The job's own shell (the lab's wrapper is an `sh -c` naming the marker too).
         let own = format!("sh -c : {m};");
         let job_runs = || processes_matching(&m).iter().any(|(_, cmd)| cmd.starts_with(&own));
         wait_until("the job to run", Duration::from_secs(30), job_runs);
-        // (A veth pair: this machine's kernel has no dummy links.)
         ip(&["link", "add", LINK, "type", "veth", "peer", "name", PEER]);
-        ip(&["addr", "add", &format!("{NEW}/24"), "dev", LINK]);
+        ip(&["addr", "add", NEW.0, "dev", LINK]);
         ip(&["link", "set", PEER, "up"]);
         ip(&["link", "set", LINK, "up"]);
-        // The host's own view: the new address serves (the control).
-        let served = std::thread::scope(|s| {
-            s.spawn(|| {
-                lab.enter_host();
-                let to = std::net::SocketAddr::new(NEW.parse().unwrap(), netlab::HOST_ANY_PORT);
-                std::net::TcpStream::connect_timeout(&to, Duration::from_secs(5)).map(drop)
-            })
-            .join()
-            .unwrap()
-        });
-        assert!(served.is_ok(), "the host's service on {NEW}: {served:?}");
-        // The watch acts within a millisecond or so of the kernel's notification; the
-        // job looks a moment later.
-        std::thread::sleep(Duration::from_millis(300));
+        ip(&["addr", "add", NEW_LO.0, "dev", "lo"]);
+        for a in [NEW.1, NEW_LO.1] {
+            assert!(serves(a).is_ok(), "the control: the fake host's service on {a}");
+        }
+        if rootless() {
+            // The helper says what it refused (root mode: the host's table needs no word).
+            let refused = |l: &str| {
+                let said = |what: &str| l.lines().any(|l| l.contains(what) && l.contains("refused to the job"));
+                said(NEW.1) && said("198.18.220.0/24")
+            };
+            let t0 = std::time::Instant::now();
+            while !refused(&log.lock().unwrap()) {
+                assert!(
+                    t0.elapsed() < Duration::from_secs(10),
+                    "{who}: the helper's refusals: {}",
+                    log.lock().unwrap()
+                );
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
         std::fs::write(flag.join("added"), "").unwrap();
-        let o = job.wait_with_output().unwrap();
-        let out = String::from_utf8_lossy(&o.stdout).into_owned();
+        let status = job.wait().unwrap();
+        reader.join().unwrap();
+        let mut out = String::new();
+        std::io::Read::read_to_string(&mut job.stdout.take().unwrap(), &mut out).unwrap();
         ip(&["link", "del", LINK]);
-        assert!(o.status.success(), "{who}: {out} {}", String::from_utf8_lossy(&o.stderr));
-        assert!(!out.contains(HOST_BODY), "{who} read the host's service on its new address: {out}");
+        ip(&["addr", "del", NEW_LO.0, "dev", "lo"]);
+        let log = log.lock().unwrap().clone();
+        assert!(status.success(), "{who}: {out} {log}");
+        assert!(out.contains(INTERNET_BODY), "{who}: the job's network still works: {out}");
+        assert!(!out.contains(HOST_BODY), "{who} read the host's service: {out}");
         let r = probe_results(&out);
         for t in &targets {
             assert!(blocked(&r[t]), "{who}: {t}: {out}");
         }
         std::fs::remove_dir_all(&flag).unwrap();
     }
+    ip(&["addr", "del", BEFORE.0, "dev", "lo"]);
     h.assert_no_residue(&[]);
 }

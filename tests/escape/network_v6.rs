@@ -395,12 +395,18 @@ fn t48_an_ipv6_address_the_host_gets_while_a_job_runs_is_out_of_its_reach() {
     // at once (nodad). Rootless jobs reached it through pasta before the host's address
     // notifications were watched.
     const NEW: &str = "2001:2:0:7::1";
+    // And a network made local with no address (AnyIP), there before the job.
+    const ANYIP: (&str, &str) = ("2001:2:0:8::/64", "2001:2:0:8::5");
     const LINK: &str = "t48late";
     const PEER: &str = "t48peer";
     let ip = |args: &[&str]| {
         let o = Command::new("ip").args(["netns", "exec", &lab.host, "ip"]).args(args).output().unwrap();
         assert!(o.status.success(), "ip {args:?}: {}", String::from_utf8_lossy(&o.stderr));
     };
+    ip(&["-6", "route", "add", "local", ANYIP.0, "dev", "lo"]);
+    let url = format!("http://[{}]:{}/", ANYIP.1, netlab::HOST_ANY_PORT);
+    let o = lab.host_command("busybox", None).args(["wget", "-q", "-O-", &url]).output().unwrap();
+    assert!(String::from_utf8_lossy(&o.stdout).contains(HOST_BODY), "the host's service on {}", ANYIP.1);
     for (who, opts) in USERS {
         let flag = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("new-addr6-{who}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&flag);
@@ -408,8 +414,9 @@ fn t48_an_ipv6_address_the_host_gets_while_a_job_runs_is_out_of_its_reach() {
         std::fs::set_permissions(&flag, std::fs::Permissions::from_mode(0o755)).unwrap();
         let m = unique("t48");
         let script = format!(
-            ": {m}; while [ ! -e /flag/added ]; do sleep 0.05; done; {}",
-            connect("new", NEW, netlab::HOST_ANY_PORT)
+            ": {m}; while [ ! -e /flag/added ]; do sleep 0.05; done; {}; {}",
+            connect("new", NEW, netlab::HOST_ANY_PORT),
+            connect("anyip", ANYIP.1, netlab::HOST_ANY_PORT)
         );
         let vol = format!("{}:/flag", flag.display());
         let mut c = h.lab_command(&lab);
@@ -436,8 +443,9 @@ fn t48_an_ipv6_address_the_host_gets_while_a_job_runs_is_out_of_its_reach() {
         ip(&["link", "del", LINK]);
         assert!(o.status.success(), "{who}: {out} {}", String::from_utf8_lossy(&o.stderr));
         assert!(!out.contains(HOST_BODY), "{who} read the host's service on its new address: {out}");
-        assert!(refused(line(&out, "new")), "{who}: {out}");
+        assert!(refused(line(&out, "new")) && refused(line(&out, "anyip")), "{who}: {out}");
         std::fs::remove_dir_all(&flag).unwrap();
     }
+    ip(&["-6", "route", "del", "local", ANYIP.0, "dev", "lo"]);
     h.assert_no_residue(&[]);
 }

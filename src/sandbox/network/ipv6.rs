@@ -169,11 +169,18 @@ pub fn uplinks(text: &str) -> Vec<String> {
     out
 }
 
-/// Rootless (pasta): link-local, cloud metadata and the host's own addresses (pasta
-/// would connect to them from the host). The job's address is the host's, as pasta
-/// copies it: its prohibit route does not hide the job's own address (local first).
-pub fn blocked_rootless(host: &[Ipv6Addr]) -> Vec<Ipv6Net> {
-    with_hosts(vec![LINK_LOCAL, METADATA[0], METADATA[1]], host)
+/// Rootless (pasta): link-local, cloud metadata, the host's own addresses and its other
+/// `local` destinations (pasta would connect to them from the host; see
+/// `sys::address_watch`). The job's address is the host's, as pasta copies it: its
+/// prohibit route does not hide the job's own address (local first).
+pub fn blocked_rootless(host: &[Ipv6Addr], local: &[Ipv6Net]) -> Vec<Ipv6Net> {
+    let mut out = with_hosts(vec![LINK_LOCAL, METADATA[0], METADATA[1]], host);
+    for n in local.iter().filter(|n| !n.addr.is_loopback()) {
+        if !out.iter().any(|b| b.covers(n)) {
+            out.push(*n);
+        }
+    }
+    out
 }
 
 /// The networks a job's own routes prohibit: link-local, the jobs' prefix (the other
@@ -266,7 +273,7 @@ mod tests {
             ["fe80::/10", "fd61:7a70:7362::/64", "fd00:ec2::254/128", "fd20:ce::254/128", "2001:db8::2/128"],
             "a host address inside a blocked network is not listed again"
         );
-        let b: Vec<String> = blocked_rootless(&host).iter().map(|n| n.to_string()).collect();
+        let b: Vec<String> = blocked_rootless(&host, &[]).iter().map(|n| n.to_string()).collect();
         assert_eq!(
             b,
             ["fe80::/10", "fd00:ec2::254/128", "fd20:ce::254/128", "2001:db8::2/128", "fd61:7a70:7362::1/128"]

@@ -52,7 +52,7 @@ pub use watch::HostAddressGuard;
 use super::jobdir::JobDir;
 use super::plan::JobPlan;
 use crate::config::{Ipv6, Network, NetworkAllow};
-use crate::sys::net::{Ipv4Net, Ipv6Net, JobFilter, JobRoute, Made, Pasta, Setup, Veth, Veth6};
+use crate::sys::net::{Ipv4Net, Ipv6Net, JobFilter, JobRoute, LocalNet, Made, Pasta, Setup, Veth, Veth6};
 use crate::sys::Sys;
 use anyhow::{bail, Context, Result};
 use std::net::{Ipv4Addr, Ipv6Addr};
@@ -103,14 +103,22 @@ pub fn allow_group(allow: &[NetworkAllow]) -> u32 {
 }
 
 /// The job's routes besides its default route: link-local, Azure's host endpoint, the
-/// host's addresses and (`subnet`, root mode) the other jobs prohibited; each allowed
-/// destination inside them through the gateway.
-pub fn job_routes(host: &[Ipv4Addr], subnet: Option<Ipv4Net>, allow: &[NetworkAllow]) -> Vec<JobRoute> {
+/// host's addresses, its other `local` destinations (rootless: see
+/// `sys::address_watch`) and (`subnet`, root mode) the other jobs prohibited; each
+/// allowed destination inside them through the gateway.
+pub fn job_routes(
+    host: &[Ipv4Addr],
+    local: &[Ipv4Net],
+    subnet: Option<Ipv4Net>,
+    allow: &[NetworkAllow],
+) -> Vec<JobRoute> {
     let mut blocked = vec![LINK_LOCAL, Ipv4Net::host(firewall::AZURE_HOST)];
     blocked.extend(subnet);
-    for a in host.iter().filter(|a| !a.is_loopback()) {
-        let n = Ipv4Net::host(*a);
-        if !blocked.iter().any(|b| b.overlaps(&n)) {
+    let nets = host.iter().filter(|a| !a.is_loopback()).map(|a| Ipv4Net::host(*a));
+    // 127/8 is the job's own loopback.
+    let loopback = Ipv4Net::new(Ipv4Addr::new(127, 0, 0, 0), 8);
+    for n in nets.chain(local.iter().copied().filter(|n| !loopback.overlaps(n))) {
+        if !blocked.iter().any(|b| b.covers(&n)) {
             blocked.push(n);
         }
     }
@@ -225,23 +233,38 @@ pub fn enter(
     let mut guard = None;
     let setup = match plan.network {
         Network::Isolated => {
-            // Rootless: subscribed before the addresses are read, so that none the host
-            // gets from now on is missed (see `sys::address_watch`).
-            let watch = if plan.rootless { Some(sys.watch_host_addresses(plan.net.ipv6)?) } else { None };
+            // Rootless: subscribed before anything of the host's is read, so that no
+            // local destination the host gets from now on is missed; what it delivers
+            // to itself now (more than its addresses) is refused from the start (see
+            // `sys::address_watch`).
+            let mut watch = if plan.rootless { Some(sys.watch_host_addresses(plan.net.ipv6)?) } else { None };
+            let local = match watch.as_mut() {
+                Some(w) => w.current()?,
+                None => vec![],
+            };
             let host = sys.host_addresses()?;
             let host_resolv = std::fs::read_to_string(HOST_RESOLV_CONF).unwrap_or_default();
             resolv = Some(dns::for_job(&host_resolv, plan.net.gateway(), &host, plan.rootless).resolv_conf);
             let host6 = if plan.net.ipv6 { Some(sys.host_ipv6_addresses()?) } else { None };
-            if let Some(watch) = watch {
-                let host6 = host6.as_deref().unwrap_or_default();
-                guard = Some(HostAddressGuard::new(watch, &host, host6, &plan.net.allow, &plan.id));
-            }
             if plan.rootless {
-                let routes = job_routes(&host, None, &plan.net.allow);
+                let local4: Vec<Ipv4Net> = local.iter().filter_map(LocalNet::v4).collect();
+                let routes = job_routes(&host, &local4, None, &plan.net.allow);
                 let log = job.bundle().join("pasta.log");
-                let ipv6_blocked = host6.map(|h| ipv6::blocked_rootless(&h));
+                let ipv6_blocked = host6.map(|h| {
+                    let local6: Vec<Ipv6Net> = local.iter().filter_map(LocalNet::v6).collect();
+                    ipv6::blocked_rootless(&h, &local6)
+                });
                 let args = pasta_args(&plan.net);
                 let filter = job_filter(&routes, None, ipv6_blocked.as_deref().unwrap_or_default());
+                if let Some(watch) = watch {
+                    let refused = routes.iter().filter_map(|r| match r {
+                        JobRoute::Prohibit(n) => Some(LocalNet::V4(*n)),
+                        JobRoute::Allow(_) => None,
+                    });
+                    let refused6 = ipv6_blocked.iter().flatten().map(|n| LocalNet::V6(*n));
+                    let refused = refused.chain(refused6).collect();
+                    guard = Some(HostAddressGuard::new(watch, refused, &plan.net.allow, &plan.id));
+                }
                 Setup::Pasta(Pasta { program: pasta_program()?, args, routes, log, ipv6_blocked, filter })
             } else {
                 let v6 = host6.map(|h| veth6(&h, !crate::sys::forwarding::ipv6_all_forwarding()));
@@ -357,7 +380,7 @@ fn veth6(host: &[Ipv6Addr], force_forwarding: bool) -> Veth6 {
 
 fn veth(plan: &JobPlan, host: &[Ipv4Addr], v6: Option<Veth6>, pid: u32) -> Veth {
     let subnet = plan.net.subnet();
-    let routes = job_routes(host, Some(subnet), &plan.net.allow);
+    let routes = job_routes(host, &[], Some(subnet), &plan.net.allow);
     Veth {
         host_name: link_name(&plan.id, pid),
         host_mac: HOST_MAC,
@@ -623,7 +646,7 @@ mod tests {
     #[test]
     fn the_jobs_routes_block_link_local_the_host_and_other_jobs_but_what_is_allowed() {
         let host = [Ipv4Addr::LOCALHOST, Ipv4Addr::new(192, 0, 2, 2), Ipv4Addr::new(169, 254, 1, 1)];
-        let r = job_routes(&host, Some(DEFAULT_SUBNET), &allow(&["169.254.169.254:80", "192.0.2.2", "8.8.8.8"]));
+        let r = job_routes(&host, &[], Some(DEFAULT_SUBNET), &allow(&["169.254.169.254:80", "192.0.2.2", "8.8.8.8"]));
         let show: Vec<String> = r.iter().map(|r| r.to_string()).collect();
         assert_eq!(
             show,
@@ -637,9 +660,9 @@ mod tests {
             "8.8.8.8 is not blocked: no route for it; 169.254.1.1 is inside link-local; the host address \
              192.0.2.2, allowed, has the allowed route only (one route per prefix)"
         );
-        let r = job_routes(&host, None, &[]);
+        let r = job_routes(&host, &[], None, &[]);
         assert_eq!(r.len(), 3, "rootless: no jobs' subnet to block: {r:?}");
-        let routes = job_routes(&host, Some(DEFAULT_SUBNET), &allow(&["169.254.169.254", "192.0.2.2"]));
+        let routes = job_routes(&host, &[], Some(DEFAULT_SUBNET), &allow(&["169.254.169.254", "192.0.2.2"]));
         let f = job_filter(&routes, Some(Ipv4Addr::new(10, 87, 0, 1)), &[]);
         let show = |nets: &[Ipv4Net]| nets.iter().map(|n| n.to_string()).collect::<Vec<_>>();
         assert_eq!(
@@ -656,7 +679,7 @@ mod tests {
         assert_eq!(show(&f.reject_off_lo4), ["255.255.255.255/32", "224.0.0.0/4"]);
         assert_eq!(f.reject_off_lo6.len(), 1, "root mode: IPv6 multicast too");
         assert!(job_filter(&routes, None, &[]).reject_off_lo6.is_empty(), "rootless: pasta's NDP is multicast");
-        let r = job_routes(&[], None, &allow(&["168.63.129.16:80"]));
+        let r = job_routes(&[], &[], None, &allow(&["168.63.129.16:80"]));
         let azure = Ipv4Net::host(firewall::AZURE_HOST);
         assert!(r.contains(&JobRoute::Allow(azure)) && !r.contains(&JobRoute::Prohibit(azure)), "allowed: {r:?}");
     }
