@@ -142,6 +142,14 @@ impl NetLab {
                 return Err(format!("the network lab needs {p} (scripts/setup.sh installs it)"));
             }
         }
+        // The lab's commands run in private mount namespaces (for the fake host's
+        // resolv.conf): a tmpfs the first of them mounted for job records where this
+        // machine's /run is none would be that command's alone, and gone with it (with
+        // the records of what the jobs' table turned on, which gc reads). A real host's
+        // /run is a tmpfs; here the machine's own namespace gets the one azp-sandbox
+        // would mount, before any lab command runs.
+        let runtime = std::path::Path::new("/run/azp-sandbox");
+        azp_sandbox::sys::runtime_tmpfs::ensure(runtime).map_err(|e| format!("{}: {e}", runtime.display()))?;
         static N: AtomicU32 = AtomicU32::new(0);
         // Never "azp...": job links on the host are azp*, and the host's table matches that.
         let name = format!("nl{:x}{}", std::process::id(), N.fetch_add(1, Ordering::SeqCst));
