@@ -535,6 +535,16 @@ fn toks(t: &[&str]) -> Vec<String> {
     t.iter().map(|s| s.to_string()).collect()
 }
 
+/// An empty dir of this test's (`name`, made anew, mode 0755) that a job gets as the
+/// volume `/flag`: the test drops files in it to tell the job when to go on.
+fn flag_dir(name: &str) -> PathBuf {
+    let flag = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&flag);
+    std::fs::create_dir_all(&flag).unwrap();
+    std::fs::set_permissions(&flag, std::fs::Permissions::from_mode(0o755)).unwrap();
+    flag
+}
+
 /// sha256 of a few files of a tree, to prove it unchanged.
 fn hashes(root: &Path, files: &[&str]) -> Vec<(String, String, u32)> {
     files

@@ -397,6 +397,12 @@ impl NetLab {
         c
     }
 
+    /// `ip ARGS` in the fake host, asserting it worked.
+    pub fn host_ip(&self, args: &[&str]) {
+        let o = Command::new("ip").args(["netns", "exec", &self.host, "ip"]).args(args).output().unwrap();
+        assert!(o.status.success(), "ip {args:?} in the fake host: {}", String::from_utf8_lossy(&o.stderr));
+    }
+
     fn resolv_conf(&self) -> PathBuf {
         PathBuf::from("/etc/netns").join(&self.host).join("resolv.conf")
     }

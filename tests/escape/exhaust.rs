@@ -493,10 +493,7 @@ fn e09_a_job_cannot_use_up_host_roots_per_user_budgets() {
     let fills = toks(&["fill-inotify", "fill-mq", "fill-sigq"]);
     let host = toks(&["one-inotify", "one-mq", "one-sigq"]);
     for (who, opts) in USERS {
-        let flag = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("ucounts-{who}-{}", std::process::id()));
-        let _ = fs::remove_dir_all(&flag);
-        fs::create_dir_all(&flag).unwrap();
-        fs::set_permissions(&flag, fs::Permissions::from_mode(0o755)).unwrap();
+        let flag = flag_dir(&format!("ucounts-{who}"));
         let vol = format!("{}:/flag", flag.display());
         let script = probe(&[fills.clone(), toks(&["wait-for:/flag/go"])].concat());
         let mut job = HostProc(

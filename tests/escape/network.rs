@@ -432,11 +432,8 @@ fn t45_a_flushed_host_table_leaves_the_jobs_own_table() {
     for (who, opts) in USERS {
         // The job waits for the host's ruleset to be flushed (a firewall reload), then
         // connects to the host's address, plainly and from a socket bound to its link.
-        let flag = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("flushed-{who}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&flag);
+        let flag = flag_dir(&format!("flushed-{who}"));
         let script = format!("while [ ! -e /flag/flushed ]; do sleep 0.05; done; {}; {}", probe(&plain), probe(&bound));
-        std::fs::create_dir_all(&flag).unwrap();
-        std::fs::set_permissions(&flag, std::fs::Permissions::from_mode(0o755)).unwrap();
         let vol = format!("{}:/flag", flag.display());
         let mut c = h.lab_command(&lab);
         c.args(["exec", "--rootfs", "esc", "--volume", &vol]).args(opts.iter()).args(["--", "sh", "-c", &script]);
@@ -511,10 +508,7 @@ fn t46_broadcast_and_multicast_reach_no_host_service_after_a_flush() {
         for (who, opts) in USERS {
             // The job sends once the fake host's whole ruleset is flushed (a firewall
             // reload): its own table must refuse what the host's no longer does.
-            let flag = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("bcast-{who}-{}", std::process::id()));
-            let _ = std::fs::remove_dir_all(&flag);
-            std::fs::create_dir_all(&flag).unwrap();
-            std::fs::set_permissions(&flag, std::fs::Permissions::from_mode(0o755)).unwrap();
+            let flag = flag_dir(&format!("bcast-{who}"));
             let script = format!("while [ ! -e /flag/flushed ]; do sleep 0.05; done; {}", probe(&targets));
             let vol = format!("{}:/flag", flag.display());
             let mut c = h.lab_command(lab);
@@ -564,10 +558,7 @@ fn t47_what_the_host_delivers_to_itself_is_out_of_reach_also_when_it_comes_mid_j
         .flat_map(|a| [format!("connect-tcp:{a}:{port}"), format!("connect-tcp-dev:{a}:{port}:eth0")])
         .filter(|t| rootless() || !t.starts_with("connect-tcp-dev"))
         .collect();
-    let ip = |args: &[&str]| {
-        let o = Command::new("ip").args(["netns", "exec", &lab.host, "ip"]).args(args).output().unwrap();
-        assert!(o.status.success(), "ip {args:?}: {}", String::from_utf8_lossy(&o.stderr));
-    };
+    let ip = |args: &[&str]| lab.host_ip(args);
     let serves = |addr: &str| {
         std::thread::scope(|s| {
             s.spawn(|| {
@@ -582,10 +573,7 @@ fn t47_what_the_host_delivers_to_itself_is_out_of_reach_also_when_it_comes_mid_j
     ip(&["addr", "add", BEFORE.0, "dev", "lo"]);
     assert!(serves(BEFORE.1).is_ok(), "the control: the fake host's service on {}", BEFORE.1);
     for (who, opts) in USERS {
-        let flag = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("new-addr-{who}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&flag);
-        std::fs::create_dir_all(&flag).unwrap();
-        std::fs::set_permissions(&flag, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let flag = flag_dir(&format!("new-addr-{who}"));
         let m = unique("t47");
         // After the probes, the control: the job's network still works.
         let page = if rootless() { get(&format!("http://{}:{port}/", NEW.1)) } else { ":".into() };

@@ -399,19 +399,13 @@ fn t48_an_ipv6_address_the_host_gets_while_a_job_runs_is_out_of_its_reach() {
     const ANYIP: (&str, &str) = ("2001:2:0:8::/64", "2001:2:0:8::5");
     const LINK: &str = "t48late";
     const PEER: &str = "t48peer";
-    let ip = |args: &[&str]| {
-        let o = Command::new("ip").args(["netns", "exec", &lab.host, "ip"]).args(args).output().unwrap();
-        assert!(o.status.success(), "ip {args:?}: {}", String::from_utf8_lossy(&o.stderr));
-    };
+    let ip = |args: &[&str]| lab.host_ip(args);
     ip(&["-6", "route", "add", "local", ANYIP.0, "dev", "lo"]);
     let url = format!("http://[{}]:{}/", ANYIP.1, netlab::HOST_ANY_PORT);
     let o = lab.host_command("busybox", None).args(["wget", "-q", "-O-", &url]).output().unwrap();
     assert!(String::from_utf8_lossy(&o.stdout).contains(HOST_BODY), "the host's service on {}", ANYIP.1);
     for (who, opts) in USERS {
-        let flag = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("new-addr6-{who}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&flag);
-        std::fs::create_dir_all(&flag).unwrap();
-        std::fs::set_permissions(&flag, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let flag = flag_dir(&format!("new-addr6-{who}"));
         let m = unique("t48");
         let script = format!(
             ": {m}; while [ ! -e /flag/added ]; do sleep 0.05; done; {}; {}",
