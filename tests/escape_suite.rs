@@ -589,6 +589,26 @@ impl Drop for HostFile {
 
 /// A host process killed when the test ends.
 struct HostProc(std::process::Child);
+impl HostProc {
+    /// Waits for it, with its piped stdout and stderr (as `Child::wait_with_output`);
+    /// a test that fails before still kills it when it drops it.
+    fn output(&mut self) -> std::process::Output {
+        let err = self.0.stderr.take().map(|mut e| {
+            std::thread::spawn(move || {
+                let mut b = Vec::new();
+                let _ = std::io::Read::read_to_end(&mut e, &mut b);
+                b
+            })
+        });
+        let mut stdout = Vec::new();
+        if let Some(mut o) = self.0.stdout.take() {
+            let _ = std::io::Read::read_to_end(&mut o, &mut stdout);
+        }
+        let status = self.0.wait().unwrap();
+        let stderr = err.map(|t| t.join().unwrap()).unwrap_or_default();
+        std::process::Output { status, stdout, stderr }
+    }
+}
 impl Drop for HostProc {
     fn drop(&mut self) {
         let _ = self.0.kill();

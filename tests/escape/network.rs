@@ -437,12 +437,12 @@ fn t45_a_flushed_host_table_leaves_the_jobs_own_table() {
         let vol = format!("{}:/flag", flag.display());
         let mut c = h.lab_command(&lab);
         c.args(["exec", "--rootfs", "esc", "--volume", &vol]).args(opts.iter()).args(["--", "sh", "-c", &script]);
-        let job = c.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+        let mut job = HostProc(c.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap());
         wait_until("the job's link", Duration::from_secs(10), || !lab.host_network_residue().is_empty());
         let o = Command::new("ip").args(["netns", "exec", &lab.host, "nft", "flush", "ruleset"]).output().unwrap();
         assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
         std::fs::write(flag.join("flushed"), "").unwrap();
-        let o = job.wait_with_output().unwrap();
+        let o = job.output();
         let out = String::from_utf8_lossy(&o.stdout).into_owned();
         assert!(o.status.success(), "{who}: {out} {}", String::from_utf8_lossy(&o.stderr));
         let r = probe_results(&out);
@@ -513,12 +513,12 @@ fn t46_broadcast_and_multicast_reach_no_host_service_after_a_flush() {
             let vol = format!("{}:/flag", flag.display());
             let mut c = h.lab_command(lab);
             c.args(["exec", "--rootfs", "esc", "--volume", &vol]).args(opts.iter()).args(["--", "sh", "-c", &script]);
-            let job = c.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+            let mut job = HostProc(c.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap());
             wait_until("the job's link", Duration::from_secs(10), || !lab.host_network_residue().is_empty());
             let o = Command::new("ip").args(["netns", "exec", &lab.host, "nft", "flush", "ruleset"]).output().unwrap();
             assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
             std::fs::write(flag.join("flushed"), "").unwrap();
-            let o = job.wait_with_output().unwrap();
+            let o = job.output();
             assert!(o.status.success(), "{who}: {}", String::from_utf8_lossy(&o.stderr));
             std::thread::sleep(Duration::from_millis(300));
             let out = String::from_utf8_lossy(&o.stdout).into_owned();
@@ -585,11 +585,11 @@ fn t47_what_the_host_delivers_to_itself_is_out_of_reach_also_when_it_comes_mid_j
         let vol = format!("{}:/flag", flag.display());
         let mut c = h.lab_command(&lab);
         c.args(["exec", "--rootfs", "esc", "--volume", &vol]).args(opts.iter()).args(["--", "sh", "-c", &script]);
-        let mut job = c.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+        let mut job = HostProc(c.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap());
         // Its log, as it comes.
         let log = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
         let reader = {
-            let (log, mut err) = (log.clone(), job.stderr.take().unwrap());
+            let (log, mut err) = (log.clone(), job.0.stderr.take().unwrap());
             std::thread::spawn(move || {
                 let mut buf = [0u8; 4096];
                 while let Ok(n @ 1..) = std::io::Read::read(&mut err, &mut buf) {
@@ -626,10 +626,10 @@ fn t47_what_the_host_delivers_to_itself_is_out_of_reach_also_when_it_comes_mid_j
             }
         }
         std::fs::write(flag.join("added"), "").unwrap();
-        let status = job.wait().unwrap();
+        let status = job.0.wait().unwrap();
         reader.join().unwrap();
         let mut out = String::new();
-        std::io::Read::read_to_string(&mut job.stdout.take().unwrap(), &mut out).unwrap();
+        std::io::Read::read_to_string(&mut job.0.stdout.take().unwrap(), &mut out).unwrap();
         ip(&["link", "del", LINK]);
         ip(&["addr", "del", NEW_LO.0, "dev", "lo"]);
         let log = log.lock().unwrap().clone();

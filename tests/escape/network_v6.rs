@@ -415,7 +415,7 @@ fn t48_an_ipv6_address_the_host_gets_while_a_job_runs_is_out_of_its_reach() {
         let vol = format!("{}:/flag", flag.display());
         let mut c = h.lab_command(&lab);
         c.args(["exec", "--rootfs", "esc", "--volume", &vol]).args(opts.iter()).args(["--", "sh", "-c", &script]);
-        let job = c.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+        let mut job = HostProc(c.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap());
         // The job's own shell (the lab's wrapper is an `sh -c` naming the marker too).
         let own = format!("sh -c : {m};");
         let job_runs = || processes_matching(&m).iter().any(|(_, cmd)| cmd.starts_with(&own));
@@ -432,7 +432,7 @@ fn t48_an_ipv6_address_the_host_gets_while_a_job_runs_is_out_of_its_reach() {
         // job looks a moment later.
         std::thread::sleep(Duration::from_millis(300));
         std::fs::write(flag.join("added"), "").unwrap();
-        let o = job.wait_with_output().unwrap();
+        let o = job.output();
         let out = String::from_utf8_lossy(&o.stdout).into_owned();
         ip(&["link", "del", LINK]);
         assert!(o.status.success(), "{who}: {out} {}", String::from_utf8_lossy(&o.stderr));
