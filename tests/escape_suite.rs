@@ -535,6 +535,13 @@ fn toks(t: &[&str]) -> Vec<String> {
     t.iter().map(|s| s.to_string()).collect()
 }
 
+/// Whether the job's own shell runs a script that begins with `: MARKER;` (the lab's
+/// wrapper is an `sh -c` that names the marker too, and runs before the job does).
+fn job_shell_runs(marker: &str) -> bool {
+    let own = format!("sh -c : {marker};");
+    processes_matching(marker).iter().any(|(_, cmd)| cmd.starts_with(&own))
+}
+
 /// An empty dir of this test's (`name`, made anew, mode 0755) that a job gets as the
 /// volume `/flag`: the test drops files in it to tell the job when to go on.
 fn flag_dir(name: &str) -> PathBuf {

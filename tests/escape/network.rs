@@ -207,9 +207,10 @@ fn t27_no_network_state_is_left_after_jobs_a_kill_9_and_gc() {
             .spawn()
             .unwrap(),
     );
-    // The job's own shell, not the `exec` command line that names the marker too (a kill
-    // before the job's record is made leaves a staging record gc keeps for a minute).
-    let job_runs = || processes_matching(&m).iter().any(|(_, cmd)| cmd.starts_with("sh -c "));
+    // The job's own shell, not the `exec` command line or the lab's wrapper (an `sh -c`)
+    // that name the marker too (a kill before the job's record is made leaves a staging
+    // record gc keeps for a minute).
+    let job_runs = || processes_matching(&m).iter().any(|(_, cmd)| cmd.starts_with("sh -c sleep 60; "));
     wait_until("the job to run", Duration::from_secs(30), job_runs);
     job.0.kill().unwrap();
     job.0.wait().unwrap();
@@ -433,12 +434,15 @@ fn t45_a_flushed_host_table_leaves_the_jobs_own_table() {
         // The job waits for the host's ruleset to be flushed (a firewall reload), then
         // connects to the host's address, plainly and from a socket bound to its link.
         let flag = flag_dir(&format!("flushed-{who}"));
-        let script = format!("while [ ! -e /flag/flushed ]; do sleep 0.05; done; {}; {}", probe(&plain), probe(&bound));
+        let m = unique("t45");
+        let script =
+            format!(": {m}; while [ ! -e /flag/flushed ]; do sleep 0.05; done; {}; {}", probe(&plain), probe(&bound));
         let vol = format!("{}:/flag", flag.display());
         let mut c = h.lab_command(&lab);
         c.args(["exec", "--rootfs", "esc", "--volume", &vol]).args(opts.iter()).args(["--", "sh", "-c", &script]);
         let mut job = HostProc(c.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap());
-        wait_until("the job's link", Duration::from_secs(10), || !lab.host_network_residue().is_empty());
+        // Running, not only linked: a flush before the job's start refuses the start.
+        wait_until("the job to run", Duration::from_secs(30), || job_shell_runs(&m));
         let o = Command::new("ip").args(["netns", "exec", &lab.host, "nft", "flush", "ruleset"]).output().unwrap();
         assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
         std::fs::write(flag.join("flushed"), "").unwrap();
@@ -509,12 +513,14 @@ fn t46_broadcast_and_multicast_reach_no_host_service_after_a_flush() {
             // The job sends once the fake host's whole ruleset is flushed (a firewall
             // reload): its own table must refuse what the host's no longer does.
             let flag = flag_dir(&format!("bcast-{who}"));
-            let script = format!("while [ ! -e /flag/flushed ]; do sleep 0.05; done; {}", probe(&targets));
+            let m = unique("t46");
+            let script = format!(": {m}; while [ ! -e /flag/flushed ]; do sleep 0.05; done; {}", probe(&targets));
             let vol = format!("{}:/flag", flag.display());
             let mut c = h.lab_command(lab);
             c.args(["exec", "--rootfs", "esc", "--volume", &vol]).args(opts.iter()).args(["--", "sh", "-c", &script]);
             let mut job = HostProc(c.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap());
-            wait_until("the job's link", Duration::from_secs(10), || !lab.host_network_residue().is_empty());
+            // Running, not only linked: a flush before the job's start refuses the start.
+            wait_until("the job to run", Duration::from_secs(30), || job_shell_runs(&m));
             let o = Command::new("ip").args(["netns", "exec", &lab.host, "nft", "flush", "ruleset"]).output().unwrap();
             assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
             std::fs::write(flag.join("flushed"), "").unwrap();
@@ -597,10 +603,7 @@ fn t47_what_the_host_delivers_to_itself_is_out_of_reach_also_when_it_comes_mid_j
                 }
             })
         };
-        // The job's own shell (the lab's wrapper is an `sh -c` naming the marker too).
-        let own = format!("sh -c : {m};");
-        let job_runs = || processes_matching(&m).iter().any(|(_, cmd)| cmd.starts_with(&own));
-        wait_until("the job to run", Duration::from_secs(30), job_runs);
+        wait_until("the job to run", Duration::from_secs(30), || job_shell_runs(&m));
         ip(&["link", "add", LINK, "type", "veth", "peer", "name", PEER]);
         ip(&["addr", "add", NEW.0, "dev", LINK]);
         ip(&["link", "set", PEER, "up"]);

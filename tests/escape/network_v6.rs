@@ -416,10 +416,7 @@ fn t48_an_ipv6_address_the_host_gets_while_a_job_runs_is_out_of_its_reach() {
         let mut c = h.lab_command(&lab);
         c.args(["exec", "--rootfs", "esc", "--volume", &vol]).args(opts.iter()).args(["--", "sh", "-c", &script]);
         let mut job = HostProc(c.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap());
-        // The job's own shell (the lab's wrapper is an `sh -c` naming the marker too).
-        let own = format!("sh -c : {m};");
-        let job_runs = || processes_matching(&m).iter().any(|(_, cmd)| cmd.starts_with(&own));
-        wait_until("the job to run", Duration::from_secs(30), job_runs);
+        wait_until("the job to run", Duration::from_secs(30), || job_shell_runs(&m));
         ip(&["link", "add", LINK, "type", "veth", "peer", "name", PEER]);
         ip(&["-6", "addr", "add", &format!("{NEW}/64"), "dev", LINK, "nodad"]);
         ip(&["link", "set", PEER, "up"]);
