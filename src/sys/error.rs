@@ -268,7 +268,7 @@ pub enum Error {
     PastaFailed { program: PathBuf, said: String },
     #[error("cannot make the job's own nftables table {table} in its network namespace (nf_tables in the kernel?)")]
     JobFilter { table: &'static str, source: Errno },
-    #[error("cannot watch the host's address changes (a netlink socket subscribed to RTMGRP_IPV4/6_IFADDR)")]
+    #[error("cannot watch the host's route changes (a netlink socket subscribed to RTMGRP_IPV4/6_ROUTE)")]
     WatchAddresses(#[source] Errno),
     #[error("cannot have the watch of the host's addresses signal the helper (fcntl F_SETOWN_EX, F_SETSIG, O_ASYNC)")]
     ArmAddressWatch(#[source] Errno),
