@@ -1083,13 +1083,8 @@ pub fn addresses() -> Result<Vec<Ipv4Addr>> {
 /// subnet's broadcast is what the kernel adds for a prefix under /31, whether the address
 /// was given a `brd` or not; an explicit `brd` is added as well.
 pub fn delivered_addresses() -> Result<Vec<Ipv4Addr>> {
-    delivered_addresses_on(&socket()?)
-}
-
-/// [`delivered_addresses`] of the namespace `s` was opened in.
-pub fn delivered_addresses_on(s: &Socket) -> Result<Vec<Ipv4Addr>> {
     let mut all = Vec::new();
-    for e in address_entries(s)? {
+    for e in address_entries(&socket()?)? {
         for a in e.delivered() {
             if !all.contains(&a) {
                 all.push(a);
@@ -1099,8 +1094,8 @@ pub fn delivered_addresses_on(s: &Socket) -> Result<Vec<Ipv4Addr>> {
     Ok(all)
 }
 
-/// One IPv4 address of a link, as `RTM_GETADDR` (or an `RTM_NEWADDR` notification) gives it.
-pub struct AddressEntry {
+/// One IPv4 address of a link, as `RTM_GETADDR` gives it.
+struct AddressEntry {
     local: Ipv4Addr,
     prefix: u8,
     /// `IFA_BROADCAST`, when the address has one.
@@ -1110,7 +1105,7 @@ pub struct AddressEntry {
 impl AddressEntry {
     /// From the payload of an `RTM_NEWADDR` of family AF_INET (an `ifaddrmsg`, then
     /// attributes).
-    pub fn parse(payload: &[u8]) -> Option<AddressEntry> {
+    fn parse(payload: &[u8]) -> Option<AddressEntry> {
         let prefix = *payload.get(1)?;
         let attrs = nl::attributes(payload, 8);
         let v4 = |d: &[u8]| <[u8; 4]>::try_from(d).ok().map(Ipv4Addr::from);
@@ -1122,7 +1117,7 @@ impl AddressEntry {
 
     /// The address and the broadcast addresses the kernel delivers to with it (see
     /// [`delivered_addresses`]), the limited broadcast left out (a job's own table refuses it).
-    pub fn delivered(&self) -> Vec<Ipv4Addr> {
+    fn delivered(&self) -> Vec<Ipv4Addr> {
         let mut out = Vec::new();
         for a in [Some(self.local), subnet_broadcast(self.local, self.prefix), self.broadcast].into_iter().flatten() {
             if a != Ipv4Addr::BROADCAST && !out.contains(&a) {
@@ -1176,12 +1171,7 @@ pub fn routes() -> Result<Vec<HostRoute>> {
 /// The IPv6 addresses of this namespace's links but loopback's and link-local ones (the
 /// job's routes block these: link-local as a whole).
 pub fn global_addresses6() -> Result<Vec<Ipv6Addr>> {
-    global_addresses6_on(&socket()?)
-}
-
-/// [`global_addresses6`] of the namespace `s` was opened in.
-pub fn global_addresses6_on(s: &Socket) -> Result<Vec<Ipv6Addr>> {
-    let replies = s
+    let replies = socket()?
         .call(Message::dump(nl::RTM_GETADDR, nl::AF_INET6))
         .map_err(|source| Error::NetlinkDump { what: "IPv6 addresses", source })?;
     Ok(replies.iter().filter_map(|r| global_address6(r)).collect())
@@ -1189,7 +1179,7 @@ pub fn global_addresses6_on(s: &Socket) -> Result<Vec<Ipv6Addr>> {
 
 /// The address of an `RTM_NEWADDR` payload of family AF_INET6, unless it is loopback's
 /// or link-local.
-pub fn global_address6(payload: &[u8]) -> Option<Ipv6Addr> {
+fn global_address6(payload: &[u8]) -> Option<Ipv6Addr> {
     if payload.first() != Some(&nl::AF_INET6) {
         return None;
     }
@@ -1321,6 +1311,25 @@ pub fn link_name(index: i32) -> Result<Option<String>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_ipv6_address_is_the_hosts_own_not_its_peers() {
+        let a = |m: &mut Message, t: u16, x: u16| {
+            m.attr_ipv6(t, Ipv6Addr::new(0x2001, 0xdb8, 0, 0, 0, 0, 0, x));
+        };
+        let payload = |m: Message| m.finish(0, 0)[16..].to_vec();
+        // `ip -6 addr add A peer B`: IFA_LOCAL is A, IFA_ADDRESS the peer B.
+        let mut peer = Message::addr(nl::RTM_NEWADDR, 0, nl::AF_INET6, 128, 0, 3);
+        a(&mut peer, nl::IFA_LOCAL, 0x11);
+        a(&mut peer, nl::IFA_ADDRESS, 0x12);
+        assert_eq!(global_address6(&payload(peer)), Some(Ipv6Addr::new(0x2001, 0xdb8, 0, 0, 0, 0, 0, 0x11)));
+        let mut plain = Message::addr(nl::RTM_NEWADDR, 0, nl::AF_INET6, 64, 0, 3);
+        a(&mut plain, nl::IFA_ADDRESS, 7);
+        assert_eq!(global_address6(&payload(plain)), Some(Ipv6Addr::new(0x2001, 0xdb8, 0, 0, 0, 0, 0, 7)));
+        let mut link_local = Message::addr(nl::RTM_NEWADDR, 0, nl::AF_INET6, 64, 0, 3);
+        link_local.attr_ipv6(nl::IFA_ADDRESS, Ipv6Addr::new(0xfe80, 0, 0, 0, 0, 0, 0, 7));
+        assert_eq!(global_address6(&payload(link_local)), None);
+    }
 
     #[test]
     fn a_subnets_broadcast_is_the_kernels() {
