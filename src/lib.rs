@@ -24,6 +24,7 @@ pub mod gpu;
 pub mod http;
 pub mod identity;
 pub mod json_file;
+pub mod lock_file;
 pub mod logging;
 pub mod manager;
 pub mod mirror;

@@ -9,10 +9,10 @@
 //! dir (the range is the host's), so two `run`s never hand out one block twice.
 
 use anyhow::{bail, Context, Result};
-use nix::fcntl::{Flock, FlockArg};
+use nix::fcntl::Flock;
 use std::fs::File;
 use std::io::{Read, Seek, Write};
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
 
 /// Where the lease files live (root: the runtime tmpfs, see [`crate::sys::runtime_tmpfs`]).
@@ -58,20 +58,7 @@ pub fn lease(dir: &Path, blocks: u32, holder: &Path) -> Result<BlockLease> {
 
 fn try_lease(dir: &Path, index: u32, holder: &Path) -> Result<Option<BlockLease>> {
     let path = dir.join(index.to_string());
-    let file = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create(true)
-        .truncate(false)
-        .mode(0o600)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
-        .open(&path)
-        .with_context(|| format!("cannot open {}", path.display()))?;
-    let mut file = match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
-        Ok(f) => f,
-        Err((_, nix::errno::Errno::EWOULDBLOCK)) => return Ok(None),
-        Err((_, e)) => return Err(e).with_context(|| format!("cannot lock {}", path.display())),
-    };
+    let Some(mut file) = crate::lock_file::try_lock(&path)? else { return Ok(None) };
     let mut previous = String::new();
     file.read_to_string(&mut previous).with_context(|| format!("cannot read {}", path.display()))?;
     if !previous.is_empty() && Path::new(&previous).exists() {

@@ -7,10 +7,8 @@
 //! host (1024, shared with the root `run` service and the other users), and no job of
 //! anyone else could start until they ended (found by a red-team pass).
 
-use crate::sys::fs_at;
 use anyhow::{bail, Context, Result};
-use std::os::fd::{AsFd, OwnedFd};
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::os::unix::fs::DirBuilderExt;
 use std::path::Path;
 
 /// Where the seats are (root-only, per boot): `<uid>/<k>.lock`.
@@ -22,7 +20,7 @@ pub const DEFAULT_MAX_JOBS: usize = 4;
 /// The seats taken; dropped (or the process gone), they are free again.
 #[derive(Debug)]
 pub struct Seats {
-    _locks: Vec<OwnedFd>,
+    _locks: Vec<nix::fcntl::Flock<std::fs::File>>,
 }
 
 /// Takes `want` of caller `uid`'s `max` seats in `dir` (on the runtime tmpfs: the caller
@@ -40,20 +38,7 @@ pub fn take(dir: &Path, uid: u32, want: usize, max: usize) -> Result<Seats> {
         if held.len() == want {
             break;
         }
-        let path = mine.join(format!("{k}.lock"));
-        let f = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .mode(0o600)
-            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
-            .open(&path)
-            .with_context(|| format!("cannot open {}", path.display()))?;
-        match fs_at::flock(f.as_fd(), libc::LOCK_EX | libc::LOCK_NB) {
-            Ok(()) => held.push(OwnedFd::from(f)),
-            Err(e) if e.raw_os_error() == Some(libc::EWOULDBLOCK) => {}
-            Err(e) => return Err(e).with_context(|| format!("cannot lock {}", path.display())),
-        }
+        held.extend(crate::lock_file::try_lock(&mine.join(format!("{k}.lock")))?);
     }
     if held.len() < want {
         let running = max - held.len();
