@@ -240,4 +240,34 @@ mod tests {
         assert!(added.contains(&net), "{added:?}");
         assert_eq!(refused, Err(Some(libc::EACCES)));
     }
+
+    /// Notifications lost while the socket's buffer was full (ENOBUFS) leave no gap:
+    /// [`HostAddresses::added`] then reads the whole local table again, so every
+    /// destination that came is there, those whose notification was dropped too.
+    #[test]
+    #[cfg_attr(not(test_as_root), ignore = "needs root: a network namespace")]
+    fn an_overrun_subscription_reads_the_whole_local_table_again() {
+        let wanted: Vec<Ipv4Addr> = (0..64).map(|i| Ipv4Addr::new(10, 77, i, 1)).collect();
+        let want = wanted.clone();
+        let added = std::thread::spawn(move || {
+            nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNET).unwrap();
+            let s = Socket::open(Proto::Route).unwrap();
+            s.request(Message::link(nl::RTM_NEWLINK, 0, 1, nl::IFF_UP, nl::IFF_UP)).unwrap();
+            let mut w = Watch::subscribe(false).unwrap();
+            // The smallest receive buffer (the kernel makes it 2304 bytes at least): a
+            // few notifications fill it, and the rest are dropped.
+            nix::sys::socket::setsockopt(&w.listener.as_fd(), nix::sys::socket::sockopt::RcvBuf, &1024).unwrap();
+            for a in want {
+                let mut m = Message::addr(nl::RTM_NEWADDR, nl::NLM_F_CREATE | nl::NLM_F_EXCL, nl::AF_INET, 32, 0, 1);
+                m.attr_ipv4(nl::IFA_LOCAL, a).attr_ipv4(nl::IFA_ADDRESS, a);
+                s.request(m).unwrap();
+            }
+            w.added().unwrap()
+        })
+        .join()
+        .unwrap();
+        for a in wanted {
+            assert!(added.contains(&LocalNet::V4(Ipv4Net::host(a))), "{a} missing from {added:?}");
+        }
+    }
 }
