@@ -409,7 +409,13 @@ fn run(
             let Some(back) = way_back.take() else { return };
             match sys.leave_cgroup(back) {
                 Ok(()) => left = true,
-                Err(e) => tracing::debug!(job = %plan.id, "the helper stays in the job's cgroup: {e}"),
+                // Not expected (the helper opened its way back before it entered): the
+                // job's limits then bind the helper too, and its cgroup goes only once
+                // the helper is reaped. Said, not fatal: the job runs as it would.
+                Err(e) => tracing::warn!(
+                    job = %plan.id,
+                    "the sandbox helper could not leave the job's cgroup ({e}): the job's pids and memory limits apply to the helper too until the job ends"
+                ),
             }
         },
         &mut || guard.as_mut().map_or(Ok(()), |g| g.tend()),
