@@ -34,14 +34,21 @@ use crate::config::Home;
 /// ([`crate::sys::runtime_tmpfs`]).
 pub fn prepare_home(home: &Home) -> anyhow::Result<()> {
     home.ensure()?;
-    if let Some(dir) = home.runtime_tmpfs_dir() {
-        crate::sys::runtime_tmpfs::ensure(&dir)?;
-    }
+    prepare_runtime_tmpfs(home)?;
     if !matches!(crate::identity::mode()?, crate::identity::Mode::Host) {
         use anyhow::Context;
         let point = home.mount_point();
         check_reachable(&point)
             .with_context(|| format!("jobs run as ids of their own, which cannot reach {}", point.display()))?;
+    }
+    Ok(())
+}
+
+/// Of [`prepare_home`], the tmpfs alone (as root; nothing otherwise): for what must be
+/// on it before the verb prepares its home (setuid's seats, before `exec` or `run`).
+pub fn prepare_runtime_tmpfs(home: &Home) -> anyhow::Result<()> {
+    if let Some(dir) = home.runtime_tmpfs_dir() {
+        crate::sys::runtime_tmpfs::ensure(&dir)?;
     }
     Ok(())
 }

@@ -227,14 +227,16 @@ impl Monitor {
                 request.validate()?;
                 let request = policy.authorize(request, &caller, &resolve)?;
                 become_root()?;
-                // The runtime tmpfs first (a host whose /run is not one): the seats live on it.
-                crate::sandbox::prepare_home(&Home::new(&policy.home))?;
+                // The runtime tmpfs first (a host whose /run is not one): the seats live on
+                // it. The rest of the home: `exec`'s own start.
+                crate::sandbox::prepare_runtime_tmpfs(&Home::new(&policy.home))?;
                 let _seat = seats::take(Path::new(seats::SEATS_DIR), caller.uid, 1, policy.jobs_cap())?;
                 run_exec(&policy, request)
             }
             Request::Run(request) => {
                 let settings = policy.authorize_run(&request, &resolve)?;
                 become_root()?;
+                // The site's home (the callers' homes are below it), and the seats' tmpfs.
                 crate::sandbox::prepare_home(&Home::new(&policy.home))?;
                 let _seats = seats::take(
                     Path::new(seats::SEATS_DIR),
