@@ -45,7 +45,8 @@ pub fn prepare_home(home: &Home) -> anyhow::Result<()> {
 }
 
 /// Of [`prepare_home`], the tmpfs alone (as root; nothing otherwise): for what must be
-/// on it before the verb prepares its home (setuid's seats, before `exec` or `run`).
+/// on it before the verb prepares its home (a setuid exec's seat, before `exec`'s own
+/// start prepares the rest).
 pub fn prepare_runtime_tmpfs(home: &Home) -> anyhow::Result<()> {
     if let Some(dir) = home.runtime_tmpfs_dir() {
         crate::sys::runtime_tmpfs::ensure(&dir)?;
