@@ -641,6 +641,19 @@ impl Error {
         source.downcast_ref::<io::Error>()?.raw_os_error().map(Errno::from_raw)
     }
 
+    /// The message and its causes on one line, as `{:#}` of an `anyhow::Error` shows
+    /// them: for an error that travels as text (a child's report to the helper), where
+    /// the errno would otherwise be lost.
+    pub fn with_causes(&self) -> String {
+        let mut text = self.to_string();
+        let mut cause = std::error::Error::source(self);
+        while let Some(c) = cause {
+            text = format!("{text}: {c}");
+            cause = c.source();
+        }
+        text
+    }
+
     /// The cause was ENOSPC or EDQUOT.
     pub fn is_disk_full(&self) -> bool {
         matches!(self.errno(), Some(Errno::ENOSPC | Errno::EDQUOT))
@@ -668,6 +681,12 @@ mod tests {
             full,
             "cannot mount the job's overlay on /j/merged (lowerdir=/a): ENOENT: No such file or directory"
         );
+        let e = Error::SysfsOpen(Errno::EPERM);
+        assert_eq!(
+            e.with_causes(),
+            "cannot open a sysfs for the job's network namespace (fsopen): EPERM: Operation not permitted"
+        );
+        assert_eq!(Error::RegainedRoot.with_causes(), Error::RegainedRoot.to_string());
         let e = Error::RemoveDir { path: "/x".into(), source: io::Error::from_raw_os_error(libc::EBUSY) };
         assert_eq!(e.errno(), Some(Errno::EBUSY));
         let e = Error::CgroupLimit { file: "/m".into(), value: "1".into(), source: io::Error::other("x") };

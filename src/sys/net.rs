@@ -439,7 +439,7 @@ fn namespace_in_child(veth: Option<&Veth>, sysfs: &Path) -> Result<Made> {
                 Some(a) => (0, format!("ok {a} {}", dash_or(m.address6))),
                 None => (0, "ok".into()),
             },
-            Err(e) => (1, format!("err {e}")),
+            Err(e) => (1, format!("err {}", e.with_causes())),
         };
         let _ = std::io::Write::write_all(&mut std::fs::File::from(report_tx), report.as_bytes());
         code
@@ -478,7 +478,7 @@ fn made_and_sent(to: &std::os::unix::net::UnixStream) -> Option<(Socket, std::fs
             None
         }
         Err(e) => {
-            send_namespace(to, &format!("err {e:#}\n"), &[]);
+            send_namespace(to, &format!("err {}\n", e.with_causes()), &[]);
             None
         }
     }
