@@ -411,10 +411,15 @@ fn run(
                 Ok(()) => left = true,
                 // Not expected (the helper opened its way back before it entered): the
                 // job's limits then bind the helper too, and its cgroup goes only once
-                // the helper is reaped. Said, not fatal: the job runs as it would.
+                // the helper is reaped. Said, not fatal: the job runs as it would. On
+                // cgroup v2, a kernel without the fix for CVE-2021-4197 checks the move
+                // against the helper's current cgroup namespace (the job's by then)
+                // rather than the one the way back was opened in: there it may fail
+                // for every job.
                 Err(e) => tracing::warn!(
                     job = %plan.id,
-                    "the sandbox helper could not leave the job's cgroup ({e}): the job's pids and memory limits apply to the helper too until the job ends"
+                    "the sandbox helper could not leave the job's cgroup ({}): the job's pids and memory limits apply to the helper too until the job ends",
+                    e.with_causes()
                 ),
             }
         },
@@ -493,7 +498,7 @@ fn enter_job_cgroup(
     // Opened while the host's tree is in view. Without it the helper stays in the job's
     // cgroup until it exits, as it did before it could leave: nothing is lost but time.
     let way_back = (!join.back.is_empty()).then(|| sys.open_cgroup_way_back(&join)).transpose().unwrap_or_else(|e| {
-        tracing::debug!(job = %plan.id, "no way back out of the job's cgroup: {e}");
+        tracing::debug!(job = %plan.id, "no way back out of the job's cgroup: {}", e.with_causes());
         None
     });
     if hand_over.is_some_and(HandOver::cgroup_prepared) {
