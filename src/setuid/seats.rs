@@ -24,7 +24,7 @@ pub struct Seats {
 }
 
 /// Takes `want` of caller `uid`'s `max` seats in `dir` (on the runtime tmpfs: the caller
-/// prepares it first, see `sandbox::prepare_home`), or says how many the caller holds
+/// prepares it first, see `sandbox::prepare_runtime_tmpfs`), or says how many the caller holds
 /// already.
 pub fn take(dir: &Path, uid: u32, want: usize, max: usize) -> Result<Seats> {
     let mine = dir.join(uid.to_string());
