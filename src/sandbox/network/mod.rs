@@ -64,6 +64,31 @@ const LINK_PREFIX: &str = "azp";
 /// The host end's MAC (locally administered): every job's gateway has it.
 const HOST_MAC: [u8; 6] = [0x02, 0x61, 0x7a, 0x70, 0x00, 0x01];
 const LINK_LOCAL: Ipv4Net = Ipv4Net { addr: Ipv4Addr::new(169, 254, 0, 0), prefix: 16 };
+/// The job's own loopback (see [`refusable`]).
+const LOOPBACK: Ipv4Net = Ipv4Net { addr: Ipv4Addr::new(127, 0, 0, 0), prefix: 8 };
+
+/// What of `n`, a local network of the host, a rootless job is refused: all of it but
+/// the job's own loopback, 127/8. The job's table refuses a network on every link,
+/// loopback's too, so a network around 127/8 (`ip route add local 64.0.0.0/2 dev lo`)
+/// is refused as the pieces of it beside 127/8 (here 64/3, 96/4, ... 126/8): skipped
+/// whole, the rest of it stayed open to the job.
+pub fn refusable(n: Ipv4Net) -> Vec<Ipv4Net> {
+    if LOOPBACK.covers(&n) {
+        return vec![];
+    }
+    if !n.overlaps(&LOOPBACK) {
+        return vec![n];
+    }
+    // n holds 127/8: at each prefix from n's down to /8, the half that does not.
+    let lo = u32::from(LOOPBACK.addr);
+    (n.prefix + 1..=LOOPBACK.prefix)
+        .map(|p| {
+            let bit = 1u32 << (32 - p);
+            let half = (lo & !(bit - 1)) ^ bit;
+            Ipv4Net::new(Ipv4Addr::from(half), p)
+        })
+        .collect()
+}
 
 /// A host end of a job's veth pair (`azp` and 12 hex digits).
 pub fn is_job_link(name: &str) -> bool {
@@ -115,9 +140,7 @@ pub fn job_routes(
     let mut blocked = vec![LINK_LOCAL, Ipv4Net::host(firewall::AZURE_HOST)];
     blocked.extend(subnet);
     let nets = host.iter().filter(|a| !a.is_loopback()).map(|a| Ipv4Net::host(*a));
-    // 127/8 is the job's own loopback.
-    let loopback = Ipv4Net::new(Ipv4Addr::new(127, 0, 0, 0), 8);
-    for n in nets.chain(local.iter().copied().filter(|n| !loopback.overlaps(n))) {
+    for n in nets.chain(local.iter().copied().flat_map(refusable)) {
         if !blocked.iter().any(|b| b.covers(&n)) {
             blocked.push(n);
         }
@@ -641,6 +664,40 @@ mod tests {
         assert!(g > 0);
         assert_eq!(g, allow_group(&allow(&["10.0.0.1", "169.254.169.254:80"])), "the order does not matter");
         assert_ne!(g, allow_group(&allow(&["169.254.169.254:80"])));
+    }
+
+    #[test]
+    fn a_local_network_around_loopback_is_refused_beside_it() {
+        let show = |n: &str| {
+            let (a, p) = n.split_once('/').unwrap();
+            refusable(Ipv4Net::new(a.parse().unwrap(), p.parse().unwrap()))
+                .iter()
+                .map(|n| n.to_string())
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(
+            show("64.0.0.0/2"),
+            ["64.0.0.0/3", "96.0.0.0/4", "112.0.0.0/5", "120.0.0.0/6", "124.0.0.0/7", "126.0.0.0/8"]
+        );
+        assert_eq!(
+            show("0.0.0.0/0"),
+            [
+                "128.0.0.0/1",
+                "0.0.0.0/2",
+                "64.0.0.0/3",
+                "96.0.0.0/4",
+                "112.0.0.0/5",
+                "120.0.0.0/6",
+                "124.0.0.0/7",
+                "126.0.0.0/8"
+            ]
+        );
+        assert!(show("127.0.0.0/8").is_empty() && show("127.1.0.0/16").is_empty(), "the job's own loopback");
+        assert_eq!(show("10.50.0.0/16"), ["10.50.0.0/16"]);
+        // Rootless, at the start: the pieces are prohibited like any local network.
+        let r = job_routes(&[], &[Ipv4Net::new(Ipv4Addr::new(64, 0, 0, 0), 2)], None, &[]);
+        assert!(r.contains(&JobRoute::Prohibit(Ipv4Net::new(Ipv4Addr::new(126, 0, 0, 0), 8))), "{r:?}");
+        assert!(!r.iter().any(|r| matches!(r, JobRoute::Prohibit(n) if n.overlaps(&LOOPBACK))), "{r:?}");
     }
 
     #[test]

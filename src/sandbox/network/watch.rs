@@ -4,7 +4,7 @@
 //! refused as a whole, not an operator's allowed destination), refused as they come, and
 //! a line in the log for each batch.
 
-use super::{ipv6, LINK_LOCAL};
+use super::{ipv6, refusable, LINK_LOCAL};
 use crate::config::NetworkAllow;
 use crate::sys::address_watch::HostAddresses;
 use crate::sys::net::{Ipv4Net, Ipv6Net, LocalNet};
@@ -64,16 +64,19 @@ impl HostAddressGuard {
 
     /// What of `added` the job's namespace does not refuse yet.
     fn to_refuse(&self, added: Vec<LocalNet>) -> Vec<LocalNet> {
-        let loopback4 = Ipv4Net::new(Ipv4Addr::new(127, 0, 0, 0), 8);
         let mut out: Vec<LocalNet> = Vec::new();
+        // 127/8 is the job's own loopback: a network around it, in its pieces beside it.
+        let added = added.into_iter().flat_map(|n| match n {
+            LocalNet::V4(v4) => refusable(v4).into_iter().map(LocalNet::V4).collect(),
+            v6 => vec![v6],
+        });
         for n in added {
             let done = self.refused.iter().chain(out.iter()).any(|r| r.covers(&n));
             let covered = match n {
-                // 127/8 is the job's own loopback; link-local is refused as a whole; the
-                // limited broadcast by the job's table; an allowed address is the operator's.
+                // Link-local is refused as a whole; the limited broadcast by the job's
+                // table; an allowed address is the operator's.
                 LocalNet::V4(v4) => {
-                    loopback4.overlaps(&v4)
-                        || LINK_LOCAL.covers(&v4)
+                    LINK_LOCAL.covers(&v4)
                         || v4 == Ipv4Net::host(Ipv4Addr::BROADCAST)
                         || (v4.prefix == 32 && self.allowed.contains(&v4.addr))
                 }
@@ -159,14 +162,23 @@ mod tests {
                 vec!["192.0.2.9", "192.0.2.255", "10.50.0.0/16", "2001:db8::9", "192.0.2.9"],
                 // Inside what was refused just before.
                 vec!["192.0.2.9", "10.50.1.1", "198.18.0.3"],
+                // Around the job's loopback: the pieces beside it.
+                vec!["96.0.0.0/3"],
                 vec!["2001:db8::1", "2001:db8::a"],
             ],
             false,
         );
-        for _ in 0..5 {
+        for _ in 0..6 {
             g.tend().unwrap();
         }
-        assert_eq!(*refused.borrow(), ["192.0.2.9/32 192.0.2.255/32 10.50.0.0/16 2001:db8::9/128", "2001:db8::a/128"]);
+        assert_eq!(
+            *refused.borrow(),
+            [
+                "192.0.2.9/32 192.0.2.255/32 10.50.0.0/16 2001:db8::9/128",
+                "96.0.0.0/4 112.0.0.0/5 120.0.0.0/6 124.0.0.0/7 126.0.0.0/8",
+                "2001:db8::a/128"
+            ]
+        );
     }
 
     #[test]
