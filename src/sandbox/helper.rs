@@ -1260,12 +1260,13 @@ mod tests {
         let at = calls.iter().position(|c| c == "own_ipc_namespace").unwrap() + 1;
         let net_dir = format!("mount_job_net_dir {}", s.job.net_dir().display());
         let want = [
-            "host_addresses".to_string(),
+            "watch_host_addresses ipv6".to_string(),
+            "host_addresses".into(),
             "host_ipv6_addresses".into(),
             net_dir,
             format!("isolate_network veth {link}"),
         ];
-        assert_eq!(calls[at..at + 4], want[..], "{calls:?}");
+        assert_eq!(calls[at..at + 5], want[..], "{calls:?}");
     }
 
     #[test]
@@ -1273,8 +1274,12 @@ mod tests {
         use crate::config::Network;
         let link = crate::sandbox::network::link_name("hp-1", std::process::id());
         for (network, rootless, net_steps) in [
-            (Network::Isolated, false, vec!["host_addresses".to_string(), format!("isolate_network veth {link}")]),
-            // Rootless: the watch of the host's addresses is subscribed before they are read.
+            // The watch of the host's addresses is subscribed before they are read.
+            (
+                Network::Isolated,
+                false,
+                vec!["watch_host_addresses".into(), "host_addresses".into(), format!("isolate_network veth {link}")],
+            ),
             (
                 Network::Isolated,
                 true,
@@ -1335,6 +1340,21 @@ mod tests {
                     assert_eq!(calls[leave + 1..], ["kill_unreaped_init", "delete"], "{network}: {calls:?}");
                 }
                 assert!(Some(finish) < pos(&calls, "start_and_wait"), "{network}: {calls:?}");
+                // The guard against new host addresses is armed in the job's namespace (its
+                // sockets are the namespace the helper is in: armed after the helper left,
+                // its refusals would be routes of the host's), before the job starts; a
+                // guard that cannot be armed starts no job.
+                if network == Network::Isolated {
+                    let arm = pos(&calls, "arm_address_watch").expect("arm_address_watch");
+                    assert!(pos(&calls, "enter_network") < Some(arm), "{calls:?}");
+                    assert!(pos(&calls, "leave_network").is_none_or(|leave| arm < leave), "{calls:?}");
+                    assert!(arm < finish, "{calls:?}");
+                    let rec = Recorder::failing_at(arm, Errno::EPERM);
+                    assert!(matches!(s.run(&rec, None, None), HelperResult::Failed { .. }), "{network}");
+                    assert_eq!(pos(&rec.calls(), "start_and_wait"), None, "{network}: {:?}", rec.calls());
+                } else {
+                    assert_eq!(pos(&calls, "arm_address_watch"), None, "{network}: {calls:?}");
+                }
                 let rec = Recorder::failing_at(finish, Errno::EIO);
                 assert!(matches!(s.run(&rec, None, None), HelperResult::Failed { .. }), "{network}");
                 let calls = rec.calls();
@@ -1362,8 +1382,11 @@ mod tests {
         }
         // A failed network step ends the line there.
         // (0 prepare_stdio, 1 clear_groups, 2 private_mount_namespace, 3 own_ipc_namespace,
-        // then the network: the host's addresses, the dir for its sysfs, the namespace.)
-        for (k, want) in [(4, FailureKind::Other), (5, FailureKind::Other), (6, FailureKind::NotPermitted)] {
+        // then the network: the watch of the host's addresses, the host's addresses, the
+        // dir for its sysfs, the namespace.)
+        let failing =
+            [(4, FailureKind::Other), (5, FailureKind::Other), (6, FailureKind::Other), (7, FailureKind::NotPermitted)];
+        for (k, want) in failing {
             let s = setup(|p, _| p.network = Network::Isolated);
             let rec = Recorder::failing_at(k, Errno::EPERM);
             let r = s.run(&rec, None, None);

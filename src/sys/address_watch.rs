@@ -1,7 +1,10 @@
-//! Host addresses that appear while a rootless job runs (issue 23). A rootless job's
-//! network is pasta, which connects to whatever address the job names, from the host's
-//! own namespace: the job's routes and its own table refuse what the host delivers to
-//! itself as it was when the job started. An address the host gets later (DHCP, a VPN, a
+//! Host addresses that appear while a job runs (issue 23). A rootless job's network is
+//! pasta, which connects to whatever address the job names, from the host's own
+//! namespace; a root-mode job's is a veth, and once a firewall reload flushed the host's
+//! table away (which drops whatever a job link sends to any local destination of the
+//! host), the host delivers to itself what the job sends there. In both, the job's
+//! routes and its own table refuse what the host delivers to itself as it was when the
+//! job started. An address the host gets later (DHCP, a VPN, a
 //! bridge coming up, an operator's `ip addr add`) would otherwise be open to the job
 //! until its end, with every service of the host bound to all addresses behind it.
 //!
@@ -12,8 +15,7 @@
 //! on a netlink socket of the host's namespace subscribed before the job's blocks are
 //! read (none falls between), and refuses each new local destination in the job's
 //! namespace as it comes: a prohibit route and a rule of the job's table (see
-//! [`super::job_filter`]). In root mode there is nothing to watch: the host's table drops
-//! whatever a job link sends to any local destination of the host.
+//! [`super::job_filter`]).
 //!
 //! The socket raises SIGURG when a notification comes (`O_ASYNC` with `F_SETSIG`): the
 //! helper's wait for its job takes it among the job's signals, single-threaded. SIGURG's

@@ -312,9 +312,8 @@ impl Sys for Real {
 /// this module (the helper's container) log into the same list through
 /// [`Recorder::step`], so one list shows the order of everything.
 pub struct Recorder {
-    calls: RefCell<Vec<String>>,
-    fail_at: Cell<Option<usize>>,
-    fail_errno: Cell<Errno>,
+    /// Shared with what the recorder hands out (its watch of the host's addresses).
+    steps: std::rc::Rc<Steps>,
     /// What [`Sys::mounts_under`] reports (filtered to the dir asked for).
     pub mounts: RefCell<Vec<PathBuf>>,
 }
@@ -322,9 +321,11 @@ pub struct Recorder {
 impl Default for Recorder {
     fn default() -> Self {
         Recorder {
-            calls: RefCell::default(),
-            fail_at: Cell::new(None),
-            fail_errno: Cell::new(Errno::EIO),
+            steps: std::rc::Rc::new(Steps {
+                calls: RefCell::default(),
+                fail_at: Cell::new(None),
+                fail_errno: Cell::new(Errno::EIO),
+            }),
             mounts: RefCell::default(),
         }
     }
@@ -334,25 +335,19 @@ impl Recorder {
     /// A recorder whose call number `k` (0-based) fails with `errno`.
     pub fn failing_at(k: usize, errno: Errno) -> Recorder {
         let r = Recorder::default();
-        r.fail_at.set(Some(k));
-        r.fail_errno.set(errno);
+        r.steps.fail_at.set(Some(k));
+        r.steps.fail_errno.set(errno);
         r
     }
 
     /// The calls so far, in order.
     pub fn calls(&self) -> Vec<String> {
-        self.calls.borrow().clone()
+        self.steps.calls.borrow().clone()
     }
 
     /// Records `call`; Err(errno) when it is the one to fail.
     pub fn step(&self, call: String) -> std::result::Result<(), Errno> {
-        let mut calls = self.calls.borrow_mut();
-        let k = calls.len();
-        calls.push(call);
-        match self.fail_at.get() {
-            Some(f) if f == k => Err(self.fail_errno.get()),
-            _ => Ok(()),
-        }
+        self.steps.step(call)
     }
 
     fn io(&self, e: Errno) -> std::io::Error {
@@ -369,15 +364,35 @@ impl Recorder {
     }
 }
 
-/// [`Recorder`]'s watch of the host's addresses: none ever comes.
-struct QuietWatch;
+/// [`Recorder`]'s list of calls and the one to fail.
+struct Steps {
+    calls: RefCell<Vec<String>>,
+    fail_at: Cell<Option<usize>>,
+    fail_errno: Cell<Errno>,
+}
+
+impl Steps {
+    fn step(&self, call: String) -> std::result::Result<(), Errno> {
+        let mut calls = self.calls.borrow_mut();
+        let k = calls.len();
+        calls.push(call);
+        match self.fail_at.get() {
+            Some(f) if f == k => Err(self.fail_errno.get()),
+            _ => Ok(()),
+        }
+    }
+}
+
+/// [`Recorder`]'s watch of the host's addresses: none ever comes. Its arming is a step
+/// of the recorder's list (it must come while the helper is in the job's namespace).
+struct QuietWatch(std::rc::Rc<Steps>);
 
 impl address_watch::HostAddresses for QuietWatch {
     fn current(&mut self) -> Result<Vec<net::LocalNet>> {
         Ok(vec![])
     }
     fn arm(&mut self) -> Result<()> {
-        Ok(())
+        self.0.step("arm_address_watch".into()).map_err(Error::ArmAddressWatch)
     }
     fn added(&mut self) -> Result<Vec<net::LocalNet>> {
         Ok(vec![])
@@ -539,7 +554,7 @@ impl Sys for Recorder {
     fn watch_host_addresses(&self, ipv6: bool) -> Result<Box<dyn address_watch::HostAddresses>> {
         let v6 = if ipv6 { " ipv6" } else { "" };
         self.step(format!("watch_host_addresses{v6}")).map_err(Error::WatchAddresses)?;
-        Ok(Box::new(QuietWatch))
+        Ok(Box::new(QuietWatch(self.steps.clone())))
     }
     /// The host's addresses: 127.0.0.1 and 192.0.2.2.
     fn host_addresses(&self) -> Result<Vec<std::net::Ipv4Addr>> {

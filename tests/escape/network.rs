@@ -648,3 +648,108 @@ fn t47_what_the_host_delivers_to_itself_is_out_of_reach_also_when_it_comes_mid_j
     ip(&["addr", "del", BEFORE.0, "dev", "lo"]);
     h.assert_no_residue(&[]);
 }
+
+#[test]
+#[cfg_attr(not(test_as_root), ignore = "needs root: creates real sandboxes and network namespaces")]
+fn t49_after_a_flush_what_the_host_delivers_to_itself_stays_out_of_reach() {
+    require_root!();
+    root_mode_only!();
+    let lab = or_skip!(NetLab::new());
+    let h = home("net-flushed-new");
+    // t47 in root mode once a firewall reload flushed the fake host's whole ruleset (and
+    // with it the jobs' table) while the job runs: what is left are the job's own routes
+    // and table. They listed the host's addresses of the job's start only, so the job
+    // reached all of these (found by a read-through):
+    // - BEFORE: a loopback prefix there before the job (the whole /24 is the host's);
+    // - NEW: an address the fake host gets while the job runs, on a link of its own;
+    // - NEW_LO: another loopback prefix, while the job runs.
+    const BEFORE: (&str, &str) = ("198.18.211.1/24", "198.18.211.9");
+    const NEW: (&str, &str) = ("198.18.201.1/24", "198.18.201.1");
+    const NEW_LO: (&str, &str) = ("198.18.221.1/24", "198.18.221.9");
+    const LINK: &str = "t49late";
+    const PEER: &str = "t49peer";
+    let port = netlab::HOST_ANY_PORT;
+    let targets: Vec<String> = [BEFORE.1, NEW.1, NEW_LO.1]
+        .iter()
+        .flat_map(|a| [format!("connect-tcp:{a}:{port}"), format!("connect-tcp-dev:{a}:{port}:eth0")])
+        .collect();
+    let ip = |args: &[&str]| lab.host_ip(args);
+    let serves = |addr: &str| {
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                lab.enter_host();
+                let to = std::net::SocketAddr::new(addr.parse().unwrap(), port);
+                std::net::TcpStream::connect_timeout(&to, Duration::from_secs(5)).map(drop)
+            })
+            .join()
+            .unwrap()
+        })
+    };
+    ip(&["addr", "add", BEFORE.0, "dev", "lo"]);
+    assert!(serves(BEFORE.1).is_ok(), "the control: the fake host's service on {}", BEFORE.1);
+    for (who, opts) in USERS {
+        let flag = flag_dir(&format!("flushed-new-{who}"));
+        let m = unique("t49");
+        let script = format!(
+            ": {m}; while [ ! -e /flag/added ]; do sleep 0.05; done; {}; {}",
+            probe(&targets),
+            get(&format!("http://{}:{port}/", BEFORE.1))
+        );
+        let vol = format!("{}:/flag", flag.display());
+        let mut c = h.lab_command(&lab);
+        c.args(["exec", "--rootfs", "esc", "--volume", &vol]).args(opts.iter()).args(["--", "sh", "-c", &script]);
+        let mut job = HostProc(c.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap());
+        let log = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+        let reader = {
+            let (log, mut err) = (log.clone(), job.0.stderr.take().unwrap());
+            std::thread::spawn(move || {
+                let mut buf = [0u8; 4096];
+                while let Ok(n @ 1..) = std::io::Read::read(&mut err, &mut buf) {
+                    log.lock().unwrap().push_str(&String::from_utf8_lossy(&buf[..n]));
+                }
+            })
+        };
+        // Running, not only linked: a flush before the job's start refuses the start.
+        wait_until("the job to run", Duration::from_secs(30), || job_shell_runs(&m));
+        let o = Command::new("ip").args(["netns", "exec", &lab.host, "nft", "flush", "ruleset"]).output().unwrap();
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        ip(&["link", "add", LINK, "type", "veth", "peer", "name", PEER]);
+        ip(&["addr", "add", NEW.0, "dev", LINK]);
+        ip(&["link", "set", PEER, "up"]);
+        ip(&["link", "set", LINK, "up"]);
+        ip(&["addr", "add", NEW_LO.0, "dev", "lo"]);
+        for a in [NEW.1, NEW_LO.1] {
+            assert!(serves(a).is_ok(), "the control: the fake host's service on {a}");
+        }
+        // The helper says what it refused.
+        let refused = |l: &str| {
+            let said = |what: &str| l.lines().any(|l| l.contains(what) && l.contains("refused to the job"));
+            said(NEW.1) && said("198.18.221.0/24")
+        };
+        let t0 = std::time::Instant::now();
+        while !refused(&log.lock().unwrap()) {
+            assert!(t0.elapsed() < Duration::from_secs(10), "{who}: the helper's refusals: {}", log.lock().unwrap());
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        std::fs::write(flag.join("added"), "").unwrap();
+        let status = job.0.wait().unwrap();
+        reader.join().unwrap();
+        let mut out = String::new();
+        std::io::Read::read_to_string(&mut job.0.stdout.take().unwrap(), &mut out).unwrap();
+        ip(&["link", "del", LINK]);
+        ip(&["addr", "del", NEW_LO.0, "dev", "lo"]);
+        let log = log.lock().unwrap().clone();
+        assert!(status.success(), "{who}: {out} {log}");
+        assert!(!out.contains(HOST_BODY), "{who} read the host's service: {out}");
+        let r = probe_results(&out);
+        for t in &targets {
+            assert!(blocked(&r[t]), "{who}: {t}: {out}");
+        }
+        // gc makes the host's table again and turns off what it had turned on.
+        let gc = h.lab_command(&lab).arg("gc").output().unwrap();
+        assert!(gc.status.success(), "{}", String::from_utf8_lossy(&gc.stderr));
+        std::fs::remove_dir_all(&flag).unwrap();
+    }
+    ip(&["addr", "del", BEFORE.0, "dev", "lo"]);
+    h.assert_no_residue(&[]);
+}

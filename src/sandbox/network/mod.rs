@@ -128,9 +128,9 @@ pub fn allow_group(allow: &[NetworkAllow]) -> u32 {
 }
 
 /// The job's routes besides its default route: link-local, Azure's host endpoint, the
-/// host's addresses, its other `local` destinations (rootless: see
-/// `sys::address_watch`) and (`subnet`, root mode) the other jobs prohibited; each
-/// allowed destination inside them through the gateway.
+/// host's addresses, its other `local` destinations (see `sys::address_watch`) and
+/// (`subnet`, root mode) the other jobs prohibited; each allowed destination inside them
+/// through the gateway.
 pub fn job_routes(
     host: &[Ipv4Addr],
     local: &[Ipv4Net],
@@ -256,43 +256,33 @@ pub fn enter(
     let mut guard = None;
     let setup = match plan.network {
         Network::Isolated => {
-            // Rootless: subscribed before anything of the host's is read, so that no
-            // local destination the host gets from now on is missed; what it delivers
-            // to itself now (more than its addresses) is refused from the start (see
-            // `sys::address_watch`).
-            let mut watch = if plan.rootless { Some(sys.watch_host_addresses(plan.net.ipv6)?) } else { None };
-            let local = match watch.as_mut() {
-                Some(w) => w.current()?,
-                None => vec![],
-            };
+            // Subscribed before anything of the host's is read, so that no local
+            // destination the host gets from now on is missed; what it delivers to
+            // itself now (more than its addresses) is refused from the start (see
+            // `sys::address_watch`). Rootless, pasta connects from the host; root mode,
+            // it is what the job's own routes and table hold once a firewall reload
+            // flushed the host's table away.
+            let mut watch = sys.watch_host_addresses(plan.net.ipv6)?;
+            let local = watch.current()?;
+            let local4: Vec<Ipv4Net> = local.iter().filter_map(LocalNet::v4).collect();
+            let local6: Vec<Ipv6Net> = local.iter().filter_map(LocalNet::v6).collect();
             let host = sys.host_addresses()?;
             let host_resolv = std::fs::read_to_string(HOST_RESOLV_CONF).unwrap_or_default();
             resolv = Some(dns::for_job(&host_resolv, plan.net.gateway(), &host, plan.rootless).resolv_conf);
             let host6 = if plan.net.ipv6 { Some(sys.host_ipv6_addresses()?) } else { None };
-            if plan.rootless {
-                let local4: Vec<Ipv4Net> = local.iter().filter_map(LocalNet::v4).collect();
+            let setup = if plan.rootless {
                 let routes = job_routes(&host, &local4, None, &plan.net.allow);
                 let log = job.bundle().join("pasta.log");
-                let ipv6_blocked = host6.map(|h| {
-                    let local6: Vec<Ipv6Net> = local.iter().filter_map(LocalNet::v6).collect();
-                    ipv6::blocked_rootless(&h, &local6)
-                });
+                let ipv6_blocked = host6.map(|h| ipv6::blocked_rootless(&h, &local6));
                 let args = pasta_args(&plan.net);
                 let filter = job_filter(&routes, None, ipv6_blocked.as_deref().unwrap_or_default());
-                if let Some(watch) = watch {
-                    let refused = routes.iter().filter_map(|r| match r {
-                        JobRoute::Prohibit(n) => Some(LocalNet::V4(*n)),
-                        JobRoute::Allow(_) => None,
-                    });
-                    let refused6 = ipv6_blocked.iter().flatten().map(|n| LocalNet::V6(*n));
-                    let refused = refused.chain(refused6).collect();
-                    guard = Some(HostAddressGuard::new(watch, refused, &plan.net.allow, &plan.id));
-                }
                 Setup::Pasta(Pasta { program: pasta_program()?, args, routes, log, ipv6_blocked, filter })
             } else {
-                let v6 = host6.map(|h| veth6(&h, !crate::sys::forwarding::ipv6_all_forwarding()));
-                Setup::Veth(veth(&plan, &host, v6, std::process::id()))
-            }
+                let v6 = host6.map(|h| veth6(&h, &local6, !crate::sys::forwarding::ipv6_all_forwarding()));
+                Setup::Veth(veth(&plan, &host, &local4, v6, std::process::id()))
+            };
+            guard = Some(HostAddressGuard::new(watch, refused_from_start(&setup), &plan.net.allow, &plan.id));
+            setup
         }
         _ => Setup::Loopback,
     };
@@ -335,6 +325,21 @@ pub fn begin(mode: Network, dir: &Path, sys: &dyn Sys, started: Option<OwnedFd>)
     }
 }
 
+/// What the job's routes and table refuse from its start, for its guard against host
+/// addresses that come later (which refuses only what is not among them).
+fn refused_from_start(setup: &Setup) -> Vec<LocalNet> {
+    let (routes, blocked6) = match setup {
+        Setup::Pasta(p) => (&p.routes, p.ipv6_blocked.as_deref().unwrap_or_default()),
+        Setup::Veth(v) => (&v.routes, v.v6.as_ref().map(|v6| v6.blocked.as_slice()).unwrap_or_default()),
+        Setup::Loopback => return vec![],
+    };
+    let refused = routes.iter().filter_map(|r| match r {
+        JobRoute::Prohibit(n) => Some(LocalNet::V4(*n)),
+        JobRoute::Allow(_) => None,
+    });
+    refused.chain(blocked6.iter().map(|n| LocalNet::V6(*n))).collect()
+}
+
 /// The dir of the job's network files, mounted, and the namespace made as `setup` says.
 fn isolate(setup: &Setup, dir: &Path, sys: &dyn Sys) -> Result<Made> {
     super::jobdir::create_mount_point(dir)?;
@@ -350,7 +355,7 @@ pub struct Entered {
     host_link: Option<String>,
     /// Whether the helper goes back to its own namespace (see [`Entered::finish`]).
     leave: bool,
-    /// Rootless: the guard against host addresses that come while the job runs.
+    /// `isolated`: the guard against host addresses that come while the job runs.
     guard: Option<HostAddressGuard>,
 }
 
@@ -361,21 +366,23 @@ impl Entered {
         Ok(sys.enter_network(&mut self.made)?)
     }
 
-    /// Once the job's container exists: the helper goes back to its own namespace (the
-    /// job's processes hold the job's now, and it goes with the last of them: its
-    /// teardown, ~1.4 ms of the kernel's CPU and `rtnl_lock` here, then overlaps the
-    /// end of this job rather than the start of the next, whose namespace needs that
-    /// lock), waits for what is still under way (a veth's configuration, in a child of
-    /// the helper) and logs what the job got. Before the job starts. Returns the armed
-    /// guard against new host addresses (rootless), for the helper's wait to tend.
+    /// Once the job's container exists: the guard against new host addresses armed
+    /// (its sockets are the namespace the helper is in: the job's, so this comes
+    /// first), the helper back in its own namespace (the job's processes hold the
+    /// job's now, and it goes with the last of them: its teardown, ~1.4 ms of the
+    /// kernel's CPU and `rtnl_lock` here, then overlaps the end of this job rather than
+    /// the start of the next, whose namespace needs that lock), what is still under way
+    /// waited for (a veth's configuration, in a child of the helper), and what the job
+    /// got logged. Before the job starts. Returns the armed guard (`isolated`), for the
+    /// helper's wait to tend.
     pub fn finish(mut self, job_id: &str, sys: &dyn Sys) -> Result<Option<HostAddressGuard>> {
+        if let Some(g) = self.guard.as_mut() {
+            g.arm()?;
+        }
         if self.leave {
             sys.leave_network(&mut self.made)?;
         }
         sys.finish_network(&mut self.made)?;
-        if let Some(g) = self.guard.as_mut() {
-            g.arm()?;
-        }
         let made = &self.made;
         match (&self.host_link, made.address, made.pasta_pid) {
             (Some(link), Some(a), _) => match made.address6 {
@@ -391,19 +398,19 @@ impl Entered {
 
 /// A job's IPv6 (see [`ipv6`]): `host` the host's own IPv6 addresses; `force_forwarding`:
 /// the host end must forward (the host does not on all links).
-fn veth6(host: &[Ipv6Addr], force_forwarding: bool) -> Veth6 {
+fn veth6(host: &[Ipv6Addr], local: &[Ipv6Net], force_forwarding: bool) -> Veth6 {
     Veth6 {
         prefix: ipv6::PREFIX,
         gateway: ipv6::GATEWAY,
         job_mac: ipv6::JOB_MAC,
         force_forwarding,
-        blocked: ipv6::blocked(host),
+        blocked: ipv6::blocked(host, local),
     }
 }
 
-fn veth(plan: &JobPlan, host: &[Ipv4Addr], v6: Option<Veth6>, pid: u32) -> Veth {
+fn veth(plan: &JobPlan, host: &[Ipv4Addr], local: &[Ipv4Net], v6: Option<Veth6>, pid: u32) -> Veth {
     let subnet = plan.net.subnet();
-    let routes = job_routes(host, &[], Some(subnet), &plan.net.allow);
+    let routes = job_routes(host, local, Some(subnet), &plan.net.allow);
     Veth {
         host_name: link_name(&plan.id, pid),
         host_mac: HOST_MAC,
@@ -815,7 +822,13 @@ mod tests {
     fn a_veth_job_plan() {
         let mut plan = super::super::plan::test_plan("job-1", vec![], "/cg");
         plan.net.allow = allow(&["169.254.169.254:80"]);
-        let v = veth(&plan, &[Ipv4Addr::new(192, 0, 2, 2)], None, 99);
+        // A prefix on the host's loopback (all of it the host's), held by the job's own
+        // routes once a flush took the host's table away.
+        let local = [Ipv4Net::new(Ipv4Addr::new(198, 51, 100, 0), 24), Ipv4Net::new(Ipv4Addr::LOCALHOST, 8)];
+        let v = veth(&plan, &[Ipv4Addr::new(192, 0, 2, 2)], &local, None, 99);
+        assert!(v.routes.contains(&JobRoute::Prohibit(local[0])), "{:?}", v.routes);
+        assert!(v.filter.reject4.contains(&local[0]), "{:?}", v.filter);
+        assert!(!v.routes.iter().any(|r| matches!(r, JobRoute::Prohibit(n) if n.contains(Ipv4Addr::LOCALHOST))));
         assert_eq!(
             (v.host_name.as_str(), v.gateway, v.pool),
             (link_name("job-1", 99).as_str(), Ipv4Addr::new(10, 87, 0, 1), DEFAULT_SUBNET)
@@ -824,7 +837,7 @@ mod tests {
         assert!(v.first_try < 65536);
         assert!(v.routes.contains(&JobRoute::Allow(Ipv4Net::host(Ipv4Addr::new(169, 254, 169, 254)))));
         assert_eq!(v.v6, None);
-        let v6 = veth6(&["2001:db8::2".parse().unwrap()], true);
+        let v6 = veth6(&["2001:db8::2".parse().unwrap()], &[], true);
         assert_eq!((v6.prefix, v6.gateway, v6.force_forwarding), (ipv6::PREFIX, ipv6::GATEWAY, true));
         assert_eq!(v6.blocked.last().map(|n| n.to_string()).as_deref(), Some("2001:db8::2/128"));
     }

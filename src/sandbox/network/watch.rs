@@ -1,4 +1,4 @@
-//! A rootless job's guard against local destinations the host gets while the job runs
+//! A job's guard against local destinations the host gets while the job runs
 //! (see `sys::address_watch`): which of the watch's destinations the job's namespace must
 //! refuse (those not refused yet, not the job's own loopback, not link-local, which is
 //! refused as a whole, not an operator's allowed destination), refused as they come, and
