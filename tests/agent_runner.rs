@@ -294,3 +294,59 @@ fn drain_timeout_cancels_the_running_job_through_the_listener() {
         h.assert_no_residue(&[]);
     }
 }
+
+/// A firewall reload (Debian's nftables.conf begins with `flush ruleset`) takes the
+/// jobs' table, and with it the destinations a run allows its jobs. The next job makes
+/// the table again: with the run's allowed destinations, not without them.
+#[test]
+#[cfg_attr(not(test_as_root), ignore = "needs root: creates real sandboxes (CI runs the suite as root)")]
+fn a_firewall_reload_keeps_the_runs_allowed_destinations() {
+    require_root!();
+    if rootless() {
+        skip("root mode only: rootless jobs have no host table to flush");
+        return;
+    }
+    let lab = or_skip!(netlab::NetLab::new());
+    let fake = FakeAzure::start_in(&lab);
+    let h = TestHome::with_busybox("runner-reload");
+    let tf = token_file(&h, &fake.pat());
+    let mut cmd = h.lab_command(&lab);
+    cmd.args(["run", "--pool", "gpu", "--url", &fake.url(), "--token-file", tf.to_str().unwrap()])
+        .args(["--agents", "1", "--gpus-per-agent", "none", "--rootfs", "bb", "--name-prefix", "reload"])
+        .args(["--network-allow", &format!("{}:80", netlab::AZURE_HOST_IP)]);
+    let mgr = ManagerProc::spawn(cmd, h.dir.join("manager.log"));
+    let log = || std::fs::read_to_string(h.dir.join("manager.log")).unwrap_or_default();
+    // Azure's host endpoint: refused to jobs unless allowed, as this run does.
+    let fetch = |n: usize| {
+        format!("echo job={n}; timeout 5 wget -q -O- http://{}/ 2>&1 || echo FETCH-FAILED", netlab::AZURE_HOST_IP)
+    };
+    fake.enqueue_job(&fetch(0));
+    let results = fake.wait_results(1, Duration::from_secs(120));
+    assert_eq!(results.len(), 1, "the first job did not run; log:\n{}", log());
+    assert!(results[0].output.contains(netlab::WIRESERVER_BODY), "the control: {:?}\n{}", results[0], log());
+    // The reload. The jobs' traffic then leaves unmasqueraded (the fake internet routes
+    // it back): the sandbox prepared before it runs the next job without the table,
+    // whose own refusals are gone with it; the one after makes the table again.
+    let o = std::process::Command::new("ip")
+        .args(["netns", "exec", &lab.host, "nft", "flush", "ruleset"])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    for n in 1..=3 {
+        fake.enqueue_job(&fetch(n));
+    }
+    let results = fake.wait_results(4, Duration::from_secs(180));
+    assert_eq!(results.len(), 4, "only {} of 4 jobs ran; log:\n{}", results.len(), log());
+    let tables = lab.host_network_residue();
+    assert!(tables.iter().any(|t| t == "table inet azp-sandbox"), "the table was made again: {tables:?}");
+    let last = results.iter().find(|r| r.output.contains("job=3")).expect("job 3");
+    assert!(
+        last.output.contains(netlab::WIRESERVER_BODY),
+        "a job after the table was made again reaches the run's allowed destination: {last:?}\n{}",
+        log()
+    );
+    let st = mgr.stop();
+    assert!(st.success(), "manager exit {st}; log:\n{}", log());
+    h.assert_no_residue(&[]);
+    assert_eq!(lab.host_network_residue(), Vec::<String>::new(), "the end of run leaves no network state");
+}

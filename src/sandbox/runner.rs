@@ -143,8 +143,10 @@ impl Sandbox {
         plan.process.init = Some(super::init::ensure(home)?);
         if plan.network == crate::config::Network::Isolated && !plan.rootless {
             // The host's table, made again if a firewall reload flushed it (one netlink
-            // query when it exists): the helper refuses to start a job without it.
-            super::network::ensure_table(&mut plan.net, false, crate::config::Ipv6::Auto)?;
+            // query when it exists): the helper refuses to start a job without it. With
+            // the job's allowed destinations and proxy port, which went with the flushed
+            // table (added once per table: see `firewall::ensure`).
+            super::network::ensure_table(&mut plan.net, true, crate::config::Ipv6::Auto)?;
         }
         // Optional mounts whose source is missing are dropped here, never failing the job.
         plan.edits.mounts.retain(|m| !m.optional || m.host_path.exists());

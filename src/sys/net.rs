@@ -887,11 +887,25 @@ fn lock_shared(path: &Path) -> Result<nix::fcntl::Flock<std::fs::File>> {
         .map_err(|(_, source)| Error::NetLock { path: path.into(), source })
 }
 
-/// The host's nftables table `name` (inet family) exists: its comment, if any.
-pub fn nft_table(name: &str) -> Result<Option<Option<String>>> {
+/// An nftables table of the host, as the kernel reports it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NftTable {
+    pub comment: Option<String>,
+    /// Its handle: a table made again (after a firewall reload flushed it) has another.
+    pub handle: Option<u64>,
+}
+
+/// The host's nftables table `name` (inet family), if it exists.
+pub fn nft_table(name: &str) -> Result<Option<NftTable>> {
     let s = Socket::open(Proto::Netfilter).map_err(Error::NetlinkSocket)?;
     match s.call(Message::nft_get_table(name)) {
-        Ok(replies) => Ok(Some(replies.first().and_then(|r| nl::nft_table_comment(r)))),
+        Ok(replies) => {
+            let reply = replies.first();
+            Ok(Some(NftTable {
+                comment: reply.and_then(|r| nl::nft_table_comment(r)),
+                handle: reply.and_then(|r| nl::nft_table_handle(r)),
+            }))
+        }
         Err(Errno::ENOENT) => Ok(None),
         Err(source) => Err(Error::NftQuery { table: name.into(), source }),
     }

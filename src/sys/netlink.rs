@@ -94,6 +94,7 @@ const NFNL_MSG_BATCH_BEGIN: u16 = 0x10;
 const NFNL_MSG_BATCH_END: u16 = 0x11;
 const NFT_MSG_GETTABLE: u16 = 1;
 const NFTA_TABLE_NAME: u16 = 1;
+const NFTA_TABLE_HANDLE: u16 = 4;
 const NFTA_TABLE_USERDATA: u16 = 6;
 const NFPROTO_INET: u8 = 1;
 
@@ -479,6 +480,13 @@ pub fn nft_table_comment(reply: &[u8]) -> Option<String> {
     None
 }
 
+/// The handle of an nftables table from its `GETTABLE` reply: the kernel gives each
+/// table made in a namespace a new one, so a table made again has another.
+pub fn nft_table_handle(reply: &[u8]) -> Option<u64> {
+    let data = attributes(reply, 4).into_iter().find(|(t, _)| *t == NFTA_TABLE_HANDLE)?.1;
+    Some(u64::from_be_bytes(data.try_into().ok()?))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -571,8 +579,11 @@ mod tests {
         ud.extend_from_slice(b"hello\0");
         let mut m = Message::new(0, 0, &reply);
         m.attr_str(NFTA_TABLE_NAME, "azp-sandbox").attr(NFTA_TABLE_USERDATA, &ud);
+        m.attr(NFTA_TABLE_HANDLE, &0x0102_0304_0506_0708u64.to_be_bytes());
         reply = m.finish(1, 0)[NLMSG_HDRLEN..].to_vec();
         assert_eq!(nft_table_comment(&reply).as_deref(), Some("hello"));
+        assert_eq!(nft_table_handle(&reply), Some(0x0102_0304_0506_0708), "big-endian, as the kernel sends it");
         assert_eq!(nft_table_comment(&[1, 0, 0, 0]), None);
+        assert_eq!(nft_table_handle(&[1, 0, 0, 0]), None);
     }
 }

@@ -332,7 +332,9 @@ fn holders_of(path: &Path, waiting_fd: std::os::fd::RawFd) -> String {
 }
 
 /// Makes the table when it is absent (turning IPv4 forwarding on when it is off), and
-/// adds `extra` elements (a run's proxy port, a job's allowed destinations). A table of
+/// adds `extra` elements (a run's proxy port, a job's allowed destinations) unless this
+/// process added them to this very table already (see [`REGISTERED`]: a run calls this
+/// for every job, and its elements come back after a firewall reload). A table of
 /// another subnet is an error: two subnets would need two gateways in one table.
 /// `ipv6`: jobs get IPv6: the uplinks forward for them (see [`uplinks_to_turn_on`]).
 /// Returns whether the table has the IPv6 rules (false: made by an older azp-sandbox).
@@ -345,10 +347,10 @@ pub fn ensure(
 ) -> Result<bool> {
     begin_table_use()?;
     let has_v6 = |c: &str| has_marker(c, HAS_IPV6_RULES);
-    if let Some(c) = existing(subnet)? {
+    if let Some((c, handle)) = existing(subnet)? {
         warn_if_outdated(&c);
         let v6_pending = || ipv6 && has_v6(&c) && !uplinks_to_turn_on(&super::ipv6::Host::probe()).is_empty();
-        if extra.is_empty() && !v6_pending() {
+        if !to_register(&REGISTERED.lock().unwrap(), handle, extra) && !v6_pending() {
             return Ok(has_v6(&c));
         }
     }
@@ -371,7 +373,7 @@ pub fn ensure(
             if forwarding_was_off { "; IPv4 forwarding turned on until it is removed" } else { "" }
         );
     }
-    let v6_rules = existing(subnet)?.is_some_and(|c| has_v6(&c));
+    let v6_rules = existing(subnet)?.is_some_and(|(c, _)| has_v6(&c));
     if v6_rules {
         // Uplinks an earlier table turned on: in the set again, so they forward nothing
         // but to jobs, and are turned off with it.
@@ -396,16 +398,21 @@ pub fn ensure(
             );
         }
     }
-    if !extra.is_empty() {
+    // Under the lock, looked at again: the table may be another one by now.
+    let table = existing(subnet)?;
+    let handle = table.as_ref().and_then(|(_, h)| *h);
+    let mut registered = REGISTERED.lock().unwrap();
+    if to_register(&registered, handle, extra) {
         // An older table has no `service_targets` (it lets any DNAT'd connection in, and
         // warns so): its elements would fail the whole transaction.
-        let own_dnat = existing(subnet)?.is_some_and(|c| has_marker(&c, OWN_DNAT_ONLY));
-        let extra: String = extra
+        let own_dnat = table.is_some_and(|(c, _)| has_marker(&c, OWN_DNAT_ONLY));
+        let lines: String = extra
             .lines()
             .filter(|l| own_dnat || !l.contains(" service_targets "))
             .map(|l| l.to_string() + "\n")
             .collect();
-        run_nft(&nft, &extra)?;
+        run_nft(&nft, &lines)?;
+        *registered = Some((handle, extra.to_string()));
     }
     Ok(v6_rules)
 }
@@ -456,18 +463,29 @@ fn v6_uplinks(nft: &Path) -> Vec<String> {
     out.map(|o| quoted_elements(&String::from_utf8_lossy(&o.stdout))).unwrap_or_default()
 }
 
-/// The table's comment when it exists (for `subnet`: else an error that says what to
-/// change).
-fn existing(subnet: Ipv4Net) -> Result<Option<String>> {
-    let Some(comment) = crate::sys::net::nft_table(TABLE)? else { return Ok(None) };
-    let theirs = comment.as_deref().and_then(subnet_of).unwrap_or("?");
+/// The table when it exists: its comment and handle (for `subnet`: else an error that
+/// says what to change).
+fn existing(subnet: Ipv4Net) -> Result<Option<(String, Option<u64>)>> {
+    let Some(table) = crate::sys::net::nft_table(TABLE)? else { return Ok(None) };
+    let theirs = table.comment.as_deref().and_then(subnet_of).unwrap_or("?");
     if theirs != subnet.to_string() {
         bail!(
             "jobs on this host already use network_subnet {theirs} (nftables table inet {TABLE}): \
              use the same network_subnet, or stop them and run `azp-sandbox gc`"
         );
     }
-    Ok(Some(comment.unwrap_or_default()))
+    Ok(Some((table.comment.unwrap_or_default(), table.handle)))
+}
+
+/// The elements this process added, and the handle of the table it added them to: a
+/// firewall reload (`nft flush ruleset`) takes them with the table, and whoever makes
+/// the table again makes it without them, so this process adds its own again.
+static REGISTERED: std::sync::Mutex<Option<(Option<u64>, String)>> = std::sync::Mutex::new(None);
+
+/// Whether `extra` must be added to the table with `handle`: not when this process added
+/// the same to the same table (a table without a handle, never: no kernel omits it).
+fn to_register(registered: &Option<(Option<u64>, String)>, handle: Option<u64>, extra: &str) -> bool {
+    !extra.is_empty() && (handle.is_none() || registered.as_ref() != Some(&(handle, extra.to_string())))
 }
 
 /// Removes the table when no job link exists (waiting up to `grace` for the links of
@@ -491,7 +509,7 @@ pub fn remove_if_unused(grace: std::time::Duration) -> Result<Option<String>> {
     if table.is_none() && record.is_empty() {
         return Ok(None);
     }
-    let comment = table.clone().flatten();
+    let comment = table.clone().and_then(|t| t.comment);
     // No process that uses the table may be alive (an `exec`, a `run`, their helpers).
     let users = match nix::fcntl::Flock::lock(open_users_lock()?, nix::fcntl::FlockArg::LockExclusiveNonblock) {
         Ok(l) => l,
@@ -662,5 +680,17 @@ mod tests {
              add element inet azp-sandbox allow_port { 77 . 169.254.169.254 . 80 }\n\
              add element inet azp-sandbox allow_addr { 77 . 10.1.1.1 }\n"
         );
+    }
+
+    #[test]
+    fn a_runs_elements_are_added_once_per_table() {
+        let extra = "add element inet azp-sandbox allow_addr { 77 . 10.1.1.1 }\n";
+        assert!(to_register(&None, Some(7), extra), "the first time");
+        let done = Some((Some(7), extra.to_string()));
+        assert!(!to_register(&done, Some(7), extra), "the same table: nothing to add (every job asks)");
+        assert!(to_register(&done, Some(9), extra), "a table made again after a firewall reload");
+        assert!(to_register(&done, Some(7), "add element inet azp-sandbox allow_addr { 78 . 10.1.1.2 }\n"));
+        assert!(to_register(&done, None, extra), "a table whose handle is unknown");
+        assert!(!to_register(&None, Some(7), ""), "nothing to add");
     }
 }

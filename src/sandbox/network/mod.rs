@@ -524,7 +524,7 @@ fn subnet_conflict(
 
 /// Root mode, isolated: the host's table exists (made when absent, with the DNS and
 /// host ports of `net`). `register`: also add `net`'s host ports and allowed
-/// destinations (once per run or exec that has any). A job's sandbox checks it cheaply.
+/// destinations (once per table and process: a job's sandbox checks it cheaply).
 /// A table made by an older azp-sandbox (no IPv6 rules: it drops jobs' IPv6) leaves
 /// `net` IPv4 only, with a warning (`ask` on: an error).
 pub fn ensure_table(net: &mut JobNetwork, register: bool, ask: Ipv6) -> Result<()> {
