@@ -83,6 +83,8 @@ impl Watch {
         let groups = nl::RTMGRP_IPV4_ROUTE | if ipv6 { nl::RTMGRP_IPV6_ROUTE } else { 0 };
         let listener = Listener::open(groups).map_err(Error::WatchAddresses)?;
         let host = Socket::open(Proto::Route).map_err(Error::NetlinkSocket)?;
+        // Its dumps of the local table: that table alone where the kernel can filter.
+        host.filter_dumps();
         Ok(Watch { listener, host, ipv6, job: None })
     }
 }

@@ -1248,7 +1248,8 @@ impl std::fmt::Display for LocalNet {
 /// local, broadcast and anycast routes, IPv4 (and IPv6 when `ipv6`). More than its
 /// addresses: an address on loopback makes its whole prefix local
 /// (`ip addr add 10.50.0.1/16 dev lo`), and `ip route add local NET` makes a network local
-/// with no address at all (AnyIP).
+/// with no address at all (AnyIP). The local table alone where `s` filters dumps (see
+/// [`Socket::filter_dumps`]), every table's routes elsewhere, filtered here.
 pub fn local_routes_on(s: &Socket, ipv6: bool) -> Result<Vec<LocalNet>> {
     let mut out = Vec::new();
     let families: &[(u8, &'static str)] = if ipv6 {
@@ -1257,8 +1258,9 @@ pub fn local_routes_on(s: &Socket, ipv6: bool) -> Result<Vec<LocalNet>> {
         &[(nl::AF_INET, "local routes")]
     };
     for (family, what) in families {
-        let replies =
-            s.call(Message::dump(nl::RTM_GETROUTE, *family)).map_err(|source| Error::NetlinkDump { what, source })?;
+        let replies = s
+            .call(Message::dump_routes(*family, nl::RT_TABLE_LOCAL as u8))
+            .map_err(|source| Error::NetlinkDump { what, source })?;
         out.extend(replies.iter().filter_map(|r| local_route(r)));
     }
     Ok(out)
@@ -1354,6 +1356,40 @@ mod tests {
         // /31 (point to point) and /32 have none.
         assert_eq!(b([198, 18, 0, 1], 31), None);
         assert_eq!(b([198, 18, 0, 1], 32), None);
+    }
+
+    /// As root, in a namespace of its own with 300 routes in its main table: the dump of
+    /// its local table returns that table alone where the socket filters dumps, and the
+    /// same local destinations as an unfiltered dump.
+    #[test]
+    #[cfg_attr(not(test_as_root), ignore = "needs root: a network namespace")]
+    fn the_local_tables_dump_is_filtered_by_the_kernel() {
+        if !nix::unistd::geteuid().is_root() {
+            return crate::test_skip::skip("needs root: a network namespace of its own");
+        }
+        std::thread::spawn(|| {
+            nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNET).unwrap();
+            let plain = Socket::open(Proto::Route).unwrap();
+            plain.request(Message::link(nl::RTM_NEWLINK, 0, 1, nl::IFF_UP, nl::IFF_UP)).unwrap();
+            for k in 0..300u32 {
+                let flags = nl::NLM_F_CREATE | nl::NLM_F_EXCL;
+                let mut m = Message::route(flags, 24, nl::RT_SCOPE_UNIVERSE, nl::RTN_PROHIBIT);
+                m.attr_ipv4(nl::RTA_DST, Ipv4Addr::new(10, 200 + (k / 256) as u8, (k % 256) as u8, 0));
+                plain.request(m).unwrap();
+            }
+            let strict = Socket::open(Proto::Route).unwrap();
+            assert!(strict.filter_dumps(), "Linux 4.20+ filters dumps");
+            let dump = |s: &Socket| s.call(Message::dump_routes(nl::AF_INET, nl::RT_TABLE_LOCAL as u8)).unwrap();
+            let (filtered, all) = (dump(&strict), dump(&plain));
+            assert!(all.len() > 300, "unfiltered: every table ({})", all.len());
+            assert!(!filtered.is_empty() && filtered.len() < 10, "the local table alone: {}", filtered.len());
+            assert!(filtered.iter().all(|r| local_route(r).is_some()), "local routes only");
+            let (a, b) = (local_routes_on(&strict, true).unwrap(), local_routes_on(&plain, true).unwrap());
+            assert_eq!(a, b);
+            assert!(a.contains(&LocalNet::V4(Ipv4Net::new(Ipv4Addr::new(127, 0, 0, 0), 8))), "{a:?}");
+        })
+        .join()
+        .unwrap();
     }
 
     /// As root, in a namespace of its own: the local table's broadcast routes, every one,

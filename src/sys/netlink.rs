@@ -95,6 +95,8 @@ const NFNL_MSG_BATCH_END: u16 = 0x11;
 const NFT_MSG_GETTABLE: u16 = 1;
 const NFTA_TABLE_NAME: u16 = 1;
 const NFTA_TABLE_HANDLE: u16 = 4;
+/// linux/netlink.h (the libc crate has it for Android only).
+const NETLINK_GET_STRICT_CHK: libc::c_int = 12;
 const NFTA_TABLE_USERDATA: u16 = 6;
 const NFPROTO_INET: u8 = 1;
 
@@ -120,6 +122,27 @@ impl Socket {
         let fd = socket::socket(AddressFamily::Netlink, SockType::Raw, SockFlag::SOCK_CLOEXEC, protocol)?;
         socket::bind(fd.as_raw_fd(), &NetlinkAddr::new(0, 0))?;
         Ok(Socket { fd, seq: Cell::new(1) })
+    }
+
+    /// Asks the kernel to take a dump request's header as a filter
+    /// (`NETLINK_GET_STRICT_CHK`, Linux 4.20+): a dump of one routing table then returns
+    /// that table's routes only, not every table's (a host with a full routing table would
+    /// have each job read all of it). False where the kernel is older: it then ignores the
+    /// filter and dumps everything, which callers filter themselves.
+    pub fn filter_dumps(&self) -> bool {
+        let on: libc::c_int = 1;
+        // SAFETY: setsockopt reads `size_of::<c_int>()` bytes from `on`, an int alive for
+        // the call; the fd is this socket's own.
+        let set = unsafe {
+            libc::setsockopt(
+                self.fd.as_raw_fd(),
+                libc::SOL_NETLINK,
+                NETLINK_GET_STRICT_CHK,
+                (&on as *const libc::c_int).cast(),
+                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+            )
+        };
+        set == 0
     }
 
     /// Sends `msg` (with an ack asked for) and returns the replies before the ack or the
@@ -322,6 +345,13 @@ impl Message {
             m.buf[NLMSG_HDRLEN] = family;
         }
         m
+    }
+
+    /// A dump of the routes of one `family` in `table` alone on a socket that
+    /// [filters dumps](Socket::filter_dumps) (every table's elsewhere). The header's
+    /// other fields are zero: the kernel takes each as a filter there.
+    pub fn dump_routes(family: u8, table: u8) -> Message {
+        Message::new(RTM_GETROUTE, NLM_F_DUMP, &[family, 0, 0, 0, table, 0, 0, 0, 0, 0, 0, 0])
     }
 
     /// `RTM_NEWROUTE` (IPv4) in the main table: `dst/dst_len`, of `kind` (RTN_*), `scope`.
