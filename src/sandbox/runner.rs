@@ -143,7 +143,7 @@ impl Sandbox {
         plan.process.init = Some(super::init::ensure(home)?);
         if plan.network == crate::config::Network::Isolated && !plan.rootless {
             // The host's table, made again if a firewall reload flushed it (one netlink
-            // query when it exists): the helper refuses to start a job without it. With
+            // query when it exists): the helper makes no job link without it. With
             // the job's allowed destinations and proxy port, which went with the flushed
             // table (added once per table: see `firewall::ensure`).
             super::network::ensure_table(&mut plan.net, true, crate::config::Ipv6::Auto)?;

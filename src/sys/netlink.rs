@@ -349,7 +349,8 @@ impl Message {
 
     /// A dump of the routes of one `family` in `table` alone on a socket that
     /// [filters dumps](Socket::filter_dumps) (every table's elsewhere). The header's
-    /// other fields are zero: the kernel takes each as a filter there.
+    /// other fields are zero: there the kernel takes the protocol and type as filters too,
+    /// and refuses a dump whose prefix lengths, TOS or scope are not zero.
     pub fn dump_routes(family: u8, table: u8) -> Message {
         Message::new(RTM_GETROUTE, NLM_F_DUMP, &[family, 0, 0, 0, table, 0, 0, 0, 0, 0, 0, 0])
     }

@@ -350,7 +350,8 @@ pub fn ensure(
     if let Some((c, handle)) = existing(subnet)? {
         warn_if_outdated(&c);
         let v6_pending = || ipv6 && has_v6(&c) && !uplinks_to_turn_on(&super::ipv6::Host::probe()).is_empty();
-        if !to_register(&REGISTERED.lock().unwrap(), handle, extra) && !v6_pending() {
+        let register = to_register(&registered(), handle, extra);
+        if !register && !v6_pending() {
             return Ok(has_v6(&c));
         }
     }
@@ -401,7 +402,7 @@ pub fn ensure(
     // Under the lock, looked at again: the table may be another one by now.
     let table = existing(subnet)?;
     let handle = table.as_ref().and_then(|(_, h)| *h);
-    let mut registered = REGISTERED.lock().unwrap();
+    let mut registered = registered();
     if to_register(&registered, handle, extra) {
         // An older table has no `service_targets` (it lets any DNAT'd connection in, and
         // warns so): its elements would fail the whole transaction.
@@ -482,8 +483,15 @@ fn existing(subnet: Ipv4Net) -> Result<Option<(String, Option<u64>)>> {
 /// the table again makes it without them, so this process adds its own again.
 static REGISTERED: std::sync::Mutex<Option<(Option<u64>, String)>> = std::sync::Mutex::new(None);
 
+/// [`REGISTERED`], whatever a thread that panicked holding it left (a record to compare,
+/// at worst a stale one: the elements are added again).
+fn registered() -> std::sync::MutexGuard<'static, Option<(Option<u64>, String)>> {
+    REGISTERED.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 /// Whether `extra` must be added to the table with `handle`: not when this process added
-/// the same to the same table (a table without a handle, never: no kernel omits it).
+/// the same to the same table (a table without a handle, never: kernels before 4.16 omit
+/// it, and there each job adds the elements again, which `add element` allows).
 fn to_register(registered: &Option<(Option<u64>, String)>, handle: Option<u64>, extra: &str) -> bool {
     !extra.is_empty() && (handle.is_none() || registered.as_ref() != Some(&(handle, extra.to_string())))
 }

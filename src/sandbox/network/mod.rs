@@ -67,7 +67,7 @@ const LINK_LOCAL: Ipv4Net = Ipv4Net { addr: Ipv4Addr::new(169, 254, 0, 0), prefi
 /// The job's own loopback (see [`refusable`]).
 const LOOPBACK: Ipv4Net = Ipv4Net { addr: Ipv4Addr::new(127, 0, 0, 0), prefix: 8 };
 
-/// What of `n`, a local network of the host, a rootless job is refused: all of it but
+/// What of `n`, a local network of the host, a job is refused: all of it but
 /// the job's own loopback, 127/8. The job's table refuses a network on every link,
 /// loopback's too, so a network around 127/8 (`ip route add local 64.0.0.0/2 dev lo`)
 /// is refused as the pieces of it beside 127/8 (here 64/3, 96/4, ... 126/8): skipped
