@@ -623,6 +623,64 @@ impl Drop for HostProc {
     }
 }
 
+/// A running job's log (the stderr of its `exec`), read as it comes by a thread.
+struct JobLog {
+    text: std::sync::Arc<std::sync::Mutex<String>>,
+    reader: std::thread::JoinHandle<()>,
+}
+impl JobLog {
+    fn of(job: &mut HostProc) -> JobLog {
+        let text = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+        let (t, mut err) = (text.clone(), job.0.stderr.take().expect("a piped stderr"));
+        let reader = std::thread::spawn(move || {
+            let mut buf = [0u8; 4096];
+            while let Ok(n @ 1..) = std::io::Read::read(&mut err, &mut buf) {
+                t.lock().unwrap().push_str(&String::from_utf8_lossy(&buf[..n]));
+            }
+        });
+        JobLog { text, reader }
+    }
+
+    /// Waits (10 s at most) until the helper has logged each of `what` as refused to the
+    /// job (see `HostAddressGuard::tend`).
+    fn wait_for_refusals(&self, what: &[&str], who: &str) {
+        let said = |log: &str, w: &str| log.lines().any(|l| l.contains(w) && l.contains("refused to the job"));
+        let t0 = std::time::Instant::now();
+        while !what.iter().all(|w| said(&self.text.lock().unwrap(), w)) {
+            assert!(
+                t0.elapsed() < Duration::from_secs(10),
+                "{who}: the helper's refusals: {}",
+                self.text.lock().unwrap()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Waits for the job's end: its status, its stdout and the whole log.
+    fn finish(self, job: &mut HostProc) -> (std::process::ExitStatus, String, String) {
+        let status = job.0.wait().unwrap();
+        self.reader.join().unwrap();
+        let mut out = String::new();
+        std::io::Read::read_to_string(&mut job.0.stdout.take().unwrap(), &mut out).unwrap();
+        let log = self.text.lock().unwrap().clone();
+        (status, out, log)
+    }
+}
+
+/// Whether the fake host's service on `addr:port` answers the fake host itself (the
+/// control of a test that keeps a job from it).
+fn host_serves(lab: &common::netlab::NetLab, addr: &str, port: u16) -> bool {
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            lab.enter_host();
+            let to = std::net::SocketAddr::new(addr.parse().unwrap(), port);
+            std::net::TcpStream::connect_timeout(&to, Duration::from_secs(5)).is_ok()
+        })
+        .join()
+        .unwrap()
+    })
+}
+
 /// A running `exec` whose job printed `ready` and now waits until the host creates
 /// `<ctl>/go` (the job sees `ctl` read-only at /ctl). Dropping it (a failed assertion
 /// included) releases the job, and kills `exec` if it does not end.

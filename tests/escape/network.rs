@@ -565,19 +565,9 @@ fn t47_what_the_host_delivers_to_itself_is_out_of_reach_also_when_it_comes_mid_j
         .filter(|t| rootless() || !t.starts_with("connect-tcp-dev"))
         .collect();
     let ip = |args: &[&str]| lab.host_ip(args);
-    let serves = |addr: &str| {
-        std::thread::scope(|s| {
-            s.spawn(|| {
-                lab.enter_host();
-                let to = std::net::SocketAddr::new(addr.parse().unwrap(), port);
-                std::net::TcpStream::connect_timeout(&to, Duration::from_secs(5)).map(drop)
-            })
-            .join()
-            .unwrap()
-        })
-    };
+    let serves = |addr: &str| host_serves(&lab, addr, port);
     ip(&["addr", "add", BEFORE.0, "dev", "lo"]);
-    assert!(serves(BEFORE.1).is_ok(), "the control: the fake host's service on {}", BEFORE.1);
+    assert!(serves(BEFORE.1), "the control: the fake host's service on {}", BEFORE.1);
     for (who, opts) in USERS {
         let flag = flag_dir(&format!("new-addr-{who}"));
         let m = unique("t47");
@@ -592,17 +582,7 @@ fn t47_what_the_host_delivers_to_itself_is_out_of_reach_also_when_it_comes_mid_j
         let mut c = h.lab_command(&lab);
         c.args(["exec", "--rootfs", "esc", "--volume", &vol]).args(opts.iter()).args(["--", "sh", "-c", &script]);
         let mut job = HostProc(c.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap());
-        // Its log, as it comes.
-        let log = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
-        let reader = {
-            let (log, mut err) = (log.clone(), job.0.stderr.take().unwrap());
-            std::thread::spawn(move || {
-                let mut buf = [0u8; 4096];
-                while let Ok(n @ 1..) = std::io::Read::read(&mut err, &mut buf) {
-                    log.lock().unwrap().push_str(&String::from_utf8_lossy(&buf[..n]));
-                }
-            })
-        };
+        let log = JobLog::of(&mut job);
         wait_until("the job to run", Duration::from_secs(30), || job_shell_runs(&m));
         ip(&["link", "add", LINK, "type", "veth", "peer", "name", PEER]);
         ip(&["addr", "add", NEW.0, "dev", LINK]);
@@ -610,32 +590,15 @@ fn t47_what_the_host_delivers_to_itself_is_out_of_reach_also_when_it_comes_mid_j
         ip(&["link", "set", LINK, "up"]);
         ip(&["addr", "add", NEW_LO.0, "dev", "lo"]);
         for a in [NEW.1, NEW_LO.1] {
-            assert!(serves(a).is_ok(), "the control: the fake host's service on {a}");
+            assert!(serves(a), "the control: the fake host's service on {a}");
         }
-        if rootless() {
-            // The helper says what it refused (root mode: the host's table needs no word).
-            let refused = |l: &str| {
-                let said = |what: &str| l.lines().any(|l| l.contains(what) && l.contains("refused to the job"));
-                said(NEW.1) && said("198.18.220.0/24")
-            };
-            let t0 = std::time::Instant::now();
-            while !refused(&log.lock().unwrap()) {
-                assert!(
-                    t0.elapsed() < Duration::from_secs(10),
-                    "{who}: the helper's refusals: {}",
-                    log.lock().unwrap()
-                );
-                std::thread::sleep(Duration::from_millis(20));
-            }
-        }
+        // The helper says what it refused (root mode too, where the host's table drops
+        // them first).
+        log.wait_for_refusals(&[NEW.1, "198.18.220.0/24"], who);
         std::fs::write(flag.join("added"), "").unwrap();
-        let status = job.0.wait().unwrap();
-        reader.join().unwrap();
-        let mut out = String::new();
-        std::io::Read::read_to_string(&mut job.0.stdout.take().unwrap(), &mut out).unwrap();
+        let (status, out, log) = log.finish(&mut job);
         ip(&["link", "del", LINK]);
         ip(&["addr", "del", NEW_LO.0, "dev", "lo"]);
-        let log = log.lock().unwrap().clone();
         assert!(status.success(), "{who}: {out} {log}");
         assert!(out.contains(INTERNET_BODY), "{who}: the job's network still works: {out}");
         assert!(!out.contains(HOST_BODY), "{who} read the host's service: {out}");
@@ -674,19 +637,9 @@ fn t49_after_a_flush_what_the_host_delivers_to_itself_stays_out_of_reach() {
         .flat_map(|a| [format!("connect-tcp:{a}:{port}"), format!("connect-tcp-dev:{a}:{port}:eth0")])
         .collect();
     let ip = |args: &[&str]| lab.host_ip(args);
-    let serves = |addr: &str| {
-        std::thread::scope(|s| {
-            s.spawn(|| {
-                lab.enter_host();
-                let to = std::net::SocketAddr::new(addr.parse().unwrap(), port);
-                std::net::TcpStream::connect_timeout(&to, Duration::from_secs(5)).map(drop)
-            })
-            .join()
-            .unwrap()
-        })
-    };
+    let serves = |addr: &str| host_serves(&lab, addr, port);
     ip(&["addr", "add", BEFORE.0, "dev", "lo"]);
-    assert!(serves(BEFORE.1).is_ok(), "the control: the fake host's service on {}", BEFORE.1);
+    assert!(serves(BEFORE.1), "the control: the fake host's service on {}", BEFORE.1);
     for (who, opts) in USERS {
         let flag = flag_dir(&format!("flushed-new-{who}"));
         let m = unique("t49");
@@ -699,16 +652,7 @@ fn t49_after_a_flush_what_the_host_delivers_to_itself_stays_out_of_reach() {
         let mut c = h.lab_command(&lab);
         c.args(["exec", "--rootfs", "esc", "--volume", &vol]).args(opts.iter()).args(["--", "sh", "-c", &script]);
         let mut job = HostProc(c.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap());
-        let log = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
-        let reader = {
-            let (log, mut err) = (log.clone(), job.0.stderr.take().unwrap());
-            std::thread::spawn(move || {
-                let mut buf = [0u8; 4096];
-                while let Ok(n @ 1..) = std::io::Read::read(&mut err, &mut buf) {
-                    log.lock().unwrap().push_str(&String::from_utf8_lossy(&buf[..n]));
-                }
-            })
-        };
+        let log = JobLog::of(&mut job);
         // Running, not only linked: a flush before the job's start refuses the start.
         wait_until("the job to run", Duration::from_secs(30), || job_shell_runs(&m));
         let o = Command::new("ip").args(["netns", "exec", &lab.host, "nft", "flush", "ruleset"]).output().unwrap();
@@ -719,33 +663,21 @@ fn t49_after_a_flush_what_the_host_delivers_to_itself_stays_out_of_reach() {
         ip(&["link", "set", LINK, "up"]);
         ip(&["addr", "add", NEW_LO.0, "dev", "lo"]);
         for a in [NEW.1, NEW_LO.1] {
-            assert!(serves(a).is_ok(), "the control: the fake host's service on {a}");
+            assert!(serves(a), "the control: the fake host's service on {a}");
         }
         // The helper says what it refused.
-        let refused = |l: &str| {
-            let said = |what: &str| l.lines().any(|l| l.contains(what) && l.contains("refused to the job"));
-            said(NEW.1) && said("198.18.221.0/24")
-        };
-        let t0 = std::time::Instant::now();
-        while !refused(&log.lock().unwrap()) {
-            assert!(t0.elapsed() < Duration::from_secs(10), "{who}: the helper's refusals: {}", log.lock().unwrap());
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        log.wait_for_refusals(&[NEW.1, "198.18.221.0/24"], who);
         std::fs::write(flag.join("added"), "").unwrap();
-        let status = job.0.wait().unwrap();
-        reader.join().unwrap();
-        let mut out = String::new();
-        std::io::Read::read_to_string(&mut job.0.stdout.take().unwrap(), &mut out).unwrap();
+        let (status, out, log) = log.finish(&mut job);
         ip(&["link", "del", LINK]);
         ip(&["addr", "del", NEW_LO.0, "dev", "lo"]);
-        let log = log.lock().unwrap().clone();
         assert!(status.success(), "{who}: {out} {log}");
         assert!(!out.contains(HOST_BODY), "{who} read the host's service: {out}");
         let r = probe_results(&out);
         for t in &targets {
             assert!(blocked(&r[t]), "{who}: {t}: {out}");
         }
-        // gc makes the host's table again and turns off what it had turned on.
+        // gc turns off what the table had turned on (the next job makes the table again).
         let gc = h.lab_command(&lab).arg("gc").output().unwrap();
         assert!(gc.status.success(), "{}", String::from_utf8_lossy(&gc.stderr));
         std::fs::remove_dir_all(&flag).unwrap();

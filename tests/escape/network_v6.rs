@@ -427,6 +427,7 @@ fn t48_an_ipv6_address_the_host_gets_while_a_job_runs_is_out_of_its_reach() {
         let mut c = h.lab_command(&lab);
         c.args(["exec", "--rootfs", "esc", "--volume", &vol]).args(opts.iter()).args(["--", "sh", "-c", &script]);
         let mut job = HostProc(c.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap());
+        let log = JobLog::of(&mut job);
         wait_until("the job to run", Duration::from_secs(30), || job_shell_runs(&m));
         if flushed {
             let o = Command::new("ip").args(["netns", "exec", &lab.host, "nft", "flush", "ruleset"]).output().unwrap();
@@ -440,18 +441,17 @@ fn t48_an_ipv6_address_the_host_gets_while_a_job_runs_is_out_of_its_reach() {
         let url = format!("http://[{NEW}]:{}/", netlab::HOST_ANY_PORT);
         let o = lab.host_command("busybox", None).args(["wget", "-q", "-O-", &url]).output().unwrap();
         assert!(String::from_utf8_lossy(&o.stdout).contains(HOST_BODY), "the host's service on {NEW}");
-        // The watch acts within a millisecond or so of the kernel's notification; the
-        // job looks a moment later.
-        std::thread::sleep(Duration::from_millis(300));
+        // The job looks once the helper says it refused the new address (the AnyIP
+        // network was refused from the job's start).
+        log.wait_for_refusals(&[NEW], who);
         std::fs::write(flag.join("added"), "").unwrap();
-        let o = job.output();
-        let out = String::from_utf8_lossy(&o.stdout).into_owned();
+        let (status, out, log) = log.finish(&mut job);
         ip(&["link", "del", LINK]);
-        assert!(o.status.success(), "{who}: {out} {}", String::from_utf8_lossy(&o.stderr));
+        assert!(status.success(), "{who}: {out} {log}");
         assert!(!out.contains(HOST_BODY), "{who} (flushed: {flushed}) read the host's service: {out}");
         assert!(refused(line(&out, "new")) && refused(line(&out, "anyip")), "{who} (flushed: {flushed}): {out}");
         if flushed {
-            // gc makes the host's table again and turns off what it had turned on.
+            // gc turns off what the table had turned on (the next job makes it again).
             let gc = h.lab_command(&lab).arg("gc").output().unwrap();
             assert!(gc.status.success(), "{}", String::from_utf8_lossy(&gc.stderr));
         }
