@@ -132,15 +132,8 @@ pub trait Sys {
     /// (see [`btrfs`]); returns the qgroup's id. Nothing is left on an error.
     fn create_quota_subvolume(&self, dir: &Path, bytes: u64) -> Result<u64>;
     /// A watch of the host's local destinations (see [`address_watch`]; `ipv6`: IPv6 ones
-    /// too), subscribed before [`Sys::host_addresses`] reads them: rootless jobs.
+    /// too), subscribed before it reads them (its addresses among them): isolated jobs.
     fn watch_host_addresses(&self, ipv6: bool) -> Result<Box<dyn address_watch::HostAddresses>>;
-    /// The host's IPv4 addresses and its subnets' broadcast addresses (see
-    /// [`net::delivered_addresses`]), read before the helper leaves the host's network
-    /// namespace (the job's routes and table block them).
-    fn host_addresses(&self) -> Result<Vec<std::net::Ipv4Addr>>;
-    /// The host's IPv6 addresses but loopback's and link-local ones (see
-    /// [`net::global_addresses6`]), read as [`Sys::host_addresses`] is.
-    fn host_ipv6_addresses(&self) -> Result<Vec<std::net::Ipv6Addr>>;
     /// The job's own network namespace, set up as `setup` says, with its sysfs at `sysfs`
     /// (see [`net::isolate`]); the helper is in it after [`Sys::enter_network`].
     fn isolate_network(&self, setup: &net::Setup, sysfs: &Path) -> Result<net::Made>;
@@ -269,12 +262,6 @@ impl Sys for Real {
     fn watch_host_addresses(&self, ipv6: bool) -> Result<Box<dyn address_watch::HostAddresses>> {
         Ok(Box::new(address_watch::Watch::subscribe(ipv6)?))
     }
-    fn host_addresses(&self) -> Result<Vec<std::net::Ipv4Addr>> {
-        net::delivered_addresses()
-    }
-    fn host_ipv6_addresses(&self) -> Result<Vec<std::net::Ipv6Addr>> {
-        net::global_addresses6()
-    }
     fn isolate_network(&self, setup: &net::Setup, sysfs: &Path) -> Result<net::Made> {
         net::isolate(setup, sysfs)
     }
@@ -388,8 +375,16 @@ impl Steps {
 struct QuietWatch(std::rc::Rc<Steps>);
 
 impl address_watch::HostAddresses for QuietWatch {
+    /// The host's loopback, 192.0.2.2 and 2001:db8::2.
     fn current(&mut self) -> Result<Vec<net::LocalNet>> {
-        Ok(vec![])
+        use std::net::Ipv4Addr;
+        Ok(vec![
+            net::LocalNet::V4(net::Ipv4Net::new(Ipv4Addr::new(127, 0, 0, 0), 8)),
+            net::LocalNet::V4(net::Ipv4Net::host(Ipv4Addr::LOCALHOST)),
+            net::LocalNet::V4(net::Ipv4Net::host(Ipv4Addr::new(192, 0, 2, 2))),
+            net::LocalNet::V6(net::Ipv6Net::host(std::net::Ipv6Addr::LOCALHOST)),
+            net::LocalNet::V6(net::Ipv6Net::host(std::net::Ipv6Addr::new(0x2001, 0xdb8, 0, 0, 0, 0, 0, 2))),
+        ])
     }
     fn arm(&mut self) -> Result<()> {
         self.0.step("arm_address_watch".into()).map_err(Error::ArmAddressWatch)
@@ -555,17 +550,6 @@ impl Sys for Recorder {
         let v6 = if ipv6 { " ipv6" } else { "" };
         self.step(format!("watch_host_addresses{v6}")).map_err(Error::WatchAddresses)?;
         Ok(Box::new(QuietWatch(self.steps.clone())))
-    }
-    /// The host's addresses: 127.0.0.1 and 192.0.2.2.
-    fn host_addresses(&self) -> Result<Vec<std::net::Ipv4Addr>> {
-        self.step("host_addresses".into()).map_err(|source| Error::NetlinkDump { what: "addresses", source })?;
-        Ok(vec![std::net::Ipv4Addr::LOCALHOST, std::net::Ipv4Addr::new(192, 0, 2, 2)])
-    }
-    /// The host's IPv6 address: 2001:db8::2.
-    fn host_ipv6_addresses(&self) -> Result<Vec<std::net::Ipv6Addr>> {
-        self.step("host_ipv6_addresses".into())
-            .map_err(|source| Error::NetlinkDump { what: "IPv6 addresses", source })?;
-        Ok(vec![std::net::Ipv6Addr::new(0x2001, 0xdb8, 0, 0, 0, 0, 0, 2)])
     }
     /// A veth job gets the pool's third address.
     fn adopt_network(&self, _ready: OwnedFd, _sysfs: &Path) -> Result<net::Made> {

@@ -1091,54 +1091,20 @@ pub fn addresses() -> Result<Vec<Ipv4Addr>> {
     Ok(address_entries(&socket()?)?.into_iter().map(|e| e.local).collect())
 }
 
-/// Every IPv4 address this namespace takes as its own: its links' addresses and their
-/// subnets' broadcast addresses, to which the kernel delivers a datagram from a job as it
-/// does to the host's own address (its local table has a broadcast route for each). A
-/// subnet's broadcast is what the kernel adds for a prefix under /31, whether the address
-/// was given a `brd` or not; an explicit `brd` is added as well.
-pub fn delivered_addresses() -> Result<Vec<Ipv4Addr>> {
-    let mut all = Vec::new();
-    for e in address_entries(&socket()?)? {
-        for a in e.delivered() {
-            if !all.contains(&a) {
-                all.push(a);
-            }
-        }
-    }
-    Ok(all)
-}
-
 /// One IPv4 address of a link, as `RTM_GETADDR` gives it.
 struct AddressEntry {
     local: Ipv4Addr,
-    prefix: u8,
-    /// `IFA_BROADCAST`, when the address has one.
-    broadcast: Option<Ipv4Addr>,
 }
 
 impl AddressEntry {
     /// From the payload of an `RTM_NEWADDR` of family AF_INET (an `ifaddrmsg`, then
     /// attributes).
     fn parse(payload: &[u8]) -> Option<AddressEntry> {
-        let prefix = *payload.get(1)?;
         let attrs = nl::attributes(payload, 8);
         let v4 = |d: &[u8]| <[u8; 4]>::try_from(d).ok().map(Ipv4Addr::from);
         let a =
             attrs.iter().find(|(t, _)| *t == nl::IFA_LOCAL).or(attrs.iter().find(|(t, _)| *t == nl::IFA_ADDRESS))?;
-        let broadcast = attrs.iter().find(|(t, _)| *t == nl::IFA_BROADCAST).and_then(|(_, d)| v4(d));
-        Some(AddressEntry { local: v4(a.1)?, prefix, broadcast })
-    }
-
-    /// The address and the broadcast addresses the kernel delivers to with it (see
-    /// [`delivered_addresses`]), the limited broadcast left out (a job's own table refuses it).
-    fn delivered(&self) -> Vec<Ipv4Addr> {
-        let mut out = Vec::new();
-        for a in [Some(self.local), subnet_broadcast(self.local, self.prefix), self.broadcast].into_iter().flatten() {
-            if a != Ipv4Addr::BROADCAST && !out.contains(&a) {
-                out.push(a);
-            }
-        }
-        out
+        Some(AddressEntry { local: v4(a.1)? })
     }
 }
 
@@ -1147,12 +1113,6 @@ fn address_entries(s: &Socket) -> Result<Vec<AddressEntry>> {
         .call(Message::dump(nl::RTM_GETADDR, nl::AF_INET))
         .map_err(|source| Error::NetlinkDump { what: "addresses", source })?;
     Ok(replies.iter().filter_map(|r| AddressEntry::parse(r)).collect())
-}
-
-/// The broadcast address of `addr`'s subnet, as the kernel routes it (`fib_add_ifaddr`):
-/// none for /31 and /32, which have no broadcast.
-pub fn subnet_broadcast(addr: Ipv4Addr, prefix: u8) -> Option<Ipv4Addr> {
-    (prefix < 31).then(|| Ipv4Addr::from(u32::from(addr) | (u32::MAX >> prefix)))
 }
 
 /// The IPv4 routes of this namespace (every table).
@@ -1180,29 +1140,6 @@ pub fn routes() -> Result<Vec<HostRoute>> {
             Some(HostRoute { dst: Ipv4Net::new(dst, prefix), oif, table })
         })
         .collect())
-}
-
-/// The IPv6 addresses of this namespace's links but loopback's and link-local ones (the
-/// job's routes block these: link-local as a whole).
-pub fn global_addresses6() -> Result<Vec<Ipv6Addr>> {
-    let replies = socket()?
-        .call(Message::dump(nl::RTM_GETADDR, nl::AF_INET6))
-        .map_err(|source| Error::NetlinkDump { what: "IPv6 addresses", source })?;
-    Ok(replies.iter().filter_map(|r| global_address6(r)).collect())
-}
-
-/// The address of an `RTM_NEWADDR` payload of family AF_INET6, unless it is loopback's
-/// or link-local.
-fn global_address6(payload: &[u8]) -> Option<Ipv6Addr> {
-    if payload.first() != Some(&nl::AF_INET6) {
-        return None;
-    }
-    // The host's own address: IFA_LOCAL where the kernel gives one (an address with a
-    // peer, `ip -6 addr add A peer B`: IFA_ADDRESS is then the peer's), else IFA_ADDRESS.
-    let attrs = nl::attributes(payload, 8);
-    let a = attrs.iter().find(|(t, _)| *t == nl::IFA_LOCAL).or(attrs.iter().find(|(t, _)| *t == nl::IFA_ADDRESS))?;
-    let a = Ipv6Addr::from(<[u8; 16]>::try_from(a.1).ok()?);
-    (!a.is_loopback() && (a.segments()[0] & 0xffc0) != 0xfe80).then_some(a)
 }
 
 /// A destination a namespace delivers to itself (see [`local_routes_on`]).
@@ -1298,6 +1235,22 @@ pub fn local_route(payload: &[u8]) -> Option<LocalNet> {
     }
 }
 
+/// The host's own IPv4 addresses among its local destinations `local` (see
+/// [`local_routes_on`]): the single ones, its links' addresses and the broadcast addresses
+/// the kernel delivers to with them (those of their subnets, with or without `brd`, and an
+/// explicit `brd`); the limited broadcast left out (a job's own table refuses it).
+pub fn own_addresses(local: &[LocalNet]) -> Vec<Ipv4Addr> {
+    let single = local.iter().filter_map(LocalNet::v4).filter(|n| n.prefix == 32).map(|n| n.addr);
+    single.filter(|a| *a != Ipv4Addr::BROADCAST).collect()
+}
+
+/// The host's own IPv6 addresses among its local destinations `local`: the single ones
+/// but loopback's and link-local ones (the job's routes block link-local as a whole).
+pub fn own_addresses6(local: &[LocalNet]) -> Vec<Ipv6Addr> {
+    let single = local.iter().filter_map(LocalNet::v6).filter(|n| n.prefix == 128).map(|n| n.addr);
+    single.filter(|a| !a.is_loopback() && (a.segments()[0] & 0xffc0) != 0xfe80).collect()
+}
+
 /// The links of this namespace: `(index, name)`.
 pub fn links() -> Result<Vec<(i32, String)>> {
     let s = socket()?;
@@ -1327,36 +1280,6 @@ pub fn link_name(index: i32) -> Result<Option<String>> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn an_ipv6_address_is_the_hosts_own_not_its_peers() {
-        let a = |m: &mut Message, t: u16, x: u16| {
-            m.attr_ipv6(t, Ipv6Addr::new(0x2001, 0xdb8, 0, 0, 0, 0, 0, x));
-        };
-        let payload = |m: Message| m.finish(0, 0)[16..].to_vec();
-        // `ip -6 addr add A peer B`: IFA_LOCAL is A, IFA_ADDRESS the peer B.
-        let mut peer = Message::addr(nl::RTM_NEWADDR, 0, nl::AF_INET6, 128, 0, 3);
-        a(&mut peer, nl::IFA_LOCAL, 0x11);
-        a(&mut peer, nl::IFA_ADDRESS, 0x12);
-        assert_eq!(global_address6(&payload(peer)), Some(Ipv6Addr::new(0x2001, 0xdb8, 0, 0, 0, 0, 0, 0x11)));
-        let mut plain = Message::addr(nl::RTM_NEWADDR, 0, nl::AF_INET6, 64, 0, 3);
-        a(&mut plain, nl::IFA_ADDRESS, 7);
-        assert_eq!(global_address6(&payload(plain)), Some(Ipv6Addr::new(0x2001, 0xdb8, 0, 0, 0, 0, 0, 7)));
-        let mut link_local = Message::addr(nl::RTM_NEWADDR, 0, nl::AF_INET6, 64, 0, 3);
-        link_local.attr_ipv6(nl::IFA_ADDRESS, Ipv6Addr::new(0xfe80, 0, 0, 0, 0, 0, 0, 7));
-        assert_eq!(global_address6(&payload(link_local)), None);
-    }
-
-    #[test]
-    fn a_subnets_broadcast_is_the_kernels() {
-        let b = |a: [u8; 4], p| subnet_broadcast(Ipv4Addr::from(a), p);
-        assert_eq!(b([198, 18, 0, 1], 30), Some(Ipv4Addr::new(198, 18, 0, 3)));
-        assert_eq!(b([192, 168, 1, 20], 24), Some(Ipv4Addr::new(192, 168, 1, 255)));
-        assert_eq!(b([10, 1, 2, 3], 8), Some(Ipv4Addr::new(10, 255, 255, 255)));
-        // /31 (point to point) and /32 have none.
-        assert_eq!(b([198, 18, 0, 1], 31), None);
-        assert_eq!(b([198, 18, 0, 1], 32), None);
-    }
 
     /// As root, in a namespace of its own with 300 routes in its main table: the dump of
     /// its local table returns that table alone where the socket filters dumps, and the
@@ -1392,17 +1315,18 @@ mod tests {
         .unwrap();
     }
 
-    /// As root, in a namespace of its own: the local table's broadcast routes, every one,
-    /// are among the delivered addresses (the kernel's word against ours).
+    /// As root, in a namespace of its own: the host's own addresses read from its local
+    /// table are its links' addresses, their subnets' broadcasts (with or without `brd`)
+    /// and an explicit `brd`; IPv6 ones without loopback's, link-local ones, and with an
+    /// address that has a peer, the address, not the peer (the kernel's word against ours).
     #[test]
     #[cfg_attr(not(test_as_root), ignore = "needs root: a network namespace")]
-    fn delivered_addresses_cover_the_local_tables_broadcast_routes() {
-        let out = std::thread::spawn(|| {
+    fn the_hosts_own_addresses_are_its_local_tables() {
+        let (v4, v6) = std::thread::spawn(|| {
             nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNET).unwrap();
             let ip = |args: &[&str]| {
                 let o = std::process::Command::new("ip").args(args).output().unwrap();
                 assert!(o.status.success(), "ip {args:?}: {}", String::from_utf8_lossy(&o.stderr));
-                String::from_utf8_lossy(&o.stdout).into_owned()
             };
             ip(&["link", "set", "lo", "up"]);
             ip(&["link", "add", "t0", "type", "veth", "peer", "name", "t1"]);
@@ -1410,21 +1334,23 @@ mod tests {
             ip(&["addr", "add", "198.18.0.1/30", "dev", "t0"]);
             ip(&["addr", "add", "10.9.0.1/24", "brd", "10.9.0.127", "dev", "t0"]);
             ip(&["addr", "add", "192.0.2.1/31", "dev", "t0"]);
-            let table = ip(&["-4", "route", "show", "table", "local", "type", "broadcast"]);
-            (table, delivered_addresses().unwrap())
+            ip(&["-6", "addr", "add", "2001:db8::7/64", "dev", "t0", "nodad"]);
+            ip(&["-6", "addr", "add", "2001:db8:1::11", "peer", "2001:db8:1::12", "dev", "t0", "nodad"]);
+            let s = Socket::open(Proto::Route).unwrap();
+            let local = local_routes_on(&s, true).unwrap();
+            (own_addresses(&local), own_addresses6(&local))
         })
         .join()
         .unwrap();
-        let (table, delivered) = out;
-        let routes: Vec<Ipv4Addr> = table.lines().filter_map(|l| l.split_whitespace().nth(1)?.parse().ok()).collect();
-        assert!(routes.len() >= 3, "{table}");
-        for r in &routes {
-            assert!(delivered.contains(r), "{r} (a broadcast route) is not among {delivered:?}");
+        for a in ["198.18.0.1", "198.18.0.3", "10.9.0.1", "10.9.0.127", "10.9.0.255", "192.0.2.1", "127.0.0.1"] {
+            assert!(v4.contains(&a.parse().unwrap()), "{a}: {v4:?}");
         }
-        for a in ["198.18.0.1", "10.9.0.1", "192.0.2.1", "127.0.0.1"] {
-            assert!(delivered.contains(&a.parse().unwrap()), "{a}: {delivered:?}");
+        assert!(!v4.contains(&Ipv4Addr::new(192, 0, 2, 0)), "a /31 has no broadcast: {v4:?}");
+        for a in ["2001:db8::7", "2001:db8:1::11"] {
+            assert!(v6.contains(&a.parse().unwrap()), "{a}: {v6:?}");
         }
-        assert!(!delivered.contains(&Ipv4Addr::BROADCAST), "{delivered:?}");
+        assert!(!v6.contains(&"2001:db8:1::12".parse().unwrap()), "the peer: {v6:?}");
+        assert!(v6.iter().all(|a| !a.is_loopback() && (a.segments()[0] & 0xffc0) != 0xfe80), "{v6:?}");
     }
 
     /// The word of the child making a job's namespace, as `Made::enter` takes it, with

@@ -266,10 +266,11 @@ pub fn enter(
             let local = watch.current()?;
             let local4: Vec<Ipv4Net> = local.iter().filter_map(LocalNet::v4).collect();
             let local6: Vec<Ipv6Net> = local.iter().filter_map(LocalNet::v6).collect();
-            let host = sys.host_addresses()?;
+            // Its own addresses are among them (no dump of its addresses besides).
+            let host = crate::sys::net::own_addresses(&local);
             let host_resolv = std::fs::read_to_string(HOST_RESOLV_CONF).unwrap_or_default();
             resolv = Some(dns::for_job(&host_resolv, plan.net.gateway(), &host, plan.rootless).resolv_conf);
-            let host6 = if plan.net.ipv6 { Some(sys.host_ipv6_addresses()?) } else { None };
+            let host6 = plan.net.ipv6.then(|| crate::sys::net::own_addresses6(&local));
             let setup = if plan.rootless {
                 let routes = job_routes(&host, &local4, None, &plan.net.allow);
                 let log = job.bundle().join("pasta.log");
