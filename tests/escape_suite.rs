@@ -266,6 +266,14 @@ int main(int argc, char **argv) {
       r = 0;
       for (int k = 0; k < n && r == 0; k++) r = mkdir("d", 0755) == 0 && chdir("d") == 0 ? 0 : -1;
     }
+    else if (!strcmp(op, "send-udp-dev")) {
+      /* One UDP datagram to IP:PORT from a socket bound to link DEV (SO_BINDTODEVICE). */
+      struct sockaddr_in sa = { .sin_family = AF_INET, .sin_port = htons(atoi(a[2])) };
+      inet_pton(AF_INET, a[1], &sa.sin_addr);
+      int s = socket(AF_INET, SOCK_DGRAM, 0);
+      r = setsockopt(s, SOL_SOCKET, SO_BINDTODEVICE, a[3], strlen(a[3]));
+      if (r == 0) r = sendto(s, "x", 1, 0, (struct sockaddr *)&sa, sizeof sa) == 1 ? 0 : -1;
+    }
     else if (!strcmp(op, "send-udp")) {
       /* One UDP datagram to IP:PORT, broadcast allowed (SO_BROADCAST). */
       struct sockaddr_in sa = { .sin_family = AF_INET, .sin_port = htons(atoi(a[2])) };

@@ -10,6 +10,12 @@
 //! once a ruleset flush had taken the host's table away.
 //!
 //! One chain, `output` (priority filter, policy accept), one rule per line:
+//! - `meta oif != lo ip daddr 127.0.0.0/8 reject ...`, and `::1`: the job's loopback
+//!   addresses are local in its namespace too, and a socket bound to `eth0` sends them
+//!   out by it (the kernel takes the local route's failed lookup for "on the link");
+//!   the host end's `route_localnet` (for the gateway's DNS forward) would take them in,
+//!   and once a flush took the host's table away the host's loopback services got
+//!   them (a red-team pass: TCP's SYN, the whole of a UDP datagram);
 //! - `fib daddr type local accept`: the job's own addresses never leave it;
 //! - `ip daddr NET accept` for each allowed network (the gateway, `network_allow`);
 //! - `ip daddr NET reject with icmpx type admin-prohibited`, and the same for IPv6, for
@@ -102,6 +108,9 @@ pub fn messages(f: &JobFilter) -> Vec<Message> {
     chain.end();
     chain.attr(NFTA_CHAIN_POLICY, &NF_ACCEPT.to_be_bytes()).attr_str(NFTA_CHAIN_TYPE, "filter");
     out.push(chain);
+    // Before the local destinations' accept: see the module's doc.
+    out.push(net_rule(NFPROTO_IPV4, &[127, 0, 0, 0], 8, true, false));
+    out.push(net_rule(NFPROTO_IPV6, &std::net::Ipv6Addr::LOCALHOST.octets(), 128, true, false));
     out.push(rule(|m| {
         fib_daddr_type(m);
         cmp(m, NFT_CMP_EQ, &RTN_LOCAL.to_ne_bytes());
@@ -275,15 +284,17 @@ mod tests {
     #[test]
     fn one_message_per_rule_after_the_table_and_chain() {
         let msgs = messages(&filter());
-        // table, chain, local, one accept, two IPv4 rejects, one IPv6 reject, two off lo.
-        assert_eq!(msgs.len(), 9);
+        // table, chain, the loopbacks off lo, local, one accept, two IPv4 rejects, one
+        // IPv6 reject, two off lo.
+        assert_eq!(msgs.len(), 11);
         let bytes: Vec<Vec<u8>> = msgs.into_iter().map(|m| m.finish(1, 0)).collect();
         let has = |b: &[u8], needle: &[u8]| b.windows(needle.len()).any(|w| w == needle);
         assert!(has(&bytes[1], b"filter\0") && has(&bytes[1], &be(NF_INET_LOCAL_OUT)), "the output hook");
-        assert!(has(&bytes[2], b"fib\0") && has(&bytes[2], b"immediate\0"), "local: accept");
-        assert!(has(&bytes[3], &[10, 87, 0, 1]) && !has(&bytes[3], b"bitwise\0"), "a /32: no mask");
-        assert!(has(&bytes[4], &[255, 255, 0, 0]) && has(&bytes[4], b"reject\0"), "a /16: masked, refused");
-        assert!(has(&bytes[6], &[0xfe, 0x80]) && has(&bytes[6], &[NFPROTO_IPV6]), "IPv6");
+        assert!(has(&bytes[2], &[127, 0, 0, 0]) && has(&bytes[2], b"reject\0"), "127/8 first: refused");
+        assert!(has(&bytes[4], b"fib\0") && has(&bytes[4], b"immediate\0"), "local: accept");
+        assert!(has(&bytes[5], &[10, 87, 0, 1]) && !has(&bytes[5], b"bitwise\0"), "a /32: no mask");
+        assert!(has(&bytes[6], &[255, 255, 0, 0]) && has(&bytes[6], b"reject\0"), "a /16: masked, refused");
+        assert!(has(&bytes[8], &[0xfe, 0x80]) && has(&bytes[8], &[NFPROTO_IPV6]), "IPv6");
     }
 
     /// A batch the kernel refuses is one error, not a wait: the chain without its table.
@@ -323,6 +334,8 @@ mod tests {
                 "table inet azp-job {",
                 "chain output {",
                 "type filter hook output priority filter; policy accept;",
+                "oif != \"lo\" ip daddr 127.0.0.0/8 reject with icmpx admin-prohibited",
+                "oif != \"lo\" ip6 daddr ::1 reject with icmpx admin-prohibited",
                 "fib daddr type local accept",
                 "ip daddr 10.87.0.1 accept",
                 "ip daddr 169.254.0.0/16 reject with icmpx admin-prohibited",

@@ -408,15 +408,20 @@ fn t44_a_socket_bound_to_the_jobs_link_is_blocked_as_any_other() {
     let (meta, azure) = (format!("{}:80", netlab::METADATA_IP), format!("{}:80", netlab::AZURE_HOST_IP));
     let host_any = format!("{HOST_IP}:{}", netlab::HOST_ANY_PORT);
     let targets = toks(&[&bound(&meta), &bound(&azure), &bound(&host_any)]);
+    // The host's loopback: refused in the job's namespace, not sent off its own loopback
+    // (rootless, pasta would take it; see t45 for root mode).
+    let loopback = toks(&[&bound(&format!("127.0.0.1:{}", netlab::HOST_LOOPBACK_PORT))]);
     // The control: bound, the fake internet answers (the bind itself works).
     let control = toks(&[&bound(&format!("{INTERNET_IP}:80"))]);
     for (who, opts) in USERS {
-        let out = lab_exec_ok(&lab, &h, opts, &format!("{}; {}", probe(&control), probe(&targets)));
+        let script = format!("{}; {}; {}", probe(&control), probe(&targets), probe(&loopback));
+        let out = lab_exec_ok(&lab, &h, opts, &script);
         let r = probe_results(&out);
         assert_eq!(r[&control[0]], "OK", "{who}: the bound socket reaches the internet: {out}");
         for t in &targets {
             assert!(blocked(&r[t]), "{who}: {t}: {out}");
         }
+        assert!(["EACCES", "EHOSTUNREACH"].contains(&r[&loopback[0]].as_str()), "{who}: {out}");
     }
     h.assert_no_residue(&[]);
 }
@@ -428,35 +433,79 @@ fn t45_a_flushed_host_table_leaves_the_jobs_own_table() {
     root_mode_only!();
     let lab = or_skip!(NetLab::new());
     let h = home("net-flushed");
-    let bound = toks(&[&format!("connect-tcp-dev:{HOST_IP}:{}:eth0", netlab::HOST_ANY_PORT)]);
+    // A UDP service of the fake host on its loopback, counting what it gets: the host end's
+    // `route_localnet` (for the gateway's DNS forward) takes in what is sent to 127/8.
+    const UDP_PORT: u16 = 7779;
+    let got = std::sync::atomic::AtomicUsize::new(0);
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    let bound = toks(&[
+        &format!("connect-tcp-dev:{HOST_IP}:{}:eth0", netlab::HOST_ANY_PORT),
+        &format!("connect-tcp-dev:127.0.0.1:{}:eth0", netlab::HOST_LOOPBACK_PORT),
+        &format!("send-udp-dev:127.0.0.1:{UDP_PORT}:eth0"),
+    ]);
     let plain = toks(&[&format!("connect-tcp:{HOST_IP}:{}", netlab::HOST_ANY_PORT)]);
-    for (who, opts) in USERS {
-        // The job waits for the host's ruleset to be flushed (a firewall reload), then
-        // connects to the host's address, plainly and from a socket bound to its link.
-        let flag = flag_dir(&format!("flushed-{who}"));
-        let m = unique("t45");
-        let script =
-            format!(": {m}; while [ ! -e /flag/flushed ]; do sleep 0.05; done; {}; {}", probe(&plain), probe(&bound));
-        let vol = format!("{}:/flag", flag.display());
-        let mut c = h.lab_command(&lab);
-        c.args(["exec", "--rootfs", "esc", "--volume", &vol]).args(opts.iter()).args(["--", "sh", "-c", &script]);
-        let mut job = HostProc(c.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap());
-        // Running, not only linked: a flush before the job's start refuses the start.
-        wait_until("the job to run", Duration::from_secs(30), || job_shell_runs(&m));
-        let o = Command::new("ip").args(["netns", "exec", &lab.host, "nft", "flush", "ruleset"]).output().unwrap();
-        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-        std::fs::write(flag.join("flushed"), "").unwrap();
-        let o = job.output();
-        let out = String::from_utf8_lossy(&o.stdout).into_owned();
-        assert!(o.status.success(), "{who}: {out} {}", String::from_utf8_lossy(&o.stderr));
-        let r = probe_results(&out);
-        assert_eq!(r[&plain[0]], "EACCES", "{who}: its routes: {out}");
-        assert!(blocked(&r[&bound[0]]), "{who}: its own table: {out}");
-        // gc turns off what the table had turned on, and removes the job's link (gone).
-        let gc = h.lab_command(&lab).arg("gc").output().unwrap();
-        assert!(gc.status.success(), "{}", String::from_utf8_lossy(&gc.stderr));
-        std::fs::remove_dir_all(&flag).unwrap();
-    }
+    std::thread::scope(|s| {
+        let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+        let (lab_ref, got, stop) = (&lab, &got, &stop);
+        s.spawn(move || {
+            lab_ref.enter_host();
+            let sock = std::net::UdpSocket::bind(("127.0.0.1", UDP_PORT)).unwrap();
+            sock.set_read_timeout(Some(Duration::from_millis(100))).unwrap();
+            ready_tx.send(()).unwrap();
+            let mut buf = [0u8; 16];
+            while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+                if sock.recv(&mut buf).is_ok() {
+                    got.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                }
+            }
+        });
+        ready_rx.recv().unwrap();
+        struct Stop<'a>(&'a std::sync::atomic::AtomicBool);
+        impl Drop for Stop<'_> {
+            fn drop(&mut self) {
+                self.0.store(true, std::sync::atomic::Ordering::SeqCst);
+            }
+        }
+        let _stop = Stop(stop);
+        for (who, opts) in USERS {
+            // The job waits for the host's ruleset to be flushed (a firewall reload), then
+            // connects to the host's address, plainly and from a socket bound to its link,
+            // and sends to the host's loopback from such a socket.
+            let flag = flag_dir(&format!("flushed-{who}"));
+            let m = unique("t45");
+            let script = format!(
+                ": {m}; while [ ! -e /flag/flushed ]; do sleep 0.05; done; {}; {}",
+                probe(&plain),
+                probe(&bound)
+            );
+            let vol = format!("{}:/flag", flag.display());
+            let mut c = h.lab_command(&lab);
+            c.args(["exec", "--rootfs", "esc", "--volume", &vol]).args(opts.iter()).args(["--", "sh", "-c", &script]);
+            let mut job = HostProc(c.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap());
+            // Running, not only linked: a flush before the job's start refuses the start.
+            wait_until("the job to run", Duration::from_secs(30), || job_shell_runs(&m));
+            let o = Command::new("ip").args(["netns", "exec", &lab.host, "nft", "flush", "ruleset"]).output().unwrap();
+            assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+            std::fs::write(flag.join("flushed"), "").unwrap();
+            let o = job.output();
+            let out = String::from_utf8_lossy(&o.stdout).into_owned();
+            assert!(o.status.success(), "{who}: {out} {}", String::from_utf8_lossy(&o.stderr));
+            let r = probe_results(&out);
+            assert_eq!(r[&plain[0]], "EACCES", "{who}: its routes: {out}");
+            assert!(blocked(&r[&bound[0]]), "{who}: its own table: {out}");
+            // Refused in the job's namespace, not sent: a timeout would be a SYN that
+            // reached the host's loopback service (found by a red-team pass).
+            for t in &bound[1..] {
+                assert!(["EACCES", "EHOSTUNREACH", "EPERM"].contains(&r[t].as_str()), "{who}: {t}: {out}");
+            }
+            std::thread::sleep(Duration::from_millis(300));
+            assert_eq!(got.load(std::sync::atomic::Ordering::SeqCst), 0, "{who}: the host's loopback got it: {out}");
+            // gc turns off what the table had turned on (the next job makes it again).
+            let gc = h.lab_command(&lab).arg("gc").output().unwrap();
+            assert!(gc.status.success(), "{}", String::from_utf8_lossy(&gc.stderr));
+            std::fs::remove_dir_all(&flag).unwrap();
+        }
+    });
     h.assert_no_residue(&[]);
 }
 
