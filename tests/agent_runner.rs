@@ -327,11 +327,7 @@ fn a_firewall_reload_keeps_the_runs_allowed_destinations() {
     // The reload. The jobs' traffic then leaves unmasqueraded (the fake internet routes
     // it back): the sandbox prepared before it runs the next job without the table,
     // whose own refusals are gone with it; the one after makes the table again.
-    let o = std::process::Command::new("ip")
-        .args(["netns", "exec", &lab.host, "nft", "flush", "ruleset"])
-        .output()
-        .unwrap();
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    lab.flush_host_ruleset();
     for n in 1..=3 {
         fake.enqueue_job(&fetch(n));
     }

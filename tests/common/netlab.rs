@@ -421,6 +421,36 @@ impl NetLab {
         enter(&self.netns_path(&self.host));
     }
 
+    /// A firewall reload in the fake host: its whole ruleset flushed (what `systemctl
+    /// reload nftables` does on Debian, whose nftables.conf starts so).
+    pub fn flush_host_ruleset(&self) {
+        let o = Command::new("ip").args(["netns", "exec", &self.host, "nft", "flush", "ruleset"]).output().unwrap();
+        assert!(o.status.success(), "nft flush ruleset in the fake host: {}", String::from_utf8_lossy(&o.stderr));
+    }
+
+    /// A UDP service of the fake host on `addr:port`, counting the datagrams it gets until
+    /// it is dropped.
+    pub fn udp_counter(&self, addr: &str, port: u16) -> UdpCounter {
+        let ns = self.netns_path(&self.host);
+        let (got, stop) = (Arc::new(AtomicUsize::new(0)), Arc::new(std::sync::atomic::AtomicBool::new(false)));
+        let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+        let (g, st, addr) = (got.clone(), stop.clone(), addr.to_string());
+        let thread = std::thread::spawn(move || {
+            enter(&ns);
+            let sock = std::net::UdpSocket::bind((addr.as_str(), port)).unwrap();
+            sock.set_read_timeout(Some(std::time::Duration::from_millis(100))).unwrap();
+            ready_tx.send(()).unwrap();
+            let mut buf = [0u8; 16];
+            while !st.load(Ordering::SeqCst) {
+                if sock.recv(&mut buf).is_ok() {
+                    g.fetch_add(1, Ordering::SeqCst);
+                }
+            }
+        });
+        ready_rx.recv().expect("the fake host's UDP service");
+        UdpCounter { got, stop, thread: Some(thread) }
+    }
+
     /// The path of a namespace, for a thread that enters it later ([`enter`]).
     pub fn internet_path(&self) -> PathBuf {
         self.netns_path(&self.internet)
@@ -542,5 +572,31 @@ impl Drop for NetLab {
         let _ = Command::new("ip").args(["netns", "del", &self.internet]).status();
         let _ = std::fs::remove_dir_all(PathBuf::from("/etc/netns").join(&self.host));
         let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// See [`NetLab::udp_counter`]: stops (and is joined) when dropped, a failed assertion's
+/// unwinding included.
+pub struct UdpCounter {
+    got: Arc<AtomicUsize>,
+    stop: Arc<std::sync::atomic::AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl UdpCounter {
+    pub fn count(&self) -> usize {
+        self.got.load(Ordering::SeqCst)
+    }
+    pub fn reset(&self) {
+        self.got.store(0, Ordering::SeqCst);
+    }
+}
+
+impl Drop for UdpCounter {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
     }
 }

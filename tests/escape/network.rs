@@ -436,76 +436,47 @@ fn t45_a_flushed_host_table_leaves_the_jobs_own_table() {
     // A UDP service of the fake host on its loopback, counting what it gets: the host end's
     // `route_localnet` (for the gateway's DNS forward) takes in what is sent to 127/8.
     const UDP_PORT: u16 = 7779;
-    let got = std::sync::atomic::AtomicUsize::new(0);
-    let stop = std::sync::atomic::AtomicBool::new(false);
     let bound = toks(&[
         &format!("connect-tcp-dev:{HOST_IP}:{}:eth0", netlab::HOST_ANY_PORT),
         &format!("connect-tcp-dev:127.0.0.1:{}:eth0", netlab::HOST_LOOPBACK_PORT),
         &format!("send-udp-dev:127.0.0.1:{UDP_PORT}:eth0"),
     ]);
     let plain = toks(&[&format!("connect-tcp:{HOST_IP}:{}", netlab::HOST_ANY_PORT)]);
-    std::thread::scope(|s| {
-        let (ready_tx, ready_rx) = std::sync::mpsc::channel();
-        let (lab_ref, got, stop) = (&lab, &got, &stop);
-        s.spawn(move || {
-            lab_ref.enter_host();
-            let sock = std::net::UdpSocket::bind(("127.0.0.1", UDP_PORT)).unwrap();
-            sock.set_read_timeout(Some(Duration::from_millis(100))).unwrap();
-            ready_tx.send(()).unwrap();
-            let mut buf = [0u8; 16];
-            while !stop.load(std::sync::atomic::Ordering::SeqCst) {
-                if sock.recv(&mut buf).is_ok() {
-                    got.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-                }
-            }
-        });
-        ready_rx.recv().unwrap();
-        struct Stop<'a>(&'a std::sync::atomic::AtomicBool);
-        impl Drop for Stop<'_> {
-            fn drop(&mut self) {
-                self.0.store(true, std::sync::atomic::Ordering::SeqCst);
-            }
+    let udp = lab.udp_counter("127.0.0.1", UDP_PORT);
+    for (who, opts) in USERS {
+        // The job waits for the host's ruleset to be flushed (a firewall reload), then
+        // connects to the host's address, plainly and from a socket bound to its link,
+        // and sends to the host's loopback from such a socket.
+        let flag = flag_dir(&format!("flushed-{who}"));
+        let m = unique("t45");
+        let script =
+            format!(": {m}; while [ ! -e /flag/flushed ]; do sleep 0.05; done; {}; {}", probe(&plain), probe(&bound));
+        let vol = format!("{}:/flag", flag.display());
+        let mut c = h.lab_command(&lab);
+        c.args(["exec", "--rootfs", "esc", "--volume", &vol]).args(opts.iter()).args(["--", "sh", "-c", &script]);
+        let mut job = HostProc(c.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap());
+        // Running, not only linked: a flush before the job's start refuses the start.
+        wait_until("the job to run", Duration::from_secs(30), || job_shell_runs(&m));
+        lab.flush_host_ruleset();
+        std::fs::write(flag.join("flushed"), "").unwrap();
+        let o = job.output();
+        let out = String::from_utf8_lossy(&o.stdout).into_owned();
+        assert!(o.status.success(), "{who}: {out} {}", String::from_utf8_lossy(&o.stderr));
+        let r = probe_results(&out);
+        assert_eq!(r[&plain[0]], "EACCES", "{who}: its routes: {out}");
+        assert!(blocked(&r[&bound[0]]), "{who}: its own table: {out}");
+        // Refused in the job's namespace, not sent: a timeout would be a SYN that
+        // reached the host's loopback service (found by a red-team pass).
+        for t in &bound[1..] {
+            assert!(["EACCES", "EHOSTUNREACH", "EPERM"].contains(&r[t].as_str()), "{who}: {t}: {out}");
         }
-        let _stop = Stop(stop);
-        for (who, opts) in USERS {
-            // The job waits for the host's ruleset to be flushed (a firewall reload), then
-            // connects to the host's address, plainly and from a socket bound to its link,
-            // and sends to the host's loopback from such a socket.
-            let flag = flag_dir(&format!("flushed-{who}"));
-            let m = unique("t45");
-            let script = format!(
-                ": {m}; while [ ! -e /flag/flushed ]; do sleep 0.05; done; {}; {}",
-                probe(&plain),
-                probe(&bound)
-            );
-            let vol = format!("{}:/flag", flag.display());
-            let mut c = h.lab_command(&lab);
-            c.args(["exec", "--rootfs", "esc", "--volume", &vol]).args(opts.iter()).args(["--", "sh", "-c", &script]);
-            let mut job = HostProc(c.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap());
-            // Running, not only linked: a flush before the job's start refuses the start.
-            wait_until("the job to run", Duration::from_secs(30), || job_shell_runs(&m));
-            let o = Command::new("ip").args(["netns", "exec", &lab.host, "nft", "flush", "ruleset"]).output().unwrap();
-            assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-            std::fs::write(flag.join("flushed"), "").unwrap();
-            let o = job.output();
-            let out = String::from_utf8_lossy(&o.stdout).into_owned();
-            assert!(o.status.success(), "{who}: {out} {}", String::from_utf8_lossy(&o.stderr));
-            let r = probe_results(&out);
-            assert_eq!(r[&plain[0]], "EACCES", "{who}: its routes: {out}");
-            assert!(blocked(&r[&bound[0]]), "{who}: its own table: {out}");
-            // Refused in the job's namespace, not sent: a timeout would be a SYN that
-            // reached the host's loopback service (found by a red-team pass).
-            for t in &bound[1..] {
-                assert!(["EACCES", "EHOSTUNREACH", "EPERM"].contains(&r[t].as_str()), "{who}: {t}: {out}");
-            }
-            std::thread::sleep(Duration::from_millis(300));
-            assert_eq!(got.load(std::sync::atomic::Ordering::SeqCst), 0, "{who}: the host's loopback got it: {out}");
-            // gc turns off what the table had turned on (the next job makes it again).
-            let gc = h.lab_command(&lab).arg("gc").output().unwrap();
-            assert!(gc.status.success(), "{}", String::from_utf8_lossy(&gc.stderr));
-            std::fs::remove_dir_all(&flag).unwrap();
-        }
-    });
+        std::thread::sleep(Duration::from_millis(300));
+        assert_eq!(udp.count(), 0, "{who}: the host's loopback got it: {out}");
+        // gc turns off what the table had turned on (the next job makes it again).
+        let gc = h.lab_command(&lab).arg("gc").output().unwrap();
+        assert!(gc.status.success(), "{}", String::from_utf8_lossy(&gc.stderr));
+        std::fs::remove_dir_all(&flag).unwrap();
+    }
     h.assert_no_residue(&[]);
 }
 
@@ -518,71 +489,40 @@ fn t46_broadcast_and_multicast_reach_no_host_service_after_a_flush() {
     let h = home("net-bcast");
     // A UDP service of the fake host on all its addresses, counting what it gets.
     const PORT: u16 = 7778;
-    let got = std::sync::atomic::AtomicUsize::new(0);
-    let stop = std::sync::atomic::AtomicBool::new(false);
     // The limited broadcast, the host's subnet's directed broadcast, a multicast group.
     let targets = toks(&[
         &format!("send-udp:255.255.255.255:{PORT}"),
         &format!("send-udp:{}:{PORT}", netlab::HOST_SUBNET_BROADCAST),
         &format!("send-udp:224.0.0.1:{PORT}"),
     ]);
-    std::thread::scope(|s| {
-        let (ready_tx, ready_rx) = std::sync::mpsc::channel();
-        let (lab, got, stop) = (&lab, &got, &stop);
-        s.spawn(move || {
-            lab.enter_host();
-            let sock = std::net::UdpSocket::bind(("0.0.0.0", PORT)).unwrap();
-            sock.set_read_timeout(Some(Duration::from_millis(100))).unwrap();
-            ready_tx.send(()).unwrap();
-            let mut buf = [0u8; 16];
-            while !stop.load(std::sync::atomic::Ordering::SeqCst) {
-                if sock.recv(&mut buf).is_ok() {
-                    got.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-                }
-            }
-        });
-        ready_rx.recv().unwrap();
-        // The listener stops however this ends (a failed assertion too: the scope waits
-        // for it).
-        struct Stop<'a>(&'a std::sync::atomic::AtomicBool);
-        impl Drop for Stop<'_> {
-            fn drop(&mut self) {
-                self.0.store(true, std::sync::atomic::Ordering::SeqCst);
-            }
-        }
-        let _stop = Stop(stop);
-        // The control: the host's own broadcasts reach it, both (a job in the host's
-        // network).
-        lab_exec_ok(lab, &h, &["--network", "host"], &probe(&targets[..2]));
-        wait_until("the control's datagrams", Duration::from_secs(5), || {
-            got.load(std::sync::atomic::Ordering::SeqCst) >= 2
-        });
-        got.store(0, std::sync::atomic::Ordering::SeqCst);
-        for (who, opts) in USERS {
-            // The job sends once the fake host's whole ruleset is flushed (a firewall
-            // reload): its own table must refuse what the host's no longer does.
-            let flag = flag_dir(&format!("bcast-{who}"));
-            let m = unique("t46");
-            let script = format!(": {m}; while [ ! -e /flag/flushed ]; do sleep 0.05; done; {}", probe(&targets));
-            let vol = format!("{}:/flag", flag.display());
-            let mut c = h.lab_command(lab);
-            c.args(["exec", "--rootfs", "esc", "--volume", &vol]).args(opts.iter()).args(["--", "sh", "-c", &script]);
-            let mut job = HostProc(c.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap());
-            // Running, not only linked: a flush before the job's start refuses the start.
-            wait_until("the job to run", Duration::from_secs(30), || job_shell_runs(&m));
-            let o = Command::new("ip").args(["netns", "exec", &lab.host, "nft", "flush", "ruleset"]).output().unwrap();
-            assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-            std::fs::write(flag.join("flushed"), "").unwrap();
-            let o = job.output();
-            assert!(o.status.success(), "{who}: {}", String::from_utf8_lossy(&o.stderr));
-            std::thread::sleep(Duration::from_millis(300));
-            let out = String::from_utf8_lossy(&o.stdout).into_owned();
-            assert_eq!(got.load(std::sync::atomic::Ordering::SeqCst), 0, "{who}: the host's service got them: {out}");
-            let gc = h.lab_command(lab).arg("gc").output().unwrap();
-            assert!(gc.status.success(), "{}", String::from_utf8_lossy(&gc.stderr));
-            std::fs::remove_dir_all(&flag).unwrap();
-        }
-    });
+    let udp = lab.udp_counter("0.0.0.0", PORT);
+    // The control: the host's own broadcasts reach it, both (a job in the host's network).
+    lab_exec_ok(&lab, &h, &["--network", "host"], &probe(&targets[..2]));
+    wait_until("the control's datagrams", Duration::from_secs(5), || udp.count() >= 2);
+    udp.reset();
+    for (who, opts) in USERS {
+        // The job sends once the fake host's whole ruleset is flushed (a firewall
+        // reload): its own table must refuse what the host's no longer does.
+        let flag = flag_dir(&format!("bcast-{who}"));
+        let m = unique("t46");
+        let script = format!(": {m}; while [ ! -e /flag/flushed ]; do sleep 0.05; done; {}", probe(&targets));
+        let vol = format!("{}:/flag", flag.display());
+        let mut c = h.lab_command(&lab);
+        c.args(["exec", "--rootfs", "esc", "--volume", &vol]).args(opts.iter()).args(["--", "sh", "-c", &script]);
+        let mut job = HostProc(c.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap());
+        // Running, not only linked: a flush before the job's start refuses the start.
+        wait_until("the job to run", Duration::from_secs(30), || job_shell_runs(&m));
+        lab.flush_host_ruleset();
+        std::fs::write(flag.join("flushed"), "").unwrap();
+        let o = job.output();
+        assert!(o.status.success(), "{who}: {}", String::from_utf8_lossy(&o.stderr));
+        std::thread::sleep(Duration::from_millis(300));
+        let out = String::from_utf8_lossy(&o.stdout).into_owned();
+        assert_eq!(udp.count(), 0, "{who}: the host's service got them: {out}");
+        let gc = h.lab_command(&lab).arg("gc").output().unwrap();
+        assert!(gc.status.success(), "{}", String::from_utf8_lossy(&gc.stderr));
+        std::fs::remove_dir_all(&flag).unwrap();
+    }
     h.assert_no_residue(&[]);
 }
 
@@ -704,8 +644,7 @@ fn t49_after_a_flush_what_the_host_delivers_to_itself_stays_out_of_reach() {
         let log = JobLog::of(&mut job);
         // Running, not only linked: a flush before the job's start refuses the start.
         wait_until("the job to run", Duration::from_secs(30), || job_shell_runs(&m));
-        let o = Command::new("ip").args(["netns", "exec", &lab.host, "nft", "flush", "ruleset"]).output().unwrap();
-        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        lab.flush_host_ruleset();
         ip(&["link", "add", LINK, "type", "veth", "peer", "name", PEER]);
         ip(&["addr", "add", NEW.0, "dev", LINK]);
         ip(&["link", "set", PEER, "up"]);

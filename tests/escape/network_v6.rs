@@ -345,11 +345,7 @@ fn t39_a_firewall_reload_does_not_leave_the_host_forwarding_after_gc() {
     let lab = or_skip!(NetLab::new_v6());
     let h = home("net6-reload");
     let ff = || lab.host_sysctl(&format!("net.ipv6.conf.{}.force_forwarding", lab.host_uplink()));
-    let flush = || {
-        // What `systemctl reload nftables` does on Debian (its nftables.conf starts so).
-        let ok = Command::new("ip").args(["netns", "exec", &lab.host, "nft", "flush", "ruleset"]).status().unwrap();
-        assert!(ok.success());
-    };
+    let flush = || lab.flush_host_ruleset();
     let gc = || {
         let out = h.lab_command(&lab).arg("gc").output().unwrap();
         assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
@@ -430,8 +426,7 @@ fn t48_an_ipv6_address_the_host_gets_while_a_job_runs_is_out_of_its_reach() {
         let log = JobLog::of(&mut job);
         wait_until("the job to run", Duration::from_secs(30), || job_shell_runs(&m));
         if flushed {
-            let o = Command::new("ip").args(["netns", "exec", &lab.host, "nft", "flush", "ruleset"]).output().unwrap();
-            assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+            lab.flush_host_ruleset();
         }
         ip(&["link", "add", LINK, "type", "veth", "peer", "name", PEER]);
         ip(&["-6", "addr", "add", &format!("{NEW}/64"), "dev", LINK, "nodad"]);
