@@ -539,29 +539,43 @@ fn t47_what_the_host_delivers_to_itself_is_out_of_reach_also_when_it_comes_mid_j
     //   up, DHCP), on a link of its own (a veth pair: this kernel has no dummy links);
     // - NEW_LO: another loopback prefix, while the job runs.
     // Rootless jobs reached all three through pasta: their routes and table listed the
-    // host's addresses of the job's start only.
+    // host's addresses of the job's start only. So did root-mode jobs once a firewall
+    // reload flushed the fake host's whole ruleset (the jobs' table with it) while they
+    // ran, where the job's own routes, table and watch are what is left (found by a
+    // read-through): root mode has a round with that flush too.
     const BEFORE: (&str, &str) = ("198.18.210.1/24", "198.18.210.9");
     const NEW: (&str, &str) = ("198.18.200.1/24", "198.18.200.1");
     const NEW_LO: (&str, &str) = ("198.18.220.1/24", "198.18.220.9");
     const LINK: &str = "t47late";
     const PEER: &str = "t47peer";
     let port = netlab::HOST_ANY_PORT;
-    // Root mode, where the host's table drops these (3 s per probe till its timeout):
-    // the plain connects only; the bound ones are t44's and t45's there.
-    let targets: Vec<String> = [BEFORE.1, NEW.1, NEW_LO.1]
-        .iter()
-        .flat_map(|a| [format!("connect-tcp:{a}:{port}"), format!("connect-tcp-dev:{a}:{port}:eth0")])
-        .filter(|t| rootless() || !t.starts_with("connect-tcp-dev"))
-        .collect();
+    // Root mode, where the host's table drops these (3 s per probe till its timeout): the
+    // plain connects only, but after a flush (the job refuses them at once).
+    let targets = |bound: bool| -> Vec<String> {
+        [BEFORE.1, NEW.1, NEW_LO.1]
+            .iter()
+            .flat_map(|a| [format!("connect-tcp:{a}:{port}"), format!("connect-tcp-dev:{a}:{port}:eth0")])
+            .filter(|t| bound || !t.starts_with("connect-tcp-dev"))
+            .collect()
+    };
     let ip = |args: &[&str]| lab.host_ip(args);
     let serves = |addr: &str| host_serves(&lab, addr, port);
     ip(&["addr", "add", BEFORE.0, "dev", "lo"]);
     assert!(serves(BEFORE.1), "the control: the fake host's service on {}", BEFORE.1);
-    for (who, opts) in USERS {
-        let flag = flag_dir(&format!("new-addr-{who}"));
+    let rounds: Vec<(&str, &[&str], bool)> = USERS
+        .iter()
+        .flat_map(|(who, opts)| {
+            let flushed = if rootless() { vec![false] } else { vec![false, true] };
+            flushed.into_iter().map(move |f| (*who, *opts, f))
+        })
+        .collect();
+    for (who, opts, flushed) in rounds {
+        let flag = flag_dir(&format!("new-addr-{who}-{flushed}"));
         let m = unique("t47");
-        // After the probes, the control: the job's network still works.
-        let page = if rootless() { get(&format!("http://{}:{port}/", NEW.1)) } else { ":".into() };
+        let targets = targets(rootless() || flushed);
+        // After the probes, the control: the job's network still works (after a flush
+        // unmasqueraded: the fake internet routes the jobs' subnet back).
+        let page = if rootless() || flushed { get(&format!("http://{}:{port}/", NEW.1)) } else { ":".into() };
         let script = format!(
             ": {m}; while [ ! -e /flag/added ]; do sleep 0.05; done; {}; {page}; {}",
             probe(&targets),
@@ -573,6 +587,9 @@ fn t47_what_the_host_delivers_to_itself_is_out_of_reach_also_when_it_comes_mid_j
         let mut job = HostProc(c.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap());
         let log = JobLog::of(&mut job);
         wait_until("the job to run", Duration::from_secs(30), || job_shell_runs(&m));
+        if flushed {
+            lab.flush_host_ruleset();
+        }
         ip(&["link", "add", LINK, "type", "veth", "peer", "name", PEER]);
         ip(&["addr", "add", NEW.0, "dev", LINK]);
         ip(&["link", "set", PEER, "up"]);
@@ -588,86 +605,19 @@ fn t47_what_the_host_delivers_to_itself_is_out_of_reach_also_when_it_comes_mid_j
         let (status, out, log) = log.finish(&mut job);
         ip(&["link", "del", LINK]);
         ip(&["addr", "del", NEW_LO.0, "dev", "lo"]);
-        assert!(status.success(), "{who}: {out} {log}");
-        assert!(out.contains(INTERNET_BODY), "{who}: the job's network still works: {out}");
-        assert!(!out.contains(HOST_BODY), "{who} read the host's service: {out}");
+        let round = format!("{who} (flushed: {flushed})");
+        assert!(status.success(), "{round}: {out} {log}");
+        assert!(out.contains(INTERNET_BODY), "{round}: the job's network still works: {out}");
+        assert!(!out.contains(HOST_BODY), "{round} read the host's service: {out}");
         let r = probe_results(&out);
         for t in &targets {
-            assert!(blocked(&r[t]), "{who}: {t}: {out}");
+            assert!(blocked(&r[t]), "{round}: {t}: {out}");
         }
-        std::fs::remove_dir_all(&flag).unwrap();
-    }
-    ip(&["addr", "del", BEFORE.0, "dev", "lo"]);
-    h.assert_no_residue(&[]);
-}
-
-#[test]
-#[cfg_attr(not(test_as_root), ignore = "needs root: creates real sandboxes and network namespaces")]
-fn t49_after_a_flush_what_the_host_delivers_to_itself_stays_out_of_reach() {
-    require_root!();
-    root_mode_only!();
-    let lab = or_skip!(NetLab::new());
-    let h = home("net-flushed-new");
-    // t47 in root mode once a firewall reload flushed the fake host's whole ruleset (and
-    // with it the jobs' table) while the job runs: what is left are the job's own routes
-    // and table. They listed the host's addresses of the job's start only, so the job
-    // reached all of these (found by a read-through):
-    // - BEFORE: a loopback prefix there before the job (the whole /24 is the host's);
-    // - NEW: an address the fake host gets while the job runs, on a link of its own;
-    // - NEW_LO: another loopback prefix, while the job runs.
-    const BEFORE: (&str, &str) = ("198.18.211.1/24", "198.18.211.9");
-    const NEW: (&str, &str) = ("198.18.201.1/24", "198.18.201.1");
-    const NEW_LO: (&str, &str) = ("198.18.221.1/24", "198.18.221.9");
-    const LINK: &str = "t49late";
-    const PEER: &str = "t49peer";
-    let port = netlab::HOST_ANY_PORT;
-    let targets: Vec<String> = [BEFORE.1, NEW.1, NEW_LO.1]
-        .iter()
-        .flat_map(|a| [format!("connect-tcp:{a}:{port}"), format!("connect-tcp-dev:{a}:{port}:eth0")])
-        .collect();
-    let ip = |args: &[&str]| lab.host_ip(args);
-    let serves = |addr: &str| host_serves(&lab, addr, port);
-    ip(&["addr", "add", BEFORE.0, "dev", "lo"]);
-    assert!(serves(BEFORE.1), "the control: the fake host's service on {}", BEFORE.1);
-    for (who, opts) in USERS {
-        let flag = flag_dir(&format!("flushed-new-{who}"));
-        let m = unique("t49");
-        let script = format!(
-            ": {m}; while [ ! -e /flag/added ]; do sleep 0.05; done; {}; {}",
-            probe(&targets),
-            get(&format!("http://{}:{port}/", BEFORE.1))
-        );
-        let vol = format!("{}:/flag", flag.display());
-        let mut c = h.lab_command(&lab);
-        c.args(["exec", "--rootfs", "esc", "--volume", &vol]).args(opts.iter()).args(["--", "sh", "-c", &script]);
-        let mut job = HostProc(c.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap());
-        let log = JobLog::of(&mut job);
-        // Running, not only linked: a flush before the job's start refuses the start.
-        wait_until("the job to run", Duration::from_secs(30), || job_shell_runs(&m));
-        lab.flush_host_ruleset();
-        ip(&["link", "add", LINK, "type", "veth", "peer", "name", PEER]);
-        ip(&["addr", "add", NEW.0, "dev", LINK]);
-        ip(&["link", "set", PEER, "up"]);
-        ip(&["link", "set", LINK, "up"]);
-        ip(&["addr", "add", NEW_LO.0, "dev", "lo"]);
-        for a in [NEW.1, NEW_LO.1] {
-            assert!(serves(a), "the control: the fake host's service on {a}");
+        if flushed {
+            // gc turns off what the table had turned on (the next job makes it again).
+            let gc = h.lab_command(&lab).arg("gc").output().unwrap();
+            assert!(gc.status.success(), "{}", String::from_utf8_lossy(&gc.stderr));
         }
-        // The helper says what it refused.
-        log.wait_for_refusals(&[NEW.1, "198.18.221.0/24"], who);
-        std::fs::write(flag.join("added"), "").unwrap();
-        let (status, out, log) = log.finish(&mut job);
-        ip(&["link", "del", LINK]);
-        ip(&["addr", "del", NEW_LO.0, "dev", "lo"]);
-        assert!(status.success(), "{who}: {out} {log}");
-        assert!(!out.contains(HOST_BODY), "{who} read the host's service: {out}");
-        let r = probe_results(&out);
-        for t in &targets {
-            assert!(blocked(&r[t]), "{who}: {t}: {out}");
-        }
-        // gc turns off what the table had turned on (the next job makes the table again).
-        let gc = h.lab_command(&lab).arg("gc").output().unwrap();
-        assert!(gc.status.success(), "{}", String::from_utf8_lossy(&gc.stderr));
         std::fs::remove_dir_all(&flag).unwrap();
     }
     ip(&["addr", "del", BEFORE.0, "dev", "lo"]);
