@@ -531,6 +531,14 @@ fn exec_ok(h: &TestHome, opts: &[&str], script: &str) -> String {
 /// The attacker's identities: root inside the sandbox, and an unprivileged user.
 const USERS: [(&str, &[&str]); 2] = [("root", &[]), ("uid1000", &["--user", "1000:1000"])];
 
+/// Each of [`USERS`], and in root mode each again with the fake host's ruleset flushed
+/// while the job runs (a firewall reload takes the host's table: the job's own routes,
+/// table and watch are what is left): `(who, exec options, flushed)`.
+fn rounds_with_a_flush() -> Vec<(&'static str, &'static [&'static str], bool)> {
+    let flushes: &[bool] = if rootless() { &[false] } else { &[false, true] };
+    USERS.iter().flat_map(|(who, opts)| flushes.iter().map(move |f| (*who, *opts, *f))).collect()
+}
+
 /// `probe TOKENS...` as a shell command, and the output it must print when every token
 /// fails with `errno` (or any per-token result).
 fn probe(tokens: &[String]) -> String {

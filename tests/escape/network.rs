@@ -562,14 +562,7 @@ fn t47_what_the_host_delivers_to_itself_is_out_of_reach_also_when_it_comes_mid_j
     let serves = |addr: &str| host_serves(&lab, addr, port);
     ip(&["addr", "add", BEFORE.0, "dev", "lo"]);
     assert!(serves(BEFORE.1), "the control: the fake host's service on {}", BEFORE.1);
-    let rounds: Vec<(&str, &[&str], bool)> = USERS
-        .iter()
-        .flat_map(|(who, opts)| {
-            let flushed = if rootless() { vec![false] } else { vec![false, true] };
-            flushed.into_iter().map(move |f| (*who, *opts, f))
-        })
-        .collect();
-    for (who, opts, flushed) in rounds {
+    for (who, opts, flushed) in rounds_with_a_flush() {
         let flag = flag_dir(&format!("new-addr-{who}-{flushed}"));
         let m = unique("t47");
         let targets = targets(rootless() || flushed);

@@ -404,14 +404,7 @@ fn t48_an_ipv6_address_the_host_gets_while_a_job_runs_is_out_of_its_reach() {
     // jobs' table with it) while the job runs: the job's own routes, table and watch are
     // what is left, and before a read-through they listed the host's addresses of the
     // job's start only.
-    let rounds: Vec<(&str, &[&str], bool)> = USERS
-        .iter()
-        .flat_map(|(who, opts)| {
-            let flushed = if rootless() { vec![false] } else { vec![false, true] };
-            flushed.into_iter().map(move |f| (*who, *opts, f))
-        })
-        .collect();
-    for (who, opts, flushed) in rounds {
+    for (who, opts, flushed) in rounds_with_a_flush() {
         let flag = flag_dir(&format!("new-addr6-{who}-{flushed}"));
         let m = unique("t48");
         let script = format!(
