@@ -17,7 +17,8 @@
 //!   and once a flush took the host's table away the host's loopback services got
 //!   them (a red-team pass: TCP's SYN, the whole of a UDP datagram);
 //! - `fib daddr type local accept`: the job's own addresses never leave it;
-//! - `ip daddr NET accept` for each allowed network (the gateway, `network_allow`);
+//! - `ip daddr NET accept` for each allowed network (the gateway, `network_allow`), and
+//!   `ip daddr ADDR th dport PORT accept` for an address allowed on ports only;
 //! - `ip daddr NET reject with icmpx type admin-prohibited`, and the same for IPv6, for
 //!   each network the job's routes prohibit;
 //! - `meta oif != lo ip daddr NET reject ...` for broadcast and multicast
@@ -35,6 +36,9 @@ use super::netlink::{Message, Proto, Socket, NLM_F_CREATE};
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct JobFilter {
     pub accept4: Vec<Ipv4Net>,
+    /// An address accepted on one TCP/UDP port (`network_allow = ["IP:PORT"]`); the
+    /// address itself is in `reject4` too.
+    pub accept_ports4: Vec<(std::net::Ipv4Addr, u16)>,
     pub reject4: Vec<Ipv4Net>,
     pub reject6: Vec<Ipv6Net>,
     /// Refused when they leave by a link other than loopback (a job's multicast on its
@@ -80,6 +84,7 @@ const NFT_CMP_EQ: u32 = 0;
 const NFT_CMP_NEQ: u32 = 1;
 const LO_IFINDEX: u32 = 1;
 const NFT_PAYLOAD_NETWORK_HEADER: u32 = 1;
+const NFT_PAYLOAD_TRANSPORT_HEADER: u32 = 2;
 const NFT_FIB_RESULT_ADDRTYPE: u32 = 3;
 const NFTA_FIB_F_DADDR: u32 = 1 << 1;
 const NFT_REJECT_ICMPX_UNREACH: u32 = 2;
@@ -122,8 +127,27 @@ pub fn messages(f: &JobFilter) -> Vec<Message> {
         .chain(f.reject6.iter().map(|n| (v6(n), false, false)))
         .chain(f.reject_off_lo4.iter().map(|n| (v4(n), true, false)))
         .chain(f.reject_off_lo6.iter().map(|n| (v6(n), true, false)));
-    out.extend(nets.map(|((family, net, prefix), off_lo, accepted)| net_rule(family, &net, prefix, off_lo, accepted)));
+    let mut rules: Vec<Message> = nets
+        .map(|((family, net, prefix), off_lo, accepted)| net_rule(family, &net, prefix, off_lo, accepted))
+        .collect();
+    // The ports' accepts right after the networks' (before any reject).
+    let at = f.accept4.len();
+    rules.splice(at..at, f.accept_ports4.iter().map(|(addr, port)| port_rule(*addr, *port)));
+    out.extend(rules);
     out
+}
+
+/// `ip daddr ADDR th dport PORT accept` (TCP and UDP alike, as the host's table's
+/// `allow_port`: the destination port is the transport header's bytes 2-3 in both).
+fn port_rule(addr: std::net::Ipv4Addr, port: u16) -> Message {
+    rule(|m| {
+        daddr(m, NFPROTO_IPV4, &addr.octets(), 32);
+        expr(m, "payload", |m| {
+            m.attr(1, &be(NFT_REG_1)).attr(2, &be(NFT_PAYLOAD_TRANSPORT_HEADER)).attr(3, &be(2)).attr(4, &be(2));
+        });
+        cmp(m, NFT_CMP_EQ, &port.to_be_bytes());
+        accept(m);
+    })
 }
 
 /// Refuses `reject4` and `reject6` as well, in the table [`install`] made in this
@@ -263,6 +287,7 @@ mod tests {
     fn filter() -> JobFilter {
         JobFilter {
             accept4: vec![Ipv4Net::host(Ipv4Addr::new(10, 87, 0, 1))],
+            accept_ports4: vec![(Ipv4Addr::new(169, 254, 169, 254), 80)],
             reject4: vec![
                 Ipv4Net::new(Ipv4Addr::new(169, 254, 0, 0), 16),
                 Ipv4Net::new(Ipv4Addr::new(10, 87, 0, 0), 16),
@@ -284,17 +309,19 @@ mod tests {
     #[test]
     fn one_message_per_rule_after_the_table_and_chain() {
         let msgs = messages(&filter());
-        // table, chain, the loopbacks off lo, local, one accept, two IPv4 rejects, one
-        // IPv6 reject, two off lo.
-        assert_eq!(msgs.len(), 11);
+        // table, chain, the loopbacks off lo, local, one accept, one port's accept, two
+        // IPv4 rejects, one IPv6 reject, two off lo.
+        assert_eq!(msgs.len(), 12);
         let bytes: Vec<Vec<u8>> = msgs.into_iter().map(|m| m.finish(1, 0)).collect();
         let has = |b: &[u8], needle: &[u8]| b.windows(needle.len()).any(|w| w == needle);
         assert!(has(&bytes[1], b"filter\0") && has(&bytes[1], &be(NF_INET_LOCAL_OUT)), "the output hook");
         assert!(has(&bytes[2], &[127, 0, 0, 0]) && has(&bytes[2], b"reject\0"), "127/8 first: refused");
         assert!(has(&bytes[4], b"fib\0") && has(&bytes[4], b"immediate\0"), "local: accept");
         assert!(has(&bytes[5], &[10, 87, 0, 1]) && !has(&bytes[5], b"bitwise\0"), "a /32: no mask");
-        assert!(has(&bytes[6], &[255, 255, 0, 0]) && has(&bytes[6], b"reject\0"), "a /16: masked, refused");
-        assert!(has(&bytes[8], &[0xfe, 0x80]) && has(&bytes[8], &[NFPROTO_IPV6]), "IPv6");
+        assert!(has(&bytes[6], &[169, 254, 169, 254]) && has(&bytes[6], &80u16.to_be_bytes()), "a port's accept");
+        assert!(has(&bytes[6], &be(NFT_PAYLOAD_TRANSPORT_HEADER)) && has(&bytes[6], b"immediate\0"));
+        assert!(has(&bytes[7], &[255, 255, 0, 0]) && has(&bytes[7], b"reject\0"), "a /16: masked, refused");
+        assert!(has(&bytes[9], &[0xfe, 0x80]) && has(&bytes[9], &[NFPROTO_IPV6]), "IPv6");
     }
 
     /// A batch the kernel refuses is one error, not a wait: the chain without its table.
@@ -338,6 +365,7 @@ mod tests {
                 "oif != \"lo\" ip6 daddr ::1 reject with icmpx admin-prohibited",
                 "fib daddr type local accept",
                 "ip daddr 10.87.0.1 accept",
+                "ip daddr 169.254.169.254 th dport 80 accept",
                 "ip daddr 169.254.0.0/16 reject with icmpx admin-prohibited",
                 "ip daddr 10.87.0.0/16 reject with icmpx admin-prohibited",
                 "ip6 daddr fe80::/10 reject with icmpx admin-prohibited",

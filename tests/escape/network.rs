@@ -15,6 +15,37 @@ fn blocked(result: &str) -> bool {
     ["EACCES", "EHOSTUNREACH", "ETIMEDOUT", "ECONNREFUSED", "ENETUNREACH"].contains(&result)
 }
 
+/// Refused in the job's own namespace, not sent: a timeout or a refusal from afar would
+/// be a packet that left it.
+fn refused_here(result: &str) -> bool {
+    ["EACCES", "EHOSTUNREACH", "EPERM"].contains(&result)
+}
+
+/// Runs `script` in a job (with `args` for `exec`) that starts it once the fake host's
+/// whole ruleset is flushed while the job runs (a firewall reload; a flush before the
+/// job's start refuses the start); the job's stdout. `gc` after it turns off what the
+/// host's table had turned on (the next job makes the table again).
+fn after_a_flush(lab: &NetLab, h: &TestHome, args: &[&str], who: &str, script: &str) -> String {
+    // Its own flag dir: tests that run beside it flush too.
+    let m = unique(&format!("flush-{who}"));
+    let flag = flag_dir(&m);
+    let script = format!(": {m}; while [ ! -e /flag/flushed ]; do sleep 0.05; done; {script}");
+    let vol = format!("{}:/flag", flag.display());
+    let mut c = h.lab_command(lab);
+    c.args(["exec", "--rootfs", "esc", "--volume", &vol]).args(args).args(["--", "sh", "-c", &script]);
+    let mut job = HostProc(c.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap());
+    wait_until("the job to run", Duration::from_secs(30), || job_shell_runs(&m));
+    lab.flush_host_ruleset();
+    std::fs::write(flag.join("flushed"), "").unwrap();
+    let o = job.output();
+    let out = String::from_utf8_lossy(&o.stdout).into_owned();
+    assert!(o.status.success(), "{who}: {out} {}", String::from_utf8_lossy(&o.stderr));
+    let gc = h.lab_command(lab).arg("gc").output().unwrap();
+    assert!(gc.status.success(), "{}", String::from_utf8_lossy(&gc.stderr));
+    std::fs::remove_dir_all(&flag).unwrap();
+    out
+}
+
 #[test]
 #[cfg_attr(not(test_as_root), ignore = "needs root: creates real sandboxes and network namespaces")]
 fn t20_job_reaches_the_internet_by_name_and_address_with_a_network_of_its_own() {
@@ -421,7 +452,7 @@ fn t44_a_socket_bound_to_the_jobs_link_is_blocked_as_any_other() {
         for t in &targets {
             assert!(blocked(&r[t]), "{who}: {t}: {out}");
         }
-        assert!(["EACCES", "EHOSTUNREACH"].contains(&r[&loopback[0]].as_str()), "{who}: {out}");
+        assert!(refused_here(&r[&loopback[0]]), "{who}: {out}");
     }
     h.assert_no_residue(&[]);
 }
@@ -444,38 +475,18 @@ fn t45_a_flushed_host_table_leaves_the_jobs_own_table() {
     let plain = toks(&[&format!("connect-tcp:{HOST_IP}:{}", netlab::HOST_ANY_PORT)]);
     let udp = lab.udp_counter("127.0.0.1", UDP_PORT);
     for (who, opts) in USERS {
-        // The job waits for the host's ruleset to be flushed (a firewall reload), then
-        // connects to the host's address, plainly and from a socket bound to its link,
-        // and sends to the host's loopback from such a socket.
-        let flag = flag_dir(&format!("flushed-{who}"));
-        let m = unique("t45");
-        let script =
-            format!(": {m}; while [ ! -e /flag/flushed ]; do sleep 0.05; done; {}; {}", probe(&plain), probe(&bound));
-        let vol = format!("{}:/flag", flag.display());
-        let mut c = h.lab_command(&lab);
-        c.args(["exec", "--rootfs", "esc", "--volume", &vol]).args(opts.iter()).args(["--", "sh", "-c", &script]);
-        let mut job = HostProc(c.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap());
-        // Running, not only linked: a flush before the job's start refuses the start.
-        wait_until("the job to run", Duration::from_secs(30), || job_shell_runs(&m));
-        lab.flush_host_ruleset();
-        std::fs::write(flag.join("flushed"), "").unwrap();
-        let o = job.output();
-        let out = String::from_utf8_lossy(&o.stdout).into_owned();
-        assert!(o.status.success(), "{who}: {out} {}", String::from_utf8_lossy(&o.stderr));
+        // After the flush: the host's address, plainly and from a socket bound to the
+        // job's link, and the host's loopback from such a socket.
+        let out = after_a_flush(&lab, &h, opts, who, &format!("{}; {}", probe(&plain), probe(&bound)));
         let r = probe_results(&out);
         assert_eq!(r[&plain[0]], "EACCES", "{who}: its routes: {out}");
         assert!(blocked(&r[&bound[0]]), "{who}: its own table: {out}");
-        // Refused in the job's namespace, not sent: a timeout would be a SYN that
-        // reached the host's loopback service (found by a red-team pass).
+        // Found by a red-team pass: the SYN left (ETIMEDOUT), the datagram arrived.
         for t in &bound[1..] {
-            assert!(["EACCES", "EHOSTUNREACH", "EPERM"].contains(&r[t].as_str()), "{who}: {t}: {out}");
+            assert!(refused_here(&r[t]), "{who}: {t}: {out}");
         }
         std::thread::sleep(Duration::from_millis(300));
         assert_eq!(udp.count(), 0, "{who}: the host's loopback got it: {out}");
-        // gc turns off what the table had turned on (the next job makes it again).
-        let gc = h.lab_command(&lab).arg("gc").output().unwrap();
-        assert!(gc.status.success(), "{}", String::from_utf8_lossy(&gc.stderr));
-        std::fs::remove_dir_all(&flag).unwrap();
     }
     h.assert_no_residue(&[]);
 }
@@ -501,27 +512,10 @@ fn t46_broadcast_and_multicast_reach_no_host_service_after_a_flush() {
     wait_until("the control's datagrams", Duration::from_secs(5), || udp.count() >= 2);
     udp.reset();
     for (who, opts) in USERS {
-        // The job sends once the fake host's whole ruleset is flushed (a firewall
-        // reload): its own table must refuse what the host's no longer does.
-        let flag = flag_dir(&format!("bcast-{who}"));
-        let m = unique("t46");
-        let script = format!(": {m}; while [ ! -e /flag/flushed ]; do sleep 0.05; done; {}", probe(&targets));
-        let vol = format!("{}:/flag", flag.display());
-        let mut c = h.lab_command(&lab);
-        c.args(["exec", "--rootfs", "esc", "--volume", &vol]).args(opts.iter()).args(["--", "sh", "-c", &script]);
-        let mut job = HostProc(c.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap());
-        // Running, not only linked: a flush before the job's start refuses the start.
-        wait_until("the job to run", Duration::from_secs(30), || job_shell_runs(&m));
-        lab.flush_host_ruleset();
-        std::fs::write(flag.join("flushed"), "").unwrap();
-        let o = job.output();
-        assert!(o.status.success(), "{who}: {}", String::from_utf8_lossy(&o.stderr));
+        // After the flush, the job's own table must refuse what the host's no longer does.
+        let out = after_a_flush(&lab, &h, opts, who, &probe(&targets));
         std::thread::sleep(Duration::from_millis(300));
-        let out = String::from_utf8_lossy(&o.stdout).into_owned();
         assert_eq!(udp.count(), 0, "{who}: the host's service got them: {out}");
-        let gc = h.lab_command(&lab).arg("gc").output().unwrap();
-        assert!(gc.status.success(), "{}", String::from_utf8_lossy(&gc.stderr));
-        std::fs::remove_dir_all(&flag).unwrap();
     }
     h.assert_no_residue(&[]);
 }
@@ -614,5 +608,34 @@ fn t47_what_the_host_delivers_to_itself_is_out_of_reach_also_when_it_comes_mid_j
         std::fs::remove_dir_all(&flag).unwrap();
     }
     ip(&["addr", "del", BEFORE.0, "dev", "lo"]);
+    h.assert_no_residue(&[]);
+}
+
+#[test]
+#[cfg_attr(not(test_as_root), ignore = "needs root: creates real sandboxes and network namespaces")]
+fn t49_after_a_flush_an_address_allowed_on_one_port_stays_closed_on_the_others() {
+    require_root!();
+    root_mode_only!();
+    let lab = or_skip!(NetLab::new());
+    let h = home("net-allow-port");
+    // `network_allow` names the metadata service's port 80 only. Its route cannot say
+    // ports, and once a firewall reload took the host's table away the job's own table
+    // is what holds them: it accepted the whole address (found by a red-team pass: the
+    // job then reached every port of it, here a refusal from the fake internet's host).
+    let meta = netlab::METADATA_IP;
+    let other = toks(&[&format!("connect-tcp:{meta}:81"), &format!("connect-tcp-dev:{meta}:81:eth0")]);
+    let allow = format!("{meta}:80");
+    for (who, opts) in USERS {
+        let args: Vec<&str> = ["--network-allow", allow.as_str()].into_iter().chain(opts.iter().copied()).collect();
+        let script = format!("{}; {}", get(&format!("http://{meta}/")), probe(&other));
+        let out = after_a_flush(&lab, &h, &args, who, &script);
+        // The control: the allowed port answers (unmasqueraded after the flush: the fake
+        // internet routes the jobs' subnet back).
+        assert!(out.contains(METADATA_BODY), "{who}: the allowed port: {out}");
+        let r = probe_results(&out);
+        for t in &other {
+            assert!(refused_here(&r[t]), "{who}: {t}: {out}");
+        }
+    }
     h.assert_no_residue(&[]);
 }

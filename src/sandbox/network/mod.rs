@@ -161,13 +161,30 @@ pub fn job_routes(
 
 /// The job's own table (see `sys::job_filter`): what its routes prohibit, refused again
 /// for the sockets that pass routes by; the allowed networks and `gateway` (root mode:
-/// its forwarded services; the host's table minds the ports) accepted first.
-pub fn job_filter(routes: &[JobRoute], gateway: Option<Ipv4Addr>, blocked6: &[Ipv6Net]) -> JobFilter {
+/// its forwarded services; the host's table minds the ports) accepted first. An address
+/// `allow` lists with ports only is accepted on those ports, and refused on the others:
+/// its route cannot say ports, and once a flush took the host's table away the job's
+/// table is what holds them (found by a red-team pass).
+pub fn job_filter(
+    routes: &[JobRoute],
+    gateway: Option<Ipv4Addr>,
+    blocked6: &[Ipv6Net],
+    allow: &[NetworkAllow],
+) -> JobFilter {
     let mut f = JobFilter::default();
     f.accept4.extend(gateway.map(Ipv4Net::host));
     for r in routes {
         match r {
-            JobRoute::Allow(n) => f.accept4.push(*n),
+            JobRoute::Allow(n) => {
+                let entries: Vec<&NetworkAllow> = allow.iter().filter(|a| n.contains(a.addr)).collect();
+                let ports: Vec<u16> = entries.iter().filter_map(|a| a.port).collect();
+                if entries.is_empty() || ports.len() < entries.len() {
+                    f.accept4.push(*n);
+                } else {
+                    f.accept_ports4.extend(ports.into_iter().map(|p| (n.addr, p)));
+                    f.reject4.push(*n);
+                }
+            }
             JobRoute::Prohibit(n) => f.reject4.push(*n),
         }
     }
@@ -276,7 +293,7 @@ pub fn enter(
                 let log = job.bundle().join("pasta.log");
                 let ipv6_blocked = host6.map(|h| ipv6::blocked_rootless(&h, &local6));
                 let args = pasta_args(&plan.net);
-                let filter = job_filter(&routes, None, ipv6_blocked.as_deref().unwrap_or_default());
+                let filter = job_filter(&routes, None, ipv6_blocked.as_deref().unwrap_or_default(), &plan.net.allow);
                 Setup::Pasta(Pasta { program: pasta_program()?, args, routes, log, ipv6_blocked, filter })
             } else {
                 let v6 = host6.map(|h| veth6(&h, &local6, !crate::sys::forwarding::ipv6_all_forwarding()));
@@ -427,6 +444,7 @@ fn veth(plan: &JobPlan, host: &[Ipv4Addr], local: &[Ipv4Net], v6: Option<Veth6>,
             &routes,
             Some(plan.net.gateway()),
             v6.as_ref().map(|v| v.blocked.as_slice()).unwrap_or_default(),
+            &plan.net.allow,
         ),
         v6,
     }
@@ -728,7 +746,7 @@ mod tests {
         let r = job_routes(&host, &[], None, &[]);
         assert_eq!(r.len(), 3, "rootless: no jobs' subnet to block: {r:?}");
         let routes = job_routes(&host, &[], Some(DEFAULT_SUBNET), &allow(&["169.254.169.254", "192.0.2.2"]));
-        let f = job_filter(&routes, Some(Ipv4Addr::new(10, 87, 0, 1)), &[]);
+        let f = job_filter(&routes, Some(Ipv4Addr::new(10, 87, 0, 1)), &[], &allow(&["169.254.169.254", "192.0.2.2"]));
         let show = |nets: &[Ipv4Net]| nets.iter().map(|n| n.to_string()).collect::<Vec<_>>();
         assert_eq!(
             show(&f.accept4),
@@ -743,7 +761,14 @@ mod tests {
         assert!(f.reject6.is_empty(), "link-local is refused by routing itself, scoped or not: {:?}", f.reject6);
         assert_eq!(show(&f.reject_off_lo4), ["255.255.255.255/32", "224.0.0.0/4"]);
         assert_eq!(f.reject_off_lo6.len(), 1, "root mode: IPv6 multicast too");
-        assert!(job_filter(&routes, None, &[]).reject_off_lo6.is_empty(), "rootless: pasta's NDP is multicast");
+        assert!(job_filter(&routes, None, &[], &[]).reject_off_lo6.is_empty(), "rootless: pasta's NDP is multicast");
+        // An address allowed on a port only: accepted there, refused on the others.
+        let allowed = allow(&["169.254.169.254:80", "192.0.2.2"]);
+        let routes = job_routes(&host, &[], Some(DEFAULT_SUBNET), &allowed);
+        let f = job_filter(&routes, Some(Ipv4Addr::new(10, 87, 0, 1)), &[], &allowed);
+        assert_eq!(show(&f.accept4), ["10.87.0.1/32", "192.0.2.2/32"]);
+        assert_eq!(f.accept_ports4, [(Ipv4Addr::new(169, 254, 169, 254), 80)]);
+        assert!(f.reject4.contains(&Ipv4Net::host(Ipv4Addr::new(169, 254, 169, 254))), "{:?}", f.reject4);
         let r = job_routes(&[], &[], None, &allow(&["168.63.129.16:80"]));
         let azure = Ipv4Net::host(firewall::AZURE_HOST);
         assert!(r.contains(&JobRoute::Allow(azure)) && !r.contains(&JobRoute::Prohibit(azure)), "allowed: {r:?}");
