@@ -169,19 +169,19 @@ pub fn uplinks(text: &str) -> Vec<String> {
     out
 }
 
-/// Rootless (pasta): link-local, cloud metadata, the host's own addresses and its other
-/// `local` destinations (pasta would connect to them from the host; see
+/// Rootless (pasta): link-local, cloud metadata and the host's `local` destinations, its
+/// own addresses among them (pasta would connect to them from the host; see
 /// `sys::address_watch`). The job's address is the host's, as pasta copies it: its
 /// prohibit route does not hide the job's own address (local first).
-pub fn blocked_rootless(host: &[Ipv6Addr], local: &[Ipv6Net]) -> Vec<Ipv6Net> {
-    with_local(with_hosts(vec![LINK_LOCAL, METADATA[0], METADATA[1]], host), local)
+pub fn blocked_rootless(local: &[Ipv6Net]) -> Vec<Ipv6Net> {
+    with_local(vec![LINK_LOCAL, METADATA[0], METADATA[1]], local)
 }
 
 /// The networks a job's own routes prohibit: link-local, the jobs' prefix (the other
-/// jobs), cloud metadata, the host's own addresses and its other `local` destinations
-/// (what the host's table refuses, and these routes once a flush took that table away).
-pub fn blocked(host: &[Ipv6Addr], local: &[Ipv6Net]) -> Vec<Ipv6Net> {
-    with_local(with_hosts(vec![LINK_LOCAL, PREFIX, METADATA[0], METADATA[1]], host), local)
+/// jobs), cloud metadata and the host's `local` destinations, its own addresses among
+/// them (what the host's table refuses, and these routes once a flush took it away).
+pub fn blocked(local: &[Ipv6Net]) -> Vec<Ipv6Net> {
+    with_local(vec![LINK_LOCAL, PREFIX, METADATA[0], METADATA[1]], local)
 }
 
 /// `out` and each of the host's `local` destinations not inside it, but loopback's.
@@ -189,16 +189,6 @@ fn with_local(mut out: Vec<Ipv6Net>, local: &[Ipv6Net]) -> Vec<Ipv6Net> {
     for n in local.iter().filter(|n| !n.addr.is_loopback()) {
         if !out.iter().any(|b| b.covers(n)) {
             out.push(*n);
-        }
-    }
-    out
-}
-
-/// `out` and each of the `host` addresses not inside it.
-fn with_hosts(mut out: Vec<Ipv6Net>, host: &[Ipv6Addr]) -> Vec<Ipv6Net> {
-    for a in host {
-        if !out.iter().any(|n| n.contains(*a)) {
-            out.push(Ipv6Net::host(*a));
         }
     }
     out
@@ -271,8 +261,9 @@ mod tests {
 
     #[test]
     fn a_jobs_blocks_and_address() {
-        let host = ["2001:db8::2".parse().unwrap(), "fd61:7a70:7362::1".parse().unwrap()];
-        let b: Vec<String> = blocked(&host, &[]).iter().map(|n| n.to_string()).collect();
+        let net = |a: &str, p: u8| Ipv6Net::new(a.parse().unwrap(), p);
+        let host = [net("2001:db8::2", 128), net("fd61:7a70:7362::1", 128)];
+        let b: Vec<String> = blocked(&host).iter().map(|n| n.to_string()).collect();
         assert_eq!(
             b,
             ["fe80::/10", "fd61:7a70:7362::/64", "fd00:ec2::254/128", "fd20:ce::254/128", "2001:db8::2/128"],
@@ -280,11 +271,11 @@ mod tests {
         );
         // The host's other local destinations too (held once a flush took the host's
         // table away), but loopback and what is refused already.
-        let net = |a: &str, p: u8| Ipv6Net::new(a.parse().unwrap(), p);
-        let local = [net("::1", 128), net("2001:db8:5::", 64), net("2001:db8::2", 128), net("fe80::1", 128)];
-        let b: Vec<String> = blocked(&host, &local).iter().map(|n| n.to_string()).collect();
+        let mut local = host.to_vec();
+        local.extend([net("::1", 128), net("2001:db8:5::", 64), net("2001:db8::2", 128), net("fe80::1", 128)]);
+        let b: Vec<String> = blocked(&local).iter().map(|n| n.to_string()).collect();
         assert_eq!(b[5..], ["2001:db8:5::/64"]);
-        let b: Vec<String> = blocked_rootless(&host, &[]).iter().map(|n| n.to_string()).collect();
+        let b: Vec<String> = blocked_rootless(&host).iter().map(|n| n.to_string()).collect();
         assert_eq!(
             b,
             ["fe80::/10", "fd00:ec2::254/128", "fd20:ce::254/128", "2001:db8::2/128", "fd61:7a70:7362::1/128"]

@@ -128,19 +128,13 @@ pub fn allow_group(allow: &[NetworkAllow]) -> u32 {
 }
 
 /// The job's routes besides its default route: link-local, Azure's host endpoint, the
-/// host's addresses, its other `local` destinations (see `sys::address_watch`) and
+/// host's `local` destinations (its addresses among them; see `sys::address_watch`) and
 /// (`subnet`, root mode) the other jobs prohibited; each allowed destination inside them
 /// through the gateway.
-pub fn job_routes(
-    host: &[Ipv4Addr],
-    local: &[Ipv4Net],
-    subnet: Option<Ipv4Net>,
-    allow: &[NetworkAllow],
-) -> Vec<JobRoute> {
+pub fn job_routes(local: &[Ipv4Net], subnet: Option<Ipv4Net>, allow: &[NetworkAllow]) -> Vec<JobRoute> {
     let mut blocked = vec![LINK_LOCAL, Ipv4Net::host(firewall::AZURE_HOST)];
     blocked.extend(subnet);
-    let nets = host.iter().filter(|a| !a.is_loopback()).map(|a| Ipv4Net::host(*a));
-    for n in nets.chain(local.iter().copied().flat_map(refusable)) {
+    for n in local.iter().copied().flat_map(refusable) {
         if !blocked.iter().any(|b| b.covers(&n)) {
             blocked.push(n);
         }
@@ -283,21 +277,21 @@ pub fn enter(
             let local = watch.current()?;
             let local4: Vec<Ipv4Net> = local.iter().filter_map(LocalNet::v4).collect();
             let local6: Vec<Ipv6Net> = local.iter().filter_map(LocalNet::v6).collect();
-            // Its own addresses are among them (no dump of its addresses besides).
+            // Its own addresses are among them (no dump of its addresses besides): the
+            // resolver's check needs them; routes and tables take all of `local`.
             let host = crate::sys::net::own_addresses(&local);
             let host_resolv = std::fs::read_to_string(HOST_RESOLV_CONF).unwrap_or_default();
             resolv = Some(dns::for_job(&host_resolv, plan.net.gateway(), &host, plan.rootless).resolv_conf);
-            let host6 = plan.net.ipv6.then(|| crate::sys::net::own_addresses6(&local));
             let setup = if plan.rootless {
-                let routes = job_routes(&host, &local4, None, &plan.net.allow);
+                let routes = job_routes(&local4, None, &plan.net.allow);
                 let log = job.bundle().join("pasta.log");
-                let ipv6_blocked = host6.map(|h| ipv6::blocked_rootless(&h, &local6));
+                let ipv6_blocked = plan.net.ipv6.then(|| ipv6::blocked_rootless(&local6));
                 let args = pasta_args(&plan.net);
                 let filter = job_filter(&routes, None, ipv6_blocked.as_deref().unwrap_or_default(), &plan.net.allow);
                 Setup::Pasta(Pasta { program: pasta_program()?, args, routes, log, ipv6_blocked, filter })
             } else {
-                let v6 = host6.map(|h| veth6(&h, &local6, !crate::sys::forwarding::ipv6_all_forwarding()));
-                Setup::Veth(veth(&plan, &host, &local4, v6, std::process::id()))
+                let v6 = plan.net.ipv6.then(|| veth6(&local6, !crate::sys::forwarding::ipv6_all_forwarding()));
+                Setup::Veth(veth(&plan, &local4, v6, std::process::id()))
             };
             guard = Some(HostAddressGuard::new(watch, refused_from_start(&setup), &plan.net.allow, &plan.id));
             setup
@@ -416,19 +410,19 @@ impl Entered {
 
 /// A job's IPv6 (see [`ipv6`]): `host` the host's own IPv6 addresses; `force_forwarding`:
 /// the host end must forward (the host does not on all links).
-fn veth6(host: &[Ipv6Addr], local: &[Ipv6Net], force_forwarding: bool) -> Veth6 {
+fn veth6(local: &[Ipv6Net], force_forwarding: bool) -> Veth6 {
     Veth6 {
         prefix: ipv6::PREFIX,
         gateway: ipv6::GATEWAY,
         job_mac: ipv6::JOB_MAC,
         force_forwarding,
-        blocked: ipv6::blocked(host, local),
+        blocked: ipv6::blocked(local),
     }
 }
 
-fn veth(plan: &JobPlan, host: &[Ipv4Addr], local: &[Ipv4Net], v6: Option<Veth6>, pid: u32) -> Veth {
+fn veth(plan: &JobPlan, local: &[Ipv4Net], v6: Option<Veth6>, pid: u32) -> Veth {
     let subnet = plan.net.subnet();
-    let routes = job_routes(host, local, Some(subnet), &plan.net.allow);
+    let routes = job_routes(local, Some(subnet), &plan.net.allow);
     Veth {
         host_name: link_name(&plan.id, pid),
         host_mac: HOST_MAC,
@@ -721,15 +715,16 @@ mod tests {
         assert!(show("127.0.0.0/8").is_empty() && show("127.1.0.0/16").is_empty(), "the job's own loopback");
         assert_eq!(show("10.50.0.0/16"), ["10.50.0.0/16"]);
         // Rootless, at the start: the pieces are prohibited like any local network.
-        let r = job_routes(&[], &[Ipv4Net::new(Ipv4Addr::new(64, 0, 0, 0), 2)], None, &[]);
+        let r = job_routes(&[Ipv4Net::new(Ipv4Addr::new(64, 0, 0, 0), 2)], None, &[]);
         assert!(r.contains(&JobRoute::Prohibit(Ipv4Net::new(Ipv4Addr::new(126, 0, 0, 0), 8))), "{r:?}");
         assert!(!r.iter().any(|r| matches!(r, JobRoute::Prohibit(n) if n.overlaps(&LOOPBACK))), "{r:?}");
     }
 
     #[test]
     fn the_jobs_routes_block_link_local_the_host_and_other_jobs_but_what_is_allowed() {
-        let host = [Ipv4Addr::LOCALHOST, Ipv4Addr::new(192, 0, 2, 2), Ipv4Addr::new(169, 254, 1, 1)];
-        let r = job_routes(&host, &[], Some(DEFAULT_SUBNET), &allow(&["169.254.169.254:80", "192.0.2.2", "8.8.8.8"]));
+        // The host's local destinations: loopback's, its address, a link-local one.
+        let host = [Ipv4Addr::LOCALHOST, Ipv4Addr::new(192, 0, 2, 2), Ipv4Addr::new(169, 254, 1, 1)].map(Ipv4Net::host);
+        let r = job_routes(&host, Some(DEFAULT_SUBNET), &allow(&["169.254.169.254:80", "192.0.2.2", "8.8.8.8"]));
         let show: Vec<String> = r.iter().map(|r| r.to_string()).collect();
         assert_eq!(
             show,
@@ -743,9 +738,9 @@ mod tests {
             "8.8.8.8 is not blocked: no route for it; 169.254.1.1 is inside link-local; the host address \
              192.0.2.2, allowed, has the allowed route only (one route per prefix)"
         );
-        let r = job_routes(&host, &[], None, &[]);
+        let r = job_routes(&host, None, &[]);
         assert_eq!(r.len(), 3, "rootless: no jobs' subnet to block: {r:?}");
-        let routes = job_routes(&host, &[], Some(DEFAULT_SUBNET), &allow(&["169.254.169.254", "192.0.2.2"]));
+        let routes = job_routes(&host, Some(DEFAULT_SUBNET), &allow(&["169.254.169.254", "192.0.2.2"]));
         let f = job_filter(&routes, Some(Ipv4Addr::new(10, 87, 0, 1)), &[], &allow(&["169.254.169.254", "192.0.2.2"]));
         let show = |nets: &[Ipv4Net]| nets.iter().map(|n| n.to_string()).collect::<Vec<_>>();
         assert_eq!(
@@ -764,12 +759,12 @@ mod tests {
         assert!(job_filter(&routes, None, &[], &[]).reject_off_lo6.is_empty(), "rootless: pasta's NDP is multicast");
         // An address allowed on a port only: accepted there, refused on the others.
         let allowed = allow(&["169.254.169.254:80", "192.0.2.2"]);
-        let routes = job_routes(&host, &[], Some(DEFAULT_SUBNET), &allowed);
+        let routes = job_routes(&host, Some(DEFAULT_SUBNET), &allowed);
         let f = job_filter(&routes, Some(Ipv4Addr::new(10, 87, 0, 1)), &[], &allowed);
         assert_eq!(show(&f.accept4), ["10.87.0.1/32", "192.0.2.2/32"]);
         assert_eq!(f.accept_ports4, [(Ipv4Addr::new(169, 254, 169, 254), 80)]);
         assert!(f.reject4.contains(&Ipv4Net::host(Ipv4Addr::new(169, 254, 169, 254))), "{:?}", f.reject4);
-        let r = job_routes(&[], &[], None, &allow(&["168.63.129.16:80"]));
+        let r = job_routes(&[], None, &allow(&["168.63.129.16:80"]));
         let azure = Ipv4Net::host(firewall::AZURE_HOST);
         assert!(r.contains(&JobRoute::Allow(azure)) && !r.contains(&JobRoute::Prohibit(azure)), "allowed: {r:?}");
     }
@@ -850,8 +845,12 @@ mod tests {
         plan.net.allow = allow(&["169.254.169.254:80"]);
         // A prefix on the host's loopback (all of it the host's), held by the job's own
         // routes once a flush took the host's table away.
-        let local = [Ipv4Net::new(Ipv4Addr::new(198, 51, 100, 0), 24), Ipv4Net::new(Ipv4Addr::LOCALHOST, 8)];
-        let v = veth(&plan, &[Ipv4Addr::new(192, 0, 2, 2)], &local, None, 99);
+        let local = [
+            Ipv4Net::new(Ipv4Addr::new(198, 51, 100, 0), 24),
+            Ipv4Net::new(Ipv4Addr::LOCALHOST, 8),
+            Ipv4Net::host(Ipv4Addr::new(192, 0, 2, 2)),
+        ];
+        let v = veth(&plan, &local, None, 99);
         assert!(v.routes.contains(&JobRoute::Prohibit(local[0])), "{:?}", v.routes);
         assert!(v.filter.reject4.contains(&local[0]), "{:?}", v.filter);
         assert!(!v.routes.iter().any(|r| matches!(r, JobRoute::Prohibit(n) if n.contains(Ipv4Addr::LOCALHOST))));
@@ -863,7 +862,7 @@ mod tests {
         assert!(v.first_try < 65536);
         assert!(v.routes.contains(&JobRoute::Allow(Ipv4Net::host(Ipv4Addr::new(169, 254, 169, 254)))));
         assert_eq!(v.v6, None);
-        let v6 = veth6(&["2001:db8::2".parse().unwrap()], &[], true);
+        let v6 = veth6(&[Ipv6Net::host("2001:db8::2".parse().unwrap())], true);
         assert_eq!((v6.prefix, v6.gateway, v6.force_forwarding), (ipv6::PREFIX, ipv6::GATEWAY, true));
         assert_eq!(v6.blocked.last().map(|n| n.to_string()).as_deref(), Some("2001:db8::2/128"));
     }
