@@ -310,24 +310,35 @@ fn a_firewall_reload_keeps_the_runs_allowed_destinations() {
     let fake = FakeAzure::start_in(&lab);
     let h = TestHome::with_busybox("runner-reload");
     let tf = token_file(&h, &fake.pat());
+    // The first job waits for the host's `go` here: the reload comes while it runs.
+    let flag = h.dir.join("flag");
+    std::fs::create_dir_all(&flag).unwrap();
+    std::fs::set_permissions(&flag, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
     let mut cmd = h.lab_command(&lab);
     cmd.args(["run", "--pool", "gpu", "--url", &fake.url(), "--token-file", tf.to_str().unwrap()])
         .args(["--agents", "1", "--gpus-per-agent", "none", "--rootfs", "bb", "--name-prefix", "reload"])
-        .args(["--network-allow", &format!("{}:80", netlab::AZURE_HOST_IP)]);
+        .args(["--network-allow", &format!("{}:80", netlab::AZURE_HOST_IP)])
+        .arg("--volume")
+        .arg(format!("{}:/flag:FLAG", flag.display()));
     let mgr = ManagerProc::spawn(cmd, h.dir.join("manager.log"));
     let log = || std::fs::read_to_string(h.dir.join("manager.log")).unwrap_or_default();
     // Azure's host endpoint: refused to jobs unless allowed, as this run does.
     let fetch = |n: usize| {
         format!("echo job={n}; timeout 5 wget -q -O- http://{}/ 2>&1 || echo FETCH-FAILED", netlab::AZURE_HOST_IP)
     };
-    fake.enqueue_job(&fetch(0));
-    let results = fake.wait_results(1, Duration::from_secs(120));
-    assert_eq!(results.len(), 1, "the first job did not run; log:\n{}", log());
-    assert!(results[0].output.contains(netlab::WIRESERVER_BODY), "the control: {:?}\n{}", results[0], log());
-    // The reload. The jobs' traffic then leaves unmasqueraded (the fake internet routes
-    // it back): the sandbox prepared before it runs the next job without the table,
-    // whose own refusals are gone with it; the one after makes the table again.
+    let marker = format!("reload-wait-{}", std::process::id());
+    fake.enqueue_job(&format!("{}; sh -c 'while [ ! -e /flag/go ]; do sleep 0.05; done' {marker}", fetch(0)));
+    wait_until("the first job to run", Duration::from_secs(90), || !processes_matching(&marker).is_empty());
+    // The reload, while the slot's agent runs its job and its next sandbox waits, so no
+    // agent's connection is under way: a flush drops the connections the table had
+    // masqueraded (seen: an agent's request hung for good). The jobs' traffic then
+    // leaves unmasqueraded (the fake internet routes it back): the sandbox prepared
+    // before it runs the next job without the table; the one after makes it again.
     lab.flush_host_ruleset();
+    std::fs::write(flag.join("go"), "").unwrap();
+    let results = fake.wait_results(1, Duration::from_secs(120));
+    assert_eq!(results.len(), 1, "the first job did not end; log:\n{}", log());
+    assert!(results[0].output.contains(netlab::WIRESERVER_BODY), "the control: {:?}\n{}", results[0], log());
     for n in 1..=3 {
         fake.enqueue_job(&fetch(n));
     }
