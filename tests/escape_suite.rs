@@ -274,6 +274,23 @@ int main(int argc, char **argv) {
       r = setsockopt(s, SOL_SOCKET, SO_BINDTODEVICE, a[3], strlen(a[3]));
       if (r == 0) r = sendto(s, "x", 1, 0, (struct sockaddr *)&sa, sizeof sa) == 1 ? 0 : -1;
     }
+    else if (!strcmp(op, "udp-flows")) {
+      /* N UDP flows to IP: one datagram to each port from 1024 up, a new socket (a new
+         source port) each time the ports run out. Datagrams refused on the way are not
+         errors to sendto(2) on an unconnected socket: what they cost the host is counted
+         there. */
+      struct sockaddr_in sa = { .sin_family = AF_INET };
+      inet_pton(AF_INET, a[1], &sa.sin_addr);
+      long n = atol(a[2]);
+      int s = -1;
+      r = 0;
+      for (long k = 0; k < n && r == 0; k++) {
+        if (k % 64512 == 0) { if (s >= 0) close(s); s = socket(AF_INET, SOCK_DGRAM, 0); }
+        sa.sin_port = htons(1024 + k % 64512);
+        r = sendto(s, "x", 1, 0, (struct sockaddr *)&sa, sizeof sa) == 1 ? 0 : -1;
+      }
+      if (s >= 0) close(s);
+    }
     else if (!strcmp(op, "send-udp")) {
       /* One UDP datagram to IP:PORT, broadcast allowed (SO_BROADCAST). */
       struct sockaddr_in sa = { .sin_family = AF_INET, .sin_port = htons(atoi(a[2])) };

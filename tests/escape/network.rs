@@ -639,3 +639,46 @@ fn t49_after_a_flush_an_address_allowed_on_one_port_stays_closed_on_the_others()
     }
     h.assert_no_residue(&[]);
 }
+
+/// The fake host's count of tracked connections (its conntrack table, shared by its
+/// own connections and every job's).
+fn host_conntrack_count(lab: &NetLab) -> u64 {
+    let o = Command::new("ip")
+        .args(["netns", "exec", &lab.host, "cat", "/proc/sys/net/netfilter/nf_conntrack_count"])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    String::from_utf8_lossy(&o.stdout).trim().parse().unwrap()
+}
+
+#[test]
+#[cfg_attr(not(test_as_root), ignore = "needs root: creates real sandboxes and network namespaces")]
+fn t50_a_job_cannot_fill_the_hosts_connection_tracking() {
+    require_root!();
+    // Rootless, pasta opens the job's flows as its own sockets: the host tracks nothing.
+    root_mode_only!();
+    let lab = or_skip!(NetLab::new());
+    let h = home("net-flows");
+    // The host's table masquerades the jobs' flows: each is an entry of the host's one
+    // conntrack table, and a full table drops every new connection of the host and of
+    // the other slots (a red-team pass, by reading). A job may keep 1/16 of it.
+    lab_exec_ok(&lab, &h, &[], "true");
+    let max: u64 = std::fs::read_to_string("/proc/sys/net/netfilter/nf_conntrack_max").unwrap().trim().parse().unwrap();
+    let limit = (max / 16).max(256);
+    let flood = toks(&[&format!("udp-flows:{INTERNET_IP}:{}", limit + 1000)]);
+    let after = toks(&[&format!("connect-tcp:{INTERNET_IP}:80")]);
+    let before = host_conntrack_count(&lab);
+    let out = lab_exec_ok(&lab, &h, &[], &format!("{}; {}", probe(&flood), probe(&after)));
+    let grew = host_conntrack_count(&lab) - before;
+    let r = probe_results(&out);
+    assert_eq!(r[&flood[0]], "OK", "{out}");
+    assert!(grew <= limit, "the job holds {grew} of the host's tracked connections, over its {limit}: {out}");
+    assert!(grew + 64 >= limit, "the flood went out: {grew} tracked of {limit}: {out}");
+    // Over its limit, a new connection is refused at once, not left to time out.
+    assert_eq!(r[&after[0]], "EHOSTUNREACH", "{out}");
+    // Each job has its own: the next one connects while the first one's flows are still
+    // tracked (unanswered UDP for 30 s).
+    let out = lab_exec_ok(&lab, &h, &[], &probe(&after));
+    assert_eq!(probe_results(&out)[&after[0]], "OK", "{out}");
+    h.assert_no_residue(&[]);
+}

@@ -20,6 +20,9 @@
 //!   Azure's host endpoint ([`AZURE_HOST`]) and to the jobs' subnet (the gateway's other
 //!   ports), unless allowed; the table's own forwarded services pass first (a host
 //!   resolver on a link-local address, as on GCP, or on Azure's);
+//! - holds each job to its share of the host's connection tracking ([`flows_per_job`]):
+//!   a new flow beyond it is refused (TCP connects fail at once with "No route to
+//!   host"), and the kernel log says so, once a minute at most;
 //! - when it had to turn IPv4 forwarding on (net.ipv4.ip_forward was 0), drops forwarded
 //!   IPv4 traffic that involves no job link (the host does not become a router for
 //!   others), and the table's comment says so: whoever removes the table turns
@@ -60,6 +63,19 @@ const HAS_IPV6_RULES: &str = "ipv6";
 /// In the comment of a table whose input chain accepts only its own forwarded services;
 /// one made before accepted any DNAT'd connection from a job link (see [`ensure`]).
 const OWN_DNAT_ONLY: &str = "own-dnat";
+/// In the comment of a table made with the per-job limit of tracked connections
+/// ([`limit_flows`]); one made before lets a job fill the host's conntrack table.
+const LIMITS_FLOWS: &str = "flows";
+/// A job may keep at most this share of the host's connection-tracking table
+/// (`nf_conntrack_max`, shared by the host and every job: the table masquerades each
+/// job's flows, so they are the host's entries). A full conntrack table drops every new
+/// connection of the host and of the other slots; at this share it takes this many jobs
+/// at their limit at once.
+const FLOWS_SHARE: u64 = 16;
+/// The least a job gets, where an operator made the conntrack table very small.
+const MIN_FLOWS: u64 = 256;
+/// Exists once conntrack is loaded (making the table loads it).
+const CONNTRACK_MAX: &str = "/proc/sys/net/netfilter/nf_conntrack_max";
 /// Azure's host endpoint (WireServer, the host agent, Azure DNS): the Azure VM agent lets
 /// only root on the VM reach it (an OUTPUT rule, which forwarded traffic never meets);
 /// jobs are refused it as they are link-local addresses. DNS there is forwarded.
@@ -173,7 +189,7 @@ pub fn script(subnet: Ipv4Net, gateway: Ipv4Addr, services: &[HostService], forw
 }
 
 fn comment(subnet: Ipv4Net, forwarding_was_off: bool) -> String {
-    let mut c = format!("azp-sandbox jobs: subnet {subnet}, {HAS_IPV6_RULES}, {OWN_DNAT_ONLY}");
+    let mut c = format!("azp-sandbox jobs: subnet {subnet}, {HAS_IPV6_RULES}, {OWN_DNAT_ONLY}, {LIMITS_FLOWS}");
     if forwarding_was_off {
         c.push_str(&format!(", {FORWARDING_WAS_OFF}"));
     }
@@ -204,6 +220,51 @@ pub fn elements(services: &[HostService], group: u32, allow: &[NetworkAllow]) ->
         }
     }
     s
+}
+
+/// How many tracked connections (conntrack entries) one job may keep at once on a host
+/// whose table holds `conntrack_max`: its [`FLOWS_SHARE`], at least [`MIN_FLOWS`].
+/// Closed TCP connections (`TIME_WAIT`) do not count; a UDP flow counts until conntrack
+/// forgets it (30 s, or 120 s once both sides spoke).
+pub fn flows_per_job(conntrack_max: u64) -> u64 {
+    (conntrack_max / FLOWS_SHARE).max(MIN_FLOWS)
+}
+
+/// The set, chains and rule that hold each job link to `limit` tracked connections:
+/// keyed by the link's name (one per job), counted by the kernel's connlimit (the set's
+/// element goes once its link's last connection has). Before NAT (`mangle`), so what is
+/// forwarded to a host service counts too.
+fn flows_script(limit: u64) -> String {
+    format!(
+        "add set inet {TABLE} job_flows {{ type ifname; flags dynamic; size 65535; }}\n\
+         add chain inet {TABLE} over_flows\n\
+         add rule inet {TABLE} over_flows limit rate 1/minute burst 1 packets \
+         log prefix \"azp-sandbox: a job is at its limit of {limit} connections: \" level warn\n\
+         add rule inet {TABLE} over_flows reject with icmpx type admin-prohibited\n\
+         add chain inet {TABLE} flows {{ type filter hook prerouting priority mangle; policy accept; }}\n\
+         add rule inet {TABLE} flows iifname \"azp*\" ct state new \
+         add @job_flows {{ iifname ct count over {limit} }} jump over_flows\n"
+    )
+}
+
+/// Adds [`flows_script`] to the table just made (which loaded conntrack: its maximum is
+/// known only then). The limit, or None where the kernel cannot count (no
+/// `nft_connlimit`): the table works without it, and the warning says what is missing
+/// (once, by whoever made the table: its comment already says [`LIMITS_FLOWS`]).
+fn limit_flows(nft: &Path) -> Option<u64> {
+    let max = std::fs::read_to_string(CONNTRACK_MAX).ok().and_then(|m| m.trim().parse::<u64>().ok());
+    let result = match max {
+        Some(max) => run_nft(nft, &flows_script(flows_per_job(max))).map(|()| flows_per_job(max)),
+        None => Err(anyhow::anyhow!("{CONNTRACK_MAX} is missing")),
+    };
+    result
+        .map_err(|e| {
+            tracing::warn!(
+                "jobs' network: jobs' connections are not limited ({e:#}): one job can fill the host's \
+                 connection tracking; load the kernel module nft_connlimit and run `azp-sandbox gc` once no jobs run"
+            )
+        })
+        .ok()
 }
 
 /// The `nft` binary, or a one-line error naming the package.
@@ -366,11 +427,13 @@ pub fn ensure(
             forward_record::add_ip_forward()?;
         }
         run_nft(&nft, &script(subnet, gateway, &services(), forwarding_was_off))?;
+        let flows = limit_flows(&nft);
         if turn_on {
             forwarding::set_ipv4_forwarding(true)?;
         }
         tracing::info!(
-            "jobs' network: made the nftables table inet {TABLE} (subnet {subnet}{})",
+            "jobs' network: made the nftables table inet {TABLE} (subnet {subnet}{}{})",
+            flows.map(|f| format!("; {f} tracked connections per job")).unwrap_or_default(),
             if forwarding_was_off { "; IPv4 forwarding turned on until it is removed" } else { "" }
         );
     }
@@ -420,21 +483,37 @@ pub fn ensure(
 
 /// A table made by an azp-sandbox before [`OWN_DNAT_ONLY`] lets a job reach host
 /// services that any other DNAT rule of the host translates to (a Kubernetes node's
-/// ClusterIPs, an operator's port forward): said once per process, with the fix. It is
+/// ClusterIPs, an operator's port forward), one before [`LIMITS_FLOWS`] lets a job fill
+/// the host's connection tracking: said once per process, with the fix. It is
 /// not replaced under running jobs (their runs' elements would go with it); `gc`, the
 /// end of the last run, or a reboot removes it, and the next job makes the current one.
 /// One older still, without the IPv6 rules, is said so where IPv6 is decided, with the
 /// same fix: one line is enough.
 fn warn_if_outdated(comment: &str) {
     static SAID: std::sync::Once = std::sync::Once::new();
-    if has_marker(comment, HAS_IPV6_RULES) && !has_marker(comment, OWN_DNAT_ONLY) {
+    if let Some(what) = outdated(comment) {
         SAID.call_once(|| {
             tracing::warn!(
-                "jobs' network: the nftables table inet {TABLE} was made by an older azp-sandbox and lets jobs \
-                 reach host services other DNAT rules forward to: run `azp-sandbox gc` once no jobs run"
+                "jobs' network: the nftables table inet {TABLE} was made by an older azp-sandbox and {what}: \
+                 run `azp-sandbox gc` once no jobs run"
             )
         });
     }
+}
+
+/// What a table with `comment` lacks, in words (None: nothing this process cares about).
+fn outdated(comment: &str) -> Option<String> {
+    if !has_marker(comment, HAS_IPV6_RULES) {
+        return None;
+    }
+    let mut lacks = vec![];
+    if !has_marker(comment, OWN_DNAT_ONLY) {
+        lacks.push("lets jobs reach host services other DNAT rules forward to");
+    }
+    if !has_marker(comment, LIMITS_FLOWS) {
+        lacks.push("does not limit each job's tracked connections");
+    }
+    (!lacks.is_empty()).then(|| lacks.join(", and "))
 }
 
 /// `link` in the table's set of uplinks it turned on (they forward nothing but to jobs).
@@ -628,7 +707,7 @@ mod tests {
         let s = script(net(), Ipv4Addr::new(10, 87, 0, 1), &dns(Ipv4Addr::new(127, 0, 0, 53)), true);
         assert!(
             s.starts_with(
-                "table inet azp-sandbox {\n  comment \"azp-sandbox jobs: subnet 10.87.0.0/16, ipv6, own-dnat, ip_forward was 0\"\n"
+                "table inet azp-sandbox {\n  comment \"azp-sandbox jobs: subnet 10.87.0.0/16, ipv6, own-dnat, flows, ip_forward was 0\"\n"
             ),
             "{s}"
         );
@@ -668,6 +747,38 @@ mod tests {
         assert_eq!(subnet_of("azp-sandbox jobs: subnet 10.87.0.0/16, ip_forward was 0"), Some("10.87.0.0/16"));
         assert_eq!(subnet_of("azp-sandbox jobs: subnet 10.9.0.0/16"), Some("10.9.0.0/16"));
         assert_eq!(subnet_of("azp-sandbox jobs: subnet 10.9.0.0/16, ipv6"), Some("10.9.0.0/16"));
+    }
+
+    #[test]
+    fn each_job_gets_its_share_of_connection_tracking() {
+        assert_eq!(flows_per_job(262_144), 16_384);
+        assert_eq!(flows_per_job(65_536), 4_096);
+        assert_eq!(flows_per_job(1_000), MIN_FLOWS, "a very small table still leaves a job room");
+        let s = flows_script(4_096);
+        assert!(s.contains("add set inet azp-sandbox job_flows { type ifname; flags dynamic; size 65535; }\n"), "{s}");
+        assert!(
+            s.contains(
+                "add rule inet azp-sandbox flows iifname \"azp*\" ct state new \
+                 add @job_flows { iifname ct count over 4096 } jump over_flows\n"
+            ),
+            "{s}"
+        );
+        assert!(s.contains("type filter hook prerouting priority mangle;"), "before NAT: host services count: {s}");
+        let (log, reject) = (s.find("log prefix").unwrap(), s.find("reject with icmpx").unwrap());
+        assert!(log < reject && s.contains("limit rate 1/minute"), "said, at most once a minute, then refused: {s}");
+    }
+
+    #[test]
+    fn an_older_table_is_said_with_what_it_lacks() {
+        let now = comment(net(), false);
+        assert_eq!(outdated(&now), None);
+        assert_eq!(
+            outdated("azp-sandbox jobs: subnet 10.87.0.0/16, ipv6, own-dnat").as_deref(),
+            Some("does not limit each job's tracked connections")
+        );
+        let both = outdated("azp-sandbox jobs: subnet 10.87.0.0/16, ipv6").unwrap();
+        assert!(both.starts_with("lets jobs reach host services other DNAT rules forward to, and does not"), "{both}");
+        assert_eq!(outdated("azp-sandbox jobs: subnet 10.87.0.0/16"), None, "said where IPv6 is decided");
     }
 
     #[test]
