@@ -331,10 +331,11 @@ fn a_firewall_reload_keeps_the_runs_allowed_destinations() {
     wait_until("the first job to run", Duration::from_secs(90), || !processes_matching(&marker).is_empty());
     // The reload, while the slot's agent runs its job and its next sandbox waits, so no
     // agent's connection is under way: a flush drops the connections the table had
-    // masqueraded (seen: an agent's request hung for good). The jobs' traffic then
-    // leaves unmasqueraded (the fake internet routes it back): the sandbox prepared
-    // before it runs the next job without the table; the one after makes it again.
+    // masqueraded (seen: an agent's request hung for good). The run makes the table
+    // again at once, while that job still runs (before: only the sandbox after the next).
     lab.flush_host_ruleset();
+    let has_table = || lab.host_network_residue().iter().any(|t| t == "table inet azp-sandbox");
+    wait_until("the run to make the table again", Duration::from_secs(10), has_table);
     std::fs::write(flag.join("go"), "").unwrap();
     let results = fake.wait_results(1, Duration::from_secs(120));
     assert_eq!(results.len(), 1, "the first job did not end; log:\n{}", log());
@@ -352,6 +353,14 @@ fn a_firewall_reload_keeps_the_runs_allowed_destinations() {
         "a job after the table was made again reaches the run's allowed destination: {last:?}\n{}",
         log()
     );
+    // Every request reached Azure from the fake host's address: the manager's own, and
+    // the jobs' masqueraded. Without the table made again, the job that ran through the
+    // reload posted its result, and the agent of the sandbox prepared before it
+    // registered, from their own addresses (seen), which only the fake internet routes
+    // back: a real agent would have failed to.
+    let froms: std::collections::BTreeSet<String> =
+        fake.requests_log().iter().map(|r| r.from.map_or("?".into(), |a| a.to_string())).collect();
+    assert_eq!(froms, [netlab::HOST_IP.to_string()].into(), "log:\n{}", log());
     let st = mgr.stop();
     assert!(st.success(), "manager exit {st}; log:\n{}", log());
     h.assert_no_residue(&[]);

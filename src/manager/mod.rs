@@ -150,6 +150,10 @@ pub fn run(home: &Home, settings: RunSettings, ctx: RunContext) -> Result<()> {
     // Held until run returns: a second manager on this home is refused, naming our pid.
     let _home_lock = lock::acquire(home, "run")?;
     let ready = startup::check(home, &settings, ctx)?;
+    // Made by the check: kept through firewall reloads until the drain is over.
+    let table = (settings.network == crate::config::Network::Isolated && !crate::rootless::mode().rootless)
+        .then(|| crate::sandbox::network::table_keeper::keep(ready.net.clone()))
+        .transpose()?;
     let mirrors_stop = std::sync::Arc::new(AtomicBool::new(false));
     // Not joined: a long first fetch must not hold up the drain (an interrupted fetch
     // leaves the mirror as it was).
@@ -158,6 +162,8 @@ pub fn run(home: &Home, settings: RunSettings, ctx: RunContext) -> Result<()> {
     let stop = drain::wait_for_stop(&sigs, home, &mut running);
     mirrors_stop.store(true, Ordering::SeqCst);
     drain::drain(&sigs, home, &mut running, stop);
+    // Before the shutdown's gc removes the table.
+    drop(table);
     shutdown::shutdown(home, running)
 }
 

@@ -274,6 +274,10 @@ pub enum Error {
     ArmAddressWatch(#[source] Errno),
     #[error("cannot read the host's address changes (netlink)")]
     ReadAddressWatch(#[source] Errno),
+    #[error("cannot watch the host's nftables changes (a netfilter netlink socket subscribed to NFNLGRP_NFTABLES)")]
+    WatchNftables(#[source] Errno),
+    #[error("cannot read the host's nftables changes (netlink)")]
+    ReadNftablesWatch(#[source] Errno),
     #[error("the watch of the host's addresses was asked to refuse one before it was armed in the job's namespace")]
     AddressWatchNotArmed,
     #[error("cannot add a rule to the job's own nftables table {table} in its network namespace")]

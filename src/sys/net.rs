@@ -895,6 +895,43 @@ pub struct NftTable {
     pub handle: Option<u64>,
 }
 
+/// nftables' changes in this process's network namespace (a firewall reload among
+/// them), for whoever keeps the jobs' table there.
+pub struct NftablesWatch {
+    listener: nl::Listener,
+}
+
+impl NftablesWatch {
+    /// Subscribed from now on: a change after this returns is seen.
+    pub fn subscribe() -> Result<NftablesWatch> {
+        Ok(NftablesWatch { listener: nl::Listener::nftables().map_err(Error::WatchNftables)? })
+    }
+
+    /// Blocks until nftables changed (true; what came is read and dropped: the caller
+    /// looks at the tables afresh) or `stop` is readable or closed (false).
+    pub fn wait(&self, stop: std::os::fd::BorrowedFd) -> Result<bool> {
+        use nix::poll::{PollFd, PollFlags, PollTimeout};
+        loop {
+            let mut fds = [PollFd::new(self.listener.as_fd(), PollFlags::POLLIN), PollFd::new(stop, PollFlags::POLLIN)];
+            match nix::poll::poll(&mut fds, PollTimeout::NONE) {
+                Err(Errno::EINTR) => continue,
+                Err(e) => return Err(Error::ReadNftablesWatch(e)),
+                Ok(_) => {}
+            }
+            if fds[1].revents().is_some_and(|r| !r.is_empty()) {
+                return Ok(false);
+            }
+            if fds[0].revents().is_some_and(|r| !r.is_empty()) {
+                // Lost notifications (ENOBUFS) say the same: something changed.
+                let drained = self.listener.drain().map_err(Error::ReadNftablesWatch)?;
+                if drained.overrun || !drained.notifications.is_empty() {
+                    return Ok(true);
+                }
+            }
+        }
+    }
+}
+
 /// The host's nftables table `name` (inet family), if it exists.
 pub fn nft_table(name: &str) -> Result<Option<NftTable>> {
     let s = Socket::open(Proto::Netfilter).map_err(Error::NetlinkSocket)?;
@@ -1394,6 +1431,34 @@ mod tests {
         for bad in ["", "ok", "ok 10.87.0.9", "ok x -", "err no free job address left in 10.87.0.0/16"] {
             assert_eq!(parse_configured(bad), None, "{bad:?}");
         }
+    }
+
+    #[test]
+    #[cfg_attr(not(test_as_root), ignore = "needs root: a network namespace of its own")]
+    fn the_nftables_watch_sees_a_flush_and_stops_when_told() {
+        if !nix::unistd::geteuid().is_root() {
+            return crate::test_skip::skip("needs root: a network namespace of its own");
+        }
+        let Some(nft) = ["/usr/sbin/nft", "/sbin/nft"].into_iter().find(|p| Path::new(p).exists()) else {
+            return crate::test_skip::skip("needs nft (Debian nftables)");
+        };
+        // This thread alone, and the nft it starts, in a fresh network namespace. A watch
+        // that misses a change blocks: the test waits 10 s for the thread's word.
+        let (done_tx, done) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            unshare(CloneFlags::CLONE_NEWNET).expect("unshare(CLONE_NEWNET)");
+            let nft = |args: &[&str]| assert!(std::process::Command::new(nft).args(args).status().unwrap().success());
+            let watch = NftablesWatch::subscribe().unwrap();
+            let (stop_rx, stop_tx) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).unwrap();
+            nft(&["add", "table", "inet", "t"]);
+            assert!(watch.wait(stop_rx.as_fd()).unwrap(), "a table made");
+            nft(&["flush", "ruleset"]);
+            assert!(watch.wait(stop_rx.as_fd()).unwrap(), "a firewall reload's flush");
+            drop(stop_tx);
+            assert!(!watch.wait(stop_rx.as_fd()).unwrap(), "its stop closed, nothing changed");
+            done_tx.send(()).unwrap();
+        });
+        done.recv_timeout(std::time::Duration::from_secs(10)).expect("the watch saw each change, then stopped");
     }
 
     #[test]

@@ -90,6 +90,8 @@ pub const AF_INET6: u8 = libc::AF_INET6 as u8;
 
 // nftables over nfnetlink (linux/netfilter/nfnetlink.h, nf_tables.h).
 const NFNL_SUBSYS_NFTABLES: u16 = 10;
+/// nfnetlink's multicast group of nftables' changes.
+const NFNLGRP_NFTABLES: u32 = 7;
 const NFNL_MSG_BATCH_BEGIN: u16 = 0x10;
 const NFNL_MSG_BATCH_END: u16 = 0x11;
 const NFT_MSG_GETTABLE: u16 = 1;
@@ -245,6 +247,16 @@ impl Listener {
         let flags = SockFlag::SOCK_CLOEXEC | SockFlag::SOCK_NONBLOCK;
         let fd = socket::socket(AddressFamily::Netlink, SockType::Raw, flags, SockProtocol::NetlinkRoute)?;
         socket::bind(fd.as_raw_fd(), &NetlinkAddr::new(0, groups))?;
+        Ok(Listener { fd })
+    }
+
+    /// A netfilter socket subscribed to nftables' changes (`NFNLGRP_NFTABLES`): one
+    /// notification per object a committed transaction added or deleted, then its
+    /// generation. Root only (CAP_NET_ADMIN over the namespace).
+    pub fn nftables() -> Result<Listener, Errno> {
+        let flags = SockFlag::SOCK_CLOEXEC | SockFlag::SOCK_NONBLOCK;
+        let fd = socket::socket(AddressFamily::Netlink, SockType::Raw, flags, SockProtocol::NetlinkNetFilter)?;
+        socket::bind(fd.as_raw_fd(), &NetlinkAddr::new(0, 1 << (NFNLGRP_NFTABLES - 1)))?;
         Ok(Listener { fd })
     }
 

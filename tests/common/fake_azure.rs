@@ -69,6 +69,8 @@ pub struct LoggedRequest {
     pub accept: String,
     /// When the request arrived (for latency measurements).
     pub at: std::time::Instant,
+    /// Where it came from (a job's traffic: the host's address once masqueraded).
+    pub from: Option<std::net::IpAddr>,
 }
 
 #[derive(Debug, Clone)]
@@ -576,6 +578,7 @@ fn handle(state: &Mutex<State>, mut req: Request) {
     };
     let suppress = header(&req, "X-TFS-FedAuthRedirect").is_some_and(|v| v.eq_ignore_ascii_case("Suppress"));
     let accept = header(&req, "Accept").unwrap_or("").to_owned();
+    let from = req.remote_addr().map(|a| a.ip());
 
     let (reply, auth_seen, delay) = {
         let mut s = state.lock().unwrap_or_else(|e| e.into_inner());
@@ -588,6 +591,7 @@ fn handle(state: &Mutex<State>, mut req: Request) {
             suppress_redirect: suppress,
             accept,
             at: std::time::Instant::now(),
+            from,
         });
         let reply = s.route(&r, auth_seen, suppress);
         (reply, auth_seen, delay)

@@ -44,6 +44,7 @@ pub mod firewall;
 pub mod forward_record;
 pub mod ipv6;
 pub mod job;
+pub mod table_keeper;
 pub mod watch;
 
 pub use job::{HostPorts, JobNetwork, DEFAULT_SUBNET};
