@@ -175,7 +175,7 @@ mod tests {
     }
 
     #[test]
-    fn local_routes_of_the_local_table_are_what_the_host_delivers_to_itself() {
+    fn local_routes_every_lookup_reaches_are_what_the_host_delivers_to_itself() {
         const RTM_DELROUTE: u16 = 25;
         let v6 = Ipv6Addr::new(0x2001, 0xdb8, 0, 0, 0, 0, 0, 7).octets();
         let mut gone = route(nl::AF_INET, &[192, 0, 2, 10], 32, nl::RTN_LOCAL, 255);
@@ -187,10 +187,13 @@ mod tests {
             route(nl::AF_INET, &[10, 50, 0, 0], 16, nl::RTN_LOCAL, 255),
             route(nl::AF_INET6, &v6, 128, nl::RTN_LOCAL, 255),
             route(nl::AF_INET6, &v6, 64, nl::RTN_ANYCAST, 255),
-            // Not delivered here: a unicast route, a local route of another table, a deletion.
-            route(nl::AF_INET, &[198, 18, 200, 0], 24, nl::RTN_UNICAST, 254),
+            // An operator's local route in the main table: every lookup reaches it.
             route(nl::AF_INET, &[192, 0, 2, 9], 32, nl::RTN_LOCAL, 254),
+            // Not delivered to everyone: a unicast route, a deletion, a local route of a
+            // table that a policy rule chooses (TPROXY's `local default ... table 100`).
+            route(nl::AF_INET, &[198, 18, 200, 0], 24, nl::RTN_UNICAST, 254),
             gone,
+            route(nl::AF_INET, &[0, 0, 0, 0], 0, nl::RTN_LOCAL, 100),
             route(nl::AF_INET, &[198, 18, 200, 1], 32, nl::RTN_LOCAL, 255),
         ]);
         let want = [
@@ -199,6 +202,7 @@ mod tests {
             LocalNet::V4(Ipv4Net::new(Ipv4Addr::new(10, 50, 0, 0), 16)),
             LocalNet::V6(Ipv6Net::host(Ipv6Addr::from(v6))),
             LocalNet::V6(Ipv6Net::new(Ipv6Addr::from(v6), 64)),
+            LocalNet::V4(Ipv4Net::host(Ipv4Addr::new(192, 0, 2, 9))),
         ];
         assert_eq!(got, want);
     }

@@ -73,6 +73,7 @@ pub const RTA_GATEWAY: u16 = 5;
 pub const RTA_TABLE: u16 = 15;
 pub const NDA_DST: u16 = 1;
 pub const NDA_LLADDR: u16 = 2;
+pub const RT_TABLE_DEFAULT: u32 = 253;
 pub const RT_TABLE_MAIN: u8 = 254;
 pub const RT_TABLE_LOCAL: u32 = 255;
 /// Route types a host delivers to itself (`rtm_type`).
@@ -81,6 +82,7 @@ pub const RTN_BROADCAST: u8 = 3;
 pub const RTN_ANYCAST: u8 = 4;
 pub const RTPROT_BOOT: u8 = 3;
 pub const RT_SCOPE_UNIVERSE: u8 = 0;
+pub const RT_SCOPE_HOST: u8 = 254;
 pub const RT_SCOPE_LINK: u8 = 253;
 pub const RTN_UNICAST: u8 = 1;
 pub const RTN_PROHIBIT: u8 = 8;
@@ -364,7 +366,13 @@ impl Message {
     /// other fields are zero: there the kernel takes the protocol and type as filters too,
     /// and refuses a dump whose prefix lengths, TOS or scope are not zero.
     pub fn dump_routes(family: u8, table: u8) -> Message {
-        Message::new(RTM_GETROUTE, NLM_F_DUMP, &[family, 0, 0, 0, table, 0, 0, 0, 0, 0, 0, 0])
+        Self::dump_routes_of_type(family, table, 0)
+    }
+
+    /// The same, of route type `kind` (RTN_*) alone where the kernel filters (every
+    /// type's elsewhere); `table` 0: of every table.
+    pub fn dump_routes_of_type(family: u8, table: u8, kind: u8) -> Message {
+        Message::new(RTM_GETROUTE, NLM_F_DUMP, &[family, 0, 0, 0, table, 0, 0, kind, 0, 0, 0, 0])
     }
 
     /// `RTM_NEWROUTE` (IPv4) in the main table: `dst/dst_len`, of `kind` (RTN_*), `scope`.

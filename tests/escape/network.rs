@@ -531,7 +531,10 @@ fn t47_what_the_host_delivers_to_itself_is_out_of_reach_also_when_it_comes_mid_j
     //   makes the whole /24 local: any of its addresses is the host's);
     // - NEW: an address the fake host gets while the job runs (a VPN, a bridge coming
     //   up, DHCP), on a link of its own (a veth pair: this kernel has no dummy links);
-    // - NEW_LO: another loopback prefix, while the job runs.
+    // - NEW_LO: another loopback prefix, while the job runs;
+    // - MAIN, MAIN_NEW: local routes an operator put in the main table (AnyIP there),
+    //   before and while the job runs: every lookup reaches them too (found by a red-team
+    //   pass: the watch read the local table alone).
     // Rootless jobs reached all three through pasta: their routes and table listed the
     // host's addresses of the job's start only. So did root-mode jobs once a firewall
     // reload flushed the fake host's whole ruleset (the jobs' table with it) while they
@@ -540,22 +543,31 @@ fn t47_what_the_host_delivers_to_itself_is_out_of_reach_also_when_it_comes_mid_j
     const BEFORE: (&str, &str) = ("198.18.210.1/24", "198.18.210.9");
     const NEW: (&str, &str) = ("198.18.200.1/24", "198.18.200.1");
     const NEW_LO: (&str, &str) = ("198.18.220.1/24", "198.18.220.9");
+    const MAIN: (&str, &str) = ("198.18.230.0/24", "198.18.230.9");
+    const MAIN_NEW: (&str, &str) = ("198.18.240.0/24", "198.18.240.9");
     const LINK: &str = "t47late";
     const PEER: &str = "t47peer";
     let port = netlab::HOST_ANY_PORT;
     // Root mode, where the host's table drops these (3 s per probe till its timeout): the
-    // plain connects only, but after a flush (the job refuses them at once).
+    // plain connects only, and not the main table's, but after a flush (the job refuses
+    // them at once).
     let targets = |bound: bool| -> Vec<String> {
+        let main = if bound { [MAIN.1, MAIN_NEW.1].as_slice() } else { &[] };
         [BEFORE.1, NEW.1, NEW_LO.1]
             .iter()
+            .chain(main)
             .flat_map(|a| [format!("connect-tcp:{a}:{port}"), format!("connect-tcp-dev:{a}:{port}:eth0")])
             .filter(|t| bound || !t.starts_with("connect-tcp-dev"))
             .collect()
     };
     let ip = |args: &[&str]| lab.host_ip(args);
     let serves = |addr: &str| host_serves(&lab, addr, port);
+    let main_route = |verb: &str, net: &str| ip(&["route", verb, "local", net, "dev", "lo", "table", "main"]);
     ip(&["addr", "add", BEFORE.0, "dev", "lo"]);
-    assert!(serves(BEFORE.1), "the control: the fake host's service on {}", BEFORE.1);
+    main_route("add", MAIN.0);
+    for a in [BEFORE.1, MAIN.1] {
+        assert!(serves(a), "the control: the fake host's service on {a}");
+    }
     for (who, opts, flushed) in rounds_with_a_flush() {
         let flag = flag_dir(&format!("new-addr-{who}-{flushed}"));
         let m = unique("t47");
@@ -582,16 +594,18 @@ fn t47_what_the_host_delivers_to_itself_is_out_of_reach_also_when_it_comes_mid_j
         ip(&["link", "set", PEER, "up"]);
         ip(&["link", "set", LINK, "up"]);
         ip(&["addr", "add", NEW_LO.0, "dev", "lo"]);
-        for a in [NEW.1, NEW_LO.1] {
+        main_route("add", MAIN_NEW.0);
+        for a in [NEW.1, NEW_LO.1, MAIN_NEW.1] {
             assert!(serves(a), "the control: the fake host's service on {a}");
         }
         // The helper says what it refused (root mode too, where the host's table drops
         // them first).
-        log.wait_for_refusals(&[NEW.1, "198.18.220.0/24"], who);
+        log.wait_for_refusals(&[NEW.1, "198.18.220.0/24", MAIN_NEW.0], who);
         std::fs::write(flag.join("added"), "").unwrap();
         let (status, out, log) = log.finish(&mut job);
         ip(&["link", "del", LINK]);
         ip(&["addr", "del", NEW_LO.0, "dev", "lo"]);
+        main_route("del", MAIN_NEW.0);
         let round = format!("{who} (flushed: {flushed})");
         assert!(status.success(), "{round}: {out} {log}");
         assert!(out.contains(INTERNET_BODY), "{round}: the job's network still works: {out}");
@@ -608,6 +622,7 @@ fn t47_what_the_host_delivers_to_itself_is_out_of_reach_also_when_it_comes_mid_j
         std::fs::remove_dir_all(&flag).unwrap();
     }
     ip(&["addr", "del", BEFORE.0, "dev", "lo"]);
+    main_route("del", MAIN.0);
     h.assert_no_residue(&[]);
 }
 
