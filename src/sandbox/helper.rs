@@ -359,7 +359,8 @@ fn run(
     // here), and the moves that follow within about a grace period do not wait. Joined
     // here, libcontainer's move of the job's init into its leaf comes within that window;
     // joined before the mounts, it often came after it and waited a second time.
-    let (cgroup_owner, mut way_back) = enter_job_cgroup(&plan, cgroups, sys, hand_over)?;
+    let pasta = network.as_ref().and_then(|n| n.pasta_pid());
+    let (cgroup_owner, mut way_back) = enter_job_cgroup(&plan, cgroups, sys, hand_over, pasta)?;
 
     let mut spec = spec::build(&plan, &merged, &cgroup_owner)?;
     if !plan.caches.is_empty() {
@@ -433,6 +434,13 @@ fn run(
     if let Err(e) = &deleted {
         tracing::warn!(job = %plan.id, "libcontainer delete failed ({e}); gc will finish the clean-up");
     }
+    // Its job is gone, and it is in the job's cgroup: gone too before the runner removes
+    // that (its death signal would come only with this process's exit, racing the runner).
+    if let Some(pid) = pasta {
+        if let Err(e) = sys.stop_pasta(pid) {
+            tracing::warn!(job = %plan.id, "{}; the job's clean-up kills it", e.with_causes());
+        }
+    }
     // No unmount of the overlay here: it lives only in this process's mount namespace,
     // which the kernel tears down when we exit, before our parent's wait returns. An
     // unmount of its own costs one more RCU grace period (~0.7 ms per job measured).
@@ -478,16 +486,23 @@ fn outside_ids(plan: &super::JobPlan, uid: u32, gid: u32) -> Result<(u32, u32)> 
 /// cgroup2 hierarchy leaves it all to libcontainer's v1 manager instead. Rootless without
 /// delegation, the job gets no cgroup (the warning was printed at start). `hand_over`:
 /// an early helper's, which may say that its runner made the dirs and wrote the limits.
+/// `pasta`: the job's (rootless), which joins it too (found by a red-team pass: in its
+/// runner's cgroup, pasta's CPU and socket buffers for the job's traffic were no job's).
 fn enter_job_cgroup(
     plan: &super::JobPlan,
     host: &CgroupHost,
     sys: &dyn Sys,
     hand_over: Option<HandOver>,
+    pasta: Option<i32>,
 ) -> Result<(spec::CgroupOwner, Option<sys::WayBack>)> {
     use super::cgroup::{plan_join, Setup};
     if plan.rootless {
         if !plan.cgroup_path.as_os_str().is_empty() {
-            sys.join_cgroup(&plan_join(host, &plan.cgroup_path, &plan.limits, &Setup::Rootless))?;
+            let join = plan_join(host, &plan.cgroup_path, &plan.limits, &Setup::Rootless);
+            sys.join_cgroup(&join)?;
+            if let Some(pid) = pasta {
+                sys.charge_pasta(&join, pid)?;
+            }
         }
         sys.hide_cgroupfs()?;
         return Ok((spec::CgroupOwner::Helper { leaf: None }, None));
@@ -1262,6 +1277,30 @@ mod tests {
         // One read of the host's local table gives its IPv4 and IPv6 addresses too.
         let want = ["watch_host_addresses ipv6".to_string(), net_dir, format!("isolate_network veth {link}")];
         assert_eq!(calls[at..at + 3], want[..], "{calls:?}");
+    }
+
+    #[test]
+    fn a_rootless_jobs_pasta_joins_the_jobs_cgroup_and_ends_before_the_helper() {
+        use crate::sys::RECORDED_PASTA;
+        if crate::sandbox::network::find_program("pasta", &[]).is_none() {
+            return crate::test_skip::skip("pasta (Debian passt) is not installed: the rootless network's plan");
+        }
+        let s = setup(|p, _| {
+            p.network = crate::config::Network::Isolated;
+            p.rootless = true;
+        });
+        let rec = Recorder::default();
+        assert_eq!(s.run(&rec, None, None), HelperResult::Exited { code: 3, signal: None });
+        let calls = rec.calls();
+        let join = calls.iter().position(|c| c.starts_with("join_cgroup ")).expect("the job's cgroup");
+        let dirs = calls[join].strip_prefix("join_cgroup ").unwrap();
+        assert_eq!(calls[join + 1], format!("charge_pasta {RECORDED_PASTA} {dirs}"), "{calls:?}");
+        let delete = calls.iter().position(|c| c == "delete").expect("delete");
+        assert_eq!(calls[delete + 1..], [format!("stop_pasta {RECORDED_PASTA}")], "{calls:?}");
+        // A pasta that cannot be charged to the job: no job.
+        let rec = Recorder::failing_at(join + 1, Errno::EACCES);
+        assert!(matches!(s.run(&rec, None, None), HelperResult::Failed { .. }));
+        assert!(!rec.calls().iter().any(|c| c == "create"), "{:?}", rec.calls());
     }
 
     #[test]

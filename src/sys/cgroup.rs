@@ -82,7 +82,12 @@ pub fn prepare(j: &CgroupJoin) -> Result<()> {
 /// The rest of [`join`], once the dirs are [`prepare`]d: the calling process moves into
 /// each (into its leaf, made here, where there is one).
 pub fn enter(j: &CgroupJoin) -> Result<()> {
-    let me = std::process::id().to_string();
+    enter_pid(j, std::process::id() as i32)
+}
+
+/// [`enter`] for process `pid` (one the caller may move: its own child, same owner).
+pub fn enter_pid(j: &CgroupJoin, pid: i32) -> Result<()> {
+    let me = pid.to_string();
     for d in &j.dirs {
         let dir = match d.leaf {
             Some(leaf) => {

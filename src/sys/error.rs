@@ -317,6 +317,18 @@ pub enum Error {
         #[source]
         source: io::Error,
     },
+    #[error("cannot move the job's pasta (pid {pid}) into its cgroup")]
+    ChargePasta {
+        pid: i32,
+        #[source]
+        source: Box<Error>,
+    },
+    #[error("cannot stop the job's pasta (pid {pid}) after the job")]
+    StopPasta {
+        pid: i32,
+        #[source]
+        source: io::Error,
+    },
     #[error("cannot move the helper into {}", procs.display())]
     CgroupJoin {
         procs: PathBuf,

@@ -70,6 +70,14 @@ pub trait Sys {
     fn own_ipc_namespace(&self) -> Result<()>;
     /// Creates the job's cgroup, writes its limits and moves the calling process in.
     fn join_cgroup(&self, join: &CgroupJoin) -> Result<()>;
+    /// Moves the job's pasta (rootless: forked with the network, before the helper
+    /// joined) into the cgroup [`Sys::join_cgroup`] made: the CPU it spends and the
+    /// memory and socket buffers it takes from then on for the job's traffic are the
+    /// job's, under its limits.
+    fn charge_pasta(&self, join: &CgroupJoin, pid: i32) -> Result<()>;
+    /// Kills the job's pasta (a child of this process) once the job is over and reaps
+    /// it: gone before the helper exits, so its runner finds the job's cgroup empty.
+    fn stop_pasta(&self, pid: i32) -> Result<()>;
     /// The first part of [`Sys::join_cgroup`]: the dirs and limits, no move.
     fn prepare_cgroup(&self, join: &CgroupJoin) -> Result<()>;
     /// The rest of it, after a [`Sys::prepare_cgroup`] (here or in the runner): the move.
@@ -175,6 +183,22 @@ impl Sys for Real {
     }
     fn join_cgroup(&self, join: &CgroupJoin) -> Result<()> {
         cgroup::join(join)
+    }
+    fn charge_pasta(&self, join: &CgroupJoin, pid: i32) -> Result<()> {
+        cgroup::enter_pid(join, pid).map_err(|e| Error::ChargePasta { pid, source: Box::new(e) })
+    }
+    fn stop_pasta(&self, pid: i32) -> Result<()> {
+        use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
+        let stop = |source: Errno| Error::StopPasta { pid, source: source.into() };
+        // Still our unreaped child (so `pid` is pasta's, not a reused one) before the kill.
+        match waitpid(nix::unistd::Pid::from_raw(pid), Some(WaitPidFlag::WNOHANG)) {
+            Ok(WaitStatus::StillAlive) => {}
+            // It ended: reaped now, or before by the helper's wait for its job.
+            Ok(_) | Err(Errno::ECHILD) => return Ok(()),
+            Err(e) => return Err(stop(e)),
+        }
+        process::kill(pid, Signal::SIGKILL)?;
+        process::wait_exit_status(pid).map(drop).map_err(|source| Error::StopPasta { pid, source })
     }
     fn prepare_cgroup(&self, join: &CgroupJoin) -> Result<()> {
         cgroup::prepare(join)
@@ -351,6 +375,9 @@ impl Recorder {
     }
 }
 
+/// The pid of the pasta a [`Recorder`] "forks".
+pub const RECORDED_PASTA: i32 = 4242;
+
 /// [`Recorder`]'s list of calls and the one to fail.
 struct Steps {
     calls: RefCell<Vec<String>>,
@@ -409,6 +436,12 @@ impl Sys for Recorder {
     }
     fn join_cgroup(&self, join: &CgroupJoin) -> Result<()> {
         self.cgroup_step("join_cgroup", join)
+    }
+    fn charge_pasta(&self, join: &CgroupJoin, pid: i32) -> Result<()> {
+        self.cgroup_step(&format!("charge_pasta {pid}"), join)
+    }
+    fn stop_pasta(&self, pid: i32) -> Result<()> {
+        self.step(format!("stop_pasta {pid}")).map_err(|e| Error::StopPasta { pid, source: self.io(e) })
     }
     fn prepare_cgroup(&self, join: &CgroupJoin) -> Result<()> {
         self.cgroup_step("prepare_cgroup", join)
@@ -568,6 +601,11 @@ impl Sys for Recorder {
                 let mut made = net::Made::default();
                 made.address = Some(v.pool.nth(2));
                 made.address6 = v.v6.as_ref().map(|v6| v6.address(v.pool.nth(2)));
+                made
+            }
+            net::Setup::Pasta(_) => {
+                let mut made = net::Made::default();
+                made.pasta_pid = Some(RECORDED_PASTA);
                 made
             }
             _ => net::Made::default(),

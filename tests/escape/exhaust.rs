@@ -527,3 +527,48 @@ fn e09_a_job_cannot_use_up_host_roots_per_user_budgets() {
     }
     h.assert_no_residue(&[]);
 }
+
+/// The processes in a job's cgroups (every hierarchy, its leaf included): `(pid, argv0)`.
+fn processes_in_cgroups_of(name: &str) -> Vec<(u32, String)> {
+    let mut out = vec![];
+    let mut dirs = cgroup_dirs_of(name);
+    while let Some(d) = dirs.pop() {
+        for e in fs::read_dir(&d).into_iter().flatten().flatten() {
+            if e.path().is_dir() {
+                dirs.push(e.path());
+            }
+        }
+        for pid in fs::read_to_string(d.join("cgroup.procs")).unwrap_or_default().split_whitespace() {
+            let cmd = fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+            let argv0 = String::from_utf8_lossy(cmd.split(|b| *b == 0).next().unwrap_or_default()).into_owned();
+            out.push((pid.parse().unwrap(), argv0));
+        }
+    }
+    out
+}
+
+#[test]
+#[cfg_attr(not(test_as_root), ignore = "needs root: creates real sandboxes (CI runs the suite as root)")]
+fn e10_a_rootless_jobs_pasta_is_charged_to_the_job() {
+    require_root!();
+    if !rootless() {
+        return common::skip::skip("root mode: a job's network is a veth, no process of its own");
+    }
+    let h = home("exh-pasta");
+    or_skip!(cgroups_enforced(&h));
+    // pasta copies the job's traffic from the job's namespace to its own sockets on the
+    // host: its CPU, memory and socket buffers are the job's doing (a red-team pass, by
+    // reading: it ran in its runner's cgroup, outside the job's limits).
+    let name = unique("exh-pasta");
+    let job = waiting(&h, &name, &[]);
+    let procs = processes_in_cgroups_of(&name);
+    let is_pasta = |argv0: &str| {
+        let file = argv0.rsplit('/').next().unwrap_or_default();
+        file.starts_with("pasta") || file.starts_with("passt")
+    };
+    assert!(procs.iter().any(|(_, a)| is_pasta(a)), "pasta among the job's processes: {procs:?}");
+    assert!(job.finish().success());
+    // Stopped with the job, not by the clean-up (which would have to kill it).
+    assert!(processes_in_cgroups_of(&name).is_empty());
+    h.assert_no_residue(&[&name]);
+}

@@ -373,6 +373,11 @@ pub struct Entered {
 }
 
 impl Entered {
+    /// The job's pasta (rootless `isolated`), for its cgroup and its end.
+    pub fn pasta_pid(&self) -> Option<i32> {
+        self.made.pasta_pid
+    }
+
     /// Moves the helper into the job's namespace (made meanwhile by a child of the
     /// helper, see `sys::net::isolate`): before the job's tree binds its sysfs.
     pub fn enter(&mut self, sys: &dyn Sys) -> Result<()> {
