@@ -226,7 +226,7 @@ pub fn elements(services: &[HostService], group: u32, allow: &[NetworkAllow]) ->
 /// whose table holds `conntrack_max`: its [`FLOWS_SHARE`], at least [`MIN_FLOWS`].
 /// Closed TCP connections (`TIME_WAIT`) do not count; a UDP flow counts until conntrack
 /// forgets it (30 s, or 120 s once both sides spoke).
-pub fn flows_per_job(conntrack_max: u64) -> u64 {
+fn flows_per_job(conntrack_max: u64) -> u64 {
     (conntrack_max / FLOWS_SHARE).max(MIN_FLOWS)
 }
 
@@ -252,9 +252,9 @@ fn flows_script(limit: u64) -> String {
 /// `nft_connlimit`): the table works without it, and the warning says what is missing
 /// (once, by whoever made the table: its comment already says [`LIMITS_FLOWS`]).
 fn limit_flows(nft: &Path) -> Option<u64> {
-    let max = std::fs::read_to_string(CONNTRACK_MAX).ok().and_then(|m| m.trim().parse::<u64>().ok());
-    let result = match max {
-        Some(max) => run_nft(nft, &flows_script(flows_per_job(max))).map(|()| flows_per_job(max)),
+    let limit = std::fs::read_to_string(CONNTRACK_MAX).ok().and_then(|m| m.trim().parse().ok()).map(flows_per_job);
+    let result = match limit {
+        Some(limit) => run_nft(nft, &flows_script(limit)).map(|()| limit),
         None => Err(anyhow::anyhow!("{CONNTRACK_MAX} is missing")),
     };
     result
