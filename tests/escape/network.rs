@@ -670,7 +670,7 @@ fn host_conntrack_count(lab: &NetLab) -> u64 {
 #[cfg_attr(not(test_as_root), ignore = "needs root: creates real sandboxes and network namespaces")]
 fn t50_a_job_cannot_fill_the_hosts_connection_tracking() {
     require_root!();
-    // Rootless, pasta opens the job's flows as its own sockets: the host tracks nothing.
+    // Rootless jobs have no host table: pasta opens their flows as its own sockets.
     root_mode_only!();
     let lab = or_skip!(NetLab::new());
     let h = home("net-flows");

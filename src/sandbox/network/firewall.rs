@@ -230,20 +230,22 @@ fn flows_per_job(conntrack_max: u64) -> u64 {
     (conntrack_max / FLOWS_SHARE).max(MIN_FLOWS)
 }
 
-/// The set, chains and rule that hold each job link to `limit` tracked connections:
+/// The set, chain and rules that hold each job link to `limit` tracked connections:
 /// keyed by the link's name (one per job), counted by the kernel's connlimit (the set's
-/// element goes once its link's last connection has). Before NAT (`mangle`), so what is
-/// forwarded to a host service counts too.
+/// element goes once its link's last connection has). First in `input` (what is
+/// forwarded to a host service) and `forward` (the rest): a flow's first packet meets one
+/// of them. Not in prerouting: Linux before 5.11 refuses `reject` there.
 fn flows_script(limit: u64) -> String {
+    let count =
+        format!("iifname \"azp*\" ct state new add @job_flows {{ iifname ct count over {limit} }} jump over_flows");
     format!(
         "add set inet {TABLE} job_flows {{ type ifname; flags dynamic; size 65535; }}\n\
          add chain inet {TABLE} over_flows\n\
          add rule inet {TABLE} over_flows limit rate 1/minute burst 1 packets \
          log prefix \"azp-sandbox: a job is at its limit of {limit} connections: \" level warn\n\
          add rule inet {TABLE} over_flows reject with icmpx type admin-prohibited\n\
-         add chain inet {TABLE} flows {{ type filter hook prerouting priority mangle; policy accept; }}\n\
-         add rule inet {TABLE} flows iifname \"azp*\" ct state new \
-         add @job_flows {{ iifname ct count over {limit} }} jump over_flows\n"
+         insert rule inet {TABLE} input {count}\n\
+         insert rule inet {TABLE} forward {count}\n"
     )
 }
 
@@ -261,7 +263,8 @@ fn limit_flows(nft: &Path) -> Option<u64> {
         .map_err(|e| {
             tracing::warn!(
                 "jobs' network: jobs' connections are not limited ({e:#}): one job can fill the host's \
-                 connection tracking; load the kernel module nft_connlimit and run `azp-sandbox gc` once no jobs run"
+                 connection tracking; the kernel needs nft_connlimit (CONFIG_NFT_CONNLIMIT); once it has it, \
+                 stop the jobs and run `azp-sandbox gc`"
             )
         })
         .ok()
@@ -756,14 +759,16 @@ mod tests {
         assert_eq!(flows_per_job(1_000), MIN_FLOWS, "a very small table still leaves a job room");
         let s = flows_script(4_096);
         assert!(s.contains("add set inet azp-sandbox job_flows { type ifname; flags dynamic; size 65535; }\n"), "{s}");
-        assert!(
-            s.contains(
-                "add rule inet azp-sandbox flows iifname \"azp*\" ct state new \
-                 add @job_flows { iifname ct count over 4096 } jump over_flows\n"
-            ),
-            "{s}"
-        );
-        assert!(s.contains("type filter hook prerouting priority mangle;"), "before NAT: host services count: {s}");
+        // First in both chains a job's new flow meets: to the host's forwarded services
+        // (input) and to the world (forward).
+        for chain in ["input", "forward"] {
+            let rule = format!(
+                "insert rule inet azp-sandbox {chain} iifname \"azp*\" ct state new \
+                 add @job_flows {{ iifname ct count over 4096 }} jump over_flows\n"
+            );
+            assert!(s.contains(&rule), "{s}");
+        }
+        assert!(!s.contains("prerouting"), "Linux before 5.11 refuses reject there: {s}");
         let (log, reject) = (s.find("log prefix").unwrap(), s.find("reject with icmpx").unwrap());
         assert!(log < reject && s.contains("limit rate 1/minute"), "said, at most once a minute, then refused: {s}");
     }
