@@ -152,8 +152,7 @@ pub fn run(home: &Home, settings: RunSettings, ctx: RunContext) -> Result<()> {
     let ready = startup::check(home, &settings, ctx)?;
     // Made by the check: kept through firewall reloads until the drain is over.
     let table = (settings.network == crate::config::Network::Isolated && !crate::rootless::mode().rootless)
-        .then(|| crate::sandbox::network::table_keeper::keep(ready.net.clone()))
-        .transpose()?;
+        .then(|| crate::sandbox::network::table_keeper::keep(ready.net.clone()));
     let mirrors_stop = std::sync::Arc::new(AtomicBool::new(false));
     // Not joined: a long first fetch must not hold up the drain (an interrupted fetch
     // leaves the mirror as it was).

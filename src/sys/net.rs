@@ -907,9 +907,11 @@ impl NftablesWatch {
         Ok(NftablesWatch { listener: nl::Listener::nftables().map_err(Error::WatchNftables)? })
     }
 
-    /// Blocks until nftables changed (true; what came is read and dropped: the caller
-    /// looks at the tables afresh) or `stop` is readable or closed (false).
-    pub fn wait(&self, stop: std::os::fd::BorrowedFd) -> Result<bool> {
+    /// Blocks until something of the inet table `table` is deleted (true; a firewall
+    /// reload's flush deletes it all; also when notifications were lost: the caller looks
+    /// afresh) or `stop` is readable or closed (false). Other changes (a busy host's
+    /// kube-proxy or fail2ban, the caller's own additions) are read and dropped.
+    pub fn wait(&self, stop: std::os::fd::BorrowedFd, table: &str) -> Result<bool> {
         use nix::poll::{PollFd, PollFlags, PollTimeout};
         loop {
             let mut fds = [PollFd::new(self.listener.as_fd(), PollFlags::POLLIN), PollFd::new(stop, PollFlags::POLLIN)];
@@ -922,9 +924,9 @@ impl NftablesWatch {
                 return Ok(false);
             }
             if fds[0].revents().is_some_and(|r| !r.is_empty()) {
-                // Lost notifications (ENOBUFS) say the same: something changed.
                 let drained = self.listener.drain().map_err(Error::ReadNftablesWatch)?;
-                if drained.overrun || !drained.notifications.is_empty() {
+                let ours = |(typ, payload): &(u16, Vec<u8>)| nl::nft_deletes_from(*typ, payload, table);
+                if drained.overrun || drained.notifications.iter().any(ours) {
                     return Ok(true);
                 }
             }
@@ -1477,12 +1479,22 @@ mod tests {
             let nft = |args: &[&str]| assert!(std::process::Command::new(nft).args(args).status().unwrap().success());
             let watch = NftablesWatch::subscribe().unwrap();
             let (stop_rx, stop_tx) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).unwrap();
+            // Made, then another table made and deleted: none of it deletes from `t`.
             nft(&["add", "table", "inet", "t"]);
-            assert!(watch.wait(stop_rx.as_fd()).unwrap(), "a table made");
+            nft(&["add", "table", "inet", "other"]);
+            nft(&["delete", "table", "inet", "other"]);
+            nft(&["add", "table", "ip", "t"]);
+            nft(&["delete", "table", "ip", "t"]);
             nft(&["flush", "ruleset"]);
-            assert!(watch.wait(stop_rx.as_fd()).unwrap(), "a firewall reload's flush");
-            drop(stop_tx);
-            assert!(!watch.wait(stop_rx.as_fd()).unwrap(), "its stop closed, nothing changed");
+            assert!(watch.wait(stop_rx.as_fd(), "t").unwrap(), "a firewall reload's flush");
+            // Only others' changes, then the stop: the watch wakes for them and waits on.
+            nft(&["add", "table", "inet", "other"]);
+            let stopper = std::thread::spawn(move || {
+                std::thread::sleep(std::time::Duration::from_millis(300));
+                drop(stop_tx);
+            });
+            assert!(!watch.wait(stop_rx.as_fd(), "t").unwrap(), "its stop closed, nothing of t's changed");
+            stopper.join().unwrap();
             done_tx.send(()).unwrap();
         });
         done.recv_timeout(std::time::Duration::from_secs(10)).expect("the watch saw each change, then stopped");

@@ -97,6 +97,11 @@ const NFNLGRP_NFTABLES: u32 = 7;
 const NFNL_MSG_BATCH_BEGIN: u16 = 0x10;
 const NFNL_MSG_BATCH_END: u16 = 0x11;
 const NFT_MSG_GETTABLE: u16 = 1;
+const NFT_MSG_DELTABLE: u16 = 2;
+const NFT_MSG_DELCHAIN: u16 = 5;
+const NFT_MSG_DELRULE: u16 = 8;
+const NFT_MSG_DELSET: u16 = 11;
+const NFT_MSG_DELSETELEM: u16 = 14;
 const NFTA_TABLE_NAME: u16 = 1;
 const NFTA_TABLE_HANDLE: u16 = 4;
 /// linux/netlink.h (the libc crate has it for Android only).
@@ -510,6 +515,18 @@ pub fn attributes(payload: &[u8], header_len: usize) -> Vec<(u16, &[u8])> {
     out
 }
 
+/// Whether an nftables notification (`typ`, `payload`, as [`Listener::drain`] reads them)
+/// deletes something of the inet table `table`: the table, or one of its chains, rules,
+/// sets or set elements (each such message names its table in attribute 1).
+pub fn nft_deletes_from(typ: u16, payload: &[u8], table: &str) -> bool {
+    const DELETIONS: [u16; 5] =
+        [NFT_MSG_DELTABLE, NFT_MSG_DELCHAIN, NFT_MSG_DELRULE, NFT_MSG_DELSET, NFT_MSG_DELSETELEM];
+    typ >> 8 == NFNL_SUBSYS_NFTABLES
+        && DELETIONS.contains(&(typ & 0xff))
+        && payload.first() == Some(&NFPROTO_INET)
+        && attributes(payload, 4).into_iter().any(|(t, d)| t == 1 && attr_text(d) == table)
+}
+
 /// A NUL-terminated string attribute's text.
 pub fn attr_text(data: &[u8]) -> String {
     String::from_utf8_lossy(data.split(|b| *b == 0).next().unwrap_or_default()).into_owned()
@@ -544,6 +561,31 @@ mod tests {
 
     fn hex(b: &[u8]) -> String {
         b.iter().map(|x| format!("{x:02x}")).collect()
+    }
+
+    #[test]
+    fn an_nftables_deletion_is_ours_when_it_names_our_inet_table() {
+        // (type, payload) as a notification comes: nfgenmsg, then attribute 1, the table.
+        let note = |msg: u16, family: u8, table: &str| {
+            let mut m = Message::new((NFNL_SUBSYS_NFTABLES << 8) | msg, 0, &[family, 0, 0, 0]);
+            m.attr_str(1, table);
+            ((NFNL_SUBSYS_NFTABLES << 8) | msg, m.finish(0, 0)[NLMSG_HDRLEN..].to_vec())
+        };
+        for msg in [NFT_MSG_DELTABLE, NFT_MSG_DELCHAIN, NFT_MSG_DELRULE, NFT_MSG_DELSET, NFT_MSG_DELSETELEM] {
+            let (t, p) = note(msg, NFPROTO_INET, "azp-sandbox");
+            assert!(nft_deletes_from(t, &p, "azp-sandbox"), "{msg}");
+        }
+        let not_ours = [
+            note(0, NFPROTO_INET, "azp-sandbox"),            // a table made
+            note(NFT_MSG_DELTABLE, NFPROTO_INET, "other"),   // another table
+            note(NFT_MSG_DELTABLE, 2, "azp-sandbox"),        // ip, not inet
+            note(NFT_MSG_DELRULE, NFPROTO_INET, "azp-sand"), // a prefix of the name
+        ];
+        for (t, p) in not_ours {
+            assert!(!nft_deletes_from(t, &p, "azp-sandbox"), "{p:?}");
+        }
+        let (_, p) = note(NFT_MSG_DELTABLE, NFPROTO_INET, "azp-sandbox");
+        assert!(!nft_deletes_from(RTM_NEWROUTE, &p, "azp-sandbox"), "another subsystem's message");
     }
 
     #[test]

@@ -6,7 +6,7 @@
 //! prepared before a reload registered from its own address, and the job that ran
 //! through it posted its result so). The jobs' own routes and tables keep the host's
 //! destinations out meanwhile (they fail closed); this thread makes the table again, with
-//! the run's elements, as soon as nftables says something changed.
+//! the run's elements, as soon as nftables says something of it was deleted.
 //!
 //! `exec` has none: its one job runs through a reload without the table, and the next
 //! `exec` makes it again.
@@ -22,38 +22,52 @@ pub struct TableKeeper {
     thread: Option<std::thread::JoinHandle<()>>,
 }
 
-/// Starts keeping the table for jobs of `net` (the run's own, made already).
-pub fn keep(net: JobNetwork) -> Result<TableKeeper> {
-    let watch = NftablesWatch::subscribe().context("jobs' network: cannot keep the host's table")?;
+/// Starts keeping the table for jobs of `net` (the run's own, made already). None, said
+/// in one line, where it cannot: the next job makes the table again then.
+pub fn keep(net: JobNetwork) -> Option<TableKeeper> {
+    start(net)
+        .map_err(|e| {
+            tracing::warn!("jobs' network: {e:#}: after a firewall reload, the next job makes the table again")
+        })
+        .ok()
+}
+
+fn start(net: JobNetwork) -> Result<TableKeeper> {
+    let watch = NftablesWatch::subscribe().context("cannot watch nftables to keep the jobs' table")?;
     let (stop_rx, stop_tx) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).context("a pipe")?;
     let thread = std::thread::Builder::new()
         .name("network-table".into())
-        .spawn(move || watch_and_remake(&watch, &stop_rx, net))
+        .spawn(move || {
+            // A reload between the run's making the table and the subscription: seen here.
+            remake(&net);
+            while wait(&watch, &stop_rx) {
+                remake(&net);
+            }
+        })
         .context("cannot start the thread that keeps the jobs' network table")?;
     Ok(TableKeeper { stop: Some(stop_tx), thread: Some(thread) })
 }
 
-fn watch_and_remake(watch: &NftablesWatch, stop: &OwnedFd, net: JobNetwork) {
+/// Until something of the table is deleted (true) or the keeper is dropped (false).
+fn wait(watch: &NftablesWatch, stop: &OwnedFd) -> bool {
+    watch.wait(stop.as_fd(), super::firewall::TABLE).unwrap_or_else(|e| {
+        tracing::warn!("jobs' network: {e:#}: after a firewall reload, the next job makes the table again");
+        false
+    })
+}
+
+/// The table as the run needs it: made again where it went, the run's elements added
+/// again where they went.
+fn remake(net: &JobNetwork) {
     let table = super::firewall::TABLE;
-    loop {
-        match watch.wait(stop.as_fd()) {
-            Ok(true) => {}
-            Ok(false) => return,
-            Err(e) => {
-                tracing::warn!("jobs' network: {e:#}: after a firewall reload, the next job makes the table again");
-                return;
-            }
-        }
-        // Any change: most are someone else's rules; one query says whether ours went.
-        if crate::sys::net::nft_table(table).is_ok_and(|t| t.is_none()) {
-            tracing::warn!(
-                "jobs' network: the nftables table inet {table} was removed while jobs run (a firewall reload?): \
-                 making it again; connections under way through it were dropped"
-            );
-        }
-        if let Err(e) = super::ensure_table(&mut net.clone(), true, crate::config::Ipv6::Auto) {
-            tracing::warn!("jobs' network: cannot make the table inet {table} again ({e:#}); the next job tries again");
-        }
+    if crate::sys::net::nft_table(table).is_ok_and(|t| t.is_none()) {
+        tracing::warn!(
+            "jobs' network: the nftables table inet {table} was removed while jobs run (a firewall reload?): \
+             making it again; connections under way through it were dropped"
+        );
+    }
+    if let Err(e) = super::ensure_table(&mut net.clone(), true, crate::config::Ipv6::Auto) {
+        tracing::warn!("jobs' network: cannot make the table inet {table} again ({e:#}); the next job tries again");
     }
 }
 
