@@ -192,6 +192,8 @@ mod tests {
             // Not delivered to everyone: a unicast route, a deletion, a local route of a
             // table that a policy rule chooses (TPROXY's `local default ... table 100`).
             route(nl::AF_INET, &[198, 18, 200, 0], 24, nl::RTN_UNICAST, 254),
+            // (the main table's local routes alone, as a filtered dump gives them)
+            route(nl::AF_INET, &[192, 0, 2, 255], 32, nl::RTN_BROADCAST, 254),
             gone,
             route(nl::AF_INET, &[0, 0, 0, 0], 0, nl::RTN_LOCAL, 100),
             route(nl::AF_INET, &[198, 18, 200, 1], 32, nl::RTN_LOCAL, 255),

@@ -1264,15 +1264,19 @@ fn route_table(payload: &[u8]) -> Option<u32> {
 }
 
 /// The destination of an `RTM_NEWROUTE` payload (a dump's reply or a notification) when
-/// it is a route of a type the host delivers to itself, in a table every lookup reaches
-/// (local, main, default: see [`local_routes_on`]).
+/// it is a route of a type the host delivers to itself, in a table every lookup reaches:
+/// local, broadcast and anycast routes of the local table, local routes of the main and
+/// default tables (see [`local_routes_on`]).
 pub fn local_route(payload: &[u8]) -> Option<LocalNet> {
     let (family, dst_len, kind) = (*payload.first()?, *payload.get(1)?, *payload.get(7)?);
     if ![nl::RTN_LOCAL, nl::RTN_BROADCAST, nl::RTN_ANYCAST].contains(&kind) {
         return None;
     }
+    // The main and default tables' local routes alone: what a filtered dump of every
+    // table's local routes returns, and an unfiltered one the same.
     let table = route_table(payload)?;
-    if ![nl::RT_TABLE_LOCAL, nl::RT_TABLE_MAIN as u32, nl::RT_TABLE_DEFAULT].contains(&table) {
+    let main_or_default = [nl::RT_TABLE_MAIN as u32, nl::RT_TABLE_DEFAULT].contains(&table);
+    if !(table == nl::RT_TABLE_LOCAL || main_or_default && kind == nl::RTN_LOCAL) {
         return None;
     }
     let dst = nl::attributes(payload, 12).into_iter().find(|(t, _)| *t == nl::RTA_DST).map(|(_, d)| d);
