@@ -382,8 +382,8 @@ fn run(
     };
     // A veth configured meanwhile (in a child: see `sys::net::isolate`) must be ready
     // before the job runs.
-    let ready =
-        record_init(job, container.init_pid()).and_then(|()| network.map_or(Ok(None), |n| n.finish(&plan.id, sys)));
+    let ready = record_init(job, container.init_pid())
+        .and_then(|()| network.as_mut().map_or(Ok(None), |n| n.finish(&plan.id, sys)));
     let mut guard = match ready {
         Ok(guard) => guard,
         Err(e) => {
@@ -439,6 +439,17 @@ fn run(
     if let Some(pid) = pasta {
         if let Err(e) = sys.stop_pasta(pid) {
             tracing::warn!(job = %plan.id, "{}; the job's clean-up kills it", e.with_causes());
+        }
+    }
+    // The host's conntrack entries of the job's connections: they outlive its link, and a
+    // server of the job's that keeps answering would keep them for days, counted against
+    // no job (a review: jobs one after another filled the host's table).
+    let sources = network.as_ref().map(|n| n.masqueraded_sources()).unwrap_or_default();
+    if !sources.is_empty() {
+        match sys.forget_connections(&sources) {
+            Ok(0) => {}
+            Ok(n) => tracing::debug!(job = %plan.id, "forgot the job's {n} tracked connections"),
+            Err(e) => tracing::warn!(job = %plan.id, "{}: they expire on their own", e.with_causes()),
         }
     }
     // No unmount of the overlay here: it lives only in this process's mount namespace,
@@ -1301,6 +1312,20 @@ mod tests {
         let rec = Recorder::failing_at(join + 1, Errno::EACCES);
         assert!(matches!(s.run(&rec, None, None), HelperResult::Failed { .. }));
         assert!(!rec.calls().iter().any(|c| c == "create"), "{:?}", rec.calls());
+    }
+
+    #[test]
+    fn a_root_jobs_tracked_connections_are_forgotten_after_it() {
+        let s = setup(|p, _| p.network = crate::config::Network::Isolated);
+        let rec = Recorder::default();
+        assert_eq!(s.run(&rec, None, None), HelperResult::Exited { code: 3, signal: None });
+        let calls = rec.calls();
+        let delete = calls.iter().position(|c| c == "delete").expect("delete");
+        let forget = &calls[delete + 1..];
+        assert!(forget.len() == 1 && forget[0].starts_with("forget_connections 10.87."), "{calls:?}");
+        // Its failure is said, not the job's.
+        let rec = Recorder::failing_at(delete + 1, Errno::EPERM);
+        assert_eq!(s.run(&rec, None, None), HelperResult::Exited { code: 3, signal: None });
     }
 
     #[test]

@@ -323,6 +323,10 @@ pub enum Error {
         #[source]
         source: Box<Error>,
     },
+    #[error("cannot read the host's conntrack table for the job's connections")]
+    ConntrackDump(#[source] Errno),
+    #[error("cannot delete the job's tracked connections from the host's conntrack table")]
+    ConntrackDelete(#[source] Errno),
     #[error("cannot stop the job's pasta (pid {pid}) after the job")]
     StopPasta {
         pid: i32,

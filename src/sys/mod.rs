@@ -78,6 +78,9 @@ pub trait Sys {
     /// Kills the job's pasta (a child of this process) once the job is over and reaps
     /// it: gone before the helper exits, so its runner finds the job's cgroup empty.
     fn stop_pasta(&self, pid: i32) -> Result<()>;
+    /// Deletes the host's conntrack entries of connections from `sources` (a root-mode
+    /// job's addresses, once the job is over; see [`net::forget_connections`]): how many.
+    fn forget_connections(&self, sources: &[std::net::IpAddr]) -> Result<usize>;
     /// The first part of [`Sys::join_cgroup`]: the dirs and limits, no move.
     fn prepare_cgroup(&self, join: &CgroupJoin) -> Result<()>;
     /// The rest of it, after a [`Sys::prepare_cgroup`] (here or in the runner): the move.
@@ -199,6 +202,9 @@ impl Sys for Real {
         }
         process::kill(pid, Signal::SIGKILL)?;
         process::wait_exit_status(pid).map(drop).map_err(|source| Error::StopPasta { pid, source })
+    }
+    fn forget_connections(&self, sources: &[std::net::IpAddr]) -> Result<usize> {
+        net::forget_connections(sources)
     }
     fn prepare_cgroup(&self, join: &CgroupJoin) -> Result<()> {
         cgroup::prepare(join)
@@ -442,6 +448,11 @@ impl Sys for Recorder {
     }
     fn stop_pasta(&self, pid: i32) -> Result<()> {
         self.step(format!("stop_pasta {pid}")).map_err(|e| Error::StopPasta { pid, source: self.io(e) })
+    }
+    fn forget_connections(&self, sources: &[std::net::IpAddr]) -> Result<usize> {
+        let list: Vec<String> = sources.iter().map(|a| a.to_string()).collect();
+        self.step(format!("forget_connections {}", list.join(" "))).map_err(Error::ConntrackDelete)?;
+        Ok(0)
     }
     fn prepare_cgroup(&self, join: &CgroupJoin) -> Result<()> {
         self.cgroup_step("prepare_cgroup", join)

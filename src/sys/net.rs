@@ -934,6 +934,28 @@ impl NftablesWatch {
     }
 }
 
+/// Deletes the conntrack entries of this namespace whose original source is one of
+/// `sources`: a root-mode job's addresses, once its job is over. The host's table
+/// masqueraded those connections, and nothing else ends them with the job: a server of
+/// the job's that keeps answering keeps them tracked (UDP 120 s at a time, TCP
+/// established 5 days), and jobs one after another would fill the host's table. The
+/// whole table is read (the kernel's filters for a dump differ between versions); each
+/// entry is deleted by its original tuple. How many went.
+pub fn forget_connections(sources: &[std::net::IpAddr]) -> Result<usize> {
+    let s = Socket::open(Proto::Netfilter).map_err(Error::NetlinkSocket)?;
+    let entries = s.call(Message::conntrack_dump()).map_err(Error::ConntrackDump)?;
+    let mut forgotten = 0;
+    for (_, delete) in entries.iter().filter_map(|e| nl::conntrack_entry(e)).filter(|(src, _)| sources.contains(src)) {
+        match s.request(delete) {
+            Ok(()) => forgotten += 1,
+            // Gone meanwhile (it expired, or its other end closed).
+            Err(Errno::ENOENT) => {}
+            Err(e) => return Err(Error::ConntrackDelete(e)),
+        }
+    }
+    Ok(forgotten)
+}
+
 /// The host's nftables table `name` (inet family), if it exists.
 pub fn nft_table(name: &str) -> Result<Option<NftTable>> {
     let s = Socket::open(Proto::Netfilter).map_err(Error::NetlinkSocket)?;

@@ -108,6 +108,15 @@ const NFTA_TABLE_HANDLE: u16 = 4;
 const NETLINK_GET_STRICT_CHK: libc::c_int = 12;
 const NFTA_TABLE_USERDATA: u16 = 6;
 const NFPROTO_INET: u8 = 1;
+/// ctnetlink (conntrack) and its messages and attributes.
+const NFNL_SUBSYS_CTNETLINK: u16 = 1;
+const IPCTNL_MSG_CT_GET: u16 = 1;
+const IPCTNL_MSG_CT_DELETE: u16 = 2;
+const CTA_TUPLE_ORIG: u16 = 1;
+const CTA_ZONE: u16 = 18;
+const CTA_TUPLE_IP: u16 = 1;
+const CTA_IP_V4_SRC: u16 = 1;
+const CTA_IP_V6_SRC: u16 = 3;
 
 /// Which netlink family a socket speaks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -513,6 +522,49 @@ pub fn attributes(payload: &[u8], header_len: usize) -> Vec<(u16, &[u8])> {
         rest = &rest[align(len).min(rest.len())..];
     }
     out
+}
+
+/// The whole attribute of type `typ` (its header, flags and padding included) of a
+/// payload after its `header_len`-byte family header: for a request that names it again.
+fn raw_attribute(payload: &[u8], header_len: usize, typ: u16) -> Option<&[u8]> {
+    let mut rest = payload.get(align(header_len)..)?;
+    while rest.len() >= 4 {
+        let len = u16::from_ne_bytes(rest[0..2].try_into().unwrap()) as usize;
+        if len < 4 || len > rest.len() {
+            return None;
+        }
+        if u16::from_ne_bytes(rest[2..4].try_into().unwrap()) & 0x3fff == typ {
+            return Some(&rest[..len]);
+        }
+        rest = &rest[align(len).min(rest.len())..];
+    }
+    None
+}
+
+impl Message {
+    /// A dump of this namespace's conntrack table, every family.
+    pub fn conntrack_dump() -> Message {
+        Message::new((NFNL_SUBSYS_CTNETLINK << 8) | IPCTNL_MSG_CT_GET, NLM_F_DUMP, &[0, 0, 0, 0])
+    }
+}
+
+/// A conntrack entry of a [`Message::conntrack_dump`] reply: its original source address,
+/// and the request that deletes it (its original tuple and zone, as the dump gave them).
+pub fn conntrack_entry(payload: &[u8]) -> Option<(std::net::IpAddr, Message)> {
+    let family = *payload.first()?;
+    let orig = raw_attribute(payload, 4, CTA_TUPLE_ORIG)?;
+    let ip = attributes(orig, 4).into_iter().find(|(t, _)| *t == CTA_TUPLE_IP)?.1;
+    let src = attributes(ip, 0).into_iter().find_map(|(t, d)| match t {
+        CTA_IP_V4_SRC => <[u8; 4]>::try_from(d).ok().map(std::net::IpAddr::from),
+        CTA_IP_V6_SRC => <[u8; 16]>::try_from(d).ok().map(std::net::IpAddr::from),
+        _ => None,
+    })?;
+    let mut delete = Message::new((NFNL_SUBSYS_CTNETLINK << 8) | IPCTNL_MSG_CT_DELETE, 0, &[family, 0, 0, 0]);
+    delete.raw(orig);
+    if let Some(zone) = raw_attribute(payload, 4, CTA_ZONE) {
+        delete.raw(zone);
+    }
+    Some((src, delete))
 }
 
 /// Whether an nftables notification (`typ`, `payload`, as [`Listener::drain`] reads them)

@@ -393,7 +393,7 @@ impl Entered {
     /// waited for (a veth's configuration, in a child of the helper), and what the job
     /// got logged. Before the job starts. Returns the armed guard (`isolated`), for the
     /// helper's wait to tend.
-    pub fn finish(mut self, job_id: &str, sys: &dyn Sys) -> Result<Option<HostAddressGuard>> {
+    pub fn finish(&mut self, job_id: &str, sys: &dyn Sys) -> Result<Option<HostAddressGuard>> {
         if let Some(g) = self.guard.as_mut() {
             g.arm()?;
         }
@@ -410,7 +410,17 @@ impl Entered {
             (_, _, Some(pid)) => tracing::debug!(job = %job_id, "network: pasta (pid {pid})"),
             _ => tracing::debug!(job = %job_id, "network: loopback only"),
         }
-        Ok(self.guard)
+        Ok(self.guard.take())
+    }
+
+    /// The job's addresses whose connections the host's table masqueraded (root mode's
+    /// veth; once [`Entered::finish`]ed): its conntrack entries, to forget at its end.
+    pub fn masqueraded_sources(&self) -> Vec<std::net::IpAddr> {
+        if self.host_link.is_none() {
+            return vec![];
+        }
+        let v4 = self.made.address.map(std::net::IpAddr::from);
+        v4.into_iter().chain(self.made.address6.map(std::net::IpAddr::from)).collect()
     }
 }
 
