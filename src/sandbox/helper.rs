@@ -444,9 +444,8 @@ fn run(
     // The host's conntrack entries of the job's connections: they outlive its link, and a
     // server of the job's that keeps answering would keep them for days, counted against
     // no job (a review: jobs one after another filled the host's table).
-    let sources = network.as_ref().map(|n| n.masqueraded_sources()).unwrap_or_default();
-    if !sources.is_empty() {
-        match sys.forget_connections(&sources) {
+    if let Some(connections) = network.as_ref().and_then(|n| n.masqueraded()) {
+        match sys.forget_connections(&connections) {
             Ok(0) => {}
             Ok(n) => tracing::debug!(job = %plan.id, "forgot the job's {n} tracked connections"),
             Err(e) => tracing::warn!(job = %plan.id, "{}: they expire on their own", e.with_causes()),

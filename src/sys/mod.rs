@@ -80,7 +80,7 @@ pub trait Sys {
     fn stop_pasta(&self, pid: i32) -> Result<()>;
     /// Deletes the host's conntrack entries of connections from `sources` (a root-mode
     /// job's addresses, once the job is over; see [`net::forget_connections`]): how many.
-    fn forget_connections(&self, sources: &[std::net::IpAddr]) -> Result<usize>;
+    fn forget_connections(&self, job: &net::JobConnections) -> Result<usize>;
     /// The first part of [`Sys::join_cgroup`]: the dirs and limits, no move.
     fn prepare_cgroup(&self, join: &CgroupJoin) -> Result<()>;
     /// The rest of it, after a [`Sys::prepare_cgroup`] (here or in the runner): the move.
@@ -203,8 +203,8 @@ impl Sys for Real {
         process::kill(pid, Signal::SIGKILL)?;
         process::wait_exit_status(pid).map(drop).map_err(|source| Error::StopPasta { pid, source })
     }
-    fn forget_connections(&self, sources: &[std::net::IpAddr]) -> Result<usize> {
-        net::forget_connections(sources)
+    fn forget_connections(&self, job: &net::JobConnections) -> Result<usize> {
+        net::forget_connections(job)
     }
     fn prepare_cgroup(&self, join: &CgroupJoin) -> Result<()> {
         cgroup::prepare(join)
@@ -449,8 +449,8 @@ impl Sys for Recorder {
     fn stop_pasta(&self, pid: i32) -> Result<()> {
         self.step(format!("stop_pasta {pid}")).map_err(|e| Error::StopPasta { pid, source: self.io(e) })
     }
-    fn forget_connections(&self, sources: &[std::net::IpAddr]) -> Result<usize> {
-        let list: Vec<String> = sources.iter().map(|a| a.to_string()).collect();
+    fn forget_connections(&self, job: &net::JobConnections) -> Result<usize> {
+        let list: Vec<String> = job.sources.iter().map(|a| a.to_string()).collect();
         self.step(format!("forget_connections {}", list.join(" "))).map_err(Error::ConntrackDelete)?;
         Ok(0)
     }

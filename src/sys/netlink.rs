@@ -101,7 +101,14 @@ const NFT_MSG_DELTABLE: u16 = 2;
 const NFT_MSG_DELCHAIN: u16 = 5;
 const NFT_MSG_DELRULE: u16 = 8;
 const NFT_MSG_DELSET: u16 = 11;
+const NFT_MSG_GETSETELEM: u16 = 13;
 const NFT_MSG_DELSETELEM: u16 = 14;
+const NFTA_SET_ELEM_LIST_TABLE: u16 = 1;
+const NFTA_SET_ELEM_LIST_SET: u16 = 2;
+const NFTA_SET_ELEM_LIST_ELEMENTS: u16 = 3;
+const NFTA_LIST_ELEM: u16 = 1;
+const NFTA_SET_ELEM_KEY: u16 = 1;
+const NFTA_DATA_VALUE: u16 = 1;
 const NFTA_TABLE_NAME: u16 = 1;
 const NFTA_TABLE_HANDLE: u16 = 4;
 /// linux/netlink.h (the libc crate has it for Android only).
@@ -421,6 +428,14 @@ impl Message {
     }
 
     /// nftables `GETTABLE` of `name` in the inet family.
+    /// A dump of the elements of the inet set `set` of table `table`.
+    pub fn nft_dump_set(table: &str, set: &str) -> Message {
+        let mut m =
+            Message::new((NFNL_SUBSYS_NFTABLES << 8) | NFT_MSG_GETSETELEM, NLM_F_DUMP, &[NFPROTO_INET, 0, 0, 0]);
+        m.attr_str(NFTA_SET_ELEM_LIST_TABLE, table).attr_str(NFTA_SET_ELEM_LIST_SET, set);
+        m
+    }
+
     pub fn nft_get_table(name: &str) -> Message {
         // nfgenmsg: family, version, res_id (big endian: the subsystem's resource id).
         let mut m = Message::new((NFNL_SUBSYS_NFTABLES << 8) | NFT_MSG_GETTABLE, 0, &[NFPROTO_INET, 0, 0, 0]);
@@ -567,6 +582,18 @@ pub fn conntrack_entry(payload: &[u8]) -> Option<(std::net::IpAddr, Message)> {
     Some((src, delete))
 }
 
+/// The keys of a set's elements in a [`Message::nft_dump_set`] reply, as text (the
+/// interface names of a set of `ifname`s, NUL-padded to 16 bytes).
+pub fn nft_set_keys(reply: &[u8]) -> Vec<String> {
+    let Some((_, list)) = attributes(reply, 4).into_iter().find(|(t, _)| *t == NFTA_SET_ELEM_LIST_ELEMENTS) else {
+        return vec![];
+    };
+    let elements = attributes(list, 0).into_iter().filter(|(t, _)| *t == NFTA_LIST_ELEM);
+    let keys = elements.filter_map(|(_, e)| attributes(e, 0).into_iter().find(|(t, _)| *t == NFTA_SET_ELEM_KEY));
+    let values = keys.filter_map(|(_, k)| attributes(k, 0).into_iter().find(|(t, _)| *t == NFTA_DATA_VALUE));
+    values.map(|(_, v)| attr_text(v)).collect()
+}
+
 /// Whether an nftables notification (`typ`, `payload`, as [`Listener::drain`] reads them)
 /// deletes something of the inet table `table`: the table, or one of its chains, rules,
 /// sets or set elements (each such message names its table in attribute 1).
@@ -613,6 +640,23 @@ mod tests {
 
     fn hex(b: &[u8]) -> String {
         b.iter().map(|x| format!("{x:02x}")).collect()
+    }
+
+    #[test]
+    fn a_sets_keys_are_read_from_its_dump() {
+        // As the kernel replies: nfgenmsg, table, set, then the elements' list.
+        let mut m = Message::new(0, 0, &[NFPROTO_INET, 0, 0, 0]);
+        m.attr_str(NFTA_SET_ELEM_LIST_TABLE, "azp-sandbox").attr_str(NFTA_SET_ELEM_LIST_SET, "job_flows");
+        m.nest(NFTA_SET_ELEM_LIST_ELEMENTS);
+        for name in ["azp0123456789ab", "azp1"] {
+            let mut key = [0u8; 16];
+            key[..name.len()].copy_from_slice(name.as_bytes());
+            m.nest(NFTA_LIST_ELEM).nest(NFTA_SET_ELEM_KEY).attr(NFTA_DATA_VALUE, &key).end().end();
+        }
+        m.end();
+        let reply = m.finish(1, 0)[NLMSG_HDRLEN..].to_vec();
+        assert_eq!(nft_set_keys(&reply), ["azp0123456789ab", "azp1"]);
+        assert!(nft_set_keys(&[NFPROTO_INET, 0, 0, 0]).is_empty());
     }
 
     #[test]

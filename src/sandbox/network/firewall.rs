@@ -72,6 +72,8 @@ const LIMITS_FLOWS: &str = "flows";
 /// connection of the host and of the other slots; at this share it takes this many jobs
 /// at their limit at once.
 const FLOWS_SHARE: u64 = 16;
+/// The set that counts each job link's tracked connections (see [`flows_script`]).
+pub const JOB_FLOWS: &str = "job_flows";
 /// The least a job gets, where an operator made the conntrack table very small.
 const MIN_FLOWS: u64 = 256;
 /// Exists once conntrack is loaded (making the table loads it).
@@ -237,9 +239,9 @@ fn flows_per_job(conntrack_max: u64) -> u64 {
 /// of them. Not in prerouting: Linux before 5.11 refuses `reject` there.
 fn flows_script(limit: u64) -> String {
     let count =
-        format!("iifname \"azp*\" ct state new add @job_flows {{ iifname ct count over {limit} }} jump over_flows");
+        format!("iifname \"azp*\" ct state new add @{JOB_FLOWS} {{ iifname ct count over {limit} }} jump over_flows");
     format!(
-        "add set inet {TABLE} job_flows {{ type ifname; flags dynamic; size 65535; }}\n\
+        "add set inet {TABLE} {JOB_FLOWS} {{ type ifname; flags dynamic; size 65535; }}\n\
          add chain inet {TABLE} over_flows\n\
          add rule inet {TABLE} over_flows limit rate 1/minute burst 1 packets \
          log prefix \"azp-sandbox: a job is at its limit of {limit} connections: \" level warn\n\

@@ -413,14 +413,13 @@ impl Entered {
         Ok(self.guard.take())
     }
 
-    /// The job's addresses whose connections the host's table masqueraded (root mode's
-    /// veth; once [`Entered::finish`]ed): its conntrack entries, to forget at its end.
-    pub fn masqueraded_sources(&self) -> Vec<std::net::IpAddr> {
-        if self.host_link.is_none() {
-            return vec![];
-        }
+    /// The job's connections the host's table masqueraded (root mode's veth; once
+    /// [`Entered::finish`]ed): its conntrack entries, to forget at its end.
+    pub fn masqueraded(&self) -> Option<crate::sys::net::JobConnections> {
+        let link = self.host_link.clone()?;
         let v4 = self.made.address.map(std::net::IpAddr::from);
-        v4.into_iter().chain(self.made.address6.map(std::net::IpAddr::from)).collect()
+        let sources = v4.into_iter().chain(self.made.address6.map(std::net::IpAddr::from)).collect();
+        Some(crate::sys::net::JobConnections { table: firewall::TABLE, set: firewall::JOB_FLOWS, link, sources })
     }
 }
 
