@@ -317,11 +317,18 @@ pub enum Error {
         #[source]
         source: io::Error,
     },
-    #[error("cannot move the job's pasta (pid {pid}) into its cgroup")]
+    #[error("cannot move the job's pasta (pid {pid}) into {}", procs.display())]
     ChargePasta {
         pid: i32,
+        procs: PathBuf,
         #[source]
-        source: Box<Error>,
+        source: io::Error,
+    },
+    #[error("cannot read the host's nftables set {set} (which job links have tracked connections)")]
+    NftSetDump {
+        set: &'static str,
+        #[source]
+        source: Errno,
     },
     #[error("cannot read the host's conntrack table for the job's connections")]
     ConntrackDump(#[source] Errno),

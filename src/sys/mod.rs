@@ -188,7 +188,11 @@ impl Sys for Real {
         cgroup::join(join)
     }
     fn charge_pasta(&self, join: &CgroupJoin, pid: i32) -> Result<()> {
-        cgroup::enter_pid(join, pid).map_err(|e| Error::ChargePasta { pid, source: Box::new(e) })
+        // The move's own error names pasta, not the helper (the leaf exists: the helper made it).
+        cgroup::enter_pid(join, pid).map_err(|e| match e {
+            Error::CgroupJoin { procs, source } => Error::ChargePasta { pid, procs, source },
+            other => other,
+        })
     }
     fn stop_pasta(&self, pid: i32) -> Result<()> {
         use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};

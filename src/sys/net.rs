@@ -955,17 +955,17 @@ pub struct JobConnections {
 /// connection (or a table without the set) costs one set dump instead. Each entry is
 /// deleted by its original tuple. How many went.
 pub fn forget_connections(job: &JobConnections) -> Result<usize> {
-    let nft = Socket::open(Proto::Netfilter).map_err(Error::NetlinkSocket)?;
-    let counted = match nft.call(Message::nft_dump_set(job.table, job.set)) {
+    // One netfilter socket for both: nftables and ctnetlink are subsystems of it.
+    let s = Socket::open(Proto::Netfilter).map_err(Error::NetlinkSocket)?;
+    let counted = match s.call(Message::nft_dump_set(job.table, job.set)) {
         Ok(replies) => replies.iter().flat_map(|r| nl::nft_set_keys(r)).any(|k| k == job.link),
         Err(Errno::ENOENT) => false,
-        Err(e) => return Err(Error::ConntrackDump(e)),
+        Err(source) => return Err(Error::NftSetDump { set: job.set, source }),
     };
     if !counted {
         return Ok(0);
     }
     let sources = &job.sources;
-    let s = Socket::open(Proto::Netfilter).map_err(Error::NetlinkSocket)?;
     let entries = s.call(Message::conntrack_dump()).map_err(Error::ConntrackDump)?;
     let mut forgotten = 0;
     for (_, delete) in entries.iter().filter_map(|e| nl::conntrack_entry(e)).filter(|(src, _)| sources.contains(src)) {
