@@ -155,6 +155,8 @@ fn one_job(
         forward_signals: false,
         helper_pid: Some(helper_pid.clone()),
         output: Some(log.path().to_path_buf()),
+        // The run keeps the table for all its slots (manager::run).
+        keep_table: None,
     };
     // The job's section of the agent log starts here, with a header a sysadmin can find.
     let section = log.offset();

@@ -116,7 +116,7 @@ pub fn run(home: &Home, driver_root: &Path, req: &ExecRequest) -> Result<super::
     // Held until this returns (see the function).
     let _move_window = super::cgroup::move_window(crate::rootless::cgroups::CgroupHost::get(), rootless);
     super::prepare_home(home)?;
-    let opts = super::RunOptions { forward_signals: true, ..Default::default() };
+    let mut opts = super::RunOptions { forward_signals: true, ..Default::default() };
     // The job's helper, now: its first steps overlap the plan (see EarlyHelper). A job
     // with a terminal gets its helper after the plan (its console socket is in the job
     // dir); one that cannot be forked here gets it then too.
@@ -151,6 +151,9 @@ pub fn run(home: &Home, driver_root: &Path, req: &ExecRequest) -> Result<super::
         (plan.env, plan.net.host_ports) = (env, net.host_ports);
     }
     plan.net.ipv6 = net.ipv6;
+    if req.network == Network::Isolated && !rootless {
+        opts.keep_table = Some(plan.net.clone());
+    }
     let outcome = if plan.caches.iter().any(|c| c.commit) {
         run_and_commit(home, plan, &opts, early)
     } else {

@@ -47,6 +47,10 @@ pub struct RunOptions {
     pub helper_pid: Option<Arc<AtomicI32>>,
     /// Append the job's stdout and stderr to this file instead of inheriting ours.
     pub output: Option<std::path::PathBuf>,
+    /// The job's network, when this run keeps the host's table for it through firewall
+    /// reloads (`exec`, root mode, isolated: see `network::table_keeper`). `run` keeps it
+    /// for all its slots instead.
+    pub keep_table: Option<super::network::JobNetwork>,
 }
 
 /// What differs between the phases of one sandbox (e.g. configure, then run the agent).
@@ -937,6 +941,10 @@ fn await_result(s: Spawned, opts: &RunOptions) -> (Helper, Option<HelperResult>)
     let Spawned { child, result_rx, go_tx, copiers } = s;
     drop(go_tx);
     watch_helper(child.pid, opts);
+    // A long `exec` job keeps the host's table through firewall reloads from its first
+    // second on (until its result is in).
+    let _table =
+        opts.keep_table.as_ref().and_then(|n| super::network::table_keeper::keep_unless_done(result_rx.as_fd(), n));
     // The result ends with END_OF_RESULT, or at EOF when the helper died (it is the last
     // holder of the write end once the job has exec'd).
     let mut pipe = std::fs::File::from(result_rx);

@@ -431,24 +431,14 @@ impl NetLab {
     /// A UDP service of the fake host on `addr:port`, counting the datagrams it gets until
     /// it is dropped.
     pub fn udp_counter(&self, addr: &str, port: u16) -> UdpCounter {
-        let ns = self.netns_path(&self.host);
-        let (got, stop) = (Arc::new(AtomicUsize::new(0)), Arc::new(std::sync::atomic::AtomicBool::new(false)));
-        let (ready_tx, ready_rx) = std::sync::mpsc::channel();
-        let (g, st, addr) = (got.clone(), stop.clone(), addr.to_string());
-        let thread = std::thread::spawn(move || {
-            enter(&ns);
-            let sock = std::net::UdpSocket::bind((addr.as_str(), port)).unwrap();
-            sock.set_read_timeout(Some(std::time::Duration::from_millis(100))).unwrap();
-            ready_tx.send(()).unwrap();
-            let mut buf = [0u8; 16];
-            while !st.load(Ordering::SeqCst) {
-                if sock.recv(&mut buf).is_ok() {
-                    g.fetch_add(1, Ordering::SeqCst);
-                }
-            }
-        });
-        ready_rx.recv().expect("the fake host's UDP service");
-        UdpCounter { got, stop, thread: Some(thread) }
+        udp_counter_in(self.netns_path(&self.host), addr, port)
+    }
+
+    /// A UDP service of the fake internet on `addr:port`, counting the datagrams it gets
+    /// and from where ([`UdpCounter::sources`]: the fake host's address when the host's
+    /// table masqueraded them).
+    pub fn internet_udp_counter(&self, addr: &str, port: u16) -> UdpCounter {
+        udp_counter_in(self.internet_path(), addr, port)
     }
 
     /// The path of a namespace, for a thread that enters it later ([`enter`]).
@@ -575,10 +565,33 @@ impl Drop for NetLab {
     }
 }
 
+fn udp_counter_in(ns: PathBuf, addr: &str, port: u16) -> UdpCounter {
+    let (got, stop) = (Arc::new(AtomicUsize::new(0)), Arc::new(std::sync::atomic::AtomicBool::new(false)));
+    let sources = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+    let (g, st, from, addr) = (got.clone(), stop.clone(), sources.clone(), addr.to_string());
+    let thread = std::thread::spawn(move || {
+        enter(&ns);
+        let sock = std::net::UdpSocket::bind((addr.as_str(), port)).unwrap();
+        sock.set_read_timeout(Some(std::time::Duration::from_millis(100))).unwrap();
+        ready_tx.send(()).unwrap();
+        let mut buf = [0u8; 16];
+        while !st.load(Ordering::SeqCst) {
+            if let Ok((_, peer)) = sock.recv_from(&mut buf) {
+                from.lock().unwrap().push(peer.ip());
+                g.fetch_add(1, Ordering::SeqCst);
+            }
+        }
+    });
+    ready_rx.recv().expect("the lab's UDP service");
+    UdpCounter { got, sources, stop, thread: Some(thread) }
+}
+
 /// See [`NetLab::udp_counter`]: stops (and is joined) when dropped, a failed assertion's
 /// unwinding included.
 pub struct UdpCounter {
     got: Arc<AtomicUsize>,
+    sources: Arc<std::sync::Mutex<Vec<std::net::IpAddr>>>,
     stop: Arc<std::sync::atomic::AtomicBool>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
@@ -589,6 +602,11 @@ impl UdpCounter {
     }
     pub fn reset(&self) {
         self.got.store(0, Ordering::SeqCst);
+        self.sources.lock().unwrap().clear();
+    }
+    /// The source address of each datagram so far, in order.
+    pub fn sources(&self) -> Vec<std::net::IpAddr> {
+        self.sources.lock().unwrap().clone()
     }
 }
 

@@ -703,3 +703,59 @@ fn t50_a_job_cannot_fill_the_hosts_connection_tracking() {
     assert_eq!(probe_results(&out)[&after[0]], "OK", "{out}");
     h.assert_no_residue(&[]);
 }
+
+#[test]
+#[cfg_attr(not(test_as_root), ignore = "needs root: creates real sandboxes and network namespaces")]
+fn t51_an_exec_makes_the_hosts_table_again_after_a_firewall_reload() {
+    require_root!();
+    // Rootless jobs have no host table: pasta's sockets are the host's own.
+    root_mode_only!();
+    let lab = or_skip!(NetLab::new());
+    let h = home("net-kept");
+    // A firewall reload (Debian's nftables.conf begins with `flush ruleset`) takes the
+    // jobs' table, and with it their masquerade: an `exec` (a slurm batch run, a long
+    // build) sent the rest of its job's connections from the job's own address, which no
+    // real network routes back. Seen at the fake internet as each datagram's source.
+    const PORT: u16 = 7780;
+    let udp = lab.internet_udp_counter(INTERNET_IP, PORT);
+    let m = unique("kept");
+    let flag = flag_dir(&m);
+    // After the flush, a datagram (a new flow: a new socket each) every 50 ms until the
+    // test says done, 20 s at most.
+    let send = probe(&toks(&[&format!("send-udp:{INTERNET_IP}:{PORT}")]));
+    let script = format!(
+        ": {m}; while [ ! -e /flag/flushed ]; do sleep 0.05; done; i=0; \
+         while [ ! -e /flag/done ] && [ $i -lt 400 ]; do {send} >/dev/null; sleep 0.05; i=$((i+1)); done"
+    );
+    let vol = format!("{}:/flag", flag.display());
+    let mut c = h.lab_command(&lab);
+    c.args(["exec", "--rootfs", "esc", "--volume", &vol, "--", "sh", "-c", &script]);
+    let mut job = HostProc(c.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap());
+    wait_until("the job to run", Duration::from_secs(30), || job_shell_runs(&m));
+    lab.flush_host_ruleset();
+    std::fs::write(flag.join("flushed"), "").unwrap();
+    let host: std::net::IpAddr = HOST_IP.parse().unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(15);
+    while !udp.sources().contains(&host) && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // Three more after the first masqueraded one: the table stays.
+    let first = udp.sources().iter().position(|s| *s == host);
+    if first.is_some() {
+        let n = udp.count();
+        wait_until("three more datagrams", Duration::from_secs(10), || udp.count() >= n + 3);
+    }
+    std::fs::write(flag.join("done"), "").unwrap();
+    let o = job.output();
+    let err = String::from_utf8_lossy(&o.stderr).into_owned();
+    assert!(o.status.success(), "{err}");
+    let sources = udp.sources();
+    let first =
+        first.unwrap_or_else(|| panic!("no datagram left from the host's address after the reload: {sources:?} {err}"));
+    assert!(sources[first..].iter().all(|s| *s == host), "masqueraded, then not: {sources:?}");
+    assert!(err.contains("was removed while jobs run"), "the exec says what happened: {err}");
+    let gc = h.lab_command(&lab).arg("gc").output().unwrap();
+    assert!(gc.status.success(), "{}", String::from_utf8_lossy(&gc.stderr));
+    std::fs::remove_dir_all(&flag).unwrap();
+    h.assert_no_residue(&[]);
+}

@@ -8,13 +8,21 @@
 //! destinations out meanwhile (they fail closed); this thread makes the table again, with
 //! the run's elements, as soon as nftables says something of it was deleted.
 //!
-//! `exec` has none: its one job runs through a reload without the table, and the next
-//! `exec` makes it again.
+//! An `exec` (root mode, isolated) keeps it too, once its job has run for [`EXEC_AFTER`]
+//! ([`keep_unless_done`]): a `slurm` batch run or a long build would otherwise run on
+//! without masquerade after a reload, until the end of the job.
 
 use super::JobNetwork;
 use crate::sys::net::NftablesWatch;
 use anyhow::{Context, Result};
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::time::{Duration, Instant};
+
+/// How long an `exec`'s job runs before it keeps the table as well. Most `exec` jobs (a
+/// command, a test's) are over sooner and start no thread for it (a thread and a
+/// netlink subscription cost a job of this VM's ~20 ms cycle about 1%). A reload within
+/// that second is undone by the keeper's first look.
+pub const EXEC_AFTER: Duration = Duration::from_secs(1);
 
 /// Stops its thread when dropped: before the run's end removes the table.
 pub struct TableKeeper {
@@ -30,6 +38,31 @@ pub fn keep(net: JobNetwork) -> Option<TableKeeper> {
             tracing::warn!("jobs' network: {e:#}: after a firewall reload, the next job makes the table again")
         })
         .ok()
+}
+
+/// `exec`'s keeper: started once `done` (the helper's result pipe, readable when the job
+/// is over) has had nothing to read for [`EXEC_AFTER`]; None when it had.
+pub fn keep_unless_done(done: BorrowedFd, net: &JobNetwork) -> Option<TableKeeper> {
+    (!readable_within(done, EXEC_AFTER)).then(|| keep(net.clone())).flatten()
+}
+
+/// Whether `fd` has something to read (or its writers are gone) within `time`. One that
+/// cannot be polled counts as readable: the job then runs without a keeper, as before.
+fn readable_within(fd: BorrowedFd, time: Duration) -> bool {
+    use nix::poll::{PollFd, PollFlags, PollTimeout};
+    let deadline = Instant::now() + time;
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return false;
+        }
+        let ms = u16::try_from(left.as_millis()).unwrap_or(u16::MAX).max(1);
+        match nix::poll::poll(&mut [PollFd::new(fd, PollFlags::POLLIN)], PollTimeout::from(ms)) {
+            // A forwarded stop signal interrupts the poll, not the wait.
+            Ok(0) | Err(nix::errno::Errno::EINTR) => {}
+            Ok(_) | Err(_) => return true,
+        }
+    }
 }
 
 fn start(net: JobNetwork) -> Result<TableKeeper> {
@@ -78,5 +111,24 @@ impl Drop for TableKeeper {
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_exec_keeps_the_table_only_while_its_job_has_no_result() {
+        // The result is there, or the helper ended without one (EOF): no keeper.
+        let (rx, tx) = nix::unistd::pipe().unwrap();
+        nix::unistd::write(&tx, b"r").unwrap();
+        assert!(readable_within(rx.as_fd(), EXEC_AFTER));
+        let (rx, tx) = nix::unistd::pipe().unwrap();
+        drop(tx);
+        assert!(readable_within(rx.as_fd(), EXEC_AFTER));
+        // Still running: a keeper.
+        let (rx, _tx) = nix::unistd::pipe().unwrap();
+        assert!(!readable_within(rx.as_fd(), Duration::from_millis(20)));
     }
 }
