@@ -396,6 +396,13 @@ fn run(
         let _ = sys.unmount(&merged);
         return Err(SandboxError::new(FailureKind::Cancelled, "cancelled before start").into());
     }
+    // Until this helper forgets them after the job, a clean-up after its death does.
+    let connections = network.as_ref().and_then(|n| n.masqueraded());
+    if let Some(c) = &connections {
+        if let Err(e) = super::network::forget::record(&job.connections_file(), c) {
+            tracing::warn!(job = %plan.id, "{e:#}: if this helper is killed, the job's tracked connections expire on their own");
+        }
+    }
     // The user namespace's child, killed when its namespace was made, is gone by now:
     // reaped before the job's wait reaps whatever exits (see `sys::process::reap_killed`).
     if let Err(e) = sys::process::reap_killed() {
@@ -444,10 +451,15 @@ fn run(
     // The host's conntrack entries of the job's connections: they outlive its link, and a
     // server of the job's that keeps answering would keep them for days, counted against
     // no job (a review: jobs one after another filled the host's table).
-    if let Some(connections) = network.as_ref().and_then(|n| n.masqueraded()) {
+    if let Some(connections) = connections {
         match sys.forget_connections(&connections) {
-            Ok(0) => {}
-            Ok(n) => tracing::debug!(job = %plan.id, "forgot the job's {n} tracked connections"),
+            Ok(n) => {
+                super::network::forget::forgotten(&job.connections_file());
+                if n > 0 {
+                    tracing::debug!(job = %plan.id, "forgot the job's {n} tracked connections");
+                }
+            }
+            // The record stays: the runner's clean-up tries once more.
             Err(e) => tracing::warn!(job = %plan.id, "{}: they expire on their own", e.with_causes()),
         }
     }
@@ -1322,9 +1334,13 @@ mod tests {
         let delete = calls.iter().position(|c| c == "delete").expect("delete");
         let forget = &calls[delete + 1..];
         assert!(forget.len() == 1 && forget[0].starts_with("forget_connections 10.87."), "{calls:?}");
-        // Its failure is said, not the job's.
+        // Forgotten: no record left for the clean-up to act on.
+        assert!(!s.job.connections_file().exists());
+        // Its failure is said, not the job's; the record stays for the clean-up to try.
         let rec = Recorder::failing_at(delete + 1, Errno::EPERM);
         assert_eq!(s.run(&rec, None, None), HelperResult::Exited { code: 3, signal: None });
+        let record = std::fs::read_to_string(s.job.connections_file()).unwrap();
+        assert!(record.contains("\"sources\":[\"10.87."), "{record}");
     }
 
     #[test]

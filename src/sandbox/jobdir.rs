@@ -170,6 +170,12 @@ impl JobDir {
     pub fn init_file(&self) -> PathBuf {
         self.root.join("init.pid")
     }
+    /// A root-mode job's masqueraded connections (its host link and addresses) while they
+    /// may outlive it unforgotten: written by the helper before the job starts, removed
+    /// once it forgot them (see `network::forget`).
+    pub fn connections_file(&self) -> PathBuf {
+        self.root.join("connections.json")
+    }
     /// Where the helper reports the job's exit status (or its own failure).
     pub fn result_file(&self) -> PathBuf {
         self.root.join("result.json")

@@ -101,6 +101,10 @@ fn stop_job_with(
             out.leftovers.push(format!("cgroup {} ({n} processes killed)", cgroup.display()));
         }
     }
+    // Its processes are gone: connections its helper did not get to forget (killed).
+    if let Some(n) = super::network::forget::left_by_a_killed_helper(&job.connections_file(), sys).filter(|n| *n > 0) {
+        out.leftovers.push(format!("{n} tracked connections of the job (its helper did not forget them)"));
+    }
     let container_state = state.map(|s| s.container_state.clone()).unwrap_or_else(|| job.container_root().join(&id));
     if container_state.exists() {
         sys.remove_tree(&container_state)?;
@@ -685,6 +689,21 @@ mod tests {
             let r = cleanup_job_with(&self.home, &self.job, &rec, &self.host);
             (rec.calls(), r)
         }
+    }
+
+    #[test]
+    fn connections_a_killed_helper_left_are_forgotten_once_the_job_is_stopped() {
+        let f = fixture();
+        let link = "azp0123456789ab".to_string();
+        let sources = vec!["10.87.0.5".parse().unwrap(), "fd61:7a70:7362::a57:5".parse().unwrap()];
+        let c = crate::sys::net::JobConnections { table: "t", set: "s", link, sources };
+        crate::sandbox::network::forget::record(&f.job.connections_file(), &c).unwrap();
+        let (calls, r) = f.run(None);
+        r.unwrap();
+        // After its processes and cgroup, while its record is still there to say whose.
+        let mut want = f.steps();
+        want.insert(3, "forget_connections 10.87.0.5 fd61:7a70:7362::a57:5".into());
+        assert_eq!(calls, want);
     }
 
     #[test]

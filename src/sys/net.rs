@@ -967,8 +967,13 @@ pub fn forget_connections(job: &JobConnections) -> Result<usize> {
     }
     let sources = &job.sources;
     let entries = s.call(Message::conntrack_dump()).map_err(Error::ConntrackDump)?;
+    delete_connections(&s, &entries, |src| sources.contains(src))
+}
+
+/// Deletes each of the dumped conntrack `entries` whose original source `forget` picks.
+fn delete_connections(s: &Socket, entries: &[Vec<u8>], forget: impl Fn(&std::net::IpAddr) -> bool) -> Result<usize> {
     let mut forgotten = 0;
-    for (_, delete) in entries.iter().filter_map(|e| nl::conntrack_entry(e)).filter(|(src, _)| sources.contains(src)) {
+    for (_, delete) in entries.iter().filter_map(|e| nl::conntrack_entry(e)).filter(|(src, _)| forget(src)) {
         match s.request(delete) {
             Ok(()) => forgotten += 1,
             // Gone meanwhile (it expired, or its other end closed).

@@ -759,3 +759,37 @@ fn t51_an_exec_makes_the_hosts_table_again_after_a_firewall_reload() {
     std::fs::remove_dir_all(&flag).unwrap();
     h.assert_no_residue(&[]);
 }
+
+#[test]
+#[cfg_attr(not(test_as_root), ignore = "needs root: creates real sandboxes and network namespaces")]
+fn t52_a_killed_jobs_tracked_connections_go_with_its_clean_up() {
+    require_root!();
+    // Rootless jobs have no host table: pasta opens their flows as its own sockets.
+    root_mode_only!();
+    let lab = or_skip!(NetLab::new());
+    let h = home("net-flows-killed");
+    // Each helper forgets its job's tracked connections at the job's end (t50). One
+    // killed first (`kill -9` of the exec, which its helper follows; of a `run`) did not,
+    // and they stayed in the host's conntrack table for as long as the far ends kept
+    // them alive, past `gc` (a read-through of t50's fix).
+    const FLOWS: u64 = 2000;
+    let flood = toks(&[&format!("udp-flows:{INTERNET_IP}:{FLOWS}")]);
+    lab_exec_ok(&lab, &h, &[], "true");
+    let before = host_conntrack_count(&lab);
+    let mut job = WaitingJob::start_as(&h, h.lab_command(&lab), &[], &[], &probe(&flood));
+    assert_eq!(probe_results(&job.before)[&flood[0]], "OK", "{}", job.before);
+    assert!(host_conntrack_count(&lab) >= before + FLOWS, "the flood went out");
+    job.child.kill().unwrap(); // SIGKILL
+    job.child.wait().unwrap();
+    // The kill alone leaves them (unanswered UDP is tracked for 30 s, answered longer).
+    std::thread::sleep(Duration::from_millis(300));
+    let left = host_conntrack_count(&lab).saturating_sub(before);
+    assert!(left + 64 >= FLOWS, "only {left} of the job's {FLOWS} tracked connections outlived the kill");
+    let gc = h.lab_command(&lab).arg("gc").output().unwrap();
+    let said = String::from_utf8_lossy(&gc.stderr).into_owned();
+    assert!(gc.status.success(), "{said}");
+    let after = host_conntrack_count(&lab).saturating_sub(before);
+    assert!(after < 64, "{after} of the killed job's tracked connections outlived gc: {said}");
+    assert!(said.contains("tracked connections of the job"), "gc says what it removed: {said}");
+    h.assert_no_residue(&[]);
+}

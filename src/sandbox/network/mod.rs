@@ -41,6 +41,7 @@
 
 pub mod dns;
 pub mod firewall;
+pub mod forget;
 pub mod forward_record;
 pub mod ipv6;
 pub mod job;
