@@ -6,6 +6,7 @@
 
 use super::console::{Console, Relay};
 use super::jobdir::{JobDir, JobLock, JobState};
+use super::network::table_keeper;
 use super::plan::JobPlan;
 use super::report::{FailureKind, HelperResult, SandboxError};
 use super::teardown::{self, Cleanup};
@@ -357,6 +358,11 @@ impl Sandbox {
             }
         };
         let started = Instant::now();
+        // A job with a terminal is relayed until it ends: it keeps the host's table (when
+        // this run keeps it) from its start, not from its first second on (see
+        // `await_result`), which only begins once the relay is over.
+        let _table = console.as_ref().and(opts.keep_table.as_ref()).and_then(|n| table_keeper::keep(n.clone()));
+        let opts = &RunOptions { keep_table: opts.keep_table.clone().filter(|_| console.is_none()), ..opts.clone() };
         if let Some(console) = console {
             watch_helper(spawned.child.pid, opts);
             if let Err(e) = relay_terminal(console, &spawned) {
@@ -943,8 +949,7 @@ fn await_result(s: Spawned, opts: &RunOptions) -> (Helper, Option<HelperResult>)
     watch_helper(child.pid, opts);
     // A long `exec` job keeps the host's table through firewall reloads from its first
     // second on (until its result is in).
-    let _table =
-        opts.keep_table.as_ref().and_then(|n| super::network::table_keeper::keep_unless_done(result_rx.as_fd(), n));
+    let _table = opts.keep_table.as_ref().and_then(|n| table_keeper::keep_unless_done(result_rx.as_fd(), n));
     // The result ends with END_OF_RESULT, or at EOF when the helper died (it is the last
     // holder of the write end once the job has exec'd).
     let mut pipe = std::fs::File::from(result_rx);

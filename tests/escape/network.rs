@@ -714,50 +714,83 @@ fn t51_an_exec_makes_the_hosts_table_again_after_a_firewall_reload() {
     let h = home("net-kept");
     // A firewall reload (Debian's nftables.conf begins with `flush ruleset`) takes the
     // jobs' table, and with it their masquerade: an `exec` (a slurm batch run, a long
-    // build) sent the rest of its job's connections from the job's own address, which no
-    // real network routes back. Seen at the fake internet as each datagram's source.
+    // build, an interactive shell) sent the rest of its job's connections from the job's
+    // own address, which no real network routes back. Seen at the fake internet as each
+    // datagram's source.
     const PORT: u16 = 7780;
     let udp = lab.internet_udp_counter(INTERNET_IP, PORT);
+    for terminal in [false, true] {
+        udp.reset();
+        let (sources, log) = reload_under(&lab, &h, &udp, terminal, PORT);
+        let host: std::net::IpAddr = HOST_IP.parse().unwrap();
+        let first = sources.iter().position(|s| *s == host);
+        let first = first.unwrap_or_else(|| {
+            panic!("terminal {terminal}: no datagram left from the host's address after the reload: {sources:?} {log}")
+        });
+        assert!(sources[first..].iter().all(|s| *s == host), "terminal {terminal}: masqueraded, then not: {sources:?}");
+        assert!(log.contains("was removed while jobs run"), "terminal {terminal}: the exec says what happened: {log}");
+    }
+    let gc = h.lab_command(&lab).arg("gc").output().unwrap();
+    assert!(gc.status.success(), "{}", String::from_utf8_lossy(&gc.stderr));
+    h.assert_no_residue(&[]);
+}
+
+/// [`t51_an_exec_makes_the_hosts_table_again_after_a_firewall_reload`]'s job (on a
+/// terminal of its own with `terminal`): the fake host's ruleset flushed as it starts,
+/// then a datagram to the fake internet's `port` every 50 ms (a new socket each) until
+/// three came from the fake host's address (15 s at most). What came from where, and
+/// the exec's log.
+fn reload_under(
+    lab: &NetLab,
+    h: &TestHome,
+    udp: &netlab::UdpCounter,
+    terminal: bool,
+    port: u16,
+) -> (Vec<std::net::IpAddr>, String) {
     let m = unique("kept");
     let flag = flag_dir(&m);
-    // After the flush, a datagram (a new flow: a new socket each) every 50 ms until the
-    // test says done, 20 s at most.
-    let send = probe(&toks(&[&format!("send-udp:{INTERNET_IP}:{PORT}")]));
+    let send = probe(&toks(&[&format!("send-udp:{INTERNET_IP}:{port}")]));
     let script = format!(
         ": {m}; while [ ! -e /flag/flushed ]; do sleep 0.05; done; i=0; \
          while [ ! -e /flag/done ] && [ $i -lt 400 ]; do {send} >/dev/null; sleep 0.05; i=$((i+1)); done"
     );
     let vol = format!("{}:/flag", flag.display());
-    let mut c = h.lab_command(&lab);
-    c.args(["exec", "--rootfs", "esc", "--volume", &vol, "--", "sh", "-c", &script]);
-    let mut job = HostProc(c.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap());
+    let mut c = h.lab_command(lab);
+    c.args(["exec", "--rootfs", "esc", "--volume", &vol]);
+    if terminal {
+        c.arg("-t");
+    }
+    c.args(["--", "sh", "-c", &script]);
+    enum Running {
+        Piped(HostProc),
+        Terminal(common::pty::PtySession),
+    }
+    let mut job = match terminal {
+        false => Running::Piped(HostProc(c.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap())),
+        true => Running::Terminal(common::pty::PtySession::spawn(c, 24, 80)),
+    };
     wait_until("the job to run", Duration::from_secs(30), || job_shell_runs(&m));
     lab.flush_host_ruleset();
     std::fs::write(flag.join("flushed"), "").unwrap();
     let host: std::net::IpAddr = HOST_IP.parse().unwrap();
     let deadline = std::time::Instant::now() + Duration::from_secs(15);
-    while !udp.sources().contains(&host) && std::time::Instant::now() < deadline {
+    while udp.sources().iter().filter(|s| **s == host).count() < 3 && std::time::Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(50));
     }
-    // Three more after the first masqueraded one: the table stays.
-    let first = udp.sources().iter().position(|s| *s == host);
-    if first.is_some() {
-        let n = udp.count();
-        wait_until("three more datagrams", Duration::from_secs(10), || udp.count() >= n + 3);
-    }
     std::fs::write(flag.join("done"), "").unwrap();
-    let o = job.output();
-    let err = String::from_utf8_lossy(&o.stderr).into_owned();
-    assert!(o.status.success(), "{err}");
-    let sources = udp.sources();
-    let first =
-        first.unwrap_or_else(|| panic!("no datagram left from the host's address after the reload: {sources:?} {err}"));
-    assert!(sources[first..].iter().all(|s| *s == host), "masqueraded, then not: {sources:?}");
-    assert!(err.contains("was removed while jobs run"), "the exec says what happened: {err}");
-    let gc = h.lab_command(&lab).arg("gc").output().unwrap();
-    assert!(gc.status.success(), "{}", String::from_utf8_lossy(&gc.stderr));
+    let (ok, log) = match &mut job {
+        Running::Piped(p) => {
+            let o = p.output();
+            (o.status.success(), String::from_utf8_lossy(&o.stderr).into_owned())
+        }
+        Running::Terminal(t) => {
+            let (st, out) = t.wait(Duration::from_secs(30));
+            (st.success(), out)
+        }
+    };
+    assert!(ok, "terminal {terminal}: {log}");
     std::fs::remove_dir_all(&flag).unwrap();
-    h.assert_no_residue(&[]);
+    (udp.sources(), log)
 }
 
 #[test]
