@@ -7,8 +7,9 @@
 //! passes its window size on at start and at each SIGWINCH. The terminal is restored on
 //! every way out of the relay (the guard drops, a panic's unwinding included).
 //!
-//! The runner must be single-threaded while it relays (`exec` is): SIGWINCH is blocked in
-//! this thread only and read from a signalfd.
+//! SIGWINCH is blocked in this thread and read from a signalfd: any other thread of the
+//! runner while it relays must block it too (`exec`'s keeper of the host's table, see
+//! `network::table_keeper`, blocks every signal).
 
 use super::jobdir::JobDir;
 use crate::sys::tty;

@@ -6,6 +6,22 @@ use nix::sys::signal::{SigHandler, SigSet, Signal};
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicPtr, Ordering};
 use std::time::Duration;
 
+/// Starts a thread that has every signal blocked (glibc keeps its own two open), so
+/// that signals meant for the process go to the threads that take them: a terminal
+/// relay's SIGWINCH, read from a signalfd by a thread that blocks it and no other
+/// (`sandbox::console`), would otherwise be taken by this thread and lost.
+pub fn spawn_blocking_all<T: Send + 'static>(
+    name: &str,
+    f: impl FnOnce() -> T + Send + 'static,
+) -> std::io::Result<std::thread::JoinHandle<T>> {
+    use nix::sys::signal::SigmaskHow;
+    let mut old = SigSet::empty();
+    nix::sys::signal::pthread_sigmask(SigmaskHow::SIG_SETMASK, Some(&SigSet::all()), Some(&mut old))?;
+    let spawned = std::thread::Builder::new().name(name.into()).spawn(f);
+    nix::sys::signal::pthread_sigmask(SigmaskHow::SIG_SETMASK, Some(&old), None)?;
+    spawned
+}
+
 /// Restores the default action of `sig` (e.g. SIGPIPE, which Rust's runtime ignores:
 /// `azp-sandbox gpu list | head` then ends quietly instead of failing on EPIPE).
 pub fn restore_default(sig: Signal) {
@@ -109,5 +125,32 @@ mod tests {
         nix::sys::signal::raise(Signal::SIGUSR2).unwrap(); // to this thread
         assert_eq!(wait_timeout(&set, Duration::from_secs(5)), Some(Signal::SIGUSR2));
         set.thread_unblock().unwrap();
+    }
+
+    #[test]
+    fn a_thread_started_blocking_all_takes_no_signal_of_the_process() {
+        let mask = |set: &mut SigSet| {
+            nix::sys::signal::pthread_sigmask(nix::sys::signal::SigmaskHow::SIG_BLOCK, None, Some(set)).unwrap()
+        };
+        let mut ours = SigSet::empty();
+        mask(&mut ours);
+        let theirs = spawn_blocking_all("t", move || {
+            let mut m = SigSet::empty();
+            mask(&mut m);
+            m
+        })
+        .unwrap()
+        .join()
+        .unwrap();
+        for sig in [Signal::SIGWINCH, Signal::SIGINT, Signal::SIGTERM, Signal::SIGCHLD, Signal::SIGIO] {
+            assert!(theirs.contains(sig), "{sig} open in the thread");
+        }
+        // The caller's own mask is as it was.
+        let mut after = SigSet::empty();
+        mask(&mut after);
+        assert_eq!(
+            Signal::iterator().map(|s| after.contains(s)).collect::<Vec<_>>(),
+            Signal::iterator().map(|s| ours.contains(s)).collect::<Vec<_>>()
+        );
     }
 }

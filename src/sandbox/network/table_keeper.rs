@@ -68,16 +68,15 @@ fn readable_within(fd: BorrowedFd, time: Duration) -> bool {
 fn start(net: JobNetwork) -> Result<TableKeeper> {
     let watch = NftablesWatch::subscribe().context("cannot watch nftables to keep the jobs' table")?;
     let (stop_rx, stop_tx) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).context("a pipe")?;
-    let thread = std::thread::Builder::new()
-        .name("network-table".into())
-        .spawn(move || {
-            // A reload between the run's making the table and the subscription: seen here.
+    // Signals stay with the threads that take them (an `exec -t`'s SIGWINCH).
+    let thread = crate::sys::signals::spawn_blocking_all("network-table", move || {
+        // A reload between the run's making the table and the subscription: seen here.
+        remake(&net);
+        while wait(&watch, &stop_rx) {
             remake(&net);
-            while wait(&watch, &stop_rx) {
-                remake(&net);
-            }
-        })
-        .context("cannot start the thread that keeps the jobs' network table")?;
+        }
+    })
+    .context("cannot start the thread that keeps the jobs' network table")?;
     Ok(TableKeeper { stop: Some(stop_tx), thread: Some(thread) })
 }
 
