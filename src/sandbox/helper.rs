@@ -391,17 +391,19 @@ fn run(
             return Err(e);
         }
     };
-    if !wait_for_go(go) {
-        undo(container);
-        let _ = sys.unmount(&merged);
-        return Err(SandboxError::new(FailureKind::Cancelled, "cancelled before start").into());
-    }
     // Until this helper forgets them after the job, a clean-up after its death does.
+    // Written before the go (a prepared sandbox's start waits on nothing more); one
+    // cancelled leaves it to the clean-up, which finds no connection.
     let connections = network.as_ref().and_then(|n| n.masqueraded());
     if let Some(c) = &connections {
         if let Err(e) = super::network::forget::record(&job.connections_file(), c) {
             tracing::warn!(job = %plan.id, "{e:#}: if this helper is killed, the job's tracked connections expire on their own");
         }
+    }
+    if !wait_for_go(go) {
+        undo(container);
+        let _ = sys.unmount(&merged);
+        return Err(SandboxError::new(FailureKind::Cancelled, "cancelled before start").into());
     }
     // The user namespace's child, killed when its namespace was made, is gone by now:
     // reaped before the job's wait reaps whatever exits (see `sys::process::reap_killed`).
@@ -453,15 +455,12 @@ fn run(
     // no job (a review: jobs one after another filled the host's table).
     if let Some(connections) = connections {
         match sys.forget_connections(&connections) {
-            Ok(n) => {
-                super::network::forget::forgotten(&job.connections_file());
-                if n > 0 {
-                    tracing::debug!(job = %plan.id, "forgot the job's {n} tracked connections");
-                }
-            }
-            // The record stays: the runner's clean-up tries once more.
+            Ok(0) => {}
+            Ok(n) => tracing::debug!(job = %plan.id, "forgot the job's {n} tracked connections"),
             Err(e) => tracing::warn!(job = %plan.id, "{}: they expire on their own", e.with_causes()),
         }
+        // Tried: a record is left only by a helper that did not get here.
+        super::network::forget::forgotten(&job.connections_file());
     }
     // No unmount of the overlay here: it lives only in this process's mount namespace,
     // which the kernel tears down when we exit, before our parent's wait returns. An
@@ -1336,10 +1335,31 @@ mod tests {
         assert!(forget.len() == 1 && forget[0].starts_with("forget_connections 10.87."), "{calls:?}");
         // Forgotten: no record left for the clean-up to act on.
         assert!(!s.job.connections_file().exists());
-        // Its failure is said, not the job's; the record stays for the clean-up to try.
+        // Its failure is said, not the job's, and not tried again by the clean-up.
         let rec = Recorder::failing_at(delete + 1, Errno::EPERM);
         assert_eq!(s.run(&rec, None, None), HelperResult::Exited { code: 3, signal: None });
-        let record = std::fs::read_to_string(s.job.connections_file()).unwrap();
+        assert!(!s.job.connections_file().exists());
+    }
+
+    #[test]
+    fn a_root_jobs_connections_are_recorded_before_its_start() {
+        // What a clean-up after this helper's death reads (see `network::forget`).
+        // A prepared sandbox: the record is there while it waits for its go.
+        let s = setup(|p, _| p.network = crate::config::Network::Isolated);
+        let file = s.job.connections_file();
+        let (go_rx, go_tx) = nix::unistd::pipe().unwrap();
+        let runner = std::thread::spawn(move || {
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+            while !file.exists() && std::time::Instant::now() < deadline {
+                std::thread::sleep(std::time::Duration::from_millis(5));
+            }
+            let record = std::fs::read_to_string(&file).ok();
+            nix::unistd::write(&go_tx, b"g").unwrap();
+            record
+        });
+        let rec = Recorder::default();
+        assert_eq!(s.run(&rec, None, Some(go_rx)), HelperResult::Exited { code: 3, signal: None });
+        let record = runner.join().unwrap().expect("no record before the go");
         assert!(record.contains("\"sources\":[\"10.87."), "{record}");
     }
 

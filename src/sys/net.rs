@@ -965,13 +965,18 @@ pub fn forget_connections(job: &JobConnections) -> Result<usize> {
     if !counted {
         return Ok(0);
     }
-    let sources = &job.sources;
     let entries = s.call(Message::conntrack_dump()).map_err(Error::ConntrackDump)?;
-    delete_connections(&s, &entries, |src| sources.contains(src))
-}
-
-/// Deletes each of the dumped conntrack `entries` whose original source `forget` picks.
-fn delete_connections(s: &Socket, entries: &[Vec<u8>], forget: impl Fn(&std::net::IpAddr) -> bool) -> Result<usize> {
+    // Read after the entries: an address of the job's that another link holds by now is
+    // another job's (free again once the job's link went, which a clean-up after a killed
+    // helper may come long after), and so are its entries. One claimed after this read
+    // has none in the dump.
+    let taken = held_by_other_links(&job.link)?;
+    let v4_of = |a: &std::net::IpAddr| match a {
+        std::net::IpAddr::V4(v4) => *v4,
+        // A job's IPv6 address holds its IPv4 one in its low bits (see [`Veth6::address`]).
+        std::net::IpAddr::V6(v6) => Ipv4Addr::from(u128::from(*v6) as u32),
+    };
+    let forget = |src: &std::net::IpAddr| job.sources.contains(src) && !taken.contains(&v4_of(src));
     let mut forgotten = 0;
     for (_, delete) in entries.iter().filter_map(|e| nl::conntrack_entry(e)).filter(|(src, _)| forget(src)) {
         match s.request(delete) {
@@ -982,6 +987,14 @@ fn delete_connections(s: &Socket, entries: &[Vec<u8>], forget: impl Fn(&std::net
         }
     }
     Ok(forgotten)
+}
+
+/// The addresses that links other than `link` hold by a host route `/32` (as a job's
+/// link holds its job's, see `claim_address`).
+fn held_by_other_links(link: &str) -> Result<Vec<Ipv4Addr>> {
+    let links = links()?;
+    let other = |i: i32| links.iter().any(|(x, name)| *x == i && name != link);
+    Ok(routes()?.into_iter().filter(|r| r.dst.prefix == 32 && r.oif.is_some_and(other)).map(|r| r.dst.addr).collect())
 }
 
 /// The host's nftables table `name` (inet family), if it exists.

@@ -42,12 +42,7 @@ pub fn left_by_a_killed_helper(file: &Path, sys: &dyn Sys) -> Option<usize> {
     let bytes = std::fs::read(file).ok()?;
     let forgotten = match serde_json::from_slice::<Record>(&bytes) {
         Ok(r) => {
-            let c = JobConnections {
-                table: super::firewall::TABLE,
-                set: super::firewall::JOB_FLOWS,
-                link: r.link,
-                sources: r.sources,
-            };
+            let c = super::job_connections(r.link, r.sources);
             sys.forget_connections(&c)
                 .map_err(|e| tracing::warn!("{}: the job's tracked connections expire on their own", e.with_causes()))
                 .unwrap_or(0)

@@ -420,8 +420,14 @@ impl Entered {
         let link = self.host_link.clone()?;
         let v4 = self.made.address.map(std::net::IpAddr::from);
         let sources = v4.into_iter().chain(self.made.address6.map(std::net::IpAddr::from)).collect();
-        Some(crate::sys::net::JobConnections { table: firewall::TABLE, set: firewall::JOB_FLOWS, link, sources })
+        Some(job_connections(link, sources))
     }
+}
+
+/// A job's connections as the host's table counts them: by its host link, from its
+/// addresses (see [`Entered::masqueraded`]).
+pub fn job_connections(link: String, sources: Vec<std::net::IpAddr>) -> crate::sys::net::JobConnections {
+    crate::sys::net::JobConnections { table: firewall::TABLE, set: firewall::JOB_FLOWS, link, sources }
 }
 
 /// A job's IPv6 (see [`ipv6`]): `host` the host's own IPv6 addresses; `force_forwarding`:
