@@ -362,7 +362,7 @@ impl Sandbox {
         // this run keeps it) from its start, not from its first second on (see
         // `await_result`), which only begins once the relay is over.
         let _table = console.as_ref().and(opts.keep_table.as_ref()).and_then(|n| table_keeper::keep(n.clone()));
-        let opts = &RunOptions { keep_table: opts.keep_table.clone().filter(|_| console.is_none()), ..opts.clone() };
+        let keep_later = opts.keep_table.as_ref().filter(|_| console.is_none());
         if let Some(console) = console {
             watch_helper(spawned.child.pid, opts);
             if let Err(e) = relay_terminal(console, &spawned) {
@@ -372,7 +372,7 @@ impl Sandbox {
                 let _ = sys::process::kill(spawned.child.pid, Signal::SIGTERM);
             }
         }
-        let (mut child, report) = await_result(spawned, opts);
+        let (mut child, report) = await_result(spawned, opts, keep_later);
         let result = match report {
             Some(r) => {
                 // The job is over; the helper is still deleting its container.
@@ -420,7 +420,7 @@ impl Sandbox {
     fn cancel_prepared(&mut self) {
         if let Some((mut s, _)) = self.prepared.take() {
             drop(s.go_tx.take());
-            let (mut helper, _) = await_result(s, &RunOptions::default());
+            let (mut helper, _) = await_result(s, &RunOptions::default(), None);
             let _ = helper.wait();
         }
     }
@@ -941,15 +941,21 @@ impl Drop for EarlyHelper {
 }
 
 /// Waits for the helper's result (sent when the job exits, before the container is
-/// deleted). Returns the still-running helper, holding the rest of its result pipe (see
-/// [`Helper::done`]), and the result, or None when the helper ended without one.
-fn await_result(s: Spawned, opts: &RunOptions) -> (Helper, Option<HelperResult>) {
+/// deleted), keeping the host's table for a job of `keep_table` that runs longer than a
+/// second (see `network::table_keeper`). Returns the still-running helper, holding the
+/// rest of its result pipe (see [`Helper::done`]), and the result, or None when the
+/// helper ended without one.
+fn await_result(
+    s: Spawned,
+    opts: &RunOptions,
+    keep_table: Option<&super::network::JobNetwork>,
+) -> (Helper, Option<HelperResult>) {
     let Spawned { child, result_rx, go_tx, copiers } = s;
     drop(go_tx);
     watch_helper(child.pid, opts);
     // A long `exec` job keeps the host's table through firewall reloads from its first
     // second on (until its result is in).
-    let _table = opts.keep_table.as_ref().and_then(|n| table_keeper::keep_unless_done(result_rx.as_fd(), n));
+    let _table = keep_table.and_then(|n| table_keeper::keep_unless_done(result_rx.as_fd(), n));
     // The result ends with END_OF_RESULT, or at EOF when the helper died (it is the last
     // holder of the write end once the job has exec'd).
     let mut pipe = std::fs::File::from(result_rx);
@@ -1222,7 +1228,7 @@ mod tests {
         // (The Command holds the write end until it drops.)
         let pid = Command::new("sh").args(["-c", script]).stdout(Stdio::from(result_tx)).spawn().unwrap().id();
         let child = HelperProcess { pid: pid as i32 };
-        await_result(Spawned { child, result_rx, go_tx: None, copiers: vec![] }, &RunOptions::default())
+        await_result(Spawned { child, result_rx, go_tx: None, copiers: vec![] }, &RunOptions::default(), None)
     }
 
     #[test]
