@@ -19,9 +19,9 @@ use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::time::{Duration, Instant};
 
 /// How long an `exec`'s job runs before it keeps the table as well. Most `exec` jobs (a
-/// command, a test's) are over sooner and start no thread for it (a thread and a
-/// netlink subscription cost a job of this VM's ~20 ms cycle about 1%). A reload within
-/// that second is undone by the keeper's first look.
+/// command, a test's) are over sooner and start no thread, netlink subscription and
+/// table lookup for it. A reload within that second is undone by the keeper's first
+/// look.
 pub const EXEC_AFTER: Duration = Duration::from_secs(1);
 
 /// Stops its thread when dropped: before the run's end removes the table.
