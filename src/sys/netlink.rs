@@ -35,6 +35,8 @@ const NLMSG_DONE: u16 = 3;
 const NLM_F_REQUEST: u16 = 0x1;
 const NLM_F_ACK: u16 = 0x4;
 const NLM_F_DUMP: u16 = 0x300;
+/// In a dump's reply: what it lists changed while it was made (see [`Socket::call`]).
+const NLM_F_DUMP_INTR: u16 = 0x10;
 pub const NLM_F_REPLACE: u16 = 0x100;
 pub const NLM_F_EXCL: u16 = 0x200;
 pub const NLM_F_CREATE: u16 = 0x400;
@@ -171,20 +173,44 @@ impl Socket {
     }
 
     /// Sends `msg` (with an ack asked for) and returns the replies before the ack or the
-    /// end of a dump; the kernel's error (a negative errno in the ack) as `Err`.
+    /// end of a dump; the kernel's error (a negative errno in the ack) as `Err`. A dump
+    /// the kernel marks interrupted (`NLM_F_DUMP_INTR`: what it lists changed meanwhile,
+    /// and an entry may have been skipped) is asked for again, [`DUMP_TRIES`] times at
+    /// most, then refused with EINTR: a caller that decides by what is absent from a
+    /// dump (a link, a route) must not decide on a partial one.
     pub fn call(&self, msg: Message) -> Result<Vec<Vec<u8>>, Errno> {
+        if msg.flags & NLM_F_DUMP == NLM_F_DUMP {
+            for _ in 1..DUMP_TRIES {
+                if let Ok(r) = self.call_once(msg.clone()) {
+                    return r;
+                }
+            }
+        }
+        self.call_once(msg).unwrap_or(Err(Errno::EINTR))
+    }
+
+    /// [`Socket::call`], once: `Err(Interrupted)` for a dump the kernel marked so.
+    fn call_once(&self, msg: Message) -> Result<Result<Vec<Vec<u8>>, Errno>, Interrupted> {
         let seq = self.seq.get();
         self.seq.set(seq.wrapping_add(1));
         let dump = msg.flags & NLM_F_DUMP == NLM_F_DUMP;
         let bytes = msg.finish(seq, if dump { 0 } else { NLM_F_ACK });
-        let sent = socket::send(self.fd.as_raw_fd(), &bytes, MsgFlags::empty())?;
+        let sent = match socket::send(self.fd.as_raw_fd(), &bytes, MsgFlags::empty()) {
+            Ok(n) => n,
+            Err(e) => return Ok(Err(e)),
+        };
         if sent != bytes.len() {
-            return Err(Errno::EMSGSIZE);
+            return Ok(Err(Errno::EMSGSIZE));
         }
         let mut replies = Vec::new();
+        let mut interrupted = false;
         let mut buf = vec![0u8; 64 * 1024];
         loop {
-            let n = socket::recv(self.fd.as_raw_fd(), &mut buf, MsgFlags::empty())?;
+            let n = match socket::recv(self.fd.as_raw_fd(), &mut buf, MsgFlags::empty()) {
+                Ok(n) => n,
+                Err(e) => return Ok(Err(e)),
+            };
+            interrupted |= dump_interrupted(&buf[..n], seq);
             for (typ, msg_seq, payload) in messages(&buf[..n]) {
                 if msg_seq != seq {
                     continue; // a late reply to an earlier request
@@ -192,9 +218,10 @@ impl Socket {
                 match typ {
                     NLMSG_ERROR => {
                         let code = payload.get(..4).map(|b| i32::from_ne_bytes(b.try_into().unwrap())).unwrap_or(0);
-                        return if code == 0 { Ok(replies) } else { Err(Errno::from_raw(-code)) };
+                        return Ok(if code == 0 { Ok(replies) } else { Err(Errno::from_raw(-code)) });
                     }
-                    NLMSG_DONE => return Ok(replies),
+                    NLMSG_DONE if interrupted => return Err(Interrupted),
+                    NLMSG_DONE => return Ok(Ok(replies)),
                     _ => replies.push(payload.to_vec()),
                 }
             }
@@ -313,6 +340,28 @@ fn batch_mark(typ: u16, seq: u32) -> Vec<u8> {
 }
 
 /// `(type, seq, payload)` of each message in a received buffer.
+/// How many times [`Socket::call`] asks for a dump the kernel marks interrupted.
+const DUMP_TRIES: usize = 5;
+
+/// A dump the kernel marked `NLM_F_DUMP_INTR` (see [`Socket::call`]).
+struct Interrupted;
+
+/// Whether a message of request `seq` in `buf` carries `NLM_F_DUMP_INTR`.
+fn dump_interrupted(mut buf: &[u8], seq: u32) -> bool {
+    while buf.len() >= NLMSG_HDRLEN {
+        let len = u32::from_ne_bytes(buf[0..4].try_into().unwrap()) as usize;
+        if len < NLMSG_HDRLEN || len > buf.len() {
+            break;
+        }
+        let flags = u16::from_ne_bytes(buf[6..8].try_into().unwrap());
+        if u32::from_ne_bytes(buf[8..12].try_into().unwrap()) == seq && flags & NLM_F_DUMP_INTR != 0 {
+            return true;
+        }
+        buf = &buf[align(len).min(buf.len())..];
+    }
+    false
+}
+
 fn messages(mut buf: &[u8]) -> Vec<(u16, u32, &[u8])> {
     let mut out = Vec::new();
     while buf.len() >= NLMSG_HDRLEN {
@@ -637,6 +686,27 @@ pub fn nft_table_handle(reply: &[u8]) -> Option<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_dump_the_kernel_marks_interrupted_is_seen_per_request() {
+        let msg = |flags: u16, seq: u32| {
+            let mut m = Vec::new();
+            m.extend_from_slice(&20u32.to_ne_bytes());
+            m.extend_from_slice(&RTM_NEWLINK.to_ne_bytes());
+            m.extend_from_slice(&flags.to_ne_bytes());
+            m.extend_from_slice(&seq.to_ne_bytes());
+            m.extend_from_slice(&0u32.to_ne_bytes());
+            m.extend_from_slice(&[0u8; 4]);
+            m
+        };
+        const MULTI: u16 = 0x2;
+        let plain = [msg(MULTI, 7), msg(MULTI, 7)].concat();
+        assert!(!dump_interrupted(&plain, 7));
+        let marked = [msg(MULTI, 7), msg(MULTI | NLM_F_DUMP_INTR, 7)].concat();
+        assert!(dump_interrupted(&marked, 7));
+        // Another request's (a late reply) does not count.
+        assert!(!dump_interrupted(&marked, 8));
+    }
 
     fn hex(b: &[u8]) -> String {
         b.iter().map(|x| format!("{x:02x}")).collect()
