@@ -970,13 +970,8 @@ pub fn forget_connections(job: &JobConnections) -> Result<usize> {
     // another job's (free again once the job's link went, which a clean-up after a killed
     // helper may come long after), and so are its entries. One claimed after this read
     // has none in the dump.
-    let taken = held_by_other_links(&job.link)?;
-    let v4_of = |a: &std::net::IpAddr| match a {
-        std::net::IpAddr::V4(v4) => *v4,
-        // A job's IPv6 address holds its IPv4 one in its low bits (see [`Veth6::address`]).
-        std::net::IpAddr::V6(v6) => Ipv4Addr::from(u128::from(*v6) as u32),
-    };
-    let forget = |src: &std::net::IpAddr| job.sources.contains(src) && !taken.contains(&v4_of(src));
+    let sources = still_the_jobs(&job.sources, &job.link, &routes()?, &links()?);
+    let forget = |src: &std::net::IpAddr| sources.contains(src);
     let mut forgotten = 0;
     for (_, delete) in entries.iter().filter_map(|e| nl::conntrack_entry(e)).filter(|(src, _)| forget(src)) {
         match s.request(delete) {
@@ -989,12 +984,23 @@ pub fn forget_connections(job: &JobConnections) -> Result<usize> {
     Ok(forgotten)
 }
 
-/// The addresses that links other than `link` hold by a host route `/32` (as a job's
-/// link holds its job's, see `claim_address`).
-fn held_by_other_links(link: &str) -> Result<Vec<Ipv4Addr>> {
-    let links = links()?;
+/// Those of a job's `sources` that no link but the job's own (`link`) holds: a job's link
+/// holds its address by a host route `/32` (see `claim_address`), and the job's IPv6
+/// address holds the IPv4 one in its low bits (see [`Veth6::address`]). `links` names
+/// the routes' links.
+fn still_the_jobs(
+    sources: &[std::net::IpAddr],
+    link: &str,
+    routes: &[HostRoute],
+    links: &[(i32, String)],
+) -> Vec<std::net::IpAddr> {
     let other = |i: i32| links.iter().any(|(x, name)| *x == i && name != link);
-    Ok(routes()?.into_iter().filter(|r| r.dst.prefix == 32 && r.oif.is_some_and(other)).map(|r| r.dst.addr).collect())
+    let taken = |a: Ipv4Addr| routes.iter().any(|r| r.dst == Ipv4Net::host(a) && r.oif.is_some_and(other));
+    let v4_of = |a: &std::net::IpAddr| match a {
+        std::net::IpAddr::V4(v4) => *v4,
+        std::net::IpAddr::V6(v6) => Ipv4Addr::from(u128::from(*v6) as u32),
+    };
+    sources.iter().filter(|a| !taken(v4_of(a))).copied().collect()
 }
 
 /// The host's nftables table `name` (inet family), if it exists.
@@ -1393,6 +1399,28 @@ pub fn link_name(index: i32) -> Result<Option<String>> {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_killed_jobs_address_another_job_holds_now_is_that_jobs() {
+        use std::net::IpAddr;
+        let (a, b): (IpAddr, IpAddr) = ("10.87.0.5".parse().unwrap(), "fd61:7a70:7362::a57:5".parse().unwrap());
+        let links = vec![(7, "azp00000000000a".to_string()), (9, "azp00000000000b".to_string())];
+        let route = |oif| super::HostRoute {
+            dst: super::Ipv4Net::host("10.87.0.5".parse().unwrap()),
+            oif: Some(oif),
+            table: 254,
+        };
+        // On the job's own link (its helper forgets at its end), or on no link (gone with
+        // the killed job's namespace): the job's, both addresses.
+        assert_eq!(super::still_the_jobs(&[a, b], "azp00000000000a", &[route(7)], &links), vec![a, b]);
+        assert_eq!(super::still_the_jobs(&[a, b], "azp00000000000a", &[], &links), vec![a, b]);
+        // Claimed by another job's link since: neither (the IPv6 one is made of it).
+        assert_eq!(super::still_the_jobs(&[a, b], "azp00000000000a", &[route(9)], &links), Vec::<IpAddr>::new());
+        // A wider route through another link (the host's own) holds nothing.
+        let wide =
+            super::HostRoute { dst: super::Ipv4Net::new("10.87.0.0".parse().unwrap(), 16), oif: Some(9), table: 254 };
+        assert_eq!(super::still_the_jobs(&[a], "azp00000000000a", &[wide], &links), vec![a]);
+    }
+
     use super::*;
 
     /// As root, in a namespace of its own with 300 routes in its main table: the dump of
