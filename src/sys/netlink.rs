@@ -339,7 +339,6 @@ fn batch_mark(typ: u16, seq: u32) -> Vec<u8> {
     m.finish(seq, 0)
 }
 
-/// `(type, seq, payload)` of each message in a received buffer.
 /// How many times [`Socket::call`] asks for a dump the kernel marks interrupted.
 const DUMP_TRIES: usize = 5;
 
@@ -347,22 +346,17 @@ const DUMP_TRIES: usize = 5;
 struct Interrupted;
 
 /// Whether a message of request `seq` in `buf` carries `NLM_F_DUMP_INTR`.
-fn dump_interrupted(mut buf: &[u8], seq: u32) -> bool {
-    while buf.len() >= NLMSG_HDRLEN {
-        let len = u32::from_ne_bytes(buf[0..4].try_into().unwrap()) as usize;
-        if len < NLMSG_HDRLEN || len > buf.len() {
-            break;
-        }
-        let flags = u16::from_ne_bytes(buf[6..8].try_into().unwrap());
-        if u32::from_ne_bytes(buf[8..12].try_into().unwrap()) == seq && flags & NLM_F_DUMP_INTR != 0 {
-            return true;
-        }
-        buf = &buf[align(len).min(buf.len())..];
-    }
-    false
+fn dump_interrupted(buf: &[u8], seq: u32) -> bool {
+    headers(buf).into_iter().any(|(_, flags, s, _)| s == seq && flags & NLM_F_DUMP_INTR != 0)
 }
 
-fn messages(mut buf: &[u8]) -> Vec<(u16, u32, &[u8])> {
+/// `(type, seq, payload)` of each message in a received buffer.
+fn messages(buf: &[u8]) -> Vec<(u16, u32, &[u8])> {
+    headers(buf).into_iter().map(|(typ, _, seq, payload)| (typ, seq, payload)).collect()
+}
+
+/// `(type, flags, seq, payload)` of each message in a received buffer.
+fn headers(mut buf: &[u8]) -> Vec<(u16, u16, u32, &[u8])> {
     let mut out = Vec::new();
     while buf.len() >= NLMSG_HDRLEN {
         let len = u32::from_ne_bytes(buf[0..4].try_into().unwrap()) as usize;
@@ -370,8 +364,9 @@ fn messages(mut buf: &[u8]) -> Vec<(u16, u32, &[u8])> {
             break;
         }
         let typ = u16::from_ne_bytes(buf[4..6].try_into().unwrap());
+        let flags = u16::from_ne_bytes(buf[6..8].try_into().unwrap());
         let seq = u32::from_ne_bytes(buf[8..12].try_into().unwrap());
-        out.push((typ, seq, &buf[NLMSG_HDRLEN..len]));
+        out.push((typ, flags, seq, &buf[NLMSG_HDRLEN..len]));
         buf = &buf[align(len).min(buf.len())..];
     }
     out
@@ -476,7 +471,6 @@ impl Message {
         Message::new((NFNL_SUBSYS_NFTABLES << 8) | msg, flags, &[NFPROTO_INET, 0, 0, 0])
     }
 
-    /// nftables `GETTABLE` of `name` in the inet family.
     /// A dump of the elements of the inet set `set` of table `table`.
     pub fn nft_dump_set(table: &str, set: &str) -> Message {
         let mut m =
@@ -485,6 +479,7 @@ impl Message {
         m
     }
 
+    /// nftables `GETTABLE` of `name` in the inet family.
     pub fn nft_get_table(name: &str) -> Message {
         // nfgenmsg: family, version, res_id (big endian: the subsystem's resource id).
         let mut m = Message::new((NFNL_SUBSYS_NFTABLES << 8) | NFT_MSG_GETTABLE, 0, &[NFPROTO_INET, 0, 0, 0]);
