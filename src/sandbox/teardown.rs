@@ -696,7 +696,7 @@ mod tests {
         let f = fixture();
         let link = "azp0123456789ab".to_string();
         let sources = vec!["10.87.0.5".parse().unwrap(), "fd61:7a70:7362::a57:5".parse().unwrap()];
-        let c = crate::sys::net::JobConnections { table: "t", set: "s", link, sources };
+        let c = crate::sandbox::network::job_connections(link, sources);
         crate::sandbox::network::forget::record(&f.job.connections_file(), &c).unwrap();
         let (calls, r) = f.run(None);
         r.unwrap();

@@ -1399,29 +1399,24 @@ pub fn link_name(index: i32) -> Result<Option<String>> {
 
 #[cfg(test)]
 mod tests {
+    use super::*;
+
     #[test]
     fn a_killed_jobs_address_another_job_holds_now_is_that_jobs() {
         use std::net::IpAddr;
         let (a, b): (IpAddr, IpAddr) = ("10.87.0.5".parse().unwrap(), "fd61:7a70:7362::a57:5".parse().unwrap());
         let links = vec![(7, "azp00000000000a".to_string()), (9, "azp00000000000b".to_string())];
-        let route = |oif| super::HostRoute {
-            dst: super::Ipv4Net::host("10.87.0.5".parse().unwrap()),
-            oif: Some(oif),
-            table: 254,
-        };
+        let route = |oif| HostRoute { dst: Ipv4Net::host("10.87.0.5".parse().unwrap()), oif: Some(oif), table: 254 };
         // On the job's own link (its helper forgets at its end), or on no link (gone with
         // the killed job's namespace): the job's, both addresses.
-        assert_eq!(super::still_the_jobs(&[a, b], "azp00000000000a", &[route(7)], &links), vec![a, b]);
-        assert_eq!(super::still_the_jobs(&[a, b], "azp00000000000a", &[], &links), vec![a, b]);
+        assert_eq!(still_the_jobs(&[a, b], "azp00000000000a", &[route(7)], &links), vec![a, b]);
+        assert_eq!(still_the_jobs(&[a, b], "azp00000000000a", &[], &links), vec![a, b]);
         // Claimed by another job's link since: neither (the IPv6 one is made of it).
-        assert_eq!(super::still_the_jobs(&[a, b], "azp00000000000a", &[route(9)], &links), Vec::<IpAddr>::new());
+        assert_eq!(still_the_jobs(&[a, b], "azp00000000000a", &[route(9)], &links), Vec::<IpAddr>::new());
         // A wider route through another link (the host's own) holds nothing.
-        let wide =
-            super::HostRoute { dst: super::Ipv4Net::new("10.87.0.0".parse().unwrap(), 16), oif: Some(9), table: 254 };
-        assert_eq!(super::still_the_jobs(&[a], "azp00000000000a", &[wide], &links), vec![a]);
+        let wide = HostRoute { dst: Ipv4Net::new("10.87.0.0".parse().unwrap(), 16), oif: Some(9), table: 254 };
+        assert_eq!(still_the_jobs(&[a], "azp00000000000a", &[wide], &links), vec![a]);
     }
-
-    use super::*;
 
     /// As root, in a namespace of its own with 300 routes in its main table: the dump of
     /// its local table returns that table alone where the socket filters dumps, and the
