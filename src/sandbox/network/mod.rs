@@ -657,11 +657,18 @@ fn loopback_proxy(url: &str) -> Option<(&str, u16, Ipv4Addr)> {
     Some((host, port, addr))
 }
 
+/// How long gc waits for the links of jobs just ended before it leaves the table to the
+/// next gc. The kernel removes a link with its namespace, in one worker that tears down
+/// every namespace of the host in turn: on a busy host (the escape suite, four tests at
+/// a time, some of whose namespaces hold thousands of tracked connections) a job killed
+/// by gc still had its link after the next gc's 2 s (`t16`, once in a CI run).
+const LINKS_GRACE: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// gc's part (and the end of `run`'s): the host's table when no job link is left.
 pub fn gc() -> Result<Option<String>> {
     // This process's own jobs are over (`gc`, or the end of `run`).
     firewall::end_table_use();
-    firewall::remove_if_unused(std::time::Duration::from_secs(2))
+    firewall::remove_if_unused(LINKS_GRACE)
 }
 
 #[cfg(test)]
