@@ -391,18 +391,33 @@ fn run(
             return Err(e);
         }
     };
-    // Until this helper forgets them after the job, a clean-up after its death does.
-    // Written before the go (a prepared sandbox's start waits on nothing more); one
-    // cancelled leaves it to the clean-up, which finds no connection.
-    let connections = network.as_ref().and_then(|n| n.masqueraded());
-    if let Some(c) = &connections {
-        if let Err(e) = super::network::forget::record(&job.connections_file(), c) {
+    let tracked = network.as_ref().and_then(|n| n.tracked(&plan.net));
+    if let Some(t) = &tracked {
+        // The job's address was a killed job's, whose helper did not forget its
+        // connections: forgotten now, or this job would get their replies.
+        match super::network::forget::before_its_job(t, sys) {
+            Ok(0) => {}
+            Ok(n) => {
+                tracing::info!(job = %plan.id, "forgot {n} tracked connections a killed job left on this job's address")
+            }
+            Err(e) => {
+                undo(container);
+                return Err(e);
+            }
+        }
+        // Until this helper forgets them after the job, a clean-up after its death does.
+        // Written before the go (a prepared sandbox's start waits on nothing more).
+        if let Err(e) = super::network::forget::record(&job.connections_file(), t) {
             tracing::warn!(job = %plan.id, "{e:#}: if this helper is killed, the job's tracked connections expire on their own");
         }
     }
     if !wait_for_go(go) {
         undo(container);
         let _ = sys.unmount(&merged);
+        // Its job made no connection.
+        if let Some(t) = &tracked {
+            super::network::forget::forgotten(&job.connections_file(), t);
+        }
         return Err(SandboxError::new(FailureKind::Cancelled, "cancelled before start").into());
     }
     // The user namespace's child, killed when its namespace was made, is gone by now:
@@ -453,14 +468,14 @@ fn run(
     // The host's conntrack entries of the job's connections: they outlive its link, and a
     // server of the job's that keeps answering would keep them for days, counted against
     // no job (a review: jobs one after another filled the host's table).
-    if let Some(connections) = connections {
-        match sys.forget_connections(&connections) {
-            Ok(0) => {}
-            Ok(n) => tracing::debug!(job = %plan.id, "forgot the job's {n} tracked connections"),
+    if let Some(t) = tracked {
+        match sys.forget_connections(&t.connections, crate::sys::net::Look::IfCounted) {
+            Ok(f) if f.entries == 0 => {}
+            Ok(f) => tracing::debug!(job = %plan.id, "forgot the job's {} tracked connections", f.entries),
             Err(e) => tracing::warn!(job = %plan.id, "{}: they expire on their own", e.with_causes()),
         }
         // Tried: a record is left only by a helper that did not get here.
-        super::network::forget::forgotten(&job.connections_file());
+        super::network::forget::forgotten(&job.connections_file(), &t);
     }
     // No unmount of the overlay here: it lives only in this process's mount namespace,
     // which the kernel tears down when we exit, before our parent's wait returns. An
@@ -1339,6 +1354,50 @@ mod tests {
         let rec = Recorder::failing_at(delete + 1, Errno::EPERM);
         assert_eq!(s.run(&rec, None, None), HelperResult::Exited { code: 3, signal: None });
         assert!(!s.job.connections_file().exists());
+    }
+
+    #[test]
+    fn a_root_job_on_a_killed_jobs_address_forgets_its_connections_before_it_starts() {
+        // The recorder's veth gives 10.87.0.2: a killed job's helper left its marker.
+        let s = setup(|p, t| {
+            p.network = crate::config::Network::Isolated;
+            p.net.unforgotten = Some(t.join("unforgotten"));
+        });
+        let dir = s._t.path().join("unforgotten");
+        std::fs::create_dir(&dir).unwrap();
+        let marker = dir.join("10.87.0.2@azp0000000000a1");
+        std::fs::write(&marker, "").unwrap();
+        let rec = Recorder::default();
+        assert_eq!(s.run(&rec, None, None), HelperResult::Exited { code: 3, signal: None });
+        let calls = rec.calls();
+        let heir = calls
+            .iter()
+            .position(|c| c.starts_with("forget_connections 10.87.0.2 of azp0000000000a1 Always heir azp"))
+            .unwrap_or_else(|| panic!("the killed job's connections are not forgotten: {calls:?}"));
+        let start = calls.iter().position(|c| c == "start_and_wait").expect("start");
+        assert!(heir < start, "{calls:?}");
+        assert!(!marker.exists());
+        // Not forgotten: no job (it would get their replies), and the marker stays.
+        std::fs::write(&marker, "").unwrap();
+        let rec = Recorder::failing_at(heir, Errno::EPERM);
+        assert!(matches!(s.run(&rec, None, None), HelperResult::Failed { .. }));
+        assert!(!rec.calls().iter().any(|c| c == "start_and_wait"), "{:?}", rec.calls());
+        assert!(marker.exists());
+    }
+
+    #[test]
+    fn a_cancelled_root_job_leaves_no_record_of_connections_it_never_made() {
+        let s = setup(|p, t| {
+            p.network = crate::config::Network::Isolated;
+            p.net.unforgotten = Some(t.join("unforgotten"));
+        });
+        let (rx, tx) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).unwrap();
+        drop(tx); // EOF: cancelled
+        let r = s.run(&Recorder::default(), None, Some(rx));
+        assert!(matches!(r, HelperResult::Failed { kind: FailureKind::Cancelled, .. }), "{r:?}");
+        assert!(!s.job.connections_file().exists());
+        let left: Vec<_> = std::fs::read_dir(s._t.path().join("unforgotten")).unwrap().collect();
+        assert!(left.is_empty(), "{left:?}");
     }
 
     #[test]

@@ -697,12 +697,13 @@ mod tests {
         let link = "azp0123456789ab".to_string();
         let sources = vec!["10.87.0.5".parse().unwrap(), "fd61:7a70:7362::a57:5".parse().unwrap()];
         let c = crate::sandbox::network::job_connections(link, sources);
-        crate::sandbox::network::forget::record(&f.job.connections_file(), &c).unwrap();
+        let t = crate::sandbox::network::forget::Tracked { connections: c, markers: None };
+        crate::sandbox::network::forget::record(&f.job.connections_file(), &t).unwrap();
         let (calls, r) = f.run(None);
         r.unwrap();
         // After its processes and cgroup, while its record is still there to say whose.
         let mut want = f.steps();
-        want.insert(3, "forget_connections 10.87.0.5 fd61:7a70:7362::a57:5".into());
+        want.insert(3, "forget_connections 10.87.0.5 fd61:7a70:7362::a57:5 of azp0123456789ab Always".into());
         assert_eq!(calls, want);
     }
 

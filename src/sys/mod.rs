@@ -79,8 +79,9 @@ pub trait Sys {
     /// it: gone before the helper exits, so its runner finds the job's cgroup empty.
     fn stop_pasta(&self, pid: i32) -> Result<()>;
     /// Deletes the host's conntrack entries of connections from `sources` (a root-mode
-    /// job's addresses, once the job is over; see [`net::forget_connections`]): how many.
-    fn forget_connections(&self, job: &net::JobConnections) -> Result<usize>;
+    /// job's addresses, once the job is over; see [`net::forget_connections`]): how many,
+    /// and which addresses another link holds now.
+    fn forget_connections(&self, job: &net::JobConnections, look: net::Look) -> Result<net::Forgotten>;
     /// The first part of [`Sys::join_cgroup`]: the dirs and limits, no move.
     fn prepare_cgroup(&self, join: &CgroupJoin) -> Result<()>;
     /// The rest of it, after a [`Sys::prepare_cgroup`] (here or in the runner): the move.
@@ -207,8 +208,8 @@ impl Sys for Real {
         process::kill(pid, Signal::SIGKILL)?;
         process::wait_exit_status(pid).map(drop).map_err(|source| Error::StopPasta { pid, source })
     }
-    fn forget_connections(&self, job: &net::JobConnections) -> Result<usize> {
-        net::forget_connections(job)
+    fn forget_connections(&self, job: &net::JobConnections, look: net::Look) -> Result<net::Forgotten> {
+        net::forget_connections(job, look)
     }
     fn prepare_cgroup(&self, join: &CgroupJoin) -> Result<()> {
         cgroup::prepare(join)
@@ -453,10 +454,12 @@ impl Sys for Recorder {
     fn stop_pasta(&self, pid: i32) -> Result<()> {
         self.step(format!("stop_pasta {pid}")).map_err(|e| Error::StopPasta { pid, source: self.io(e) })
     }
-    fn forget_connections(&self, job: &net::JobConnections) -> Result<usize> {
+    fn forget_connections(&self, job: &net::JobConnections, look: net::Look) -> Result<net::Forgotten> {
         let list: Vec<String> = job.sources.iter().map(|a| a.to_string()).collect();
-        self.step(format!("forget_connections {}", list.join(" "))).map_err(Error::ConntrackDelete)?;
-        Ok(0)
+        let heir = job.heir.as_ref().map(|h| format!(" heir {h}")).unwrap_or_default();
+        let step = format!("forget_connections {} of {} {look:?}{heir}", list.join(" "), job.link);
+        self.step(step).map_err(Error::ConntrackDelete)?;
+        Ok(net::Forgotten::default())
     }
     fn prepare_cgroup(&self, join: &CgroupJoin) -> Result<()> {
         self.cgroup_step("prepare_cgroup", join)

@@ -943,6 +943,30 @@ pub struct JobConnections {
     pub set: &'static str,
     pub link: String,
     pub sources: Vec<std::net::IpAddr>,
+    /// A link that claimed the job's address since (the job's own link went with its
+    /// killed helper), before its own job started: the entries of that address are still
+    /// the job's, not the heir's.
+    pub heir: Option<String>,
+}
+
+/// When [`forget_connections`] reads the conntrack table (a walk of every bucket).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Look {
+    /// Only where the counting set has the job's link: a job's end, every job's, cheap
+    /// when it made no connection. A set that is gone or younger than the entries (a
+    /// table made again) forgets nothing.
+    IfCounted,
+    /// Whatever the set says: a clean-up after a killed helper, or an heir of its
+    /// address (rare, and the table may have been removed or made again since).
+    Always,
+}
+
+/// What [`forget_connections`] did: the entries deleted, and the job's addresses it left
+/// alone because another link holds them now (their entries are that job's).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Forgotten {
+    pub entries: usize,
+    pub kept: Vec<std::net::IpAddr>,
 }
 
 /// Deletes the conntrack entries of this namespace whose original source is one of the
@@ -954,23 +978,26 @@ pub struct JobConnections {
 /// (its namespaces' entries all in it), 14 ms here with 262144, so a job that made no
 /// connection (or a table without the set) costs one set dump instead. Each entry is
 /// deleted by its original tuple. How many went.
-pub fn forget_connections(job: &JobConnections) -> Result<usize> {
+pub fn forget_connections(job: &JobConnections, look: Look) -> Result<Forgotten> {
     // One netfilter socket for both: nftables and ctnetlink are subsystems of it.
     let s = Socket::open(Proto::Netfilter).map_err(Error::NetlinkSocket)?;
-    let counted = match s.call(Message::nft_dump_set(job.table, job.set)) {
-        Ok(replies) => replies.iter().flat_map(|r| nl::nft_set_keys(r)).any(|k| k == job.link),
-        Err(Errno::ENOENT) => false,
-        Err(source) => return Err(Error::NftSetDump { set: job.set, source }),
-    };
-    if !counted {
-        return Ok(0);
+    if look == Look::IfCounted {
+        let counted = match s.call(Message::nft_dump_set(job.table, job.set)) {
+            Ok(replies) => replies.iter().flat_map(|r| nl::nft_set_keys(r)).any(|k| k == job.link),
+            Err(Errno::ENOENT) => false,
+            Err(source) => return Err(Error::NftSetDump { set: job.set, source }),
+        };
+        if !counted {
+            return Ok(Forgotten::default());
+        }
     }
     let entries = s.call(Message::conntrack_dump()).map_err(Error::ConntrackDump)?;
     // Read after the entries: an address of the job's that another link holds by now is
     // another job's (free again once the job's link went, which a clean-up after a killed
     // helper may come long after), and so are its entries. One claimed after this read
     // has none in the dump.
-    let sources = still_the_jobs(&job.sources, &job.link, &routes()?, &links()?);
+    let sources = still_the_jobs(&job.sources, &job.link, job.heir.as_deref(), &routes()?, &links()?);
+    let kept = job.sources.iter().filter(|a| !sources.contains(a)).copied().collect();
     let forget = |src: &std::net::IpAddr| sources.contains(src);
     let mut forgotten = 0;
     for (_, delete) in entries.iter().filter_map(|e| nl::conntrack_entry(e)).filter(|(src, _)| forget(src)) {
@@ -981,20 +1008,21 @@ pub fn forget_connections(job: &JobConnections) -> Result<usize> {
             Err(e) => return Err(Error::ConntrackDelete(e)),
         }
     }
-    Ok(forgotten)
+    Ok(Forgotten { entries: forgotten, kept })
 }
 
-/// Those of a job's `sources` that no link but the job's own (`link`) holds: a job's link
-/// holds its address by a host route `/32` (see `claim_address`), and the job's IPv6
-/// address holds the IPv4 one in its low bits (see [`Veth6::address`]). `links` names
-/// the routes' links.
+/// Those of a job's `sources` that no link but the job's own (`link`) or its `heir`'s
+/// holds: a job's link holds its address by a host route `/32` (see `claim_address`), and
+/// the job's IPv6 address holds the IPv4 one in its low bits (see [`Veth6::address`]).
+/// `links` names the routes' links.
 fn still_the_jobs(
     sources: &[std::net::IpAddr],
     link: &str,
+    heir: Option<&str>,
     routes: &[HostRoute],
     links: &[(i32, String)],
 ) -> Vec<std::net::IpAddr> {
-    let other = |i: i32| links.iter().any(|(x, name)| *x == i && name != link);
+    let other = |i: i32| links.iter().any(|(x, name)| *x == i && name != link && Some(name.as_str()) != heir);
     let taken = |a: Ipv4Addr| routes.iter().any(|r| r.dst == Ipv4Net::host(a) && r.oif.is_some_and(other));
     let v4_of = |a: &std::net::IpAddr| match a {
         std::net::IpAddr::V4(v4) => *v4,
@@ -1409,13 +1437,17 @@ mod tests {
         let route = |oif| HostRoute { dst: Ipv4Net::host("10.87.0.5".parse().unwrap()), oif: Some(oif), table: 254 };
         // On the job's own link (its helper forgets at its end), or on no link (gone with
         // the killed job's namespace): the job's, both addresses.
-        assert_eq!(still_the_jobs(&[a, b], "azp00000000000a", &[route(7)], &links), vec![a, b]);
-        assert_eq!(still_the_jobs(&[a, b], "azp00000000000a", &[], &links), vec![a, b]);
+        assert_eq!(still_the_jobs(&[a, b], "azp00000000000a", None, &[route(7)], &links), vec![a, b]);
+        assert_eq!(still_the_jobs(&[a, b], "azp00000000000a", None, &[], &links), vec![a, b]);
         // Claimed by another job's link since: neither (the IPv6 one is made of it).
-        assert_eq!(still_the_jobs(&[a, b], "azp00000000000a", &[route(9)], &links), Vec::<IpAddr>::new());
+        assert_eq!(still_the_jobs(&[a, b], "azp00000000000a", None, &[route(9)], &links), Vec::<IpAddr>::new());
+        // Unless that link is the heir asking, before its own job started: still the
+        // killed job's, both.
+        let heir = Some("azp00000000000b");
+        assert_eq!(still_the_jobs(&[a, b], "azp00000000000a", heir, &[route(9)], &links), vec![a, b]);
         // A wider route through another link (the host's own) holds nothing.
         let wide = HostRoute { dst: Ipv4Net::new("10.87.0.0".parse().unwrap(), 16), oif: Some(9), table: 254 };
-        assert_eq!(still_the_jobs(&[a], "azp00000000000a", &[wide], &links), vec![a]);
+        assert_eq!(still_the_jobs(&[a], "azp00000000000a", None, &[wide], &links), vec![a]);
     }
 
     /// As root, in a namespace of its own with 300 routes in its main table: the dump of

@@ -28,6 +28,11 @@ pub struct JobNetwork {
     /// Outbound IPv6 too (root mode; decided once per exec or run: see `super::ipv6`).
     #[serde(default)]
     pub ipv6: bool,
+    /// The dir of the host namespace's markers of addresses whose tracked connections
+    /// are not forgotten yet (root mode, isolated; see `super::forget`): set with the
+    /// host's table, in the host's namespace.
+    #[serde(default)]
+    pub unforgotten: Option<PathBuf>,
     /// Made by the helper: a sysfs of the job's namespace, and the job's resolv.conf.
     #[serde(default)]
     pub sysfs: Option<PathBuf>,

@@ -422,12 +422,17 @@ impl Entered {
         let sources = v4.into_iter().chain(self.made.address6.map(std::net::IpAddr::from)).collect();
         Some(job_connections(link, sources))
     }
+
+    /// [`Entered::masqueraded`] with where their marker goes (see [`forget`]).
+    pub fn tracked(&self, net: &JobNetwork) -> Option<forget::Tracked> {
+        Some(forget::Tracked { connections: self.masqueraded()?, markers: net.unforgotten.clone() })
+    }
 }
 
 /// A job's connections as the host's table counts them: by its host link, from its
 /// addresses (see [`Entered::masqueraded`]).
 pub fn job_connections(link: String, sources: Vec<std::net::IpAddr>) -> crate::sys::net::JobConnections {
-    crate::sys::net::JobConnections { table: firewall::TABLE, set: firewall::JOB_FLOWS, link, sources }
+    crate::sys::net::JobConnections { table: firewall::TABLE, set: firewall::JOB_FLOWS, link, sources, heir: None }
 }
 
 /// A job's IPv6 (see [`ipv6`]): `host` the host's own IPv6 addresses; `force_forwarding`:
@@ -592,6 +597,7 @@ pub fn ensure_table(net: &mut JobNetwork, register: bool, ask: Ipv6) -> Result<(
         tracing::warn!("jobs get IPv4 only: {why}");
         net.ipv6 = false;
     }
+    net.unforgotten = Some(forget::markers_dir());
     Ok(())
 }
 
