@@ -85,6 +85,7 @@ const PROBE_C: &str = r#"
 #include <sys/types.h>
 #include <sys/wait.h>
 #include <signal.h>
+#include <time.h>
 #include <unistd.h>
 
 static const char *ename(int e) {
@@ -290,6 +291,34 @@ int main(int argc, char **argv) {
         r = sendto(s, "x", 1, 0, (struct sockaddr *)&sa, sizeof sa) == 1 ? 0 : -1;
       }
       if (s >= 0) close(s);
+    }
+    else if (!strcmp(op, "udp-recv")) {
+      /* udp-recv:PORT:MS[:IP:DPORT]: a UDP socket bound to PORT (all addresses), one
+         datagram from it to IP:DPORT when given, then how many datagrams came to it in
+         MS ms, printed. */
+      struct sockaddr_in me = { .sin_family = AF_INET, .sin_port = htons(atoi(a[1])) };
+      int s = socket(AF_INET, SOCK_DGRAM, 0), got = 0;
+      r = bind(s, (struct sockaddr *)&me, sizeof me);
+      if (r == 0 && a[3] && a[4]) {
+        struct sockaddr_in to = { .sin_family = AF_INET, .sin_port = htons(atoi(a[4])) };
+        inet_pton(AF_INET, a[3], &to.sin_addr);
+        r = sendto(s, "x", 1, 0, (struct sockaddr *)&to, sizeof to) == 1 ? 0 : -1;
+      }
+      if (r == 0) {
+        struct timespec t0, t; clock_gettime(CLOCK_MONOTONIC, &t0);
+        for (;;) {
+          clock_gettime(CLOCK_MONOTONIC, &t);
+          long left = atol(a[2]) - ((t.tv_sec - t0.tv_sec) * 1000 + (t.tv_nsec - t0.tv_nsec) / 1000000);
+          struct pollfd p = { .fd = s, .events = POLLIN };
+          char b[64];
+          if (left <= 0 || poll(&p, 1, left) <= 0) break;
+          if (recv(s, b, sizeof b, 0) >= 0) got++;
+        }
+        printf("%s: %d\n", tok, got);
+        fflush(stdout);
+        close(s);
+        continue;
+      }
     }
     else if (!strcmp(op, "send-udp")) {
       /* One UDP datagram to IP:PORT, broadcast allowed (SO_BROADCAST). */

@@ -556,12 +556,59 @@ impl Drop for NetLab {
             use std::os::unix::fs::MetadataExt;
             let _ = std::fs::remove_file(format!("/run/azp-sandbox/network-users-{}.lock", m.ino()));
             let _ = std::fs::remove_file(format!("/run/azp-sandbox/forwarding-{}", m.ino()));
+            let _ = std::fs::remove_dir_all(format!("/run/azp-sandbox/unforgotten-{}", m.ino()));
         }
         // Whatever jobs left in the fake host (links, the table) goes with it.
         let _ = Command::new("ip").args(["netns", "del", &self.host]).status();
         let _ = Command::new("ip").args(["netns", "del", &self.internet]).status();
         let _ = std::fs::remove_dir_all(PathBuf::from("/etc/netns").join(&self.host));
         let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// A thread in the fake internet, bound to `addr:port`, that answers every source it
+/// heard from with a datagram every 50 ms, until dropped: a far end that keeps a
+/// connection's tracking alive after its job is gone.
+pub struct UdpAnswerer {
+    stop: Arc<std::sync::atomic::AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl NetLab {
+    pub fn internet_udp_answerer(&self, addr: &str, port: u16) -> UdpAnswerer {
+        let ns = self.internet_path();
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+        let (st, addr) = (stop.clone(), addr.to_string());
+        let thread = std::thread::spawn(move || {
+            enter(&ns);
+            let sock = std::net::UdpSocket::bind((addr.as_str(), port)).unwrap();
+            sock.set_read_timeout(Some(std::time::Duration::from_millis(50))).unwrap();
+            ready_tx.send(()).unwrap();
+            let mut peers: Vec<std::net::SocketAddr> = vec![];
+            let mut buf = [0u8; 16];
+            while !st.load(Ordering::SeqCst) {
+                if let Ok((_, peer)) = sock.recv_from(&mut buf) {
+                    if !peers.contains(&peer) {
+                        peers.push(peer);
+                    }
+                }
+                for p in &peers {
+                    let _ = sock.send_to(b"answer", p);
+                }
+            }
+        });
+        ready_rx.recv().expect("the lab's UDP answerer");
+        UdpAnswerer { stop, thread: Some(thread) }
+    }
+}
+
+impl Drop for UdpAnswerer {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
     }
 }
 

@@ -833,3 +833,66 @@ fn t52_a_killed_jobs_tracked_connections_go_with_its_clean_up() {
     assert!(said.contains("tracked connections of the job"), "gc says what it removed: {said}");
     h.assert_no_residue(&[]);
 }
+
+#[test]
+#[cfg_attr(not(test_as_root), ignore = "needs root: creates real sandboxes and network namespaces")]
+fn t53_a_job_on_a_killed_jobs_address_gets_none_of_its_connections() {
+    require_root!();
+    // Rootless jobs have no host table: pasta opens their flows as its own sockets.
+    root_mode_only!();
+    let lab = or_skip!(NetLab::new());
+    let (killed, heir) = (home("net-heir-killed"), home("net-heir"));
+    // A killed job's tracked connections outlive it until a clean-up finds its record
+    // (t52), and its address is free again once its link is gone: a job of another
+    // home (or a `run`'s) that got the address first got the replies its far ends still
+    // sent, and could send on those connections (a read-through of t52's fix).
+    const PORT: u16 = 7790;
+    const SOURCE: u16 = 7791;
+    let _far_end = lab.internet_udp_answerer(INTERNET_IP, PORT);
+    let hello = toks(&[&format!("udp-recv:{SOURCE}:500:{INTERNET_IP}:{PORT}")]);
+    let mut job = WaitingJob::start_as(&killed, killed.lab_command(&lab), &[], &[], &probe(&hello));
+    let answers: u32 = probe_results(&job.before)[&hello[0]].parse().unwrap();
+    assert!(answers > 0, "the far end answers the job: {}", job.before);
+    let address = job_addresses(&lab);
+    assert_eq!(address.len(), 1, "{address:?}");
+    let address = address[0];
+    job.child.kill().unwrap(); // SIGKILL
+    job.child.wait().unwrap();
+    wait_until("the killed job's link to go", Duration::from_secs(30), || job_addresses(&lab).is_empty());
+    // Every other address of the jobs' subnet taken (by a link named as a job's: the
+    // subnet's check passes it), so that the next job gets the killed job's.
+    let taken = "azp0000000000ff";
+    lab.host_ip(&["link", "add", taken, "type", "veth", "peer", "name", "heir-peer"]);
+    lab.host_ip(&["link", "set", taken, "up"]);
+    let subnet = azp_sandbox::sandbox::network::DEFAULT_SUBNET;
+    let batch = heir.dir.join("routes");
+    let mut routes = String::new();
+    for n in 2..subnet.size() as u32 - 1 {
+        if subnet.nth(n) != address {
+            routes.push_str(&format!("route add {}/32 dev {taken}\n", subnet.nth(n)));
+        }
+    }
+    std::fs::write(&batch, routes).unwrap();
+    lab.host_ip(&["-batch", batch.to_str().unwrap()]);
+    let listen = toks(&[&format!("udp-recv:{SOURCE}:1500")]);
+    let got = lab_exec(&lab, &heir, &[], &probe(&listen));
+    lab.host_ip(&["link", "del", taken]);
+    assert_eq!(got.code, 0, "{}{}", got.out, got.err);
+    assert_eq!(probe_results(&got.out)[&listen[0]], "0", "the killed job's far end reached the next job: {}", got.err);
+    assert!(got.err.contains("a killed job left on this job's address"), "the exec says what it forgot: {}", got.err);
+    for h in [&killed, &heir] {
+        let gc = h.lab_command(&lab).arg("gc").output().unwrap();
+        assert!(gc.status.success(), "{}", String::from_utf8_lossy(&gc.stderr));
+        h.assert_no_residue(&[]);
+    }
+}
+
+/// The addresses of the jobs now in the lab: each job link's host route.
+fn job_addresses(lab: &NetLab) -> Vec<std::net::Ipv4Addr> {
+    let o = Command::new("ip").args(["-n", &lab.host, "-4", "-o", "route", "show", "scope", "link"]).output().unwrap();
+    String::from_utf8_lossy(&o.stdout)
+        .lines()
+        .filter(|l| l.contains(" dev azp") && !l.contains('/'))
+        .filter_map(|l| l.split_whitespace().next()?.parse().ok())
+        .collect()
+}
