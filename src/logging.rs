@@ -71,6 +71,26 @@ where
     }
 }
 
+/// Set while the caller's terminal is in raw mode (a job on a terminal of its own,
+/// `exec -t`, `shell`): the terminal no longer turns `\n` into a new line's start, so a
+/// line logged meanwhile (a firewall reload's, from the table's keeper) would begin where
+/// the last one ended.
+static RAW_TERMINAL: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// While the returned guard lives, terminal lines end with `\r\n` (see [`RAW_TERMINAL`]).
+pub fn raw_terminal() -> RawTerminal {
+    RAW_TERMINAL.store(true, std::sync::atomic::Ordering::Relaxed);
+    RawTerminal(())
+}
+
+pub struct RawTerminal(());
+
+impl Drop for RawTerminal {
+    fn drop(&mut self) {
+        RAW_TERMINAL.store(false, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
 /// A terminal's line: the level as a word where it matters, then the message and fields.
 struct Plain;
 
@@ -104,7 +124,8 @@ where
     fn format_event(&self, ctx: &FmtContext<'_, S, N>, mut writer: Writer<'_>, event: &Event<'_>) -> fmt::Result {
         let mut line = String::new();
         ctx.field_format().format_fields(Writer::new(&mut line), event)?;
-        writeln!(writer, "{}", escape_breaks(&Self::line(*event.metadata().level(), &line)))
+        let end = if RAW_TERMINAL.load(std::sync::atomic::Ordering::Relaxed) { "\r\n" } else { "\n" };
+        write!(writer, "{}{end}", escape_breaks(&Self::line(*event.metadata().level(), &line)))
     }
 }
 
@@ -122,21 +143,39 @@ mod tests {
         assert_eq!(Plain::line(Level::INFO, "done"), "done");
     }
 
+    /// On a raw terminal (the caller's, while a job has a terminal of its own) a line
+    /// ends with a carriage return too, and only then.
+    #[test]
+    fn terminal_lines_end_with_a_carriage_return_while_it_is_raw() {
+        let buf = Buf::default();
+        let out = buf.clone();
+        let sub =
+            tracing_subscriber::fmt().with_ansi(false).event_format(Plain).with_writer(move || buf.clone()).finish();
+        tracing::subscriber::with_default(sub, || {
+            let raw = raw_terminal();
+            tracing::warn!("made again");
+            drop(raw);
+            tracing::info!("done");
+        });
+        assert_eq!(String::from_utf8(out.0.lock().unwrap().clone()).unwrap(), "warning: made again\r\ndone\n");
+    }
+
+    #[derive(Clone, Default)]
+    struct Buf(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+    impl std::io::Write for Buf {
+        fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(b);
+            Ok(b.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
     /// A job-controlled name with a forged line in it stays inside its own event's line,
     /// through the service's format (the subscriber writing to a buffer).
     #[test]
     fn an_event_is_one_line_whatever_its_text_holds() {
-        #[derive(Clone, Default)]
-        struct Buf(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
-        impl std::io::Write for Buf {
-            fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
-                self.0.lock().unwrap().extend_from_slice(b);
-                Ok(b.len())
-            }
-            fn flush(&mut self) -> std::io::Result<()> {
-                Ok(())
-            }
-        }
         let buf = Buf::default();
         let out = buf.clone();
         let full = tracing_subscriber::fmt::format().with_ansi(false).with_target(false);

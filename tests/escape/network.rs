@@ -732,6 +732,11 @@ fn t51_an_exec_makes_the_hosts_table_again_after_a_firewall_reload() {
             "terminal {terminal}: no datagram left from the host's address after the reload: {sources:?} {log}"
         );
         assert!(log.contains("was removed while jobs run"), "terminal {terminal}: the exec says what happened: {log}");
+        if terminal {
+            // The caller's terminal is raw while the job runs: the exec's own lines end
+            // with a carriage return too, or the next one begins where this one ended.
+            assert!(log.contains("were dropped\r\n"), "the exec's line on a raw terminal: {log:?}");
+        }
     }
     let gc = h.lab_command(&lab).arg("gc").output().unwrap();
     assert!(gc.status.success(), "{}", String::from_utf8_lossy(&gc.stderr));
