@@ -24,7 +24,7 @@ pub fn init(verbosity: i8) {
     let terminal = std::io::IsTerminal::is_terminal(&std::io::stderr());
     let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
     let _ = if terminal {
-        builder.event_format(Plain).try_init()
+        builder.event_format(Plain { cooked: stderr_cooked }).try_init()
     } else {
         let full = tracing_subscriber::fmt::format().with_ansi(false).with_target(false);
         builder.with_ansi(false).event_format(OneLine(full)).try_init()
@@ -71,28 +71,19 @@ where
     }
 }
 
-/// Set while the caller's terminal is in raw mode (a job on a terminal of its own,
-/// `exec -t`, `shell`): the terminal no longer turns `\n` into a new line's start, so a
-/// line logged meanwhile (a firewall reload's, from the table's keeper) would begin where
-/// the last one ended.
-static RAW_TERMINAL: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
-
-/// While the returned guard lives, terminal lines end with `\r\n` (see [`RAW_TERMINAL`]).
-pub fn raw_terminal() -> RawTerminal {
-    RAW_TERMINAL.store(true, std::sync::atomic::Ordering::Relaxed);
-    RawTerminal(())
-}
-
-pub struct RawTerminal(());
-
-impl Drop for RawTerminal {
-    fn drop(&mut self) {
-        RAW_TERMINAL.store(false, std::sync::atomic::Ordering::Relaxed);
-    }
-}
-
 /// A terminal's line: the level as a word where it matters, then the message and fields.
-struct Plain;
+/// `cooked`: whether the terminal starts a new line at `\n` (see
+/// [`crate::sys::tty::output_processed`]); while a job has a terminal of its own (`exec
+/// -t`, `shell`) the caller's is raw, and a line logged meanwhile (a firewall reload's,
+/// by the table's keeper or the helper) must end with `\r\n`, or the next one begins
+/// where it ended. Asked per line: the CLI and its helper both write there.
+struct Plain {
+    cooked: fn() -> bool,
+}
+
+fn stderr_cooked() -> bool {
+    crate::sys::tty::output_processed(std::os::fd::AsFd::as_fd(&std::io::stderr()))
+}
 
 impl Plain {
     fn prefix(level: Level) -> &'static str {
@@ -124,7 +115,7 @@ where
     fn format_event(&self, ctx: &FmtContext<'_, S, N>, mut writer: Writer<'_>, event: &Event<'_>) -> fmt::Result {
         let mut line = String::new();
         ctx.field_format().format_fields(Writer::new(&mut line), event)?;
-        let end = if RAW_TERMINAL.load(std::sync::atomic::Ordering::Relaxed) { "\r\n" } else { "\n" };
+        let end = if (self.cooked)() { "\n" } else { "\r\n" };
         write!(writer, "{}{end}", escape_breaks(&Self::line(*event.metadata().level(), &line)))
     }
 }
@@ -147,17 +138,17 @@ mod tests {
     /// ends with a carriage return too, and only then.
     #[test]
     fn terminal_lines_end_with_a_carriage_return_while_it_is_raw() {
-        let buf = Buf::default();
-        let out = buf.clone();
-        let sub =
-            tracing_subscriber::fmt().with_ansi(false).event_format(Plain).with_writer(move || buf.clone()).finish();
-        tracing::subscriber::with_default(sub, || {
-            let raw = raw_terminal();
-            tracing::warn!("made again");
-            drop(raw);
-            tracing::info!("done");
-        });
-        assert_eq!(String::from_utf8(out.0.lock().unwrap().clone()).unwrap(), "warning: made again\r\ndone\n");
+        for (cooked, end) in [(false, "\r\n"), (true, "\n")] {
+            let buf = Buf::default();
+            let out = buf.clone();
+            let plain = Plain { cooked: if cooked { || true } else { || false } };
+            let sub = tracing_subscriber::fmt().with_ansi(false).event_format(plain).with_writer(move || buf.clone());
+            tracing::subscriber::with_default(sub.finish(), || tracing::warn!("made again"));
+            assert_eq!(String::from_utf8(out.0.lock().unwrap().clone()).unwrap(), format!("warning: made again{end}"));
+        }
+        // A file, or a pipe: lines as they are.
+        let f = tempfile::tempfile().unwrap();
+        assert!(crate::sys::tty::output_processed(std::os::fd::AsFd::as_fd(&f)));
     }
 
     #[derive(Clone, Default)]

@@ -75,7 +75,6 @@ impl Relay<'_> {
             let _ = tty::set_window_size(&self.master, &ws);
         }
         let _raw = tty::raw_mode(self.input)?;
-        let _log_lines = _raw.as_ref().map(|_| crate::logging::raw_terminal());
         nix::fcntl::fcntl(self.master.as_raw_fd(), nix::fcntl::FcntlArg::F_SETFL(nix::fcntl::OFlag::O_NONBLOCK))
             .context("cannot make the job's terminal non-blocking")?;
         let mut master = std::fs::File::from(self.master);

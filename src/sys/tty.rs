@@ -62,6 +62,12 @@ pub fn raw_mode(fd: BorrowedFd<'_>) -> Result<Option<RawMode>> {
     Ok(Some(RawMode { fd: fd.as_raw_fd(), saved }))
 }
 
+/// Whether the terminal `fd` turns `\n` into a new line's start (output processing,
+/// OPOST): not while it is in raw mode. Not a terminal: true.
+pub fn output_processed(fd: BorrowedFd<'_>) -> bool {
+    termios::tcgetattr(fd).map(|t| t.output_flags.contains(termios::OutputFlags::OPOST)).unwrap_or(true)
+}
+
 impl Drop for RawMode {
     fn drop(&mut self) {
         // SAFETY: the fd was a live terminal when the guard was made and belongs to the
