@@ -1361,9 +1361,9 @@ mod tests {
         // The recorder's veth gives 10.87.0.2: a killed job's helper left its marker.
         let s = setup(|p, t| {
             p.network = crate::config::Network::Isolated;
-            p.net.unforgotten = Some(t.join("unforgotten"));
+            p.net.connection_markers = Some(t.join("unforgotten-test"));
         });
-        let dir = s._t.path().join("unforgotten");
+        let dir = s._t.path().join("unforgotten-test");
         std::fs::create_dir(&dir).unwrap();
         let marker = dir.join("10.87.0.2@azp0000000000a1");
         std::fs::write(&marker, "").unwrap();
@@ -1389,14 +1389,14 @@ mod tests {
     fn a_cancelled_root_job_leaves_no_record_of_connections_it_never_made() {
         let s = setup(|p, t| {
             p.network = crate::config::Network::Isolated;
-            p.net.unforgotten = Some(t.join("unforgotten"));
+            p.net.connection_markers = Some(t.join("unforgotten-test"));
         });
         let (rx, tx) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).unwrap();
         drop(tx); // EOF: cancelled
         let r = s.run(&Recorder::default(), None, Some(rx));
         assert!(matches!(r, HelperResult::Failed { kind: FailureKind::Cancelled, .. }), "{r:?}");
         assert!(!s.job.connections_file().exists());
-        let left: Vec<_> = std::fs::read_dir(s._t.path().join("unforgotten")).unwrap().collect();
+        let left: Vec<_> = std::fs::read_dir(s._t.path().join("unforgotten-test")).unwrap().collect();
         assert!(left.is_empty(), "{left:?}");
     }
 

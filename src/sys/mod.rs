@@ -338,6 +338,8 @@ pub struct Recorder {
     steps: std::rc::Rc<Steps>,
     /// What [`Sys::mounts_under`] reports (filtered to the dir asked for).
     pub mounts: RefCell<Vec<PathBuf>>,
+    /// What [`Sys::forget_connections`] reports.
+    pub forgotten: RefCell<net::Forgotten>,
 }
 
 impl Default for Recorder {
@@ -349,6 +351,7 @@ impl Default for Recorder {
                 fail_errno: Cell::new(Errno::EIO),
             }),
             mounts: RefCell::default(),
+            forgotten: RefCell::default(),
         }
     }
 }
@@ -459,7 +462,7 @@ impl Sys for Recorder {
         let heir = job.heir.as_ref().map(|h| format!(" heir {h}")).unwrap_or_default();
         let step = format!("forget_connections {} of {} {look:?}{heir}", list.join(" "), job.link);
         self.step(step).map_err(Error::ConntrackDelete)?;
-        Ok(net::Forgotten::default())
+        Ok(self.forgotten.borrow().clone())
     }
     fn prepare_cgroup(&self, join: &CgroupJoin) -> Result<()> {
         self.cgroup_step("prepare_cgroup", join)

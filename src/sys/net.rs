@@ -148,6 +148,9 @@ pub struct Veth {
     /// Job addresses are taken from here, trying `pool.nth(first_try)` first.
     pub pool: Ipv4Net,
     pub first_try: u32,
+    /// Taken last: a killed job's connections may still be tracked for these (see
+    /// `sandbox::network::forget`).
+    pub avoid: Vec<Ipv4Addr>,
     pub routes: Vec<JobRoute>,
     /// Held shared from the table check to the veth's creation (gc takes it exclusively
     /// before it removes the table when no job link is left).
@@ -959,14 +962,20 @@ pub enum Look {
     /// Whatever the set says: a clean-up after a killed helper, or an heir of its
     /// address (rare, and the table may have been removed or made again since).
     Always,
+    /// As `Always`, but nothing while the job's link exists: a sweep of markers whose
+    /// job may still run.
+    IfGone,
 }
 
-/// What [`forget_connections`] did: the entries deleted, and the job's addresses it left
-/// alone because another link holds them now (their entries are that job's).
+/// What [`forget_connections`] did: the entries deleted, the job's addresses it left
+/// alone because another link holds them now (their entries are that job's), and
+/// whether the job's own link was still there (its namespace still going: its sockets
+/// may make entries again).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Forgotten {
     pub entries: usize,
     pub kept: Vec<std::net::IpAddr>,
+    pub link_present: bool,
 }
 
 /// Deletes the conntrack entries of this namespace whose original source is one of the
@@ -991,13 +1000,18 @@ pub fn forget_connections(job: &JobConnections, look: Look) -> Result<Forgotten>
             return Ok(Forgotten::default());
         }
     }
+    if look == Look::IfGone && links()?.iter().any(|(_, name)| *name == job.link) {
+        return Ok(Forgotten { link_present: true, ..Default::default() });
+    }
     let entries = s.call(Message::conntrack_dump()).map_err(Error::ConntrackDump)?;
     // Read after the entries: an address of the job's that another link holds by now is
     // another job's (free again once the job's link went, which a clean-up after a killed
     // helper may come long after), and so are its entries. One claimed after this read
     // has none in the dump.
-    let sources = still_the_jobs(&job.sources, &job.link, job.heir.as_deref(), &routes()?, &links()?);
+    let links = links()?;
+    let sources = still_the_jobs(&job.sources, &job.link, job.heir.as_deref(), &routes()?, &links);
     let kept = job.sources.iter().filter(|a| !sources.contains(a)).copied().collect();
+    let link_present = links.iter().any(|(_, name)| *name == job.link);
     let forget = |src: &std::net::IpAddr| sources.contains(src);
     let mut forgotten = 0;
     for (_, delete) in entries.iter().filter_map(|e| nl::conntrack_entry(e)).filter(|(src, _)| forget(src)) {
@@ -1008,7 +1022,7 @@ pub fn forget_connections(job: &JobConnections, look: Look) -> Result<Forgotten>
             Err(e) => return Err(Error::ConntrackDelete(e)),
         }
     }
-    Ok(Forgotten { entries: forgotten, kept })
+    Ok(Forgotten { entries: forgotten, kept, link_present })
 }
 
 /// Those of a job's `sources` that no link but the job's own (`link`) or its `heir`'s
@@ -1121,12 +1135,7 @@ fn af_spec(index: i32, host: bool) -> Message {
 /// the kernel accepts. A route the kernel has is an address taken, by a live job or one
 /// whose namespace is still being torn down; it goes with its link.
 fn claim_address(host: &Socket, v: &Veth, index: i32) -> Result<Ipv4Addr> {
-    let count = v.pool.size().min(u32::MAX as u64) as u32;
-    for k in 0..count {
-        let a = v.pool.nth((v.first_try.wrapping_add(k)) % count);
-        if a == v.pool.addr || a == v.gateway || a == v.pool.nth(count.wrapping_sub(1)) {
-            continue;
-        }
+    for a in claim_order(v) {
         let mut m = Message::route(nl::NLM_F_CREATE | nl::NLM_F_EXCL, 32, nl::RT_SCOPE_LINK, nl::RTN_UNICAST);
         m.attr_ipv4(nl::RTA_DST, a).attr_u32(nl::RTA_OIF, index as u32);
         match host.request(m) {
@@ -1136,6 +1145,17 @@ fn claim_address(host: &Socket, v: &Veth, index: i32) -> Result<Ipv4Addr> {
         }
     }
     Err(Error::NoFreeAddress { pool: v.pool.to_string() })
+}
+
+/// The addresses a job's claim tries, in order: round the pool from `first_try`, those
+/// to avoid last, never the subnet's own, the gateway or broadcast. Lazily: the first try
+/// is free unless the pool fills up.
+fn claim_order(v: &Veth) -> impl Iterator<Item = Ipv4Addr> + '_ {
+    let count = v.pool.size().min(u32::MAX as u64) as u32;
+    let reserved = [v.pool.addr, v.gateway, v.pool.nth(count.wrapping_sub(1))];
+    let round = (0..count).map(move |k| v.pool.nth((v.first_try.wrapping_add(k)) % count));
+    let avoided = v.avoid.iter().copied().filter(|a| v.pool.contains(*a));
+    round.filter(|a| !v.avoid.contains(a)).chain(avoided).filter(move |a| !reserved.contains(a))
 }
 
 fn configure_job_end(job: &Socket, v: &Veth, address: Ipv4Addr) -> Result<()> {
@@ -1706,6 +1726,34 @@ mod tests {
     }
 
     #[test]
+    fn addresses_a_killed_job_may_have_connections_on_are_claimed_last() {
+        let a = |d: u8| Ipv4Addr::new(10, 87, 0, d);
+        let mut v = veth_of(Ipv4Net::new(a(0), 29));
+        v.first_try = 5;
+        // Round the pool from the first try, not the subnet's, the gateway or broadcast.
+        assert_eq!(claim_order(&v).collect::<Vec<_>>(), [a(5), a(6), a(2), a(3), a(4)]);
+        v.avoid = vec![a(6), a(3), Ipv4Addr::new(10, 88, 0, 6)];
+        assert_eq!(claim_order(&v).collect::<Vec<_>>(), [a(5), a(2), a(4), a(6), a(3)]);
+    }
+
+    fn veth_of(pool: Ipv4Net) -> Veth {
+        Veth {
+            host_name: "azpj1".into(),
+            host_mac: [2, 0, 0, 0, 0, 1],
+            group: 7,
+            gateway: pool.nth(1),
+            pool,
+            first_try: 2,
+            avoid: vec![],
+            routes: vec![],
+            lock: PathBuf::from("/run/l"),
+            table: "t".into(),
+            v6: None,
+            filter: JobFilter::default(),
+        }
+    }
+
+    #[test]
     fn the_veth_pair_gets_one_queue_each_way_on_both_ends() {
         let v = Veth {
             host_name: "azpj1".into(),
@@ -1714,6 +1762,7 @@ mod tests {
             gateway: Ipv4Addr::new(10, 87, 0, 1),
             pool: Ipv4Net::new(Ipv4Addr::new(10, 87, 0, 0), 16),
             first_try: 2,
+            avoid: vec![],
             routes: vec![],
             lock: PathBuf::from("/run/l"),
             table: "t".into(),

@@ -510,6 +510,17 @@ impl NetLab {
         out
     }
 
+    /// The markers of killed jobs' connections left in the fake host (see azp-sandbox's
+    /// `network::forget`).
+    pub fn connection_markers(&self) -> Vec<String> {
+        use std::os::unix::fs::MetadataExt;
+        let ino = std::fs::metadata(self.netns_path(&self.host)).unwrap().ino();
+        let dir = format!("/run/azp-sandbox/unforgotten-{ino}");
+        std::fs::read_dir(dir)
+            .map(|r| r.flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect())
+            .unwrap_or_default()
+    }
+
     /// A sysctl of the fake host (`net.ipv6.conf.all.forwarding`).
     pub fn host_sysctl(&self, key: &str) -> String {
         let o = Command::new("ip").args(["netns", "exec", &self.host, "sysctl", "-n", key]).output().unwrap();

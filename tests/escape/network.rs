@@ -836,6 +836,7 @@ fn t52_a_killed_jobs_tracked_connections_go_with_its_clean_up() {
     let after = host_conntrack_count(&lab).saturating_sub(before);
     assert!(after < 64, "{after} of the killed job's tracked connections outlived gc: {said}");
     assert!(said.contains("tracked connections of the job"), "gc says what it removed: {said}");
+    assert_eq!(lab.connection_markers(), Vec::<String>::new(), "{said}");
     h.assert_no_residue(&[]);
 }
 
@@ -890,6 +891,7 @@ fn t53_a_job_on_a_killed_jobs_address_gets_none_of_its_connections() {
         assert!(gc.status.success(), "{}", String::from_utf8_lossy(&gc.stderr));
         h.assert_no_residue(&[]);
     }
+    assert_eq!(lab.connection_markers(), Vec::<String>::new());
 }
 
 /// The addresses of the jobs now in the lab: each job link's host route.

@@ -652,9 +652,6 @@ pub fn remove_if_unused(grace: std::time::Duration) -> Result<Option<String>> {
         what.push_str(&format!(" (IPv6 force_forwarding turned back off on {})", turned_off.join(", ")));
     }
     forward_record::remove()?;
-    // The markers' dir, once no marker is left in it (one left waits for an heir of its
-    // address, or for its job's clean-up).
-    let _ = std::fs::remove_dir(super::forget::markers_dir());
     drop(users);
     Ok(Some(what))
 }

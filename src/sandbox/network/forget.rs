@@ -9,19 +9,26 @@
 //! That clean-up may come late (another home's `gc`, a service restarted hours later),
 //! and the killed job's address is free again as soon as its link is gone: a job that
 //! claimed it meanwhile would get the replies its far ends still send, and could send on
-//! those connections. So the record has a marker beside the others of its host namespace,
-//! `<address>@<link>` in [`markers_dir`], for as long as the record lasts; a helper whose
-//! job got an address checks for markers of it before its job starts, and forgets the
-//! connections of a killed holder first ([`before_its_job`]).
+//! those connections. So each record has a marker beside the others of its host's
+//! namespace, `<IPv4 address>@<link>` in [`markers_dir`] (holding the record), that
+//! outlives it until its connections are forgotten for sure:
+//! - a new job's address is claimed among unmarked addresses first (`sys::net::Veth`'s
+//!   `avoid`, from [`marked`]);
+//! - a helper whose job got a marked address all the same (the pool had no other, or the
+//!   holder was killed after the list was read) forgets the killed holder's connections
+//!   before its job starts ([`before_its_job`]);
+//! - `gc` forgets those of markers whose link is gone ([`sweep`]): a clean-up that ran
+//!   while the killed job's namespace was still going leaves its marker (sockets of that
+//!   namespace may make entries again until it is gone).
 
 use crate::sys::net::{JobConnections, Look};
 use crate::sys::Sys;
 use anyhow::{Context, Result};
 use serde::{Deserialize, Serialize};
-use std::net::IpAddr;
+use std::net::{IpAddr, Ipv4Addr};
 use std::path::{Path, PathBuf};
 
-/// Where [`markers_dir`] is, per host namespace.
+/// Where [`markers_dir`] is, per host namespace (`-<inode>`).
 const MARKERS: &str = "/run/azp-sandbox/unforgotten";
 
 /// The markers' dir of the caller's network namespace (the host's: see
@@ -38,39 +45,72 @@ pub struct Tracked {
     pub markers: Option<PathBuf>,
 }
 
-/// What the record holds: the job's link on the host (its element in the counting set),
-/// its addresses, and where its markers are.
+/// What a record (and a marker) holds: the job's link on the host (its element in the
+/// counting set), its addresses, and where its markers are (a record's).
 #[derive(Debug, PartialEq, Eq, Serialize, Deserialize)]
 struct Record {
     link: String,
     sources: Vec<IpAddr>,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     markers: Option<PathBuf>,
 }
 
-/// The marker of `link`'s hold on `address` (IPv4: the job's IPv6 address is made of it).
-fn marker_name(address: &IpAddr, link: &str) -> Option<String> {
-    matches!(address, IpAddr::V4(_)).then(|| format!("{address}@{link}"))
+impl Record {
+    /// Read from `file`, and sound: a job link's name, and a markers' dir of ours (its
+    /// names are joined into paths that root removes).
+    fn read(file: &Path) -> Result<Record> {
+        let bytes = std::fs::read(file)?;
+        let r: Record = serde_json::from_slice(&bytes)?;
+        let ours = |d: &PathBuf| {
+            d.is_absolute() && d.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with("unforgotten-"))
+        };
+        anyhow::ensure!(super::is_job_link(&r.link), "not a job link: {:?}", r.link);
+        anyhow::ensure!(r.markers.as_ref().is_none_or(ours), "not a markers' dir: {:?}", r.markers);
+        Ok(r)
+    }
 }
 
-fn markers(t: &Tracked) -> Vec<PathBuf> {
-    let Some(dir) = &t.markers else { return vec![] };
-    t.connections.sources.iter().filter_map(|a| marker_name(a, &t.connections.link)).map(|n| dir.join(n)).collect()
+/// The marker's name of `link`'s hold on `address` (IPv4: the job's IPv6 address is made
+/// of it, and a job's IPv4 address is what it claims).
+fn marker_name(address: Ipv4Addr, link: &str) -> String {
+    format!("{address}@{link}")
 }
 
-/// The helper, before its job starts: the record of the job's connections in `file`,
-/// and its markers.
+/// Its address and link.
+fn parse_marker(name: &str) -> Option<(Ipv4Addr, &str)> {
+    let (a, link) = name.split_once('@')?;
+    Some((a.parse().ok()?, link)).filter(|(_, l)| super::is_job_link(l))
+}
+
+fn v4_sources(c: &JobConnections) -> impl Iterator<Item = Ipv4Addr> + '_ {
+    c.sources.iter().filter_map(|a| match a {
+        IpAddr::V4(v4) => Some(*v4),
+        IpAddr::V6(_) => None,
+    })
+}
+
+/// The addresses of `dir`'s markers: a killed job's connections may still be tracked
+/// for them (or a running job holds them).
+pub fn marked(dir: &Path) -> Vec<Ipv4Addr> {
+    let Ok(entries) = std::fs::read_dir(dir) else { return vec![] };
+    let names = entries.flatten().map(|e| e.file_name());
+    names.filter_map(|n| n.to_str().and_then(parse_marker).map(|(a, _)| a)).collect()
+}
+
+/// The helper, before its job starts: the markers of the job's connections, then the
+/// record in `file`.
 pub fn record(file: &Path, t: &Tracked) -> Result<()> {
     let c = &t.connections;
-    let r = Record { link: c.link.clone(), sources: c.sources.clone(), markers: t.markers.clone() };
-    std::fs::write(file, serde_json::to_vec(&r)?).with_context(|| format!("cannot write {}", file.display()))?;
     if let Some(dir) = &t.markers {
         create_private_dir(dir)?;
+        let text = serde_json::to_vec(&Record { link: c.link.clone(), sources: c.sources.clone(), markers: None })?;
+        for a in v4_sources(c) {
+            let m = dir.join(marker_name(a, &c.link));
+            std::fs::write(&m, &text).with_context(|| format!("cannot write {}", m.display()))?;
+        }
     }
-    for m in markers(t) {
-        std::fs::write(&m, b"").with_context(|| format!("cannot write {}", m.display()))?;
-    }
-    Ok(())
+    let r = Record { link: c.link.clone(), sources: c.sources.clone(), markers: t.markers.clone() };
+    std::fs::write(file, serde_json::to_vec(&r)?).with_context(|| format!("cannot write {}", file.display()))
 }
 
 fn create_private_dir(dir: &Path) -> Result<()> {
@@ -85,8 +125,10 @@ fn create_private_dir(dir: &Path) -> Result<()> {
 /// The helper, once it tried to forget them (or its job never started): no record or
 /// marker left for a clean-up or an heir to act on.
 pub fn forgotten(file: &Path, t: &Tracked) {
-    for m in markers(t) {
-        remove(&m);
+    if let Some(dir) = &t.markers {
+        for a in v4_sources(&t.connections) {
+            remove(&dir.join(marker_name(a, &t.connections.link)));
+        }
     }
     if let Err(e) = std::fs::remove_file(file) {
         tracing::debug!("cannot remove {} ({e}): the clean-up reads the job's connections again", file.display());
@@ -104,20 +146,22 @@ fn remove(marker: &Path) {
 /// A clean-up, once the job's processes are gone: the connections of a record the
 /// helper left (it was killed before it forgot them), forgotten, and the record
 /// removed. How many (None: no record, the usual case). A failure is a warning: they
-/// expire on their own, and the markers stay for an heir of the address. So does the
-/// marker of an address another job's link holds by now: that job's helper forgets
-/// them, if it has not yet (its check may come after this).
+/// expire on their own. The markers stay where it is not sure they are all gone: on
+/// failure, while the job's link is still there, and for an address another job's link
+/// holds by now (that job's helper forgets them, if it has not yet).
 pub fn left_by_a_killed_helper(file: &Path, sys: &dyn Sys) -> Option<usize> {
-    let bytes = std::fs::read(file).ok()?;
-    let forgotten = match serde_json::from_slice::<Record>(&bytes) {
+    if !file.exists() {
+        return None;
+    }
+    let forgotten = match Record::read(file) {
         Ok(r) => {
-            let t = Tracked { connections: super::job_connections(r.link, r.sources), markers: r.markers };
+            let c = super::job_connections(r.link, r.sources);
             // Always: the table may have been removed, or made again, since.
-            match sys.forget_connections(&t.connections, Look::Always) {
+            match sys.forget_connections(&c, Look::Always) {
                 Ok(f) => {
-                    for (a, m) in t.connections.sources.iter().zip(markers(&t)) {
-                        if !f.kept.contains(a) {
-                            remove(&m);
+                    if let Some(dir) = r.markers.filter(|_| !f.link_present) {
+                        for a in v4_sources(&c).filter(|a| !f.kept.contains(&IpAddr::V4(*a))) {
+                            remove(&dir.join(marker_name(a, &c.link)));
                         }
                     }
                     f.entries
@@ -129,12 +173,34 @@ pub fn left_by_a_killed_helper(file: &Path, sys: &dyn Sys) -> Option<usize> {
             }
         }
         Err(e) => {
-            tracing::warn!("{} is unreadable ({e}): the job's tracked connections expire on their own", file.display());
+            tracing::warn!(
+                "{} is unreadable ({e:#}): the job's tracked connections expire on their own",
+                file.display()
+            );
             0
         }
     };
     let _ = std::fs::remove_file(file);
     Some(forgotten)
+}
+
+/// What a marker named `name` in `dir` says: the killed job's connections (its own
+/// addresses, IPv6 included), or None when it is not a marker.
+fn read_marker(dir: &Path, name: &str) -> Option<(Ipv4Addr, JobConnections)> {
+    let (address, link) = parse_marker(name)?;
+    // An unreadable marker still names its IPv4 address.
+    let sources = Record::read(&dir.join(name)).map(|r| r.sources).unwrap_or_else(|_| vec![IpAddr::V4(address)]);
+    Some((address, super::job_connections(link.to_string(), sources)))
+}
+
+fn marker_names(dir: &Path) -> Result<Vec<String>> {
+    let entries = match std::fs::read_dir(dir) {
+        Ok(e) => e,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(vec![]),
+        Err(e) => return Err(e).with_context(|| format!("cannot list {}", dir.display())),
+    };
+    let names = entries.map(|e| e.map(|e| e.file_name().to_string_lossy().into_owned()));
+    names.collect::<std::io::Result<_>>().with_context(|| format!("cannot list {}", dir.display()))
 }
 
 /// The helper of a job that got its address (`t`, before its record): the connections a
@@ -144,59 +210,82 @@ pub fn left_by_a_killed_helper(file: &Path, sys: &dyn Sys) -> Option<usize> {
 pub fn before_its_job(t: &Tracked, sys: &dyn Sys) -> Result<usize> {
     let Some(dir) = &t.markers else { return Ok(0) };
     let own = &t.connections;
-    let prefixes: Vec<String> = own.sources.iter().filter_map(|a| marker_name(a, "")).collect();
-    let entries = match std::fs::read_dir(dir) {
-        Ok(e) => e,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(0),
-        Err(e) => return Err(e).with_context(|| format!("cannot list {}", dir.display())),
-    };
+    let mine: Vec<Ipv4Addr> = v4_sources(own).collect();
     let mut forgotten = 0;
-    for entry in entries {
-        let name = entry.with_context(|| format!("cannot list {}", dir.display()))?.file_name();
-        let Some(name) = name.to_str() else { continue };
-        let Some(link) = prefixes.iter().find_map(|p| name.strip_prefix(p.as_str())) else { continue };
-        if link == own.link {
+    for name in marker_names(dir)? {
+        let Some((address, mut theirs)) = read_marker(dir, &name) else { continue };
+        if !mine.contains(&address) || theirs.link == own.link {
             continue;
         }
-        let theirs = JobConnections { link: link.to_string(), heir: Some(own.link.clone()), ..own.clone() };
+        theirs.heir = Some(own.link.clone());
         let f = sys.forget_connections(&theirs, Look::Always).with_context(|| {
             format!(
-                "cannot forget the tracked connections a killed job left on {} (its link {link}); \
+                "cannot forget the tracked connections a killed job left on {address} (its link {}); \
                  its replies would reach this job, which is not started",
-                name.split('@').next().unwrap_or(name)
+                theirs.link
             )
         })?;
         forgotten += f.entries;
-        remove(&dir.join(name));
+        remove(&dir.join(&name));
     }
     Ok(forgotten)
+}
+
+/// `gc`'s part: the connections of markers in `dir` whose link is gone, forgotten, and
+/// their markers removed (a job still running keeps its marker). What it did, for gc's
+/// report, if anything.
+pub fn sweep(dir: &Path, sys: &dyn Sys) -> Result<Option<String>> {
+    let (mut markers, mut entries) = (0, 0);
+    for name in marker_names(dir)? {
+        let Some((address, theirs)) = read_marker(dir, &name) else { continue };
+        let f = match sys.forget_connections(&theirs, Look::IfGone) {
+            Ok(f) => f,
+            Err(e) => {
+                tracing::warn!("{}: a killed job's tracked connections on {address} stay marked", e.with_causes());
+                continue;
+            }
+        };
+        if !f.link_present && !f.kept.contains(&IpAddr::V4(address)) {
+            remove(&dir.join(&name));
+            markers += 1;
+            entries += f.entries;
+        }
+    }
+    Ok((markers > 0).then(|| format!("{entries} tracked connections of {markers} killed job(s)")))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::sys::net::Forgotten;
     use crate::sys::Recorder;
 
+    const V6: &str = "fd61:7a70:7362::1";
+
     fn tracked(link: &str, v4: &str, markers: &Path) -> Tracked {
-        let sources = vec![v4.parse().unwrap(), "fd61:7a70:7362::1".parse().unwrap()];
+        let sources = vec![v4.parse().unwrap(), V6.parse().unwrap()];
         Tracked { connections: super::super::job_connections(link.into(), sources), markers: Some(markers.into()) }
     }
 
     fn names(dir: &Path) -> Vec<String> {
-        let mut v: Vec<String> = std::fs::read_dir(dir)
-            .map(|r| r.map(|e| e.unwrap().file_name().into_string().unwrap()).collect())
-            .unwrap_or_default();
+        let mut v = marker_names(dir).unwrap();
         v.sort();
         v
     }
 
+    fn dirs() -> (tempfile::TempDir, PathBuf, PathBuf) {
+        let d = tempfile::tempdir().unwrap();
+        let (file, dir) = (d.path().join("connections.json"), d.path().join("unforgotten-test"));
+        (d, file, dir)
+    }
+
     #[test]
     fn a_record_has_a_marker_of_its_ipv4_address_until_forgotten() {
-        let d = tempfile::tempdir().unwrap();
-        let (file, dir) = (d.path().join("connections.json"), d.path().join("unforgotten"));
+        let (_d, file, dir) = dirs();
         let t = tracked("azp0000000000a1", "10.87.0.5", &dir);
         record(&file, &t).unwrap();
         assert_eq!(names(&dir), ["10.87.0.5@azp0000000000a1"]);
+        assert_eq!(marked(&dir), [Ipv4Addr::new(10, 87, 0, 5)]);
         forgotten(&file, &t);
         assert!(names(&dir).is_empty() && !file.exists());
         // No dir in the plan: the record alone.
@@ -207,19 +296,28 @@ mod tests {
 
     #[test]
     fn an_heir_forgets_a_killed_holders_connections_of_its_address_first() {
-        let d = tempfile::tempdir().unwrap();
-        let dir = d.path().join("unforgotten");
-        // Killed holders: of the heir's address, and of another one (not the heir's).
-        let killed = tracked("azp0000000000a1", "10.87.0.5", &dir);
+        let (d, _, dir) = dirs();
+        // Killed holders: of the heir's address (with IPv6, which the heir has not), and
+        // of another one.
+        let killed = Tracked {
+            connections: super::super::job_connections(
+                "azp0000000000a1".into(),
+                vec!["10.87.0.5".parse().unwrap(), "fd61::a57:5".parse().unwrap()],
+            ),
+            markers: Some(dir.clone()),
+        };
         record(&d.path().join("a.json"), &killed).unwrap();
         record(&d.path().join("b.json"), &tracked("azp0000000000b2", "10.87.0.50", &dir)).unwrap();
-        let heir = tracked("azp0000000000c3", "10.87.0.5", &dir);
+        let heir = Tracked {
+            connections: super::super::job_connections("azp0000000000c3".into(), vec!["10.87.0.5".parse().unwrap()]),
+            markers: Some(dir.clone()),
+        };
         let rec = Recorder::default();
         assert_eq!(before_its_job(&heir, &rec).unwrap(), 0);
-        // The killed link's entries of the heir's addresses, whoever holds them now.
+        // The killed link's own addresses, whoever holds them now.
         assert_eq!(
             rec.calls(),
-            ["forget_connections 10.87.0.5 fd61:7a70:7362::1 of azp0000000000a1 Always heir azp0000000000c3"]
+            ["forget_connections 10.87.0.5 fd61::a57:5 of azp0000000000a1 Always heir azp0000000000c3"]
         );
         assert_eq!(names(&dir), ["10.87.0.50@azp0000000000b2"]);
         // Its own marker (written after this) and no dir at all: nothing to do.
@@ -233,8 +331,7 @@ mod tests {
 
     #[test]
     fn an_heir_that_cannot_forget_them_does_not_start_and_the_marker_stays() {
-        let d = tempfile::tempdir().unwrap();
-        let dir = d.path().join("unforgotten");
+        let (d, _, dir) = dirs();
         record(&d.path().join("a.json"), &tracked("azp0000000000a1", "10.87.0.5", &dir)).unwrap();
         let rec = Recorder::failing_at(0, nix::errno::Errno::EPERM);
         let e = before_its_job(&tracked("azp0000000000c3", "10.87.0.5", &dir), &rec).unwrap_err();
@@ -244,22 +341,66 @@ mod tests {
     }
 
     #[test]
-    fn a_clean_up_removes_the_markers_of_what_it_forgot_and_keeps_them_on_failure() {
-        let d = tempfile::tempdir().unwrap();
-        let (file, dir) = (d.path().join("connections.json"), d.path().join("unforgotten"));
+    fn a_clean_up_removes_the_markers_only_once_sure() {
+        let (_d, file, dir) = dirs();
         let t = tracked("azp0000000000a1", "10.87.0.5", &dir);
+        let marker = ["10.87.0.5@azp0000000000a1"];
+        // Failed: they expire on their own; the marker stays.
         record(&file, &t).unwrap();
-        // Failed: they expire on their own; an heir of the address tries again.
         assert_eq!(left_by_a_killed_helper(&file, &Recorder::failing_at(0, nix::errno::Errno::EIO)), Some(0));
         assert!(!file.exists());
-        assert_eq!(names(&dir), ["10.87.0.5@azp0000000000a1"]);
+        assert_eq!(names(&dir), marker);
+        // The job's link still there (its namespace still going), or its address another
+        // job's by now: the marker stays.
+        for f in [
+            Forgotten { link_present: true, ..Default::default() },
+            Forgotten { kept: vec!["10.87.0.5".parse().unwrap()], ..Default::default() },
+        ] {
+            record(&file, &t).unwrap();
+            let rec = Recorder::default();
+            *rec.forgotten.borrow_mut() = f;
+            assert_eq!(left_by_a_killed_helper(&file, &rec), Some(0));
+            assert!(!file.exists());
+            assert_eq!(names(&dir), marker);
+        }
+        // Forgotten, the link gone: no marker left.
         record(&file, &t).unwrap();
         let rec = Recorder::default();
-        assert_eq!(left_by_a_killed_helper(&file, &rec), Some(0));
-        assert_eq!(rec.calls(), ["forget_connections 10.87.0.5 fd61:7a70:7362::1 of azp0000000000a1 Always"]);
+        *rec.forgotten.borrow_mut() = Forgotten { entries: 7, ..Default::default() };
+        assert_eq!(left_by_a_killed_helper(&file, &rec), Some(7));
+        assert_eq!(rec.calls(), [format!("forget_connections 10.87.0.5 {V6} of azp0000000000a1 Always")]);
         assert!(!file.exists() && names(&dir).is_empty());
-        // A record of an older azp-sandbox (no markers) still reads.
+        // A record of an older azp-sandbox (no markers) still reads; a forged one is not
+        // acted on.
         std::fs::write(&file, br#"{"link":"azp0000000000a1","sources":["10.87.0.5"]}"#).unwrap();
         assert_eq!(left_by_a_killed_helper(&file, &Recorder::default()), Some(0));
+        for forged in [
+            r#"{"link":"../../etc","sources":["10.87.0.5"]}"#,
+            r#"{"link":"azp0000000000a1","sources":["10.87.0.5"],"markers":"/etc"}"#,
+        ] {
+            std::fs::write(&file, forged).unwrap();
+            let rec = Recorder::default();
+            assert_eq!(left_by_a_killed_helper(&file, &rec), Some(0));
+            assert!(rec.calls().is_empty(), "{forged}: {:?}", rec.calls());
+        }
+    }
+
+    #[test]
+    fn gc_sweeps_the_markers_of_links_gone_and_keeps_the_others() {
+        let (d, _, dir) = dirs();
+        record(&d.path().join("a.json"), &tracked("azp0000000000a1", "10.87.0.5", &dir)).unwrap();
+        std::fs::write(dir.join("not-a-marker"), "").unwrap();
+        // Its link still there (a running job's, or a namespace still going): kept.
+        let rec = Recorder::default();
+        *rec.forgotten.borrow_mut() = Forgotten { link_present: true, ..Default::default() };
+        assert_eq!(sweep(&dir, &rec).unwrap(), None);
+        assert_eq!(rec.calls(), [format!("forget_connections 10.87.0.5 {V6} of azp0000000000a1 IfGone")]);
+        assert_eq!(names(&dir), ["10.87.0.5@azp0000000000a1", "not-a-marker"]);
+        // Gone: forgotten and removed.
+        let rec = Recorder::default();
+        *rec.forgotten.borrow_mut() = Forgotten { entries: 3, ..Default::default() };
+        assert_eq!(sweep(&dir, &rec).unwrap().as_deref(), Some("3 tracked connections of 1 killed job(s)"));
+        assert_eq!(names(&dir), ["not-a-marker"]);
+        assert_eq!(sweep(&d.path().join("none"), &Recorder::default()).unwrap(), None);
     }
 }

@@ -32,7 +32,7 @@ pub struct JobNetwork {
     /// are not forgotten yet (root mode, isolated; see `super::forget`): set with the
     /// host's table, in the host's namespace.
     #[serde(default)]
-    pub unforgotten: Option<PathBuf>,
+    pub connection_markers: Option<PathBuf>,
     /// Made by the helper: a sysfs of the job's namespace, and the job's resolv.conf.
     #[serde(default)]
     pub sysfs: Option<PathBuf>,

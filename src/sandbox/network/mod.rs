@@ -425,7 +425,7 @@ impl Entered {
 
     /// [`Entered::masqueraded`] with where their marker goes (see [`forget`]).
     pub fn tracked(&self, net: &JobNetwork) -> Option<forget::Tracked> {
-        Some(forget::Tracked { connections: self.masqueraded()?, markers: net.unforgotten.clone() })
+        Some(forget::Tracked { connections: self.masqueraded()?, markers: net.connection_markers.clone() })
     }
 }
 
@@ -458,6 +458,7 @@ fn veth(plan: &JobPlan, local: &[Ipv4Net], v6: Option<Veth6>, pid: u32) -> Veth 
         pool: subnet,
         // Spread over the pool: the first try is free unless the pool fills up.
         first_try: (fnv64(format!("{}/{pid}", plan.id).as_bytes()) % subnet.size()) as u32,
+        avoid: plan.net.connection_markers.as_deref().map(forget::marked).unwrap_or_default(),
         routes: routes.clone(),
         lock: PathBuf::from(firewall::LOCK),
         table: firewall::TABLE.into(),
@@ -597,7 +598,7 @@ pub fn ensure_table(net: &mut JobNetwork, register: bool, ask: Ipv6) -> Result<(
         tracing::warn!("jobs get IPv4 only: {why}");
         net.ipv6 = false;
     }
-    net.unforgotten = Some(forget::markers_dir());
+    net.connection_markers = Some(forget::markers_dir());
     Ok(())
 }
 
@@ -674,7 +675,29 @@ const LINKS_GRACE: std::time::Duration = std::time::Duration::from_secs(10);
 pub fn gc() -> Result<Option<String>> {
     // This process's own jobs are over (`gc`, or the end of `run`).
     firewall::end_table_use();
-    firewall::remove_if_unused(LINKS_GRACE)
+    let removed = firewall::remove_if_unused(LINKS_GRACE)?;
+    // Killed jobs' connections whose clean-up could not be sure of them (see
+    // `forget::sweep`), after the wait for dying links above: root mode only (rootless
+    // jobs have no host table).
+    let swept = match nix::unistd::geteuid().is_root() {
+        true => {
+            let dir = forget::markers_dir();
+            let swept = forget::sweep(&dir, &crate::sys::Real).unwrap_or_else(|e| {
+                tracing::warn!("killed jobs' tracked connections: {e:#}; they expire on their own");
+                None
+            });
+            // With the table, once empty (no job runs then to make a marker in it).
+            if removed.is_some() {
+                let _ = std::fs::remove_dir(&dir);
+            }
+            swept
+        }
+        false => None,
+    };
+    Ok(match (swept, removed) {
+        (Some(a), Some(b)) => Some(format!("{a}; {b}")),
+        (a, b) => a.or(b),
+    })
 }
 
 #[cfg(test)]
