@@ -1736,6 +1736,7 @@ mod tests {
         assert_eq!(claim_order(&v).collect::<Vec<_>>(), [a(5), a(2), a(4), a(6), a(3)]);
     }
 
+    /// A job's veth over `pool` (its gateway the pool's first address).
     fn veth_of(pool: Ipv4Net) -> Veth {
         Veth {
             host_name: "azpj1".into(),
@@ -1755,20 +1756,7 @@ mod tests {
 
     #[test]
     fn the_veth_pair_gets_one_queue_each_way_on_both_ends() {
-        let v = Veth {
-            host_name: "azpj1".into(),
-            host_mac: [2, 0, 0, 0, 0, 1],
-            group: 7,
-            gateway: Ipv4Addr::new(10, 87, 0, 1),
-            pool: Ipv4Net::new(Ipv4Addr::new(10, 87, 0, 0), 16),
-            first_try: 2,
-            avoid: vec![],
-            routes: vec![],
-            lock: PathBuf::from("/run/l"),
-            table: "t".into(),
-            v6: None,
-            filter: JobFilter::default(),
-        };
+        let v = veth_of(Ipv4Net::new(Ipv4Addr::new(10, 87, 0, 0), 16));
         let b = veth_message(&v, 9).finish(1, 0);
         let top = nl::attributes(&b[16..], 16);
         let one = &1u32.to_ne_bytes()[..];
