@@ -79,8 +79,9 @@ pub trait Sys {
     /// it: gone before the helper exits, so its runner finds the job's cgroup empty.
     fn stop_pasta(&self, pid: i32) -> Result<()>;
     /// Deletes the host's conntrack entries of connections from `sources` (a root-mode
-    /// job's addresses, once the job is over; see [`net::forget_connections`]): how many,
-    /// and which addresses another link holds now.
+    /// job's addresses, once the job is over; `look` says when it reads the table: see
+    /// [`net::forget_connections`]): how many, which addresses another link holds now,
+    /// and whether the job's link was still there.
     fn forget_connections(&self, job: &net::JobConnections, look: net::Look) -> Result<net::Forgotten>;
     /// The first part of [`Sys::join_cgroup`]: the dirs and limits, no move.
     fn prepare_cgroup(&self, join: &CgroupJoin) -> Result<()>;

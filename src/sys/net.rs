@@ -952,6 +952,11 @@ pub struct JobConnections {
     pub heir: Option<String>,
 }
 
+/// How long [`forget_connections`] waits for a killed job's link to go (see
+/// [`Look::Always`]): the kernel removes it with the job's namespace, in a worker that
+/// tears down every namespace of the host in turn.
+const LINK_GONE_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
+
 /// When [`forget_connections`] reads the conntrack table (a walk of every bucket).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Look {
@@ -959,8 +964,9 @@ pub enum Look {
     /// when it made no connection. A set that is gone or younger than the entries (a
     /// table made again) forgets nothing.
     IfCounted,
-    /// Whatever the set says: a clean-up after a killed helper, or an heir of its
-    /// address (rare, and the table may have been removed or made again since).
+    /// Whatever the set says, once the job's link is gone (2 s at most): a clean-up
+    /// after a killed helper, or an heir of its address (rare, and the table may have
+    /// been removed or made again since).
     Always,
     /// As `Always`, but nothing while the job's link exists: a sweep of markers whose
     /// job may still run.
@@ -979,29 +985,45 @@ pub struct Forgotten {
 }
 
 /// Deletes the conntrack entries of this namespace whose original source is one of the
-/// job's addresses, once its job is over. The host's table masqueraded those connections,
-/// and nothing else ends them with the job: a server of the job's that keeps answering
-/// keeps them tracked (UDP 120 s at a time, TCP established 5 days), and jobs one after
-/// another would fill the host's table. Only where the job's link has an element in the
-/// counting set: reading the table walks every bucket of the kernel's one conntrack hash
-/// (its namespaces' entries all in it), 14 ms here with 262144, so a job that made no
-/// connection (or a table without the set) costs one set dump instead. Each entry is
-/// deleted by its original tuple. How many went.
+/// job's addresses. The host's table masqueraded those connections, and nothing else
+/// ends them with the job: a server of the job's that keeps answering keeps them tracked
+/// (UDP 120 s at a time, TCP established 5 days), and jobs one after another would fill
+/// the host's table. Reading the table walks every bucket of the kernel's one conntrack
+/// hash (its namespaces' entries all in it), 14 ms here with 262144: `look` says when
+/// (at a job's end only where the job's link has an element in the counting set, so a
+/// job that made no connection costs one set dump instead). `Look::Always` first waits
+/// up to [`LINK_GONE_WAIT`] for the job's link to go: until its namespace is gone, the
+/// namespace's sockets may make entries again. Each entry is deleted by its original
+/// tuple. What went, what was left to another link, and whether the job's link was
+/// there before or after the read.
 pub fn forget_connections(job: &JobConnections, look: Look) -> Result<Forgotten> {
     // One netfilter socket for both: nftables and ctnetlink are subsystems of it.
     let s = Socket::open(Proto::Netfilter).map_err(Error::NetlinkSocket)?;
-    if look == Look::IfCounted {
-        let counted = match s.call(Message::nft_dump_set(job.table, job.set)) {
-            Ok(replies) => replies.iter().flat_map(|r| nl::nft_set_keys(r)).any(|k| k == job.link),
-            Err(Errno::ENOENT) => false,
-            Err(source) => return Err(Error::NftSetDump { set: job.set, source }),
-        };
-        if !counted {
-            return Ok(Forgotten::default());
+    let link_there = || links().map(|l| l.iter().any(|(_, name)| *name == job.link));
+    let mut link_present = false;
+    match look {
+        Look::IfCounted => {
+            let counted = match s.call(Message::nft_dump_set(job.table, job.set)) {
+                Ok(replies) => replies.iter().flat_map(|r| nl::nft_set_keys(r)).any(|k| k == job.link),
+                Err(Errno::ENOENT) => false,
+                Err(source) => return Err(Error::NftSetDump { set: job.set, source }),
+            };
+            if !counted {
+                return Ok(Forgotten::default());
+            }
         }
-    }
-    if look == Look::IfGone && links()?.iter().any(|(_, name)| *name == job.link) {
-        return Ok(Forgotten { link_present: true, ..Default::default() });
+        Look::Always => {
+            let deadline = std::time::Instant::now() + LINK_GONE_WAIT;
+            while link_there()? && std::time::Instant::now() < deadline {
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+            link_present = link_there()?;
+        }
+        Look::IfGone => {
+            if link_there()? {
+                return Ok(Forgotten { link_present: true, ..Default::default() });
+            }
+        }
     }
     let entries = s.call(Message::conntrack_dump()).map_err(Error::ConntrackDump)?;
     // Read after the entries: an address of the job's that another link holds by now is
@@ -1011,7 +1033,7 @@ pub fn forget_connections(job: &JobConnections, look: Look) -> Result<Forgotten>
     let links = links()?;
     let sources = still_the_jobs(&job.sources, &job.link, job.heir.as_deref(), &routes()?, &links);
     let kept = job.sources.iter().filter(|a| !sources.contains(a)).copied().collect();
-    let link_present = links.iter().any(|(_, name)| *name == job.link);
+    let link_present = link_present || links.iter().any(|(_, name)| *name == job.link);
     let forget = |src: &std::net::IpAddr| sources.contains(src);
     let mut forgotten = 0;
     for (_, delete) in entries.iter().filter_map(|e| nl::conntrack_entry(e)).filter(|(src, _)| forget(src)) {
@@ -1130,9 +1152,9 @@ fn af_spec(index: i32, host: bool) -> Message {
     m
 }
 
-/// The job's address: the first of `pool` (from `first_try` on, skipping the network,
-/// the gateway and the broadcast address) whose host route `address/32 dev <host end>`
-/// the kernel accepts. A route the kernel has is an address taken, by a live job or one
+/// The job's address: the first of `pool` in [`claim_order`] (from `first_try` on,
+/// skipping the network, the gateway and the broadcast address, those to avoid last)
+/// whose host route `address/32 dev <host end>` the kernel accepts. A route the kernel has is an address taken, by a live job or one
 /// whose namespace is still being torn down; it goes with its link.
 fn claim_address(host: &Socket, v: &Veth, index: i32) -> Result<Ipv4Addr> {
     for a in claim_order(v) {

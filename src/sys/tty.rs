@@ -63,9 +63,10 @@ pub fn raw_mode(fd: BorrowedFd<'_>) -> Result<Option<RawMode>> {
 }
 
 /// Whether the terminal `fd` turns `\n` into a new line's start (output processing,
-/// OPOST): not while it is in raw mode. Not a terminal: true.
+/// OPOST with ONLCR): not while it is in raw mode. Not a terminal: true.
 pub fn output_processed(fd: BorrowedFd<'_>) -> bool {
-    termios::tcgetattr(fd).map(|t| t.output_flags.contains(termios::OutputFlags::OPOST)).unwrap_or(true)
+    use termios::OutputFlags;
+    termios::tcgetattr(fd).map(|t| t.output_flags.contains(OutputFlags::OPOST | OutputFlags::ONLCR)).unwrap_or(true)
 }
 
 impl Drop for RawMode {

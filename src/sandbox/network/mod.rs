@@ -415,22 +415,18 @@ impl Entered {
     }
 
     /// The job's connections the host's table masqueraded (root mode's veth; once
-    /// [`Entered::finish`]ed): its conntrack entries, to forget at its end.
-    pub fn masqueraded(&self) -> Option<crate::sys::net::JobConnections> {
+    /// [`Entered::finish`]ed): its conntrack entries, to forget at its end, and where
+    /// their marker goes (see [`forget`]).
+    pub fn tracked(&self, net: &JobNetwork) -> Option<forget::Tracked> {
         let link = self.host_link.clone()?;
         let v4 = self.made.address.map(std::net::IpAddr::from);
         let sources = v4.into_iter().chain(self.made.address6.map(std::net::IpAddr::from)).collect();
-        Some(job_connections(link, sources))
-    }
-
-    /// [`Entered::masqueraded`] with where their marker goes (see [`forget`]).
-    pub fn tracked(&self, net: &JobNetwork) -> Option<forget::Tracked> {
-        Some(forget::Tracked { connections: self.masqueraded()?, markers: net.connection_markers.clone() })
+        Some(forget::Tracked { connections: job_connections(link, sources), markers: net.connection_markers.clone() })
     }
 }
 
 /// A job's connections as the host's table counts them: by its host link, from its
-/// addresses (see [`Entered::masqueraded`]).
+/// addresses (see [`Entered::tracked`]).
 pub fn job_connections(link: String, sources: Vec<std::net::IpAddr>) -> crate::sys::net::JobConnections {
     crate::sys::net::JobConnections { table: firewall::TABLE, set: firewall::JOB_FLOWS, link, sources, heir: None }
 }
@@ -671,7 +667,8 @@ fn loopback_proxy(url: &str) -> Option<(&str, u16, Ipv4Addr)> {
 /// by gc still had its link after the next gc's 2 s (`t16`, once in a CI run).
 const LINKS_GRACE: std::time::Duration = std::time::Duration::from_secs(10);
 
-/// gc's part (and the end of `run`'s): the host's table when no job link is left.
+/// gc's part (and the end of `run`'s): the host's table when no job link is left, and
+/// the tracked connections of killed jobs whose links are gone (see [`forget::sweep`]).
 pub fn gc() -> Result<Option<String>> {
     // This process's own jobs are over (`gc`, or the end of `run`).
     firewall::end_table_use();
@@ -679,20 +676,21 @@ pub fn gc() -> Result<Option<String>> {
     // Killed jobs' connections whose clean-up could not be sure of them (see
     // `forget::sweep`), after the wait for dying links above: root mode only (rootless
     // jobs have no host table).
-    let swept = match nix::unistd::geteuid().is_root() {
-        true => {
+    let swept = match crate::rootless::mode().rootless {
+        false => {
             let dir = forget::markers_dir();
             let swept = forget::sweep(&dir, &crate::sys::Real).unwrap_or_else(|e| {
-                tracing::warn!("killed jobs' tracked connections: {e:#}; they expire on their own");
+                tracing::warn!("killed jobs' tracked connections: {e:#}; the next `azp-sandbox gc` tries again");
                 None
             });
-            // With the table, once empty (no job runs then to make a marker in it).
+            // Once empty, with the table (a job that makes a marker meanwhile makes the
+            // dir again).
             if removed.is_some() {
                 let _ = std::fs::remove_dir(&dir);
             }
             swept
         }
-        false => None,
+        true => None,
     };
     Ok(match (swept, removed) {
         (Some(a), Some(b)) => Some(format!("{a}; {b}")),
