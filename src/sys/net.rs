@@ -994,7 +994,7 @@ pub struct Forgotten {
 /// job that made no connection costs one set dump instead). `Look::Always` first waits
 /// up to [`LINK_GONE_WAIT`] for the job's link to go: until its namespace is gone, the
 /// namespace's sockets may make entries again. Each entry is deleted by its original
-/// tuple. What went, what was left to another link, and whether the job's link was
+/// tuple and its id (see [`nl::conntrack_entry`]). What went, what was left to another link, and whether the job's link was
 /// there before or after the read.
 pub fn forget_connections(job: &JobConnections, look: Look) -> Result<Forgotten> {
     // One netfilter socket for both: nftables and ctnetlink are subsystems of it.

@@ -123,6 +123,7 @@ const IPCTNL_MSG_CT_GET: u16 = 1;
 const IPCTNL_MSG_CT_DELETE: u16 = 2;
 const CTA_TUPLE_ORIG: u16 = 1;
 const CTA_ZONE: u16 = 18;
+const CTA_ID: u16 = 12;
 const CTA_TUPLE_IP: u16 = 1;
 const CTA_IP_V4_SRC: u16 = 1;
 const CTA_IP_V6_SRC: u16 = 3;
@@ -608,7 +609,9 @@ impl Message {
 }
 
 /// A conntrack entry of a [`Message::conntrack_dump`] reply: its original source address,
-/// and the request that deletes it (its original tuple and zone, as the dump gave them).
+/// and the request that deletes it (its original tuple, zone and id, as the dump gave
+/// them: with the id the kernel deletes that entry only, not one made since with the
+/// same tuple, such as a new job's on the same address).
 pub fn conntrack_entry(payload: &[u8]) -> Option<(std::net::IpAddr, Message)> {
     let family = *payload.first()?;
     let orig = raw_attribute(payload, 4, CTA_TUPLE_ORIG)?;
@@ -620,8 +623,10 @@ pub fn conntrack_entry(payload: &[u8]) -> Option<(std::net::IpAddr, Message)> {
     })?;
     let mut delete = Message::new((NFNL_SUBSYS_CTNETLINK << 8) | IPCTNL_MSG_CT_DELETE, 0, &[family, 0, 0, 0]);
     delete.raw(orig);
-    if let Some(zone) = raw_attribute(payload, 4, CTA_ZONE) {
-        delete.raw(zone);
+    for attr in [CTA_ZONE, CTA_ID] {
+        if let Some(a) = raw_attribute(payload, 4, attr) {
+            delete.raw(a);
+        }
     }
     Some((src, delete))
 }
@@ -791,6 +796,39 @@ mod tests {
         assert_eq!(&b[16..24], &[AF_INET, 32, 0, 0, 2, 0, 0, 0]);
         let b = Message::neigh(NLM_F_CREATE, AF_INET, 2, NUD_PERMANENT).finish(1, 0);
         assert_eq!(&b[16..28], &[AF_INET, 0, 0, 0, 2, 0, 0, 0, 0x80, 0, 0, 0]);
+    }
+
+    #[test]
+    fn a_conntrack_entry_is_deleted_by_its_tuple_zone_and_id() {
+        // A dump reply's payload: nfgenmsg, the original tuple (its IP nest first), the
+        // reply tuple, the id, the zone.
+        let tuple = |m: &mut Message, src: [u8; 4]| {
+            m.nest(CTA_TUPLE_IP).attr(CTA_IP_V4_SRC, &src).attr(2, &[198, 19, 0, 1]).end();
+        };
+        let mut m = Message::new(0, 0, &[AF_INET, 0, 0, 0]);
+        m.nest(CTA_TUPLE_ORIG);
+        tuple(&mut m, [10, 87, 0, 5]);
+        m.end().nest(2);
+        tuple(&mut m, [198, 19, 0, 1]);
+        m.end().attr(CTA_ID, &0x0a0b_0c0du32.to_be_bytes()).attr(CTA_ZONE, &7u16.to_be_bytes());
+        let payload = m.finish(1, 0)[NLMSG_HDRLEN..].to_vec();
+        let (src, delete) = conntrack_entry(&payload).unwrap();
+        assert_eq!(src, std::net::IpAddr::from([10, 87, 0, 5]));
+        let b = delete.finish(2, NLM_F_ACK);
+        assert_eq!(u16::from_ne_bytes([b[4], b[5]]), (NFNL_SUBSYS_CTNETLINK << 8) | IPCTNL_MSG_CT_DELETE);
+        let attrs = attributes(&b[NLMSG_HDRLEN..], 4);
+        let types: Vec<u16> = attrs.iter().map(|(t, _)| *t).collect();
+        assert_eq!(types, [CTA_TUPLE_ORIG, CTA_ZONE, CTA_ID]);
+        assert_eq!(attrs[0].1, &raw_attribute(&payload, 4, CTA_TUPLE_ORIG).unwrap()[4..]);
+        assert_eq!(attrs[2].1, &0x0a0b_0c0du32.to_be_bytes()[..]);
+        // No zone or id in the reply (an older kernel): the tuple alone.
+        let mut m = Message::new(0, 0, &[AF_INET, 0, 0, 0]);
+        m.nest(CTA_TUPLE_ORIG);
+        tuple(&mut m, [10, 87, 0, 6]);
+        m.end();
+        let (_, delete) = conntrack_entry(&m.finish(1, 0)[NLMSG_HDRLEN..]).unwrap();
+        let b = delete.finish(2, NLM_F_ACK);
+        assert_eq!(attributes(&b[NLMSG_HDRLEN..], 4).len(), 1);
     }
 
     #[test]
