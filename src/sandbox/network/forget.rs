@@ -89,12 +89,16 @@ fn v4_sources(c: &JobConnections) -> impl Iterator<Item = Ipv4Addr> + '_ {
     })
 }
 
+/// The markers of `c` in `dir`, with their addresses.
+fn markers_of<'a>(dir: &'a Path, c: &'a JobConnections) -> impl Iterator<Item = (Ipv4Addr, PathBuf)> + 'a {
+    v4_sources(c).map(move |a| (a, dir.join(marker_name(a, &c.link))))
+}
+
 /// The addresses of `dir`'s markers: a killed job's connections may still be tracked
 /// for them (or a running job holds them).
 pub fn marked(dir: &Path) -> Vec<Ipv4Addr> {
-    let Ok(entries) = std::fs::read_dir(dir) else { return vec![] };
-    let names = entries.flatten().map(|e| e.file_name());
-    names.filter_map(|n| n.to_str().and_then(parse_marker).map(|(a, _)| a)).collect()
+    let names = marker_names(dir).unwrap_or_default();
+    names.iter().filter_map(|n| parse_marker(n).map(|(a, _)| a)).collect()
 }
 
 /// The helper, before its job starts: the markers of the job's connections, then the
@@ -112,19 +116,15 @@ pub fn record(file: &Path, t: &Tracked) -> Result<()> {
 
 fn write_markers(dir: &Path, c: &JobConnections) -> Result<()> {
     let text = serde_json::to_vec(&Record { link: c.link.clone(), sources: c.sources.clone(), markers: None })?;
-    for a in v4_sources(c) {
-        let m = dir.join(marker_name(a, &c.link));
-        // Made again if it is not there: a gc removes it once empty, with the table.
-        let mut written = std::fs::write(&m, &text);
-        for _ in 0..3 {
-            match &written {
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                    create_private_dir(dir)?;
-                    written = std::fs::write(&m, &text);
-                }
-                _ => break,
+    for (_, m) in markers_of(dir, c) {
+        let written = match std::fs::write(&m, &text) {
+            // Made when it is not there: the first job's, or a gc removed it once empty,
+            // with the table.
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                create_private_dir(dir).and_then(|()| Ok(std::fs::write(&m, &text)?))
             }
-        }
+            w => Ok(w?),
+        };
         written.with_context(|| format!("cannot write {}", m.display()))?;
     }
     Ok(())
@@ -143,9 +143,7 @@ fn create_private_dir(dir: &Path) -> Result<()> {
 /// marker left for a clean-up or an heir to act on.
 pub fn forgotten(file: &Path, t: &Tracked) {
     if let Some(dir) = &t.markers {
-        for a in v4_sources(&t.connections) {
-            remove(&dir.join(marker_name(a, &t.connections.link)));
-        }
+        markers_of(dir, &t.connections).for_each(|(_, m)| remove(&m));
     }
     if let Err(e) = std::fs::remove_file(file) {
         tracing::debug!("cannot remove {} ({e}): the clean-up reads the job's connections again", file.display());
@@ -177,8 +175,8 @@ pub fn left_by_a_killed_helper(file: &Path, sys: &dyn Sys) -> Option<usize> {
             match sys.forget_connections(&c, Look::Always) {
                 Ok(f) => {
                     if let Some(dir) = r.markers.filter(|_| !f.link_present) {
-                        for a in v4_sources(&c).filter(|a| !f.kept.contains(&IpAddr::V4(*a))) {
-                            remove(&dir.join(marker_name(a, &c.link)));
+                        for (_, m) in markers_of(&dir, &c).filter(|(a, _)| !f.kept.contains(&IpAddr::V4(*a))) {
+                            remove(&m);
                         }
                     }
                     f.entries
@@ -246,7 +244,23 @@ pub fn before_its_job(t: &Tracked, sys: &dyn Sys) -> Result<usize> {
     Ok(forgotten)
 }
 
-/// `gc`'s part: the connections of markers in `dir` whose link is gone, forgotten, and
+/// `gc`'s part, in the host's namespace (root mode: rootless jobs have no host table):
+/// [`sweep`] of this namespace's markers, and their dir removed once empty when gc
+/// removed the host's table (`table_removed`; a job that makes a marker meanwhile makes
+/// the dir again). What it did, for gc's report.
+pub fn gc(table_removed: bool) -> Option<String> {
+    let dir = markers_dir();
+    let swept = sweep(&dir, &crate::sys::Real).unwrap_or_else(|e| {
+        tracing::warn!("killed jobs' tracked connections: {e:#}; the next `azp-sandbox gc` tries again");
+        None
+    });
+    if table_removed {
+        let _ = std::fs::remove_dir(&dir);
+    }
+    swept
+}
+
+/// The connections of markers in `dir` whose link is gone, forgotten, and
 /// their markers removed (a job still running keeps its marker). What it did, for gc's
 /// report, if anything.
 pub fn sweep(dir: &Path, sys: &dyn Sys) -> Result<Option<String>> {

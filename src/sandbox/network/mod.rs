@@ -673,25 +673,9 @@ pub fn gc() -> Result<Option<String>> {
     // This process's own jobs are over (`gc`, or the end of `run`).
     firewall::end_table_use();
     let removed = firewall::remove_if_unused(LINKS_GRACE)?;
-    // Killed jobs' connections whose clean-up could not be sure of them (see
-    // `forget::sweep`), after the wait for dying links above: root mode only (rootless
-    // jobs have no host table).
-    let swept = match crate::rootless::mode().rootless {
-        false => {
-            let dir = forget::markers_dir();
-            let swept = forget::sweep(&dir, &crate::sys::Real).unwrap_or_else(|e| {
-                tracing::warn!("killed jobs' tracked connections: {e:#}; the next `azp-sandbox gc` tries again");
-                None
-            });
-            // Once empty, with the table (a job that makes a marker meanwhile makes the
-            // dir again).
-            if removed.is_some() {
-                let _ = std::fs::remove_dir(&dir);
-            }
-            swept
-        }
-        true => None,
-    };
+    // Killed jobs' connections whose clean-up could not be sure of them, after the
+    // wait for dying links above.
+    let swept = if crate::rootless::mode().rootless { None } else { forget::gc(removed.is_some()) };
     Ok(match (swept, removed) {
         (Some(a), Some(b)) => Some(format!("{a}; {b}")),
         (a, b) => a.or(b),
