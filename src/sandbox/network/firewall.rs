@@ -20,9 +20,10 @@
 //!   Azure's host endpoint ([`AZURE_HOST`]) and to the jobs' subnet (the gateway's other
 //!   ports), unless allowed; the table's own forwarded services pass first (a host
 //!   resolver on a link-local address, as on GCP, or on Azure's);
-//! - holds each job to its share of the host's connection tracking ([`flows_per_job`]):
-//!   a new flow beyond it is refused (TCP connects fail at once with "No route to
-//!   host"), and the kernel log says so, once a minute at most;
+//! - holds each job to its share of the host's connection tracking ([`flows_per_job`])
+//!   and, once it has opened that many, to [`NEW_FLOWS_PER_SECOND`] new ones: a new flow
+//!   beyond either is refused (TCP connects fail at once with "No route to host"), and
+//!   the kernel log says so, once a minute at most;
 //! - when it had to turn IPv4 forwarding on (net.ipv4.ip_forward was 0), drops forwarded
 //!   IPv4 traffic that involves no job link (the host does not become a router for
 //!   others), and the table's comment says so: whoever removes the table turns
@@ -66,12 +67,28 @@ const OWN_DNAT_ONLY: &str = "own-dnat";
 /// In the comment of a table made with the per-job limit of tracked connections
 /// ([`limit_flows`]); one made before lets a job fill the host's conntrack table.
 const LIMITS_FLOWS: &str = "flows";
+/// In the comment of a table that also holds how fast each job opens new flows
+/// ([`NEW_FLOWS_PER_SECOND`]); one made before lets a job at its limit make the host
+/// walk its connections on every tick.
+const LIMITS_FLOW_RATE: &str = "flow-rate";
 /// A job may keep at most this share of the host's connection-tracking table
 /// (`nf_conntrack_max`, shared by the host and every job: the table masquerades each
 /// job's flows, so they are the host's entries). A full conntrack table drops every new
 /// connection of the host and of the other slots; at this share it takes this many jobs
-/// at their limit at once.
-const FLOWS_SHARE: u64 = 16;
+/// at their limit at once. Not more per job: the count is not free (see
+/// [`NEW_FLOWS_PER_SECOND`]).
+const FLOWS_SHARE: u64 = 64;
+/// New flows a job may open per second once it has spent its burst (as many as its
+/// limit of tracked connections: a job may open all of those at once). The kernel's
+/// count of a job's connections (connlimit) walks the job's whole list, a conntrack
+/// lookup per connection, at a new flow once per tick: a job holding its limit that kept
+/// sending new flows made the host spend that walk on every tick, in softirq, charged to
+/// no cgroup (measured: one job at 16384 sending 1000 new datagrams a second kept 0.8-1.5
+/// of 2 CPUs busy, bench/NOTES.md). A new flow over this rate is refused before it is
+/// counted, so the walks are at most this many a second per job.
+const NEW_FLOWS_PER_SECOND: u64 = 100;
+/// The set that holds each job link's rate of new flows (see [`flows_script`]).
+const JOB_NEW_FLOWS: &str = "job_new_flows";
 /// The set that counts each job link's tracked connections (see [`flows_script`]).
 pub const JOB_FLOWS: &str = "job_flows";
 /// The least a job gets, where an operator made the conntrack table very small.
@@ -191,7 +208,9 @@ pub fn script(subnet: Ipv4Net, gateway: Ipv4Addr, services: &[HostService], forw
 }
 
 fn comment(subnet: Ipv4Net, forwarding_was_off: bool) -> String {
-    let mut c = format!("azp-sandbox jobs: subnet {subnet}, {HAS_IPV6_RULES}, {OWN_DNAT_ONLY}, {LIMITS_FLOWS}");
+    let mut c = format!(
+        "azp-sandbox jobs: subnet {subnet}, {HAS_IPV6_RULES}, {OWN_DNAT_ONLY}, {LIMITS_FLOWS}, {LIMITS_FLOW_RATE}"
+    );
     if forwarding_was_off {
         c.push_str(&format!(", {FORWARDING_WAS_OFF}"));
     }
@@ -232,22 +251,41 @@ fn flows_per_job(conntrack_max: u64) -> u64 {
     (conntrack_max / FLOWS_SHARE).max(MIN_FLOWS)
 }
 
-/// The set, chain and rules that hold each job link to `limit` tracked connections:
-/// keyed by the link's name (one per job), counted by the kernel's connlimit (the set's
-/// element goes once its link's last connection has). First in `input` (what is
-/// forwarded to a host service) and `forward` (the rest): a flow's first packet meets one
-/// of them. Not in prerouting: Linux before 5.11 refuses `reject` there.
+/// The sets, chains and rules that hold each job link to `limit` tracked connections
+/// and, past a burst of `limit`, to [`NEW_FLOWS_PER_SECOND`] new ones: keyed by the
+/// link's name (one per job); counted by the kernel's connlimit (the count set's element
+/// goes once its link's last connection has), rated by a token bucket per link (its
+/// element goes an hour after it was made: a job's later hours start with a full bucket
+/// again, an hour's burst at most). The rate comes first: a flow it refuses costs no
+/// count. First in `input` (what is forwarded to a host service) and `forward` (the
+/// rest): a flow's first packet meets one of them. Not in prerouting: Linux before 5.11
+/// refuses `reject` there. Each refusal is counted (`nft list table inet azp-sandbox`
+/// shows how many).
 fn flows_script(limit: u64) -> String {
     let count =
         format!("iifname \"azp*\" ct state new add @{JOB_FLOWS} {{ iifname ct count over {limit} }} jump over_flows");
+    let rate = format!(
+        "iifname \"azp*\" ct state new add @{JOB_NEW_FLOWS} \
+         {{ iifname limit rate over {NEW_FLOWS_PER_SECOND}/second burst {limit} packets }} jump over_rate"
+    );
+    let refuse = |chain: &str, why: &str| {
+        format!(
+            "add chain inet {TABLE} {chain}\n\
+             add rule inet {TABLE} {chain} limit rate 1/minute burst 1 packets \
+             log prefix \"azp-sandbox: a job {why}: \" level warn\n\
+             add rule inet {TABLE} {chain} counter reject with icmpx type admin-prohibited\n"
+        )
+    };
     format!(
         "add set inet {TABLE} {JOB_FLOWS} {{ type ifname; flags dynamic; size 65535; }}\n\
-         add chain inet {TABLE} over_flows\n\
-         add rule inet {TABLE} over_flows limit rate 1/minute burst 1 packets \
-         log prefix \"azp-sandbox: a job is at its limit of {limit} connections: \" level warn\n\
-         add rule inet {TABLE} over_flows reject with icmpx type admin-prohibited\n\
+         add set inet {TABLE} {JOB_NEW_FLOWS} {{ type ifname; flags dynamic,timeout; timeout 1h; size 65535; }}\n\
+         {}{}\
          insert rule inet {TABLE} input {count}\n\
-         insert rule inet {TABLE} forward {count}\n"
+         insert rule inet {TABLE} forward {count}\n\
+         insert rule inet {TABLE} input {rate}\n\
+         insert rule inet {TABLE} forward {rate}\n",
+        refuse("over_flows", &format!("is at its limit of {limit} connections")),
+        refuse("over_rate", &format!("opens more than {NEW_FLOWS_PER_SECOND} connections a second")),
     )
 }
 
@@ -265,7 +303,7 @@ fn limit_flows(nft: &Path) -> Option<u64> {
         .map_err(|e| {
             tracing::warn!(
                 "jobs' network: jobs' connections are not limited ({e:#}): one job can fill the host's \
-                 connection tracking; the kernel needs nft_connlimit (CONFIG_NFT_CONNLIMIT); once it has it, \
+                 connection tracking; the kernel needs nft_connlimit and nft_limit (CONFIG_NFT_CONNLIMIT, CONFIG_NFT_LIMIT); once it has them, \
                  stop the jobs and run `azp-sandbox gc`"
             )
         })
@@ -438,7 +476,11 @@ pub fn ensure(
         }
         tracing::info!(
             "jobs' network: made the nftables table inet {TABLE} (subnet {subnet}{}{})",
-            flows.map(|f| format!("; {f} tracked connections per job")).unwrap_or_default(),
+            flows
+                .map(|f| format!(
+                    "; {f} tracked connections per job, {NEW_FLOWS_PER_SECOND} new a second past that many"
+                ))
+                .unwrap_or_default(),
             if forwarding_was_off { "; IPv4 forwarding turned on until it is removed" } else { "" }
         );
     }
@@ -489,7 +531,8 @@ pub fn ensure(
 /// A table made by an azp-sandbox before [`OWN_DNAT_ONLY`] lets a job reach host
 /// services that any other DNAT rule of the host translates to (a Kubernetes node's
 /// ClusterIPs, an operator's port forward), one before [`LIMITS_FLOWS`] lets a job fill
-/// the host's connection tracking: said once per process, with the fix. It is
+/// the host's connection tracking, one before [`LIMITS_FLOW_RATE`] lets a job at its
+/// limit keep the host walking its connections: said once per process, with the fix. It is
 /// not replaced under running jobs (their runs' elements would go with it); `gc`, the
 /// end of the last run, or a reboot removes it, and the next job makes the current one.
 /// One older still, without the IPv6 rules, is said so where IPv6 is decided, with the
@@ -517,6 +560,8 @@ fn outdated(comment: &str) -> Option<String> {
     }
     if !has_marker(comment, LIMITS_FLOWS) {
         lacks.push("does not limit each job's tracked connections");
+    } else if !has_marker(comment, LIMITS_FLOW_RATE) {
+        lacks.push("does not limit how fast each job opens connections (a job at its limit can keep a CPU busy)");
     }
     (!lacks.is_empty()).then(|| lacks.join(", and "))
 }
@@ -712,7 +757,7 @@ mod tests {
         let s = script(net(), Ipv4Addr::new(10, 87, 0, 1), &dns(Ipv4Addr::new(127, 0, 0, 53)), true);
         assert!(
             s.starts_with(
-                "table inet azp-sandbox {\n  comment \"azp-sandbox jobs: subnet 10.87.0.0/16, ipv6, own-dnat, flows, ip_forward was 0\"\n"
+                "table inet azp-sandbox {\n  comment \"azp-sandbox jobs: subnet 10.87.0.0/16, ipv6, own-dnat, flows, flow-rate, ip_forward was 0\"\n"
             ),
             "{s}"
         );
@@ -756,8 +801,8 @@ mod tests {
 
     #[test]
     fn each_job_gets_its_share_of_connection_tracking() {
-        assert_eq!(flows_per_job(262_144), 16_384);
-        assert_eq!(flows_per_job(65_536), 4_096);
+        assert_eq!(flows_per_job(262_144), 4_096);
+        assert_eq!(flows_per_job(65_536), 1_024);
         assert_eq!(flows_per_job(1_000), MIN_FLOWS, "a very small table still leaves a job room");
         let s = flows_script(4_096);
         assert!(s.contains("add set inet azp-sandbox job_flows { type ifname; flags dynamic; size 65535; }\n"), "{s}");
@@ -771,8 +816,31 @@ mod tests {
             assert!(s.contains(&rule), "{s}");
         }
         assert!(!s.contains("prerouting"), "Linux before 5.11 refuses reject there: {s}");
-        let (log, reject) = (s.find("log prefix").unwrap(), s.find("reject with icmpx").unwrap());
-        assert!(log < reject && s.contains("limit rate 1/minute"), "said, at most once a minute, then refused: {s}");
+        // Past a burst of its limit, a job's new flows are rated before they are counted
+        // (each count walks the job's connections): the rate's insert comes last, so it
+        // is first in both chains.
+        assert!(
+            s.contains("add set inet azp-sandbox job_new_flows { type ifname; flags dynamic,timeout; timeout 1h; size 65535; }\n"),
+            "{s}"
+        );
+        for chain in ["input", "forward"] {
+            let rate = format!(
+                "insert rule inet azp-sandbox {chain} iifname \"azp*\" ct state new add @job_new_flows \
+                 {{ iifname limit rate over 100/second burst 4096 packets }} jump over_rate\n"
+            );
+            let count = format!("insert rule inet azp-sandbox {chain} iifname \"azp*\" ct state new add @job_flows");
+            assert!(s.find(&count).unwrap() < s.find(&rate).unwrap(), "{s}");
+        }
+        for (chain, why) in [
+            ("over_flows", "is at its limit of 4096 connections"),
+            ("over_rate", "opens more than 100 connections a second"),
+        ] {
+            let log = s.find(&format!("add rule inet azp-sandbox {chain} limit rate 1/minute burst 1 packets log prefix \"azp-sandbox: a job {why}: \"")).unwrap();
+            let reject = s
+                .find(&format!("add rule inet azp-sandbox {chain} counter reject with icmpx type admin-prohibited\n"))
+                .unwrap();
+            assert!(log < reject, "said, at most once a minute, then refused and counted: {s}");
+        }
     }
 
     #[test]
@@ -782,6 +850,10 @@ mod tests {
         assert_eq!(
             outdated("azp-sandbox jobs: subnet 10.87.0.0/16, ipv6, own-dnat").as_deref(),
             Some("does not limit each job's tracked connections")
+        );
+        assert_eq!(
+            outdated("azp-sandbox jobs: subnet 10.87.0.0/16, ipv6, own-dnat, flows").as_deref(),
+            Some("does not limit how fast each job opens connections (a job at its limit can keep a CPU busy)")
         );
         let both = outdated("azp-sandbox jobs: subnet 10.87.0.0/16, ipv6").unwrap();
         assert!(both.starts_with("lets jobs reach host services other DNAT rules forward to, and does not"), "{both}");
