@@ -5,8 +5,9 @@
 # tick, in softirq: no cgroup pays for it.
 #
 # Two scratch network namespaces joined by a veth named like a job link: `fc-job` sends,
-# `fc-host` has the rules of the jobs' table (firewall.rs's flows_script) in its input
-# chain. The job fills its limit with one datagram to each of LIMIT ports, then sends
+# `fc-host` has the two rules of the jobs' table that matter here (firewall.rs's
+# flows_script: the rate, then the count) in its input chain, dropping instead of the
+# table's jump to a logged, counted reject. The job fills its limit with one datagram to each of LIMIT ports, then sends
 # RATE new flows a second (a new socket each) for 5 s while `perf record -a` samples both
 # CPUs. Printed: the share of all samples in the walk (`__nf_conntrack_find_get`,
 # `__nf_conncount_add` and their helpers) and in idle. No traffic leaves the namespaces.
@@ -36,7 +37,7 @@ ip -n fc-job link set azpfcjob up
 ip -n fc-host link set azpfchost up
 rate_rule=""
 if [ "$PER_SECOND" != none ]; then
-    rate_rule="iifname \"azp*\" ct state new add @job_new_flows { iifname limit rate over $PER_SECOND/second burst $LIMIT packets } drop"
+    rate_rule="iifname \"azp*\" ct state new ct status & confirmed == 0 add @job_new_flows { iifname limit rate over $PER_SECOND/second burst $LIMIT packets } drop"
 fi
 ip netns exec fc-host nft -f - <<NFT
 table inet fc {
@@ -44,7 +45,7 @@ table inet fc {
   set job_new_flows { type ifname; flags dynamic,timeout; timeout 1h; size 65535; }
   chain input { type filter hook input priority filter; policy accept;
     $rate_rule
-    iifname "azp*" ct state new add @job_flows { iifname ct count over $LIMIT } drop
+    iifname "azp*" ct state new ct status & confirmed == 0 add @job_flows { iifname ct count over $LIMIT } drop
   }
 }
 NFT
@@ -54,6 +55,8 @@ mode, n = sys.argv[1], int(sys.argv[2])
 s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
 if mode == "fill":
     for p in range(n):
+        if p % 64000 == 0:
+            s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         s.sendto(b"x", ("10.99.0.1", 1024 + p % 64000))
 else:
     t0, k = time.time(), 0
@@ -69,8 +72,8 @@ PY
 ip netns exec fc-job python3 "$work/send.py" fill "$LIMIT"
 sleep 1
 echo "tracked in fc-host after the fill: $(ip netns exec fc-host cat /proc/sys/net/netfilter/nf_conntrack_count)"
-perf record -q -a -F 999 -o "$work/perf.data" -- ip netns exec fc-job python3 "$work/send.py" new "$RATE" 2>/dev/null
+perf record -q -a -F 999 -o "$work/perf.data" -- ip netns exec fc-job python3 "$work/send.py" new "$RATE"
 perf report -i "$work/perf.data" --no-children --sort sym 2>/dev/null | awk -v limit="$LIMIT" -v per="$PER_SECOND" -v rate="$RATE" '
-    /\[k\] (__)?nf_conntrack_find_get|nf_conncount|siphash|hash_conntrack_raw/ { walk += $1 }
-    /\[k\] (pv_native_safe_halt|default_idle|mwait_idle|intel_idle|acpi_idle)/ { idle += $1 }
+    /\[k\] (__)?(nf_conntrack_find_get|nf_conncount|siphash|hash_conntrack_raw)/ { walk += $1 }
+    /\[k\] (pv_native_safe_halt|native_safe_halt|acpi_safe_halt|default_idle|mwait_idle|intel_idle|acpi_idle|poll_idle)/ { idle += $1 }
     END { printf "limit %s, new flows a second past it: %s, sent %s a second: walk %.1f%% of all CPUs, idle %.1f%%\n", limit, per, rate, walk, idle }'

@@ -292,6 +292,20 @@ int main(int argc, char **argv) {
       }
       if (s >= 0) close(s);
     }
+    else if (!strcmp(op, "udp-stream")) {
+      /* udp-stream:IP:PORT:N: N datagrams to IP:PORT from one socket (one flow), 200 us
+         apart. */
+      struct sockaddr_in sa = { .sin_family = AF_INET, .sin_port = htons(atoi(a[2])) };
+      inet_pton(AF_INET, a[1], &sa.sin_addr);
+      int s = socket(AF_INET, SOCK_DGRAM, 0);
+      long n = atol(a[3]);
+      r = 0;
+      for (long k = 0; k < n && r == 0; k++) {
+        r = sendto(s, "s", 1, 0, (struct sockaddr *)&sa, sizeof sa) == 1 ? 0 : -1;
+        usleep(200);
+      }
+      close(s);
+    }
     else if (!strcmp(op, "udp-recv")) {
       /* udp-recv:PORT:MS[:IP:DPORT]: a UDP socket bound to PORT (all addresses), one
          datagram from it to IP:DPORT when given, then how many datagrams came to it in

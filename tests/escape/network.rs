@@ -763,6 +763,33 @@ fn t54_a_job_at_its_limit_cannot_keep_the_host_counting() {
 
 #[test]
 #[cfg_attr(not(test_as_root), ignore = "needs root: creates real sandboxes and network namespaces")]
+fn t55_a_jobs_one_way_stream_is_one_flow_to_its_limits() {
+    require_root!();
+    // Rootless jobs have no host table: pasta opens their flows as its own sockets.
+    root_mode_only!();
+    let lab = or_skip!(NetLab::new());
+    let h = home("net-stream");
+    // A flow is "new" to conntrack until its first reply: a job's one-way UDP stream
+    // (statsd, syslog, RTP) met t54's rate with every datagram, and past the burst (the
+    // job's limit) all but 100 a second were refused (a review). Now only a flow's first
+    // packet meets the rate and the count.
+    const PORT: u16 = 7795;
+    let udp = lab.internet_udp_counter(INTERNET_IP, PORT);
+    let n = flows_per_job() + 1000;
+    let stream = toks(&[&format!("udp-stream:{INTERNET_IP}:{PORT}:{n}")]);
+    let out = lab_exec_ok(&lab, &h, &[], &probe(&stream));
+    assert_eq!(probe_results(&out)[&stream[0]], "OK", "{out}");
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while (udp.count() as u64) < n && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(udp.count() as u64, n, "refused over the rate {}: {out}", refused_by(&lab, "over_rate"));
+    assert_eq!(refused_by(&lab, "over_rate") + refused_by(&lab, "over_flows"), 0, "{out}");
+    h.assert_no_residue(&[]);
+}
+
+#[test]
+#[cfg_attr(not(test_as_root), ignore = "needs root: creates real sandboxes and network namespaces")]
 fn t51_an_exec_makes_the_hosts_table_again_after_a_firewall_reload() {
     require_root!();
     // Rootless jobs have no host table: pasta's sockets are the host's own.
@@ -874,19 +901,20 @@ fn t52_a_killed_jobs_tracked_connections_go_with_its_clean_up() {
     // killed first (`kill -9` of the exec, which its helper follows; of a `run`) did not,
     // and they stayed in the host's conntrack table for as long as the far ends kept
     // them alive, past `gc` (a read-through of t50's fix).
-    const FLOWS: u64 = 2000;
-    let flood = toks(&[&format!("udp-flows:{INTERNET_IP}:{FLOWS}")]);
+    // Within the job's limit (1024 on a host whose conntrack table holds 65536).
+    let flows = 2000.min(flows_per_job() - 64);
+    let flood = toks(&[&format!("udp-flows:{INTERNET_IP}:{flows}")]);
     lab_exec_ok(&lab, &h, &[], "true");
     let before = host_conntrack_count(&lab);
     let mut job = WaitingJob::start_as(&h, h.lab_command(&lab), &[], &[], &probe(&flood));
     assert_eq!(probe_results(&job.before)[&flood[0]], "OK", "{}", job.before);
-    assert!(host_conntrack_count(&lab) >= before + FLOWS, "the flood went out");
+    assert!(host_conntrack_count(&lab) >= before + flows, "the flood went out");
     job.child.kill().unwrap(); // SIGKILL
     job.child.wait().unwrap();
     // The kill alone leaves them (unanswered UDP is tracked for 30 s, answered longer).
     std::thread::sleep(Duration::from_millis(300));
     let left = host_conntrack_count(&lab).saturating_sub(before);
-    assert!(left + 64 >= FLOWS, "only {left} of the job's {FLOWS} tracked connections outlived the kill");
+    assert!(left + 64 >= flows, "only {left} of the job's {flows} tracked connections outlived the kill");
     let gc = h.lab_command(&lab).arg("gc").output().unwrap();
     let said = String::from_utf8_lossy(&gc.stderr).into_owned();
     assert!(gc.status.success(), "{said}");
