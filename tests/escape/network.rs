@@ -663,7 +663,8 @@ fn flows_per_job() -> u64 {
 }
 
 /// How many new flows the fake host's jobs table refused in `chain` (`over_flows`: over
-/// a job's limit of tracked connections, `over_rate`: over its rate of new ones), from
+/// a job's limit of tracked connections, `over_rate`: over its rate of new ones;
+/// `over_dns`: packets over its rate to the gateway's DNS), from
 /// the counter of the chain's reject rule; 0 where the chain is absent.
 fn refused_by(lab: &NetLab, chain: &str) -> u64 {
     let o = Command::new("ip")
@@ -785,6 +786,38 @@ fn t55_a_jobs_one_way_stream_is_one_flow_to_its_limits() {
     }
     assert_eq!(udp.count() as u64, n, "refused over the rate {}: {out}", refused_by(&lab, "over_rate"));
     assert_eq!(refused_by(&lab, "over_rate") + refused_by(&lab, "over_flows"), 0, "{out}");
+    h.assert_no_residue(&[]);
+}
+
+#[test]
+#[cfg_attr(not(test_as_root), ignore = "needs root: creates real sandboxes and network namespaces")]
+fn t56_a_job_cannot_keep_the_hosts_resolver_to_itself() {
+    require_root!();
+    // Rootless jobs have no host table: pasta opens their flows as its own sockets.
+    root_mode_only!();
+    let lab = or_skip!(NetLab::new());
+    let h = home("net-dns-rate");
+    // Every query after a flow's first rides that flow: neither the rate of new flows nor
+    // the count sees it, and a job that sent queries as fast as it could from one socket
+    // had the host's one resolver (the host's, the agents', every slot's) to itself (a
+    // red-team pass, by reading). Each job's packets to the gateway's DNS are now rated.
+    lab_exec_ok(&lab, &h, &[], "true");
+    let flood = toks(&[&format!("udp-stream:{GATEWAY}:53:3000")]);
+    let started = std::time::Instant::now();
+    let out = lab_exec_ok(
+        &lab,
+        &h,
+        &[],
+        &format!("{}; sleep 1; {}", probe(&flood), get(&format!("http://{INTERNET_NAME}/"))),
+    );
+    let secs = started.elapsed().as_secs_f64();
+    assert_eq!(probe_results(&out)[&flood[0]], "OK", "{out}");
+    // The burst (1000) and 200 a second of the job's time reached the resolver, the rest
+    // was dropped; a lookup a second later works (the bucket filled again).
+    let dropped = refused_by(&lab, "over_dns");
+    let passed_at_most = 1000 + (200.0 * (secs + 1.0)) as u64 + 16;
+    assert!(dropped + passed_at_most >= 3000, "only {dropped} of 3000 dropped in {secs:.1} s: {out}");
+    assert!(out.contains(INTERNET_BODY), "a lookup by name after the flood: {out}");
     h.assert_no_residue(&[]);
 }
 

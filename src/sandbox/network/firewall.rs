@@ -94,6 +94,19 @@ const NEW_FLOWS_PER_SECOND: u64 = 100;
 /// has passed (a review; seen in scratch namespaces: 865 of a 1000-datagram stream
 /// refused without this, none with it).
 const FIRST_PACKET: &str = "ct state new ct status & confirmed == 0";
+/// Packets a job may send a second to the DNS the gateway forwards to the host's
+/// resolver, past a burst of [`DNS_BURST`]: every query after a flow's first rides its
+/// flow, so neither the rate of new flows nor the count sees them, and a job that sent
+/// tens of thousands a second from one socket had the host's one resolver (the host's,
+/// the agents', every slot's) to itself (a red-team pass, by reading). Over it, a query
+/// is dropped (a refusal per query would cost the host an ICMP error each).
+const DNS_PACKETS_PER_SECOND: u64 = 200;
+/// See [`DNS_PACKETS_PER_SECOND`].
+const DNS_BURST: u64 = 1000;
+/// In the comment of a table that holds each job's DNS to [`DNS_PACKETS_PER_SECOND`].
+const LIMITS_DNS_RATE: &str = "dns-rate";
+/// The set that holds each job link's rate of DNS packets (see [`flows_script`]).
+const JOB_DNS: &str = "job_dns";
 /// The set that holds each job link's rate of new flows (see [`flows_script`]).
 const JOB_NEW_FLOWS: &str = "job_new_flows";
 /// The set that counts each job link's tracked connections (see [`flows_script`]).
@@ -216,7 +229,7 @@ pub fn script(subnet: Ipv4Net, gateway: Ipv4Addr, services: &[HostService], forw
 
 fn comment(subnet: Ipv4Net, forwarding_was_off: bool) -> String {
     let mut c = format!(
-        "azp-sandbox jobs: subnet {subnet}, {HAS_IPV6_RULES}, {OWN_DNAT_ONLY}, {LIMITS_FLOWS}, {LIMITS_FLOW_RATE}"
+        "azp-sandbox jobs: subnet {subnet}, {HAS_IPV6_RULES}, {OWN_DNAT_ONLY}, {LIMITS_FLOWS}, {LIMITS_FLOW_RATE}, {LIMITS_DNS_RATE}"
     );
     if forwarding_was_off {
         c.push_str(&format!(", {FORWARDING_WAS_OFF}"));
@@ -268,32 +281,44 @@ fn flows_per_job(conntrack_max: u64) -> u64 {
 /// In `input` (what is forwarded to a host service) and `forward` (the rest), first in
 /// both: a flow's first packet meets one of them. Not in prerouting: Linux before 5.11
 /// refuses `reject` there. Each refusal is counted (`nft list table inet azp-sandbox`
-/// shows how many).
-fn flows_script(limit: u64) -> String {
+/// shows how many). Then each job's packets to the DNS at `gateway`, to
+/// [`DNS_PACKETS_PER_SECOND`] (first too, before the table's own forwarded connections
+/// are accepted).
+fn flows_script(limit: u64, gateway: Ipv4Addr) -> String {
     let count =
         format!("iifname \"azp*\" {FIRST_PACKET} add @{JOB_FLOWS} {{ iifname ct count over {limit} }} jump over_flows");
     let rate = format!(
         "iifname \"azp*\" {FIRST_PACKET} add @{JOB_NEW_FLOWS} \
          {{ iifname limit rate over {NEW_FLOWS_PER_SECOND}/second burst {limit} packets }} jump over_rate"
     );
-    let refuse = |chain: &str, why: &str| {
+    let dns = format!(
+        "iifname \"azp*\" ct status dnat ct original ip daddr {gateway} meta l4proto {{ tcp, udp }} th dport 53 \
+         add @{JOB_DNS} {{ iifname limit rate over {DNS_PACKETS_PER_SECOND}/second burst {DNS_BURST} packets }} \
+         jump over_dns"
+    );
+    let refuse_with = |chain: &str, why: &str, verdict: &str| {
         format!(
             "add chain inet {TABLE} {chain}\n\
              add rule inet {TABLE} {chain} limit rate 1/minute burst 1 packets \
              log prefix \"azp-sandbox: a job {why}: \" level warn\n\
-             add rule inet {TABLE} {chain} counter reject with icmpx type admin-prohibited\n"
+             add rule inet {TABLE} {chain} counter {verdict}\n"
         )
     };
+    let refuse = |chain: &str, why: &str| refuse_with(chain, why, "reject with icmpx type admin-prohibited");
     format!(
         "add set inet {TABLE} {JOB_FLOWS} {{ type ifname; flags dynamic; size 65535; }}\n\
          add set inet {TABLE} {JOB_NEW_FLOWS} {{ type ifname; flags dynamic,timeout; timeout 1h; size 65535; }}\n\
-         {}{}\
+         add set inet {TABLE} {JOB_DNS} {{ type ifname; flags dynamic,timeout; timeout 1h; size 65535; }}\n\
+         {}{}{}\
          insert rule inet {TABLE} input {count}\n\
          insert rule inet {TABLE} forward {count}\n\
          insert rule inet {TABLE} input {rate}\n\
-         insert rule inet {TABLE} forward {rate}\n",
+         insert rule inet {TABLE} forward {rate}\n\
+         insert rule inet {TABLE} input {dns}\n\
+         insert rule inet {TABLE} forward {dns}\n",
         refuse("over_flows", &format!("is at its limit of {limit} connections")),
         refuse("over_rate", &format!("opens more than {NEW_FLOWS_PER_SECOND} connections a second")),
+        refuse_with("over_dns", &format!("sends more than {DNS_PACKETS_PER_SECOND} DNS packets a second"), "drop"),
     )
 }
 
@@ -301,10 +326,10 @@ fn flows_script(limit: u64) -> String {
 /// known only then). The limit, or None where the kernel cannot count (no
 /// `nft_connlimit`): the table works without it, and the warning says what is missing
 /// (once, by whoever made the table: its comment already says [`LIMITS_FLOWS`]).
-fn limit_flows(nft: &Path) -> Option<u64> {
+fn limit_flows(nft: &Path, gateway: Ipv4Addr) -> Option<u64> {
     let limit = std::fs::read_to_string(CONNTRACK_MAX).ok().and_then(|m| m.trim().parse().ok()).map(flows_per_job);
     let result = match limit {
-        Some(limit) => run_nft(nft, &flows_script(limit)).map(|()| limit),
+        Some(limit) => run_nft(nft, &flows_script(limit, gateway)).map(|()| limit),
         None => Err(anyhow::anyhow!("{CONNTRACK_MAX} is missing")),
     };
     result
@@ -478,7 +503,7 @@ pub fn ensure(
             forward_record::add_ip_forward()?;
         }
         run_nft(&nft, &script(subnet, gateway, &services(), forwarding_was_off))?;
-        let flows = limit_flows(&nft);
+        let flows = limit_flows(&nft, gateway);
         if turn_on {
             forwarding::set_ipv4_forwarding(true)?;
         }
@@ -570,6 +595,9 @@ fn outdated(comment: &str) -> Option<String> {
         lacks.push("does not limit each job's tracked connections");
     } else if !has_marker(comment, LIMITS_FLOW_RATE) {
         lacks.push("does not limit how fast each job opens connections (a job at its limit can keep a CPU busy)");
+    }
+    if has_marker(comment, LIMITS_FLOWS) && !has_marker(comment, LIMITS_DNS_RATE) {
+        lacks.push("does not limit each job's DNS queries (a job can keep the host's resolver busy)");
     }
     (!lacks.is_empty()).then(|| lacks.join(", and "))
 }
@@ -765,7 +793,7 @@ mod tests {
         let s = script(net(), Ipv4Addr::new(10, 87, 0, 1), &dns(Ipv4Addr::new(127, 0, 0, 53)), true);
         assert!(
             s.starts_with(
-                "table inet azp-sandbox {\n  comment \"azp-sandbox jobs: subnet 10.87.0.0/16, ipv6, own-dnat, flows, flow-rate, ip_forward was 0\"\n"
+                "table inet azp-sandbox {\n  comment \"azp-sandbox jobs: subnet 10.87.0.0/16, ipv6, own-dnat, flows, flow-rate, dns-rate, ip_forward was 0\"\n"
             ),
             "{s}"
         );
@@ -812,7 +840,7 @@ mod tests {
         assert_eq!(flows_per_job(262_144), 4_096);
         assert_eq!(flows_per_job(65_536), 1_024);
         assert_eq!(flows_per_job(1_000), MIN_FLOWS, "a very small table still leaves a job room");
-        let s = flows_script(4_096);
+        let s = flows_script(4_096, Ipv4Addr::new(10, 87, 0, 1));
         assert!(s.contains("add set inet azp-sandbox job_flows { type ifname; flags dynamic; size 65535; }\n"), "{s}");
         // In both chains a job's new flow meets (after the rate, below): to the host's forwarded services
         // (input) and to the world (forward).
@@ -851,6 +879,24 @@ mod tests {
                 .unwrap();
             assert!(log < reject, "said, at most once a minute, then refused and counted: {s}");
         }
+        // A job's packets to the gateway's DNS, each (not only a flow's first), first in
+        // both chains: dropped past the rate, and counted.
+        assert!(
+            s.contains(
+                "add set inet azp-sandbox job_dns { type ifname; flags dynamic,timeout; timeout 1h; size 65535; }\n"
+            ),
+            "{s}"
+        );
+        for chain in ["input", "forward"] {
+            let dns = format!(
+                "insert rule inet azp-sandbox {chain} iifname \"azp*\" ct status dnat ct original ip daddr 10.87.0.1 \
+                 meta l4proto {{ tcp, udp }} th dport 53 add @job_dns {{ iifname limit rate over 200/second burst 1000 packets }} \
+                 jump over_dns\n"
+            );
+            let rate = format!("insert rule inet azp-sandbox {chain} iifname \"azp*\" ct state new ct status & confirmed == 0 add @job_new_flows");
+            assert!(s.find(&rate).unwrap() < s.find(&dns).unwrap(), "{s}");
+        }
+        assert!(s.contains("add rule inet azp-sandbox over_dns counter drop\n"), "{s}");
     }
 
     #[test]
@@ -863,7 +909,14 @@ mod tests {
         );
         assert_eq!(
             outdated("azp-sandbox jobs: subnet 10.87.0.0/16, ipv6, own-dnat, flows").as_deref(),
-            Some("does not limit how fast each job opens connections (a job at its limit can keep a CPU busy)")
+            Some(
+                "does not limit how fast each job opens connections (a job at its limit can keep a CPU busy), \
+                 and does not limit each job's DNS queries (a job can keep the host's resolver busy)"
+            )
+        );
+        assert_eq!(
+            outdated("azp-sandbox jobs: subnet 10.87.0.0/16, ipv6, own-dnat, flows, flow-rate").as_deref(),
+            Some("does not limit each job's DNS queries (a job can keep the host's resolver busy)")
         );
         let both = outdated("azp-sandbox jobs: subnet 10.87.0.0/16, ipv6").unwrap();
         assert!(both.starts_with("lets jobs reach host services other DNAT rules forward to, and does not"), "{both}");
