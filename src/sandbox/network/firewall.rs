@@ -22,8 +22,9 @@
 //!   resolver on a link-local address, as on GCP, or on Azure's);
 //! - holds each job to its share of the host's connection tracking ([`flows_per_job`])
 //!   and, once it has opened that many, to [`NEW_FLOWS_PER_SECOND`] new ones: a new flow
-//!   beyond either is refused (TCP connects fail at once with "No route to host"), and
-//!   the kernel log says so, once a minute at most;
+//!   beyond either is refused (TCP connects fail at once with "No route to host", as far
+//!   as the host's ICMP rate limit lets it answer: beyond that the SYN is dropped and
+//!   retried a second later), and the kernel log says so, once a minute at most;
 //! - when it had to turn IPv4 forwarding on (net.ipv4.ip_forward was 0), drops forwarded
 //!   IPv4 traffic that involves no job link (the host does not become a router for
 //!   others), and the table's comment says so: whoever removes the table turns
