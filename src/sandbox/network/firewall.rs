@@ -24,7 +24,9 @@
 //!   and, once it has opened that many, to [`NEW_FLOWS_PER_SECOND`] new ones: a new flow
 //!   beyond either is refused (TCP connects fail at once with "No route to host", as far
 //!   as the host's ICMP rate limit lets it answer: beyond that the SYN is dropped and
-//!   retried a second later), and the kernel log says so, once a minute at most;
+//!   retried a second later), and the kernel log says so, once a minute at most; and
+//!   holds each job's packets and bytes to port 53 (queries after a flow's first ride
+//!   it) to [`DNS_PACKETS_PER_SECOND`] and [`DNS_KBYTES_PER_SECOND`], dropping the rest;
 //! - when it had to turn IPv4 forwarding on (net.ipv4.ip_forward was 0), drops forwarded
 //!   IPv4 traffic that involves no job link (the host does not become a router for
 //!   others), and the table's comment says so: whoever removes the table turns
@@ -95,15 +97,27 @@ const NEW_FLOWS_PER_SECOND: u64 = 100;
 /// has passed (a review; seen in scratch namespaces: 865 of a 1000-datagram stream
 /// refused without this, none with it).
 const FIRST_PACKET: &str = "ct state new ct status & confirmed == 0";
-/// Packets a job may send a second to the DNS the gateway forwards to the host's
-/// resolver, past a burst of [`DNS_BURST`]: every query after a flow's first rides its
-/// flow, so neither the rate of new flows nor the count sees them, and a job that sent
-/// tens of thousands a second from one socket had the host's one resolver (the host's,
-/// the agents', every slot's) to itself (a red-team pass, by reading). Over it, a query
-/// is dropped (a refusal per query would cost the host an ICMP error each).
+/// Packets a job may send a second to port 53 (the gateway's DNS, forwarded to the
+/// host's resolver, or any resolver it reaches: the host's upstream ones are in its
+/// resolv.conf when they are not on loopback), past a burst of [`DNS_BURST`]: every
+/// query after a flow's first rides its flow, so neither the rate of new flows nor the
+/// count sees them, and a job that sent tens of thousands a second from one socket had
+/// the host's one resolver (the host's, the agents', every slot's) to itself (a
+/// red-team pass, by reading). Over it, a packet is dropped (a refusal per query would
+/// cost the host an ICMP error each).
 const DNS_PACKETS_PER_SECOND: u64 = 200;
 /// See [`DNS_PACKETS_PER_SECOND`].
 const DNS_BURST: u64 = 1000;
+/// Bytes a job may send a second to port 53, past a burst of [`DNS_BURST_KBYTES`]: a
+/// packet may carry many queries (TCP's length-prefixed queries one after the other, a
+/// segmentation-offloaded TCP or UDP send of up to 64 KiB that the host sees as one
+/// packet), so packets alone do not bound them (a review). 32 KB/s is ~200 queries of
+/// 160 bytes; the smallest queries (~30 bytes) still get ~1000 a second through.
+const DNS_KBYTES_PER_SECOND: u64 = 32;
+/// See [`DNS_KBYTES_PER_SECOND`].
+const DNS_BURST_KBYTES: u64 = 128;
+/// The set that holds each job link's rate of bytes to port 53 (see [`flows_script`]).
+const JOB_DNS_BYTES: &str = "job_dns_bytes";
 /// In the comment of a table that holds each job's DNS to [`DNS_PACKETS_PER_SECOND`].
 const LIMITS_DNS_RATE: &str = "dns-rate";
 /// The set that holds each job link's rate of DNS packets (see [`flows_script`]).
@@ -282,10 +296,10 @@ fn flows_per_job(conntrack_max: u64) -> u64 {
 /// In `input` (what is forwarded to a host service) and `forward` (the rest), first in
 /// both: a flow's first packet meets one of them. Not in prerouting: Linux before 5.11
 /// refuses `reject` there. Each refusal is counted (`nft list table inet azp-sandbox`
-/// shows how many). Then each job's packets to the DNS at `gateway`, to
-/// [`DNS_PACKETS_PER_SECOND`] (first too, before the table's own forwarded connections
-/// are accepted).
-fn flows_script(limit: u64, gateway: Ipv4Addr) -> String {
+/// shows how many). Then each job's packets and bytes to port 53, to
+/// [`DNS_PACKETS_PER_SECOND`] and [`DNS_KBYTES_PER_SECOND`] (first too, before the
+/// table's own forwarded connections are accepted).
+fn flows_script(limit: u64) -> String {
     let count =
         format!("iifname \"azp*\" {FIRST_PACKET} add @{JOB_FLOWS} {{ iifname ct count over {limit} }} jump over_flows");
     let rate = format!(
@@ -293,9 +307,14 @@ fn flows_script(limit: u64, gateway: Ipv4Addr) -> String {
          {{ iifname limit rate over {NEW_FLOWS_PER_SECOND}/second burst {limit} packets }} jump over_rate"
     );
     let dns = format!(
-        "iifname \"azp*\" ct status dnat ct original ip daddr {gateway} meta l4proto {{ tcp, udp }} th dport 53 \
+        "iifname \"azp*\" meta l4proto {{ tcp, udp }} th dport 53 \
          add @{JOB_DNS} {{ iifname limit rate over {DNS_PACKETS_PER_SECOND}/second burst {DNS_BURST} packets }} \
          jump over_dns"
+    );
+    let dns_bytes = format!(
+        "iifname \"azp*\" meta l4proto {{ tcp, udp }} th dport 53 \
+         add @{JOB_DNS_BYTES} {{ iifname limit rate over {DNS_KBYTES_PER_SECOND} kbytes/second \
+         burst {DNS_BURST_KBYTES} kbytes }} jump over_dns"
     );
     let refuse_with = |chain: &str, why: &str, verdict: &str| {
         format!(
@@ -310,13 +329,16 @@ fn flows_script(limit: u64, gateway: Ipv4Addr) -> String {
         "add set inet {TABLE} {JOB_FLOWS} {{ type ifname; flags dynamic; size 65535; }}\n\
          add set inet {TABLE} {JOB_NEW_FLOWS} {{ type ifname; flags dynamic,timeout; timeout 1h; size 65535; }}\n\
          add set inet {TABLE} {JOB_DNS} {{ type ifname; flags dynamic,timeout; timeout 1h; size 65535; }}\n\
+         add set inet {TABLE} {JOB_DNS_BYTES} {{ type ifname; flags dynamic,timeout; timeout 1h; size 65535; }}\n\
          {}{}{}\
          insert rule inet {TABLE} input {count}\n\
          insert rule inet {TABLE} forward {count}\n\
          insert rule inet {TABLE} input {rate}\n\
          insert rule inet {TABLE} forward {rate}\n\
          insert rule inet {TABLE} input {dns}\n\
-         insert rule inet {TABLE} forward {dns}\n",
+         insert rule inet {TABLE} forward {dns}\n\
+         insert rule inet {TABLE} input {dns_bytes}\n\
+         insert rule inet {TABLE} forward {dns_bytes}\n",
         refuse("over_flows", &format!("is at its limit of {limit} connections")),
         refuse("over_rate", &format!("opens more than {NEW_FLOWS_PER_SECOND} connections a second")),
         refuse_with("over_dns", &format!("sends more than {DNS_PACKETS_PER_SECOND} DNS packets a second"), "drop"),
@@ -327,17 +349,17 @@ fn flows_script(limit: u64, gateway: Ipv4Addr) -> String {
 /// known only then). The limit, or None where the kernel cannot count (no
 /// `nft_connlimit`): the table works without it, and the warning says what is missing
 /// (once, by whoever made the table: its comment already says [`LIMITS_FLOWS`]).
-fn limit_flows(nft: &Path, gateway: Ipv4Addr) -> Option<u64> {
+fn limit_flows(nft: &Path) -> Option<u64> {
     let limit = std::fs::read_to_string(CONNTRACK_MAX).ok().and_then(|m| m.trim().parse().ok()).map(flows_per_job);
     let result = match limit {
-        Some(limit) => run_nft(nft, &flows_script(limit, gateway)).map(|()| limit),
+        Some(limit) => run_nft(nft, &flows_script(limit)).map(|()| limit),
         None => Err(anyhow::anyhow!("{CONNTRACK_MAX} is missing")),
     };
     result
         .map_err(|e| {
             tracing::warn!(
-                "jobs' network: jobs' connections are not limited ({e:#}): one job can fill the host's \
-                 connection tracking; the kernel needs nft_connlimit and nft_limit (CONFIG_NFT_CONNLIMIT, CONFIG_NFT_LIMIT); once it has them, \
+                "jobs' network: jobs' connections and DNS are not limited ({e:#}): one job can fill the host's \
+                 connection tracking and keep its resolver busy; the kernel needs nft_connlimit and nft_limit (CONFIG_NFT_CONNLIMIT, CONFIG_NFT_LIMIT); once it has them, \
                  stop the jobs and run `azp-sandbox gc`"
             )
         })
@@ -504,7 +526,7 @@ pub fn ensure(
             forward_record::add_ip_forward()?;
         }
         run_nft(&nft, &script(subnet, gateway, &services(), forwarding_was_off))?;
-        let flows = limit_flows(&nft, gateway);
+        let flows = limit_flows(&nft);
         if turn_on {
             forwarding::set_ipv4_forwarding(true)?;
         }
@@ -841,7 +863,7 @@ mod tests {
         assert_eq!(flows_per_job(262_144), 4_096);
         assert_eq!(flows_per_job(65_536), 1_024);
         assert_eq!(flows_per_job(1_000), MIN_FLOWS, "a very small table still leaves a job room");
-        let s = flows_script(4_096, Ipv4Addr::new(10, 87, 0, 1));
+        let s = flows_script(4_096);
         assert!(s.contains("add set inet azp-sandbox job_flows { type ifname; flags dynamic; size 65535; }\n"), "{s}");
         // In both chains a job's new flow meets (after the rate, below): to the host's forwarded services
         // (input) and to the world (forward).
@@ -880,7 +902,7 @@ mod tests {
                 .unwrap();
             assert!(log < reject, "said, at most once a minute, then refused and counted: {s}");
         }
-        // A job's packets to the gateway's DNS, each (not only a flow's first), first in
+        // A job's packets and bytes to port 53, each (not only a flow's first), first in
         // both chains: dropped past the rate, and counted.
         assert!(
             s.contains(
@@ -890,12 +912,17 @@ mod tests {
         );
         for chain in ["input", "forward"] {
             let dns = format!(
-                "insert rule inet azp-sandbox {chain} iifname \"azp*\" ct status dnat ct original ip daddr 10.87.0.1 \
+                "insert rule inet azp-sandbox {chain} iifname \"azp*\" \
                  meta l4proto {{ tcp, udp }} th dport 53 add @job_dns {{ iifname limit rate over 200/second burst 1000 packets }} \
                  jump over_dns\n"
             );
             let rate = format!("insert rule inet azp-sandbox {chain} iifname \"azp*\" ct state new ct status & confirmed == 0 add @job_new_flows");
+            let bytes = format!(
+                "insert rule inet azp-sandbox {chain} iifname \"azp*\" meta l4proto {{ tcp, udp }} th dport 53 \
+                 add @job_dns_bytes {{ iifname limit rate over 32 kbytes/second burst 128 kbytes }} jump over_dns\n"
+            );
             assert!(s.find(&rate).unwrap() < s.find(&dns).unwrap(), "{s}");
+            assert!(s.find(&dns).unwrap() < s.find(&bytes).unwrap(), "{s}");
         }
         assert!(s.contains("add rule inet azp-sandbox over_dns counter drop\n"), "{s}");
     }
