@@ -74,6 +74,9 @@ const LIMITS_FLOWS: &str = "flows";
 /// ([`NEW_FLOWS_PER_SECOND`]); one made before lets a job at its limit make the host
 /// walk its connections on every tick.
 const LIMITS_FLOW_RATE: &str = "flow-rate";
+/// In the comment of a table that holds each job's DNS to [`DNS_PACKETS_PER_SECOND`] and
+/// [`DNS_KBYTES_PER_SECOND`]; one made before lets a job keep the host's resolver busy.
+const LIMITS_DNS_RATE: &str = "dns-rate";
 /// A job may keep at most this share of the host's connection-tracking table
 /// (`nf_conntrack_max`, shared by the host and every job: the table masquerades each
 /// job's flows, so they are the host's entries). A full conntrack table drops every new
@@ -116,12 +119,10 @@ const DNS_BURST: u64 = 1000;
 const DNS_KBYTES_PER_SECOND: u64 = 32;
 /// See [`DNS_KBYTES_PER_SECOND`].
 const DNS_BURST_KBYTES: u64 = 128;
-/// The set that holds each job link's rate of bytes to port 53 (see [`flows_script`]).
-const JOB_DNS_BYTES: &str = "job_dns_bytes";
-/// In the comment of a table that holds each job's DNS to [`DNS_PACKETS_PER_SECOND`].
-const LIMITS_DNS_RATE: &str = "dns-rate";
 /// The set that holds each job link's rate of DNS packets (see [`flows_script`]).
 const JOB_DNS: &str = "job_dns";
+/// The set that holds each job link's rate of bytes to port 53 (see [`flows_script`]).
+const JOB_DNS_BYTES: &str = "job_dns_bytes";
 /// The set that holds each job link's rate of new flows (see [`flows_script`]).
 const JOB_NEW_FLOWS: &str = "job_new_flows";
 /// The set that counts each job link's tracked connections (see [`flows_script`]).
@@ -300,23 +301,14 @@ fn flows_per_job(conntrack_max: u64) -> u64 {
 /// [`DNS_PACKETS_PER_SECOND`] and [`DNS_KBYTES_PER_SECOND`] (first too, before the
 /// table's own forwarded connections are accepted).
 fn flows_script(limit: u64) -> String {
-    let count =
-        format!("iifname \"azp*\" {FIRST_PACKET} add @{JOB_FLOWS} {{ iifname ct count over {limit} }} jump over_flows");
-    let rate = format!(
-        "iifname \"azp*\" {FIRST_PACKET} add @{JOB_NEW_FLOWS} \
-         {{ iifname limit rate over {NEW_FLOWS_PER_SECOND}/second burst {limit} packets }} jump over_rate"
-    );
-    let dns = format!(
-        "iifname \"azp*\" meta l4proto {{ tcp, udp }} th dport 53 \
-         add @{JOB_DNS} {{ iifname limit rate over {DNS_PACKETS_PER_SECOND}/second burst {DNS_BURST} packets }} \
-         jump over_dns"
-    );
-    let dns_bytes = format!(
-        "iifname \"azp*\" meta l4proto {{ tcp, udp }} th dport 53 \
-         add @{JOB_DNS_BYTES} {{ iifname limit rate over {DNS_KBYTES_PER_SECOND} kbytes/second \
-         burst {DNS_BURST_KBYTES} kbytes }} jump over_dns"
-    );
-    let refuse_with = |chain: &str, why: &str, verdict: &str| {
+    // The count set's elements go with their link's last connection; the token buckets'
+    // expire (`timeout`).
+    let mut s = format!("add set inet {TABLE} {JOB_FLOWS} {{ type ifname; flags dynamic; size 65535; }}\n");
+    for set in [JOB_NEW_FLOWS, JOB_DNS, JOB_DNS_BYTES] {
+        s += &format!("add set inet {TABLE} {set} {{ type ifname; flags dynamic,timeout; timeout 1h; size 65535; }}\n");
+    }
+    // Said once a minute at most, then refused (or dropped) and counted.
+    let refuse = |chain: &str, why: String, verdict: &str| {
         format!(
             "add chain inet {TABLE} {chain}\n\
              add rule inet {TABLE} {chain} limit rate 1/minute burst 1 packets \
@@ -324,30 +316,41 @@ fn flows_script(limit: u64) -> String {
              add rule inet {TABLE} {chain} counter {verdict}\n"
         )
     };
-    let refuse = |chain: &str, why: &str| refuse_with(chain, why, "reject with icmpx type admin-prohibited");
-    format!(
-        "add set inet {TABLE} {JOB_FLOWS} {{ type ifname; flags dynamic; size 65535; }}\n\
-         add set inet {TABLE} {JOB_NEW_FLOWS} {{ type ifname; flags dynamic,timeout; timeout 1h; size 65535; }}\n\
-         add set inet {TABLE} {JOB_DNS} {{ type ifname; flags dynamic,timeout; timeout 1h; size 65535; }}\n\
-         add set inet {TABLE} {JOB_DNS_BYTES} {{ type ifname; flags dynamic,timeout; timeout 1h; size 65535; }}\n\
-         {}{}{}\
-         insert rule inet {TABLE} input {count}\n\
-         insert rule inet {TABLE} forward {count}\n\
-         insert rule inet {TABLE} input {rate}\n\
-         insert rule inet {TABLE} forward {rate}\n\
-         insert rule inet {TABLE} input {dns}\n\
-         insert rule inet {TABLE} forward {dns}\n\
-         insert rule inet {TABLE} input {dns_bytes}\n\
-         insert rule inet {TABLE} forward {dns_bytes}\n",
-        refuse("over_flows", &format!("is at its limit of {limit} connections")),
-        refuse("over_rate", &format!("opens more than {NEW_FLOWS_PER_SECOND} connections a second")),
-        refuse_with("over_dns", &format!("sends more than {DNS_PACKETS_PER_SECOND} DNS packets a second"), "drop"),
-    )
+    const REJECT: &str = "reject with icmpx type admin-prohibited";
+    s += &refuse("over_flows", format!("is at its limit of {limit} connections"), REJECT);
+    s += &refuse("over_rate", format!("opens more than {NEW_FLOWS_PER_SECOND} connections a second"), REJECT);
+    let why = format!("sends more than {DNS_PACKETS_PER_SECOND} DNS packets or {DNS_KBYTES_PER_SECOND} KB a second");
+    s += &refuse("over_dns", why, "drop");
+    let to_dns = "iifname \"azp*\" meta l4proto { tcp, udp } th dport 53";
+    // Each is inserted first in both chains, so the last of these comes first there.
+    let rules = [
+        format!("iifname \"azp*\" {FIRST_PACKET} add @{JOB_FLOWS} {{ iifname ct count over {limit} }} jump over_flows"),
+        format!(
+            "iifname \"azp*\" {FIRST_PACKET} add @{JOB_NEW_FLOWS} \
+             {{ iifname limit rate over {NEW_FLOWS_PER_SECOND}/second burst {limit} packets }} jump over_rate"
+        ),
+        format!(
+            "{to_dns} add @{JOB_DNS} \
+             {{ iifname limit rate over {DNS_PACKETS_PER_SECOND}/second burst {DNS_BURST} packets }} jump over_dns"
+        ),
+        format!(
+            "{to_dns} add @{JOB_DNS_BYTES} \
+             {{ iifname limit rate over {DNS_KBYTES_PER_SECOND} kbytes/second burst {DNS_BURST_KBYTES} kbytes }} \
+             jump over_dns"
+        ),
+    ];
+    for rule in &rules {
+        for chain in ["input", "forward"] {
+            s += &format!("insert rule inet {TABLE} {chain} {rule}\n");
+        }
+    }
+    s
 }
 
 /// Adds [`flows_script`] to the table just made (which loaded conntrack: its maximum is
 /// known only then). The limit, or None where the kernel cannot count (no
-/// `nft_connlimit`): the table works without it, and the warning says what is missing
+/// `nft_connlimit`; the DNS rates, in the same transaction, are missing then too): the
+/// table works without them, and the warning says what is missing
 /// (once, by whoever made the table: its comment already says [`LIMITS_FLOWS`]).
 fn limit_flows(nft: &Path) -> Option<u64> {
     let limit = std::fs::read_to_string(CONNTRACK_MAX).ok().and_then(|m| m.trim().parse().ok()).map(flows_per_job);
@@ -358,9 +361,10 @@ fn limit_flows(nft: &Path) -> Option<u64> {
     result
         .map_err(|e| {
             tracing::warn!(
-                "jobs' network: jobs' connections and DNS are not limited ({e:#}): one job can fill the host's \
-                 connection tracking and keep its resolver busy; the kernel needs nft_connlimit and nft_limit (CONFIG_NFT_CONNLIMIT, CONFIG_NFT_LIMIT); once it has them, \
-                 stop the jobs and run `azp-sandbox gc`"
+                "jobs' network: jobs' connections and DNS are not limited ({e:#}): one job can fill the \
+                 host's connection tracking and keep its resolver busy; the kernel needs nft_connlimit and \
+                 nft_limit (CONFIG_NFT_CONNLIMIT, CONFIG_NFT_LIMIT); once it has them, stop the jobs and run \
+                 `azp-sandbox gc`"
             )
         })
         .ok()
