@@ -137,10 +137,13 @@ impl std::fmt::Display for JobRoute {
 /// Root mode: a veth pair, the host end (`host_name`) unnumbered in the host's
 /// namespace, the job's end `eth0` with one address from `pool`, and the `gateway` a
 /// fixed address that the host end answers for (a permanent neighbour entry in the job).
+/// Neither end asks for the other's MAC: the host end knows the job's end at `job_mac`
+/// by a permanent neighbour entry too (see [`job_end_neighbour`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Veth {
     pub host_name: String,
     pub host_mac: [u8; 6],
+    pub job_mac: [u8; 6],
     /// The link's group on the host: the key of the job's allowed destinations in the
     /// host's nftables table (0: none).
     pub group: u32,
@@ -166,14 +169,13 @@ pub struct Veth {
 
 /// A veth job's IPv6: an address of `prefix` whose last 32 bits are its IPv4 address's
 /// (unique: claimed by its IPv4 host route), a host route `/128` to it through the host
-/// end with a permanent neighbour entry (the job's end has the MAC `job_mac`: no NDP
-/// through the host's table, which drops all a job sends to the host), and a default
-/// route via the link-local `gateway` at the host end's MAC.
+/// end with a permanent neighbour entry (at [`Veth`]'s `job_mac`: no NDP through the
+/// host's table, which drops all a job sends to the host), and a default route via the
+/// link-local `gateway` at the host end's MAC.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Veth6 {
     pub prefix: Ipv6Net,
     pub gateway: Ipv6Addr,
-    pub job_mac: [u8; 6],
     /// The host end forwards what comes in on it (`force_forwarding`, kernel >= 6.17):
     /// net.ipv6.conf.all.forwarding is 0.
     pub force_forwarding: bool,
@@ -631,10 +633,12 @@ fn configure_veth(
         host_end_ipv6_settings(conf, &v.host_name, v6)?;
     }
     configure_host_end(host, &v.host_name, index)?;
-    // Step 4: the job's address, claimed by its host route (IPv6: derived from it).
+    // Step 4: the job's address, claimed by its host route, at the job's end's MAC
+    // (IPv6: derived from it).
     let address = claim_address(host, v, index)?;
+    job_end_neighbour(host, v, index, address)?;
     let address6 = match &v.v6 {
-        Some(v6) => Some(route_ipv6_to_job(host, v6, index, address)?),
+        Some(v6) => Some(route_ipv6_to_job(host, v, v6, index, address)?),
         None => None,
     };
     // Step 5: the job's end, its gateway and routes.
@@ -688,13 +692,13 @@ fn write_at(dir: &std::fs::File, name: &str, value: &str) -> std::result::Result
 
 /// The job's IPv6 address for its IPv4 `address`: the host's route `/128` to it through
 /// the host end, and its neighbour entry there (the job's end's fixed MAC).
-fn route_ipv6_to_job(host: &Socket, v6: &Veth6, index: i32, address: Ipv4Addr) -> Result<Ipv6Addr> {
+fn route_ipv6_to_job(host: &Socket, v: &Veth, v6: &Veth6, index: i32, address: Ipv4Addr) -> Result<Ipv6Addr> {
     let a = v6.address(address);
     let mut m = Message::route6(nl::NLM_F_CREATE | nl::NLM_F_EXCL, 128, nl::RT_SCOPE_UNIVERSE, nl::RTN_UNICAST);
     m.attr_ipv6(nl::RTA_DST, a).attr_u32(nl::RTA_OIF, index as u32);
     host.request(m).map_err(|source| Error::AddHostRoute { route: format!("{a}/128 dev {index}"), source })?;
     let mut m = Message::neigh(nl::NLM_F_CREATE | nl::NLM_F_REPLACE, nl::AF_INET6, index, nl::NUD_PERMANENT);
-    m.attr_ipv6(nl::NDA_DST, a).attr(nl::NDA_LLADDR, &v6.job_mac);
+    m.attr_ipv6(nl::NDA_DST, a).attr(nl::NDA_LLADDR, &v.job_mac);
     host.request(m).map_err(|source| Error::AddNeighbour { addr: a.into(), source })?;
     Ok(a)
 }
@@ -1108,10 +1112,8 @@ fn veth_message(v: &Veth, job_ns: i32) -> Message {
     m.nest(nl::VETH_INFO_PEER).raw(&nl::ifinfomsg(JOB_IFINDEX, 0, 0));
     m.attr_str(nl::IFLA_IFNAME, JOB_IFNAME).attr_u32(nl::IFLA_NET_NS_FD, job_ns as u32);
     m.attr_u32(nl::IFLA_NUM_TX_QUEUES, 1).attr_u32(nl::IFLA_NUM_RX_QUEUES, 1);
-    if let Some(v6) = &v.v6 {
-        // Known to the host's neighbour entry for the job's IPv6 address.
-        m.attr(nl::IFLA_ADDRESS, &v6.job_mac);
-    }
+    // Known to the host's neighbour entries for the job's addresses.
+    m.attr(nl::IFLA_ADDRESS, &v.job_mac);
     m
 }
 
@@ -1178,6 +1180,20 @@ fn claim_order(v: &Veth) -> impl Iterator<Item = Ipv4Addr> + '_ {
     let round = (0..count).map(move |k| v.pool.nth((v.first_try.wrapping_add(k)) % count));
     let avoided = v.avoid.iter().copied().filter(|a| v.pool.contains(*a));
     round.filter(|a| !v.avoid.contains(a)).chain(avoided).filter(move |a| !reserved.contains(a))
+}
+
+/// The host end's permanent neighbour entry for the job's `address`, at the job's end's
+/// MAC: the host never asks for it (ARP). What the host forwards to an address it must
+/// still ask for waits in that neighbour's queue until an answer, up to a second after
+/// the first unanswered ask (the job's end is not up yet when the claim is made): the
+/// datagrams of a killed job's connections on this address, forwarded before its heir's
+/// helper forgot them (`sandbox::network::forget::before_its_job`), reached the heir's
+/// job after its start. Known at once, they reach a namespace where nothing listens yet.
+/// Made right after the claim: an entry a packet made meanwhile is replaced.
+fn job_end_neighbour(host: &Socket, v: &Veth, index: i32, address: Ipv4Addr) -> Result<()> {
+    let mut m = Message::neigh(nl::NLM_F_CREATE | nl::NLM_F_REPLACE, nl::AF_INET, index, nl::NUD_PERMANENT);
+    m.attr_ipv4(nl::NDA_DST, address).attr(nl::NDA_LLADDR, &v.job_mac);
+    host.request(m).map_err(|source| Error::AddNeighbour { addr: address.into(), source })
 }
 
 fn configure_job_end(job: &Socket, v: &Veth, address: Ipv4Addr) -> Result<()> {
@@ -1763,6 +1779,7 @@ mod tests {
         Veth {
             host_name: "azpj1".into(),
             host_mac: [2, 0, 0, 0, 0, 1],
+            job_mac: [2, 0, 0, 0, 0, 2],
             group: 7,
             gateway: pool.nth(1),
             pool,

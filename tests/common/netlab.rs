@@ -513,12 +513,34 @@ impl NetLab {
     /// The markers of killed jobs' connections left in the fake host (see azp-sandbox's
     /// `network::forget`).
     pub fn connection_markers(&self) -> Vec<String> {
+        markers_in(&self.connection_markers_dir())
+    }
+
+    /// Where the fake host's markers are.
+    pub fn connection_markers_dir(&self) -> PathBuf {
         use std::os::unix::fs::MetadataExt;
         let ino = std::fs::metadata(self.netns_path(&self.host)).unwrap().ino();
-        let dir = format!("/run/azp-sandbox/unforgotten-{ino}");
-        std::fs::read_dir(dir)
-            .map(|r| r.flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect())
-            .unwrap_or_default()
+        PathBuf::from(format!("/run/azp-sandbox/unforgotten-{ino}"))
+    }
+
+    /// The fake host's ARP requests to job links dropped until the hold is dropped (a
+    /// table of the `arp` family of its own).
+    pub fn hold_arp_to_job_links(&self) -> ArpHold {
+        let rules = "add table arp azp-test-hold\n\
+            add chain arp azp-test-hold out { type filter hook output priority 0; }\n\
+            add rule arp azp-test-hold out oifname \"azp*\" drop\n";
+        let o = Command::new("ip")
+            .args(["netns", "exec", &self.host, "nft", "-f", "-"])
+            .stdin(std::process::Stdio::piped())
+            .spawn()
+            .and_then(|mut c| {
+                std::io::Write::write_all(c.stdin.as_mut().unwrap(), rules.as_bytes())?;
+                drop(c.stdin.take());
+                c.wait_with_output()
+            })
+            .unwrap();
+        assert!(o.status.success(), "nft in the fake host: {}", String::from_utf8_lossy(&o.stderr));
+        ArpHold { host: self.host.clone() }
     }
 
     /// A sysctl of the fake host (`net.ipv6.conf.all.forwarding`).
@@ -577,9 +599,29 @@ impl Drop for NetLab {
     }
 }
 
+/// See [`NetLab::hold_arp_to_job_links`].
+pub struct ArpHold {
+    host: String,
+}
+
+impl Drop for ArpHold {
+    fn drop(&mut self) {
+        let delete = ["netns", "exec", &self.host, "nft", "delete", "table", "arp", "azp-test-hold"];
+        let _ = Command::new("ip").args(delete).status();
+    }
+}
+
+/// The names in a markers' dir (none when it is not there).
+pub fn markers_in(dir: &std::path::Path) -> Vec<String> {
+    std::fs::read_dir(dir)
+        .map(|r| r.flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect())
+        .unwrap_or_default()
+}
+
 /// A thread in the fake internet, bound to `addr:port`, that answers every source it
-/// heard from with a datagram every 50 ms, until dropped: a far end that keeps a
-/// connection's tracking alive after its job is gone.
+/// heard from with a datagram every 5 ms, until dropped: a far end that keeps a
+/// connection's tracking alive after its job is gone, and has datagrams on their way in
+/// every few milliseconds of a next job's set-up.
 pub struct UdpAnswerer {
     stop: Arc<std::sync::atomic::AtomicBool>,
     thread: Option<std::thread::JoinHandle<()>>,
@@ -594,7 +636,7 @@ impl NetLab {
         let thread = std::thread::spawn(move || {
             enter(&ns);
             let sock = std::net::UdpSocket::bind((addr.as_str(), port)).unwrap();
-            sock.set_read_timeout(Some(std::time::Duration::from_millis(50))).unwrap();
+            sock.set_read_timeout(Some(std::time::Duration::from_millis(5))).unwrap();
             ready_tx.send(()).unwrap();
             let mut peers: Vec<std::net::SocketAddr> = vec![];
             let mut buf = [0u8; 16];

@@ -6,7 +6,9 @@
 // ---------------------------------------------------------------------------------------
 
 use super::*;
-use common::netlab::{self, NetLab, HOST_BODY, HOST_IP, INTERNET_BODY, INTERNET_IP, INTERNET_NAME, METADATA_BODY};
+use common::netlab::{
+    self, markers_in, NetLab, HOST_BODY, HOST_IP, INTERNET_BODY, INTERNET_IP, INTERNET_NAME, METADATA_BODY,
+};
 
 /// What the job's `connect-tcp` to a blocked destination may say: refused by its own
 /// routes (EACCES), by the host (EHOSTUNREACH: rejected), or unanswered (ETIMEDOUT,
@@ -1000,8 +1002,24 @@ fn t53_a_job_on_a_killed_jobs_address_gets_none_of_its_connections() {
     }
     std::fs::write(&batch, routes).unwrap();
     lab.host_ip(&["-batch", batch.to_str().unwrap()]);
-    let listen = toks(&[&format!("udp-recv:{SOURCE}:1500")]);
+    // The fake host's ARP to job links held until the heir's helper forgot the killed
+    // job's connections (its marker gone), as a busy host's can be by chance between the
+    // claim of the address and the job's end coming up: what the host forwarded to the
+    // address meanwhile waited for an answer, and reached the job at ARP's next try (up
+    // to a second later), after its start (a failure of CI).
+    let markers = lab.connection_markers();
+    assert_eq!(markers.len(), 1, "the killed job's marker: {markers:?}");
+    let hold = lab.hold_arp_to_job_links();
+    let release = std::thread::spawn({
+        let (dir, marker) = (lab.connection_markers_dir(), markers[0].clone());
+        move || {
+            wait_until("the heir's helper to forget", Duration::from_secs(60), || !markers_in(&dir).contains(&marker));
+            drop(hold);
+        }
+    });
+    let listen = toks(&[&format!("udp-recv:{SOURCE}:2500")]);
     let got = lab_exec(&lab, &heir, &[], &probe(&listen));
+    release.join().unwrap();
     lab.host_ip(&["link", "del", taken]);
     assert_eq!(got.code, 0, "{}{}", got.out, got.err);
     assert_eq!(probe_results(&got.out)[&listen[0]], "0", "the killed job's far end reached the next job: {}", got.err);

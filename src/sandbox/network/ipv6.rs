@@ -31,8 +31,6 @@ pub const PREFIX: Ipv6Net = Ipv6Net { addr: Ipv6Addr::new(0xfd61, 0x7a70, 0x7362
 /// The jobs' IPv6 gateway: link-local, answered by the host end (a permanent neighbour
 /// entry in the job at the host end's MAC).
 pub const GATEWAY: Ipv6Addr = Ipv6Addr::new(0xfe80, 0, 0, 0, 0, 0, 0, 1);
-/// The job's end's MAC (locally administered; each job is alone on its link).
-pub const JOB_MAC: [u8; 6] = [0x02, 0x61, 0x7a, 0x70, 0x00, 0x02];
 /// Link-local (cloud metadata, the host's own link addresses).
 pub const LINK_LOCAL: Ipv6Net = Ipv6Net { addr: Ipv6Addr::new(0xfe80, 0, 0, 0, 0, 0, 0, 0), prefix: 10 };
 /// Cloud metadata services at unique local IPv6 addresses: AWS's (fd00:ec2::254) and
@@ -280,13 +278,7 @@ mod tests {
             b,
             ["fe80::/10", "fd00:ec2::254/128", "fd20:ce::254/128", "2001:db8::2/128", "fd61:7a70:7362::1/128"]
         );
-        let v6 = crate::sys::net::Veth6 {
-            prefix: PREFIX,
-            gateway: GATEWAY,
-            job_mac: JOB_MAC,
-            force_forwarding: true,
-            blocked: vec![],
-        };
+        let v6 = crate::sys::net::Veth6 { prefix: PREFIX, gateway: GATEWAY, force_forwarding: true, blocked: vec![] };
         assert_eq!(v6.address(std::net::Ipv4Addr::new(10, 87, 1, 5)).to_string(), "fd61:7a70:7362::a57:105");
     }
 }

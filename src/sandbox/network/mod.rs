@@ -65,6 +65,8 @@ use std::path::{Path, PathBuf};
 const LINK_PREFIX: &str = "azp";
 /// The host end's MAC (locally administered): every job's gateway has it.
 const HOST_MAC: [u8; 6] = [0x02, 0x61, 0x7a, 0x70, 0x00, 0x01];
+/// The job's end's MAC (locally administered; each job is alone on its link).
+const JOB_MAC: [u8; 6] = [0x02, 0x61, 0x7a, 0x70, 0x00, 0x02];
 const LINK_LOCAL: Ipv4Net = Ipv4Net { addr: Ipv4Addr::new(169, 254, 0, 0), prefix: 16 };
 /// The job's own loopback (see [`refusable`]).
 const LOOPBACK: Ipv4Net = Ipv4Net { addr: Ipv4Addr::new(127, 0, 0, 0), prefix: 8 };
@@ -434,13 +436,7 @@ pub fn job_connections(link: String, sources: Vec<std::net::IpAddr>) -> crate::s
 /// A job's IPv6 (see [`ipv6`]): `host` the host's own IPv6 addresses; `force_forwarding`:
 /// the host end must forward (the host does not on all links).
 fn veth6(local: &[Ipv6Net], force_forwarding: bool) -> Veth6 {
-    Veth6 {
-        prefix: ipv6::PREFIX,
-        gateway: ipv6::GATEWAY,
-        job_mac: ipv6::JOB_MAC,
-        force_forwarding,
-        blocked: ipv6::blocked(local),
-    }
+    Veth6 { prefix: ipv6::PREFIX, gateway: ipv6::GATEWAY, force_forwarding, blocked: ipv6::blocked(local) }
 }
 
 fn veth(plan: &JobPlan, local: &[Ipv4Net], v6: Option<Veth6>, pid: u32) -> Veth {
@@ -449,6 +445,7 @@ fn veth(plan: &JobPlan, local: &[Ipv4Net], v6: Option<Veth6>, pid: u32) -> Veth 
     Veth {
         host_name: link_name(&plan.id, pid),
         host_mac: HOST_MAC,
+        job_mac: JOB_MAC,
         group: allow_group(&plan.net.allow),
         gateway: plan.net.gateway(),
         pool: subnet,
