@@ -102,8 +102,14 @@ fn stop_job_with(
         }
     }
     // Its processes are gone: connections its helper did not get to forget (killed).
-    if let Some(n) = super::network::forget::left_by_a_killed_helper(&job.connections_file(), sys).filter(|n| *n > 0) {
-        out.leftovers.push(format!("{n} tracked connections of the job (its helper did not forget them)"));
+    if let Some(left) = super::network::forget::left_by_a_killed_helper(&job.connections_file(), sys) {
+        if left.entries > 0 {
+            out.leftovers
+                .push(format!("{} tracked connections of the job (its helper did not forget them)", left.entries));
+        }
+        if let Some(link) = left.link {
+            out.leftovers.push(format!("link {link} (the kernel had not removed it with the job's namespace yet)"));
+        }
     }
     let container_state = state.map(|s| s.container_state.clone()).unwrap_or_else(|| job.container_root().join(&id));
     if container_state.exists() {
@@ -701,9 +707,10 @@ mod tests {
         crate::sandbox::network::forget::record(&f.job.connections_file(), &t).unwrap();
         let (calls, r) = f.run(None);
         r.unwrap();
-        // After its processes and cgroup, while its record is still there to say whose.
+        // After its processes and cgroup (its link goes then), while its record is still
+        // there to say whose.
         let mut want = f.steps();
-        want.insert(3, "forget_connections 10.87.0.5 fd61:7a70:7362::a57:5 of azp0123456789ab Always".into());
+        want.insert(3, "forget_connections 10.87.0.5 fd61:7a70:7362::a57:5 of azp0123456789ab ProcessesGone".into());
         assert_eq!(calls, want);
     }
 

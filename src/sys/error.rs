@@ -332,6 +332,12 @@ pub enum Error {
     },
     #[error("cannot read the host's conntrack table for the job's connections")]
     ConntrackDump(#[source] Errno),
+    #[error("cannot remove the link {name} of a job whose processes are gone")]
+    RemoveLink {
+        name: String,
+        #[source]
+        source: Errno,
+    },
     #[error("cannot delete the job's tracked connections from the host's conntrack table")]
     ConntrackDelete(#[source] Errno),
     #[error("cannot stop the job's pasta (pid {pid}) after the job")]

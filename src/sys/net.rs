@@ -975,17 +975,26 @@ pub enum Look {
     /// As `Always`, but nothing while the job's link exists: a sweep of markers whose
     /// job may still run.
     IfGone,
+    /// As `Always` for a job whose processes are gone (its clean-up killed them and
+    /// removed its cgroup): its link, which the kernel removes with the namespace, is
+    /// removed now instead of waited for. The kernel tears down every namespace of the
+    /// host in turn, in one worker: on a busy host a killed job's link outlived the
+    /// clean-up's wait and gc's (10 s), which left the host's table (`t16`, once in a
+    /// CI rehearsal); and whatever still holds the namespace (an fd, a bind mount)
+    /// kept the link for as long.
+    ProcessesGone,
 }
 
 /// What [`forget_connections`] did: the entries deleted, the job's addresses it left
-/// alone because another link holds them now (their entries are that job's), and
-/// whether the job's own link was still there (its namespace still going: its sockets
-/// may make entries again).
+/// alone because another link holds them now (their entries are that job's), whether
+/// the job's own link was still there (its namespace still going: its sockets may make
+/// entries again), and whether it removed that link (`Look::ProcessesGone`).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Forgotten {
     pub entries: usize,
     pub kept: Vec<std::net::IpAddr>,
     pub link_present: bool,
+    pub link_removed: bool,
 }
 
 /// Deletes the conntrack entries of this namespace whose original source is one of the
@@ -1004,7 +1013,7 @@ pub fn forget_connections(job: &JobConnections, look: Look) -> Result<Forgotten>
     // One netfilter socket for both: nftables and ctnetlink are subsystems of it.
     let s = Socket::open(Proto::Netfilter).map_err(Error::NetlinkSocket)?;
     let link_there = || links().map(|l| l.iter().any(|(_, name)| *name == job.link));
-    let mut link_present = false;
+    let (mut link_present, mut link_removed) = (false, false);
     match look {
         Look::IfCounted => {
             let counted = match s.call(Message::nft_dump_set(job.table, job.set)) {
@@ -1028,6 +1037,9 @@ pub fn forget_connections(job: &JobConnections, look: Look) -> Result<Forgotten>
                 return Ok(Forgotten { link_present: true, ..Default::default() });
             }
         }
+        Look::ProcessesGone => {
+            link_removed = remove_link(&job.link)?;
+        }
     }
     let entries = s.call(Message::conntrack_dump()).map_err(Error::ConntrackDump)?;
     // Read after the entries: an address of the job's that another link holds by now is
@@ -1048,7 +1060,7 @@ pub fn forget_connections(job: &JobConnections, look: Look) -> Result<Forgotten>
             Err(e) => return Err(Error::ConntrackDelete(e)),
         }
     }
-    Ok(Forgotten { entries: forgotten, kept, link_present })
+    Ok(Forgotten { entries: forgotten, kept, link_present, link_removed })
 }
 
 /// Those of a job's `sources` that no link but the job's own (`link`) or its `heir`'s
@@ -1069,6 +1081,18 @@ fn still_the_jobs(
         std::net::IpAddr::V6(v6) => Ipv4Addr::from(u128::from(*v6) as u32),
     };
     sources.iter().filter(|a| !taken(v4_of(a))).copied().collect()
+}
+
+/// Removes the link `name` of this namespace (a veth's peer goes with it); false: there
+/// was none.
+fn remove_link(name: &str) -> Result<bool> {
+    let mut m = Message::link(nl::RTM_DELLINK, 0, 0, 0, 0);
+    m.attr_str(nl::IFLA_IFNAME, name);
+    match socket()?.request(m) {
+        Ok(()) => Ok(true),
+        Err(Errno::ENODEV) => Ok(false),
+        Err(source) => Err(Error::RemoveLink { name: name.into(), source }),
+    }
 }
 
 /// The host's nftables table `name` (inet family), if it exists.

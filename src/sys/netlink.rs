@@ -19,6 +19,7 @@ use std::os::fd::{AsRawFd, OwnedFd};
 
 // Message types and flags (linux/netlink.h, linux/rtnetlink.h).
 pub const RTM_NEWLINK: u16 = 16;
+pub const RTM_DELLINK: u16 = 17;
 pub const RTM_GETLINK: u16 = 18;
 pub const RTM_NEWADDR: u16 = 20;
 pub const RTM_GETADDR: u16 = 22;
@@ -395,7 +396,7 @@ impl Message {
         Message { typ, flags: flags | NLM_F_REQUEST, buf, nests: vec![] }
     }
 
-    /// `RTM_NEWLINK` (or GETLINK) with an `ifinfomsg`: family, index, flags and the
+    /// `RTM_NEWLINK` (or GETLINK, DELLINK) with an `ifinfomsg`: family, index, flags and the
     /// flags that change.
     pub fn link(typ: u16, flags: u16, index: i32, ifi_flags: u32, change: u32) -> Message {
         Message::new(typ, flags, &ifinfomsg(index, ifi_flags, change))

@@ -17,9 +17,10 @@
 //! - a helper whose job got a marked address all the same (the pool had no other, or the
 //!   holder was killed after the list was read) forgets the killed holder's connections
 //!   before its job starts ([`before_its_job`]);
-//! - `gc` forgets those of markers whose link is gone ([`sweep`]): a clean-up that ran
-//!   while the killed job's namespace was still going leaves its marker (sockets of that
-//!   namespace may make entries again until it is gone).
+//! - `gc` forgets those of markers whose link is gone ([`sweep`]): a clean-up that
+//!   failed leaves its marker. (The clean-up removes the killed job's link itself,
+//!   once its processes are gone: sockets of its namespace, which the kernel tears down
+//!   later, could make entries again until then.)
 
 use crate::sys::net::{JobConnections, Look};
 use crate::sys::Sys;
@@ -158,32 +159,34 @@ fn remove(marker: &Path) {
     }
 }
 
-/// A clean-up, once the job's processes are gone: the connections of a record the
-/// helper left (it was killed before it forgot them), forgotten, and the record
-/// removed. How many (None: no record, the usual case). The markers stay where it is
-/// not sure they are all gone: on failure (a warning), while the job's link is still
-/// there (2 s after), and for an address another job's link holds by now (that job's
-/// helper forgets them, if it has not yet); `gc` tries again (see [`sweep`]).
-pub fn left_by_a_killed_helper(file: &Path, sys: &dyn Sys) -> Option<usize> {
+/// A clean-up, once the job's processes are gone: the job's link removed if the kernel
+/// has not yet (see `Look::ProcessesGone`), the connections of a record the helper left
+/// (it was killed before it forgot them) forgotten, and the record removed. How many
+/// (None: no record, the usual case). The markers stay where it is not sure they are
+/// all gone: on failure (a warning), and for an address another job's link holds by now
+/// (that job's helper forgets them, if it has not yet); `gc` tries again (see
+/// [`sweep`]).
+pub fn left_by_a_killed_helper(file: &Path, sys: &dyn Sys) -> Option<Left> {
     if !file.exists() {
         return None;
     }
     let forgotten = match Record::read(file) {
         Ok(r) => {
             let c = super::job_connections(r.link, r.sources);
-            // Always: the table may have been removed, or made again, since.
-            match sys.forget_connections(&c, Look::Always) {
+            // Whatever the set says: the table may have been removed, or made again, since.
+            // The job's processes are gone: so goes its link, now.
+            match sys.forget_connections(&c, Look::ProcessesGone) {
                 Ok(f) => {
                     if let Some(dir) = r.markers.filter(|_| !f.link_present) {
                         for (_, m) in markers_of(&dir, &c).filter(|(a, _)| !f.kept.contains(&IpAddr::V4(*a))) {
                             remove(&m);
                         }
                     }
-                    f.entries
+                    Left { entries: f.entries, link: f.link_removed.then_some(c.link) }
                 }
                 Err(e) => {
                     tracing::warn!("{}: the next `azp-sandbox gc` tries again", e.with_causes());
-                    0
+                    Left::default()
                 }
             }
         }
@@ -192,11 +195,19 @@ pub fn left_by_a_killed_helper(file: &Path, sys: &dyn Sys) -> Option<usize> {
                 "{} is unreadable ({e:#}): the job's tracked connections expire on their own",
                 file.display()
             );
-            0
+            Left::default()
         }
     };
     let _ = std::fs::remove_file(file);
     Some(forgotten)
+}
+
+/// What [`left_by_a_killed_helper`] found and undid: the tracked connections it forgot,
+/// and the job's link if it removed it (the kernel had not yet, with the namespace).
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Left {
+    pub entries: usize,
+    pub link: Option<String>,
 }
 
 /// What the marker `name` of `address` and `link` in `dir` says: the killed job's
@@ -386,7 +397,10 @@ mod tests {
         let marker = ["10.87.0.5@azp0000000000a1"];
         // Failed: they expire on their own; the marker stays.
         record(&file, &t).unwrap();
-        assert_eq!(left_by_a_killed_helper(&file, &Recorder::failing_at(0, nix::errno::Errno::EIO)), Some(0));
+        assert_eq!(
+            left_by_a_killed_helper(&file, &Recorder::failing_at(0, nix::errno::Errno::EIO)),
+            Some(Left::default())
+        );
         assert!(!file.exists());
         assert_eq!(names(&dir), marker);
         // The job's link still there (its namespace still going), or its address another
@@ -398,28 +412,29 @@ mod tests {
             record(&file, &t).unwrap();
             let rec = Recorder::default();
             *rec.forgotten.borrow_mut() = f;
-            assert_eq!(left_by_a_killed_helper(&file, &rec), Some(0));
+            assert_eq!(left_by_a_killed_helper(&file, &rec), Some(Left::default()));
             assert!(!file.exists());
             assert_eq!(names(&dir), marker);
         }
         // Forgotten, the link gone: no marker left.
         record(&file, &t).unwrap();
         let rec = Recorder::default();
-        *rec.forgotten.borrow_mut() = Forgotten { entries: 7, ..Default::default() };
-        assert_eq!(left_by_a_killed_helper(&file, &rec), Some(7));
-        assert_eq!(rec.calls(), [format!("forget_connections 10.87.0.5 {V6} of azp0000000000a1 Always")]);
+        *rec.forgotten.borrow_mut() = Forgotten { entries: 7, link_removed: true, ..Default::default() };
+        let left = Left { entries: 7, link: Some("azp0000000000a1".into()) };
+        assert_eq!(left_by_a_killed_helper(&file, &rec), Some(left));
+        assert_eq!(rec.calls(), [format!("forget_connections 10.87.0.5 {V6} of azp0000000000a1 ProcessesGone")]);
         assert!(!file.exists() && names(&dir).is_empty());
         // A record of an older azp-sandbox (no markers) still reads; a forged one is not
         // acted on.
         std::fs::write(&file, br#"{"link":"azp0000000000a1","sources":["10.87.0.5"]}"#).unwrap();
-        assert_eq!(left_by_a_killed_helper(&file, &Recorder::default()), Some(0));
+        assert_eq!(left_by_a_killed_helper(&file, &Recorder::default()), Some(Left::default()));
         for forged in [
             r#"{"link":"../../etc","sources":["10.87.0.5"]}"#,
             r#"{"link":"azp0000000000a1","sources":["10.87.0.5"],"markers":"/etc"}"#,
         ] {
             std::fs::write(&file, forged).unwrap();
             let rec = Recorder::default();
-            assert_eq!(left_by_a_killed_helper(&file, &rec), Some(0));
+            assert_eq!(left_by_a_killed_helper(&file, &rec), Some(Left::default()));
             assert!(rec.calls().is_empty(), "{forged}: {:?}", rec.calls());
         }
     }
