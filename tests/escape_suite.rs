@@ -886,11 +886,14 @@ impl ListeningJob {
         let mut job = HostProc(
             h.lab_command(lab)
                 .args(["exec", "--rootfs", "esc", "--", "sh", "-c"])
+                // Up to 30 s for httpd to listen (a busy machine); an hour to live: the test
+                // stops it.
                 .arg(format!(
                     "mkdir /tmp/w && echo {secret} > /tmp/w/index.html && httpd -f -p {listen} -h /tmp/w & \
-                     sleep 0.5; echo addr=$(ip {family} -o addr show dev eth0 | awk '{{print $4}}' | cut -d/ -f1); \
-                     {}; sleep 60",
-                    get(own)
+                     n=0; until [ \"$({get})\" = {secret} ] || [ $n -ge 300 ]; do sleep 0.1; n=$((n+1)); done; \
+                     echo addr=$(ip {family} -o addr show dev eth0 | awk '{{print $4}}' | cut -d/ -f1); \
+                     {get}; sleep 3600",
+                    get = get(own)
                 ))
                 .stdout(Stdio::piped())
                 .stderr(Stdio::null())
@@ -1364,7 +1367,8 @@ fn t08_no_process_outlives_the_job() {
              nohup sh -c '{lp}' $M-nohup >/dev/null 2>&1 &\n\
              sh -c '{lp}' $M-bg &\n\
              sh -c 'trap \"\" TERM HUP INT QUIT; {lp}' $M-ignoresig &\n\
-             sleep 0.5; grep -l \"[e]${{M1#e}}$M2\" /proc/[0-9]*/cmdline 2>/dev/null | wc -l"
+             count() {{ grep -l \"[e]${{M1#e}}$M2\" /proc/[0-9]*/cmdline 2>/dev/null | wc -l; }}\n\
+             n=0; while [ $(count) -lt 5 ] && [ $n -lt 300 ]; do sleep 0.1; n=$((n+1)); done; count"
         );
         let out = exec_ok(&h, user, &script);
         assert_eq!(out.trim(), "5", "as {who}: the daemons did not all start, the test is not testing");

@@ -98,12 +98,14 @@ pub struct NetLab {
 /// The lab cannot be made here: why (for a visible skip).
 pub type Unavailable = String;
 
-/// Polls `ready` every `every_ms` until it holds; `what` (and "within 10 s") after 10 s.
-fn within_10s(every_ms: u64, what: &str, mut ready: impl FnMut() -> Result<bool, String>) -> Result<(), String> {
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+/// Polls `ready` every `every_ms` until it holds; `what` (and "within 60 s") after 60 s:
+/// generous, as a busy machine (a CI run, four tests at a time) may take a while, and a
+/// lab that is not ready is a skip, which must not hide a test merely because of load.
+fn within_60s(every_ms: u64, what: &str, mut ready: impl FnMut() -> Result<bool, String>) -> Result<(), String> {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
     while !ready()? {
         if std::time::Instant::now() > deadline {
-            return Err(format!("{what} within 10 s"));
+            return Err(format!("{what} within 60 s"));
         }
         std::thread::sleep(std::time::Duration::from_millis(every_ms));
     }
@@ -330,14 +332,14 @@ impl NetLab {
         self.server(&i, argv)?;
         self.wait_udp_listener(&i, &format!("{addr}:53"))?;
         std::fs::write(self.resolv_conf(), format!("nameserver {addr}\n")).map_err(|e| e.to_string())?;
-        within_10s(50, &format!("the fake host resolved nothing through {addr}"), || {
+        within_60s(50, &format!("the fake host resolved nothing through {addr}"), || {
             Ok(self.in_host(&["busybox", "wget", "-q", "-O", "/dev/null", &format!("http://{INTERNET_NAME}/")]))
         })
     }
 
     /// Until a UDP socket is bound to `addr` (`IP:PORT`) in namespace `ns`.
     fn wait_udp_listener(&self, ns: &str, addr: &str) -> Result<(), String> {
-        within_10s(10, &format!("nothing listened on UDP {addr} in {ns}"), || {
+        within_60s(10, &format!("nothing listened on UDP {addr} in {ns}"), || {
             let o = Command::new("ip")
                 .args(["netns", "exec", ns, "ss", "-H", "-n", "-l", "-u", "src", addr])
                 .stderr(Stdio::null())
@@ -349,7 +351,7 @@ impl NetLab {
 
     /// The servers answer (dnsmasq and httpd take a moment to bind).
     fn wait_ready(&self) -> Result<(), String> {
-        within_10s(50, "the network lab's servers did not answer", || {
+        within_60s(50, "the network lab's servers did not answer", || {
             Ok(self.in_host(&["busybox", "wget", "-q", "-O", "/dev/null", &format!("http://{INTERNET_NAME}/")])
                 && self.in_host(&[
                     "busybox",
@@ -516,6 +518,18 @@ impl NetLab {
         markers_in(&self.connection_markers_dir())
     }
 
+    /// How many datagrams the fake internet's UDP sockets on `port` dropped (a full
+    /// receive buffer: the `drops` column of its /proc/net/udp).
+    pub fn internet_udp_drops(&self, port: u16) -> u64 {
+        let o = Command::new("ip").args(["netns", "exec", &self.internet, "cat", "/proc/net/udp"]).output().unwrap();
+        let on_port = |l: &&str| {
+            let local = l.split_whitespace().nth(1).unwrap_or("");
+            local.rsplit_once(':').and_then(|(_, p)| u16::from_str_radix(p, 16).ok()) == Some(port)
+        };
+        let text = String::from_utf8_lossy(&o.stdout);
+        text.lines().skip(1).filter(on_port).filter_map(|l| l.split_whitespace().last()?.parse::<u64>().ok()).sum()
+    }
+
     /// Where the fake host's markers are.
     pub fn connection_markers_dir(&self) -> PathBuf {
         use std::os::unix::fs::MetadataExt;
@@ -673,6 +687,9 @@ fn udp_counter_in(ns: PathBuf, addr: &str, port: u16) -> UdpCounter {
     let thread = std::thread::spawn(move || {
         enter(&ns);
         let sock = std::net::UdpSocket::bind((addr.as_str(), port)).unwrap();
+        // Room for every datagram of a flood (t55 counts them all) while this thread
+        // waits for a CPU on a busy machine: the default holds ~250 small ones.
+        nix::sys::socket::setsockopt(&sock, nix::sys::socket::sockopt::RcvBufForce, &(64 << 20)).unwrap();
         sock.set_read_timeout(Some(std::time::Duration::from_millis(100))).unwrap();
         ready_tx.send(()).unwrap();
         let mut buf = [0u8; 16];

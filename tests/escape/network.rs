@@ -786,7 +786,12 @@ fn t55_a_jobs_one_way_stream_is_one_flow_to_its_limits() {
     while (udp.count() as u64) < n && std::time::Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(50));
     }
-    assert_eq!(udp.count() as u64, n, "refused over the rate {}: {out}", refused_by(&lab, "over_rate"));
+    let (refused, dropped) = (refused_by(&lab, "over_rate"), lab.internet_udp_drops(PORT));
+    assert_eq!(
+        udp.count() as u64,
+        n,
+        "refused over the rate {refused}, dropped by the counter's socket {dropped}: {out}"
+    );
     assert_eq!(refused_by(&lab, "over_rate") + refused_by(&lab, "over_flows"), 0, "{out}");
     h.assert_no_residue(&[]);
 }
