@@ -968,9 +968,9 @@ pub enum Look {
     /// when it made no connection. A set that is gone or younger than the entries (a
     /// table made again) forgets nothing.
     IfCounted,
-    /// Whatever the set says, once the job's link is gone (2 s at most): a clean-up
-    /// after a killed helper, or an heir of its address (rare, and the table may have
-    /// been removed or made again since).
+    /// Whatever the set says, once the job's link is gone (2 s at most): an heir of a
+    /// killed job's address (rare, and the table may have been removed or made again
+    /// since).
     Always,
     /// As `Always`, but nothing while the job's link exists: a sweep of markers whose
     /// job may still run.
@@ -1006,9 +1006,10 @@ pub struct Forgotten {
 /// (at a job's end only where the job's link has an element in the counting set, so a
 /// job that made no connection costs one set dump instead). `Look::Always` first waits
 /// up to [`LINK_GONE_WAIT`] for the job's link to go: until its namespace is gone, the
-/// namespace's sockets may make entries again. Each entry is deleted by its original
-/// tuple and its id (see [`nl::conntrack_entry`]). What went, what was left to another link, and whether the job's link was
-/// there before or after the read.
+/// namespace's sockets may make entries again (`Look::ProcessesGone` removes the link
+/// instead). Each entry is deleted by its original tuple and its id (see
+/// [`nl::conntrack_entry`]). What went, what was left to another link, whether the job's
+/// link was there before or after the read, and whether this removed it.
 pub fn forget_connections(job: &JobConnections, look: Look) -> Result<Forgotten> {
     // One netfilter socket for both: nftables and ctnetlink are subsystems of it.
     let s = Socket::open(Proto::Netfilter).map_err(Error::NetlinkSocket)?;
