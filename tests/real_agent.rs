@@ -507,3 +507,40 @@ fn the_listener_cancels_on_its_own_signal_but_run_sh_passes_none_on() {
     assert!(diag_text.contains("Received SIGINT"), "{diag_text}");
     assert!(diag_text.contains(&format!("Job {job} completed with result: Canceled")), "{diag_text}");
 }
+
+#[test]
+fn a_signal_just_after_the_listener_took_its_job_still_cancels_it() {
+    // The listener starts the job's steps in a process group of their own (setsid in the
+    // job's shell) and cancels that group. A signal that came before the group existed
+    // (during the listener's dispatch, or as the job was spawned) found no group: the
+    // listener gave up cancelling and waited for the whole job (a CI rehearsal of the
+    // test above, its SIGINT delayed by a busy machine: no result in 30 s).
+    let fake = FakeAzure::start();
+    // The signal comes during the listener's dispatch (2 s), and its job's shell takes 1 s
+    // to make the steps' group.
+    let pkg = unpacked(&Variant { dispatch_delay_s: 2, steps_group_delay_s: 1, ..Variant::default() });
+    let dir = pkg.path();
+    let env: Vec<(&str, &str)> = as_root_allowed().to_vec();
+    let mut configure = sh(dir, "config.sh", &["--unattended", "--url", &fake.url(), "--auth", "pat"], &env);
+    configure.args(["--pool", "gpu", "--agent", "host-stand-in", "--replace", "--acceptTeeEula"]);
+    let out = configure.env("VSTS_AGENT_INPUT_TOKEN", fake.pat()).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let job = fake.enqueue_job("echo started\nsleep 60\necho never");
+    let mut run = sh(dir, "run.sh", &["--once"], &env).stdout(Stdio::null()).spawn().unwrap();
+    wait_until("the job taken", Duration::from_secs(30), || fake.queued_jobs() == 0);
+    let listener = children_of(run.id() as i32);
+    assert_eq!(listener.len(), 1, "run.sh runs the listener as its child: {listener:?}");
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(listener[0]), nix::sys::signal::SIGINT).unwrap();
+    // The job's shell gets SIGINT (ignored: started in the background), then its steps'
+    // group SIGTERM 3 s later.
+    let results = fake.wait_results(1, Duration::from_secs(30));
+    let diag: String = files_in(&dir.join("_diag"))
+        .iter()
+        .filter_map(|f| std::fs::read_to_string(dir.join("_diag").join(f)).ok())
+        .collect();
+    assert_eq!(results.len(), 1, "the job was cancelled: {diag}");
+    let r = &results[0];
+    assert_eq!((r.job_id, r.result.as_str(), r.signal.as_deref()), (job, "canceled", Some("INT")), "{r:?}");
+    assert!(!r.output.contains("never"), "{r:?}");
+    assert_eq!(run.wait().unwrap().code(), Some(0));
+}

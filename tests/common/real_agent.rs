@@ -37,6 +37,9 @@ pub struct Variant {
     /// Seconds the listener waits between taking a job and showing it on disk (its
     /// Worker log): the real one renews the job request and starts its worker first.
     pub dispatch_delay_s: u32,
+    /// Seconds the job's shell takes before it makes its steps' process group (a busy
+    /// machine's slow fork and exec): a cancel meanwhile finds no group yet.
+    pub steps_group_delay_s: u32,
 }
 
 /// The package as a `.tar.gz`, written to `dir/vsts-agent-linux-x64-<VERSION>.tar.gz`.
@@ -67,6 +70,7 @@ pub fn package(variant: &Variant) -> Vec<u8> {
         LISTENER
             .replace("@VERSION@", VERSION)
             .replace("@DISPATCH_DELAY@", &variant.dispatch_delay_s.to_string())
+            .replace("@STEPS_GROUP_DELAY@", &variant.steps_group_delay_s.to_string())
             .as_bytes(),
     );
     for (name, bytes) in &libs {
@@ -473,11 +477,13 @@ post_result() {
     http POST "/_fake/jobs/$1/result?agent=$(urlenc "$name")&$2" "$bearer" "$3" > /dev/null
 }
 
-# cancel_steps PID: the steps' process group gets SIGINT, then SIGTERM, then SIGKILL.
+# cancel_steps PID: the steps' process group gets SIGINT, then SIGTERM, then SIGKILL;
+# the job's shell itself while it has not made that group yet (just spawned, on a busy
+# machine: giving up there left the job running to its end).
 cancel_steps() {
     local pid=$1 sig t
     for sig in INT TERM KILL; do
-        kill -s "$sig" -- "-$pid" 2> /dev/null || break
+        kill -s "$sig" -- "-$pid" 2> /dev/null || kill -s "$sig" "$pid" 2> /dev/null || break
         diag JobDispatcher "Job $job_id: sent SIG$sig to its steps"
         for t in $(seq 1 "${CANCEL_GRACE_TICKS:-30}"); do
             kill -0 "$pid" 2> /dev/null || break 2
@@ -511,6 +517,7 @@ run_job() {
     mkdir -p "$work/1/s" "$work/_temp"
     out="$root/_diag/job-$job_id.out"
     (
+        [ @STEPS_GROUP_DELAY@ != 0 ] && sleep @STEPS_GROUP_DELAY@
         cd "$work/1/s" || exit 1
         export AGENT_NAME="$name" AGENT_ID="$agentid" AGENT_HOMEDIRECTORY="$root" AGENT_WORKFOLDER="$root/$work"
         export BUILD_BUILDID="$job_id" SYSTEM_JOBID="$job_id" TF_BUILD=True BUILD_SOURCESDIRECTORY="$root/$work/1/s"
