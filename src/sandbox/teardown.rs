@@ -710,7 +710,8 @@ mod tests {
         // After its processes and cgroup (its link goes then), while its record is still
         // there to say whose.
         let mut want = f.steps();
-        want.insert(3, "forget_connections 10.87.0.5 fd61:7a70:7362::a57:5 of azp0123456789ab ProcessesGone".into());
+        want.insert(3, "remove_job_link azp0123456789ab".into());
+        want.insert(4, "forget_connections 10.87.0.5 fd61:7a70:7362::a57:5 of azp0123456789ab Always".into());
         assert_eq!(calls, want);
     }
 

@@ -83,6 +83,9 @@ pub trait Sys {
     /// [`net::forget_connections`]): how many, which addresses another link holds now,
     /// and whether the job's link was still there.
     fn forget_connections(&self, job: &net::JobConnections, look: net::Look) -> Result<net::Forgotten>;
+    /// Removes the host's link `link` of a job whose processes are gone (see
+    /// [`net::remove_link`]); false: it was gone already.
+    fn remove_job_link(&self, link: &str) -> Result<bool>;
     /// The first part of [`Sys::join_cgroup`]: the dirs and limits, no move.
     fn prepare_cgroup(&self, join: &CgroupJoin) -> Result<()>;
     /// The rest of it, after a [`Sys::prepare_cgroup`] (here or in the runner): the move.
@@ -211,6 +214,9 @@ impl Sys for Real {
     }
     fn forget_connections(&self, job: &net::JobConnections, look: net::Look) -> Result<net::Forgotten> {
         net::forget_connections(job, look)
+    }
+    fn remove_job_link(&self, link: &str) -> Result<bool> {
+        net::remove_link(link)
     }
     fn prepare_cgroup(&self, join: &CgroupJoin) -> Result<()> {
         cgroup::prepare(join)
@@ -341,6 +347,8 @@ pub struct Recorder {
     pub mounts: RefCell<Vec<PathBuf>>,
     /// What [`Sys::forget_connections`] reports.
     pub forgotten: RefCell<net::Forgotten>,
+    /// What [`Sys::remove_job_link`] reports: the link was there (and is removed).
+    pub link_there: Cell<bool>,
 }
 
 impl Default for Recorder {
@@ -353,6 +361,7 @@ impl Default for Recorder {
             }),
             mounts: RefCell::default(),
             forgotten: RefCell::default(),
+            link_there: Cell::new(false),
         }
     }
 }
@@ -464,6 +473,11 @@ impl Sys for Recorder {
         let step = format!("forget_connections {} of {} {look:?}{heir}", list.join(" "), job.link);
         self.step(step).map_err(Error::ConntrackDelete)?;
         Ok(self.forgotten.borrow().clone())
+    }
+    fn remove_job_link(&self, link: &str) -> Result<bool> {
+        self.step(format!("remove_job_link {link}"))
+            .map_err(|source| Error::RemoveLink { name: link.into(), source })?;
+        Ok(self.link_there.get())
     }
     fn prepare_cgroup(&self, join: &CgroupJoin) -> Result<()> {
         self.cgroup_step("prepare_cgroup", join)

@@ -968,33 +968,25 @@ pub enum Look {
     /// when it made no connection. A set that is gone or younger than the entries (a
     /// table made again) forgets nothing.
     IfCounted,
-    /// Whatever the set says, once the job's link is gone (2 s at most): an heir of a
-    /// killed job's address (rare, and the table may have been removed or made again
-    /// since).
+    /// Whatever the set says, once the job's link is gone (2 s at most): a clean-up
+    /// after a killed helper (which removed the link first: see [`remove_link`]), or an
+    /// heir of a killed job's address (rare, and the table may have been removed or made
+    /// again since).
     Always,
     /// As `Always`, but nothing while the job's link exists: a sweep of markers whose
     /// job may still run.
     IfGone,
-    /// As `Always` for a job whose processes are gone (its clean-up killed them and
-    /// removed its cgroup): its link, which the kernel removes with the namespace, is
-    /// removed now instead of waited for. The kernel tears down every namespace of the
-    /// host in turn, in one worker: on a busy host a killed job's link outlived the
-    /// clean-up's wait and gc's (10 s), which left the host's table (`t16`, once in a
-    /// CI rehearsal); and whatever still holds the namespace (an fd, a bind mount)
-    /// kept the link for as long.
-    ProcessesGone,
 }
 
 /// What [`forget_connections`] did: the entries deleted, the job's addresses it left
-/// alone because another link holds them now (their entries are that job's), whether
-/// the job's own link was still there (its namespace still going: its sockets may make
-/// entries again), and whether it removed that link (`Look::ProcessesGone`).
+/// alone because another link holds them now (their entries are that job's), and
+/// whether the job's own link was still there (its namespace still going: its sockets
+/// may make entries again).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Forgotten {
     pub entries: usize,
     pub kept: Vec<std::net::IpAddr>,
     pub link_present: bool,
-    pub link_removed: bool,
 }
 
 /// Deletes the conntrack entries of this namespace whose original source is one of the
@@ -1006,15 +998,14 @@ pub struct Forgotten {
 /// (at a job's end only where the job's link has an element in the counting set, so a
 /// job that made no connection costs one set dump instead). `Look::Always` first waits
 /// up to [`LINK_GONE_WAIT`] for the job's link to go: until its namespace is gone, the
-/// namespace's sockets may make entries again (`Look::ProcessesGone` removes the link
-/// instead). Each entry is deleted by its original tuple and its id (see
-/// [`nl::conntrack_entry`]). What went, what was left to another link, whether the job's
-/// link was there before or after the read, and whether this removed it.
+/// namespace's sockets may make entries again. Each entry is deleted by its original
+/// tuple and its id (see [`nl::conntrack_entry`]). What went, what was left to another
+/// link, and whether the job's link was there before or after the read.
 pub fn forget_connections(job: &JobConnections, look: Look) -> Result<Forgotten> {
     // One netfilter socket for both: nftables and ctnetlink are subsystems of it.
     let s = Socket::open(Proto::Netfilter).map_err(Error::NetlinkSocket)?;
     let link_there = || links().map(|l| l.iter().any(|(_, name)| *name == job.link));
-    let (mut link_present, mut link_removed) = (false, false);
+    let mut link_present = false;
     match look {
         Look::IfCounted => {
             let counted = match s.call(Message::nft_dump_set(job.table, job.set)) {
@@ -1038,9 +1029,6 @@ pub fn forget_connections(job: &JobConnections, look: Look) -> Result<Forgotten>
                 return Ok(Forgotten { link_present: true, ..Default::default() });
             }
         }
-        Look::ProcessesGone => {
-            link_removed = remove_link(&job.link)?;
-        }
     }
     let entries = s.call(Message::conntrack_dump()).map_err(Error::ConntrackDump)?;
     // Read after the entries: an address of the job's that another link holds by now is
@@ -1061,7 +1049,7 @@ pub fn forget_connections(job: &JobConnections, look: Look) -> Result<Forgotten>
             Err(e) => return Err(Error::ConntrackDelete(e)),
         }
     }
-    Ok(Forgotten { entries: forgotten, kept, link_present, link_removed })
+    Ok(Forgotten { entries: forgotten, kept, link_present })
 }
 
 /// Those of a job's `sources` that no link but the job's own (`link`) or its `heir`'s
@@ -1085,8 +1073,12 @@ fn still_the_jobs(
 }
 
 /// Removes the link `name` of this namespace (a veth's peer goes with it); false: there
-/// was none.
-fn remove_link(name: &str) -> Result<bool> {
+/// was none. For the host end of a job whose processes are gone: the kernel removes it
+/// with the job's namespace, but in one worker that tears down every namespace of the
+/// host in turn (on a busy host a killed job's link outlived its clean-up's wait and
+/// gc's 10 s, which left the host's table: `t16`, once in a CI rehearsal), and never
+/// while something still holds the namespace (an fd, a bind mount).
+pub fn remove_link(name: &str) -> Result<bool> {
     let mut m = Message::link(nl::RTM_DELLINK, 0, 0, 0, 0);
     m.attr_str(nl::IFLA_IFNAME, name);
     match socket()?.request(m) {
@@ -1831,6 +1823,10 @@ mod tests {
         let peer_attrs = nl::attributes(peer, 16);
         assert!(has(&peer_attrs, nl::IFLA_NUM_TX_QUEUES) && has(&peer_attrs, nl::IFLA_NUM_RX_QUEUES), "the job's end");
         assert!(peer_attrs.contains(&(nl::IFLA_NET_NS_FD, &9u32.to_ne_bytes()[..])));
+        // The job's end has its fixed MAC with IPv4 alone too (the host's neighbour
+        // entry for the job's address names it).
+        assert_eq!(v.v6, None);
+        assert!(peer_attrs.contains(&(nl::IFLA_ADDRESS, &v.job_mac[..])), "{peer_attrs:?}");
     }
 
     #[test]

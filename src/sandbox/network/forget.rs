@@ -17,10 +17,11 @@
 //! - a helper whose job got a marked address all the same (the pool had no other, or the
 //!   holder was killed after the list was read) forgets the killed holder's connections
 //!   before its job starts ([`before_its_job`]);
-//! - `gc` forgets those of markers whose link is gone ([`sweep`]): a clean-up that
-//!   failed leaves its marker. (The clean-up removes the killed job's link itself,
-//!   once its processes are gone: sockets of its namespace, which the kernel tears down
-//!   later, could make entries again until then.)
+//! - `gc` forgets those of markers whose link is gone ([`sweep`]): those a clean-up has
+//!   not come to yet, left where it failed, or kept for an address another link holds.
+//!   (The clean-up removes the killed job's link itself once its processes are gone:
+//!   sockets of its namespace, which the kernel tears down later, could make entries
+//!   again until then.)
 
 use crate::sys::net::{JobConnections, Look};
 use crate::sys::Sys;
@@ -160,7 +161,7 @@ fn remove(marker: &Path) {
 }
 
 /// A clean-up, once the job's processes are gone: the job's link removed if the kernel
-/// has not yet (see `Look::ProcessesGone`), the connections of a record the helper left
+/// has not yet (see `sys::net::remove_link`), the connections of a record the helper left
 /// (it was killed before it forgot them) forgotten, and the record removed. How many
 /// (None: no record, the usual case). The markers stay where it is not sure they are
 /// all gone: on failure (a warning), and for an address another job's link holds by now
@@ -173,20 +174,27 @@ pub fn left_by_a_killed_helper(file: &Path, sys: &dyn Sys) -> Option<Left> {
     let forgotten = match Record::read(file) {
         Ok(r) => {
             let c = super::job_connections(r.link, r.sources);
+            // The job's processes are gone: so goes its link, now, rather than with the
+            // kernel's teardown of its namespace. Failed, the forgetting waits for it as
+            // before (and the marker stays while it is there).
+            let removed = sys.remove_job_link(&c.link).unwrap_or_else(|e| {
+                tracing::warn!("{}: its tracked connections are forgotten once it is gone", e.with_causes());
+                false
+            });
+            let link = removed.then(|| c.link.clone());
             // Whatever the set says: the table may have been removed, or made again, since.
-            // The job's processes are gone: so goes its link, now.
-            match sys.forget_connections(&c, Look::ProcessesGone) {
+            match sys.forget_connections(&c, Look::Always) {
                 Ok(f) => {
                     if let Some(dir) = r.markers.filter(|_| !f.link_present) {
                         for (_, m) in markers_of(&dir, &c).filter(|(a, _)| !f.kept.contains(&IpAddr::V4(*a))) {
                             remove(&m);
                         }
                     }
-                    Left { entries: f.entries, link: f.link_removed.then_some(c.link) }
+                    Left { entries: f.entries, link }
                 }
                 Err(e) => {
                     tracing::warn!("{}: the next `azp-sandbox gc` tries again", e.with_causes());
-                    Left::default()
+                    Left { entries: 0, link }
                 }
             }
         }
@@ -398,13 +406,20 @@ mod tests {
         // Failed: they expire on their own; the marker stays.
         record(&file, &t).unwrap();
         assert_eq!(
-            left_by_a_killed_helper(&file, &Recorder::failing_at(0, nix::errno::Errno::EIO)),
+            left_by_a_killed_helper(&file, &Recorder::failing_at(1, nix::errno::Errno::EIO)),
             Some(Left::default())
         );
         assert!(!file.exists());
         assert_eq!(names(&dir), marker);
-        // The job's link still there (its namespace still going), or its address another
-        // job's by now: the marker stays.
+        // The link's removal failed: they are forgotten all the same (once it is gone).
+        record(&file, &t).unwrap();
+        let rec = Recorder::failing_at(0, nix::errno::Errno::EPERM);
+        *rec.forgotten.borrow_mut() = Forgotten { entries: 2, ..Default::default() };
+        assert_eq!(left_by_a_killed_helper(&file, &rec), Some(Left { entries: 2, link: None }));
+        assert_eq!(rec.calls()[1], format!("forget_connections 10.87.0.5 {V6} of azp0000000000a1 Always"));
+        assert!(!file.exists() && names(&dir).is_empty());
+        // The job's link still there (its removal failed and its namespace is still
+        // going), or its address another job's by now: the marker stays.
         for f in [
             Forgotten { link_present: true, ..Default::default() },
             Forgotten { kept: vec!["10.87.0.5".parse().unwrap()], ..Default::default() },
@@ -419,10 +434,12 @@ mod tests {
         // Forgotten, the link gone: no marker left.
         record(&file, &t).unwrap();
         let rec = Recorder::default();
-        *rec.forgotten.borrow_mut() = Forgotten { entries: 7, link_removed: true, ..Default::default() };
+        *rec.forgotten.borrow_mut() = Forgotten { entries: 7, ..Default::default() };
+        rec.link_there.set(true);
         let left = Left { entries: 7, link: Some("azp0000000000a1".into()) };
         assert_eq!(left_by_a_killed_helper(&file, &rec), Some(left));
-        assert_eq!(rec.calls(), [format!("forget_connections 10.87.0.5 {V6} of azp0000000000a1 ProcessesGone")]);
+        let forget = format!("forget_connections 10.87.0.5 {V6} of azp0000000000a1 Always");
+        assert_eq!(rec.calls(), ["remove_job_link azp0000000000a1".to_string(), forget]);
         assert!(!file.exists() && names(&dir).is_empty());
         // A record of an older azp-sandbox (no markers) still reads; a forged one is not
         // acted on.
