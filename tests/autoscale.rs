@@ -334,7 +334,9 @@ fn slurm_submits_one_batch_job_per_matching_job_and_cancels_surplus() {
     let mut cancelled = cancelled.unwrap_or_else(|| panic!("no scancel; log:\n{}", p.log()));
     cancelled.sort();
     assert_eq!(cancelled, ["102", "103"], "only the pending ones, newest first");
-    assert!(p.log().contains("cancelled 2 pending batch jobs not needed: 1 job waits"), "{}", p.log());
+    // Logged once scancel returned (its stub wrote scancel.log before).
+    let said = "cancelled 2 pending batch jobs not needed: 1 job waits";
+    assert!(wait_for(15, || p.log().contains(said).then_some(())).is_some(), "{}", p.log());
 
     // 101 hits its time limit: reported as such, and the waiting job gets a new batch job.
     stubs.set_state(101, "TIMEOUT");

@@ -72,7 +72,8 @@ fn e01_fork_bomb_with_no_flags_is_contained_by_the_default_pids_limit() {
     assert_eq!(String::from_utf8_lossy(&host.unwrap().stdout), "ok\n");
     // pid 1 lived through it (exec returns when it ends); then a second SIGTERM to exec
     // kills the job (a pid 1 without a handler ignores the first). Sent until it ends:
-    // two sent before exec (starved by the bomb) took the first would be one.
+    // two sent before exec (starved by the bomb) handled the first would merge into one
+    // (signals do not queue), and the test would wait for ever.
     assert!(exec.0.try_wait().unwrap().is_none(), "pid 1 (sleep 600) died under the bomb");
     let deadline = Instant::now() + Duration::from_secs(120);
     let status = loop {

@@ -1024,9 +1024,9 @@ fn t53_a_job_on_a_killed_jobs_address_gets_none_of_its_connections() {
     });
     let listen = toks(&[&format!("udp-recv:{SOURCE}:2500")]);
     let got = lab_exec(&lab, &heir, &[], &probe(&listen));
+    assert_eq!(got.code, 0, "{}{}", got.out, got.err);
     release.join().unwrap();
     lab.host_ip(&["link", "del", taken]);
-    assert_eq!(got.code, 0, "{}{}", got.out, got.err);
     assert_eq!(probe_results(&got.out)[&listen[0]], "0", "the killed job's far end reached the next job: {}", got.err);
     assert!(got.err.contains("a killed job left on this job's address"), "the exec says what it forgot: {}", got.err);
     for h in [&killed, &heir] {
