@@ -292,6 +292,9 @@ fn slurm_submits_one_batch_job_per_matching_job_and_cancels_surplus() {
 
     // Three jobs wait for us, two for nobody here: three batch jobs, not five.
     assert!(wait_for(30, || (stubs.lines("sbatch.log").len() >= 3).then_some(())).is_some(), "log:\n{}", p.log());
+    // Logged once the third sbatch returned (its stub wrote sbatch.log before).
+    let said = "slurm: submitted 3 batch jobs because 3 jobs wait for azp_sandbox_rootfs bb";
+    assert!(wait_for(15, || p.log().contains(said).then_some(())).is_some(), "{}", p.log());
     std::thread::sleep(Duration::from_millis(2500));
     let sb = stubs.lines("sbatch.log");
     assert_eq!(sb.len(), 3, "{sb:?}\nlog:\n{}", p.log());
@@ -325,8 +328,8 @@ fn slurm_submits_one_batch_job_per_matching_job_and_cancels_surplus() {
     // 101 starts; two of the three jobs get served elsewhere: one waits, and 101's idle
     // agent will take it, so both pending jobs are surplus.
     stubs.set_state(101, "RUNNING");
-    fake.finish_job_elsewhere(ours[0], "succeeded");
-    fake.finish_job_elsewhere(ours[1], "succeeded");
+    // Both at once: a queue read between two calls would cancel 103 first, then 102.
+    fake.finish_jobs_elsewhere(&ours[..2], "succeeded");
     let cancelled = wait_for(15, || {
         let c = stubs.lines("scancel.log");
         (c.len() >= 2).then_some(c)

@@ -294,7 +294,8 @@ fn build_minbase_recipe_then_run_a_job_in_it() {
     let again = build_cli(&home, &["debian-bookworm-minbase", "--cache-dir", cache.to_str().unwrap()]);
     assert_eq!(again.status.code(), Some(125));
     assert!(stderr(&again).contains("already exists"), "{}", stderr(&again));
-    assert!(t.elapsed() < Duration::from_secs(5));
+    // Seconds, not a build's minutes (generous: a busy machine).
+    assert!(t.elapsed() < Duration::from_secs(30), "{:?}", t.elapsed());
     assert_eq!(store_entries(&home), ["debian-bookworm-minbase"]);
     assert_no_mounts_or_processes(&home);
     eprintln!("minbase recipe: built in {:.0} s, whole test {:.0} s", built.as_secs_f64(), t0.elapsed().as_secs_f64());
@@ -344,7 +345,8 @@ fn failed_and_interrupted_builds_leave_nothing() {
     child.stderr.take().unwrap().read_to_string(&mut err).unwrap();
     assert_eq!(status.code(), Some(125), "{err}");
     assert!(err.contains("interrupted"), "{err}");
-    assert!(t.elapsed() < Duration::from_secs(10), "took {:?} to stop", t.elapsed());
+    // Seconds, not the minutes debootstrap would take (generous: a busy machine's disk).
+    assert!(t.elapsed() < Duration::from_secs(60), "took {:?} to stop", t.elapsed());
     assert_eq!(store_entries(&home), Vec::<String>::new());
     assert_no_mounts_or_processes(&home);
 

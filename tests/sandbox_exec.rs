@@ -562,9 +562,10 @@ fn shell_has_a_real_terminal_with_resizes_and_job_control() {
     let raw = t.termios();
     assert!(!raw.local_flags.contains(nix::sys::termios::LocalFlags::ICANON), "ours is raw while the job runs");
     t.resize(40, 100);
-    std::thread::sleep(Duration::from_millis(300));
-    t.send(b"stty size\n");
-    at = t.expect_after(at, "40 100", LONG);
+    // Until the resize has come through (30 s at most: a busy machine); the typed line
+    // does not contain what it prints.
+    t.send(b"n=0; until [ \"$(stty size)\" = \"40 100\" ] || [ $n -ge 300 ]; do sleep 0.1; n=$((n+1)); done; stty size | tr ' ' x\n");
+    at = t.expect_after(at, "40x100", LONG);
     // Job control: a background job brought to the foreground, then Ctrl-C: only it gets
     // the SIGINT, the shell carries on.
     t.send(b"sleep 30 &\n");

@@ -367,11 +367,16 @@ impl FakeAzure {
     /// Marks a queued job as served elsewhere (assigned and finished with `result`), as
     /// if an agent outside the test had run it.
     pub fn finish_job_elsewhere(&self, id: u64, result: &str) {
+        self.finish_jobs_elsewhere(&[id], result);
+    }
+    /// [`FakeAzure::finish_job_elsewhere`] of each of `ids` at once: no reader of the queue
+    /// sees some finished and the others not.
+    pub fn finish_jobs_elsewhere(&self, ids: &[u64], result: &str) {
         let mut s = self.st();
         let t = iso(SystemTime::now());
-        if let Some(j) = s.jobs.iter_mut().find(|j| j.id == id) {
+        for j in s.jobs.iter_mut().filter(|j| ids.contains(&j.id)) {
             j.assigned = Some((0, "elsewhere".into(), t.clone()));
-            j.finished = Some((t, result.into()));
+            j.finished = Some((t.clone(), result.into()));
         }
     }
     /// Ids of the jobs not yet handed to an agent.
