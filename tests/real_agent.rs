@@ -363,6 +363,22 @@ fn unpacked(variant: &Variant) -> tempfile::TempDir {
 fn sh(dir: &Path, script: &str, args: &[&str], env: &[(&str, &str)]) -> Command {
     let mut c = Command::new(dir.join(script));
     c.args(args).current_dir(dir).stdin(Stdio::null()).env_remove("AGENT_ALLOW_RUNASROOT");
+    // As a service manager starts it: SIGINT and SIGQUIT at their defaults. A test run
+    // started in the background of a shell without job control inherits them ignored,
+    // and bash cannot trap a signal ignored at its start: the listener never heard of
+    // the tests' SIGINT (two failures of a CI rehearsal started that way).
+    use std::os::unix::process::CommandExt;
+    // SAFETY: between fork and exec, only signal(2), which is async-signal-safe.
+    unsafe {
+        c.pre_exec(|| {
+            for sig in [libc::SIGINT, libc::SIGQUIT] {
+                if libc::signal(sig, libc::SIG_DFL) == libc::SIG_ERR {
+                    return Err(std::io::Error::last_os_error());
+                }
+            }
+            Ok(())
+        });
+    }
     for (k, v) in env {
         c.env(k, v);
     }
