@@ -483,7 +483,7 @@ fn gc_with(home: &Home, scan_orphan_layers: bool) -> Result<(GcReport, bool)> {
     let mut live = std::collections::HashSet::new();
     for entry in read_dir_or_empty(&home.jobs_dir()) {
         let job = JobDir::at(home, &entry);
-        if JobDir::is_staging(&entry) && (job.is_live() || younger_than(&entry, std::time::Duration::from_secs(60))) {
+        if JobDir::is_staging(&entry) && staging_not_abandoned(&job, &entry) {
             continue;
         }
         let id = entry.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
@@ -543,11 +543,23 @@ fn lock_gc(home: &Home) -> Result<nix::fcntl::Flock<std::fs::File>> {
         .map_err(|(_, e)| anyhow::anyhow!("cannot lock {}: {e}", path.display()))
 }
 
-fn younger_than(path: &Path, age: std::time::Duration) -> bool {
-    std::fs::metadata(path)
-        .and_then(|m| m.modified())
-        .map(|t| t.elapsed().map(|e| e < age).unwrap_or(true))
-        .unwrap_or(false)
+/// A staging record (see `JobDir::create`) is a live job's unless it is still there,
+/// unlocked and older than a create takes. One that is gone since the listing was
+/// renamed into place (or removed by its own create's failure): its layers are the
+/// new job's. Taken for abandoned, they were removed under a job of another `exec` of
+/// the same home that was about to use them (a CI rehearsal: `d02`, its upper dir
+/// gone, "ENOENT"). One not locked yet, or just locked: its create is under way.
+fn staging_not_abandoned(job: &JobDir, entry: &Path) -> bool {
+    job.is_live() || !older_than(entry, STAGING_ABANDONED_AFTER)
+}
+
+/// How old an unlocked staging record must be to be taken for abandoned.
+const STAGING_ABANDONED_AFTER: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// True only for a path that is there and was last changed at least `age` ago.
+fn older_than(path: &Path, age: std::time::Duration) -> bool {
+    let age_of = |m: std::fs::Metadata| m.modified().ok().and_then(|t| t.elapsed().ok());
+    std::fs::metadata(path).ok().and_then(age_of).is_some_and(|e| e >= age)
 }
 
 fn read_dir_or_empty(dir: &Path) -> Vec<PathBuf> {
@@ -557,6 +569,24 @@ fn read_dir_or_empty(dir: &Path) -> Vec<PathBuf> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_staging_record_gone_fresh_or_locked_is_not_abandoned_an_old_unlocked_one_is() {
+        let d = tempfile::tempdir().unwrap();
+        let entry = d.path().join(".new-job-1");
+        let job = JobDir { root: entry.clone(), layers: d.path().join("layers"), mount: d.path().join("mnt") };
+        // Renamed into place since the listing (or never there): not gc's.
+        assert!(staging_not_abandoned(&job, &entry));
+        std::fs::create_dir(&entry).unwrap();
+        assert!(staging_not_abandoned(&job, &entry), "fresh: its create is under way");
+        let old = std::time::SystemTime::now() - std::time::Duration::from_secs(120);
+        std::fs::File::open(&entry).unwrap().set_modified(old).unwrap();
+        assert!(!staging_not_abandoned(&job, &entry), "old and unlocked: abandoned");
+        let lock = std::fs::File::create(job.lock_file()).unwrap();
+        std::fs::File::open(&entry).unwrap().set_modified(old).unwrap();
+        let _held = nix::fcntl::Flock::lock(lock, nix::fcntl::FlockArg::LockExclusiveNonblock).unwrap();
+        assert!(staging_not_abandoned(&job, &entry), "locked: live");
+    }
 
     #[test]
     fn exec_looks_for_orphan_layers_once_per_runtime_dir_and_gc_always() {
