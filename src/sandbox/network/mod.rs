@@ -661,8 +661,11 @@ fn loopback_proxy(url: &str) -> Option<(&str, u16, Ipv4Addr)> {
 /// next gc. The kernel removes a link with its namespace, in one worker that tears down
 /// every namespace of the host in turn: on a busy host (the escape suite, four tests at
 /// a time, some of whose namespaces hold thousands of tracked connections) a job killed
-/// by gc still had its link after the next gc's 2 s (`t16`, once in a CI run).
-const LINKS_GRACE: std::time::Duration = std::time::Duration::from_secs(10);
+/// by gc still had its link after the next gc's 2 s (`t16`, once in a CI run), and the
+/// last job of a `run` still had its link 10 s after the run's end (a CI rehearsal of
+/// `a_firewall_reload_keeps_the_runs_allowed_destinations`). It only waits while a
+/// job's link is there.
+const LINKS_GRACE: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// gc's part (and the end of `run`'s): the host's table when no job link is left, and
 /// the tracked connections of killed jobs whose links are gone (see [`forget::sweep`]).
