@@ -697,9 +697,7 @@ fn route_ipv6_to_job(host: &Socket, v: &Veth, v6: &Veth6, index: i32, address: I
     let mut m = Message::route6(nl::NLM_F_CREATE | nl::NLM_F_EXCL, 128, nl::RT_SCOPE_UNIVERSE, nl::RTN_UNICAST);
     m.attr_ipv6(nl::RTA_DST, a).attr_u32(nl::RTA_OIF, index as u32);
     host.request(m).map_err(|source| Error::AddHostRoute { route: format!("{a}/128 dev {index}"), source })?;
-    let mut m = Message::neigh(nl::NLM_F_CREATE | nl::NLM_F_REPLACE, nl::AF_INET6, index, nl::NUD_PERMANENT);
-    m.attr_ipv6(nl::NDA_DST, a).attr(nl::NDA_LLADDR, &v.job_mac);
-    host.request(m).map_err(|source| Error::AddNeighbour { addr: a.into(), source })?;
+    permanent_neighbour(host, index, a.into(), &v.job_mac)?;
     Ok(a)
 }
 
@@ -718,9 +716,7 @@ fn configure_job_ipv6(job: &Socket, v: &Veth, v6: &Veth6, address: Ipv6Addr) -> 
     );
     m.attr_ipv6(nl::IFA_LOCAL, address).attr_ipv6(nl::IFA_ADDRESS, address);
     job.request(m).map_err(|source| Error::AddAddress { addr: address.into(), source })?;
-    let mut m = Message::neigh(nl::NLM_F_CREATE | nl::NLM_F_REPLACE, nl::AF_INET6, JOB_IFINDEX, nl::NUD_PERMANENT);
-    m.attr_ipv6(nl::NDA_DST, v6.gateway).attr(nl::NDA_LLADDR, &v.host_mac);
-    job.request(m).map_err(|source| Error::AddNeighbour { addr: v6.gateway.into(), source })?;
+    permanent_neighbour(job, JOB_IFINDEX, v6.gateway.into(), &v.host_mac)?;
     let mut m = Message::route6(nl::NLM_F_CREATE | nl::NLM_F_EXCL, 0, nl::RT_SCOPE_UNIVERSE, nl::RTN_UNICAST);
     m.attr_ipv6(nl::RTA_GATEWAY, v6.gateway).attr_u32(nl::RTA_OIF, JOB_IFINDEX as u32);
     job.request(m)
@@ -1076,7 +1072,7 @@ fn still_the_jobs(
 /// was none. For the host end of a job whose processes are gone: the kernel removes it
 /// with the job's namespace, but in one worker that tears down every namespace of the
 /// host in turn (on a busy host a killed job's link outlived its clean-up's wait and
-/// gc's 10 s, which left the host's table: `t16`, once in a CI rehearsal), and never
+/// gc's wait, which left the host's table: `t16`, once in a CI rehearsal), and never
 /// while something still holds the namespace (an fd, a bind mount).
 pub fn remove_link(name: &str) -> Result<bool> {
     let mut m = Message::link(nl::RTM_DELLINK, 0, 0, 0, 0);
@@ -1208,9 +1204,26 @@ fn claim_order(v: &Veth) -> impl Iterator<Item = Ipv4Addr> + '_ {
 /// job after its start. Known at once, they reach a namespace where nothing listens yet.
 /// Made right after the claim: an entry a packet made meanwhile is replaced.
 fn job_end_neighbour(host: &Socket, v: &Veth, index: i32, address: Ipv4Addr) -> Result<()> {
-    let mut m = Message::neigh(nl::NLM_F_CREATE | nl::NLM_F_REPLACE, nl::AF_INET, index, nl::NUD_PERMANENT);
-    m.attr_ipv4(nl::NDA_DST, address).attr(nl::NDA_LLADDR, &v.job_mac);
-    host.request(m).map_err(|source| Error::AddNeighbour { addr: address.into(), source })
+    permanent_neighbour(host, index, address.into(), &v.job_mac)
+}
+
+/// A permanent neighbour entry on link `index` of `s`'s namespace: `addr` at `mac`,
+/// never asked for (ARP, NDP); one already there is replaced.
+fn permanent_neighbour(s: &Socket, index: i32, addr: std::net::IpAddr, mac: &[u8; 6]) -> Result<()> {
+    let mut m = match addr {
+        std::net::IpAddr::V4(a) => {
+            let mut m = Message::neigh(nl::NLM_F_CREATE | nl::NLM_F_REPLACE, nl::AF_INET, index, nl::NUD_PERMANENT);
+            m.attr_ipv4(nl::NDA_DST, a);
+            m
+        }
+        std::net::IpAddr::V6(a) => {
+            let mut m = Message::neigh(nl::NLM_F_CREATE | nl::NLM_F_REPLACE, nl::AF_INET6, index, nl::NUD_PERMANENT);
+            m.attr_ipv6(nl::NDA_DST, a);
+            m
+        }
+    };
+    m.attr(nl::NDA_LLADDR, mac);
+    s.request(m).map_err(|source| Error::AddNeighbour { addr, source })
 }
 
 fn configure_job_end(job: &Socket, v: &Veth, address: Ipv4Addr) -> Result<()> {
@@ -1222,9 +1235,7 @@ fn configure_job_end(job: &Socket, v: &Veth, address: Ipv4Addr) -> Result<()> {
     job.request(m).map_err(|source| Error::AddAddress { addr: address.into(), source })?;
     job.request(Message::link(nl::RTM_NEWLINK, 0, JOB_IFINDEX, nl::IFF_UP, nl::IFF_UP)).map_err(link)?;
     // The gateway is the host end: on the link, at the host end's MAC, without ARP.
-    let mut m = Message::neigh(nl::NLM_F_CREATE | nl::NLM_F_REPLACE, nl::AF_INET, JOB_IFINDEX, nl::NUD_PERMANENT);
-    m.attr_ipv4(nl::NDA_DST, v.gateway).attr(nl::NDA_LLADDR, &v.host_mac);
-    job.request(m).map_err(|source| Error::AddNeighbour { addr: v.gateway.into(), source })?;
+    permanent_neighbour(job, JOB_IFINDEX, v.gateway.into(), &v.host_mac)?;
     let mut m = Message::route(nl::NLM_F_CREATE | nl::NLM_F_EXCL, 32, nl::RT_SCOPE_LINK, nl::RTN_UNICAST);
     m.attr_ipv4(nl::RTA_DST, v.gateway).attr_u32(nl::RTA_OIF, JOB_IFINDEX as u32);
     job.request(m).map_err(|source| Error::AddRoute { route: format!("{}/32 dev eth0", v.gateway), source })?;
