@@ -292,6 +292,35 @@ int main(int argc, char **argv) {
       }
       if (s >= 0) close(s);
     }
+    else if (!strcmp(op, "udp-hosts")) {
+      /* udp-hosts:IP:N:ROUNDS:MS: one UDP datagram to each of the N addresses from IP up
+         (port 9), one socket; ROUNDS rounds, MS ms apart. Nobody answers there: each
+         address is a neighbour the host that forwards them must resolve, and each round
+         asks again. IPv6 too, written with '-' for ':' (the token's separator): the
+         address's last four bytes are counted up. */
+      char ip[64];
+      snprintf(ip, sizeof ip, "%s", a[1]);
+      for (char *c = ip; *c; c++) if (*c == '-') *c = ':';
+      int six = strchr(ip, ':') != NULL;
+      struct sockaddr_in sa = { .sin_family = AF_INET, .sin_port = htons(9) };
+      struct sockaddr_in6 sa6 = { .sin6_family = AF_INET6, .sin6_port = htons(9) };
+      inet_pton(six ? AF_INET6 : AF_INET, ip, six ? (void *)&sa6.sin6_addr : (void *)&sa.sin_addr);
+      uint32_t first;
+      memcpy(&first, six ? (void *)&sa6.sin6_addr.s6_addr[12] : (void *)&sa.sin_addr.s_addr, 4);
+      first = ntohl(first);
+      long n = atol(a[2]), rounds = atol(a[3]);
+      int s = socket(six ? AF_INET6 : AF_INET, SOCK_DGRAM, 0);
+      r = 0;
+      for (long k = 0; k < rounds && r == 0; k++) {
+        if (k) usleep(atol(a[4]) * 1000);
+        for (long j = 0; j < n && r == 0; j++) {
+          uint32_t at = htonl(first + j);
+          memcpy(six ? (void *)&sa6.sin6_addr.s6_addr[12] : (void *)&sa.sin_addr.s_addr, &at, 4);
+          r = sendto(s, "n", 1, 0, six ? (struct sockaddr *)&sa6 : (struct sockaddr *)&sa, six ? sizeof sa6 : sizeof sa) == 1 ? 0 : -1;
+        }
+      }
+      close(s);
+    }
     else if (!strcmp(op, "udp-stream")) {
       /* udp-stream:IP:PORT:N: N datagrams to IP:PORT from one socket (one flow), 200 us
          apart. */

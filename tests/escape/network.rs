@@ -830,6 +830,94 @@ fn t56_a_job_cannot_keep_the_hosts_resolver_to_itself() {
     h.assert_no_residue(&[]);
 }
 
+/// How many entries the fake host's neighbour table has on `link` for addresses that
+/// begin with `prefix` (any state: an unresolved one holds its place as a resolved one).
+fn neighbours(lab: &NetLab, link: &str, prefix: &str) -> usize {
+    let o = Command::new("ip").args(["-n", &lab.host, "neigh", "show", "dev", link]).output().unwrap();
+    String::from_utf8_lossy(&o.stdout).lines().filter(|l| l.starts_with(prefix)).count()
+}
+
+#[test]
+#[cfg_attr(not(test_as_root), ignore = "needs root: creates real sandboxes and network namespaces")]
+fn t58_a_job_cannot_fill_the_hosts_neighbour_table() {
+    require_root!();
+    // Rootless jobs have no host table: pasta opens their flows as its own sockets.
+    root_mode_only!();
+    let lab = or_skip!(NetLab::new());
+    // Jobs reach what the host routes to, its LAN included. A datagram to each unused
+    // address of a prefix on the host's uplink made the host resolve each one (ARP, a
+    // broadcast each), and resending on the same flows (neither rated nor counted after
+    // their first packet) kept them unresolved: the kernel's neighbour table (1024
+    // entries by default, shared by every namespace of the host) filled, and the host
+    // could no longer reach new neighbours, its router's included once its entry went
+    // stale (a red-team pass, by reading). The prefix: one routed on the fake host's
+    // uplink, where nobody answers for these addresses.
+    lab.host_ip(&["route", "add", "198.19.0.0/22", "dev", &lab.host_uplink()]);
+    spray_neighbours(
+        &lab,
+        "net-neigh",
+        "198.19.0.1",
+        "198.19.",
+        &get(&format!("http://{INTERNET_IP}/")),
+        INTERNET_BODY,
+    );
+}
+
+#[test]
+#[cfg_attr(not(test_as_root), ignore = "needs root: creates real sandboxes and network namespaces")]
+fn t59_a_job_cannot_fill_the_hosts_ipv6_neighbour_table() {
+    require_root!();
+    root_mode_only!();
+    let lab = or_skip!(NetLab::new_v6());
+    // t58 over IPv6: the uplink's /64 (2001:2:0:1::/64 in the lab; a router
+    // advertisement's prefix on a real host), neighbour discovery instead of ARP.
+    let fetch = format!(
+        "echo v6=$(printf 'GET / HTTP/1.0\\r\\n\\r\\n' | timeout 4 nc {} 80 2>&1 | grep -c {INTERNET_BODY})",
+        netlab::DUAL_IPV6
+    );
+    spray_neighbours(&lab, "net6-neigh", "2001-2-0-1--a-0", "2001:2:0:1::a:", &fetch, "v6=1");
+}
+
+/// A job of a new home of `name` that runs `fetch` (whose output has `fetched` once it
+/// worked), sends a datagram to each of 300 addresses from `first` up six times a
+/// second apart, then runs `fetch` again; meanwhile the test samples the fake host's
+/// neighbour entries on its uplink for addresses that begin with `prefix`. At most the
+/// job's burst (32) and one a second of its time may be there, the rest dropped and
+/// counted; `fetch` works both times (the router is one next hop).
+fn spray_neighbours(lab: &NetLab, name: &str, first: &str, prefix: &str, fetch: &str, fetched: &str) {
+    let h = home(name);
+    let uplink = lab.host_uplink();
+    const SPRAY: usize = 300;
+    let spray = toks(&[&format!("udp-hosts:{first}:{SPRAY}:6:1000")]);
+    let script = format!("{fetch}; {}; {fetch}", probe(&spray));
+    let mut c = h.lab_command(lab);
+    c.args(["exec", "--rootfs", "esc", "--", "sh", "-c", &script]);
+    let started = std::time::Instant::now();
+    let mut job = HostProc(c.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap());
+    let mut most = 0;
+    while job.0.try_wait().unwrap().is_none() {
+        most = most.max(neighbours(lab, &uplink, prefix));
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let secs = started.elapsed().as_secs_f64();
+    let o = job.output();
+    let out = String::from_utf8_lossy(&o.stdout).into_owned();
+    assert!(o.status.success(), "{out} {}", String::from_utf8_lossy(&o.stderr));
+    assert_eq!(probe_results(&out)[&spray[0]], "OK", "{out}");
+    most = most.max(neighbours(lab, &uplink, prefix));
+    // The job's first 32 new next hops at once, then one a second of its time; each is
+    // remembered 30 s (longer than the job).
+    let bound = 32 + secs.ceil() as usize + 2;
+    let refused = refused_by(lab, "over_nexthops");
+    eprintln!(
+        "{name}: the host resolved {most} of the job's {SPRAY} neighbours in {secs:.1} s; {refused} packets dropped"
+    );
+    assert!(most <= bound, "the host resolved {most} of the job's {SPRAY} neighbours in {secs:.1} s, over {bound}");
+    assert!(refused > 0, "{out}");
+    assert_eq!(out.matches(fetched).count(), 2, "{out}");
+    h.assert_no_residue(&[]);
+}
+
 #[test]
 #[cfg_attr(not(test_as_root), ignore = "needs root: creates real sandboxes and network namespaces")]
 fn t51_an_exec_makes_the_hosts_table_again_after_a_firewall_reload() {

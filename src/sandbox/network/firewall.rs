@@ -245,7 +245,8 @@ pub fn script(subnet: Ipv4Net, gateway: Ipv4Addr, services: &[HostService], forw
 
 fn comment(subnet: Ipv4Net, forwarding_was_off: bool) -> String {
     let mut c = format!(
-        "azp-sandbox jobs: subnet {subnet}, {HAS_IPV6_RULES}, {OWN_DNAT_ONLY}, {LIMITS_FLOWS}, {LIMITS_FLOW_RATE}, {LIMITS_DNS_RATE}"
+        "azp-sandbox jobs: subnet {subnet}, {HAS_IPV6_RULES}, {OWN_DNAT_ONLY}, {LIMITS_FLOWS}, {LIMITS_FLOW_RATE}, {LIMITS_DNS_RATE}, {}",
+        super::nexthops::MARKER
     );
     if forwarding_was_off {
         c.push_str(&format!(", {FORWARDING_WAS_OFF}"));
@@ -307,15 +308,7 @@ fn flows_script(limit: u64) -> String {
     for set in [JOB_NEW_FLOWS, JOB_DNS, JOB_DNS_BYTES] {
         s += &format!("add set inet {TABLE} {set} {{ type ifname; flags dynamic,timeout; timeout 1h; size 65535; }}\n");
     }
-    // Said once a minute at most, then refused (or dropped) and counted.
-    let refuse = |chain: &str, why: String, verdict: &str| {
-        format!(
-            "add chain inet {TABLE} {chain}\n\
-             add rule inet {TABLE} {chain} limit rate 1/minute burst 1 packets \
-             log prefix \"azp-sandbox: a job {why}: \" level warn\n\
-             add rule inet {TABLE} {chain} counter {verdict}\n"
-        )
-    };
+    let refuse = refusal_chain;
     const REJECT: &str = "reject with icmpx type admin-prohibited";
     s += &refuse("over_flows", format!("is at its limit of {limit} connections"), REJECT);
     s += &refuse("over_rate", format!("opens more than {NEW_FLOWS_PER_SECOND} connections a second"), REJECT);
@@ -345,6 +338,31 @@ fn flows_script(limit: u64) -> String {
         }
     }
     s
+}
+
+/// A chain that refuses (`verdict`) what jumps to it, counted, and says so in the kernel
+/// log once a minute at most: "azp-sandbox: a job {why}: ".
+pub(super) fn refusal_chain(chain: &str, why: String, verdict: &str) -> String {
+    format!(
+        "add chain inet {TABLE} {chain}\n\
+         add rule inet {TABLE} {chain} limit rate 1/minute burst 1 packets \
+         log prefix \"azp-sandbox: a job {why}: \" level warn\n\
+         add rule inet {TABLE} {chain} counter {verdict}\n"
+    )
+}
+
+/// Adds [`super::nexthops::script`] to the table just made. Whether it could: a kernel
+/// without `nft_rt` keeps the rest of the table, and the warning says what is missing.
+fn limit_nexthops(nft: &Path) -> bool {
+    run_nft(nft, &super::nexthops::script())
+        .map_err(|e| {
+            tracing::warn!(
+                "jobs' network: how many of the host's neighbours a job makes it resolve is not limited ({e:#}): \
+                 one job can fill the host's neighbour table; the kernel needs nft_rt and nft_limit \
+                 (CONFIG_NFT_RT, CONFIG_NFT_LIMIT); once it has them, stop the jobs and run `azp-sandbox gc`"
+            )
+        })
+        .is_ok()
 }
 
 /// Adds [`flows_script`] to the table just made (which loaded conntrack: its maximum is
@@ -531,16 +549,18 @@ pub fn ensure(
         }
         run_nft(&nft, &script(subnet, gateway, &services(), forwarding_was_off))?;
         let flows = limit_flows(&nft);
+        let nexthops = limit_nexthops(&nft);
         if turn_on {
             forwarding::set_ipv4_forwarding(true)?;
         }
         tracing::info!(
-            "jobs' network: made the nftables table inet {TABLE} (subnet {subnet}{}{})",
+            "jobs' network: made the nftables table inet {TABLE} (subnet {subnet}{}{}{})",
             flows
                 .map(|f| format!(
                     "; {f} tracked connections per job, {NEW_FLOWS_PER_SECOND} new a second past that many"
                 ))
                 .unwrap_or_default(),
+            if nexthops { format!("; {}", super::nexthops::summary()) } else { String::new() },
             if forwarding_was_off { "; IPv4 forwarding turned on until it is removed" } else { "" }
         );
     }
@@ -625,6 +645,9 @@ fn outdated(comment: &str) -> Option<String> {
     }
     if has_marker(comment, LIMITS_FLOWS) && !has_marker(comment, LIMITS_DNS_RATE) {
         lacks.push("does not limit each job's DNS queries (a job can keep the host's resolver busy)");
+    }
+    if !has_marker(comment, super::nexthops::MARKER) {
+        lacks.push("does not limit how many of the host's neighbours each job makes it resolve (a job can fill its neighbour table)");
     }
     (!lacks.is_empty()).then(|| lacks.join(", and "))
 }
@@ -820,7 +843,7 @@ mod tests {
         let s = script(net(), Ipv4Addr::new(10, 87, 0, 1), &dns(Ipv4Addr::new(127, 0, 0, 53)), true);
         assert!(
             s.starts_with(
-                "table inet azp-sandbox {\n  comment \"azp-sandbox jobs: subnet 10.87.0.0/16, ipv6, own-dnat, flows, flow-rate, dns-rate, ip_forward was 0\"\n"
+                "table inet azp-sandbox {\n  comment \"azp-sandbox jobs: subnet 10.87.0.0/16, ipv6, own-dnat, flows, flow-rate, dns-rate, nexthops, ip_forward was 0\"\n"
             ),
             "{s}"
         );
@@ -935,20 +958,34 @@ mod tests {
     fn an_older_table_is_said_with_what_it_lacks() {
         let now = comment(net(), false);
         assert_eq!(outdated(&now), None);
+        const NEIGHBOURS: &str = "does not limit how many of the host's neighbours each job makes it resolve \
+                                  (a job can fill its neighbour table)";
         assert_eq!(
             outdated("azp-sandbox jobs: subnet 10.87.0.0/16, ipv6, own-dnat").as_deref(),
-            Some("does not limit each job's tracked connections")
+            Some(format!("does not limit each job's tracked connections, and {NEIGHBOURS}").as_str())
         );
         assert_eq!(
             outdated("azp-sandbox jobs: subnet 10.87.0.0/16, ipv6, own-dnat, flows").as_deref(),
             Some(
-                "does not limit how fast each job opens connections (a job at its limit can keep a CPU busy), \
-                 and does not limit each job's DNS queries (a job can keep the host's resolver busy)"
+                format!(
+                    "does not limit how fast each job opens connections (a job at its limit can keep a CPU busy), \
+                     and does not limit each job's DNS queries (a job can keep the host's resolver busy), and {NEIGHBOURS}"
+                )
+                .as_str()
             )
         );
         assert_eq!(
             outdated("azp-sandbox jobs: subnet 10.87.0.0/16, ipv6, own-dnat, flows, flow-rate").as_deref(),
-            Some("does not limit each job's DNS queries (a job can keep the host's resolver busy)")
+            Some(
+                format!(
+                    "does not limit each job's DNS queries (a job can keep the host's resolver busy), and {NEIGHBOURS}"
+                )
+                .as_str()
+            )
+        );
+        assert_eq!(
+            outdated("azp-sandbox jobs: subnet 10.87.0.0/16, ipv6, own-dnat, flows, flow-rate, dns-rate").as_deref(),
+            Some(NEIGHBOURS)
         );
         let both = outdated("azp-sandbox jobs: subnet 10.87.0.0/16, ipv6").unwrap();
         assert!(both.starts_with("lets jobs reach host services other DNAT rules forward to, and does not"), "{both}");

@@ -45,6 +45,7 @@ pub mod forget;
 pub mod forward_record;
 pub mod ipv6;
 pub mod job;
+pub mod nexthops;
 pub mod table_keeper;
 pub mod watch;
 
