@@ -851,13 +851,13 @@ fn t58_a_job_cannot_fill_the_hosts_neighbour_table() {
     // entries by default, shared by every namespace of the host) filled, and the host
     // could no longer reach new neighbours, its router's included once its entry went
     // stale (a red-team pass, by reading). The prefix: one routed on the fake host's
-    // uplink, where nobody answers for these addresses.
-    lab.host_ip(&["route", "add", "198.19.0.0/22", "dev", &lab.host_uplink()]);
+    // uplink, clear of the lab's own addresses: nobody answers for them there.
+    lab.host_ip(&["route", "add", "198.18.4.0/22", "dev", &lab.host_uplink()]);
     spray_neighbours(
         &lab,
         "net-neigh",
-        "198.19.0.1",
-        "198.19.",
+        "198.18.4.1",
+        "198.18.4.",
         &get(&format!("http://{INTERNET_IP}/")),
         INTERNET_BODY,
     );

@@ -27,6 +27,9 @@
 //!   retried a second later), and the kernel log says so, once a minute at most; and
 //!   holds each job's packets and bytes to port 53 (queries after a flow's first ride
 //!   it) to [`DNS_PACKETS_PER_SECOND`] and [`DNS_KBYTES_PER_SECOND`], dropping the rest;
+//! - holds each job to a few new next hops (its router, or the host's LAN neighbours) at
+//!   a time, so that it cannot fill the host's neighbour table, and drops what conntrack
+//!   calls invalid from jobs (see [`super::nexthops`]);
 //! - when it had to turn IPv4 forwarding on (net.ipv4.ip_forward was 0), drops forwarded
 //!   IPv4 traffic that involves no job link (the host does not become a router for
 //!   others), and the table's comment says so: whoever removes the table turns
@@ -308,12 +311,11 @@ fn flows_script(limit: u64) -> String {
     for set in [JOB_NEW_FLOWS, JOB_DNS, JOB_DNS_BYTES] {
         s += &format!("add set inet {TABLE} {set} {{ type ifname; flags dynamic,timeout; timeout 1h; size 65535; }}\n");
     }
-    let refuse = refusal_chain;
     const REJECT: &str = "reject with icmpx type admin-prohibited";
-    s += &refuse("over_flows", format!("is at its limit of {limit} connections"), REJECT);
-    s += &refuse("over_rate", format!("opens more than {NEW_FLOWS_PER_SECOND} connections a second"), REJECT);
+    s += &refusal_chain("over_flows", format!("is at its limit of {limit} connections"), REJECT);
+    s += &refusal_chain("over_rate", format!("opens more than {NEW_FLOWS_PER_SECOND} connections a second"), REJECT);
     let why = format!("sends more than {DNS_PACKETS_PER_SECOND} DNS packets or {DNS_KBYTES_PER_SECOND} KB a second");
-    s += &refuse("over_dns", why, "drop");
+    s += &refusal_chain("over_dns", why, "drop");
     let to_dns = "iifname \"azp*\" meta l4proto { tcp, udp } th dport 53";
     // Each is inserted first in both chains, so the last of these comes first there.
     let rules = [
@@ -352,14 +354,14 @@ pub(super) fn refusal_chain(chain: &str, why: String, verdict: &str) -> String {
 }
 
 /// Adds [`super::nexthops::script`] to the table just made. Whether it could: a kernel
-/// without `nft_rt` keeps the rest of the table, and the warning says what is missing.
+/// that refuses it keeps the rest of the table, and the warning says what is missing.
 fn limit_nexthops(nft: &Path) -> bool {
     run_nft(nft, &super::nexthops::script())
         .map_err(|e| {
             tracing::warn!(
                 "jobs' network: how many of the host's neighbours a job makes it resolve is not limited ({e:#}): \
-                 one job can fill the host's neighbour table; the kernel needs nft_rt and nft_limit \
-                 (CONFIG_NFT_RT, CONFIG_NFT_LIMIT); once it has them, stop the jobs and run `azp-sandbox gc`"
+                 one job can fill the host's neighbour table; the kernel needs nft_limit (CONFIG_NFT_LIMIT) \
+                 and nftables' rt expression; once it has them, stop the jobs and run `azp-sandbox gc`"
             )
         })
         .is_ok()

@@ -14,15 +14,25 @@
 //!
 //! What bounds it: each job's forwarded packets that are still `new` to conntrack (a
 //! flow's first packet, and every packet of a flow that had no reply yet, so resends
-//! too) meet a set of the next hops (`rt ip nexthop`: the router for what is routed,
-//! the address itself on the host's own links) the job sent to in the last
-//! [`REMEMBERED_SECS`]. A next hop not in it costs a token of the job's bucket
-//! ([`BURST`], refilled at [`PER_SECOND`]); without one the packet is dropped, counted,
-//! and the kernel log says so once a minute. So a job keeps at most
-//! `BURST + PER_SECOND * REMEMBERED_SECS` of the host's neighbours busy at a time; a
-//! job's traffic to the internet is one next hop (the router), and connections that had
-//! a reply never meet the set. Dropped, not refused: a refusal per packet would spend
-//! the host's ICMP budget for every slot.
+//! too), or untracked, and leave by a link that resolves its neighbours (Ethernet and
+//! what looks like it: bridges, bonds, VLANs; InfiniBand) meet a set of the next hops
+//! (`rt ip nexthop`: the router for what is routed, the address itself on the host's
+//! own links) the job sent to in the last [`REMEMBERED_SECS`]. A next hop not in it
+//! costs a token of the job's bucket ([`BURST`], refilled at [`PER_SECOND`]); without one
+//! the packet is dropped, counted, and the kernel log says so once a minute. So a job
+//! keeps at most `BURST + PER_SECOND * REMEMBERED_SECS` of the host's neighbours busy
+//! at a time. A job's traffic to the internet is one next hop (the router: a token once
+//! per 30 s at most), and connections that had a reply never meet the set. Links without
+//! neighbours (a default route on WireGuard, tun or PPP, where every address would be a
+//! next hop of its own) are left out: nothing to fill there. Dropped, not refused: a
+//! refusal per packet would spend the host's ICMP budget for every slot. First in the
+//! forward chain, before the rate of new flows: a packet dropped here is never
+//! confirmed, and each resend would spend a token of that rate too.
+//!
+//! And what conntrack calls invalid (a packet of no connection it can track: an SCTP
+//! ABORT of an association whose INIT was dropped, a TCP segment outside the window) is
+//! dropped: it would meet neither the flows' limits nor the set, and it would leave
+//! unmasqueraded, from the job's own address (Kubernetes' kube-proxy drops it as well).
 //!
 //! Left: rootless jobs (pasta's sockets are the host user's own; no host table); the
 //! bound is per job, so a node with more than `gc_thresh3 / 62` slots that all do it
@@ -41,23 +51,30 @@ const PER_SECOND: u64 = 1;
 /// refreshed by later packets: a job that kept every next hop it ever reached alive would
 /// grow its share without bound.
 const REMEMBERED_SECS: u64 = 30;
+/// The sets of the next hops each job sent to (`ifname . address`), and their chains.
+const SET4: &str = "job_nexthops4";
+const SET6: &str = "job_nexthops6";
+const CHAIN4: &str = "nexthops4";
+const CHAIN6: &str = "nexthops6";
+/// The set that holds each job link's bucket of new next hops. Refreshed by every
+/// packet that meets it (`update`): an element that expired an hour after it was made
+/// would come back full under a job that kept using it.
+const BUCKETS: &str = "job_new_nexthops";
+/// The chain of a packet over the bucket.
+const OVER: &str = "over_nexthops";
+/// Link types whose neighbours the kernel resolves: Ethernet (and bridges, bonds,
+/// VLANs, macvlans on it) and InfiniBand (IPoIB, 32: nft has no name for it).
+const RESOLVING_LINKS: &str = "{ ether, 32 }";
+
 /// For the line that says the table was made.
 pub fn summary() -> String {
     format!("{BURST} new next hops per job, {PER_SECOND} a second past that many")
 }
 
-/// The sets of the next hops each job sent to (`ifname . address`).
-const SET4: &str = "job_nexthops4";
-const SET6: &str = "job_nexthops6";
-/// The set that holds each job link's bucket of new next hops.
-const BUCKETS: &str = "job_new_nexthops";
-/// The chain of a packet over the bucket.
-pub const OVER: &str = "over_nexthops";
-
-/// The sets, chains and rules: one chain per family, jumped to from the end of the
-/// forward chain (after every refusal, so only what would leave meets it) by a job's
-/// packets that are `new` to conntrack. One transaction of its own, after the table's:
-/// a kernel without `nft_rt` loses only this.
+/// The sets, chains and rules: one chain per family, jumped to first in the forward
+/// chain, and the drop of what conntrack calls invalid before it. One transaction of its
+/// own, after the table's and the flows' (whose rules it goes before): a kernel that
+/// refuses it loses only this.
 pub fn script() -> String {
     let mut s =
         format!("add set inet {TABLE} {BUCKETS} {{ type ifname; flags dynamic,timeout; timeout 1h; size 65535; }}\n");
@@ -66,18 +83,21 @@ pub fn script() -> String {
         format!("sends to more than {BURST} new next hops, {PER_SECOND} a second past that"),
         "drop",
     );
-    for (family, nfproto, set, addr) in [("ip", "ipv4", SET4, "ipv4_addr"), ("ip6", "ipv6", SET6, "ipv6_addr")] {
-        let chain = &set[4..];
+    for (family, nfproto, set, chain, addr) in
+        [("ip", "ipv4", SET4, CHAIN4, "ipv4_addr"), ("ip6", "ipv6", SET6, CHAIN6, "ipv6_addr")]
+    {
         let hop = format!("iifname . rt {family} nexthop");
         s += &format!(
             "add set inet {TABLE} {set} {{ type ifname . {addr}; flags dynamic,timeout; timeout {REMEMBERED_SECS}s; size 65535; }}\n\
              add chain inet {TABLE} {chain}\n\
              add rule inet {TABLE} {chain} {hop} @{set} return\n\
-             add rule inet {TABLE} {chain} add @{BUCKETS} {{ iifname limit rate over {PER_SECOND}/second burst {BURST} packets }} jump {OVER}\n\
+             add rule inet {TABLE} {chain} update @{BUCKETS} {{ iifname limit rate over {PER_SECOND}/second burst {BURST} packets }} jump {OVER}\n\
              add rule inet {TABLE} {chain} add @{set} {{ {hop} }}\n\
-             add rule inet {TABLE} forward iifname \"azp*\" ct state new meta nfproto {nfproto} jump {chain}\n"
+             insert rule inet {TABLE} forward iifname \"azp*\" ct state {{ new, untracked }} meta oiftype {RESOLVING_LINKS} meta nfproto {nfproto} jump {chain}\n"
         );
     }
+    // Inserted last: first of all.
+    s += &format!("insert rule inet {TABLE} forward iifname \"azp*\" ct state invalid counter drop\n");
     s
 }
 
@@ -90,13 +110,14 @@ mod tests {
         let s = script();
         // Each family: known next hops pass, a new one costs a token (or is dropped) and
         // is remembered 30 s; the chain is jumped to by every packet still new to
-        // conntrack, at the end of forward.
-        for (family, nfproto, set) in [("ip", "ipv4", "job_nexthops4"), ("ip6", "ipv6", "job_nexthops6")] {
-            let chain = &set[4..];
+        // conntrack (or untracked) that leaves by a link with neighbours.
+        for (family, nfproto, set, chain) in
+            [("ip", "ipv4", "job_nexthops4", "nexthops4"), ("ip6", "ipv6", "job_nexthops6", "nexthops6")]
+        {
             let rules = [
                 format!("add rule inet azp-sandbox {chain} iifname . rt {family} nexthop @{set} return\n"),
                 format!(
-                    "add rule inet azp-sandbox {chain} add @job_new_nexthops \
+                    "add rule inet azp-sandbox {chain} update @job_new_nexthops \
                      {{ iifname limit rate over 1/second burst 32 packets }} jump over_nexthops\n"
                 ),
                 format!("add rule inet azp-sandbox {chain} add @{set} {{ iifname . rt {family} nexthop }}\n"),
@@ -111,14 +132,18 @@ mod tests {
                 )),
                 "{s}"
             );
+            assert!(!s.contains(&format!("update @{set}")), "a later packet must not keep a next hop known: {s}");
             assert!(
                 s.contains(&format!(
-                    "add rule inet azp-sandbox forward iifname \"azp*\" ct state new meta nfproto {nfproto} jump {chain}\n"
+                    "insert rule inet azp-sandbox forward iifname \"azp*\" ct state {{ new, untracked }} \
+                     meta oiftype {{ ether, 32 }} meta nfproto {nfproto} jump {chain}\n"
                 )),
-                "appended (add), not inserted: after the refusals: {s}"
+                "first in forward, before the rate of new flows: {s}"
             );
         }
-        assert!(!s.contains("update @"), "a later packet must not keep a next hop known: {s}");
         assert!(s.contains("add rule inet azp-sandbox over_nexthops counter drop\n"), "{s}");
+        // What conntrack calls invalid is dropped before anything else.
+        let invalid = "insert rule inet azp-sandbox forward iifname \"azp*\" ct state invalid counter drop\n";
+        assert!(s.ends_with(invalid), "inserted last, so first: {s}");
     }
 }
