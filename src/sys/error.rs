@@ -324,8 +324,8 @@ pub enum Error {
         #[source]
         source: io::Error,
     },
-    #[error("cannot read the host's nftables set {set} (which job links have tracked connections)")]
-    NftSetDump {
+    #[error("cannot read the host's nftables set {set} (whether the job's link has tracked connections)")]
+    NftSetElement {
         set: &'static str,
         #[source]
         source: Errno,
