@@ -295,8 +295,10 @@ fn flows_per_job(conntrack_max: u64) -> u64 {
 /// and, past a burst of `limit`, to [`NEW_FLOWS_PER_SECOND`] new ones: keyed by the
 /// link's name (one per job); counted by the kernel's connlimit (the count set's element
 /// goes once its link's last connection has), rated by a token bucket per link (refilled
-/// at the rate up to `limit`; its element expires an hour after it was made, so the set
-/// does not fill with the links of jobs long gone). Only a flow's first packet meets
+/// at the rate up to `limit`; its element expires an hour after the link's last flow met
+/// it, so the set does not fill with the links of jobs long gone, and a job that keeps
+/// opening flows never gets a full bucket back: `update`, not `add`, which would let it
+/// expire an hour after it was made). Only a flow's first packet meets
 /// either ([`FIRST_PACKET`]). The rate comes first: a flow it refuses costs no count.
 /// In `input` (what is forwarded to a host service) and `forward` (the rest), first in
 /// both: a flow's first packet meets one of them. Not in prerouting: Linux before 5.11
@@ -321,15 +323,15 @@ fn flows_script(limit: u64) -> String {
     let rules = [
         format!("iifname \"azp*\" {FIRST_PACKET} add @{JOB_FLOWS} {{ iifname ct count over {limit} }} jump over_flows"),
         format!(
-            "iifname \"azp*\" {FIRST_PACKET} add @{JOB_NEW_FLOWS} \
+            "iifname \"azp*\" {FIRST_PACKET} update @{JOB_NEW_FLOWS} \
              {{ iifname limit rate over {NEW_FLOWS_PER_SECOND}/second burst {limit} packets }} jump over_rate"
         ),
         format!(
-            "{to_dns} add @{JOB_DNS} \
+            "{to_dns} update @{JOB_DNS} \
              {{ iifname limit rate over {DNS_PACKETS_PER_SECOND}/second burst {DNS_BURST} packets }} jump over_dns"
         ),
         format!(
-            "{to_dns} add @{JOB_DNS_BYTES} \
+            "{to_dns} update @{JOB_DNS_BYTES} \
              {{ iifname limit rate over {DNS_KBYTES_PER_SECOND} kbytes/second burst {DNS_BURST_KBYTES} kbytes }} \
              jump over_dns"
         ),
@@ -913,7 +915,7 @@ mod tests {
         );
         for chain in ["input", "forward"] {
             let rate = format!(
-                "insert rule inet azp-sandbox {chain} iifname \"azp*\" ct state new ct status & confirmed == 0 add @job_new_flows \
+                "insert rule inet azp-sandbox {chain} iifname \"azp*\" ct state new ct status & confirmed == 0 update @job_new_flows \
                  {{ iifname limit rate over 100/second burst 4096 packets }} jump over_rate\n"
             );
             let count = format!(
@@ -942,13 +944,13 @@ mod tests {
         for chain in ["input", "forward"] {
             let dns = format!(
                 "insert rule inet azp-sandbox {chain} iifname \"azp*\" \
-                 meta l4proto {{ tcp, udp }} th dport 53 add @job_dns {{ iifname limit rate over 200/second burst 1000 packets }} \
+                 meta l4proto {{ tcp, udp }} th dport 53 update @job_dns {{ iifname limit rate over 200/second burst 1000 packets }} \
                  jump over_dns\n"
             );
-            let rate = format!("insert rule inet azp-sandbox {chain} iifname \"azp*\" ct state new ct status & confirmed == 0 add @job_new_flows");
+            let rate = format!("insert rule inet azp-sandbox {chain} iifname \"azp*\" ct state new ct status & confirmed == 0 update @job_new_flows");
             let bytes = format!(
                 "insert rule inet azp-sandbox {chain} iifname \"azp*\" meta l4proto {{ tcp, udp }} th dport 53 \
-                 add @job_dns_bytes {{ iifname limit rate over 32 kbytes/second burst 128 kbytes }} jump over_dns\n"
+                 update @job_dns_bytes {{ iifname limit rate over 32 kbytes/second burst 128 kbytes }} jump over_dns\n"
             );
             assert!(s.find(&rate).unwrap() < s.find(&dns).unwrap(), "{s}");
             assert!(s.find(&dns).unwrap() < s.find(&bytes).unwrap(), "{s}");
