@@ -37,7 +37,7 @@ ip -n fc-job link set azpfcjob up
 ip -n fc-host link set azpfchost up
 rate_rule=""
 if [ "$PER_SECOND" != none ]; then
-    rate_rule="iifname \"azp*\" ct state new ct status & confirmed == 0 add @job_new_flows { iifname limit rate over $PER_SECOND/second burst $LIMIT packets } drop"
+    rate_rule="iifname \"azp*\" ct state new ct status & confirmed == 0 update @job_new_flows { iifname limit rate over $PER_SECOND/second burst $LIMIT packets } drop"
 fi
 ip netns exec fc-host nft -f - <<NFT
 table inet fc {

@@ -992,9 +992,9 @@ pub struct Forgotten {
 /// the host's table. Reading the table walks every bucket of the kernel's one conntrack
 /// hash (its namespaces' entries all in it), 14 ms here with 262144: `look` says when
 /// (at a job's end only where the job's link has an element in the counting set, so a
-/// job that made no connection costs one lookup of its element instead). `Look::Always` first waits
-/// up to [`LINK_GONE_WAIT`] for the job's link to go: until its namespace is gone, the
-/// namespace's sockets may make entries again. Each entry is deleted by its original
+/// job that made no connection costs one lookup of its element instead). `Look::Always`
+/// first waits up to [`LINK_GONE_WAIT`] for the job's link to go: until its namespace is
+/// gone, the namespace's sockets may make entries again. Each entry is deleted by its original
 /// tuple and its id (see [`nl::conntrack_entry`]). What went, what was left to another
 /// link, and whether the job's link was there before or after the read.
 pub fn forget_connections(job: &JobConnections, look: Look) -> Result<Forgotten> {
@@ -1004,10 +1004,7 @@ pub fn forget_connections(job: &JobConnections, look: Look) -> Result<Forgotten>
     let mut link_present = false;
     match look {
         Look::IfCounted => {
-            // The set's key: the link's name, NUL-padded to IFNAMSIZ.
-            let mut key = [0u8; 16];
-            let name = job.link.as_bytes();
-            key[..name.len().min(15)].copy_from_slice(&name[..name.len().min(15)]);
+            let key = nl::ifname_key(&job.link);
             let counted = match s.call(Message::nft_get_set_element(job.table, job.set, &key)) {
                 Ok(_) => true,
                 // No such element, set or table.

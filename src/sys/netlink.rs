@@ -636,6 +636,17 @@ pub fn conntrack_entry(payload: &[u8]) -> Option<(std::net::IpAddr, Message)> {
     Some((src, delete))
 }
 
+/// An interface name as the key of an nftables set of `ifname`s: IFNAMSIZ (16) bytes,
+/// NUL-padded, as the kernel's `iifname` compares it. Names are at most 15 bytes (the
+/// kernel's limit, and every job link's length).
+pub fn ifname_key(name: &str) -> [u8; 16] {
+    debug_assert!(name.len() <= 15, "{name}: an interface name has at most 15 bytes");
+    let mut key = [0u8; 16];
+    let n = name.len().min(15);
+    key[..n].copy_from_slice(&name.as_bytes()[..n]);
+    key
+}
+
 /// Whether an nftables notification (`typ`, `payload`, as [`Listener::drain`] reads them)
 /// deletes something of the inet table `table`: the table, or one of its chains, rules,
 /// sets or set elements (each such message names its table in attribute 1).
@@ -707,8 +718,10 @@ mod tests {
 
     #[test]
     fn one_element_of_a_set_is_asked_for_by_its_key() {
-        let mut key = [0u8; 16];
-        key[..15].copy_from_slice(b"azp0123456789ab");
+        let key = ifname_key("azp0123456789ab");
+        assert_eq!(&key[..15], b"azp0123456789ab");
+        assert_eq!(key[15], 0, "NUL-terminated within IFNAMSIZ");
+        assert_eq!(ifname_key("azp1"), *b"azp1\0\0\0\0\0\0\0\0\0\0\0\0");
         let m = Message::nft_get_set_element("azp-sandbox", "job_flows", &key).finish(7, NLM_F_ACK);
         // No NLM_F_DUMP: the kernel looks the key up instead of walking the set.
         assert_eq!(u16::from_ne_bytes([m[4], m[5]]), (NFNL_SUBSYS_NFTABLES << 8) | NFT_MSG_GETSETELEM);
@@ -719,9 +732,12 @@ mod tests {
         assert_eq!(attrs[0], (NFTA_SET_ELEM_LIST_TABLE, &b"azp-sandbox\0"[..]));
         assert_eq!(attrs[1], (NFTA_SET_ELEM_LIST_SET, &b"job_flows\0"[..]));
         assert_eq!(attrs[2].0, NFTA_SET_ELEM_LIST_ELEMENTS);
+        assert_eq!(attrs.len(), 3);
         let elem = attributes(attrs[2].1, 0);
         assert_eq!(elem.len(), 1);
+        assert_eq!(elem[0].0, NFTA_LIST_ELEM);
         let k = attributes(elem[0].1, 0);
+        assert_eq!(k.len(), 1);
         assert_eq!(k[0].0, NFTA_SET_ELEM_KEY);
         assert_eq!(attributes(k[0].1, 0), [(NFTA_DATA_VALUE, &key[..])]);
     }
