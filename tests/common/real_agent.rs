@@ -467,6 +467,11 @@ got_signal() {
     say "Received SIG$1: shutting down"
 }
 
+# A signal the listener's first process kept for the loop (see `run)` below).
+got_relayed_signal() {
+    [ -z "$signal" ] && [ -s "$signal_file" ] && got_signal "$(< "$signal_file")"
+}
+
 delete_session() {
     http DELETE "/_fake/sessions?agent=$(urlenc "$name")" "$bearer" > /dev/null \
         || err "warning: could not delete the session"
@@ -527,6 +532,7 @@ run_job() {
     # A trapped SIGINT/SIGTERM ends the wait at once (its handler has run by then); one
     # that came before the wait began is seen here (else the wait would last the job).
     while :; do
+        got_relayed_signal
         [ -n "$signal" ] && break
         wait "$wpid"
         code=$?
@@ -580,6 +586,7 @@ run() {
     diag MessageListener "Session created"
     say "Listening for Jobs"
     while :; do
+        got_relayed_signal
         if [ -n "$signal" ]; then
             delete_session
             say "Exiting..."
@@ -609,7 +616,33 @@ run() {
 case "$cmd" in
     configure) configure "$@" ;;
     remove) remove "$@" ;;
-    run) run "$@" ;;
+    run)
+        # Bash drops a SIGINT that comes while it waits for a foreground command which
+        # then exits normally: it takes the command to have handled it ("wait and
+        # cooperative exit"), and runs no trap. The listener runs such commands all the
+        # time (date, base64, its HTTP calls' subshells): a CI rehearsal's SIGINT, sent
+        # as the job was taken, was never seen. The real listener (.NET) sees every one.
+        # So this process only ever waits (the wait builtin runs a trap at once), keeps
+        # the signal in a file and hands it to the listener's loop as SIGUSR1, which
+        # bash never drops; the loop also looks at the file (a SIGUSR1 that came before
+        # its trap was set is ignored).
+        signal_file=$(mktemp) || exit 1
+        relay() {
+            [ -s "$signal_file" ] || echo "$1" > "$signal_file"
+            kill -USR1 "$loop" 2> /dev/null
+        }
+        trap '' USR1
+        trap 'relay INT' INT
+        trap 'relay TERM' TERM
+        ( trap 'got_relayed_signal' USR1; run "$@" ) &
+        loop=$!
+        while :; do
+            wait "$loop"
+            code=$?
+            kill -0 "$loop" 2> /dev/null || break
+        done
+        rm -f "$signal_file"
+        exit "$code" ;;
     --version) echo "$AGENT_VERSION" ;;
     *) err "usage: Agent.Listener configure|remove|run [--once]|--version"; exit 2 ;;
 esac
