@@ -994,8 +994,8 @@ pub struct Forgotten {
 /// (at a job's end only where the job's link has an element in the counting set, so a
 /// job that made no connection costs one lookup of its element instead). `Look::Always`
 /// first waits up to [`LINK_GONE_WAIT`] for the job's link to go: until its namespace is
-/// gone, the namespace's sockets may make entries again. Each entry is deleted by its original
-/// tuple and its id (see [`nl::conntrack_entry`]). What went, what was left to another
+/// gone, the namespace's sockets may make entries again. Each entry is deleted by its
+/// original tuple and its id (see [`nl::conntrack_entry`]). What went, what was left to another
 /// link, and whether the job's link was there before or after the read.
 pub fn forget_connections(job: &JobConnections, look: Look) -> Result<Forgotten> {
     // One netfilter socket for both: nftables and ctnetlink are subsystems of it.
@@ -1212,17 +1212,11 @@ fn job_end_neighbour(host: &Socket, v: &Veth, index: i32, address: Ipv4Addr) -> 
 /// A permanent neighbour entry on link `index` of `s`'s namespace: `addr` at `mac`,
 /// never asked for (ARP, NDP); one already there is replaced.
 fn permanent_neighbour(s: &Socket, index: i32, addr: std::net::IpAddr, mac: &[u8; 6]) -> Result<()> {
-    let mut m = match addr {
-        std::net::IpAddr::V4(a) => {
-            let mut m = Message::neigh(nl::NLM_F_CREATE | nl::NLM_F_REPLACE, nl::AF_INET, index, nl::NUD_PERMANENT);
-            m.attr_ipv4(nl::NDA_DST, a);
-            m
-        }
-        std::net::IpAddr::V6(a) => {
-            let mut m = Message::neigh(nl::NLM_F_CREATE | nl::NLM_F_REPLACE, nl::AF_INET6, index, nl::NUD_PERMANENT);
-            m.attr_ipv6(nl::NDA_DST, a);
-            m
-        }
+    let family = if addr.is_ipv4() { nl::AF_INET } else { nl::AF_INET6 };
+    let mut m = Message::neigh(nl::NLM_F_CREATE | nl::NLM_F_REPLACE, family, index, nl::NUD_PERMANENT);
+    match addr {
+        std::net::IpAddr::V4(a) => m.attr_ipv4(nl::NDA_DST, a),
+        std::net::IpAddr::V6(a) => m.attr_ipv6(nl::NDA_DST, a),
     };
     m.attr(nl::NDA_LLADDR, mac);
     s.request(m).map_err(|source| Error::AddNeighbour { addr, source })
