@@ -617,15 +617,16 @@ case "$cmd" in
     configure) configure "$@" ;;
     remove) remove "$@" ;;
     run)
-        # Bash drops a SIGINT that comes while it waits for a foreground command which
-        # then exits normally: it takes the command to have handled it ("wait and
-        # cooperative exit"), and runs no trap. The listener runs such commands all the
-        # time (date, base64, its HTTP calls' subshells): a CI rehearsal's SIGINT, sent
-        # as the job was taken, was never seen. The real listener (.NET) sees every one.
-        # So this process only ever waits (the wait builtin runs a trap at once), keeps
+        # A CI rehearsal's SIGINT, sent as the listener took its job, was never seen
+        # (no "Received SIGINT", the job ran on); the real listener (.NET) sees every
+        # one. Bash treats SIGINT apart from other signals: a SIGINT during `read -t`
+        # runs no trap (seen with bash 5.2), and whether it acts on a SIGINT that came
+        # while it waited for a foreground command depends on how that command ended
+        # ("wait and cooperative exit"). Which path that run took is not known. So this
+        # process only ever sits in the wait builtin (which runs a trap at once), keeps
         # the signal in a file and hands it to the listener's loop as SIGUSR1, which
-        # bash never drops; the loop also looks at the file (a SIGUSR1 that came before
-        # its trap was set is ignored).
+        # bash handles as any trapped signal; the loop also looks at the file (a SIGUSR1
+        # that came before its trap was set is ignored).
         signal_file=$(mktemp) || exit 1
         relay() {
             [ -s "$signal_file" ] || echo "$1" > "$signal_file"
