@@ -32,6 +32,11 @@
 # target/release or target/debug). --work keeps the scratch files there (default: a
 # temp dir, removed at the end unless --keep).
 set -uo pipefail
+# With pipefail, `printf '%s\n' "$VAR" | grep -q X` fails now and then: bash writes a
+# long value in pieces (20 KiB, then the rest), and a grep that found X in the first and
+# exited makes the next write die of SIGPIPE (`gpu list --json` here: 22 KiB, its EGL
+# line in the first piece; 3-6 of 2000 such tests failed on one CPU). So a variable is
+# searched as a here-string (`grep -q X <<<"$VAR"`: 0 of 2000).
 
 START=$(date +%s)
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -188,7 +193,7 @@ REAL_GPU=0
 if [ "$ROOT" = / ] && [ -n "$HOST_SMI" ]; then
     HOST_L=$("$HOST_SMI" -L 2>&1)
     HOST_L_RC=$?
-    [ "$HOST_L_RC" = 0 ] && printf '%s\n' "$HOST_L" | grep -q '^GPU ' && REAL_GPU=1
+    [ "$HOST_L_RC" = 0 ] && grep -q '^GPU ' <<<"$HOST_L" && REAL_GPU=1
 fi
 NO_GPU="SKIPPED: no GPU"
 # Host runs of the test programs load libcuda as the sandbox's do, by SONAME; where the
@@ -348,7 +353,7 @@ else
     if "${AZP[@]}" exec --rootfs "$ROOTFS" --network none -- /bin/true 2>>"$WORK/sandbox.log"; then
         NET_ARGS=(--network none)
         NET_NOTE="none (the default, isolated, failed here: $first)"
-        if printf '%s' "$first" | grep -q ' not found: '; then
+        if grep -q ' not found: ' <<<"$first"; then
             row "a job with the default network (isolated)" "-" "$first" "SKIPPED: a package is missing here; the rows below run with --network none"
         else
             row "a job with the default network (isolated)" "-" "$first" "FAIL: the rows below run with --network none"
@@ -385,7 +390,7 @@ if [ "$REAL_GPU" = 1 ]; then
     row "nvidia-smi -L (exit status)" "$HOST_L ($HOST_L_RC)" "$IN_L ($IN_L_RC)" "$(verdict $ok "differs from the host")"
 else
     # Without a GPU the injected nvidia-smi still runs and reaches NVML: exit 9.
-    if [ "$IN_L_RC" = 9 ] && printf '%s' "$IN_L" | grep -q "couldn't communicate with the NVIDIA driver"; then
+    if [ "$IN_L_RC" = 9 ] && grep -q "couldn't communicate with the NVIDIA driver" <<<"$IN_L"; then
         row "nvidia-smi injected, runs (exit status)" "-" "exit $IN_L_RC: couldn't communicate with the driver" PASS
     else
         row "nvidia-smi injected, runs (exit status)" "-" "$IN_L (exit $IN_L_RC)" "FAIL: expected exit 9 (no driver reachable)"
@@ -403,11 +408,11 @@ elif [ "$NGPUS" -ge 2 ]; then
 else
     row "--gpus 1: nvidia-smi sees only GPU 1" "$NGPUS GPU(s)" "-" "SKIPPED: fewer than 2 GPUs"
 fi
-if [ "$REAL_GPU" = 1 ] && printf '%s\n' "$HOST_L" | grep -q '^  MIG '; then
+if [ "$REAL_GPU" = 1 ] && grep -q '^  MIG ' <<<"$HOST_L"; then
     # The first MIG device: inside, nvidia-smi must list it alone (under its GPU).
     mig=$(printf '%s\n' "$HOST_L" | sed -n 's/^  MIG .*(UUID: \(MIG-[^)]*\)).*/\1/p' | head -n1)
     in_mig=$(sandbox "$mig" nvidia-smi -L)
-    [ "$(printf '%s\n' "$in_mig" | grep -c '^  MIG ')" = 1 ] && printf '%s\n' "$in_mig" | grep -q "(UUID: $mig)"
+    [ "$(printf '%s\n' "$in_mig" | grep -c '^  MIG ')" = 1 ] && grep -q "(UUID: $mig)" <<<"$in_mig"
     ok=$?
     row "MIG: a job given one instance" "$(printf '%s\n' "$HOST_L" | grep -c '^  MIG ') instance(s); $mig" \
         "$in_mig" "$(verdict $ok "expected exactly $mig")"
@@ -470,7 +475,7 @@ else
             var=${pair%%:*} val=${pair#*:}
             [ -n "$val" ] && ge "$val" "${!var}" && printf -v "$var" '%s' "$val"
         done
-        printf '%s\n' "$h" "$i" | grep -q '^sgemm_check=bad' && bad="SGEMM result wrong"
+        grep -q '^sgemm_check=bad' <<<"$h"$'\n'"$i" && bad="SGEMM result wrong"
     done
     for m in "device-to-device copy, GB/s:$hb:$ib" "SGEMM 4096, GFLOP/s:$hg:$ig"; do
         IFS=: read -r name hv iv <<<"$m"
@@ -526,7 +531,7 @@ if a: print("devices=%d" % torch.cuda.device_count()); print("name=" + torch.cud
         "$(printf '%s\n' "$IN_T" | kv torch) ${#VOLS[@]} volume(s)${PY_PRIVATE:+, --userns host ($PY_PRIVATE is private)}" \
         "$(verdict $ok "$(printf '%s' "$IN_T" | tail -n1)")"
     if [ "$REAL_GPU" = 1 ]; then
-        [ "$(summary "$IN_T")" = "$(summary "$HOST_T")" ] && printf '%s\n' "$IN_T" | grep -q '^cuda=True'
+        [ "$(summary "$IN_T")" = "$(summary "$HOST_T")" ] && grep -q '^cuda=True' <<<"$IN_T"
         ok=$?
         row "torch.cuda sees the GPU" "$(summary "$HOST_T")" "$(summary "$IN_T")" "$(verdict $ok "differs from the host")"
     else
@@ -538,7 +543,7 @@ fi
 if import_rootfs "$WORK/newcuda" "${ROOTFS}-cuda99"; then
     out=$("${AZP[@]}" exec --rootfs "${ROOTFS}-cuda99" --gpus all ${NET_ARGS[@]+"${NET_ARGS[@]}"} -- /bin/true 2>&1)
     rc=$?
-    [ "$rc" = 125 ] && [ "$(printf '%s\n' "$out" | grep -c .)" = 1 ] && printf '%s' "$out" | grep -q "has CUDA 99.0"
+    [ "$rc" = 125 ] && [ "$(printf '%s\n' "$out" | grep -c .)" = 1 ] && grep -q "has CUDA 99.0" <<<"$out"
     ok=$?
     row "rootfs with CUDA 99.0 refused before the job" "driver $DRIVER" "exit $rc: $out" \
         "$(verdict $ok "expected exit 125 and one line naming CUDA 99.0")"
@@ -547,7 +552,7 @@ else
 fi
 
 # ---- 9. graphics: the EGL vendor file and its library --------------------------------------
-if printf '%s\n' "$LIST_JSON" | grep -q '"container_path": "[^"]*egl_vendor.d/10_nvidia.json"'; then
+if grep -q '"container_path": "[^"]*egl_vendor.d/10_nvidia.json"' <<<"$LIST_JSON"; then
     f=$(printf '%s\n' "$LIST_JSON" | sed -n 's/.*"container_path": "\([^"]*egl_vendor.d\/10_nvidia.json\)".*/\1/p' | head -n1)
     SANDBOX_ARGS=(--gpu-capabilities compute,utility,graphics)
     out=$(sandbox all /bin/sh -c "lib=\$(sed -n 's/.*\"library_path\" *: *\"\\([^\"]*\\)\".*/\\1/p' $f); test -r $LIB_DIR/\$lib && echo \"\$lib readable in $LIB_DIR\"")
