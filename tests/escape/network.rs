@@ -405,7 +405,7 @@ fn t43_a_table_that_lets_any_dnat_in_is_said_once_and_gc_makes_it_anew() {
     assert!(!o.err.contains("older azp-sandbox"), "a job without the table says nothing: {}", o.err);
     let o = lab_exec(&lab, &h, &[], "true");
     assert_eq!(o.code, 0, "{}", o.err);
-    let said: Vec<&str> = o.err.lines().filter(|l| l.contains("was made by an older azp-sandbox")).collect();
+    let said: Vec<&str> = o.err.lines().filter(|l| l.contains("made by an older azp-sandbox")).collect();
     assert_eq!(said.len(), 1, "{}", o.err);
     assert!(said[0].contains("other DNAT rules") && said[0].contains("run `azp-sandbox gc`"), "{}", o.err);
     // A forwarded proxy port adds its elements to that table too (it has no set of its
@@ -425,6 +425,71 @@ fn t43_a_table_that_lets_any_dnat_in_is_said_once_and_gc_makes_it_anew() {
         .unwrap();
     let listed = String::from_utf8_lossy(&table.stdout).into_owned();
     assert!(listed.contains("own-dnat") && listed.contains("@service_targets accept"), "{listed}");
+    h.assert_no_residue(&[]);
+}
+
+#[test]
+#[cfg_attr(not(test_as_root), ignore = "needs root: creates real sandboxes and network namespaces")]
+fn t60_a_table_made_without_a_limit_says_so_to_every_later_job() {
+    require_root!();
+    root_mode_only!();
+    let lab = or_skip!(NetLab::new());
+    let h = home("net-no-connlimit");
+    // nft as on a kernel without nft_connlimit (a test double, in the job's runner's own
+    // mount namespace): the transaction that counts each job's connections fails as
+    // there; everything else is the real nft's. The table's comment used to name that
+    // limit anyway: only the run that made the table said it was missing.
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("nft-no-connlimit-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let real = dir.join("nft.real");
+    std::fs::copy(azp_sandbox::sandbox::network::firewall::nft().unwrap(), &real).unwrap();
+    let fake = dir.join("nft");
+    std::fs::write(
+        &fake,
+        format!(
+            "#!/bin/sh\nin=$(cat)\ncase \"$in\" in *'ct count'*)\n  \
+             echo 'Error: Could not process rule: No such file or directory' >&2; exit 1 ;;\nesac\n\
+             printf '%s\\n' \"$in\" | exec {} \"$@\"\n",
+            real.display()
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&fake, fs::Permissions::from_mode(0o755)).unwrap();
+    let mut without = lab.host_command("sh", None);
+    without.args(["-c", r#"mount --bind "$0" /usr/sbin/nft && exec "$@""#]).arg(&fake).arg(bin());
+    without.arg("--home").arg(&h.dir).env_remove("AZP_SANDBOX_HOME").env_remove("AZP_SANDBOX_IPV6");
+    let o = exec_as(without, &[], &get(&format!("http://{INTERNET_IP}/")));
+    assert_eq!(o.code, 0, "{}", o.err);
+    assert!(o.out.contains(INTERNET_BODY), "the table works without the limit: {}", o.out);
+    assert!(o.err.contains("jobs' connections and DNS are not limited"), "{}", o.err);
+    let list = || {
+        let o = Command::new("ip")
+            .args(["netns", "exec", &lab.host, "nft", "list", "table", "inet", "azp-sandbox"])
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&o.stdout).into_owned()
+    };
+    let listed = list();
+    let comment = listed.lines().find(|l| l.contains("comment")).unwrap_or_default();
+    assert!(comment.contains("ipv6, own-dnat, nexthops") && !comment.contains("flow"), "{listed}");
+    assert!(!listed.contains("job_flows") && listed.contains("job_nexthops4"), "{listed}");
+    // Every later run says so (once each), with the fix.
+    for _ in 0..2 {
+        let o = lab_exec(&lab, &h, &[], "true");
+        assert_eq!(o.code, 0, "{}", o.err);
+        let said: Vec<&str> =
+            o.err.lines().filter(|l| l.contains("does not limit each job's tracked connections")).collect();
+        assert_eq!(said.len(), 1, "{}", o.err);
+        assert!(said[0].contains("on a kernel without") && said[0].contains("run `azp-sandbox gc`"), "{}", o.err);
+    }
+    // Once the kernel has it: gc, and the next job makes the whole table.
+    let out = h.lab_command(&lab).arg("gc").output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let o = lab_exec(&lab, &h, &[], "true");
+    assert_eq!(o.code, 0, "{}", o.err);
+    assert!(!o.err.contains("does not limit") && !o.err.contains("not limited"), "{}", o.err);
+    assert!(list().contains("own-dnat, flows, flow-rate, dns-rate, nexthops"), "{}", list());
+    let _ = std::fs::remove_dir_all(&dir);
     h.assert_no_residue(&[]);
 }
 

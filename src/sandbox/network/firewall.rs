@@ -180,8 +180,28 @@ pub fn dns(target: Ipv4Addr) -> [HostService; 2] {
     [Proto::Udp, Proto::Tcp].map(|proto| HostService { proto, port: 53, target })
 }
 
-/// The table's text for `nft -f`.
-pub fn script(subnet: Ipv4Net, gateway: Ipv4Addr, services: &[HostService], forwarding_was_off: bool) -> String {
+/// What the transactions after the table's own added to it ([`limit_flows`],
+/// [`limit_nexthops`]): its comment says so, and only so (see [`outdated`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    /// [`LIMITS_FLOWS`], [`LIMITS_FLOW_RATE`] and [`LIMITS_DNS_RATE`] (one transaction).
+    pub flows: bool,
+    /// [`super::nexthops::MARKER`].
+    pub nexthops: bool,
+}
+
+impl Limits {
+    pub const ALL: Limits = Limits { flows: true, nexthops: true };
+}
+
+/// The table's text for `nft -f`, its comment naming `limits`.
+pub fn script(
+    subnet: Ipv4Net,
+    gateway: Ipv4Addr,
+    services: &[HostService],
+    forwarding_was_off: bool,
+    limits: Limits,
+) -> String {
     let elements = if services.is_empty() {
         String::new()
     } else {
@@ -237,7 +257,7 @@ pub fn script(subnet: Ipv4Net, gateway: Ipv4Addr, services: &[HostService], forw
     iifname "azp*" ip6 daddr {blocked6} reject with icmpx type admin-prohibited
     iifname @{V6_UPLINKS} oifname != "azp*" drop
 "#,
-        comment(subnet, forwarding_was_off)
+        comment(subnet, forwarding_was_off, limits)
     );
     if forwarding_was_off {
         s.push_str("    meta nfproto ipv4 iifname != \"azp*\" oifname != \"azp*\" drop\n");
@@ -246,11 +266,14 @@ pub fn script(subnet: Ipv4Net, gateway: Ipv4Addr, services: &[HostService], forw
     s
 }
 
-fn comment(subnet: Ipv4Net, forwarding_was_off: bool) -> String {
-    let mut c = format!(
-        "azp-sandbox jobs: subnet {subnet}, {HAS_IPV6_RULES}, {OWN_DNAT_ONLY}, {LIMITS_FLOWS}, {LIMITS_FLOW_RATE}, {LIMITS_DNS_RATE}, {}",
-        super::nexthops::MARKER
-    );
+fn comment(subnet: Ipv4Net, forwarding_was_off: bool, limits: Limits) -> String {
+    let mut c = format!("azp-sandbox jobs: subnet {subnet}, {HAS_IPV6_RULES}, {OWN_DNAT_ONLY}");
+    if limits.flows {
+        c.push_str(&format!(", {LIMITS_FLOWS}, {LIMITS_FLOW_RATE}, {LIMITS_DNS_RATE}"));
+    }
+    if limits.nexthops {
+        c.push_str(&format!(", {}", super::nexthops::MARKER));
+    }
     if forwarding_was_off {
         c.push_str(&format!(", {FORWARDING_WAS_OFF}"));
     }
@@ -355,6 +378,20 @@ pub(super) fn refusal_chain(chain: &str, why: String, verdict: &str) -> String {
     )
 }
 
+/// One transaction: the table just made replaced by `table` (its comment without the
+/// limits that failed), with the limits that did not (`flows`: [`limit_flows`]'s limit,
+/// `nexthops`: [`limit_nexthops`]'s result).
+fn remake_script(table: &str, flows: Option<u64>, nexthops: bool) -> String {
+    let mut s = format!("delete table inet {TABLE}\n{table}");
+    if let Some(limit) = flows {
+        s += &flows_script(limit);
+    }
+    if nexthops {
+        s += &super::nexthops::script();
+    }
+    s
+}
+
 /// Adds [`super::nexthops::script`] to the table just made. Whether it could: a kernel
 /// that refuses it keeps the rest of the table, and the warning says what is missing.
 fn limit_nexthops(nft: &Path) -> bool {
@@ -372,8 +409,9 @@ fn limit_nexthops(nft: &Path) -> bool {
 /// Adds [`flows_script`] to the table just made (which loaded conntrack: its maximum is
 /// known only then). The limit, or None where the kernel cannot count (no
 /// `nft_connlimit`; the DNS rates, in the same transaction, are missing then too): the
-/// table works without them, and the warning says what is missing
-/// (once, by whoever made the table: its comment already says [`LIMITS_FLOWS`]).
+/// table works without them, the warning says what is missing, and the table is made
+/// again without [`LIMITS_FLOWS`] in its comment (see [`ensure`]): every later run says
+/// so too ([`warn_if_outdated`]).
 fn limit_flows(nft: &Path) -> Option<u64> {
     let limit = std::fs::read_to_string(CONNTRACK_MAX).ok().and_then(|m| m.trim().parse().ok()).map(flows_per_job);
     let result = match limit {
@@ -551,9 +589,19 @@ pub fn ensure(
         if turn_on && !record.ip_forward {
             forward_record::add_ip_forward()?;
         }
-        run_nft(&nft, &script(subnet, gateway, &services(), forwarding_was_off))?;
+        let services = services();
+        run_nft(&nft, &script(subnet, gateway, &services, forwarding_was_off, Limits::ALL))?;
         let flows = limit_flows(&nft);
         let nexthops = limit_nexthops(&nft);
+        let got = Limits { flows: flows.is_some(), nexthops };
+        if got != Limits::ALL {
+            // Its comment must not name what it lacks: every later run says so then.
+            let remade = remake_script(&script(subnet, gateway, &services, forwarding_was_off, got), flows, nexthops);
+            if let Err(e) = run_nft(&nft, &remade) {
+                let _ = run_nft(&nft, &format!("delete table inet {TABLE}\n"));
+                return Err(e.context("the table was removed again: the next job makes it anew"));
+            }
+        }
         if turn_on {
             forwarding::set_ipv4_forwarding(true)?;
         }
@@ -626,8 +674,9 @@ fn warn_if_outdated(comment: &str) {
     if let Some(what) = outdated(comment) {
         SAID.call_once(|| {
             tracing::warn!(
-                "jobs' network: the nftables table inet {TABLE} was made by an older azp-sandbox and {what}: \
-                 run `azp-sandbox gc` once no jobs run"
+                "jobs' network: the nftables table inet {TABLE} {what} (it was made by an older azp-sandbox, \
+                 or on a kernel without what that needs, said when it was made): run `azp-sandbox gc` once no \
+                 jobs run (and the kernel has it)"
             )
         });
     }
@@ -844,7 +893,7 @@ mod tests {
 
     #[test]
     fn the_table_text() {
-        let s = script(net(), Ipv4Addr::new(10, 87, 0, 1), &dns(Ipv4Addr::new(127, 0, 0, 53)), true);
+        let s = script(net(), Ipv4Addr::new(10, 87, 0, 1), &dns(Ipv4Addr::new(127, 0, 0, 53)), true, Limits::ALL);
         assert!(
             s.starts_with(
                 "table inet azp-sandbox {\n  comment \"azp-sandbox jobs: subnet 10.87.0.0/16, ipv6, own-dnat, flows, flow-rate, dns-rate, nexthops, ip_forward was 0\"\n"
@@ -882,7 +931,7 @@ mod tests {
         assert!(s.contains("iifname @v6_uplinks oifname != \"azp*\" drop"), "{s}");
         assert!(!s.contains("nfproto ipv6 drop"), "{s}");
         assert!(s.ends_with("  }\n}\n"));
-        let s = script(net(), Ipv4Addr::new(10, 87, 0, 1), &[], false);
+        let s = script(net(), Ipv4Addr::new(10, 87, 0, 1), &[], false, Limits::ALL);
         assert!(!s.contains("elements") && !s.contains("iifname != \"azp*\" oifname"), "{s}");
         assert_eq!(subnet_of("azp-sandbox jobs: subnet 10.87.0.0/16, ip_forward was 0"), Some("10.87.0.0/16"));
         assert_eq!(subnet_of("azp-sandbox jobs: subnet 10.9.0.0/16"), Some("10.9.0.0/16"));
@@ -960,7 +1009,7 @@ mod tests {
 
     #[test]
     fn an_older_table_is_said_with_what_it_lacks() {
-        let now = comment(net(), false);
+        let now = comment(net(), false, Limits::ALL);
         assert_eq!(outdated(&now), None);
         const NEIGHBOURS: &str = "does not limit how many of the host's neighbours each job makes it resolve \
                                   (a job can fill its neighbour table)";
@@ -994,6 +1043,25 @@ mod tests {
         let both = outdated("azp-sandbox jobs: subnet 10.87.0.0/16, ipv6").unwrap();
         assert!(both.starts_with("lets jobs reach host services other DNAT rules forward to, and does not"), "{both}");
         assert_eq!(outdated("azp-sandbox jobs: subnet 10.87.0.0/16"), None, "said where IPv6 is decided");
+    }
+
+    #[test]
+    fn a_table_whose_limits_failed_says_so_in_its_comment_and_is_made_again_without_them() {
+        let no_flows = comment(net(), false, Limits { flows: false, nexthops: true });
+        assert_eq!(no_flows, "azp-sandbox jobs: subnet 10.87.0.0/16, ipv6, own-dnat, nexthops");
+        assert_eq!(outdated(&no_flows).as_deref(), Some("does not limit each job's tracked connections"));
+        let neither = comment(net(), true, Limits { flows: false, nexthops: false });
+        assert_eq!(neither, "azp-sandbox jobs: subnet 10.87.0.0/16, ipv6, own-dnat, ip_forward was 0");
+        assert!(outdated(&neither).unwrap().ends_with("(a job can fill its neighbour table)"), "{neither}");
+        // One transaction: the table replaced, with what did not fail.
+        let table = script(net(), Ipv4Addr::new(10, 87, 0, 1), &[], false, Limits { flows: true, nexthops: false });
+        let s = remake_script(&table, Some(4_096), false);
+        assert!(s.starts_with(&format!("delete table inet azp-sandbox\n{table}")), "{s}");
+        assert!(s.ends_with(&flows_script(4_096)), "{s}");
+        assert!(!s.contains("nexthop"), "{s}");
+        let s = remake_script(&table, None, true);
+        assert!(s.ends_with(&crate::sandbox::network::nexthops::script()), "{s}");
+        assert!(!s.contains("ct count"), "{s}");
     }
 
     #[test]
