@@ -430,38 +430,86 @@ fn t43_a_table_that_lets_any_dnat_in_is_said_once_and_gc_makes_it_anew() {
 
 #[test]
 #[cfg_attr(not(test_as_root), ignore = "needs root: creates real sandboxes and network namespaces")]
-fn t60_a_table_made_without_a_limit_says_so_to_every_later_job() {
+fn t60_a_table_made_without_the_flow_limits_says_so_to_every_later_job() {
     require_root!();
     root_mode_only!();
+    // As on a kernel without nft_connlimit: the transaction that counts each job's
+    // connections (and rates its new flows and DNS) fails.
+    a_refused_limit(RefusedLimit {
+        name: "net-no-connlimit",
+        refused: "ct count",
+        first: "jobs' connections and DNS are not limited",
+        kept: ("ipv6, own-dnat, nexthops", "job_nexthops4"),
+        gone: ("flow", "job_flows"),
+        later: "does not limit each job's tracked connections, how fast it opens them, or its DNS queries",
+    });
+}
+
+#[test]
+#[cfg_attr(not(test_as_root), ignore = "needs root: creates real sandboxes and network namespaces")]
+fn t61_a_table_made_without_the_next_hop_limit_says_so_to_every_later_job() {
+    require_root!();
+    root_mode_only!();
+    // As on a kernel (or nftables) without the routing expression's next hop: the
+    // transaction that bounds each job's new next hops fails (t58).
+    a_refused_limit(RefusedLimit {
+        name: "net-no-nexthop",
+        refused: "rt ip nexthop",
+        first: "how many of the host's neighbours a job makes it resolve is not limited",
+        kept: ("ipv6, own-dnat, flows, flow-rate, dns-rate", "job_flows"),
+        gone: ("nexthops", "job_nexthops4"),
+        later: "does not limit how many of the host's neighbours each job makes it resolve",
+    });
+}
+
+/// A limit the kernel refuses, for [`a_refused_limit`].
+struct RefusedLimit {
+    name: &'static str,
+    /// What the refused transaction holds (and no other).
+    refused: &'static str,
+    /// The warning of the run that makes the table.
+    first: &'static str,
+    /// What the table's comment and listing still have, and what they no longer have.
+    kept: (&'static str, &'static str),
+    gone: (&'static str, &'static str),
+    /// The warning of each later run.
+    later: &'static str,
+}
+
+/// Runs a job through an nft test double (in the runner's own mount namespace) that
+/// fails the transaction with `limit.refused` as such a kernel does, and passes the rest
+/// to the real nft. The table's comment used to name every limit anyway: only the run
+/// that made the table said one was missing. Now the table is made again without it in
+/// its comment, and every later run says so; after `gc`, the next job (real nft) makes
+/// the whole table.
+fn a_refused_limit(limit: RefusedLimit) {
     let lab = or_skip!(NetLab::new());
-    let h = home("net-no-connlimit");
-    // nft as on a kernel without nft_connlimit (a test double, in the job's runner's own
-    // mount namespace): the transaction that counts each job's connections fails as
-    // there; everything else is the real nft's. The table's comment used to name that
-    // limit anyway: only the run that made the table said it was missing.
-    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("nft-no-connlimit-{}", std::process::id()));
+    let h = home(limit.name);
+    let nft = azp_sandbox::sandbox::network::firewall::nft().unwrap();
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("{}-{}", limit.name, std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let real = dir.join("nft.real");
-    std::fs::copy(azp_sandbox::sandbox::network::firewall::nft().unwrap(), &real).unwrap();
+    std::fs::copy(&nft, &real).unwrap();
     let fake = dir.join("nft");
     std::fs::write(
         &fake,
         format!(
-            "#!/bin/sh\nin=$(cat)\ncase \"$in\" in *'ct count'*)\n  \
+            "#!/bin/sh\nin=$(cat)\ncase \"$in\" in *'{}'*)\n  \
              echo 'Error: Could not process rule: No such file or directory' >&2; exit 1 ;;\nesac\n\
-             printf '%s\\n' \"$in\" | exec {} \"$@\"\n",
+             printf '%s\\n' \"$in\" | exec '{}' \"$@\"\n",
+            limit.refused,
             real.display()
         ),
     )
     .unwrap();
     std::fs::set_permissions(&fake, fs::Permissions::from_mode(0o755)).unwrap();
-    let mut without = lab.host_command("sh", None);
-    without.args(["-c", r#"mount --bind "$0" /usr/sbin/nft && exec "$@""#]).arg(&fake).arg(bin());
-    without.arg("--home").arg(&h.dir).env_remove("AZP_SANDBOX_HOME").env_remove("AZP_SANDBOX_IPV6");
-    let o = exec_as(without, &[], &get(&format!("http://{INTERNET_IP}/")));
+    let mut refusing = lab.host_command("sh", None);
+    refusing.args(["-c", r#"mount --bind "$0" "$1" && shift && exec "$@""#]).arg(&fake).arg(&nft).arg(bin());
+    refusing.arg("--home").arg(&h.dir).env_remove("AZP_SANDBOX_HOME").env_remove("AZP_SANDBOX_IPV6");
+    let o = exec_as(refusing, &[], &get(&format!("http://{INTERNET_IP}/")));
     assert_eq!(o.code, 0, "{}", o.err);
     assert!(o.out.contains(INTERNET_BODY), "the table works without the limit: {}", o.out);
-    assert!(o.err.contains("jobs' connections and DNS are not limited"), "{}", o.err);
+    assert!(o.err.contains(limit.first), "{}", o.err);
     let list = || {
         let o = Command::new("ip")
             .args(["netns", "exec", &lab.host, "nft", "list", "table", "inet", "azp-sandbox"])
@@ -471,16 +519,15 @@ fn t60_a_table_made_without_a_limit_says_so_to_every_later_job() {
     };
     let listed = list();
     let comment = listed.lines().find(|l| l.contains("comment")).unwrap_or_default();
-    assert!(comment.contains("ipv6, own-dnat, nexthops") && !comment.contains("flow"), "{listed}");
-    assert!(!listed.contains("job_flows") && listed.contains("job_nexthops4"), "{listed}");
+    assert!(comment.contains(limit.kept.0) && !comment.contains(limit.gone.0), "{listed}");
+    assert!(listed.contains(limit.kept.1) && !listed.contains(limit.gone.1), "{listed}");
     // Every later run says so (once each), with the fix.
     for _ in 0..2 {
         let o = lab_exec(&lab, &h, &[], "true");
         assert_eq!(o.code, 0, "{}", o.err);
-        let said: Vec<&str> =
-            o.err.lines().filter(|l| l.contains("does not limit each job's tracked connections")).collect();
+        let said: Vec<&str> = o.err.lines().filter(|l| l.contains(limit.later)).collect();
         assert_eq!(said.len(), 1, "{}", o.err);
-        assert!(said[0].contains("on a kernel without") && said[0].contains("run `azp-sandbox gc`"), "{}", o.err);
+        assert!(said[0].contains("refused a limit") && said[0].contains("run `azp-sandbox gc`"), "{}", o.err);
     }
     // Once the kernel has it: gc, and the next job makes the whole table.
     let out = h.lab_command(&lab).arg("gc").output().unwrap();

@@ -595,11 +595,15 @@ pub fn ensure(
         let nexthops = limit_nexthops(&nft);
         let got = Limits { flows: flows.is_some(), nexthops };
         if got != Limits::ALL {
-            // Its comment must not name what it lacks: every later run says so then.
+            // Its comment must not name what it lacks: every later run says so then. One
+            // transaction: where it fails (a firewall reload took the table meanwhile),
+            // the table stays as it was, and jobs run as before.
             let remade = remake_script(&script(subnet, gateway, &services, forwarding_was_off, got), flows, nexthops);
             if let Err(e) = run_nft(&nft, &remade) {
-                let _ = run_nft(&nft, &format!("delete table inet {TABLE}\n"));
-                return Err(e.context("the table was removed again: the next job makes it anew"));
+                tracing::warn!(
+                    "jobs' network: could not make the table inet {TABLE} again without the limits the kernel \
+                     refused ({e:#}): its comment names them, and later runs will not say they are missing"
+                );
             }
         }
         if turn_on {
@@ -664,7 +668,8 @@ pub fn ensure(
 /// services that any other DNAT rule of the host translates to (a Kubernetes node's
 /// ClusterIPs, an operator's port forward), one before [`LIMITS_FLOWS`] lets a job fill
 /// the host's connection tracking, one before [`LIMITS_FLOW_RATE`] lets a job at its
-/// limit keep the host walking its connections: said once per process, with the fix. It is
+/// limit keep the host walking its connections, and one made on a kernel that refused a
+/// limit (see [`ensure`]) lacks it: said once per process, with the fix. It is
 /// not replaced under running jobs (their runs' elements would go with it); `gc`, the
 /// end of the last run, or a reboot removes it, and the next job makes the current one.
 /// One older still, without the IPv6 rules, is said so where IPv6 is decided, with the
@@ -675,8 +680,8 @@ fn warn_if_outdated(comment: &str) {
         SAID.call_once(|| {
             tracing::warn!(
                 "jobs' network: the nftables table inet {TABLE} {what} (it was made by an older azp-sandbox, \
-                 or on a kernel without what that needs, said when it was made): run `azp-sandbox gc` once no \
-                 jobs run (and the kernel has it)"
+                 or on a kernel that refused a limit, said when it was made): run `azp-sandbox gc` once no \
+                 jobs run (and the kernel has what the limit needs)"
             )
         });
     }
@@ -692,7 +697,7 @@ fn outdated(comment: &str) -> Option<String> {
         lacks.push("lets jobs reach host services other DNAT rules forward to");
     }
     if !has_marker(comment, LIMITS_FLOWS) {
-        lacks.push("does not limit each job's tracked connections");
+        lacks.push("does not limit each job's tracked connections, how fast it opens them, or its DNS queries");
     } else if !has_marker(comment, LIMITS_FLOW_RATE) {
         lacks.push("does not limit how fast each job opens connections (a job at its limit can keep a CPU busy)");
     }
@@ -1015,7 +1020,13 @@ mod tests {
                                   (a job can fill its neighbour table)";
         assert_eq!(
             outdated("azp-sandbox jobs: subnet 10.87.0.0/16, ipv6, own-dnat").as_deref(),
-            Some(format!("does not limit each job's tracked connections, and {NEIGHBOURS}").as_str())
+            Some(
+                format!(
+                    "does not limit each job's tracked connections, how fast it opens them, or its DNS queries, \
+                     and {NEIGHBOURS}"
+                )
+                .as_str()
+            )
         );
         assert_eq!(
             outdated("azp-sandbox jobs: subnet 10.87.0.0/16, ipv6, own-dnat, flows").as_deref(),
@@ -1049,7 +1060,10 @@ mod tests {
     fn a_table_whose_limits_failed_says_so_in_its_comment_and_is_made_again_without_them() {
         let no_flows = comment(net(), false, Limits { flows: false, nexthops: true });
         assert_eq!(no_flows, "azp-sandbox jobs: subnet 10.87.0.0/16, ipv6, own-dnat, nexthops");
-        assert_eq!(outdated(&no_flows).as_deref(), Some("does not limit each job's tracked connections"));
+        assert_eq!(
+            outdated(&no_flows).as_deref(),
+            Some("does not limit each job's tracked connections, how fast it opens them, or its DNS queries")
+        );
         let neither = comment(net(), true, Limits { flows: false, nexthops: false });
         assert_eq!(neither, "azp-sandbox jobs: subnet 10.87.0.0/16, ipv6, own-dnat, ip_forward was 0");
         assert!(outdated(&neither).unwrap().ends_with("(a job can fill its neighbour table)"), "{neither}");
