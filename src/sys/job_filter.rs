@@ -24,6 +24,15 @@
 //! - `meta oif != lo ip daddr NET reject ...` for broadcast and multicast
 //!   ([`JobFilter::reject_off_lo4`]), which routes cannot stop.
 //!
+//! Rootless, a second chain, `input` (priority filter, policy accept), with one rule:
+//! `meta iif != lo ct state new drop` ([`JobFilter::refuse_inbound`]). pasta sends a
+//! job's UDP from a host socket bound to the job's source port on all the host's
+//! addresses, and hands the job whatever that socket receives, from anyone: the
+//! job's namespace itself must keep what it did not ask for out (a red-team pass,
+//! then `t62`: 372 datagrams of the fake host's loopback, its address and the fake
+//! internet reached a job that had sent one). Root mode's jobs get only what the
+//! host's table forwards to them: answers.
+//!
 //! Made over netlink, not by the `nft` binary: one batch (~0.1 ms) instead of a process
 //! (~5 ms) on every job's start. Every message has a unit test of its shape; the root
 //! test reads the table back with `nft list`.
@@ -47,10 +56,14 @@ pub struct JobFilter {
     /// deliver them to its services on all addresses once a flush took its table away.
     pub reject_off_lo4: Vec<Ipv4Net>,
     pub reject_off_lo6: Vec<Ipv6Net>,
+    /// Nothing comes in from outside the namespace but answers (conntrack's established
+    /// and related): see the module's doc.
+    pub refuse_inbound: bool,
 }
 
 pub const TABLE: &str = "azp-job";
 const CHAIN: &str = "output";
+const INPUT: &str = "input";
 
 // linux/netfilter/nf_tables.h, linux/netfilter.h, linux/rtnetlink.h.
 const NFT_MSG_NEWTABLE: u16 = 0;
@@ -65,7 +78,9 @@ const NFTA_CHAIN_POLICY: u16 = 5;
 const NFTA_CHAIN_TYPE: u16 = 7;
 const NFTA_HOOK_HOOKNUM: u16 = 1;
 const NFTA_HOOK_PRIORITY: u16 = 2;
+const NF_INET_LOCAL_IN: u32 = 1;
 const NF_INET_LOCAL_OUT: u32 = 3;
+const NF_DROP: u32 = 0;
 const NF_ACCEPT: u32 = 1;
 const NFTA_RULE_TABLE: u16 = 1;
 const NFTA_RULE_CHAIN: u16 = 2;
@@ -78,7 +93,11 @@ const NFTA_DATA_VERDICT: u16 = 2;
 const NFTA_VERDICT_CODE: u16 = 1;
 const NFT_REG_VERDICT: u32 = 0;
 const NFT_REG_1: u32 = 1;
+const NFT_META_IIF: u32 = 4;
 const NFT_META_OIF: u32 = 5;
+const NFT_CT_STATE: u32 = 0;
+/// `ct state new`: the bit of IP_CT_NEW (2) in conntrack's state mask (bit 0 is invalid).
+const NF_CT_STATE_NEW_BIT: u32 = 1 << 3;
 const NFT_META_NFPROTO: u32 = 15;
 const NFT_CMP_EQ: u32 = 0;
 const NFT_CMP_NEQ: u32 = 1;
@@ -106,13 +125,7 @@ pub fn messages(f: &JobFilter) -> Vec<Message> {
     let mut table = Message::nft(NFT_MSG_NEWTABLE, NLM_F_CREATE);
     table.attr_str(NFTA_TABLE_NAME, TABLE);
     out.push(table);
-    let mut chain = Message::nft(NFT_MSG_NEWCHAIN, NLM_F_CREATE);
-    chain.attr_str(NFTA_CHAIN_TABLE, TABLE).attr_str(NFTA_CHAIN_NAME, CHAIN);
-    chain.nest(NFTA_CHAIN_HOOK);
-    chain.attr(NFTA_HOOK_HOOKNUM, &NF_INET_LOCAL_OUT.to_be_bytes()).attr(NFTA_HOOK_PRIORITY, &0u32.to_be_bytes());
-    chain.end();
-    chain.attr(NFTA_CHAIN_POLICY, &NF_ACCEPT.to_be_bytes()).attr_str(NFTA_CHAIN_TYPE, "filter");
-    out.push(chain);
+    out.push(base_chain(CHAIN, NF_INET_LOCAL_OUT));
     // Before the local destinations' accept: see the module's doc.
     out.push(net_rule(NFPROTO_IPV4, &[127, 0, 0, 0], 8, true, false));
     out.push(net_rule(NFPROTO_IPV6, &std::net::Ipv6Addr::LOCALHOST.octets(), 128, true, false));
@@ -134,7 +147,37 @@ pub fn messages(f: &JobFilter) -> Vec<Message> {
     let at = f.accept4.len();
     rules.splice(at..at, f.accept_ports4.iter().map(|(addr, port)| port_rule(*addr, *port)));
     out.extend(rules);
+    if f.refuse_inbound {
+        out.push(base_chain(INPUT, NF_INET_LOCAL_IN));
+        out.push(rule_in(INPUT, |m| {
+            expr(m, "meta", |m| {
+                m.attr(1, &be(NFT_REG_1)).attr(2, &be(NFT_META_IIF));
+            });
+            cmp(m, NFT_CMP_NEQ, &LO_IFINDEX.to_ne_bytes());
+            expr(m, "ct", |m| {
+                m.attr(1, &be(NFT_REG_1)).attr(2, &be(NFT_CT_STATE));
+            });
+            expr(m, "bitwise", |m| {
+                m.attr(1, &be(NFT_REG_1)).attr(2, &be(NFT_REG_1)).attr(3, &be(4));
+                m.nest(4).attr(NFTA_DATA_VALUE, &NF_CT_STATE_NEW_BIT.to_ne_bytes()).end();
+                m.nest(5).attr(NFTA_DATA_VALUE, &[0u8; 4]).end();
+            });
+            cmp(m, NFT_CMP_NEQ, &[0u8; 4]);
+            verdict(m, NF_DROP);
+        }));
+    }
     out
+}
+
+/// A chain of the table on `hook` (priority filter, policy accept).
+fn base_chain(name: &str, hook: u32) -> Message {
+    let mut chain = Message::nft(NFT_MSG_NEWCHAIN, NLM_F_CREATE);
+    chain.attr_str(NFTA_CHAIN_TABLE, TABLE).attr_str(NFTA_CHAIN_NAME, name);
+    chain.nest(NFTA_CHAIN_HOOK);
+    chain.attr(NFTA_HOOK_HOOKNUM, &hook.to_be_bytes()).attr(NFTA_HOOK_PRIORITY, &0u32.to_be_bytes());
+    chain.end();
+    chain.attr(NFTA_CHAIN_POLICY, &NF_ACCEPT.to_be_bytes()).attr_str(NFTA_CHAIN_TYPE, "filter");
+    chain
 }
 
 /// `ip daddr ADDR th dport PORT accept` (TCP and UDP alike, as the host's table's
@@ -193,10 +236,15 @@ fn oif_not_lo(m: &mut Message) {
     cmp(m, NFT_CMP_NEQ, &LO_IFINDEX.to_ne_bytes());
 }
 
-/// A rule appended to the chain, its expressions written by `exprs`.
+/// A rule appended to the output chain, its expressions written by `exprs`.
 fn rule(exprs: impl FnOnce(&mut Message)) -> Message {
+    rule_in(CHAIN, exprs)
+}
+
+/// A rule appended to `chain`.
+fn rule_in(chain: &str, exprs: impl FnOnce(&mut Message)) -> Message {
     let mut m = Message::nft(NFT_MSG_NEWRULE, NLM_F_CREATE | NLM_F_APPEND);
-    m.attr_str(NFTA_RULE_TABLE, TABLE).attr_str(NFTA_RULE_CHAIN, CHAIN);
+    m.attr_str(NFTA_RULE_TABLE, TABLE).attr_str(NFTA_RULE_CHAIN, chain);
     m.nest(NFTA_RULE_EXPRESSIONS);
     exprs(&mut m);
     m.end();
@@ -267,9 +315,13 @@ fn cmp(m: &mut Message, op: u32, value: &[u8]) {
 }
 
 fn accept(m: &mut Message) {
+    verdict(m, NF_ACCEPT)
+}
+
+fn verdict(m: &mut Message, code: u32) {
     expr(m, "immediate", |m| {
         m.attr(1, &be(NFT_REG_VERDICT));
-        m.nest(2).nest(NFTA_DATA_VERDICT).attr(NFTA_VERDICT_CODE, &be(NF_ACCEPT)).end().end();
+        m.nest(2).nest(NFTA_DATA_VERDICT).attr(NFTA_VERDICT_CODE, &be(code)).end().end();
     });
 }
 
@@ -295,6 +347,7 @@ mod tests {
             reject6: vec![Ipv6Net { addr: Ipv6Addr::new(0xfe80, 0, 0, 0, 0, 0, 0, 0), prefix: 10 }],
             reject_off_lo4: vec![Ipv4Net::host(Ipv4Addr::BROADCAST)],
             reject_off_lo6: vec![Ipv6Net { addr: Ipv6Addr::new(0xff00, 0, 0, 0, 0, 0, 0, 0), prefix: 8 }],
+            refuse_inbound: true,
         }
     }
 
@@ -310,8 +363,9 @@ mod tests {
     fn one_message_per_rule_after_the_table_and_chain() {
         let msgs = messages(&filter());
         // table, chain, the loopbacks off lo, local, one accept, one port's accept, two
-        // IPv4 rejects, one IPv6 reject, two off lo.
-        assert_eq!(msgs.len(), 12);
+        // IPv4 rejects, one IPv6 reject, two off lo; the input chain and its rule.
+        assert_eq!(msgs.len(), 14);
+        assert_eq!(messages(&JobFilter { refuse_inbound: false, ..filter() }).len(), 12, "root mode: no input chain");
         let bytes: Vec<Vec<u8>> = msgs.into_iter().map(|m| m.finish(1, 0)).collect();
         let has = |b: &[u8], needle: &[u8]| b.windows(needle.len()).any(|w| w == needle);
         assert!(has(&bytes[1], b"filter\0") && has(&bytes[1], &be(NF_INET_LOCAL_OUT)), "the output hook");
@@ -322,6 +376,8 @@ mod tests {
         assert!(has(&bytes[6], &be(NFT_PAYLOAD_TRANSPORT_HEADER)) && has(&bytes[6], b"immediate\0"));
         assert!(has(&bytes[7], &[255, 255, 0, 0]) && has(&bytes[7], b"reject\0"), "a /16: masked, refused");
         assert!(has(&bytes[9], &[0xfe, 0x80]) && has(&bytes[9], &[NFPROTO_IPV6]), "IPv6");
+        assert!(has(&bytes[12], b"input\0") && has(&bytes[12], &be(NF_INET_LOCAL_IN)), "the input hook");
+        assert!(has(&bytes[13], b"ct\0") && has(&bytes[13], &NF_CT_STATE_NEW_BIT.to_ne_bytes()), "new: dropped");
     }
 
     /// A batch the kernel refuses is one error, not a wait: the chain without its table.
@@ -371,6 +427,10 @@ mod tests {
                 "ip6 daddr fe80::/10 reject with icmpx admin-prohibited",
                 "oif != \"lo\" ip daddr 255.255.255.255 reject with icmpx admin-prohibited",
                 "oif != \"lo\" ip6 daddr ff00::/8 reject with icmpx admin-prohibited",
+                "}",
+                "chain input {",
+                "type filter hook input priority filter; policy accept;",
+                "iif != \"lo\" ct state new drop",
                 "}",
                 "}",
             ],

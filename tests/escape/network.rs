@@ -542,6 +542,53 @@ fn a_refused_limit(limit: RefusedLimit) {
 
 #[test]
 #[cfg_attr(not(test_as_root), ignore = "needs root: creates real sandboxes and network namespaces")]
+fn t62_a_jobs_udp_port_takes_nothing_it_did_not_ask_for() {
+    require_root!();
+    let lab = or_skip!(NetLab::new());
+    let h = home("net-udp-inbound");
+    // A job that sent one datagram from its port must get the answers of the address it
+    // sent to, and nothing else: not what host processes send to that port on the
+    // host's loopback (a metrics or syslog client's datagrams), nor what the LAN or the
+    // internet sends to the host's address there. Rootless, pasta sends a job's
+    // datagrams from a host socket bound to the same port on all the host's addresses,
+    // which receives from anyone (a red-team pass, by reading pasta's source).
+    const PORT: u16 = 40123;
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let sender = |ns: PathBuf, to: &'static str| {
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            netlab::enter(&ns);
+            let s = std::net::UdpSocket::bind("0.0.0.0:0").unwrap();
+            while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+                let _ = s.send_to(b"unasked", (to, PORT));
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        })
+    };
+    let senders =
+        [sender(lab.host_path(), "127.0.0.1"), sender(lab.host_path(), HOST_IP), sender(lab.internet_path(), HOST_IP)];
+    // One datagram to the fake internet's discard port (nobody answers), then 2.5 s of
+    // listening; and what an answering far end sends back still comes in.
+    const ANSWERING: u16 = 7792;
+    let _far_end = lab.internet_udp_answerer(INTERNET_IP, ANSWERING);
+    let listen = toks(&[&format!("udp-recv:{PORT}:2500:{INTERNET_IP}:9")]);
+    let asked = toks(&[&format!("udp-recv:{PORT}:500:{INTERNET_IP}:{ANSWERING}")]);
+    for (who, opts) in USERS {
+        let out = lab_exec_ok(&lab, &h, opts, &probe(&listen));
+        assert_eq!(probe_results(&out)[&listen[0]], "0", "{who}: datagrams nobody was asked for came in: {out}");
+        let out = lab_exec_ok(&lab, &h, opts, &probe(&asked));
+        let answers: u32 = probe_results(&out)[&asked[0]].parse().unwrap();
+        assert!(answers > 0, "{who}: the far end's answer did not come in: {out}");
+    }
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    for s in senders {
+        s.join().unwrap();
+    }
+    h.assert_no_residue(&[]);
+}
+
+#[test]
+#[cfg_attr(not(test_as_root), ignore = "needs root: creates real sandboxes and network namespaces")]
 fn t44_a_socket_bound_to_the_jobs_link_is_blocked_as_any_other() {
     require_root!();
     let lab = or_skip!(NetLab::new());

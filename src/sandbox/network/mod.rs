@@ -196,6 +196,9 @@ pub fn job_filter(
     if gateway.is_some() {
         f.reject_off_lo6 = vec![Ipv6Net::new(Ipv6Addr::new(0xff00, 0, 0, 0, 0, 0, 0, 0), 8)];
     }
+    // Rootless (pasta's gateway, not ours): pasta hands the job whatever reaches the host
+    // socket it sends the job's UDP from; only answers may come in (see sys::job_filter).
+    f.refuse_inbound = gateway.is_none();
     f
 }
 
