@@ -22,7 +22,10 @@
 //! - `ip daddr NET reject with icmpx type admin-prohibited`, and the same for IPv6, for
 //!   each network the job's routes prohibit;
 //! - `meta oif != lo ip daddr NET reject ...` for broadcast and multicast
-//!   ([`JobFilter::reject_off_lo4`]), which routes cannot stop.
+//!   ([`JobFilter::reject_off_lo4`]), which routes cannot stop; rootless, IPv6
+//!   multicast but ICMPv6 (`... ip6 daddr ff00::/8 meta l4proto != ipv6-icmp reject`:
+//!   pasta sends a job's UDP from a host socket whatever its destination, and every
+//!   link of the host is in ff02::1; its gateway is found by neighbour discovery).
 //!
 //! Rootless, a second chain, `input` (priority filter, policy accept), with one rule:
 //! `meta iif != lo ct state new drop` ([`JobFilter::refuse_inbound`]). pasta sends a
@@ -56,6 +59,8 @@ pub struct JobFilter {
     /// deliver them to its services on all addresses once a flush took its table away.
     pub reject_off_lo4: Vec<Ipv4Net>,
     pub reject_off_lo6: Vec<Ipv6Net>,
+    /// As `reject_off_lo6`, but for ICMPv6 (rootless: neighbour discovery).
+    pub reject_off_lo6_but_icmp: Vec<Ipv6Net>,
     /// Nothing comes in from outside the namespace but answers (conntrack's established
     /// and related): see the module's doc.
     pub refuse_inbound: bool,
@@ -99,6 +104,8 @@ const NFT_CT_STATE: u32 = 0;
 /// `ct state new`: the bit of IP_CT_NEW (2) in conntrack's state mask (bit 0 is invalid).
 const NF_CT_STATE_NEW_BIT: u32 = 1 << 3;
 const NFT_META_NFPROTO: u32 = 15;
+const NFT_META_L4PROTO: u32 = 16;
+const IPPROTO_ICMPV6: u8 = 58;
 const NFT_CMP_EQ: u32 = 0;
 const NFT_CMP_NEQ: u32 = 1;
 const LO_IFINDEX: u32 = 1;
@@ -143,6 +150,18 @@ pub fn messages(f: &JobFilter) -> Vec<Message> {
     let mut rules: Vec<Message> = nets
         .map(|((family, net, prefix), off_lo, accepted)| net_rule(family, &net, prefix, off_lo, accepted))
         .collect();
+    rules.extend(f.reject_off_lo6_but_icmp.iter().map(|n| {
+        rule(|m| {
+            oif_not_lo(m);
+            let (family, net, prefix) = v6(n);
+            daddr(m, family, &net, prefix);
+            expr(m, "meta", |m| {
+                m.attr(1, &be(NFT_REG_1)).attr(2, &be(NFT_META_L4PROTO));
+            });
+            cmp(m, NFT_CMP_NEQ, &[IPPROTO_ICMPV6]);
+            reject(m);
+        })
+    }));
     // The ports' accepts right after the networks' (before any reject).
     let at = f.accept4.len();
     rules.splice(at..at, f.accept_ports4.iter().map(|(addr, port)| port_rule(*addr, *port)));
@@ -347,6 +366,7 @@ mod tests {
             reject6: vec![Ipv6Net { addr: Ipv6Addr::new(0xfe80, 0, 0, 0, 0, 0, 0, 0), prefix: 10 }],
             reject_off_lo4: vec![Ipv4Net::host(Ipv4Addr::BROADCAST)],
             reject_off_lo6: vec![Ipv6Net { addr: Ipv6Addr::new(0xff00, 0, 0, 0, 0, 0, 0, 0), prefix: 8 }],
+            reject_off_lo6_but_icmp: vec![Ipv6Net { addr: Ipv6Addr::new(0xff00, 0, 0, 0, 0, 0, 0, 0), prefix: 8 }],
             refuse_inbound: true,
         }
     }
@@ -363,9 +383,10 @@ mod tests {
     fn one_message_per_rule_after_the_table_and_chain() {
         let msgs = messages(&filter());
         // table, chain, the loopbacks off lo, local, one accept, one port's accept, two
-        // IPv4 rejects, one IPv6 reject, two off lo; the input chain and its rule.
-        assert_eq!(msgs.len(), 14);
-        assert_eq!(messages(&JobFilter { refuse_inbound: false, ..filter() }).len(), 12, "root mode: no input chain");
+        // IPv4 rejects, one IPv6 reject, two off lo, one off lo but ICMPv6; the input
+        // chain and its rule.
+        assert_eq!(msgs.len(), 15);
+        assert_eq!(messages(&JobFilter { refuse_inbound: false, ..filter() }).len(), 13, "root mode: no input chain");
         let bytes: Vec<Vec<u8>> = msgs.into_iter().map(|m| m.finish(1, 0)).collect();
         let has = |b: &[u8], needle: &[u8]| b.windows(needle.len()).any(|w| w == needle);
         assert!(has(&bytes[1], b"filter\0") && has(&bytes[1], &be(NF_INET_LOCAL_OUT)), "the output hook");
@@ -376,8 +397,9 @@ mod tests {
         assert!(has(&bytes[6], &be(NFT_PAYLOAD_TRANSPORT_HEADER)) && has(&bytes[6], b"immediate\0"));
         assert!(has(&bytes[7], &[255, 255, 0, 0]) && has(&bytes[7], b"reject\0"), "a /16: masked, refused");
         assert!(has(&bytes[9], &[0xfe, 0x80]) && has(&bytes[9], &[NFPROTO_IPV6]), "IPv6");
-        assert!(has(&bytes[12], b"input\0") && has(&bytes[12], &be(NF_INET_LOCAL_IN)), "the input hook");
-        assert!(has(&bytes[13], b"ct\0") && has(&bytes[13], &NF_CT_STATE_NEW_BIT.to_ne_bytes()), "new: dropped");
+        assert!(has(&bytes[12], &be(NFT_META_L4PROTO)) && has(&bytes[12], &[IPPROTO_ICMPV6]), "but ICMPv6");
+        assert!(has(&bytes[13], b"input\0") && has(&bytes[13], &be(NF_INET_LOCAL_IN)), "the input hook");
+        assert!(has(&bytes[14], b"ct\0") && has(&bytes[14], &NF_CT_STATE_NEW_BIT.to_ne_bytes()), "new: dropped");
     }
 
     /// A batch the kernel refuses is one error, not a wait: the chain without its table.
@@ -427,6 +449,7 @@ mod tests {
                 "ip6 daddr fe80::/10 reject with icmpx admin-prohibited",
                 "oif != \"lo\" ip daddr 255.255.255.255 reject with icmpx admin-prohibited",
                 "oif != \"lo\" ip6 daddr ff00::/8 reject with icmpx admin-prohibited",
+                "oif != \"lo\" ip6 daddr ff00::/8 meta l4proto != ipv6-icmp reject with icmpx admin-prohibited",
                 "}",
                 "chain input {",
                 "type filter hook input priority filter; policy accept;",

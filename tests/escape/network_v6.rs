@@ -448,3 +448,27 @@ fn t48_an_ipv6_address_the_host_gets_while_a_job_runs_is_out_of_its_reach() {
     ip(&["-6", "route", "del", "local", ANYIP.0, "dev", "lo"]);
     h.assert_no_residue(&[]);
 }
+
+#[test]
+#[cfg_attr(not(test_as_root), ignore = "needs root: creates real sandboxes and network namespaces")]
+fn t63_ipv6_multicast_reaches_no_host_service() {
+    require_root!();
+    let lab = or_skip!(NetLab::new_v6());
+    let h = home("net6-mcast");
+    // A UDP service of the fake host on all its IPv6 addresses: every link of the host
+    // is in the all-nodes group, so a datagram to ff02::1 that left by the host's
+    // namespace reaches it (rootless, pasta sends the job's UDP from a host socket,
+    // whatever its destination: a red-team pass, by reading).
+    const PORT: u16 = 9;
+    let udp = lab.udp_counter("::", PORT);
+    let send = toks(&["udp-hosts:ff02--1:1:3:100"]);
+    lab_exec_ok(&lab, &h, &["--network", "host"], &probe(&send));
+    wait_until("the control's datagrams", Duration::from_secs(5), || udp.count() >= 1);
+    udp.reset();
+    for (who, opts) in USERS {
+        let out = lab_exec_ok(&lab, &h, opts, &probe(&send));
+        std::thread::sleep(Duration::from_millis(300));
+        assert_eq!(udp.count(), 0, "{who}: the host's service got the job's multicast: {out}");
+    }
+    h.assert_no_residue(&[]);
+}

@@ -189,12 +189,17 @@ pub fn job_filter(
     }
     f.reject6.extend(blocked6.iter().filter(|n| **n != ipv6::LINK_LOCAL));
     // Broadcast and multicast, which routes cannot stop: the host delivers them to its
-    // services on all addresses once a flush took its table away. IPv6 multicast in root
-    // mode only: a rootless job finds pasta's gateway by neighbour discovery (multicast);
-    // a veth job's neighbours are permanent entries both ways.
+    // services on all addresses once a flush took its table away. IPv6 multicast but
+    // ICMPv6 rootless: a rootless job finds pasta's gateway by neighbour discovery
+    // (multicast); a veth job's neighbours are permanent entries both ways.
     f.reject_off_lo4 = vec![Ipv4Net::host(Ipv4Addr::BROADCAST), Ipv4Net::new(Ipv4Addr::new(224, 0, 0, 0), 4)];
+    let multicast6 = vec![Ipv6Net::new(Ipv6Addr::new(0xff00, 0, 0, 0, 0, 0, 0, 0), 8)];
     if gateway.is_some() {
-        f.reject_off_lo6 = vec![Ipv6Net::new(Ipv6Addr::new(0xff00, 0, 0, 0, 0, 0, 0, 0), 8)];
+        f.reject_off_lo6 = multicast6;
+    } else {
+        // pasta sends a job's UDP from a host socket whatever its destination: to ff02::1
+        // it reached every host service on `[::]` (a red-team pass, then t63).
+        f.reject_off_lo6_but_icmp = multicast6;
     }
     // Rootless (pasta's gateway, not ours): pasta hands the job whatever reaches the host
     // socket it sends the job's UDP from; only answers may come in (see sys::job_filter).
