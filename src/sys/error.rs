@@ -266,7 +266,10 @@ pub enum Error {
     NftTableMissing { table: String },
     #[error("pasta ({}) exited before the job's network was ready: {said}", program.display())]
     PastaFailed { program: PathBuf, said: String },
-    #[error("cannot make the job's own nftables table {table} in its network namespace (nf_tables in the kernel?)")]
+    #[error(
+        "cannot make the job's own nftables table {table} in its network namespace (the kernel needs nf_tables; \
+         rootless also nft_ct, nf_conntrack and nft_connlimit)"
+    )]
     JobFilter { table: &'static str, source: Errno },
     #[error("cannot watch the host's route changes (a netlink socket subscribed to RTMGRP_IPV4/6_ROUTE)")]
     WatchAddresses(#[source] Errno),

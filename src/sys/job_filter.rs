@@ -34,7 +34,12 @@
 //! job's namespace itself must keep what it did not ask for out (a red-team pass,
 //! then `t62`: 372 datagrams of the fake host's loopback, its address and the fake
 //! internet reached a job that had sent one). Root mode's jobs get only what the
-//! host's table forwards to them: answers.
+//! host's table forwards to them: answers. That state is conntrack's, in the job's
+//! namespace, whose entries share the host's table: so, rootless too, a chain `notrack`
+//! (output, priority raw) leaves the job's loopback untracked (`oif lo notrack`), and
+//! the output chain's first rule holds what the job tracks to its share of the host's
+//! table (`oif != lo ct state new ct count over N reject`; a review: a job sending to
+//! loopback ports, or to new ports anywhere, filled it).
 //!
 //! Made over netlink, not by the `nft` binary: one batch (~0.1 ms) instead of a process
 //! (~5 ms) on every job's start. Every message has a unit test of its shape; the root
@@ -62,13 +67,16 @@ pub struct JobFilter {
     /// As `reject_off_lo6`, but for ICMPv6 (rootless: neighbour discovery).
     pub reject_off_lo6_but_icmp: Vec<Ipv6Net>,
     /// Nothing comes in from outside the namespace but answers (conntrack's established
-    /// and related): see the module's doc.
-    pub refuse_inbound: bool,
+    /// and related), and the job tracks at most this many flows: see the module's doc.
+    pub refuse_inbound: Option<u32>,
 }
 
 pub const TABLE: &str = "azp-job";
 const CHAIN: &str = "output";
 const INPUT: &str = "input";
+const NOTRACK: &str = "notrack";
+/// NF_IP_PRI_RAW: before conntrack.
+const PRIORITY_RAW: i32 = -300;
 
 // linux/netfilter/nf_tables.h, linux/netfilter.h, linux/rtnetlink.h.
 const NFT_MSG_NEWTABLE: u16 = 0;
@@ -101,6 +109,8 @@ const NFT_REG_1: u32 = 1;
 const NFT_META_IIF: u32 = 4;
 const NFT_META_OIF: u32 = 5;
 const NFT_CT_STATE: u32 = 0;
+/// `ct count over`: the connlimit expression's inverted match.
+const NFT_CONNLIMIT_F_INV: u32 = 1;
 /// `ct state new`: the bit of IP_CT_NEW (2) in conntrack's state mask (bit 0 is invalid).
 const NF_CT_STATE_NEW_BIT: u32 = 1 << 3;
 const NFT_META_NFPROTO: u32 = 15;
@@ -132,7 +142,25 @@ pub fn messages(f: &JobFilter) -> Vec<Message> {
     let mut table = Message::nft(NFT_MSG_NEWTABLE, NLM_F_CREATE);
     table.attr_str(NFTA_TABLE_NAME, TABLE);
     out.push(table);
-    out.push(base_chain(CHAIN, NF_INET_LOCAL_OUT));
+    out.push(base_chain(CHAIN, NF_INET_LOCAL_OUT, 0));
+    if let Some(flows) = f.refuse_inbound {
+        out.push(base_chain(NOTRACK, NF_INET_LOCAL_OUT, PRIORITY_RAW));
+        out.push(rule_in(NOTRACK, |m| {
+            expr(m, "meta", |m| {
+                m.attr(1, &be(NFT_REG_1)).attr(2, &be(NFT_META_OIF));
+            });
+            cmp(m, NFT_CMP_EQ, &LO_IFINDEX.to_ne_bytes());
+            expr(m, "notrack", |_| {});
+        }));
+        out.push(rule(|m| {
+            oif_not_lo(m);
+            ct_state_new(m);
+            expr(m, "connlimit", |m| {
+                m.attr(1, &be(flows)).attr(2, &be(NFT_CONNLIMIT_F_INV));
+            });
+            reject(m);
+        }));
+    }
     // Before the local destinations' accept: see the module's doc.
     out.push(net_rule(NFPROTO_IPV4, &[127, 0, 0, 0], 8, true, false));
     out.push(net_rule(NFPROTO_IPV6, &std::net::Ipv6Addr::LOCALHOST.octets(), 128, true, false));
@@ -166,34 +194,39 @@ pub fn messages(f: &JobFilter) -> Vec<Message> {
     let at = f.accept4.len();
     rules.splice(at..at, f.accept_ports4.iter().map(|(addr, port)| port_rule(*addr, *port)));
     out.extend(rules);
-    if f.refuse_inbound {
-        out.push(base_chain(INPUT, NF_INET_LOCAL_IN));
+    if f.refuse_inbound.is_some() {
+        out.push(base_chain(INPUT, NF_INET_LOCAL_IN, 0));
         out.push(rule_in(INPUT, |m| {
             expr(m, "meta", |m| {
                 m.attr(1, &be(NFT_REG_1)).attr(2, &be(NFT_META_IIF));
             });
             cmp(m, NFT_CMP_NEQ, &LO_IFINDEX.to_ne_bytes());
-            expr(m, "ct", |m| {
-                m.attr(1, &be(NFT_REG_1)).attr(2, &be(NFT_CT_STATE));
-            });
-            expr(m, "bitwise", |m| {
-                m.attr(1, &be(NFT_REG_1)).attr(2, &be(NFT_REG_1)).attr(3, &be(4));
-                m.nest(4).attr(NFTA_DATA_VALUE, &NF_CT_STATE_NEW_BIT.to_ne_bytes()).end();
-                m.nest(5).attr(NFTA_DATA_VALUE, &[0u8; 4]).end();
-            });
-            cmp(m, NFT_CMP_NEQ, &[0u8; 4]);
+            ct_state_new(m);
             verdict(m, NF_DROP);
         }));
     }
     out
 }
 
-/// A chain of the table on `hook` (priority filter, policy accept).
-fn base_chain(name: &str, hook: u32) -> Message {
+/// `ct state new`.
+fn ct_state_new(m: &mut Message) {
+    expr(m, "ct", |m| {
+        m.attr(1, &be(NFT_REG_1)).attr(2, &be(NFT_CT_STATE));
+    });
+    expr(m, "bitwise", |m| {
+        m.attr(1, &be(NFT_REG_1)).attr(2, &be(NFT_REG_1)).attr(3, &be(4));
+        m.nest(4).attr(NFTA_DATA_VALUE, &NF_CT_STATE_NEW_BIT.to_ne_bytes()).end();
+        m.nest(5).attr(NFTA_DATA_VALUE, &[0u8; 4]).end();
+    });
+    cmp(m, NFT_CMP_NEQ, &[0u8; 4]);
+}
+
+/// A chain of the table on `hook` at `priority` (policy accept).
+fn base_chain(name: &str, hook: u32, priority: i32) -> Message {
     let mut chain = Message::nft(NFT_MSG_NEWCHAIN, NLM_F_CREATE);
     chain.attr_str(NFTA_CHAIN_TABLE, TABLE).attr_str(NFTA_CHAIN_NAME, name);
     chain.nest(NFTA_CHAIN_HOOK);
-    chain.attr(NFTA_HOOK_HOOKNUM, &hook.to_be_bytes()).attr(NFTA_HOOK_PRIORITY, &0u32.to_be_bytes());
+    chain.attr(NFTA_HOOK_HOOKNUM, &hook.to_be_bytes()).attr(NFTA_HOOK_PRIORITY, &priority.to_be_bytes());
     chain.end();
     chain.attr(NFTA_CHAIN_POLICY, &NF_ACCEPT.to_be_bytes()).attr_str(NFTA_CHAIN_TYPE, "filter");
     chain
@@ -367,7 +400,7 @@ mod tests {
             reject_off_lo4: vec![Ipv4Net::host(Ipv4Addr::BROADCAST)],
             reject_off_lo6: vec![Ipv6Net { addr: Ipv6Addr::new(0xff00, 0, 0, 0, 0, 0, 0, 0), prefix: 8 }],
             reject_off_lo6_but_icmp: vec![Ipv6Net { addr: Ipv6Addr::new(0xff00, 0, 0, 0, 0, 0, 0, 0), prefix: 8 }],
-            refuse_inbound: true,
+            refuse_inbound: Some(4096),
         }
     }
 
@@ -381,14 +414,12 @@ mod tests {
 
     #[test]
     fn one_message_per_rule_after_the_table_and_chain() {
-        let msgs = messages(&filter());
-        // table, chain, the loopbacks off lo, local, one accept, one port's accept, two
-        // IPv4 rejects, one IPv6 reject, two off lo, one off lo but ICMPv6; the input
-        // chain and its rule.
-        assert_eq!(msgs.len(), 15);
-        assert_eq!(messages(&JobFilter { refuse_inbound: false, ..filter() }).len(), 13, "root mode: no input chain");
-        let bytes: Vec<Vec<u8>> = msgs.into_iter().map(|m| m.finish(1, 0)).collect();
         let has = |b: &[u8], needle: &[u8]| b.windows(needle.len()).any(|w| w == needle);
+        let finish = |msgs: Vec<Message>| -> Vec<Vec<u8>> { msgs.into_iter().map(|m| m.finish(1, 0)).collect() };
+        // Root mode: table, chain, the loopbacks off lo, local, one accept, one port's
+        // accept, two IPv4 rejects, one IPv6 reject, two off lo, one off lo but ICMPv6.
+        let bytes = finish(messages(&JobFilter { refuse_inbound: None, ..filter() }));
+        assert_eq!(bytes.len(), 13);
         assert!(has(&bytes[1], b"filter\0") && has(&bytes[1], &be(NF_INET_LOCAL_OUT)), "the output hook");
         assert!(has(&bytes[2], &[127, 0, 0, 0]) && has(&bytes[2], b"reject\0"), "127/8 first: refused");
         assert!(has(&bytes[4], b"fib\0") && has(&bytes[4], b"immediate\0"), "local: accept");
@@ -398,8 +429,20 @@ mod tests {
         assert!(has(&bytes[7], &[255, 255, 0, 0]) && has(&bytes[7], b"reject\0"), "a /16: masked, refused");
         assert!(has(&bytes[9], &[0xfe, 0x80]) && has(&bytes[9], &[NFPROTO_IPV6]), "IPv6");
         assert!(has(&bytes[12], &be(NFT_META_L4PROTO)) && has(&bytes[12], &[IPPROTO_ICMPV6]), "but ICMPv6");
-        assert!(has(&bytes[13], b"input\0") && has(&bytes[13], &be(NF_INET_LOCAL_IN)), "the input hook");
-        assert!(has(&bytes[14], b"ct\0") && has(&bytes[14], &NF_CT_STATE_NEW_BIT.to_ne_bytes()), "new: dropped");
+        // The expression name "ct" as its attribute (length 7, NFTA_EXPR_NAME): "reject" ends in "ct" too.
+        const CT: &[u8] = b"\x07\x00\x01\x00ct\x00";
+        assert!(!bytes.iter().any(|b| has(b, CT)), "root mode: nothing tracked in the job's namespace");
+        // Rootless: the notrack chain and its rule, the count first in the output chain,
+        // the input chain and its rule.
+        let bytes = finish(messages(&filter()));
+        assert_eq!(bytes.len(), 18);
+        assert!(has(&bytes[2], b"notrack\0") && has(&bytes[2], &PRIORITY_RAW.to_be_bytes()), "raw priority");
+        assert!(has(&bytes[3], b"notrack\0") && has(&bytes[3], &LO_IFINDEX.to_ne_bytes()), "loopback: untracked");
+        assert!(has(&bytes[4], b"connlimit\0") && has(&bytes[4], &be(4096)), "the count, first");
+        assert!(has(&bytes[4], &be(NFT_CONNLIMIT_F_INV)) && has(&bytes[4], b"reject\0"), "over it: refused");
+        assert!(has(&bytes[5], &[127, 0, 0, 0]), "then the rules of root mode");
+        assert!(has(&bytes[16], b"input\0") && has(&bytes[16], &be(NF_INET_LOCAL_IN)), "the input hook");
+        assert!(has(&bytes[17], CT) && has(&bytes[17], &NF_CT_STATE_NEW_BIT.to_ne_bytes()), "new: dropped");
     }
 
     /// A batch the kernel refuses is one error, not a wait: the chain without its table.
@@ -439,6 +482,7 @@ mod tests {
                 "table inet azp-job {",
                 "chain output {",
                 "type filter hook output priority filter; policy accept;",
+                "oif != \"lo\" ct state new ct count over 4096 reject with icmpx admin-prohibited",
                 "oif != \"lo\" ip daddr 127.0.0.0/8 reject with icmpx admin-prohibited",
                 "oif != \"lo\" ip6 daddr ::1 reject with icmpx admin-prohibited",
                 "fib daddr type local accept",
@@ -450,6 +494,10 @@ mod tests {
                 "oif != \"lo\" ip daddr 255.255.255.255 reject with icmpx admin-prohibited",
                 "oif != \"lo\" ip6 daddr ff00::/8 reject with icmpx admin-prohibited",
                 "oif != \"lo\" ip6 daddr ff00::/8 meta l4proto != ipv6-icmp reject with icmpx admin-prohibited",
+                "}",
+                "chain notrack {",
+                "type filter hook output priority raw; policy accept;",
+                "oif \"lo\" notrack",
                 "}",
                 "chain input {",
                 "type filter hook input priority filter; policy accept;",

@@ -589,6 +589,34 @@ fn t62_a_jobs_udp_port_takes_nothing_it_did_not_ask_for() {
 
 #[test]
 #[cfg_attr(not(test_as_root), ignore = "needs root: creates real sandboxes and network namespaces")]
+fn t64_a_rootless_job_tracks_no_more_than_its_share_of_the_hosts_connections() {
+    require_root!();
+    if !rootless() {
+        return common::skip::skip(
+            "root mode: nothing is tracked in the job's namespace; the host's table counts (t50)",
+        );
+    }
+    let lab = or_skip!(NetLab::new());
+    let h = home("net-rootless-flows");
+    // t62's rule tracks connections in the job's own namespace, in the host's one
+    // conntrack table: a job sending to new ports, on its loopback or through pasta,
+    // filled it (a review, by reading). Its loopback is not tracked now, and it keeps
+    // at most its share of the table (1/64 of nf_conntrack_max, as a root-mode job).
+    let max: u64 = fs::read_to_string("/proc/sys/net/netfilter/nf_conntrack_max").unwrap().trim().parse().unwrap();
+    let limit = (max / 64).max(256);
+    let flows = toks(&["udp-flows:127.0.0.1:3000", &format!("udp-flows:{INTERNET_IP}:{}", limit + 200)]);
+    let script = format!("{}; echo tracked=$(cat /proc/sys/net/netfilter/nf_conntrack_count)", probe(&flows));
+    let out = lab_exec_ok(&lab, &h, &[], &script);
+    let r = probe_results(&out);
+    assert_eq!(r[&flows[0]], "OK", "its loopback: {out}");
+    assert_eq!(r[&flows[1]], "EPERM", "refused past its share: {out}");
+    let tracked: u64 = out.lines().find_map(|l| l.strip_prefix("tracked=")).unwrap().trim().parse().unwrap();
+    assert!(limit - 16 <= tracked && tracked <= limit + 16, "{tracked} tracked, its share {limit}: {out}");
+    h.assert_no_residue(&[]);
+}
+
+#[test]
+#[cfg_attr(not(test_as_root), ignore = "needs root: creates real sandboxes and network namespaces")]
 fn t44_a_socket_bound_to_the_jobs_link_is_blocked_as_any_other() {
     require_root!();
     let lab = or_skip!(NetLab::new());

@@ -133,7 +133,7 @@ pub const JOB_FLOWS: &str = "job_flows";
 /// The least a job gets, where an operator made the conntrack table very small.
 const MIN_FLOWS: u64 = 256;
 /// Exists once conntrack is loaded (making the table loads it).
-const CONNTRACK_MAX: &str = "/proc/sys/net/netfilter/nf_conntrack_max";
+pub(super) const CONNTRACK_MAX: &str = "/proc/sys/net/netfilter/nf_conntrack_max";
 /// Azure's host endpoint (WireServer, the host agent, Azure DNS): the Azure VM agent lets
 /// only root on the VM reach it (an OUTPUT rule, which forwarded traffic never meets);
 /// jobs are refused it as they are link-local addresses. DNS there is forwarded.
@@ -310,7 +310,7 @@ pub fn elements(services: &[HostService], group: u32, allow: &[NetworkAllow]) ->
 /// whose table holds `conntrack_max`: its [`FLOWS_SHARE`], at least [`MIN_FLOWS`].
 /// Closed TCP connections (`TIME_WAIT`) do not count; a UDP flow counts until conntrack
 /// forgets it (30 s, or 120 s once both sides spoke).
-fn flows_per_job(conntrack_max: u64) -> u64 {
+pub(super) fn flows_per_job(conntrack_max: u64) -> u64 {
     (conntrack_max / FLOWS_SHARE).max(MIN_FLOWS)
 }
 

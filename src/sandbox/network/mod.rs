@@ -203,8 +203,17 @@ pub fn job_filter(
     }
     // Rootless (pasta's gateway, not ours): pasta hands the job whatever reaches the host
     // socket it sends the job's UDP from; only answers may come in (see sys::job_filter).
-    f.refuse_inbound = gateway.is_none();
+    f.refuse_inbound = gateway.is_none().then(rootless_flows);
     f
+}
+
+/// How many flows a rootless job may track in its own namespace (see
+/// `sys::job_filter`): the share of the host's connection-tracking table a root-mode job
+/// gets (`firewall::flows_per_job`), or that of a small host's where the table's size
+/// cannot be read yet (conntrack not loaded: the job's table loads it).
+fn rootless_flows() -> u32 {
+    let max = std::fs::read_to_string(firewall::CONNTRACK_MAX).ok().and_then(|m| m.trim().parse().ok());
+    firewall::flows_per_job(max.unwrap_or(262_144)).min(u32::MAX as u64) as u32
 }
 
 /// The job's address behind pasta (the same in every job: each has its own pasta).
@@ -805,7 +814,13 @@ mod tests {
         assert!(f.reject6.is_empty(), "link-local is refused by routing itself, scoped or not: {:?}", f.reject6);
         assert_eq!(show(&f.reject_off_lo4), ["255.255.255.255/32", "224.0.0.0/4"]);
         assert_eq!(f.reject_off_lo6.len(), 1, "root mode: IPv6 multicast too");
-        assert!(job_filter(&routes, None, &[], &[]).reject_off_lo6.is_empty(), "rootless: pasta's NDP is multicast");
+        assert_eq!(f.refuse_inbound, None, "root mode: the host's table forwards only answers");
+        assert!(f.reject_off_lo6_but_icmp.is_empty());
+        let rootless = job_filter(&routes, None, &[], &[]);
+        assert!(rootless.reject_off_lo6.is_empty(), "rootless: pasta's NDP is multicast");
+        let multicast6: Vec<String> = rootless.reject_off_lo6_but_icmp.iter().map(|n| n.to_string()).collect();
+        assert_eq!(multicast6, ["ff00::/8"], "the rest of IPv6 multicast is refused");
+        assert!(rootless.refuse_inbound.is_some_and(|n| n >= 256), "{:?}", rootless.refuse_inbound);
         // An address allowed on a port only: accepted there, refused on the others.
         let allowed = allow(&["169.254.169.254:80", "192.0.2.2"]);
         let routes = job_routes(&host, Some(DEFAULT_SUBNET), &allowed);
