@@ -9,7 +9,7 @@
 //! the host's own pages through pasta, and a root-mode job reached the host's addresses
 //! once a ruleset flush had taken the host's table away.
 //!
-//! One chain, `output` (priority filter, policy accept), one rule per line:
+//! A chain `output` (priority filter, policy accept), one rule per line:
 //! - `meta oif != lo ip daddr 127.0.0.0/8 reject ...`, and `::1`: the job's loopback
 //!   addresses are local in its namespace too, and a socket bound to `eth0` sends them
 //!   out by it (the kernel takes the local route's failed lookup for "on the link");
@@ -27,7 +27,7 @@
 //!   pasta sends a job's UDP from a host socket whatever its destination, and every
 //!   link of the host is in ff02::1; its gateway is found by neighbour discovery).
 //!
-//! Rootless, a second chain, `input` (priority filter, policy accept), with one rule:
+//! Rootless, a chain `input` (priority filter, policy accept), with one rule:
 //! `meta iif != lo ct state new drop` ([`JobFilter::refuse_inbound`]). pasta sends a
 //! job's UDP from a host socket bound to the job's source port on all the host's
 //! addresses, and hands the job whatever that socket receives, from anyone: the
@@ -37,9 +37,13 @@
 //! host's table forwards to them: answers. That state is conntrack's, in the job's
 //! namespace, whose entries share the host's table: so, rootless too, a chain `notrack`
 //! (output, priority raw) leaves the job's loopback untracked (`oif lo notrack`), and
-//! the output chain's first rule holds what the job tracks to its share of the host's
-//! table (`oif != lo ct state new ct count over N reject`; a review: a job sending to
-//! loopback ports, or to new ports anywhere, filled it).
+//! the output chain's first two rules hold a flow's first packet (`ct state new ct
+//! status & confirmed == 0`, as the host's table for root mode: a one-way stream is one
+//! flow) to a rate past a burst (`limit rate over R/second burst N packets reject`) and
+//! the flows the job tracks to its share of the host's table (`ct count over N
+//! reject`): a review found a job that sent to loopback ports, or to new ports
+//! anywhere, filling it. A kernel without `nft_ct`, `nf_conntrack`, `nft_limit` or
+//! `nft_connlimit` starts no rootless `isolated` job (the table is refused, one line).
 //!
 //! Made over netlink, not by the `nft` binary: one batch (~0.1 ms) instead of a process
 //! (~5 ms) on every job's start. Every message has a unit test of its shape; the root
@@ -67,8 +71,17 @@ pub struct JobFilter {
     /// As `reject_off_lo6`, but for ICMPv6 (rootless: neighbour discovery).
     pub reject_off_lo6_but_icmp: Vec<Ipv6Net>,
     /// Nothing comes in from outside the namespace but answers (conntrack's established
-    /// and related), and the job tracks at most this many flows: see the module's doc.
-    pub refuse_inbound: Option<u32>,
+    /// and related), and what the job tracks is held: see the module's doc.
+    pub refuse_inbound: Option<Tracked>,
+}
+
+/// What a rootless job may track in its own namespace (see the module's doc).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Tracked {
+    /// Flows at once; also the burst of new ones.
+    pub flows: u32,
+    /// New flows a second past the burst.
+    pub new_per_second: u32,
 }
 
 pub const TABLE: &str = "azp-job";
@@ -109,6 +122,12 @@ const NFT_REG_1: u32 = 1;
 const NFT_META_IIF: u32 = 4;
 const NFT_META_OIF: u32 = 5;
 const NFT_CT_STATE: u32 = 0;
+const NFT_CT_STATUS: u32 = 2;
+/// IPS_CONFIRMED: the entry is in the table (its flow's first packet went through).
+const IPS_CONFIRMED: u32 = 1 << 3;
+const NFT_LIMIT_PKTS: u32 = 0;
+/// `limit rate over`.
+const NFT_LIMIT_F_INV: u32 = 1;
 /// `ct count over`: the connlimit expression's inverted match.
 const NFT_CONNLIMIT_F_INV: u32 = 1;
 /// `ct state new`: the bit of IP_CT_NEW (2) in conntrack's state mask (bit 0 is invalid).
@@ -143,7 +162,7 @@ pub fn messages(f: &JobFilter) -> Vec<Message> {
     table.attr_str(NFTA_TABLE_NAME, TABLE);
     out.push(table);
     out.push(base_chain(CHAIN, NF_INET_LOCAL_OUT, 0));
-    if let Some(flows) = f.refuse_inbound {
+    if let Some(t) = f.refuse_inbound {
         out.push(base_chain(NOTRACK, NF_INET_LOCAL_OUT, PRIORITY_RAW));
         out.push(rule_in(NOTRACK, |m| {
             expr(m, "meta", |m| {
@@ -154,9 +173,18 @@ pub fn messages(f: &JobFilter) -> Vec<Message> {
         }));
         out.push(rule(|m| {
             oif_not_lo(m);
-            ct_state_new(m);
+            first_packet(m);
+            expr(m, "limit", |m| {
+                m.attr(1, &u64::from(t.new_per_second).to_be_bytes()).attr(2, &1u64.to_be_bytes());
+                m.attr(3, &be(t.flows)).attr(4, &be(NFT_LIMIT_PKTS)).attr(5, &be(NFT_LIMIT_F_INV));
+            });
+            reject(m);
+        }));
+        out.push(rule(|m| {
+            oif_not_lo(m);
+            first_packet(m);
             expr(m, "connlimit", |m| {
-                m.attr(1, &be(flows)).attr(2, &be(NFT_CONNLIMIT_F_INV));
+                m.attr(1, &be(t.flows)).attr(2, &be(NFT_CONNLIMIT_F_INV));
             });
             reject(m);
         }));
@@ -206,6 +234,21 @@ pub fn messages(f: &JobFilter) -> Vec<Message> {
         }));
     }
     out
+}
+
+/// A flow's first packet: `ct state new ct status & confirmed == 0` (`ct state new`
+/// alone is every packet of a flow until its first answer).
+fn first_packet(m: &mut Message) {
+    ct_state_new(m);
+    expr(m, "ct", |m| {
+        m.attr(1, &be(NFT_REG_1)).attr(2, &be(NFT_CT_STATUS));
+    });
+    expr(m, "bitwise", |m| {
+        m.attr(1, &be(NFT_REG_1)).attr(2, &be(NFT_REG_1)).attr(3, &be(4));
+        m.nest(4).attr(NFTA_DATA_VALUE, &IPS_CONFIRMED.to_ne_bytes()).end();
+        m.nest(5).attr(NFTA_DATA_VALUE, &[0u8; 4]).end();
+    });
+    cmp(m, NFT_CMP_EQ, &[0u8; 4]);
 }
 
 /// `ct state new`.
@@ -400,7 +443,7 @@ mod tests {
             reject_off_lo4: vec![Ipv4Net::host(Ipv4Addr::BROADCAST)],
             reject_off_lo6: vec![Ipv6Net { addr: Ipv6Addr::new(0xff00, 0, 0, 0, 0, 0, 0, 0), prefix: 8 }],
             reject_off_lo6_but_icmp: vec![Ipv6Net { addr: Ipv6Addr::new(0xff00, 0, 0, 0, 0, 0, 0, 0), prefix: 8 }],
-            refuse_inbound: Some(4096),
+            refuse_inbound: Some(Tracked { flows: 4096, new_per_second: 100 }),
         }
     }
 
@@ -432,17 +475,22 @@ mod tests {
         // The expression name "ct" as its attribute (length 7, NFTA_EXPR_NAME): "reject" ends in "ct" too.
         const CT: &[u8] = b"\x07\x00\x01\x00ct\x00";
         assert!(!bytes.iter().any(|b| has(b, CT)), "root mode: nothing tracked in the job's namespace");
-        // Rootless: the notrack chain and its rule, the count first in the output chain,
-        // the input chain and its rule.
+        // Rootless: the notrack chain and its rule, the rate and the count first in the
+        // output chain (a flow's first packet), the input chain and its rule.
         let bytes = finish(messages(&filter()));
-        assert_eq!(bytes.len(), 18);
+        assert_eq!(bytes.len(), 19);
         assert!(has(&bytes[2], b"notrack\0") && has(&bytes[2], &PRIORITY_RAW.to_be_bytes()), "raw priority");
         assert!(has(&bytes[3], b"notrack\0") && has(&bytes[3], &LO_IFINDEX.to_ne_bytes()), "loopback: untracked");
-        assert!(has(&bytes[4], b"connlimit\0") && has(&bytes[4], &be(4096)), "the count, first");
-        assert!(has(&bytes[4], &be(NFT_CONNLIMIT_F_INV)) && has(&bytes[4], b"reject\0"), "over it: refused");
-        assert!(has(&bytes[5], &[127, 0, 0, 0]), "then the rules of root mode");
-        assert!(has(&bytes[16], b"input\0") && has(&bytes[16], &be(NF_INET_LOCAL_IN)), "the input hook");
-        assert!(has(&bytes[17], CT) && has(&bytes[17], &NF_CT_STATE_NEW_BIT.to_ne_bytes()), "new: dropped");
+        assert!(has(&bytes[4], b"limit\0") && has(&bytes[4], &100u64.to_be_bytes()), "the rate, first");
+        assert!(has(&bytes[4], &be(4096)) && has(&bytes[4], b"reject\0"), "its burst; over it: refused");
+        assert!(has(&bytes[5], b"connlimit\0") && has(&bytes[5], &be(4096)), "then the count");
+        assert!(has(&bytes[5], &be(NFT_CONNLIMIT_F_INV)) && has(&bytes[5], b"reject\0"), "over it: refused");
+        for b in &bytes[4..6] {
+            assert!(has(b, &IPS_CONFIRMED.to_ne_bytes()) && has(b, &be(NFT_CT_STATUS)), "a flow's first packet");
+        }
+        assert!(has(&bytes[6], &[127, 0, 0, 0]), "then the rules of root mode");
+        assert!(has(&bytes[17], b"input\0") && has(&bytes[17], &be(NF_INET_LOCAL_IN)), "the input hook");
+        assert!(has(&bytes[18], CT) && has(&bytes[18], &NF_CT_STATE_NEW_BIT.to_ne_bytes()), "new: dropped");
     }
 
     /// A batch the kernel refuses is one error, not a wait: the chain without its table.
@@ -482,7 +530,8 @@ mod tests {
                 "table inet azp-job {",
                 "chain output {",
                 "type filter hook output priority filter; policy accept;",
-                "oif != \"lo\" ct state new ct count over 4096 reject with icmpx admin-prohibited",
+                "oif != \"lo\" ct state new ct status ! confirmed limit rate over 100/second burst 4096 packets reject with icmpx admin-prohibited",
+                "oif != \"lo\" ct state new ct status ! confirmed ct count over 4096 reject with icmpx admin-prohibited",
                 "oif != \"lo\" ip daddr 127.0.0.0/8 reject with icmpx admin-prohibited",
                 "oif != \"lo\" ip6 daddr ::1 reject with icmpx admin-prohibited",
                 "fib daddr type local accept",

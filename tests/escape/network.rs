@@ -612,6 +612,13 @@ fn t64_a_rootless_job_tracks_no_more_than_its_share_of_the_hosts_connections() {
     assert_eq!(r[&flows[1]], "EPERM", "refused past its share: {out}");
     let tracked: u64 = out.lines().find_map(|l| l.strip_prefix("tracked=")).unwrap().trim().parse().unwrap();
     assert!(limit - 16 <= tracked && tracked <= limit + 16, "{tracked} tracked, its share {limit}: {out}");
+    // A one-way stream is one flow (its packets after the first are no new flows to
+    // rate or count: a review), and a new flow after it is let through.
+    let stream =
+        toks(&[&format!("udp-stream:{INTERNET_IP}:9:{}", limit + 1000), &format!("udp-flows:{INTERNET_IP}:1")]);
+    let out = lab_exec_ok(&lab, &h, &[], &probe(&stream));
+    let r = probe_results(&out);
+    assert_eq!((r[&stream[0]].as_str(), r[&stream[1]].as_str()), ("OK", "OK"), "{out}");
     h.assert_no_residue(&[]);
 }
 

@@ -96,7 +96,7 @@ const FLOWS_SHARE: u64 = 64;
 /// of 2 CPUs busy, bench/NOTES.md). A new flow over this rate is refused before it is
 /// counted, so the walks are at most this many a second per job once its burst is spent
 /// (the bucket fills again at this rate, up to the job's limit).
-const NEW_FLOWS_PER_SECOND: u64 = 100;
+pub(super) const NEW_FLOWS_PER_SECOND: u64 = 100;
 /// A flow's first packet: `ct state new` alone is every packet of a flow until its first
 /// reply, so a one-way UDP stream (statsd, syslog, RTP) would spend a token with each
 /// datagram and be refused past the burst; its entry is confirmed once its first packet

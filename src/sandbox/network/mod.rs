@@ -203,17 +203,22 @@ pub fn job_filter(
     }
     // Rootless (pasta's gateway, not ours): pasta hands the job whatever reaches the host
     // socket it sends the job's UDP from; only answers may come in (see sys::job_filter).
-    f.refuse_inbound = gateway.is_none().then(rootless_flows);
+    f.refuse_inbound = gateway.is_none().then(rootless_tracked);
     f
 }
 
-/// How many flows a rootless job may track in its own namespace (see
-/// `sys::job_filter`): the share of the host's connection-tracking table a root-mode job
-/// gets (`firewall::flows_per_job`), or that of a small host's where the table's size
-/// cannot be read yet (conntrack not loaded: the job's table loads it).
-fn rootless_flows() -> u32 {
+/// What a rootless job may track in its own namespace (see `sys::job_filter`): as a
+/// root-mode job on the host's table, its share of the host's connection-tracking
+/// table (`firewall::flows_per_job`) and [`firewall::NEW_FLOWS_PER_SECOND`] new flows a
+/// second past that many. Where the table's size cannot be read yet (conntrack not
+/// loaded: the job's table loads it), the share of the kernel's smallest default table
+/// (65536 entries, a host of up to 4 GiB).
+fn rootless_tracked() -> crate::sys::job_filter::Tracked {
     let max = std::fs::read_to_string(firewall::CONNTRACK_MAX).ok().and_then(|m| m.trim().parse().ok());
-    firewall::flows_per_job(max.unwrap_or(262_144)).min(u32::MAX as u64) as u32
+    crate::sys::job_filter::Tracked {
+        flows: firewall::flows_per_job(max.unwrap_or(65_536)).min(u32::MAX as u64) as u32,
+        new_per_second: firewall::NEW_FLOWS_PER_SECOND as u32,
+    }
 }
 
 /// The job's address behind pasta (the same in every job: each has its own pasta).
@@ -820,7 +825,8 @@ mod tests {
         assert!(rootless.reject_off_lo6.is_empty(), "rootless: pasta's NDP is multicast");
         let multicast6: Vec<String> = rootless.reject_off_lo6_but_icmp.iter().map(|n| n.to_string()).collect();
         assert_eq!(multicast6, ["ff00::/8"], "the rest of IPv6 multicast is refused");
-        assert!(rootless.refuse_inbound.is_some_and(|n| n >= 256), "{:?}", rootless.refuse_inbound);
+        let tracked = rootless.refuse_inbound.expect("rootless: only answers come in");
+        assert!(tracked.flows >= 256 && tracked.new_per_second == 100, "{tracked:?}");
         // An address allowed on a port only: accepted there, refused on the others.
         let allowed = allow(&["169.254.169.254:80", "192.0.2.2"]);
         let routes = job_routes(&host, Some(DEFAULT_SUBNET), &allowed);
