@@ -240,28 +240,25 @@ pub fn messages(f: &JobFilter) -> Vec<Message> {
 /// alone is every packet of a flow until its first answer).
 fn first_packet(m: &mut Message) {
     ct_state_new(m);
-    expr(m, "ct", |m| {
-        m.attr(1, &be(NFT_REG_1)).attr(2, &be(NFT_CT_STATUS));
-    });
-    expr(m, "bitwise", |m| {
-        m.attr(1, &be(NFT_REG_1)).attr(2, &be(NFT_REG_1)).attr(3, &be(4));
-        m.nest(4).attr(NFTA_DATA_VALUE, &IPS_CONFIRMED.to_ne_bytes()).end();
-        m.nest(5).attr(NFTA_DATA_VALUE, &[0u8; 4]).end();
-    });
-    cmp(m, NFT_CMP_EQ, &[0u8; 4]);
+    ct_bits(m, NFT_CT_STATUS, IPS_CONFIRMED, NFT_CMP_EQ);
 }
 
 /// `ct state new`.
 fn ct_state_new(m: &mut Message) {
+    ct_bits(m, NFT_CT_STATE, NF_CT_STATE_NEW_BIT, NFT_CMP_NEQ);
+}
+
+/// Conntrack's `key` (a 32-bit mask) masked with `bits`, compared with 0 (`op`).
+fn ct_bits(m: &mut Message, key: u32, bits: u32, op: u32) {
     expr(m, "ct", |m| {
-        m.attr(1, &be(NFT_REG_1)).attr(2, &be(NFT_CT_STATE));
+        m.attr(1, &be(NFT_REG_1)).attr(2, &be(key));
     });
     expr(m, "bitwise", |m| {
         m.attr(1, &be(NFT_REG_1)).attr(2, &be(NFT_REG_1)).attr(3, &be(4));
-        m.nest(4).attr(NFTA_DATA_VALUE, &NF_CT_STATE_NEW_BIT.to_ne_bytes()).end();
+        m.nest(4).attr(NFTA_DATA_VALUE, &bits.to_ne_bytes()).end();
         m.nest(5).attr(NFTA_DATA_VALUE, &[0u8; 4]).end();
     });
-    cmp(m, NFT_CMP_NEQ, &[0u8; 4]);
+    cmp(m, op, &[0u8; 4]);
 }
 
 /// A chain of the table on `hook` at `priority` (policy accept).
