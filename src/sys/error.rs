@@ -268,7 +268,7 @@ pub enum Error {
     PastaFailed { program: PathBuf, said: String },
     #[error(
         "cannot make the job's own nftables table {table} in its network namespace (the kernel needs nf_tables; \
-         rootless also nft_ct, nf_conntrack and nft_connlimit)"
+         rootless also nft_ct, nf_conntrack, nft_limit and nft_connlimit)"
     )]
     JobFilter { table: &'static str, source: Errno },
     #[error("cannot watch the host's route changes (a netlink socket subscribed to RTMGRP_IPV4/6_ROUTE)")]
