@@ -163,31 +163,7 @@ pub fn messages(f: &JobFilter) -> Vec<Message> {
     out.push(table);
     out.push(base_chain(CHAIN, NF_INET_LOCAL_OUT, 0));
     if let Some(t) = f.refuse_inbound {
-        out.push(base_chain(NOTRACK, NF_INET_LOCAL_OUT, PRIORITY_RAW));
-        out.push(rule_in(NOTRACK, |m| {
-            expr(m, "meta", |m| {
-                m.attr(1, &be(NFT_REG_1)).attr(2, &be(NFT_META_OIF));
-            });
-            cmp(m, NFT_CMP_EQ, &LO_IFINDEX.to_ne_bytes());
-            expr(m, "notrack", |_| {});
-        }));
-        out.push(rule(|m| {
-            oif_not_lo(m);
-            first_packet(m);
-            expr(m, "limit", |m| {
-                m.attr(1, &u64::from(t.new_per_second).to_be_bytes()).attr(2, &1u64.to_be_bytes());
-                m.attr(3, &be(t.flows)).attr(4, &be(NFT_LIMIT_PKTS)).attr(5, &be(NFT_LIMIT_F_INV));
-            });
-            reject(m);
-        }));
-        out.push(rule(|m| {
-            oif_not_lo(m);
-            first_packet(m);
-            expr(m, "connlimit", |m| {
-                m.attr(1, &be(t.flows)).attr(2, &be(NFT_CONNLIMIT_F_INV));
-            });
-            reject(m);
-        }));
+        out.extend(tracked_rules(t));
     }
     // Before the local destinations' accept: see the module's doc.
     out.push(net_rule(NFPROTO_IPV4, &[127, 0, 0, 0], 8, true, false));
@@ -211,10 +187,7 @@ pub fn messages(f: &JobFilter) -> Vec<Message> {
             oif_not_lo(m);
             let (family, net, prefix) = v6(n);
             daddr(m, family, &net, prefix);
-            expr(m, "meta", |m| {
-                m.attr(1, &be(NFT_REG_1)).attr(2, &be(NFT_META_L4PROTO));
-            });
-            cmp(m, NFT_CMP_NEQ, &[IPPROTO_ICMPV6]);
+            meta(m, NFT_META_L4PROTO, NFT_CMP_NEQ, &[IPPROTO_ICMPV6]);
             reject(m);
         })
     }));
@@ -225,15 +198,44 @@ pub fn messages(f: &JobFilter) -> Vec<Message> {
     if f.refuse_inbound.is_some() {
         out.push(base_chain(INPUT, NF_INET_LOCAL_IN, 0));
         out.push(rule_in(INPUT, |m| {
-            expr(m, "meta", |m| {
-                m.attr(1, &be(NFT_REG_1)).attr(2, &be(NFT_META_IIF));
-            });
-            cmp(m, NFT_CMP_NEQ, &LO_IFINDEX.to_ne_bytes());
+            meta(m, NFT_META_IIF, NFT_CMP_NEQ, &LO_IFINDEX.to_ne_bytes());
             ct_state_new(m);
             verdict(m, NF_DROP);
         }));
     }
     out
+}
+
+/// Rootless: the `notrack` chain and its rule (`oif lo notrack`), and the output chain's
+/// first two rules: a flow's first packet off loopback refused past `t`'s rate, then
+/// past its count (see the module's doc).
+fn tracked_rules(t: Tracked) -> [Message; 4] {
+    let new_flow_refused = |limit: &dyn Fn(&mut Message)| {
+        rule(|m| {
+            oif_not_lo(m);
+            first_packet(m);
+            limit(m);
+            reject(m);
+        })
+    };
+    [
+        base_chain(NOTRACK, NF_INET_LOCAL_OUT, PRIORITY_RAW),
+        rule_in(NOTRACK, |m| {
+            meta(m, NFT_META_OIF, NFT_CMP_EQ, &LO_IFINDEX.to_ne_bytes());
+            expr(m, "notrack", |_| {});
+        }),
+        new_flow_refused(&|m| {
+            expr(m, "limit", |m| {
+                m.attr(1, &u64::from(t.new_per_second).to_be_bytes()).attr(2, &1u64.to_be_bytes());
+                m.attr(3, &be(t.flows)).attr(4, &be(NFT_LIMIT_PKTS)).attr(5, &be(NFT_LIMIT_F_INV));
+            })
+        }),
+        new_flow_refused(&|m| {
+            expr(m, "connlimit", |m| {
+                m.attr(1, &be(t.flows)).attr(2, &be(NFT_CONNLIMIT_F_INV));
+            })
+        }),
+    ]
 }
 
 /// A flow's first packet: `ct state new ct status & confirmed == 0` (`ct state new`
@@ -322,10 +324,15 @@ fn net_rule(family: u8, net: &[u8], prefix: u8, off_lo: bool, accepted: bool) ->
 
 /// `meta oif != lo`: loopback is link 1 in every network namespace.
 fn oif_not_lo(m: &mut Message) {
+    meta(m, NFT_META_OIF, NFT_CMP_NEQ, &LO_IFINDEX.to_ne_bytes());
+}
+
+/// `meta KEY` compared with `value` (`op`: NFT_CMP_*).
+fn meta(m: &mut Message, key: u32, op: u32, value: &[u8]) {
     expr(m, "meta", |m| {
-        m.attr(1, &be(NFT_REG_1)).attr(2, &be(NFT_META_OIF));
+        m.attr(1, &be(NFT_REG_1)).attr(2, &be(key));
     });
-    cmp(m, NFT_CMP_NEQ, &LO_IFINDEX.to_ne_bytes());
+    cmp(m, op, value);
 }
 
 /// A rule appended to the output chain, its expressions written by `exprs`.
@@ -357,10 +364,7 @@ fn be(v: u32) -> [u8; 4] {
 /// `meta nfproto FAMILY`, then the destination address (network header offset 16 or 24)
 /// masked to `prefix` bits, equal to `net`.
 fn daddr(m: &mut Message, family: u8, net: &[u8], prefix: u8) {
-    expr(m, "meta", |m| {
-        m.attr(1, &be(NFT_REG_1)).attr(2, &be(NFT_META_NFPROTO));
-    });
-    cmp(m, NFT_CMP_EQ, &[family]);
+    meta(m, NFT_META_NFPROTO, NFT_CMP_EQ, &[family]);
     let offset = if family == NFPROTO_IPV4 { 16 } else { 24 };
     let len = net.len() as u32;
     expr(m, "payload", |m| {
