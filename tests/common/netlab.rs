@@ -399,6 +399,15 @@ impl NetLab {
         c
     }
 
+    /// `nft list table inet azp-sandbox` in the fake host (empty when there is none).
+    pub fn host_jobs_table(&self) -> String {
+        let o = Command::new("ip")
+            .args(["netns", "exec", &self.host, "nft", "list", "table", "inet", "azp-sandbox"])
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&o.stdout).into_owned()
+    }
+
     /// `ip ARGS` in the fake host, asserting it worked.
     pub fn host_ip(&self, args: &[&str]) {
         let o = Command::new("ip").args(["netns", "exec", &self.host, "ip"]).args(args).output().unwrap();

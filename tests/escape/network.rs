@@ -419,11 +419,7 @@ fn t43_a_table_that_lets_any_dnat_in_is_said_once_and_gc_makes_it_anew() {
     let o = lab_exec(&lab, &h, &[], "true");
     assert_eq!(o.code, 0, "{}", o.err);
     assert!(!o.err.contains("older azp-sandbox"), "{}", o.err);
-    let table = Command::new("ip")
-        .args(["netns", "exec", &lab.host, "nft", "list", "table", "inet", "azp-sandbox"])
-        .output()
-        .unwrap();
-    let listed = String::from_utf8_lossy(&table.stdout).into_owned();
+    let listed = lab.host_jobs_table();
     assert!(listed.contains("own-dnat") && listed.contains("@service_targets accept"), "{listed}");
     h.assert_no_residue(&[]);
 }
@@ -510,14 +506,7 @@ fn a_refused_limit(limit: RefusedLimit) {
     assert_eq!(o.code, 0, "{}", o.err);
     assert!(o.out.contains(INTERNET_BODY), "the table works without the limit: {}", o.out);
     assert!(o.err.contains(limit.first), "{}", o.err);
-    let list = || {
-        let o = Command::new("ip")
-            .args(["netns", "exec", &lab.host, "nft", "list", "table", "inet", "azp-sandbox"])
-            .output()
-            .unwrap();
-        String::from_utf8_lossy(&o.stdout).into_owned()
-    };
-    let listed = list();
+    let listed = lab.host_jobs_table();
     let comment = listed.lines().find(|l| l.contains("comment")).unwrap_or_default();
     assert!(comment.contains(limit.kept.0) && !comment.contains(limit.gone.0), "{listed}");
     assert!(listed.contains(limit.kept.1) && !listed.contains(limit.gone.1), "{listed}");
@@ -535,7 +524,8 @@ fn a_refused_limit(limit: RefusedLimit) {
     let o = lab_exec(&lab, &h, &[], "true");
     assert_eq!(o.code, 0, "{}", o.err);
     assert!(!o.err.contains("does not limit") && !o.err.contains("not limited"), "{}", o.err);
-    assert!(list().contains("own-dnat, flows, flow-rate, dns-rate, nexthops"), "{}", list());
+    let listed = lab.host_jobs_table();
+    assert!(listed.contains("own-dnat, flows, flow-rate, dns-rate, nexthops"), "{listed}");
     let _ = std::fs::remove_dir_all(&dir);
     h.assert_no_residue(&[]);
 }
