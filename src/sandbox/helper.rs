@@ -465,6 +465,26 @@ fn run(
             tracing::warn!(job = %plan.id, "{}; the job's clean-up kills it", e.with_causes());
         }
     }
+    // A connection of the job's that outlives it (an orphaned socket still sending to a
+    // far end that no longer answers, or keeps its window shut: for minutes) holds the
+    // job's namespace and so its link, past the job and past gc's wait for dying links
+    // (seen in CI: a `run`'s last job). Its link goes now then, as a killed job's does
+    // (see `forget::left_by_a_killed_helper`): those sockets can send nothing more, and
+    // the forgetting below is final. Without such sockets the link goes with the
+    // namespace, as the kernel tears it down (removing it here would wait for a normal
+    // RCU grace period in every job: `rcu_barrier` of the device's unregistration).
+    if let (Some(n), Some(t)) = (network.as_mut(), tracked.as_ref()) {
+        if let Some(left @ 1..) = n.outliving_connections(&plan.id, sys) {
+            match sys.remove_job_link(&t.connections.link) {
+                Ok(_) => tracing::info!(
+                    job = %plan.id,
+                    "{left} TCP connection(s) of the job outlive it: removed its link {} now",
+                    t.connections.link
+                ),
+                Err(e) => tracing::warn!(job = %plan.id, "{}: it goes once they end", e.with_causes()),
+            }
+        }
+    }
     // The host's conntrack entries of the job's connections: they outlive its link, and a
     // server of the job's that keeps answering would keep them for days, counted against
     // no job (a review: jobs one after another filled the host's table).
@@ -1346,14 +1366,52 @@ mod tests {
         assert_eq!(s.run(&rec, None, None), HelperResult::Exited { code: 3, signal: None });
         let calls = rec.calls();
         let delete = calls.iter().position(|c| c == "delete").expect("delete");
-        let forget = &calls[delete + 1..];
-        assert!(forget.len() == 1 && forget[0].starts_with("forget_connections 10.87."), "{calls:?}");
+        // No TCP socket outlives the job (the recorder's count): its link is left to the
+        // kernel, with its namespace.
+        let after = &calls[delete + 1..];
+        assert!(after.len() == 2 && after[0] == "job_tcp_sockets", "{calls:?}");
+        assert!(after[1].starts_with("forget_connections 10.87."), "{calls:?}");
         // Forgotten: no record left for the clean-up to act on.
         assert!(!s.job.connections_file().exists());
         // Its failure is said, not the job's, and not tried again by the clean-up.
-        let rec = Recorder::failing_at(delete + 1, Errno::EPERM);
+        let rec = Recorder::failing_at(delete + 2, Errno::EPERM);
         assert_eq!(s.run(&rec, None, None), HelperResult::Exited { code: 3, signal: None });
         assert!(!s.job.connections_file().exists());
+        // A count that fails: the link is left to the kernel, the rest as before.
+        let rec = Recorder::failing_at(delete + 1, Errno::EIO);
+        assert_eq!(s.run(&rec, None, None), HelperResult::Exited { code: 3, signal: None });
+        let calls = rec.calls();
+        assert!(calls[delete + 2].starts_with("forget_connections 10.87.") && calls.len() == delete + 3, "{calls:?}");
+    }
+
+    #[test]
+    fn a_root_job_whose_connections_outlive_it_loses_its_link_before_they_are_forgotten() {
+        let s = setup(|p, _| p.network = crate::config::Network::Isolated);
+        let rec = Recorder::default();
+        rec.tcp_sockets_left.set(2);
+        assert_eq!(s.run(&rec, None, None), HelperResult::Exited { code: 3, signal: None });
+        let calls = rec.calls();
+        // Counted in the job's namespace, before the helper leaves it.
+        let counts = calls.iter().position(|c| c == "job_socket_counts").expect("job_socket_counts");
+        let leave = calls.iter().position(|c| c == "leave_network").expect("leave_network");
+        assert!(counts < leave, "{calls:?}");
+        let delete = calls.iter().position(|c| c == "delete").expect("delete");
+        let after = &calls[delete + 1..];
+        assert!(after[0] == "job_tcp_sockets" && after[1].starts_with("remove_job_link azp"), "{calls:?}");
+        let link = after[1].strip_prefix("remove_job_link ").unwrap();
+        assert!(after[2].contains(&format!(" of {link} ")), "the job's own link: {calls:?}");
+        assert!(after.len() == 3 && after[2].starts_with("forget_connections 10.87."), "{calls:?}");
+        // A link that cannot be removed: said, and the connections forgotten all the same.
+        let rec = Recorder::failing_at(delete + 2, Errno::EPERM);
+        rec.tcp_sockets_left.set(2);
+        assert_eq!(s.run(&rec, None, None), HelperResult::Exited { code: 3, signal: None });
+        assert!(rec.calls()[delete + 3].starts_with("forget_connections 10.87."), "{:?}", rec.calls());
+        // No veth (`none`): nothing counted.
+        let s = setup(|p, _| p.network = crate::config::Network::None);
+        let rec = Recorder::default();
+        rec.tcp_sockets_left.set(2);
+        assert_eq!(s.run(&rec, None, None), HelperResult::Exited { code: 3, signal: None });
+        assert!(!rec.calls().iter().any(|c| c.starts_with("job_tcp_sockets") || c.starts_with("remove_job_link")));
     }
 
     #[test]

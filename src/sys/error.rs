@@ -343,6 +343,20 @@ pub enum Error {
     },
     #[error("cannot delete the job's tracked connections from the host's conntrack table")]
     ConntrackDelete(#[source] Errno),
+    #[error("cannot open {path} in the job's network namespace (its TCP sockets are not counted after it)")]
+    OpenSocketCounts {
+        path: PathBuf,
+        #[source]
+        source: Errno,
+    },
+    #[error("cannot read {path} of the job's network namespace")]
+    ReadSocketCounts {
+        path: PathBuf,
+        #[source]
+        source: Errno,
+    },
+    #[error("{path} of the job's network namespace has no `TCP: inuse N` line")]
+    ParseSocketCounts { path: PathBuf },
     #[error("cannot stop the job's pasta (pid {pid}) after the job")]
     StopPasta {
         pid: i32,

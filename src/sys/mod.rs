@@ -41,6 +41,7 @@ pub mod procfile;
 pub mod quota;
 pub mod runtime_tmpfs;
 pub mod signals;
+pub mod sockstat;
 pub mod tty;
 pub mod userns;
 
@@ -86,6 +87,12 @@ pub trait Sys {
     /// Removes the host's link `link` of a job whose processes are gone (see
     /// [`net::remove_link`]); false: it was gone already.
     fn remove_job_link(&self, link: &str) -> Result<bool>;
+    /// In the job's network namespace: its TCP socket counts, for [`Sys::job_tcp_sockets`]
+    /// after the job (see [`sockstat`]).
+    fn job_socket_counts(&self) -> Result<sockstat::SocketCounts>;
+    /// The TCP sockets the job's namespace has now: once its processes are gone, the
+    /// connections that outlive them (orphans), which keep the namespace and its link.
+    fn job_tcp_sockets(&self, counts: &sockstat::SocketCounts) -> Result<u64>;
     /// The first part of [`Sys::join_cgroup`]: the dirs and limits, no move.
     fn prepare_cgroup(&self, join: &CgroupJoin) -> Result<()>;
     /// The rest of it, after a [`Sys::prepare_cgroup`] (here or in the runner): the move.
@@ -218,6 +225,12 @@ impl Sys for Real {
     fn remove_job_link(&self, link: &str) -> Result<bool> {
         net::remove_link(link)
     }
+    fn job_socket_counts(&self) -> Result<sockstat::SocketCounts> {
+        sockstat::open_here()
+    }
+    fn job_tcp_sockets(&self, counts: &sockstat::SocketCounts) -> Result<u64> {
+        sockstat::tcp_in_use(counts)
+    }
     fn prepare_cgroup(&self, join: &CgroupJoin) -> Result<()> {
         cgroup::prepare(join)
     }
@@ -349,6 +362,8 @@ pub struct Recorder {
     pub forgotten: RefCell<net::Forgotten>,
     /// What [`Sys::remove_job_link`] reports: the link was there (and is removed).
     pub link_there: Cell<bool>,
+    /// What [`Sys::job_tcp_sockets`] reports.
+    pub tcp_sockets_left: Cell<u64>,
 }
 
 impl Default for Recorder {
@@ -362,6 +377,7 @@ impl Default for Recorder {
             mounts: RefCell::default(),
             forgotten: RefCell::default(),
             link_there: Cell::new(false),
+            tcp_sockets_left: Cell::new(0),
         }
     }
 }
@@ -478,6 +494,16 @@ impl Sys for Recorder {
         self.step(format!("remove_job_link {link}"))
             .map_err(|source| Error::RemoveLink { name: link.into(), source })?;
         Ok(self.link_there.get())
+    }
+    fn job_socket_counts(&self) -> Result<sockstat::SocketCounts> {
+        self.step("job_socket_counts".into())
+            .map_err(|source| Error::OpenSocketCounts { path: "sockstat".into(), source })?;
+        Ok(sockstat::SocketCounts::none())
+    }
+    fn job_tcp_sockets(&self, _: &sockstat::SocketCounts) -> Result<u64> {
+        self.step("job_tcp_sockets".into())
+            .map_err(|source| Error::ReadSocketCounts { path: "sockstat".into(), source })?;
+        Ok(self.tcp_sockets_left.get())
     }
     fn prepare_cgroup(&self, join: &CgroupJoin) -> Result<()> {
         self.cgroup_step("prepare_cgroup", join)

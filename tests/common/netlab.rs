@@ -679,6 +679,47 @@ impl NetLab {
     }
 }
 
+/// A TCP service of the fake internet that accepts every connection and never reads it
+/// (its window shuts once its receive buffer is full), until dropped: a far end to whom
+/// a job's socket still has data to send after the job.
+pub struct TcpSink {
+    stop: Arc<std::sync::atomic::AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl NetLab {
+    pub fn internet_tcp_sink(&self, addr: &str, port: u16) -> TcpSink {
+        let ns = self.internet_path();
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+        let (st, addr) = (stop.clone(), addr.to_string());
+        let thread = std::thread::spawn(move || {
+            enter(&ns);
+            let listener = std::net::TcpListener::bind((addr.as_str(), port)).unwrap();
+            listener.set_nonblocking(true).unwrap();
+            ready_tx.send(()).unwrap();
+            let mut held = vec![];
+            while !st.load(Ordering::SeqCst) {
+                match listener.accept() {
+                    Ok((c, _)) => held.push(c),
+                    Err(_) => std::thread::sleep(std::time::Duration::from_millis(10)),
+                }
+            }
+        });
+        ready_rx.recv().expect("the lab's TCP sink");
+        TcpSink { stop, thread: Some(thread) }
+    }
+}
+
+impl Drop for TcpSink {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
 impl Drop for UdpAnswerer {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::SeqCst);

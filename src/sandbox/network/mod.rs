@@ -343,7 +343,7 @@ pub fn enter(
     // Rootless, the helper's own namespace is the host's, which its user namespace may
     // not enter again (setns: EPERM): it stays in the job's.
     let leave = !plan.rootless;
-    Ok((plan, Some(Entered { made, host_link, leave, guard })))
+    Ok((plan, Some(Entered { made, host_link, leave, guard, socket_counts: None })))
 }
 
 /// The part of [`enter`] that needs no plan, for a helper forked before its job was
@@ -396,6 +396,9 @@ pub struct Entered {
     leave: bool,
     /// `isolated`: the guard against host addresses that come while the job runs.
     guard: Option<HostAddressGuard>,
+    /// A veth's: the TCP socket counts of the job's namespace (see
+    /// [`Entered::outliving_connections`]).
+    socket_counts: Option<crate::sys::sockstat::SocketCounts>,
 }
 
 impl Entered {
@@ -423,6 +426,14 @@ impl Entered {
         if let Some(g) = self.guard.as_mut() {
             g.arm()?;
         }
+        if self.host_link.is_some() {
+            // Opened in the job's namespace, read after the job. Without them the job's
+            // link is left to the kernel, as before.
+            self.socket_counts = sys
+                .job_socket_counts()
+                .map_err(|e| tracing::warn!(job = %job_id, "{}: a connection that outlives the job keeps its link until it ends", e.with_causes()))
+                .ok();
+        }
         if self.leave {
             sys.leave_network(&mut self.made)?;
         }
@@ -437,6 +448,16 @@ impl Entered {
             _ => tracing::debug!(job = %job_id, "network: loopback only"),
         }
         Ok(self.guard.take())
+    }
+
+    /// Once the job's processes are gone: how many of its TCP connections outlive it
+    /// (see `sys::sockstat`), each holding its namespace and so its link; None where
+    /// not counted. Counted once: the counts, which hold the namespace too, go here.
+    pub fn outliving_connections(&mut self, job_id: &str, sys: &dyn Sys) -> Option<u64> {
+        let counts = self.socket_counts.take()?;
+        sys.job_tcp_sockets(&counts)
+            .map_err(|e| tracing::warn!(job = %job_id, "{}: the job's link goes with its namespace", e.with_causes()))
+            .ok()
     }
 
     /// The job's connections the host's table masqueraded (root mode's veth; once
@@ -684,10 +705,11 @@ fn loopback_proxy(url: &str) -> Option<(&str, u16, Ipv4Addr)> {
 /// next gc. The kernel removes a link with its namespace, in one worker that tears down
 /// every namespace of the host in turn: on a busy host (the escape suite, four tests at
 /// a time, some of whose namespaces hold thousands of tracked connections) a job killed
-/// by gc still had its link after the next gc's 2 s (`t16`, once in a CI run), and the
-/// last job of a `run` still had its link 10 s after the run's end (a CI rehearsal of
-/// `a_firewall_reload_keeps_the_runs_allowed_destinations`). It only waits while a
-/// job's link is there.
+/// by gc still had its link after the next gc's 2 s (`t16`, once in a CI run). A job
+/// whose TCP connections outlive it keeps its namespace for minutes: its helper removes
+/// its link itself (`t65`; a CI rehearsal of
+/// `a_firewall_reload_keeps_the_runs_allowed_destinations` saw a `run`'s last job keep
+/// its link past this wait before). It only waits while a job's link is there.
 const LINKS_GRACE: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// gc's part (and the end of `run`'s): the host's table when no job link is left, and
