@@ -325,7 +325,8 @@ fn t40_another_dnat_rule_of_the_host_opens_nothing_to_jobs() {
         }
     }
     // The rules did translate the jobs' connections (root mode: the host's table then
-    // dropped them); pasta's connections leave from the host itself, past no prerouting.
+    // dropped them); pasta's connections leave from the host itself, past no prerouting
+    // (but not past the host's `nat` output rules: SECURITY.md, left).
     let counted = nft(&["list", "table", "ip", "foreign"], None);
     if !rootless() {
         assert!(!counted.contains("counter packets 0 "), "both rules met the jobs' packets: {counted}");
