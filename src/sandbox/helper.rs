@@ -468,7 +468,7 @@ fn run(
     // A connection of the job's that outlives it (an orphaned socket still sending to a
     // far end that no longer answers, or keeps its window shut: for minutes) holds the
     // job's namespace and so its link, past the job and past gc's wait for dying links
-    // (seen in CI: a `run`'s last job). Its link goes now then, as a killed job's does
+    // (a CI rehearsal: a `run`'s last job). Its link goes now then, as a killed job's does
     // (see `forget::left_by_a_killed_helper`): those sockets can send nothing more, and
     // the forgetting below is final. Without such sockets the link goes with the
     // namespace, as the kernel tears it down (removing it here would wait for a normal
