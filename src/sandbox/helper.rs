@@ -472,7 +472,9 @@ fn run(
     // (see `forget::left_by_a_killed_helper`): those sockets can send nothing more, and
     // the forgetting below is final. Without such sockets the link goes with the
     // namespace, as the kernel tears it down (removing it here would wait for a normal
-    // RCU grace period in every job: `rcu_barrier` of the device's unregistration).
+    // RCU grace period in every job: `rcu_barrier` of the device's unregistration). A
+    // connection still closing as the job ends (its FIN not yet acknowledged) counts
+    // too: that job's end then pays for the removal.
     if let (Some(n), Some(t)) = (network.as_mut(), tracked.as_ref()) {
         if let Some(left @ 1..) = n.outliving_connections(&plan.id, sys) {
             match sys.remove_job_link(&t.connections.link) {

@@ -641,29 +641,65 @@ pub fn markers_in(dir: &std::path::Path) -> Vec<String> {
         .unwrap_or_default()
 }
 
+/// A thread of the lab, in the namespace at `ns`, serving until dropped: `serve` gets
+/// the stop flag, and `ready` to call once it listens (the constructor returns then).
+struct Serving {
+    stop: Arc<std::sync::atomic::AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Serving {
+    fn start(
+        ns: PathBuf,
+        what: &str,
+        serve: impl FnOnce(&std::sync::atomic::AtomicBool, &dyn Fn()) + Send + 'static,
+    ) -> Serving {
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+        let st = stop.clone();
+        let thread = std::thread::spawn(move || {
+            enter(&ns);
+            serve(&st, &|| ready_tx.send(()).unwrap());
+        });
+        ready_rx.recv().unwrap_or_else(|_| panic!("the lab's {what}"));
+        Serving { stop, thread: Some(thread) }
+    }
+}
+
+impl Drop for Serving {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
 /// A thread in the fake internet, bound to `addr:port`, that answers every source it
 /// heard from with a datagram every 5 ms, until dropped: a far end that keeps a
 /// connection's tracking alive after its job is gone, and has datagrams on their way in
 /// every few milliseconds of a next job's set-up.
 pub struct UdpAnswerer {
-    stop: Arc<std::sync::atomic::AtomicBool>,
-    thread: Option<std::thread::JoinHandle<()>>,
+    _serving: Serving,
+}
+
+/// A TCP service of the fake internet that accepts every connection and never reads it
+/// (its window shuts once its receive buffer is full), until dropped: a far end to whom
+/// a job's socket still has data to send after the job.
+pub struct TcpSink {
+    _serving: Serving,
 }
 
 impl NetLab {
     pub fn internet_udp_answerer(&self, addr: &str, port: u16) -> UdpAnswerer {
-        let ns = self.internet_path();
-        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let (ready_tx, ready_rx) = std::sync::mpsc::channel();
-        let (st, addr) = (stop.clone(), addr.to_string());
-        let thread = std::thread::spawn(move || {
-            enter(&ns);
+        let addr = addr.to_string();
+        let serving = Serving::start(self.internet_path(), "UDP answerer", move |stop, ready| {
             let sock = std::net::UdpSocket::bind((addr.as_str(), port)).unwrap();
             sock.set_read_timeout(Some(std::time::Duration::from_millis(5))).unwrap();
-            ready_tx.send(()).unwrap();
+            ready();
             let mut peers: Vec<std::net::SocketAddr> = vec![];
             let mut buf = [0u8; 16];
-            while !st.load(Ordering::SeqCst) {
+            while !stop.load(Ordering::SeqCst) {
                 if let Ok((_, peer)) = sock.recv_from(&mut buf) {
                     if !peers.contains(&peer) {
                         peers.push(peer);
@@ -674,58 +710,24 @@ impl NetLab {
                 }
             }
         });
-        ready_rx.recv().expect("the lab's UDP answerer");
-        UdpAnswerer { stop, thread: Some(thread) }
+        UdpAnswerer { _serving: serving }
     }
-}
 
-/// A TCP service of the fake internet that accepts every connection and never reads it
-/// (its window shuts once its receive buffer is full), until dropped: a far end to whom
-/// a job's socket still has data to send after the job.
-pub struct TcpSink {
-    stop: Arc<std::sync::atomic::AtomicBool>,
-    thread: Option<std::thread::JoinHandle<()>>,
-}
-
-impl NetLab {
     pub fn internet_tcp_sink(&self, addr: &str, port: u16) -> TcpSink {
-        let ns = self.internet_path();
-        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let (ready_tx, ready_rx) = std::sync::mpsc::channel();
-        let (st, addr) = (stop.clone(), addr.to_string());
-        let thread = std::thread::spawn(move || {
-            enter(&ns);
+        let addr = addr.to_string();
+        let serving = Serving::start(self.internet_path(), "TCP sink", move |stop, ready| {
             let listener = std::net::TcpListener::bind((addr.as_str(), port)).unwrap();
             listener.set_nonblocking(true).unwrap();
-            ready_tx.send(()).unwrap();
+            ready();
             let mut held = vec![];
-            while !st.load(Ordering::SeqCst) {
+            while !stop.load(Ordering::SeqCst) {
                 match listener.accept() {
                     Ok((c, _)) => held.push(c),
                     Err(_) => std::thread::sleep(std::time::Duration::from_millis(10)),
                 }
             }
         });
-        ready_rx.recv().expect("the lab's TCP sink");
-        TcpSink { stop, thread: Some(thread) }
-    }
-}
-
-impl Drop for TcpSink {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::SeqCst);
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
-    }
-}
-
-impl Drop for UdpAnswerer {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::SeqCst);
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
+        TcpSink { _serving: serving }
     }
 }
 

@@ -209,6 +209,14 @@ fn t36_no_ipv6_state_is_left_after_jobs_a_kill_9_and_gc() {
     // Rootless: pasta changes nothing on the host.
     let (ff_while, routes_while) = if rootless() { ("0", 0) } else { ("1", 1) };
     assert_eq!(ff(), ff_while, "root: the uplink forwards jobs' replies while the table exists");
+    let routes = || {
+        let o = Command::new("ip").args(["-n", &lab.host, "-6", "route", "show"]).output().unwrap();
+        String::from_utf8_lossy(&o.stdout).lines().filter(|l| l.starts_with(JOBS_PREFIX)).count()
+    };
+    // The finished job's link and route go with its namespace, in the kernel's teardown,
+    // later on a busy machine (the count below failed once with 4 tests at a time; that
+    // job's route still there is the likely other one, not traced).
+    wait_until("the finished job's route to go", Duration::from_secs(30), || routes() == 0);
     // A job killed with its `exec` (SIGKILL: nothing of ours runs), then gc.
     let m = unique("net6-kill9");
     let mut job = HostProc(
@@ -223,10 +231,6 @@ fn t36_no_ipv6_state_is_left_after_jobs_a_kill_9_and_gc() {
     // The job's shell, not the wrapper of `lab_command` that names the marker too.
     let job_runs = || processes_matching(&m).iter().any(|(_, cmd)| cmd.starts_with("sh -c sleep 60; "));
     wait_until("the job to run", Duration::from_secs(30), job_runs);
-    let routes = || {
-        let o = Command::new("ip").args(["-n", &lab.host, "-6", "route", "show"]).output().unwrap();
-        String::from_utf8_lossy(&o.stdout).lines().filter(|l| l.starts_with(JOBS_PREFIX)).count()
-    };
     assert_eq!(routes(), routes_while, "root: the running job's host route");
     job.0.kill().unwrap();
     job.0.wait().unwrap();
