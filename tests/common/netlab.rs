@@ -732,28 +732,25 @@ impl NetLab {
 }
 
 fn udp_counter_in(ns: PathBuf, addr: &str, port: u16) -> UdpCounter {
-    let (got, stop) = (Arc::new(AtomicUsize::new(0)), Arc::new(std::sync::atomic::AtomicBool::new(false)));
+    let got = Arc::new(AtomicUsize::new(0));
     let sources = Arc::new(std::sync::Mutex::new(Vec::new()));
-    let (ready_tx, ready_rx) = std::sync::mpsc::channel();
-    let (g, st, from, addr) = (got.clone(), stop.clone(), sources.clone(), addr.to_string());
-    let thread = std::thread::spawn(move || {
-        enter(&ns);
+    let (g, from, addr) = (got.clone(), sources.clone(), addr.to_string());
+    let serving = Serving::start(ns, "UDP service", move |stop, ready| {
         let sock = std::net::UdpSocket::bind((addr.as_str(), port)).unwrap();
         // Room for every datagram of a flood (t55 counts them all) while this thread
         // waits for a CPU on a busy machine: the default holds ~250 small ones.
         nix::sys::socket::setsockopt(&sock, nix::sys::socket::sockopt::RcvBufForce, &(64 << 20)).unwrap();
         sock.set_read_timeout(Some(std::time::Duration::from_millis(100))).unwrap();
-        ready_tx.send(()).unwrap();
+        ready();
         let mut buf = [0u8; 16];
-        while !st.load(Ordering::SeqCst) {
+        while !stop.load(Ordering::SeqCst) {
             if let Ok((_, peer)) = sock.recv_from(&mut buf) {
                 from.lock().unwrap().push(peer.ip());
                 g.fetch_add(1, Ordering::SeqCst);
             }
         }
     });
-    ready_rx.recv().expect("the lab's UDP service");
-    UdpCounter { got, sources, stop, thread: Some(thread) }
+    UdpCounter { got, sources, _serving: serving }
 }
 
 /// See [`NetLab::udp_counter`]: stops (and is joined) when dropped, a failed assertion's
@@ -761,8 +758,7 @@ fn udp_counter_in(ns: PathBuf, addr: &str, port: u16) -> UdpCounter {
 pub struct UdpCounter {
     got: Arc<AtomicUsize>,
     sources: Arc<std::sync::Mutex<Vec<std::net::IpAddr>>>,
-    stop: Arc<std::sync::atomic::AtomicBool>,
-    thread: Option<std::thread::JoinHandle<()>>,
+    _serving: Serving,
 }
 
 impl UdpCounter {
@@ -776,14 +772,5 @@ impl UdpCounter {
     /// The source address of each datagram so far, in order.
     pub fn sources(&self) -> Vec<std::net::IpAddr> {
         self.sources.lock().unwrap().clone()
-    }
-}
-
-impl Drop for UdpCounter {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::SeqCst);
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
     }
 }
