@@ -617,17 +617,13 @@ fn t64_a_rootless_job_tracks_no_more_than_its_share_of_the_hosts_connections() {
 #[cfg_attr(not(test_as_root), ignore = "needs root: creates real sandboxes and network namespaces")]
 fn t65_a_connection_that_outlives_its_job_keeps_no_link_on_the_host() {
     require_root!();
-    if rootless() {
-        return common::skip::skip(
-            "rootless: a job's network is its pasta, it has no link on the host (t16 checks pasta)",
-        );
-    }
+    root_mode_only!("rootless: a job's network is its pasta, it has no link on the host");
     let lab = or_skip!(NetLab::new());
     let h = home("net-orphan");
     // A socket closed with data still to send lives on, orphaned, while its far end keeps
     // its window shut (or stops answering: a firewall reload), minutes here; it holds the
-    // job's network namespace and so its link (CI: a `run`'s last job kept its link past
-    // gc's 30 s wait for dying links, and with it the host's table). The job writes more
+    // job's network namespace and so its link (a CI rehearsal: a `run`'s last job kept
+    // its link past gc's 30 s wait for dying links, and with it the host's table). The job writes more
     // than its socket and the far end take, then its writer is killed.
     const PORT: u16 = 5001;
     let _sink = lab.internet_tcp_sink(INTERNET_IP, PORT);
