@@ -72,6 +72,7 @@ const PROBE_C: &str = r#"
 #include <poll.h>
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <linux/sock_diag.h>
 #include <mqueue.h>
 #include <sys/inotify.h>
 #include <sys/mount.h>
@@ -239,6 +240,53 @@ int main(int argc, char **argv) {
         if (ok < 0) break;
       }
       printf("%s: %ld %s\n", tok, k, ename(errno));
+      fflush(stdout);
+      continue;
+    }
+    else if (!strcmp(op, "fill-tcp") || !strcmp(op, "fill-udp")) {
+      /* fill-tcp:N: N loopback connections whose readers never read, each written to
+         (non-blocking) until it takes no more; fill-udp:N: N loopback receivers, each
+         sent 40 datagrams of 60000 bytes. Prints how many sockets and what the kernel
+         holds for them (SO_MEMINFO: receive memory plus send queue, summed), kept open
+         until it has counted. */
+      int n = atoi(a[1]), tcp = !strcmp(op, "fill-tcp"), made = 0, nf = 0;
+      static char buf[60000];
+      int *fds = calloc(2 * (size_t)n + 1, sizeof(int));
+      struct sockaddr_in lo = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
+      socklen_t ll = sizeof lo;
+      int one = socket(AF_INET, tcp ? SOCK_STREAM : SOCK_DGRAM, 0);
+      fds[nf++] = one;
+      if (tcp && (bind(one, (void *)&lo, sizeof lo) || listen(one, 4096) || getsockname(one, (void *)&lo, &ll))) n = 0;
+      for (int k = 0; k < n; k++) {
+        if (tcp) {
+          int c = socket(AF_INET, SOCK_STREAM, 0);
+          if (c < 0 || connect(c, (void *)&lo, sizeof lo)) break;
+          int acc = accept(one, NULL, NULL);
+          if (acc < 0) break;
+          fds[nf++] = c; fds[nf++] = acc;
+          fcntl(c, F_SETFL, O_NONBLOCK);
+          while (write(c, buf, sizeof buf) > 0) {}
+        } else {
+          struct sockaddr_in to = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
+          socklen_t tl = sizeof to;
+          int big = 1 << 24, rcv = socket(AF_INET, SOCK_DGRAM, 0);
+          if (rcv < 0 || bind(rcv, (void *)&to, sizeof to) || getsockname(rcv, (void *)&to, &tl)) break;
+          fds[nf++] = rcv;
+          setsockopt(rcv, SOL_SOCKET, SO_RCVBUF, &big, sizeof big);
+          for (int d = 0; d < 40; d++) sendto(one, buf, sizeof buf, 0, (void *)&to, sizeof to);
+        }
+        made++;
+      }
+      long long held = 0;
+      for (int k = 0; k < nf; k++) {
+        unsigned int mem[SK_MEMINFO_VARS] = {0};
+        socklen_t ml = sizeof mem;
+        if (getsockopt(fds[k], SOL_SOCKET, SO_MEMINFO, mem, &ml) == 0)
+          held += (long long)mem[SK_MEMINFO_RMEM_ALLOC] + mem[SK_MEMINFO_WMEM_QUEUED];
+      }
+      for (int k = 0; k < nf; k++) close(fds[k]);
+      free(fds);
+      printf("%s: %d sockets held=%lld\n", tok, made, held);
       fflush(stdout);
       continue;
     }

@@ -122,10 +122,16 @@ impl CgroupHost {
     /// cgroup v1 with swap accounting: the memory hierarchy has `memory.memsw.*` files
     /// (a kernel built without it, or booted with swapaccount=0, has none).
     pub fn v1_memsw(&self) -> bool {
+        self.v1_memory_file("memory.memsw.limit_in_bytes")
+    }
+
+    /// Whether the v1 memory hierarchy has `file` (the kernel's features: swap
+    /// accounting, a separate limit of socket buffers).
+    pub fn v1_memory_file(&self, file: &str) -> bool {
         self.v1_mounts
             .iter()
             .find(|m| m.file_name().is_some_and(|n| n.to_string_lossy().split(',').any(|c| c == "memory")))
-            .is_some_and(|m| m.join("memory.memsw.limit_in_bytes").exists())
+            .is_some_and(|m| m.join(file).exists())
     }
 
     /// Every hierarchy a job's cgroup can have a dir in: the v1 mounts of the job's

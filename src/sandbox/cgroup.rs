@@ -124,6 +124,10 @@ pub fn limit_writes(limits: &Limits, v2: bool, hierarchy: &str) -> Vec<(&'static
         w.push(("memory.limit_in_bytes", b.to_string()));
         w.push(("memory.memsw.limit_in_bytes", b.to_string()));
     }
+    if let (Some(b), true) = (limits.socket_bytes, has("memory")) {
+        // TCP and UDP buffers, charged to nothing else on v1 (see limits::defaults).
+        w.push(("memory.kmem.tcp.limit_in_bytes", b.to_string()));
+    }
     if let (Some(p), true) = (limits.pids, has("pids")) {
         w.push(("pids.max", p.to_string()));
     }
@@ -234,6 +238,13 @@ mod tests {
         );
         assert_eq!(v2[3].1, "150000 100000");
         assert!(limit_writes(&Limits::default(), true, "").is_empty());
+        let sockets = Limits { socket_bytes: Some(32 << 20), ..l };
+        assert_eq!(
+            limit_writes(&sockets, false, "memory")[2],
+            ("memory.kmem.tcp.limit_in_bytes", (32u64 << 20).to_string()),
+            "socket buffers: v1 only"
+        );
+        assert_eq!(limit_writes(&sockets, true, "").len(), 4, "v2: in memory.max");
     }
 
     fn hybrid() -> CgroupHost {

@@ -36,12 +36,14 @@ pub struct CgroupDir {
     pub leaf: Option<&'static str>,
     /// Files and values, written in this order. `memory.swap.max` (v2) and
     /// `memory.memsw.limit_in_bytes` (v1) are skipped where the file is missing (swap
-    /// accounting off: the memory limit alone is the limit).
+    /// accounting off: the memory limit alone is the limit), as is v1's
+    /// `memory.kmem.tcp.limit_in_bytes` (a kernel that dropped it; the start line says so).
     pub limits: Vec<(&'static str, String)>,
 }
 
-/// The limit files that exist only where the kernel accounts swap per cgroup.
-const SWAP_FILES: [&str; 2] = ["memory.swap.max", "memory.memsw.limit_in_bytes"];
+/// The limit files that exist only where the kernel has the feature: swap accounted per
+/// cgroup, socket buffers limited per cgroup v1.
+const OPTIONAL_FILES: [&str; 3] = ["memory.swap.max", "memory.memsw.limit_in_bytes", "memory.kmem.tcp.limit_in_bytes"];
 
 pub fn join(j: &CgroupJoin) -> Result<()> {
     prepare(j)?;
@@ -66,7 +68,7 @@ pub fn prepare(j: &CgroupJoin) -> Result<()> {
         }
         for (file, value) in &d.limits {
             let path = d.dir.join(file);
-            if SWAP_FILES.contains(file) && !path.exists() {
+            if OPTIONAL_FILES.contains(file) && !path.exists() {
                 continue;
             }
             std::fs::write(&path, value).map_err(|source| Error::CgroupLimit {

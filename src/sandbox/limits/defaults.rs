@@ -13,8 +13,16 @@
 //! - /tmp: the memory limit; /dev/shm: half of it (tmpfs pages are charged to the
 //!   job's memory cgroup: a bigger tmpfs only invites the OOM killer). Without a memory
 //!   limit, the sizes of before: half the RAM, 1 GiB.
+//! - socket buffers (cgroup v1 only): the kernel's socket memory pressure point
+//!   (`net.ipv4.tcp_mem`) / (slots + 1), at most the memory limit, at least 32 MiB. The
+//!   pool is one for the whole node and v1 charges a job's buffers to nothing else: a
+//!   job of 400 loopback connections its readers never drain held 1.5 GB, and past the
+//!   pool's top every socket of the node (other slots, the agents' connections to Azure
+//!   DevOps, sshd) is starved. With a share each, the jobs together stay under the
+//!   pressure point and one share is the host's own. cgroup v2 counts them in the memory
+//!   limit and has no limit of their own (see SECURITY.md).
 
-use super::node::Node;
+use super::node::{Node, SocketLimit};
 use super::{human_size, Ask, LimitsAsk};
 use crate::sandbox::plan::Limits;
 use crate::sys::Mechanism;
@@ -23,6 +31,7 @@ use crate::sys::Mechanism;
 pub const PIDS: i64 = 4096;
 const MIN_MEMORY: u64 = 256 << 20;
 const MIN_PIDS: i64 = 64;
+const MIN_SOCKETS: u64 = 32 << 20;
 
 /// The limits, and the warnings to print once at start (one line each).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -87,6 +96,20 @@ pub fn resolve(ask: &LimitsAsk, node: &Node, slots: usize) -> Resolved {
             human_size(node.swap_bytes)
         ));
     }
+    let socket_bytes = match node.socket_limit {
+        SocketLimit::Own => Some(default_sockets(node, slots, memory)),
+        SocketLimit::InMemory => None,
+        SocketLimit::Nothing => {
+            notes.push(
+                "WARNING: jobs' socket buffers have no limit: this kernel's cgroup v1 has no \
+                 memory.kmem.tcp.limit_in_bytes, so one job can take the node's whole socket memory \
+                 (net.ipv4.tcp_mem) from every other socket; use cgroup v2, which counts them in the \
+                 job's memory limit"
+                    .into(),
+            );
+            None
+        }
+    };
     let tmp_bytes = ask.tmp_size.or(memory);
     let shm_bytes = ask.shm_size.or(memory.map(|m| m / 2));
     for (flag, size) in [("--tmp-size", ask.tmp_size), ("--shm-size", ask.shm_size)] {
@@ -111,6 +134,7 @@ pub fn resolve(ask: &LimitsAsk, node: &Node, slots: usize) -> Resolved {
             disk_mechanism,
             tmp_bytes,
             shm_bytes,
+            socket_bytes,
         },
         warnings,
         notes,
@@ -122,6 +146,13 @@ pub fn resolve(ask: &LimitsAsk, node: &Node, slots: usize) -> Resolved {
 fn default_memory(node: &Node, slots: u64) -> u64 {
     let reserve = (2u64 << 30).max(node.memory_bytes / 10);
     mib_floor(node.memory_bytes.saturating_sub(reserve) / slots).max(MIN_MEMORY)
+}
+
+/// The socket pressure point shared by the slots and the host, at most the memory
+/// limit (what cgroup v2 would let them take), at least 32 MiB, in whole MiB.
+fn default_sockets(node: &Node, slots: u64, memory: Option<u64>) -> u64 {
+    let share = mib_floor(node.socket_pressure_bytes / (slots + 1)).max(MIN_SOCKETS);
+    memory.map_or(share, |m| share.min(m))
 }
 
 fn mib_floor(b: u64) -> u64 {
@@ -179,6 +210,8 @@ mod tests {
             disk: Some(Disk { avail: 500 * G, size: 1000 * G, inodes_avail: 60_000_000, inodes: 64_000_000 }),
             no_quota: None,
             disk_mechanism: Some(Mechanism::Project),
+            socket_pressure_bytes: 4 * G,
+            socket_limit: SocketLimit::InMemory,
         }
     }
 
@@ -278,6 +311,35 @@ mod tests {
         assert!(r.warnings[0].contains("swapaccount=1") && r.warnings[0].contains("8.0G of swap"), "{:?}", r.warnings);
         let r = resolve(&LimitsAsk { memory: Ask::Unlimited, ..Default::default() }, &n, 1);
         assert!(!r.warnings.iter().any(|w| w.contains("swapaccount")), "no memory limit to swap beyond");
+    }
+
+    #[test]
+    fn socket_buffers_get_a_share_of_the_pool_where_the_cgroup_can_limit_them() {
+        let v1 = Node { socket_limit: SocketLimit::Own, ..node() };
+        // 4 GiB pressure point, 3 slots and the host: 1 GiB each.
+        let r = resolve(&LimitsAsk::default(), &v1, 3);
+        assert_eq!(r.limits.socket_bytes, Some(G));
+        assert!(r.notes.is_empty() && r.warnings.is_empty(), "{r:?}");
+        // At most the memory limit (what v2 would let them take), even unasked for.
+        let small = LimitsAsk { memory: Ask::Value(256 << 20), ..Default::default() };
+        assert_eq!(resolve(&small, &v1, 1).limits.socket_bytes, Some(256 << 20));
+        // Without a memory limit: the share all the same (it protects the others).
+        let none = LimitsAsk { memory: Ask::Unlimited, ..Default::default() };
+        assert_eq!(resolve(&none, &v1, 1).limits.socket_bytes, Some(2 * G));
+        // A small pool: a floor, whole MiB.
+        let tiny = Node { socket_pressure_bytes: 100 << 20, ..v1.clone() };
+        assert_eq!(resolve(&LimitsAsk::default(), &tiny, 16).limits.socket_bytes, Some(32 << 20));
+        let odd = Node { socket_pressure_bytes: 3 * G + 12345, ..v1 };
+        assert_eq!(resolve(&LimitsAsk::default(), &odd, 1).limits.socket_bytes.map(|b| b % (1 << 20)), Some(0));
+        // v2: in the memory limit, nothing of their own to write.
+        let r = resolve(&LimitsAsk::default(), &node(), 3);
+        assert_eq!(r.limits.socket_bytes, None);
+        assert!(r.notes.is_empty(), "{:?}", r.notes);
+        // v1 without the file: nothing limits them, and the start line says so.
+        let bare = Node { socket_limit: SocketLimit::Nothing, ..node() };
+        let r = resolve(&LimitsAsk::default(), &bare, 3);
+        assert_eq!(r.limits.socket_bytes, None);
+        assert!(r.notes.len() == 1 && r.notes[0].contains("memory.kmem.tcp.limit_in_bytes"), "{:?}", r.notes);
     }
 
     #[test]

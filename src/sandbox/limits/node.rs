@@ -1,5 +1,6 @@
 //! What the node has, read once per `exec` and once per `run`: memory, swap, cores,
-//! pid_max, the home's filesystem, and whether project quotas work there. A handful of
+//! pid_max, the kernel's socket memory pool, the home's filesystem, and whether project
+//! quotas work there. A handful of
 //! syscalls and small reads (no mountinfo): this is on the `exec` path.
 
 use crate::config::Home;
@@ -26,6 +27,23 @@ pub struct Node {
     pub no_quota: Option<String>,
     /// How jobs' layer dirs get their disk quota here (None: no way, see `no_quota`).
     pub disk_mechanism: Option<crate::sys::Mechanism>,
+    /// Where the kernel puts every socket of the node under memory pressure, in bytes
+    /// (`net.ipv4.tcp_mem`'s second value): one pool for all network namespaces.
+    pub socket_pressure_bytes: u64,
+    /// How a job's cgroup can limit its socket buffers.
+    pub socket_limit: SocketLimit,
+}
+
+/// How a job's cgroup limits its socket buffers (TCP and UDP).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SocketLimit {
+    /// cgroup v1's `memory.kmem.tcp.limit_in_bytes`: a limit of their own (which counts
+    /// UDP too), the only one, as v1 charges them to nothing else.
+    Own,
+    /// cgroup v2: they count in the memory limit, and have no limit of their own.
+    InMemory,
+    /// cgroup v1 without it (a kernel that dropped it): nothing limits them.
+    Nothing,
 }
 
 /// Space and inodes of the home's filesystem (statvfs, for unprivileged users).
@@ -65,8 +83,33 @@ impl Node {
             disk: disk(&home.layers_dir()),
             no_quota: why,
             disk_mechanism,
+            socket_pressure_bytes: socket_pressure(
+                crate::sys::procfile::read("/proc/sys/net/ipv4/tcp_mem").ok().as_deref(),
+                ram,
+            ),
+            socket_limit: if cgroups.unified {
+                SocketLimit::InMemory
+            } else if cgroups.v1_memory_file("memory.kmem.tcp.limit_in_bytes") {
+                SocketLimit::Own
+            } else {
+                SocketLimit::Nothing
+            },
         }
     }
+}
+
+/// `net.ipv4.tcp_mem`'s pressure value in bytes; where it cannot be read (it exists in
+/// the initial network namespace only) the kernel's default for this RAM (RAM / 16).
+fn socket_pressure(tcp_mem: Option<&str>, ram: u64) -> u64 {
+    let pages = tcp_mem.and_then(|s| s.split_whitespace().nth(1)?.parse::<u64>().ok());
+    match pages {
+        Some(p) => p.saturating_mul(page_size()),
+        None => ram / 16,
+    }
+}
+
+fn page_size() -> u64 {
+    nix::unistd::sysconf(nix::unistd::SysconfVar::PAGE_SIZE).ok().flatten().map_or(4096, |p| p as u64)
 }
 
 fn ram_and_swap() -> (u64, u64) {
@@ -238,6 +281,16 @@ mod tests {
             own_v1: vec![],
             v2_mount: Some(root.into()),
         }
+    }
+
+    #[test]
+    fn the_socket_pools_pressure_point_or_the_kernels_default() {
+        let page = page_size();
+        assert_eq!(socket_pressure(Some("287901\t383869\t575802\n"), 24 << 30), 383869 * page);
+        // Outside the initial network namespace the file is missing: RAM / 16, as the
+        // kernel sets it at boot.
+        assert_eq!(socket_pressure(None, 24 << 30), 3 << 29);
+        assert_eq!(socket_pressure(Some("garbage"), 16 << 30), 1 << 30);
     }
 
     #[test]
