@@ -635,3 +635,28 @@ fn e11_a_job_cannot_take_the_nodes_socket_memory() {
         _ => skip_part("cgroup v2: socket buffers count in memory.max"),
     }
 }
+
+#[test]
+#[cfg_attr(not(test_as_root), ignore = "needs root: creates real sandboxes (CI runs the suite as root)")]
+fn e12_a_file_table_the_jobs_can_fill_is_said() {
+    require_root!();
+    let h = home("exh-files");
+    // Open files are charged to a job's memory (~220 bytes each), and past the node's
+    // fs.file-max every process without CAP_SYS_ADMIN gets ENFILE (a red-team pass, shown
+    // by hand on this VM, whose kernel default is 2466183: a job of 130 processes opened
+    // 2465893 files, and a host user's `cat` failed to load libc). systemd raises the
+    // table to the largest value at boot; where it is not, exec -v and run's start line
+    // say so, with the fix.
+    let file_max: u64 = fs::read_to_string("/proc/sys/fs/file-max").unwrap().trim().parse().unwrap();
+    let o = exec(&h, &["-v", "--memory", "64G"], "true");
+    assert_eq!(o.code, 0, "{}", o.err);
+    let said = o.err.contains(&format!("fs.file-max is {file_max}"));
+    assert_eq!(said, file_max <= (64u64 << 30) / 220, "fs.file-max {file_max}: {}", o.err);
+    if said {
+        assert!(o.err.contains("ENFILE") && o.err.contains("fs.file-max = 9223372036854775807"), "{}", o.err);
+    }
+    // Not on the terminal of a plain exec (a note, as the node's other lacks).
+    let o = exec(&h, &["--memory", "64G"], "true");
+    assert!(!o.err.contains("fs.file-max"), "{}", o.err);
+    h.assert_no_residue(&[]);
+}

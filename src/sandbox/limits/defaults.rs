@@ -21,6 +21,9 @@
 //!   DevOps, sshd) is starved. With a share each, the jobs together stay under the
 //!   pressure point and one share is the host's own. cgroup v2 counts them in the memory
 //!   limit and has no limit of their own (see SECURITY.md).
+//! - open files: bounded by the memory limit (each ~220 bytes of it). Where the jobs'
+//!   limits hold more than the node's `fs.file-max`, the start line says so: one job
+//!   that takes them all stops every unprivileged process of the node (ENFILE).
 
 use super::node::{Node, SocketLimit};
 use super::{human_size, Ask, LimitsAsk};
@@ -32,6 +35,9 @@ pub const PIDS: i64 = 4096;
 const MIN_MEMORY: u64 = 256 << 20;
 const MIN_PIDS: i64 = 64;
 const MIN_SOCKETS: u64 = 32 << 20;
+/// What an open file costs a job's memory limit: its `struct file` and slot in the fd
+/// table (221 bytes measured on Linux 6.18, cgroup v1).
+const FILE_BYTES: u64 = 220;
 
 /// The limits, and the warnings to print once at start (one line each).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -110,6 +116,17 @@ pub fn resolve(ask: &LimitsAsk, node: &Node, slots: usize) -> Resolved {
             None
         }
     };
+    let files = memory.map(|m| m.saturating_mul(slots) / FILE_BYTES);
+    if files.is_none_or(|f| f >= node.file_max) {
+        let held = files.map_or("any number of".to_string(), |f| format!("~{f}"));
+        notes.push(format!(
+            "WARNING: one job can open every file of the node: fs.file-max is {}, and the jobs' memory limits \
+             hold {held} open files (~{FILE_BYTES} bytes each); past it every unprivileged process of the node \
+             gets ENFILE. Set fs.file-max = 9223372036854775807 (systemd does at boot): memory limits then \
+             bound each job's files",
+            node.file_max
+        ));
+    }
     let tmp_bytes = ask.tmp_size.or(memory);
     let shm_bytes = ask.shm_size.or(memory.map(|m| m / 2));
     for (flag, size) in [("--tmp-size", ask.tmp_size), ("--shm-size", ask.shm_size)] {
@@ -212,6 +229,7 @@ mod tests {
             disk_mechanism: Some(Mechanism::Project),
             socket_pressure_bytes: 4 * G,
             socket_limit: SocketLimit::InMemory,
+            file_max: i64::MAX as u64,
         }
     }
 
@@ -340,6 +358,24 @@ mod tests {
         let r = resolve(&LimitsAsk::default(), &bare, 3);
         assert_eq!(r.limits.socket_bytes, None);
         assert!(r.notes.len() == 1 && r.notes[0].contains("memory.kmem.tcp.limit_in_bytes"), "{:?}", r.notes);
+    }
+
+    #[test]
+    fn a_file_table_the_jobs_can_fill_is_noted() {
+        // systemd's largest value: memory limits bound open files, nothing to say.
+        assert!(resolve(&LimitsAsk::default(), &node(), 4).notes.is_empty());
+        // The kernel's own default (RAM-based): 4 jobs of ~14 GiB hold ~280 M files.
+        let finite = Node { file_max: 6_000_000, ..node() };
+        let r = resolve(&LimitsAsk::default(), &finite, 4);
+        assert_eq!(r.notes.len(), 1, "{:?}", r.notes);
+        assert!(r.notes[0].contains("fs.file-max is 6000000") && r.notes[0].contains("ENFILE"), "{:?}", r.notes);
+        assert!(r.warnings.is_empty(), "a note, not every exec's terminal: {:?}", r.warnings);
+        // Small limits that hold fewer files than the table: nothing to say.
+        let small = LimitsAsk { memory: Ask::Value(256 << 20), ..Default::default() };
+        assert!(resolve(&small, &finite, 4).notes.is_empty());
+        // No memory limit: any number.
+        let none = LimitsAsk { memory: Ask::Unlimited, ..Default::default() };
+        assert!(resolve(&none, &finite, 1).notes[0].contains("hold any number of open files"));
     }
 
     #[test]

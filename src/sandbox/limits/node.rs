@@ -32,6 +32,9 @@ pub struct Node {
     pub socket_pressure_bytes: u64,
     /// How a job's cgroup can limit its socket buffers.
     pub socket_limit: SocketLimit,
+    /// `fs.file-max`: open files of the whole node; past it every process without
+    /// CAP_SYS_ADMIN gets ENFILE. systemd raises it to the largest value at boot.
+    pub file_max: u64,
 }
 
 /// How a job's cgroup limits its socket buffers (TCP and UDP).
@@ -87,6 +90,10 @@ impl Node {
                 crate::sys::procfile::read("/proc/sys/net/ipv4/tcp_mem").ok().as_deref(),
                 ram,
             ),
+            file_max: crate::sys::procfile::read("/proc/sys/fs/file-max")
+                .ok()
+                .and_then(|s| s.trim().parse().ok())
+                .unwrap_or(u64::MAX),
             socket_limit: if cgroups.unified {
                 SocketLimit::InMemory
             } else if cgroups.v1_memory_file("memory.kmem.tcp.limit_in_bytes") {
