@@ -223,10 +223,11 @@ int main(int argc, char **argv) {
         else { getsockopt(s, SOL_SOCKET, SO_ERROR, &e, &l); errno = e; r = e ? -1 : 0; }
       }
     }
-    else if (!strcmp(op, "fill-inotify") || !strcmp(op, "fill-mq") || !strcmp(op, "fill-sigq")) {
-      /* As many inotify instances, 80 KiB POSIX message queues, or queued SIGRTMINs
-         (blocked) as the kernel gives, kept: prints how many, then the errno that
-         stopped it. Up to 1000000. */
+    else if (!strcmp(op, "fill-inotify") || !strcmp(op, "fill-mq") || !strcmp(op, "fill-sigq")
+             || !strcmp(op, "fill-pty")) {
+      /* As many inotify instances, 80 KiB POSIX message queues, queued SIGRTMINs
+         (blocked) or ptys as the kernel gives, kept: prints how many, then the errno
+         that stopped it. Up to 1000000. */
       sigset_t rt; sigemptyset(&rt); sigaddset(&rt, SIGRTMIN);
       sigprocmask(SIG_BLOCK, &rt, NULL);
       struct mq_attr qa = { .mq_maxmsg = 10, .mq_msgsize = 8192 };
@@ -236,6 +237,7 @@ int main(int argc, char **argv) {
         union sigval v = { .sival_int = 0 };
         long ok = !strcmp(op, "fill-inotify") ? inotify_init1(IN_CLOEXEC)
                 : !strcmp(op, "fill-mq") ? (long)mq_open(q, O_CREAT | O_EXCL | O_RDWR, 0600, &qa)
+                : !strcmp(op, "fill-pty") ? open("/dev/ptmx", O_RDWR | O_NOCTTY)
                 : sigqueue(getpid(), SIGRTMIN, v);
         if (ok < 0) break;
       }
@@ -291,6 +293,7 @@ int main(int argc, char **argv) {
       continue;
     }
     else if (!strcmp(op, "one-inotify")) r = inotify_init1(IN_CLOEXEC);
+    else if (!strcmp(op, "one-pty")) r = open("/dev/ptmx", O_RDWR | O_NOCTTY);
     else if (!strcmp(op, "one-mq")) {
       /* One queue (removed at once: run in an IPC namespace of its own). */
       struct mq_attr qa = { .mq_maxmsg = 10, .mq_msgsize = 8192 };

@@ -35,11 +35,16 @@ pub struct Limits {
     /// from its memory (cgroup v1; see `limits::defaults`). None: no limit of their own.
     #[serde(default)]
     pub socket_bytes: Option<u64>,
+    /// The most pseudo-terminals the job's devpts gives (its `max=`): a share of the
+    /// node's, which every container's devpts draws from (see `limits::defaults`).
+    #[serde(default)]
+    pub ptys: Option<u64>,
 }
 
 impl std::fmt::Display for Limits {
     /// One line for logs and `status`: `memory 4.0G, pids 4096, cpus 2, disk 50.0G, /tmp
-    /// 4.0G, /dev/shm 2.0G[, socket buffers 1.0G]`, "unlimited" where a limit is absent.
+    /// 4.0G, /dev/shm 2.0G[, socket buffers 1.0G][, ptys 1536]`, "unlimited" where a limit
+    /// is absent.
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let size = |b: Option<u64>| b.map(crate::config::human_size).unwrap_or_else(|| "unlimited".into());
         let cpus = self.cpus_milli.map(|m| format!("{}", m as f64 / 1000.0)).unwrap_or_else(|| "unlimited".into());
@@ -54,8 +59,11 @@ impl std::fmt::Display for Limits {
         let tmp = self.tmp_bytes.map(crate::config::human_size).unwrap_or_else(|| "half the RAM".into());
         let shm = self.shm_bytes.map(crate::config::human_size).unwrap_or_else(|| "1.0G".into());
         write!(f, ", /tmp {tmp}, /dev/shm {shm}")?;
-        match self.socket_bytes {
-            Some(b) => write!(f, ", socket buffers {}", crate::config::human_size(b)),
+        if let Some(b) = self.socket_bytes {
+            write!(f, ", socket buffers {}", crate::config::human_size(b))?;
+        }
+        match self.ptys {
+            Some(n) => write!(f, ", ptys {n}"),
             None => Ok(()),
         }
     }

@@ -77,6 +77,7 @@ pub fn list(plan: &JobPlan, owner: (u32, u32)) -> Result<Vec<TreeMount>> {
     let ids = format!("uid={},gid={}", owner.0, owner.1);
     let shm_size = plan.limits.shm_bytes.map(|b| format!("size={b}")).unwrap_or_else(|| "size=1g".into());
     let tmp_size = plan.limits.tmp_bytes.map(|b| format!(",size={b}")).unwrap_or_default();
+    let ptys = plan.limits.ptys.map(|n| format!(",max={n}")).unwrap_or_default();
     // In a user namespace every node in /dev is a bind of its own (libcontainer's and
     // ours), so its tmpfs can be nodev: mounted in the job's namespace, the kernel made it
     // so; mounted here, it would not be.
@@ -95,10 +96,16 @@ pub fn list(plan: &JobPlan, owner: (u32, u32)) -> Result<Vec<TreeMount>> {
             format!("mode=1777,{shm_size},{ids}"),
         ),
         // The job's own pty instance (as runc and libcontainer mount it: ptys are the
-        // opener's, /dev/ptmx links to its ptmx), not nodev: its nodes are the ptys.
+        // opener's, /dev/ptmx links to its ptmx), not nodev: its nodes are the ptys. At
+        // most its share of the node's (`max=`): every instance but the host's draws from
+        // one count.
         TreeMount {
             dst: "/dev/pts".into(),
-            what: What::Fs { fstype: "devpts", source: "devpts", data: "newinstance,ptmxmode=0666,mode=0620".into() },
+            what: What::Fs {
+                fstype: "devpts",
+                source: "devpts",
+                data: format!("newinstance,ptmxmode=0666,mode=0620{ptys}"),
+            },
             flags: MsFlags::MS_NOSUID | MsFlags::MS_NOEXEC,
         },
         // The queues of the job's IPC namespace, which the helper made for it (see
@@ -215,10 +222,15 @@ mod tests {
 
     #[test]
     fn the_jobs_ptys_and_message_queues_are_instances_of_its_own_on_its_dev() {
-        let m = list(&plan(), (0, 0)).unwrap();
+        let mut p = plan();
+        p.limits.ptys = None;
+        let m = list(&p, (0, 0)).unwrap();
         let pts = find(&m, "/dev/pts");
         let what = |fstype, data: &str| What::Fs { fstype, source: fstype, data: data.into() };
         assert_eq!(pts.what, what("devpts", "newinstance,ptmxmode=0666,mode=0620"));
+        p.limits.ptys = Some(512);
+        let limited = list(&p, (0, 0)).unwrap();
+        assert_eq!(find(&limited, "/dev/pts").what, what("devpts", "newinstance,ptmxmode=0666,mode=0620,max=512"));
         // Its nodes are the ptys: nodev would make them unusable.
         assert_eq!(pts.flags, MsFlags::MS_NOSUID | MsFlags::MS_NOEXEC);
         let mq = find(&m, "/dev/mqueue");

@@ -660,3 +660,49 @@ fn e12_a_file_table_the_jobs_can_fill_is_said() {
     assert!(!o.err.contains("fs.file-max"), "{}", o.err);
     h.assert_no_residue(&[]);
 }
+
+#[test]
+#[cfg_attr(not(test_as_root), ignore = "needs root: creates real sandboxes (CI runs the suite as root)")]
+fn e13_a_job_cannot_take_the_other_jobs_ptys() {
+    require_root!();
+    use std::io::BufRead;
+    let h = home("exh-ptys");
+    // kernel.pty.max is one count for the node: every devpts instance but the host's
+    // own (which keeps kernel.pty.reserve) shares max - reserve (3072 by default). A
+    // job's devpts had no limit of its own, so one job took them all and the next job's
+    // `script`, `ssh -t` or Python pty got ENOSPC (a red-team pass).
+    let read =
+        |f: &str| -> u64 { fs::read_to_string(format!("/proc/sys/kernel/pty/{f}")).unwrap().trim().parse().unwrap() };
+    let shared = read("max").saturating_sub(read("reserve"));
+    for (who, opts) in USERS {
+        let flag = flag_dir(&format!("ptys-{who}"));
+        let vol = format!("{}:/flag", flag.display());
+        let script = probe(&toks(&["fill-pty", "wait-for:/flag/go"]));
+        let mut job = HostProc(
+            h.command()
+                .args(["exec", "--rootfs", "esc", "--volume", &vol])
+                .args(opts.iter())
+                .args(["--", "sh", "-c", &script])
+                .stdout(Stdio::piped())
+                .stderr(Stdio::null())
+                .spawn()
+                .unwrap(),
+        );
+        let mut lines = std::io::BufReader::new(job.0.stdout.take().unwrap()).lines();
+        let line = lines.next().expect("the job's fill line").unwrap();
+        let got: u64 = line
+            .strip_prefix("fill-pty: ")
+            .and_then(|l| l.split(' ').next()?.parse().ok())
+            .unwrap_or_else(|| panic!("{who}: {line}"));
+        eprintln!("{who}: the job holds {line} of the node's {shared}");
+        // Another job, while the first holds its ptys.
+        let other = exec(&h, opts, &probe(&toks(&["one-pty"])));
+        fs::write(flag.join("go"), "").unwrap();
+        let status = job.0.wait().unwrap();
+        assert_eq!(other.out, "one-pty: OK\n", "{who}: the other job's pty, while the first holds {line}");
+        assert!(got > 0 && got <= shared / 2, "{who}: the job took more than its share: {line}");
+        assert!(status.success(), "{who}: {status:?}");
+        fs::remove_dir_all(&flag).unwrap();
+    }
+    h.assert_no_residue(&[]);
+}

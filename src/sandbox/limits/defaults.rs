@@ -21,6 +21,9 @@
 //!   DevOps, sshd) is starved. With a share each, the jobs together stay under the
 //!   pressure point and one share is the host's own. cgroup v2 counts them in the memory
 //!   limit and has no limit of their own (see SECURITY.md).
+//! - ptys: the node's (`kernel.pty.max` - `kernel.pty.reserve`, which every devpts
+//!   instance but the host's own draws from) / (slots + 1), at least 16: one job took
+//!   all 3072 and the next job's `script`, `ssh -t` or Python pty got ENOSPC.
 //! - open files: bounded by the memory limit (each ~220 bytes of it). Where the jobs'
 //!   limits hold more than the node's `fs.file-max`, the start line says so: one job
 //!   that takes them all stops every unprivileged process of the node (ENFILE).
@@ -35,6 +38,7 @@ pub const PIDS: i64 = 4096;
 const MIN_MEMORY: u64 = 256 << 20;
 const MIN_PIDS: i64 = 64;
 const MIN_SOCKETS: u64 = 32 << 20;
+const MIN_PTYS: u64 = 16;
 /// What an open file costs a job's memory limit: its `struct file` and slot in the fd
 /// table (221 bytes measured on Linux 6.18, cgroup v1).
 const FILE_BYTES: u64 = 220;
@@ -152,6 +156,7 @@ pub fn resolve(ask: &LimitsAsk, node: &Node, slots: usize) -> Resolved {
             tmp_bytes,
             shm_bytes,
             socket_bytes,
+            ptys: Some((node.ptys_shared / (slots + 1)).max(MIN_PTYS)),
         },
         warnings,
         notes,
@@ -230,6 +235,7 @@ mod tests {
             socket_pressure_bytes: 4 * G,
             socket_limit: SocketLimit::InMemory,
             file_max: i64::MAX as u64,
+            ptys_shared: 3072,
         }
     }
 
@@ -358,6 +364,14 @@ mod tests {
         let r = resolve(&LimitsAsk::default(), &bare, 3);
         assert_eq!(r.limits.socket_bytes, None);
         assert!(r.notes.len() == 1 && r.notes[0].contains("memory.kmem.tcp.limit_in_bytes"), "{:?}", r.notes);
+    }
+
+    #[test]
+    fn ptys_are_shared_by_the_slots_and_the_other_containers() {
+        assert_eq!(resolve(&LimitsAsk::default(), &node(), 1).limits.ptys, Some(1536), "exec: half");
+        assert_eq!(resolve(&LimitsAsk::default(), &node(), 5).limits.ptys, Some(512));
+        let few = Node { ptys_shared: 100, ..node() };
+        assert_eq!(resolve(&LimitsAsk::default(), &few, 16).limits.ptys, Some(16), "a floor");
     }
 
     #[test]

@@ -217,9 +217,10 @@ mod tests {
             tmp_bytes: Some(4 << 30),
             shm_bytes: Some(2 << 30),
             socket_bytes: None,
+            ptys: None,
         };
         assert_eq!(l.to_string(), "memory 4.0G, pids 4096, cpus 1.5, disk unlimited, /tmp 4.0G, /dev/shm 2.0G");
-        let l = Limits { socket_bytes: Some(512 << 20), ..l };
-        assert!(l.to_string().ends_with(", /dev/shm 2.0G, socket buffers 512.0M"), "{l}");
+        let l = Limits { socket_bytes: Some(512 << 20), ptys: Some(1536), ..l };
+        assert!(l.to_string().ends_with(", /dev/shm 2.0G, socket buffers 512.0M, ptys 1536"), "{l}");
     }
 }

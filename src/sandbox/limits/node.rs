@@ -32,6 +32,9 @@ pub struct Node {
     pub socket_pressure_bytes: u64,
     /// How a job's cgroup can limit its socket buffers.
     pub socket_limit: SocketLimit,
+    /// Pseudo-terminals every devpts instance but the host's own shares: `kernel.pty.max`
+    /// less `kernel.pty.reserve` (kept for the host's instance).
+    pub ptys_shared: u64,
     /// `fs.file-max`: open files of the whole node; past it every process without
     /// CAP_SYS_ADMIN gets ENFILE. systemd raises it to the largest value at boot.
     pub file_max: u64,
@@ -90,6 +93,10 @@ impl Node {
                 crate::sys::procfile::read("/proc/sys/net/ipv4/tcp_mem").ok().as_deref(),
                 ram,
             ),
+            ptys_shared: ptys_shared(
+                crate::sys::procfile::read("/proc/sys/kernel/pty/max").ok().as_deref(),
+                crate::sys::procfile::read("/proc/sys/kernel/pty/reserve").ok().as_deref(),
+            ),
             file_max: crate::sys::procfile::read("/proc/sys/fs/file-max")
                 .ok()
                 .and_then(|s| s.trim().parse().ok())
@@ -113,6 +120,13 @@ fn socket_pressure(tcp_mem: Option<&str>, ram: u64) -> u64 {
         Some(p) => p.saturating_mul(page_size()),
         None => ram / 16,
     }
+}
+
+/// `kernel.pty.max` - `kernel.pty.reserve`; the kernel's defaults (4096, 1024) where
+/// either cannot be read.
+fn ptys_shared(max: Option<&str>, reserve: Option<&str>) -> u64 {
+    let read = |s: Option<&str>, default: u64| s.and_then(|s| s.trim().parse().ok()).unwrap_or(default);
+    read(max, 4096).saturating_sub(read(reserve, 1024))
 }
 
 fn page_size() -> u64 {
@@ -288,6 +302,13 @@ mod tests {
             own_v1: vec![],
             v2_mount: Some(root.into()),
         }
+    }
+
+    #[test]
+    fn the_ptys_all_jobs_share() {
+        assert_eq!(ptys_shared(Some("4096\n"), Some("1024\n")), 3072);
+        assert_eq!(ptys_shared(Some("65536\n"), None), 64512, "the kernel's reserve");
+        assert_eq!(ptys_shared(None, Some("5000\n")), 0);
     }
 
     #[test]
