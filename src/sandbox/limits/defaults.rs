@@ -24,6 +24,9 @@
 //! - ptys: the node's (`kernel.pty.max` - `kernel.pty.reserve`, which every devpts
 //!   instance but the host's own draws from) / (slots + 1), at least 16: one job took
 //!   all 3072 and the next job's `script`, `ssh -t` or Python pty got ENOSPC.
+//! - huge pages: none of their own yet. Where the node has a pool (`vm.nr_hugepages`,
+//!   overcommit), the start line says that a job can take it all: `MAP_HUGETLB` needs no
+//!   privilege and the pages count in no memory limit (the hugetlb controller would).
 //! - open files: bounded by the memory limit (each ~220 bytes of it). Where the jobs'
 //!   limits hold more than the node's `fs.file-max`, the start line says so: one job
 //!   that takes them all stops every unprivileged process of the node (ENFILE).
@@ -120,6 +123,14 @@ pub fn resolve(ask: &LimitsAsk, node: &Node, slots: usize) -> Resolved {
             None
         }
     };
+    if node.huge_page_bytes > 0 {
+        notes.push(format!(
+            "WARNING: one job can take every huge page of the node ({} in its pools, vm.nr_hugepages and \
+             overcommit): they count in no memory limit, and azp-sandbox sets no hugetlb limit; on a node whose \
+             huge pages others need, keep them out of the slots' reach (set the pools to 0 there)",
+            human_size(node.huge_page_bytes)
+        ));
+    }
     let files = memory.map(|m| m.saturating_mul(slots) / FILE_BYTES);
     if files.is_none_or(|f| f >= node.file_max) {
         let held = files.map_or("any number of".to_string(), |f| format!("~{f}"));
@@ -236,6 +247,7 @@ mod tests {
             socket_limit: SocketLimit::InMemory,
             file_max: i64::MAX as u64,
             ptys_shared: 3072,
+            huge_page_bytes: 0,
         }
     }
 
@@ -364,6 +376,15 @@ mod tests {
         let r = resolve(&LimitsAsk::default(), &bare, 3);
         assert_eq!(r.limits.socket_bytes, None);
         assert!(r.notes.len() == 1 && r.notes[0].contains("memory.kmem.tcp.limit_in_bytes"), "{:?}", r.notes);
+    }
+
+    #[test]
+    fn a_huge_page_pool_is_noted() {
+        let n = Node { huge_page_bytes: 32 << 20, ..node() };
+        let r = resolve(&LimitsAsk::default(), &n, 2);
+        assert_eq!(r.notes.len(), 1, "{:?}", r.notes);
+        assert!(r.notes[0].contains("every huge page of the node (32.0M"), "{:?}", r.notes);
+        assert!(r.warnings.is_empty());
     }
 
     #[test]

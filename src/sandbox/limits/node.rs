@@ -35,6 +35,9 @@ pub struct Node {
     /// Pseudo-terminals every devpts instance but the host's own shares: `kernel.pty.max`
     /// less `kernel.pty.reserve` (kept for the host's instance).
     pub ptys_shared: u64,
+    /// The node's huge page pools (`vm.nr_hugepages` and `nr_overcommit_hugepages` of
+    /// each size), in bytes: jobs map them (`MAP_HUGETLB`) outside their memory limit.
+    pub huge_page_bytes: u64,
     /// `fs.file-max`: open files of the whole node; past it every process without
     /// CAP_SYS_ADMIN gets ENFILE. systemd raises it to the largest value at boot.
     pub file_max: u64,
@@ -97,6 +100,7 @@ impl Node {
                 crate::sys::procfile::read("/proc/sys/kernel/pty/max").ok().as_deref(),
                 crate::sys::procfile::read("/proc/sys/kernel/pty/reserve").ok().as_deref(),
             ),
+            huge_page_bytes: huge_page_pools(Path::new("/sys/kernel/mm/hugepages")),
             file_max: crate::sys::procfile::read("/proc/sys/fs/file-max")
                 .ok()
                 .and_then(|s| s.trim().parse().ok())
@@ -120,6 +124,24 @@ fn socket_pressure(tcp_mem: Option<&str>, ram: u64) -> u64 {
         Some(p) => p.saturating_mul(page_size()),
         None => ram / 16,
     }
+}
+
+/// The bytes of every huge page pool under `dir` (`hugepages-<size>kB/`): the pages
+/// reserved and those the kernel may add (overcommit).
+fn huge_page_pools(dir: &Path) -> u64 {
+    let Ok(sizes) = std::fs::read_dir(dir) else { return 0 };
+    let mut bytes = 0u64;
+    for e in sizes.flatten() {
+        let name = e.file_name();
+        let kb = name.to_str().and_then(|n| n.strip_prefix("hugepages-")?.strip_suffix("kB")?.parse::<u64>().ok());
+        let Some(kb) = kb else { continue };
+        let count = |f: &str| -> u64 {
+            crate::sys::procfile::read(e.path().join(f)).ok().and_then(|s| s.trim().parse().ok()).unwrap_or(0)
+        };
+        let pages = count("nr_hugepages").saturating_add(count("nr_overcommit_hugepages"));
+        bytes = bytes.saturating_add(pages.saturating_mul(kb << 10));
+    }
+    bytes
 }
 
 /// `kernel.pty.max` - `kernel.pty.reserve`; the kernel's defaults (4096, 1024) where
@@ -302,6 +324,19 @@ mod tests {
             own_v1: vec![],
             v2_mount: Some(root.into()),
         }
+    }
+
+    #[test]
+    fn huge_page_pools_of_every_size() {
+        let t = tempfile::tempdir().unwrap();
+        assert_eq!(huge_page_pools(&t.path().join("missing")), 0, "a kernel without huge pages");
+        for (dir, nr, over) in [("hugepages-2048kB", "16\n", "4\n"), ("hugepages-1048576kB", "2\n", "0\n")] {
+            std::fs::create_dir(t.path().join(dir)).unwrap();
+            std::fs::write(t.path().join(dir).join("nr_hugepages"), nr).unwrap();
+            std::fs::write(t.path().join(dir).join("nr_overcommit_hugepages"), over).unwrap();
+        }
+        std::fs::create_dir(t.path().join("not-a-size")).unwrap();
+        assert_eq!(huge_page_pools(t.path()), 20 * (2 << 20) + 2 * (1 << 30));
     }
 
     #[test]
