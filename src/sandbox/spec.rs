@@ -219,10 +219,18 @@ pub fn v1_device_allow_lines(plan: &JobPlan) -> Result<Vec<String>> {
 /// does (see [`super::cgroup::limit_writes`]).
 fn resources(plan: &JobPlan, memsw: bool) -> Result<oci_spec::runtime::LinuxResources> {
     let mut resources = LinuxResourcesBuilder::default().devices(device_rules(plan)?);
-    if let Some(bytes) = plan.limits.memory_bytes {
-        let mut memory = LinuxMemoryBuilder::default().limit(bytes as i64);
-        if memsw {
-            memory = memory.swap(bytes as i64);
+    if plan.limits.memory_bytes.is_some() || plan.limits.socket_bytes.is_some() {
+        let mut memory = LinuxMemoryBuilder::default();
+        if let Some(bytes) = plan.limits.memory_bytes {
+            memory = memory.limit(bytes as i64);
+            if memsw {
+                memory = memory.swap(bytes as i64);
+            }
+        }
+        // Socket buffers (planned on cgroup v1 only, where the kernel has the file):
+        // libcgroups' v1 manager writes memory.kmem.tcp.limit_in_bytes.
+        if let Some(bytes) = plan.limits.socket_bytes {
+            memory = memory.kernel_tcp(bytes as i64);
         }
         resources = resources.memory(memory.build()?);
     }
@@ -560,6 +568,21 @@ pub(crate) mod tests {
         };
         assert_eq!(swap(true), Some(64 << 20), "memory + swap = the memory limit: no swap beyond it");
         assert_eq!(swap(false), None, "no memsw file to write");
+    }
+
+    #[test]
+    fn libcontainers_v1_manager_limits_socket_buffers_too() {
+        let memory = |p: &JobPlan| {
+            let spec = build(p, Path::new("/m"), &CgroupOwner::Libcontainer { memsw: true }).unwrap();
+            *spec.linux().as_ref().unwrap().resources().clone().unwrap().memory()
+        };
+        let mut p = plan();
+        assert_eq!(memory(&p).unwrap().kernel_tcp(), None);
+        p.limits.socket_bytes = Some(32 << 20);
+        assert_eq!(memory(&p).unwrap().kernel_tcp(), Some(32 << 20));
+        p.limits.memory_bytes = None;
+        let m = memory(&p).unwrap();
+        assert_eq!((m.limit(), m.swap(), m.kernel_tcp()), (None, None, Some(32 << 20)), "without a memory limit");
     }
 
     #[test]

@@ -594,12 +594,21 @@ fn e11_a_job_cannot_take_the_nodes_socket_memory() {
     // past its top every socket of it is starved (other slots, the agents' connections,
     // sshd). cgroup v1 charged a job's buffers to nothing (a red-team pass, by reading;
     // shown here before the fix: 100 loopback connections whose readers never read held
-    // ~370 MB with `--memory 64M`). v1 now limits them apart (memory.kmem.tcp.*, which
+    // 406 MB with `--memory 64M`). v1 now limits them apart (memory.kmem.tcp.*, which
     // counts UDP too), v2 counts them in the memory limit.
     const LIMIT: u64 = 64 << 20;
     let fills = toks(&["fill-tcp:100", "fill-udp:600"]);
+    let v2 =
+        nix::sys::statfs::statfs("/sys/fs/cgroup").unwrap().filesystem_type() == nix::sys::statfs::CGROUP2_SUPER_MAGIC;
     for (who, opts) in USERS {
-        let out = exec_ok(&h, &[&["--memory", "64M"], opts].concat(), &probe(&fills));
+        let o = exec(&h, &[&["--memory", "64M"], opts].concat(), &probe(&fills));
+        if v2 && o.code == 137 {
+            // v2 charges the buffers to memory.max, where a charge over it may OOM-kill
+            // the job: held to its memory all the same.
+            eprintln!("{who}: OOM-killed at its memory limit (cgroup v2): {}", o.out);
+            continue;
+        }
+        let out = exited_ok(o, opts);
         for fill in &fills {
             let line = out.lines().find(|l| l.starts_with(&format!("{fill}: "))).unwrap_or_else(|| panic!("{out}"));
             let held: u64 = line.rsplit("held=").next().and_then(|n| n.parse().ok()).unwrap();
@@ -651,7 +660,8 @@ fn e12_a_file_table_the_jobs_can_fill_is_said() {
     let o = exec(&h, &["-v", "--memory", "64G"], "true");
     assert_eq!(o.code, 0, "{}", o.err);
     let said = o.err.contains(&format!("fs.file-max is {file_max}"));
-    assert_eq!(said, file_max <= (64u64 << 30) / 220, "fs.file-max {file_max}: {}", o.err);
+    let fillable = file_max < i64::MAX as u64 && file_max <= (64u64 << 30) / 220;
+    assert_eq!(said, fillable, "fs.file-max {file_max}: {}", o.err);
     if said {
         assert!(o.err.contains("ENFILE") && o.err.contains("fs.file-max = 9223372036854775807"), "{}", o.err);
     }
@@ -730,10 +740,15 @@ fn e14_a_huge_page_pool_the_jobs_can_take_is_said() {
             .any(|f| fs::read_to_string(e.path().join(f)).is_ok_and(|n| n.trim() != "0"))
     });
     let said = |o: &Out| o.err.contains("one job can take every huge page of the node");
-    if !had {
+    if had {
+        // An operator's pool: left alone (pages freed may not come back on a fragmented
+        // host), and said.
         let o = exec(&h, &["-v"], "true");
-        assert!(!said(&o), "no pool, nothing to say: {}", o.err);
+        assert!(said(&o), "{}", o.err);
+        return h.assert_no_residue(&[]);
     }
+    let o = exec(&h, &["-v"], "true");
+    assert!(!said(&o), "no pool, nothing to say: {}", o.err);
     let _pool = Pool(before.clone());
     fs::write("/proc/sys/vm/nr_hugepages", "4").unwrap();
     if fs::read_to_string("/proc/sys/vm/nr_hugepages").unwrap().trim() == "0" {

@@ -14,9 +14,10 @@
 //!   job's memory cgroup: a bigger tmpfs only invites the OOM killer). Without a memory
 //!   limit, the sizes of before: half the RAM, 1 GiB.
 //! - socket buffers (cgroup v1 only): the kernel's socket memory pressure point
-//!   (`net.ipv4.tcp_mem`) / (slots + 1), at most the memory limit, at least 32 MiB. The
-//!   pool is one for the whole node and v1 charges a job's buffers to nothing else: a
-//!   job of 400 loopback connections its readers never drain held 1.5 GB, and past the
+//!   (`net.ipv4.tcp_mem`) / (slots + 1), at least 32 MiB but never above the memory
+//!   limit. The pool is one for the whole node and v1 charges a job's buffers to nothing
+//!   else: 100 loopback connections whose readers never read held 406 MB in a job with
+//!   `--memory 64M`, and past the
 //!   pool's top every socket of the node (other slots, the agents' connections to Azure
 //!   DevOps, sshd) is starved. With a share each, the jobs together stay under the
 //!   pressure point and one share is the host's own. cgroup v2 counts them in the memory
@@ -24,7 +25,7 @@
 //! - ptys: the node's (`kernel.pty.max` - `kernel.pty.reserve`, which every devpts
 //!   instance but the host's own draws from) / (slots + 1), at least 16: one job took
 //!   all 3072 and the next job's `script`, `ssh -t` or Python pty got ENOSPC.
-//! - huge pages: none of their own yet. Where the node has a pool (`vm.nr_hugepages`,
+//! - huge pages: no limit of their own yet. Where the node has a pool (`vm.nr_hugepages`,
 //!   overcommit), the start line says that a job can take it all: `MAP_HUGETLB` needs no
 //!   privilege and the pages count in no memory limit (the hugetlb controller would).
 //! - open files: bounded by the memory limit (each ~220 bytes of it). Where the jobs'
@@ -126,19 +127,20 @@ pub fn resolve(ask: &LimitsAsk, node: &Node, slots: usize) -> Resolved {
     if node.huge_page_bytes > 0 {
         notes.push(format!(
             "WARNING: one job can take every huge page of the node ({} in its pools, vm.nr_hugepages and \
-             overcommit): they count in no memory limit, and azp-sandbox sets no hugetlb limit; on a node whose \
-             huge pages others need, keep them out of the slots' reach (set the pools to 0 there)",
+             overcommit): they count in no memory limit, and azp-sandbox sets no hugetlb limit yet; do not run \
+             slots on a node whose huge pages other work needs",
             human_size(node.huge_page_bytes)
         ));
     }
+    // systemd's value (the largest) leaves memory limits as the bound: nothing to say.
     let files = memory.map(|m| m.saturating_mul(slots) / FILE_BYTES);
-    if files.is_none_or(|f| f >= node.file_max) {
+    if node.file_max < i64::MAX as u64 && files.is_none_or(|f| f >= node.file_max) {
         let held = files.map_or("any number of".to_string(), |f| format!("~{f}"));
         notes.push(format!(
-            "WARNING: one job can open every file of the node: fs.file-max is {}, and the jobs' memory limits \
-             hold {held} open files (~{FILE_BYTES} bytes each); past it every unprivileged process of the node \
-             gets ENFILE. Set fs.file-max = 9223372036854775807 (systemd does at boot): memory limits then \
-             bound each job's files",
+            "WARNING: the jobs can open every file of the node: fs.file-max is {}, and their memory limits \
+             together hold {held} open files (~{FILE_BYTES} bytes each); past it every unprivileged process of \
+             the node gets ENFILE. Set fs.file-max = 9223372036854775807 (systemd does at boot): memory limits \
+             then bound each job's files",
             node.file_max
         ));
     }
@@ -181,8 +183,8 @@ fn default_memory(node: &Node, slots: u64) -> u64 {
     mib_floor(node.memory_bytes.saturating_sub(reserve) / slots).max(MIN_MEMORY)
 }
 
-/// The socket pressure point shared by the slots and the host, at most the memory
-/// limit (what cgroup v2 would let them take), at least 32 MiB, in whole MiB.
+/// The socket pressure point shared by the slots and the host, in whole MiB, at least
+/// 32 MiB, but never above the memory limit (what cgroup v2 would let them take).
 fn default_sockets(node: &Node, slots: u64, memory: Option<u64>) -> u64 {
     let share = mib_floor(node.socket_pressure_bytes / (slots + 1)).max(MIN_SOCKETS);
     memory.map_or(share, |m| share.min(m))
@@ -408,9 +410,11 @@ mod tests {
         // Small limits that hold fewer files than the table: nothing to say.
         let small = LimitsAsk { memory: Ask::Value(256 << 20), ..Default::default() };
         assert!(resolve(&small, &finite, 4).notes.is_empty());
-        // No memory limit: any number.
+        // No memory limit: any number; where the table is systemd's (or unread), nothing.
         let none = LimitsAsk { memory: Ask::Unlimited, ..Default::default() };
-        assert!(resolve(&none, &finite, 1).notes[0].contains("hold any number of open files"));
+        assert!(resolve(&none, &finite, 1).notes[0].contains("together hold any number of open files"));
+        assert!(resolve(&none, &node(), 1).notes.is_empty());
+        assert!(resolve(&none, &Node { file_max: u64::MAX, ..node() }, 1).notes.is_empty());
     }
 
     #[test]

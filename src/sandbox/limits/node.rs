@@ -49,7 +49,8 @@ pub enum SocketLimit {
     /// cgroup v1's `memory.kmem.tcp.limit_in_bytes`: a limit of their own (which counts
     /// UDP too), the only one, as v1 charges them to nothing else.
     Own,
-    /// cgroup v2: they count in the memory limit, and have no limit of their own.
+    /// cgroup v2: they count in the memory limit, and have no limit of their own (also
+    /// where no v1 hierarchy has the memory controller).
     InMemory,
     /// cgroup v1 without it (a kernel that dropped it): nothing limits them.
     Nothing,
@@ -105,7 +106,8 @@ impl Node {
                 .ok()
                 .and_then(|s| s.trim().parse().ok())
                 .unwrap_or(u64::MAX),
-            socket_limit: if cgroups.unified {
+            socket_limit: if cgroups.unified || !cgroups.v1_memory_file("cgroup.procs") {
+                // cgroup v2's memory controller (or none: then no memory limit either).
                 SocketLimit::InMemory
             } else if cgroups.v1_memory_file("memory.kmem.tcp.limit_in_bytes") {
                 SocketLimit::Own
