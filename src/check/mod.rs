@@ -355,7 +355,7 @@ fn disk_quota(report: &mut Report, home: &Home, s: &RunSettings) {
         );
         return;
     }
-    let node = crate::sandbox::limits::node::Node::read(home, crate::rootless::mode().rootless);
+    let node = crate::sandbox::limits::node::Node::read(home, crate::rootless::mode().rootless, true);
     match (node.no_quota, s.limits.disk) {
         (None, _) => report.add(
             Verdict::Ok,

@@ -88,7 +88,7 @@ pub fn start(home: &Home, settings: RunSettings, ready: Ready) -> Result<Running
 /// The limits of every job, from the settings and the node shared by `slots` slots: one
 /// line at start, and one per warning.
 fn job_limits(home: &Home, settings: &RunSettings, slots: usize) -> JobLimits {
-    let node = Node::read(home, crate::rootless::mode().rootless);
+    let node = Node::read(home, crate::rootless::mode().rootless, true);
     let resolved = limits::resolve(&settings.limits, &node, slots);
     let basis = limits::defaults::basis(&node, slots);
     tracing::info!("job limits: {} per job ({basis})", resolved.limits);

@@ -128,10 +128,15 @@ impl CgroupHost {
     /// Whether the v1 memory hierarchy has `file` (the kernel's features: swap
     /// accounting, a separate limit of socket buffers).
     pub fn v1_memory_file(&self, file: &str) -> bool {
+        self.v1_memory_mount().is_some_and(|m| m.join(file).exists())
+    }
+
+    /// The v1 hierarchy of the memory controller, where one is mounted.
+    pub fn v1_memory_mount(&self) -> Option<&Path> {
         self.v1_mounts
             .iter()
             .find(|m| m.file_name().is_some_and(|n| n.to_string_lossy().split(',').any(|c| c == "memory")))
-            .is_some_and(|m| m.join(file).exists())
+            .map(PathBuf::as_path)
     }
 
     /// Every hierarchy a job's cgroup can have a dir in: the v1 mounts of the job's

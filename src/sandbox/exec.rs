@@ -216,7 +216,9 @@ pub fn prepare(home: &Home, driver_root: &Path, req: &ExecRequest) -> Result<(Jo
         false => req.command.clone(),
     };
     // One job: the node's defaults for one slot.
-    let node = limits::node::Node::read(home, crate::rootless::mode().rootless);
+    // Its notes go to the debug log (below): read what only they need when it is shown.
+    let notes = tracing::enabled!(tracing::Level::DEBUG);
+    let node = limits::node::Node::read(home, crate::rootless::mode().rootless, notes);
     let resolved = limits::resolve(&req.limits, &node, 1);
     let plan = JobPlan {
         id: id.clone(),

@@ -68,14 +68,16 @@ pub fn prepare(j: &CgroupJoin) -> Result<()> {
         }
         for (file, value) in &d.limits {
             let path = d.dir.join(file);
-            if OPTIONAL_FILES.contains(file) && !path.exists() {
-                continue;
-            }
-            std::fs::write(&path, value).map_err(|source| Error::CgroupLimit {
-                file: path,
-                value: value.clone(),
-                source,
-            })?;
+            let written = if OPTIONAL_FILES.contains(file) {
+                // Opened without O_CREAT: a file the kernel lacks is ENOENT, no stat first.
+                match std::fs::OpenOptions::new().write(true).open(&path) {
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+                    opened => opened.and_then(|mut f| std::io::Write::write_all(&mut f, value.as_bytes())),
+                }
+            } else {
+                std::fs::write(&path, value)
+            };
+            written.map_err(|source| Error::CgroupLimit { file: path, value: value.clone(), source })?;
         }
     }
     Ok(())

@@ -67,8 +67,10 @@ pub struct Disk {
 
 impl Node {
     /// Reads the node; `rootless`: no quota (quotactl needs CAP_SYS_ADMIN in the initial
-    /// user namespace).
-    pub fn read(home: &Home, rootless: bool) -> Node {
+    /// user namespace). `notes`: whether the start line's notes will be shown (`run`,
+    /// `exec -v`); without, what only they need is not read (the node's file table and
+    /// huge page pools: eight system calls on every `exec`'s path).
+    pub fn read(home: &Home, rootless: bool, notes: bool) -> Node {
         let (ram, swap) = ram_and_swap();
         let (disk_mechanism, why) = match no_quota(home, rootless) {
             Ok(m) => (Some(m), None),
@@ -101,12 +103,13 @@ impl Node {
                 crate::sys::procfile::read("/proc/sys/kernel/pty/max").ok().as_deref(),
                 crate::sys::procfile::read("/proc/sys/kernel/pty/reserve").ok().as_deref(),
             ),
-            huge_page_bytes: huge_page_pools(Path::new("/sys/kernel/mm/hugepages")),
-            file_max: crate::sys::procfile::read("/proc/sys/fs/file-max")
-                .ok()
-                .and_then(|s| s.trim().parse().ok())
-                .unwrap_or(u64::MAX),
-            socket_limit: if cgroups.unified || !cgroups.v1_memory_file("cgroup.procs") {
+            huge_page_bytes: if notes { huge_page_pools(Path::new("/sys/kernel/mm/hugepages")) } else { 0 },
+            file_max: match notes {
+                true => crate::sys::procfile::read("/proc/sys/fs/file-max").ok().and_then(|s| s.trim().parse().ok()),
+                false => None,
+            }
+            .unwrap_or(u64::MAX),
+            socket_limit: if cgroups.unified || cgroups.v1_memory_mount().is_none() {
                 // cgroup v2's memory controller (or none: then no memory limit either).
                 SocketLimit::InMemory
             } else if cgroups.v1_memory_file("memory.kmem.tcp.limit_in_bytes") {
