@@ -490,7 +490,6 @@ fn e08_a_tree_of_30000_nested_dirs_is_removed_with_the_job() {
 fn e09_a_job_cannot_use_up_host_roots_per_user_budgets() {
     require_root!();
     root_mode_only!("a rootless job's namespace is the user's: what it holds is charged to the user's own budgets");
-    use std::io::BufRead;
     let h = home("exh-ucounts");
     // The kernel's per-user budgets (inotify instances, POSIX message queue bytes, queued
     // signals) are charged to a user namespace's owner too. The job takes all it can of
@@ -499,9 +498,37 @@ fn e09_a_job_cannot_use_up_host_roots_per_user_budgets() {
     let fills = toks(&["fill-inotify", "fill-mq", "fill-sigq"]);
     let host = toks(&["one-inotify", "one-mq", "one-sigq"]);
     for (who, opts) in USERS {
-        let flag = flag_dir(&format!("ucounts-{who}"));
+        let job = Holding::start(&h, &format!("ucounts-{who}"), opts, &fills);
+        for (line, got) in &job.held {
+            assert!(*got > 0, "{who}: the job got none: {line}");
+            eprintln!("{who}: the job holds {line}");
+        }
+        // Host root, while the job holds them (its queue in an IPC namespace of its own).
+        let o = Command::new("unshare").arg("--ipc").arg(probe_bin()).args(&host).output().unwrap();
+        let out = String::from_utf8_lossy(&o.stdout).into_owned();
+        let status = job.release();
+        assert_eq!(out, expect(&host, |_| "OK".into()), "{who}: host root's own, while the job holds its");
+        assert!(status.success(), "{who}: {status:?}");
+    }
+    h.assert_no_residue(&[]);
+}
+
+/// A job that takes all it can of each of `fills` (the probe's `fill-*` ops that print
+/// `OP: COUNT ERRNO`) and holds it until [`Holding::release`].
+struct Holding {
+    job: HostProc,
+    /// The job's stdout, open until the job ends: it prints once more after it is let go.
+    _out: std::io::Lines<std::io::BufReader<std::process::ChildStdout>>,
+    flag: PathBuf,
+    /// Each fill's line and count, in order.
+    held: Vec<(String, u64)>,
+}
+
+impl Holding {
+    fn start(h: &TestHome, name: &str, opts: &[&str], fills: &[String]) -> Holding {
+        let flag = flag_dir(name);
         let vol = format!("{}:/flag", flag.display());
-        let script = probe(&[fills.clone(), toks(&["wait-for:/flag/go"])].concat());
+        let script = probe(&[fills.to_vec(), toks(&["wait-for:/flag/go"])].concat());
         let mut job = HostProc(
             h.command()
                 .args(["exec", "--rootfs", "esc", "--volume", &vol])
@@ -512,26 +539,28 @@ fn e09_a_job_cannot_use_up_host_roots_per_user_budgets() {
                 .spawn()
                 .unwrap(),
         );
-        let mut lines = std::io::BufReader::new(job.0.stdout.take().unwrap()).lines();
-        for fill in &fills {
-            let line = lines.next().expect("the job's fill line").unwrap();
-            let got: u64 = line
-                .strip_prefix(&format!("{fill}: "))
-                .and_then(|l| l.split(' ').next()?.parse().ok())
-                .unwrap_or_else(|| panic!("{who}: {line}"));
-            assert!(got > 0, "{who}: the job got none: {line}");
-            eprintln!("{who}: the job holds {line}");
-        }
-        // Host root, while the job holds them (its queue in an IPC namespace of its own).
-        let o = Command::new("unshare").arg("--ipc").arg(probe_bin()).args(&host).output().unwrap();
-        let out = String::from_utf8_lossy(&o.stdout).into_owned();
-        fs::write(flag.join("go"), "").unwrap();
-        let status = job.0.wait().unwrap();
-        assert_eq!(out, expect(&host, |_| "OK".into()), "{who}: host root's own, while the job holds its");
-        assert!(status.success(), "{who}: {status:?}");
-        fs::remove_dir_all(&flag).unwrap();
+        let mut lines = std::io::BufRead::lines(std::io::BufReader::new(job.0.stdout.take().unwrap()));
+        let held = fills
+            .iter()
+            .map(|fill| {
+                let line = lines.next().expect("the job's fill line").unwrap();
+                let got: u64 = line
+                    .strip_prefix(&format!("{fill}: "))
+                    .and_then(|l| l.split(' ').next()?.parse().ok())
+                    .unwrap_or_else(|| panic!("{name}: {line}"));
+                (line, got)
+            })
+            .collect();
+        Holding { job, _out: lines, flag, held }
     }
-    h.assert_no_residue(&[]);
+
+    /// Lets the job end; its exit status.
+    fn release(mut self) -> std::process::ExitStatus {
+        fs::write(self.flag.join("go"), "").unwrap();
+        let status = self.job.0.wait().unwrap();
+        fs::remove_dir_all(&self.flag).unwrap();
+        status
+    }
 }
 
 /// The processes in a job's cgroups (every hierarchy, its leaf included): `(pid, argv0)`.
@@ -675,7 +704,6 @@ fn e12_a_file_table_the_jobs_can_fill_is_said() {
 #[cfg_attr(not(test_as_root), ignore = "needs root: creates real sandboxes (CI runs the suite as root)")]
 fn e13_a_job_cannot_take_the_other_jobs_ptys() {
     require_root!();
-    use std::io::BufRead;
     let h = home("exh-ptys");
     // kernel.pty.max is one count for the node: every devpts instance but the host's
     // own (which keeps kernel.pty.reserve) shares max - reserve (3072 by default). A
@@ -685,34 +713,15 @@ fn e13_a_job_cannot_take_the_other_jobs_ptys() {
         |f: &str| -> u64 { fs::read_to_string(format!("/proc/sys/kernel/pty/{f}")).unwrap().trim().parse().unwrap() };
     let shared = read("max").saturating_sub(read("reserve"));
     for (who, opts) in USERS {
-        let flag = flag_dir(&format!("ptys-{who}"));
-        let vol = format!("{}:/flag", flag.display());
-        let script = probe(&toks(&["fill-pty", "wait-for:/flag/go"]));
-        let mut job = HostProc(
-            h.command()
-                .args(["exec", "--rootfs", "esc", "--volume", &vol])
-                .args(opts.iter())
-                .args(["--", "sh", "-c", &script])
-                .stdout(Stdio::piped())
-                .stderr(Stdio::null())
-                .spawn()
-                .unwrap(),
-        );
-        let mut lines = std::io::BufReader::new(job.0.stdout.take().unwrap()).lines();
-        let line = lines.next().expect("the job's fill line").unwrap();
-        let got: u64 = line
-            .strip_prefix("fill-pty: ")
-            .and_then(|l| l.split(' ').next()?.parse().ok())
-            .unwrap_or_else(|| panic!("{who}: {line}"));
+        let job = Holding::start(&h, &format!("ptys-{who}"), opts, &toks(&["fill-pty"]));
+        let (line, got) = job.held[0].clone();
         eprintln!("{who}: the job holds {line} of the node's {shared}");
         // Another job, while the first holds its ptys.
         let other = exec(&h, opts, &probe(&toks(&["one-pty"])));
-        fs::write(flag.join("go"), "").unwrap();
-        let status = job.0.wait().unwrap();
+        let status = job.release();
         assert_eq!(other.out, "one-pty: OK\n", "{who}: the other job's pty, while the first holds {line}");
         assert!(got > 0 && got <= shared / 2, "{who}: the job took more than its share: {line}");
         assert!(status.success(), "{who}: {status:?}");
-        fs::remove_dir_all(&flag).unwrap();
     }
     h.assert_no_residue(&[]);
 }
