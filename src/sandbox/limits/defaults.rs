@@ -17,11 +17,10 @@
 //!   (`net.ipv4.tcp_mem`) / (slots + 1), at least 32 MiB but never above the memory
 //!   limit. The pool is one for the whole node and v1 charges a job's buffers to nothing
 //!   else: 100 loopback connections whose readers never read held 406 MB in a job with
-//!   `--memory 64M`, and past the
-//!   pool's top every socket of the node (other slots, the agents' connections to Azure
-//!   DevOps, sshd) is starved. With a share each, the jobs together stay under the
-//!   pressure point and one share is the host's own. cgroup v2 counts them in the memory
-//!   limit and has no limit of their own (see SECURITY.md).
+//!   `--memory 64M`, and past the pool's top every socket of the node (other slots, the
+//!   agents' connections to Azure DevOps, sshd) is starved. With a share each, the jobs
+//!   together stay under the pressure point and one share is the host's own. cgroup v2
+//!   counts them in the memory limit and has no limit of their own (see SECURITY.md).
 //! - ptys: the node's (`kernel.pty.max` - `kernel.pty.reserve`, which every devpts
 //!   instance but the host's own draws from) / (slots + 1), at least 16: one job took
 //!   all 3072 and the next job's `script`, `ssh -t` or Python pty got ENOSPC.
@@ -29,8 +28,8 @@
 //!   overcommit), the start line says that a job can take it all: `MAP_HUGETLB` needs no
 //!   privilege and the pages count in no memory limit (the hugetlb controller would).
 //! - open files: bounded by the memory limit (each ~220 bytes of it). Where the jobs'
-//!   limits hold more than the node's `fs.file-max`, the start line says so: one job
-//!   that takes them all stops every unprivileged process of the node (ENFILE).
+//!   limits together hold more than the node's `fs.file-max`, the start line says so:
+//!   jobs that take them all stop every unprivileged process of the node (ENFILE).
 
 use super::node::{Node, SocketLimit};
 use super::{human_size, Ask, LimitsAsk};
@@ -112,38 +111,9 @@ pub fn resolve(ask: &LimitsAsk, node: &Node, slots: usize) -> Resolved {
     }
     let socket_bytes = match node.socket_limit {
         SocketLimit::Own => Some(default_sockets(node, slots, memory)),
-        SocketLimit::InMemory => None,
-        SocketLimit::Nothing => {
-            notes.push(
-                "WARNING: jobs' socket buffers have no limit: this kernel's cgroup v1 has no \
-                 memory.kmem.tcp.limit_in_bytes, so one job can take the node's whole socket memory \
-                 (net.ipv4.tcp_mem) from every other socket; use cgroup v2, which counts them in the \
-                 job's memory limit"
-                    .into(),
-            );
-            None
-        }
+        SocketLimit::InMemory | SocketLimit::Nothing => None,
     };
-    if node.huge_page_bytes > 0 {
-        notes.push(format!(
-            "WARNING: one job can take every huge page of the node ({} in its pools, vm.nr_hugepages and \
-             overcommit): they count in no memory limit, and azp-sandbox sets no hugetlb limit yet; do not run \
-             slots on a node whose huge pages other work needs",
-            human_size(node.huge_page_bytes)
-        ));
-    }
-    // systemd's value (the largest) leaves memory limits as the bound: nothing to say.
-    let files = memory.map(|m| m.saturating_mul(slots) / FILE_BYTES);
-    if node.file_max < i64::MAX as u64 && files.is_none_or(|f| f >= node.file_max) {
-        let held = files.map_or("any number of".to_string(), |f| format!("~{f}"));
-        notes.push(format!(
-            "WARNING: the jobs can open every file of the node: fs.file-max is {}, and their memory limits \
-             together hold {held} open files (~{FILE_BYTES} bytes each); past it every unprivileged process of \
-             the node gets ENFILE. Set fs.file-max = 9223372036854775807 (systemd does at boot): memory limits \
-             then bound each job's files",
-            node.file_max
-        ));
-    }
+    notes.extend(pool_notes(node, slots, memory));
     let tmp_bytes = ask.tmp_size.or(memory);
     let shm_bytes = ask.shm_size.or(memory.map(|m| m / 2));
     for (flag, size) in [("--tmp-size", ask.tmp_size), ("--shm-size", ask.shm_size)] {
@@ -181,6 +151,42 @@ pub fn resolve(ask: &LimitsAsk, node: &Node, slots: usize) -> Resolved {
 fn default_memory(node: &Node, slots: u64) -> u64 {
     let reserve = (2u64 << 30).max(node.memory_bytes / 10);
     mib_floor(node.memory_bytes.saturating_sub(reserve) / slots).max(MIN_MEMORY)
+}
+
+/// What the jobs can take of the node's pools with no limit of theirs to stop them: one
+/// line each, for the start line (the notes).
+fn pool_notes(node: &Node, slots: u64, memory: Option<u64>) -> Vec<String> {
+    let mut notes = vec![];
+    if node.socket_limit == SocketLimit::Nothing {
+        notes.push(
+            "WARNING: jobs' socket buffers have no limit: this kernel's cgroup v1 has no \
+             memory.kmem.tcp.limit_in_bytes, so one job can take the node's whole socket memory \
+             (net.ipv4.tcp_mem) from every other socket; use cgroup v2, which counts them in the \
+             job's memory limit"
+                .into(),
+        );
+    }
+    if node.huge_page_bytes > 0 {
+        notes.push(format!(
+            "WARNING: one job can take every huge page of the node ({} in its pools, vm.nr_hugepages and \
+             overcommit): they count in no memory limit, and azp-sandbox sets no hugetlb limit yet; do not run \
+             slots on a node whose huge pages other work needs",
+            human_size(node.huge_page_bytes)
+        ));
+    }
+    // systemd's value (the largest) leaves memory limits as the bound: nothing to say.
+    let files = memory.map(|m| m.saturating_mul(slots) / FILE_BYTES);
+    if node.file_max < i64::MAX as u64 && files.is_none_or(|f| f >= node.file_max) {
+        let held = files.map_or("any number of".to_string(), |f| format!("~{f}"));
+        notes.push(format!(
+            "WARNING: the jobs can open every file of the node: fs.file-max is {}, and their memory limits \
+             together hold {held} open files (~{FILE_BYTES} bytes each); past it every unprivileged process of \
+             the node gets ENFILE. Set fs.file-max = 9223372036854775807 (systemd does at boot): memory limits \
+             then bound each job's files",
+            node.file_max
+        ));
+    }
+    notes
 }
 
 /// The socket pressure point shared by the slots and the host, in whole MiB, at least

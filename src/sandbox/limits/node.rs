@@ -1,7 +1,8 @@
 //! What the node has, read once per `exec` and once per `run`: memory, swap, cores,
-//! pid_max, the kernel's socket memory pool, the home's filesystem, and whether project
-//! quotas work there. A handful of
-//! syscalls and small reads (no mountinfo): this is on the `exec` path.
+//! pid_max, the kernel's socket memory pool and ptys, the home's filesystem and whether
+//! project quotas work there; for the start line's notes, its file table and huge page
+//! pools. A handful of syscalls and small reads (no mountinfo): this is on the `exec`
+//! path.
 
 use crate::config::Home;
 use crate::rootless::cgroups::CgroupHost;
@@ -88,10 +89,7 @@ impl Node {
             swap_bytes: swap,
             swap_limited: swap == 0 || swap_limited(cgroups, &own),
             cores: cores(),
-            pid_max: crate::sys::procfile::read("/proc/sys/kernel/pid_max")
-                .ok()
-                .and_then(|s| s.trim().parse().ok())
-                .unwrap_or(32768),
+            pid_max: number("/proc/sys/kernel/pid_max").unwrap_or(32768),
             disk: disk(&home.layers_dir()),
             no_quota: why,
             disk_mechanism,
@@ -99,16 +97,9 @@ impl Node {
                 crate::sys::procfile::read("/proc/sys/net/ipv4/tcp_mem").ok().as_deref(),
                 ram,
             ),
-            ptys_shared: ptys_shared(
-                crate::sys::procfile::read("/proc/sys/kernel/pty/max").ok().as_deref(),
-                crate::sys::procfile::read("/proc/sys/kernel/pty/reserve").ok().as_deref(),
-            ),
+            ptys_shared: ptys_shared(number("/proc/sys/kernel/pty/max"), number("/proc/sys/kernel/pty/reserve")),
             huge_page_bytes: if notes { huge_page_pools(Path::new("/sys/kernel/mm/hugepages")) } else { 0 },
-            file_max: match notes {
-                true => crate::sys::procfile::read("/proc/sys/fs/file-max").ok().and_then(|s| s.trim().parse().ok()),
-                false => None,
-            }
-            .unwrap_or(u64::MAX),
+            file_max: notes.then(|| number("/proc/sys/fs/file-max")).flatten().unwrap_or(u64::MAX),
             socket_limit: if cgroups.unified || cgroups.v1_memory_mount().is_none() {
                 // cgroup v2's memory controller (or none: then no memory limit either).
                 SocketLimit::InMemory
@@ -140,9 +131,7 @@ fn huge_page_pools(dir: &Path) -> u64 {
         let name = e.file_name();
         let kb = name.to_str().and_then(|n| n.strip_prefix("hugepages-")?.strip_suffix("kB")?.parse::<u64>().ok());
         let Some(kb) = kb else { continue };
-        let count = |f: &str| -> u64 {
-            crate::sys::procfile::read(e.path().join(f)).ok().and_then(|s| s.trim().parse().ok()).unwrap_or(0)
-        };
+        let count = |f: &str| number(e.path().join(f)).unwrap_or(0);
         let pages = count("nr_hugepages").saturating_add(count("nr_overcommit_hugepages"));
         bytes = bytes.saturating_add(pages.saturating_mul(kb << 10));
     }
@@ -151,9 +140,13 @@ fn huge_page_pools(dir: &Path) -> u64 {
 
 /// `kernel.pty.max` - `kernel.pty.reserve`; the kernel's defaults (4096, 1024) where
 /// either cannot be read.
-fn ptys_shared(max: Option<&str>, reserve: Option<&str>) -> u64 {
-    let read = |s: Option<&str>, default: u64| s.and_then(|s| s.trim().parse().ok()).unwrap_or(default);
-    read(max, 4096).saturating_sub(read(reserve, 1024))
+fn ptys_shared(max: Option<u64>, reserve: Option<u64>) -> u64 {
+    max.unwrap_or(4096).saturating_sub(reserve.unwrap_or(1024))
+}
+
+/// The number a `/proc/sys` or sysfs file holds.
+fn number(path: impl AsRef<Path>) -> Option<u64> {
+    crate::sys::procfile::read(path).ok()?.trim().parse().ok()
 }
 
 fn page_size() -> u64 {
@@ -346,9 +339,9 @@ mod tests {
 
     #[test]
     fn the_ptys_all_jobs_share() {
-        assert_eq!(ptys_shared(Some("4096\n"), Some("1024\n")), 3072);
-        assert_eq!(ptys_shared(Some("65536\n"), None), 64512, "the kernel's reserve");
-        assert_eq!(ptys_shared(None, Some("5000\n")), 0);
+        assert_eq!(ptys_shared(Some(4096), Some(1024)), 3072);
+        assert_eq!(ptys_shared(Some(65536), None), 64512, "the kernel's reserve");
+        assert_eq!(ptys_shared(None, Some(5000)), 0);
     }
 
     #[test]
