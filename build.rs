@@ -167,13 +167,16 @@ fn build_seccomp_filter() {
             continue;
         };
         let action = ScmpAction::Errno(rule.errno);
-        match rule.arg {
-            None => ctx.add_rule(action, call),
-            Some(m) => ctx.add_rule_conditional(
-                action,
-                call,
-                &[ScmpArgCompare::new(m.index, ScmpCompareOp::MaskedEqual(m.mask), m.value)],
-            ),
+        // The comparisons of one rule are ANDed (libseccomp); rules are ORed.
+        let compare: Vec<ScmpArgCompare> = rule
+            .args
+            .iter()
+            .flatten()
+            .map(|m| ScmpArgCompare::new(m.index, ScmpCompareOp::MaskedEqual(m.mask), m.value))
+            .collect();
+        match compare.is_empty() {
+            true => ctx.add_rule(action, call),
+            false => ctx.add_rule_conditional(action, call, &compare),
         }
         .unwrap_or_else(|e| fail(rule.name, e));
     }

@@ -73,6 +73,9 @@ const PROBE_C: &str = r#"
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <linux/sock_diag.h>
+#include <linux/filter.h>
+#include <linux/seccomp.h>
+#include <sys/prctl.h>
 #include <mqueue.h>
 #include <sys/inotify.h>
 #include <sys/mount.h>
@@ -294,6 +297,19 @@ int main(int argc, char **argv) {
     }
     else if (!strcmp(op, "one-inotify")) r = inotify_init1(IN_CLOEXEC);
     else if (!strcmp(op, "one-pty")) r = open("/dev/ptmx", O_RDWR | O_NOCTTY);
+    else if (!strcmp(op, "seccomp-filter") || !strcmp(op, "prctl-filter") || !strcmp(op, "sock-filter")) {
+      /* Load a one-instruction classic BPF program (allow / accept all): as a seccomp
+         filter through seccomp(2) or prctl(2), or as a UDP socket's filter. */
+      struct sock_filter allow[] = { BPF_STMT(BPF_RET | BPF_K, !strcmp(op, "sock-filter") ? 0xffff : SECCOMP_RET_ALLOW) };
+      struct sock_fprog prog = { .len = 1, .filter = allow };
+      if (!strcmp(op, "seccomp-filter")) r = syscall(SYS_seccomp, SECCOMP_SET_MODE_FILTER, 0, &prog);
+      else if (!strcmp(op, "prctl-filter")) r = prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &prog, 0, 0);
+      else { int s = socket(AF_INET, SOCK_DGRAM, 0); r = setsockopt(s, SOL_SOCKET, SO_ATTACH_FILTER, &prog, sizeof prog); }
+    }
+    else if (!strcmp(op, "v6only")) {
+      int one = 1, s = socket(AF_INET6, SOCK_DGRAM, 0);
+      r = setsockopt(s, IPPROTO_IPV6, IPV6_V6ONLY, &one, sizeof one);
+    }
     else if (!strcmp(op, "one-mq")) {
       /* One queue (removed at once: run in an IPC namespace of its own). */
       struct mq_attr qa = { .mq_maxmsg = 10, .mq_msgsize = 8192 };

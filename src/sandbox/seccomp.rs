@@ -171,13 +171,13 @@ pub const ALLOWED_PERSONALITIES: &[u32] = &[0, 0x8, 0x20000, 0x20008, 0xffff_fff
 const FS_IOC_FSSETXATTR: u64 = 0x401c_5820;
 const FS_IOC_SETFLAGS: [u64; 2] = [0x4008_6602, 0x4004_6602];
 
-/// One rule of the filter: `name` fails with `errno`, when `arg` matches (always, when
-/// there is none). Whatever no rule denies is allowed.
+/// One rule of the filter: `name` fails with `errno`, when every one of `args` matches
+/// (always, when there is none). Whatever no rule denies is allowed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Rule {
     pub name: &'static str,
     pub errno: i32,
-    pub arg: Option<ArgMatch>,
+    pub args: [Option<ArgMatch>; 2],
 }
 
 /// Argument `index` matches when `(arg & mask) == value`. Masked, and only the low 32
@@ -204,7 +204,8 @@ pub fn architectures(target_arch: &str) -> Option<&'static [&'static str]> {
 
 /// The whole profile, in the order the filter is built from.
 pub fn rules() -> Vec<Rule> {
-    let mut rules: Vec<Rule> = DENIED.iter().map(|&name| Rule { name, errno: libc::EPERM, arg: None }).collect();
+    let mut rules: Vec<Rule> =
+        DENIED.iter().map(|&name| Rule { name, errno: libc::EPERM, args: [None, None] }).collect();
     // clone(2) with any namespace flag (its flags are argument 0 on x86 and arm): one rule
     // per flag, as rules are ORed and the conditions within one rule ANDed.
     for &flag in CLONE_NAMESPACE_FLAGS {
@@ -215,7 +216,7 @@ pub fn rules() -> Vec<Rule> {
     // clone3(2) passes its flags in memory, which seccomp cannot inspect: ENOSYS (not
     // EPERM) makes glibc >= 2.34 and other libcs fall back to clone(2), as Docker's default
     // profile does.
-    rules.push(Rule { name: "clone3", errno: libc::ENOSYS, arg: None });
+    rules.push(Rule { name: "clone3", errno: libc::ENOSYS, args: [None, None] });
     // Every other socket family: EAFNOSUPPORT, what a kernel without that family says, so
     // that libraries probing one (OpenSSL's afalg engine, vsock-aware tools) fall back.
     // Ten rules rather than 59: fewer comparisons for every `socket` call of a job.
@@ -223,7 +224,36 @@ pub fn rules() -> Vec<Rule> {
         rules.push(masked("socket", 0, mask, value, libc::EAFNOSUPPORT));
     }
     rules.extend(personality_rules());
+    rules.extend(classic_bpf_rules());
     rules
+}
+
+/// Classic BPF programs a job would load into the kernel: seccomp filters (`seccomp(2)`
+/// with SECCOMP_SET_MODE_FILTER, `prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER)`) and socket
+/// filters (`SO_ATTACH_FILTER`, `SO_ATTACH_REUSEPORT_CBPF`). Each is JIT-compiled into
+/// one budget for the whole node (`net.core.bpf_jit_limit`), charged to no memory limit;
+/// past it every filter of the node fails (ENOTSUPP where the JIT is always on, as in
+/// Debian's, Ubuntu's and RHEL's kernels), the next job's own seccomp filter included (a
+/// red-team pass filled it in 4 s from one job). The job's filter is installed by its
+/// init before any of the job's code runs. Docker's profile allows these; Chromium
+/// already needs `--no-sandbox` here (user namespaces are denied).
+fn classic_bpf_rules() -> [Rule; 4] {
+    const SECCOMP_SET_MODE_FILTER: u64 = 1;
+    const SECCOMP_MODE_FILTER: u64 = 2;
+    const PR_SET_SECCOMP: u64 = 22;
+    const SOL_SOCKET: u64 = 1;
+    const SO_ATTACH_FILTER: u64 = 26;
+    const SO_ATTACH_REUSEPORT_CBPF: u64 = 51;
+    let int = 0xffff_ffff;
+    let arg = |index, value| Some(ArgMatch { index, mask: int, value });
+    let rule = |name, args| Rule { name, errno: libc::EPERM, args };
+    [
+        rule("seccomp", [arg(0, SECCOMP_SET_MODE_FILTER), None]),
+        rule("prctl", [arg(0, PR_SET_SECCOMP), arg(1, SECCOMP_MODE_FILTER)]),
+        // The level too: 26 is IPV6_V6ONLY at IPPROTO_IPV6, 51 IP_LOCAL_PORT_RANGE at IPPROTO_IP.
+        rule("setsockopt", [arg(1, SOL_SOCKET), arg(2, SO_ATTACH_FILTER)]),
+        rule("setsockopt", [arg(1, SOL_SOCKET), arg(2, SO_ATTACH_REUSEPORT_CBPF)]),
+    ]
 }
 
 /// The job's init (pid 1 in the job's pid namespace) is what ties the job to its
@@ -270,7 +300,7 @@ fn denied_family_cubes() -> Vec<(u64, u64)> {
 
 /// `name` fails with `errno` when `(argument index & mask) == value`.
 fn masked(name: &'static str, index: u32, mask: u64, value: u64, errno: i32) -> Rule {
-    Rule { name, errno, arg: Some(ArgMatch { index, mask, value }) }
+    Rule { name, errno, args: [Some(ArgMatch { index, mask, value }), None] }
 }
 
 /// Rules that deny every `personality(2)` argument but [`ALLOWED_PERSONALITIES`] (low 32
@@ -292,14 +322,20 @@ fn personality_rules() -> Vec<Rule> {
     rules
 }
 
-/// Whether the rules for `name` deny a call whose argument `index` is `arg`, evaluated as
-/// seccomp would (for the unit tests).
+/// Whether the rules for `name` deny a call whose argument is `arg` at the index each
+/// rule compares, evaluated as seccomp would (for the unit tests of one-argument rules).
 #[cfg(test)]
 fn denies(name: &str, arg: u64) -> Option<i32> {
-    rules().into_iter().filter(|r| r.name == name).find_map(|r| match r.arg {
-        None => Some(r.errno),
-        Some(m) => (arg & m.mask == m.value).then_some(r.errno),
-    })
+    denies_call(name, &[arg; 6])
+}
+
+/// Whether the rules for `name` deny a call with arguments `args`, as seccomp would.
+#[cfg(test)]
+fn denies_call(name: &str, args: &[u64; 6]) -> Option<i32> {
+    rules()
+        .into_iter()
+        .filter(|r| r.name == name)
+        .find_map(|r| r.args.iter().flatten().all(|m| args[m.index as usize] & m.mask == m.value).then_some(r.errno))
 }
 
 #[cfg(test)]
@@ -357,6 +393,27 @@ mod tests {
         assert_eq!(denies("clone3", 0), Some(libc::ENOSYS), "libcs fall back to clone on ENOSYS");
         assert_eq!(denies("ptrace", 1), Some(libc::EPERM), "the init (pid 1) is not traced");
         assert_eq!(denies("ptrace", 2), None, "the job's own processes are");
+    }
+
+    #[test]
+    fn classic_bpf_programs_are_refused_and_nothing_beside_them() {
+        const EPERM: Option<i32> = Some(libc::EPERM);
+        let call = |a: [u64; 3]| [a[0], a[1], a[2], 0, 0, 0];
+        assert_eq!(denies_call("seccomp", &call([1, 0, 0x7ffd_0000])), EPERM, "SECCOMP_SET_MODE_FILTER");
+        assert_eq!(denies_call("seccomp", &call([1 | 1 << 32, 0, 0])), EPERM, "the kernel reads an int");
+        assert_eq!(denies_call("seccomp", &call([2, 0, 0])), None, "SECCOMP_GET_ACTION_AVAIL");
+        assert_eq!(denies_call("seccomp", &call([0, 0, 0])), None, "strict mode loads no program");
+        assert_eq!(denies_call("prctl", &call([22, 2, 0x7ffd_0000])), EPERM, "PR_SET_SECCOMP, FILTER");
+        assert_eq!(denies_call("prctl", &call([22, 1, 0])), None, "strict mode");
+        assert_eq!(denies_call("prctl", &call([38, 1, 0])), None, "PR_SET_NO_NEW_PRIVS");
+        assert_eq!(denies_call("prctl", &call([15, 2, 0])), None, "PR_SET_NAME with a 2");
+        let setsockopt = |level, name| denies_call("setsockopt", &[3, level, name, 0x7ffd_0000, 16, 0]);
+        assert_eq!(setsockopt(1, 26), EPERM, "SO_ATTACH_FILTER");
+        assert_eq!(setsockopt(1, 51), EPERM, "SO_ATTACH_REUSEPORT_CBPF");
+        assert_eq!(setsockopt(41, 26), None, "IPV6_V6ONLY");
+        assert_eq!(setsockopt(0, 51), None, "IP_LOCAL_PORT_RANGE");
+        assert_eq!(setsockopt(1, 2), None, "SO_REUSEADDR");
+        assert_eq!(setsockopt(1, 27), None, "SO_DETACH_FILTER");
     }
 
     #[test]

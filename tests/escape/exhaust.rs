@@ -769,3 +769,31 @@ fn e14_a_huge_page_pool_the_jobs_can_take_is_said() {
     assert!(!said(&o), "a note, not on a plain exec's terminal: {}", o.err);
     h.assert_no_residue(&[]);
 }
+
+#[test]
+#[cfg_attr(not(test_as_root), ignore = "needs root: creates real sandboxes (CI runs the suite as root)")]
+fn e15_a_job_cannot_spend_the_nodes_bpf_jit_budget() {
+    require_root!();
+    let h = home("exh-bpf");
+    // Every classic BPF program a process loads (a seccomp filter, a socket filter) is
+    // JIT-compiled into one budget for the node (net.core.bpf_jit_limit), charged to no
+    // memory limit; past it every filter of the node fails. A red-team pass filled it from
+    // one job in 4 s (2000 processes stacking seccomp filters; a socket filter on each of
+    // 1000 sockets took 54 MiB): a host user's seccomp filter and the next job's own
+    // failed (errno 524) until the job ended. Jobs may load none now; other socket
+    // options, at other levels with the same numbers too, stay.
+    let loads = toks(&["seccomp-filter", "prctl-filter", "sock-filter"]);
+    let control = toks(&["v6only"]);
+    for (who, opts) in USERS {
+        let out = exec_ok(&h, opts, &format!("{}; {}", probe(&loads), probe(&control)));
+        assert_eq!(
+            out,
+            format!("{}{}", expect(&loads, |_| "EPERM".into()), expect(&control, |_| "OK".into())),
+            "{who}"
+        );
+    }
+    // The host's own, for contrast: the same probe loads all three.
+    let o = Command::new(probe_bin()).args(&loads).output().unwrap();
+    assert_eq!(String::from_utf8_lossy(&o.stdout), expect(&loads, |_| "OK".into()), "outside a job");
+    h.assert_no_residue(&[]);
+}
