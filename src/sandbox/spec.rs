@@ -86,8 +86,18 @@ pub fn build(plan: &JobPlan, rootfs: &Path, cgroup: &CgroupOwner) -> Result<Spec
         .inheritable(HashSet::new())
         .ambient(HashSet::new())
         .build()?;
+    let rlimit = |typ, soft, hard| PosixRlimitBuilder::default().typ(typ).soft(soft).hard(hard).build();
     let nofile = nofile_limit();
-    let nofile = PosixRlimitBuilder::default().typ(PosixRlimitType::RlimitNofile).soft(nofile).hard(nofile).build()?;
+    let core_pattern = crate::sys::procfile::read("/proc/sys/kernel/core_pattern").unwrap_or_default();
+    let (core_soft, core_hard) = core_limit(&core_pattern, host_hard_limit(nix::sys::resource::Resource::RLIMIT_CORE));
+    let rlimits = vec![
+        rlimit(PosixRlimitType::RlimitNofile, nofile, nofile)?,
+        rlimit(PosixRlimitType::RlimitCore, core_soft, core_hard)?,
+        // No real-time scheduling and no priority above normal, whatever the service was
+        // started with: a job's SCHED_FIFO loop would starve the node's CPUs.
+        rlimit(PosixRlimitType::RlimitRtprio, 0, 0)?,
+        rlimit(PosixRlimitType::RlimitNice, 0, 0)?,
+    ];
     let process = ProcessBuilder::default()
         .terminal(plan.process.terminal)
         .user(UserBuilder::default().uid(plan.uid).gid(plan.gid).build()?)
@@ -95,7 +105,7 @@ pub fn build(plan: &JobPlan, rootfs: &Path, cgroup: &CgroupOwner) -> Result<Spec
         .env(environment(plan))
         .cwd(plan.cwd.clone())
         .capabilities(capabilities)
-        .rlimits(vec![nofile])
+        .rlimits(rlimits)
         .no_new_privileges(true)
         .oom_score_adj(JOB_OOM_SCORE_ADJ)
         .build()?;
@@ -245,14 +255,31 @@ fn resources(plan: &JobPlan, memsw: bool) -> Result<oci_spec::runtime::LinuxReso
     Ok(resources.build()?)
 }
 
+/// The job's core dump limit (soft, hard). Where the host pipes core dumps to a program
+/// (`kernel.core_pattern` `|...`: systemd-coredump, apport), the kernel starts that
+/// program as root on the host, outside the job's cgroup, for every crash of every job
+/// process, whatever RLIMIT_CORE is, except 1: the value the kernel keeps for a core
+/// helper's own crashes, which it then does not dump. So 1, and jobs dump no cores there
+/// (a red-team pass: 4096 processes crashing together start 4096 root helpers, each
+/// reading a core as large as the job's memory). Elsewhere a core file lands in the job's
+/// own filesystem: off (0) unless the job raises it, up to the host's hard limit.
+fn core_limit(core_pattern: &str, host_hard: u64) -> (u64, u64) {
+    match core_pattern.starts_with('|') {
+        true => (1, 1),
+        false => (0, host_hard),
+    }
+}
+
+/// The calling process's hard limit of `resource` (raising one needs CAP_SYS_RESOURCE).
+fn host_hard_limit(resource: nix::sys::resource::Resource) -> u64 {
+    nix::sys::resource::getrlimit(resource).map_or(nix::sys::resource::RLIM_INFINITY, |(_, hard)| hard)
+}
+
 /// Open files for jobs: 65536 (builds and the .NET agent open many), but never above the
 /// host's hard limit: raising it needs CAP_SYS_RESOURCE, which some hosts do not grant.
 fn nofile_limit() -> u64 {
     const WANT: u64 = 65536;
-    match nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE) {
-        Ok((_, hard)) if hard != nix::sys::resource::RLIM_INFINITY => WANT.min(hard),
-        _ => WANT,
-    }
+    WANT.min(host_hard_limit(nix::sys::resource::Resource::RLIMIT_NOFILE))
 }
 
 /// The job's environment: PATH/HOME defaults, then device env, volume env, explicit env
@@ -568,6 +595,26 @@ pub(crate) mod tests {
         };
         assert_eq!(swap(true), Some(64 << 20), "memory + swap = the memory limit: no swap beyond it");
         assert_eq!(swap(false), None, "no memsw file to write");
+    }
+
+    #[test]
+    fn no_core_reaches_a_host_program_and_none_is_written_unasked() {
+        let inf = nix::sys::resource::RLIM_INFINITY;
+        assert_eq!(core_limit("|/usr/lib/systemd/systemd-coredump %P %u %g %s %t %c %h", inf), (1, 1));
+        assert_eq!(core_limit("|/usr/share/apport/apport -p%p -s%s -c%c -d%d -P%P -u%u -g%g -- %E\n", 0), (1, 1));
+        assert_eq!(core_limit("core\n", inf), (0, inf), "a file in the job's own tree, if it asks");
+        assert_eq!(core_limit("/var/crash/core.%p", 4096), (0, 4096), "never above the host's hard limit");
+        assert_eq!(core_limit("", inf), (0, inf), "unread");
+    }
+
+    #[test]
+    fn a_jobs_rlimits_are_set_not_inherited() {
+        let spec = build(&plan(), Path::new("/m"), &CgroupOwner::Libcontainer { memsw: true }).unwrap();
+        let limits = spec.process().as_ref().unwrap().rlimits().clone().unwrap();
+        let get = |t| limits.iter().find(|l| l.typ() == t).map(|l| (l.soft(), l.hard()));
+        assert_eq!(get(PosixRlimitType::RlimitRtprio), Some((0, 0)));
+        assert_eq!(get(PosixRlimitType::RlimitNice), Some((0, 0)));
+        assert!(get(PosixRlimitType::RlimitNofile).is_some() && get(PosixRlimitType::RlimitCore).is_some());
     }
 
     #[test]

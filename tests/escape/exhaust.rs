@@ -797,3 +797,45 @@ fn e15_a_job_cannot_spend_the_nodes_bpf_jit_budget() {
     assert_eq!(String::from_utf8_lossy(&o.stdout), expect(&loads, |_| "OK".into()), "outside a job");
     h.assert_no_residue(&[]);
 }
+
+#[test]
+#[cfg_attr(not(test_as_root), ignore = "needs root: creates real sandboxes (CI runs the suite as root)")]
+fn e16_a_jobs_rlimits_are_its_own_not_the_services() {
+    require_root!();
+    root_mode_only!("a rootless account cannot raise its own hard limits to start with");
+    let h = home("exh-rlimits");
+    // Only RLIMIT_NOFILE was set; a job inherited every other limit from whoever started
+    // azp-sandbox (a red-team pass): a service started with a real-time priority limit let
+    // its jobs run SCHED_FIFO loops that starve the node's CPUs, and a pipe core_pattern
+    // got every crash of every job. The service here is started with raised limits: the
+    // core soft limit (anyone may, up to the hard one), and the priorities where this
+    // machine lets root raise them (CAP_SYS_RESOURCE: the test VM withholds it).
+    let raise = ["--rtprio=10:10", "--nice=5:5"];
+    let can_raise = Command::new("prlimit").args(raise).arg("true").status().is_ok_and(|s| s.success());
+    if !can_raise {
+        skip_part(
+            "the service's RTPRIO and NICE limits cannot be raised here (no CAP_SYS_RESOURCE): checked at 0 only",
+        );
+    }
+    let mut cmd = Command::new("prlimit");
+    cmd.args(if can_raise { &raise[..] } else { &[] })
+        .args(["--core=unlimited:unlimited", "--"])
+        .arg(bin())
+        .arg("--home")
+        .arg(&h.dir)
+        .args(["exec", "--rootfs", "esc", "--", "cat", "/proc/self/limits"]);
+    in_machine_namespace(&mut cmd);
+    let o = cmd.output().unwrap();
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let limit = |name: &str| -> Vec<String> {
+        let line = out.lines().find(|l| l.starts_with(name)).unwrap_or_else(|| panic!("{name}: {out}"));
+        line[name.len()..].split_whitespace().take(2).map(str::to_string).collect()
+    };
+    assert_eq!(limit("Max realtime priority"), ["0", "0"], "{out}");
+    assert_eq!(limit("Max nice priority"), ["0", "0"], "{out}");
+    let pipe = fs::read_to_string("/proc/sys/kernel/core_pattern").unwrap().starts_with('|');
+    let core = if pipe { ["1", "1"] } else { ["0", "unlimited"] };
+    assert_eq!(limit("Max core file size"), core, "core_pattern a pipe: {pipe}: {out}");
+    h.assert_no_residue(&[]);
+}
