@@ -839,3 +839,28 @@ fn e16_a_jobs_rlimits_are_its_own_not_the_services() {
     assert_eq!(limit("Max core file size"), core, "core_pattern a pipe: {pipe}: {out}");
     h.assert_no_residue(&[]);
 }
+
+#[test]
+#[cfg_attr(not(test_as_root), ignore = "needs root: creates real sandboxes (CI runs the suite as root)")]
+fn e17_an_aio_budget_the_jobs_can_fill_is_said() {
+    require_root!();
+    let h = home("exh-aio");
+    // fs.aio-max-nr is one budget for the node, io_setup is allowed (MySQL's InnoDB, QEMU
+    // and fio use it), and an event costs a job ~64 bytes of its memory: a red-team pass
+    // took all 65536 from one job with 4.8 MB, and host root's io_setup(1) and a host
+    // user's io_setup(128) failed (EAGAIN) meanwhile. Where the jobs' memory limits hold
+    // more events than the budget, exec -v and run's start line say so, with the fix.
+    let aio_max: u64 = fs::read_to_string("/proc/sys/fs/aio-max-nr").unwrap().trim().parse().unwrap();
+    let o = exec(&h, &["-v", "--memory", "64G"], "true");
+    assert_eq!(o.code, 0, "{}", o.err);
+    let said = o.err.contains(&format!("fs.aio-max-nr is {aio_max},"));
+    let fillable = aio_max < i64::MAX as u64 && aio_max <= (64u64 << 30) / 64;
+    assert_eq!(said, fillable, "fs.aio-max-nr {aio_max}: {}", o.err);
+    if said {
+        let fix = format!("Set fs.aio-max-nr to {} or more", (64u64 << 30) / 64);
+        assert!(o.err.contains("EAGAIN") && o.err.contains(&fix), "{}", o.err);
+    }
+    let o = exec(&h, &["--memory", "64G"], "true");
+    assert!(!o.err.contains("fs.aio-max-nr"), "a note, not on a plain exec's terminal: {}", o.err);
+    h.assert_no_residue(&[]);
+}

@@ -27,6 +27,10 @@
 //! - huge pages: no limit of their own yet. Where the node has a pool (`vm.nr_hugepages`,
 //!   overcommit), the start line says that a job can take it all: `MAP_HUGETLB` needs no
 //!   privilege and the pages count in no memory limit (the hugetlb controller would).
+//! - aio events (`io_setup`): bounded by the memory limit (each ~64 bytes of it), but
+//!   the node's `fs.aio-max-nr` is one budget (65536 by default): where the jobs' limits
+//!   hold more events than it, the start line says so (one job took all 65536 with 4.8 MB,
+//!   and host root's `io_setup(1)` failed: MySQL's InnoDB, QEMU, fio use it).
 //! - open files: bounded by the memory limit (each ~220 bytes of it). Where the jobs'
 //!   limits together hold more than the node's `fs.file-max`, the start line says so:
 //!   jobs that take them all stop every unprivileged process of the node (ENFILE).
@@ -42,6 +46,9 @@ const MIN_MEMORY: u64 = 256 << 20;
 const MIN_PIDS: i64 = 64;
 const MIN_SOCKETS: u64 = 32 << 20;
 const MIN_PTYS: u64 = 16;
+/// What an aio event costs a job's memory limit: its slot in the context's ring (64-byte
+/// `io_event`s; 65536 of them charged 4.8 MB).
+const AIO_EVENT_BYTES: u64 = 64;
 /// What an open file costs a job's memory limit: its `struct file` and slot in the fd
 /// table (221 bytes measured on Linux 6.18, cgroup v1).
 const FILE_BYTES: u64 = 220;
@@ -186,6 +193,17 @@ fn pool_notes(node: &Node, slots: u64, memory: Option<u64>) -> Vec<String> {
             node.file_max
         ));
     }
+    let events = memory.map(|m| m.saturating_mul(slots) / AIO_EVENT_BYTES);
+    if node.aio_max < i64::MAX as u64 && events.is_none_or(|e| e >= node.aio_max) {
+        let fix = events.map_or("its largest value".to_string(), |e| e.to_string());
+        notes.push(format!(
+            "WARNING: one job can take every aio event of the node: fs.aio-max-nr is {}, which {} of job memory \
+             holds (~{AIO_EVENT_BYTES} bytes each); past it every io_setup of the node fails (EAGAIN: InnoDB, \
+             QEMU, fio). Set fs.aio-max-nr to {fix} or more: memory limits then bound each job's events",
+            node.aio_max,
+            human_size(node.aio_max.saturating_mul(AIO_EVENT_BYTES))
+        ));
+    }
     notes
 }
 
@@ -254,6 +272,7 @@ mod tests {
             socket_pressure_bytes: 4 * G,
             socket_limit: SocketLimit::InMemory,
             file_max: i64::MAX as u64,
+            aio_max: i64::MAX as u64,
             ptys_shared: 3072,
             huge_page_bytes: 0,
         }
@@ -384,6 +403,20 @@ mod tests {
         let r = resolve(&LimitsAsk::default(), &bare, 3);
         assert_eq!(r.limits.socket_bytes, None);
         assert!(r.notes.len() == 1 && r.notes[0].contains("memory.kmem.tcp.limit_in_bytes"), "{:?}", r.notes);
+    }
+
+    #[test]
+    fn an_aio_budget_the_jobs_can_fill_is_noted() {
+        assert!(resolve(&LimitsAsk::default(), &node(), 4).notes.is_empty(), "a budget as large as it goes");
+        let n = Node { aio_max: 65536, ..node() };
+        let r = resolve(&LimitsAsk::default(), &n, 4);
+        assert_eq!(r.notes.len(), 1, "{:?}", r.notes);
+        let total = 4 * resolve(&LimitsAsk::default(), &n, 4).limits.memory_bytes.unwrap();
+        assert!(r.notes[0].contains("fs.aio-max-nr is 65536, which 4.0M of job memory holds"), "{:?}", r.notes);
+        assert!(r.notes[0].contains(&format!("Set fs.aio-max-nr to {} or more", total / 64)), "{:?}", r.notes);
+        // Jobs too small to hold the budget: nothing to say.
+        let tiny = LimitsAsk { memory: Ask::Value(512 << 10), ..Default::default() };
+        assert!(resolve(&tiny, &n, 4).notes.is_empty());
     }
 
     #[test]

@@ -1,7 +1,7 @@
 //! What the node has, read once per `exec` and once per `run`: memory, swap, cores,
 //! pid_max, the kernel's socket memory pool and ptys, the home's filesystem and whether
-//! project quotas work there; for the start line's notes, its file table and huge page
-//! pools. A handful of syscalls and small reads (no mountinfo): this is on the `exec`
+//! project quotas work there; for the start line's notes, its file table, aio budget and
+//! huge page pools. A handful of syscalls and small reads (no mountinfo): this is on the `exec`
 //! path.
 
 use crate::config::Home;
@@ -39,6 +39,9 @@ pub struct Node {
     /// The node's huge page pools (`vm.nr_hugepages` and `nr_overcommit_hugepages` of
     /// each size), in bytes: jobs map them (`MAP_HUGETLB`) outside their memory limit.
     pub huge_page_bytes: u64,
+    /// `fs.aio-max-nr`: asynchronous I/O events of the whole node (`io_setup`); past it
+    /// every process's `io_setup` fails (EAGAIN). u64::MAX where not read.
+    pub aio_max: u64,
     /// `fs.file-max`: open files of the whole node; past it every process without
     /// CAP_SYS_ADMIN gets ENFILE. systemd raises it to the largest value at boot.
     pub file_max: u64,
@@ -69,8 +72,8 @@ pub struct Disk {
 impl Node {
     /// Reads the node; `rootless`: no quota (quotactl needs CAP_SYS_ADMIN in the initial
     /// user namespace). `notes`: whether the start line's notes will be shown (`run`,
-    /// `exec -v`); without, what only they need is not read (the node's file table and
-    /// huge page pools: eight system calls on every `exec`'s path).
+    /// `exec -v`); without, what only they need is not read (the node's file table, aio
+    /// budget and huge page pools: eleven system calls on every `exec`'s path).
     pub fn read(home: &Home, rootless: bool, notes: bool) -> Node {
         let (ram, swap) = ram_and_swap();
         let (disk_mechanism, why) = match no_quota(home, rootless) {
@@ -100,6 +103,7 @@ impl Node {
             ptys_shared: ptys_shared(number("/proc/sys/kernel/pty/max"), number("/proc/sys/kernel/pty/reserve")),
             huge_page_bytes: if notes { huge_page_pools(Path::new("/sys/kernel/mm/hugepages")) } else { 0 },
             file_max: notes.then(|| number("/proc/sys/fs/file-max")).flatten().unwrap_or(u64::MAX),
+            aio_max: notes.then(|| number("/proc/sys/fs/aio-max-nr")).flatten().unwrap_or(u64::MAX),
             socket_limit: if cgroups.unified || cgroups.v1_memory_mount().is_none() {
                 // cgroup v2's memory controller (or none: then no memory limit either).
                 SocketLimit::InMemory
