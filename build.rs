@@ -30,7 +30,7 @@ fn main() {
     if effective_uid() == Some(0) {
         println!("cargo::rustc-cfg=test_as_root");
     }
-    build_seccomp_filter();
+    build_seccomp_filters();
     build_init();
     link_hot_text_order();
     link_runtime_libs_statically();
@@ -125,15 +125,25 @@ fn links_with(link_args: &[String]) -> bool {
     cmd.status().is_ok_and(|s| s.success())
 }
 
-/// [`seccomp::rules`] as the BPF program libseccomp would load (`seccomp_export_bpf`):
-/// the architecture checks (a call through an ABI the filter does not cover kills), then
-/// the rules; every other call is allowed. Rules are added as libcontainer added them
-/// from an OCI profile: one masked comparison each, a name this libseccomp does not know
-/// left out (with a warning here).
-fn build_seccomp_filter() {
-    use libseccomp::{ScmpAction, ScmpArch, ScmpArgCompare, ScmpCompareOp, ScmpFilterContext, ScmpSyscall};
+/// The jobs' two filters: [`seccomp::rules`] (`seccomp.bpf`), and the same with
+/// [`seccomp::core_fixed_rules`] (`seccomp-core-fixed.bpf`, for hosts that pipe core dumps
+/// to a program).
+fn build_seccomp_filters() {
     println!("cargo::rerun-if-changed=src/sandbox/seccomp.rs");
-    let out = PathBuf::from(std::env::var_os("OUT_DIR").expect("cargo sets OUT_DIR")).join("seccomp.bpf");
+    let rules = seccomp::rules();
+    build_seccomp_filter(&rules, "seccomp.bpf");
+    let core_fixed: Vec<seccomp::Rule> = rules.into_iter().chain(seccomp::core_fixed_rules()).collect();
+    build_seccomp_filter(&core_fixed, "seccomp-core-fixed.bpf");
+}
+
+/// `rules` as the BPF program libseccomp would load (`seccomp_export_bpf`) into `OUT_DIR/
+/// name`: the architecture checks (a call through an ABI the filter does not cover
+/// kills), then the rules; every other call is allowed. Rules are added as libcontainer
+/// added them from an OCI profile: their comparisons ANDed, a name this libseccomp does
+/// not know left out (with a warning here).
+fn build_seccomp_filter(rules: &[seccomp::Rule], name: &str) {
+    use libseccomp::{ScmpAction, ScmpArch, ScmpArgCompare, ScmpCompareOp, ScmpFilterContext, ScmpSyscall};
+    let out = PathBuf::from(std::env::var_os("OUT_DIR").expect("cargo sets OUT_DIR")).join(name);
     let target_arch = std::env::var("CARGO_CFG_TARGET_ARCH").expect("cargo sets CARGO_CFG_TARGET_ARCH");
     let arches = seccomp::architectures(&target_arch)
         .unwrap_or_else(|| panic!("no seccomp architectures for {target_arch} (src/sandbox/seccomp.rs)"));
@@ -161,7 +171,7 @@ fn build_seccomp_filter() {
     if !arches.iter().any(|&a| arch(a) == ScmpArch::native()) {
         ctx.remove_arch(ScmpArch::native()).unwrap_or_else(|e| fail("remove the build host's arch", e));
     }
-    for rule in seccomp::rules() {
+    for rule in rules {
         let Ok(call) = ScmpSyscall::from_name(rule.name) else {
             println!("cargo::warning=seccomp: this libseccomp does not know {}: left out of the filter", rule.name);
             continue;
@@ -172,7 +182,12 @@ fn build_seccomp_filter() {
             .args
             .iter()
             .flatten()
-            .map(|m| ScmpArgCompare::new(m.index, ScmpCompareOp::MaskedEqual(m.mask), m.value))
+            .map(|m| match m.not {
+                // The whole argument (libseccomp has no masked "not equal").
+                true if m.mask == u64::MAX => ScmpArgCompare::new(m.index, ScmpCompareOp::NotEqual, m.value),
+                true => panic!("seccomp: {}: a masked 'not' comparison", rule.name),
+                false => ScmpArgCompare::new(m.index, ScmpCompareOp::MaskedEqual(m.mask), m.value),
+            })
             .collect();
         match compare.is_empty() {
             true => ctx.add_rule(action, call),

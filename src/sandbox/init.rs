@@ -89,9 +89,11 @@ pub fn ensure(home: &Home) -> Result<PathBuf> {
 }
 
 /// The job's process arguments: the init, told to install the jobs' seccomp filter
-/// (see `sandbox::seccomp`), then the command.
-pub fn args(command: &[String]) -> Vec<String> {
-    [PATH_IN_JOB, "--seccomp", "--"].into_iter().map(String::from).chain(command.iter().cloned()).collect()
+/// (see `sandbox::seccomp`; `core_fixed`: the one that keeps the job's core dump limit
+/// as it is, see `sandbox::spec`), then the command.
+pub fn args(command: &[String], core_fixed: bool) -> Vec<String> {
+    let filter = if core_fixed { "--seccomp-core-fixed" } else { "--seccomp" };
+    [PATH_IN_JOB, filter, "--"].into_iter().map(String::from).chain(command.iter().cloned()).collect()
 }
 
 /// The init program itself, compiled into these tests too (its pure parts).
@@ -181,7 +183,8 @@ mod tests {
         ensure(&home).unwrap();
         assert_eq!(std::fs::metadata(&p).unwrap().mode() & 0o7777, 0o555);
         assert!(BINARY.len() < 2 << 20, "the init stays small: {} bytes", BINARY.len());
-        assert_eq!(args(&["sh".into(), "-c".into()]), [PATH_IN_JOB, "--seccomp", "--", "sh", "-c"]);
+        assert_eq!(args(&["sh".into(), "-c".into()], false), [PATH_IN_JOB, "--seccomp", "--", "sh", "-c"]);
+        assert_eq!(args(&["sh".into()], true), [PATH_IN_JOB, "--seccomp-core-fixed", "--", "sh"]);
     }
 
     #[test]
@@ -231,11 +234,13 @@ mod tests {
     fn options_come_before_the_command() {
         use program::parse_options;
         let a = |v: &[&'static str]| v.iter().map(|s| s.as_bytes()).collect::<Vec<_>>();
-        assert_eq!(parse_options(&a(&["init", "--seccomp", "--", "sh"])), (true, 3));
-        assert_eq!(parse_options(&a(&["init", "sh", "--seccomp"])), (false, 1));
-        assert_eq!(parse_options(&a(&["init", "--", "--seccomp"])), (false, 2), "after --: the command");
-        assert_eq!(parse_options(&a(&["init", "--seccomp", "sh"])), (true, 2));
-        assert_eq!(parse_options(&a(&["init"])), (false, 1));
+        use program::Filter;
+        assert_eq!(parse_options(&a(&["init", "--seccomp", "--", "sh"])), (Filter::Jobs, 3));
+        assert_eq!(parse_options(&a(&["init", "--seccomp-core-fixed", "--", "sh"])), (Filter::JobsCoreFixed, 3));
+        assert_eq!(parse_options(&a(&["init", "sh", "--seccomp"])), (Filter::None, 1));
+        assert_eq!(parse_options(&a(&["init", "--", "--seccomp"])), (Filter::None, 2), "after --: the command");
+        assert_eq!(parse_options(&a(&["init", "--seccomp", "sh"])), (Filter::Jobs, 2));
+        assert_eq!(parse_options(&a(&["init"])), (Filter::None, 1));
     }
 
     #[test]

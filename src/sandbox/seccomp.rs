@@ -180,14 +180,16 @@ pub struct Rule {
     pub args: [Option<ArgMatch>; 2],
 }
 
-/// Argument `index` matches when `(arg & mask) == value`. Masked, and only the low 32
-/// bits where the kernel reads the argument as a 32-bit int: a job that sets the upper
-/// half of the register would otherwise slip past a plain comparison.
+/// Argument `index` matches when `(arg & mask) == value` (`not`: when it differs, with
+/// the whole argument: `mask` all ones). Masked, and only the low 32 bits where the
+/// kernel reads the argument as a 32-bit int: a job that sets the upper half of the
+/// register would otherwise slip past a plain comparison.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ArgMatch {
     pub index: u32,
     pub mask: u64,
     pub value: u64,
+    pub not: bool,
 }
 
 /// The architectures a filter for `target_arch` (Rust's name) covers, as libseccomp
@@ -228,6 +230,22 @@ pub fn rules() -> Vec<Rule> {
     rules
 }
 
+/// Where the host pipes core dumps to a program (`kernel.core_pattern` `|...`), the job's
+/// RLIMIT_CORE is 1, the one value for which the kernel starts no helper (see
+/// `sandbox::spec`). Lowering a limit needs no privilege, so the job may not change that
+/// one: `setrlimit(RLIMIT_CORE)`, and `prlimit64` of it with a new value (reading it,
+/// with a NULL new value, stays allowed: glibc's `getrlimit` is that call). The jobs'
+/// filter with these rules added is the init's `--seccomp-core-fixed`.
+pub fn core_fixed_rules() -> [Rule; 2] {
+    const RLIMIT_CORE: u64 = 4;
+    let resource = |index| Some(ArgMatch { index, mask: 0xffff_ffff, value: RLIMIT_CORE, not: false });
+    let new_limit = Some(ArgMatch { index: 2, mask: u64::MAX, value: 0, not: true });
+    [
+        Rule { name: "setrlimit", errno: libc::EPERM, args: [resource(0), None] },
+        Rule { name: "prlimit64", errno: libc::EPERM, args: [resource(1), new_limit] },
+    ]
+}
+
 /// Classic BPF programs a job would load into the kernel: seccomp filters (`seccomp(2)`
 /// with SECCOMP_SET_MODE_FILTER, `prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER)`) and socket
 /// filters (`SO_ATTACH_FILTER`, `SO_ATTACH_REUSEPORT_CBPF`). Each is JIT-compiled into
@@ -245,7 +263,7 @@ fn classic_bpf_rules() -> [Rule; 4] {
     const SO_ATTACH_FILTER: u64 = 26;
     const SO_ATTACH_REUSEPORT_CBPF: u64 = 51;
     let int = 0xffff_ffff;
-    let arg = |index, value| Some(ArgMatch { index, mask: int, value });
+    let arg = |index, value| Some(ArgMatch { index, mask: int, value, not: false });
     let rule = |name, args| Rule { name, errno: libc::EPERM, args };
     [
         rule("seccomp", [arg(0, SECCOMP_SET_MODE_FILTER), None]),
@@ -300,7 +318,7 @@ fn denied_family_cubes() -> Vec<(u64, u64)> {
 
 /// `name` fails with `errno` when `(argument index & mask) == value`.
 fn masked(name: &'static str, index: u32, mask: u64, value: u64, errno: i32) -> Rule {
-    Rule { name, errno, args: [Some(ArgMatch { index, mask, value }), None] }
+    Rule { name, errno, args: [Some(ArgMatch { index, mask, value, not: false }), None] }
 }
 
 /// Rules that deny every `personality(2)` argument but [`ALLOWED_PERSONALITIES`] (low 32
@@ -332,10 +350,14 @@ fn denies(name: &str, arg: u64) -> Option<i32> {
 /// Whether the rules for `name` deny a call with arguments `args`, as seccomp would.
 #[cfg(test)]
 fn denies_call(name: &str, args: &[u64; 6]) -> Option<i32> {
-    rules()
-        .into_iter()
-        .filter(|r| r.name == name)
-        .find_map(|r| r.args.iter().flatten().all(|m| args[m.index as usize] & m.mask == m.value).then_some(r.errno))
+    denies_in(&rules(), name, args)
+}
+
+#[cfg(test)]
+fn denies_in(rules: &[Rule], name: &str, args: &[u64; 6]) -> Option<i32> {
+    rules.iter().filter(|r| r.name == name).find_map(|r| {
+        r.args.iter().flatten().all(|m| (args[m.index as usize] & m.mask == m.value) != m.not).then_some(r.errno)
+    })
 }
 
 #[cfg(test)]
@@ -414,6 +436,20 @@ mod tests {
         assert_eq!(setsockopt(0, 51), None, "IP_LOCAL_PORT_RANGE");
         assert_eq!(setsockopt(1, 2), None, "SO_REUSEADDR");
         assert_eq!(setsockopt(1, 27), None, "SO_DETACH_FILTER");
+    }
+
+    #[test]
+    fn a_fixed_core_limit_cannot_be_changed_but_read() {
+        let fixed: Vec<Rule> = rules().into_iter().chain(core_fixed_rules()).collect();
+        const EPERM: Option<i32> = Some(libc::EPERM);
+        let ptr = 0x7ffd_0000;
+        assert_eq!(denies_in(&fixed, "setrlimit", &[4, ptr, 0, 0, 0, 0]), EPERM, "ulimit -c 0");
+        assert_eq!(denies_in(&fixed, "setrlimit", &[7, ptr, 0, 0, 0, 0]), None, "RLIMIT_NOFILE");
+        assert_eq!(denies_in(&fixed, "prlimit64", &[0, 4, ptr, 0, 0, 0]), EPERM, "a new core limit");
+        assert_eq!(denies_in(&fixed, "prlimit64", &[0, 4, 0, ptr, 0, 0]), None, "getrlimit(RLIMIT_CORE)");
+        assert_eq!(denies_in(&fixed, "prlimit64", &[0, 7, ptr, 0, 0, 0]), None, "another limit");
+        assert_eq!(denies_in(&fixed, "prlimit64", &[0, 4 | 1 << 32, ptr, 0, 0, 0]), EPERM, "an int resource");
+        assert_eq!(denies_call("setrlimit", &[4, ptr, 0, 0, 0, 0]), None, "the default filter leaves it");
     }
 
     #[test]

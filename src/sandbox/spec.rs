@@ -88,11 +88,10 @@ pub fn build(plan: &JobPlan, rootfs: &Path, cgroup: &CgroupOwner) -> Result<Spec
         .build()?;
     let rlimit = |typ, soft, hard| PosixRlimitBuilder::default().typ(typ).soft(soft).hard(hard).build();
     let nofile = nofile_limit();
-    let core_pattern = crate::sys::procfile::read("/proc/sys/kernel/core_pattern").unwrap_or_default();
-    let (core_soft, core_hard) = core_limit(&core_pattern, host_hard_limit(nix::sys::resource::Resource::RLIMIT_CORE));
+    let core = core_dumps();
     let rlimits = vec![
         rlimit(PosixRlimitType::RlimitNofile, nofile, nofile)?,
-        rlimit(PosixRlimitType::RlimitCore, core_soft, core_hard)?,
+        rlimit(PosixRlimitType::RlimitCore, core.soft, core.hard)?,
         // No real-time scheduling and no priority above normal, whatever the service was
         // started with: a job's SCHED_FIFO loop would starve the node's CPUs.
         rlimit(PosixRlimitType::RlimitRtprio, 0, 0)?,
@@ -101,7 +100,7 @@ pub fn build(plan: &JobPlan, rootfs: &Path, cgroup: &CgroupOwner) -> Result<Spec
     let process = ProcessBuilder::default()
         .terminal(plan.process.terminal)
         .user(UserBuilder::default().uid(plan.uid).gid(plan.gid).build()?)
-        .args(process_args(plan))
+        .args(super::init::args(&plan.args, core.fixed))
         .env(environment(plan))
         .cwd(plan.cwd.clone())
         .capabilities(capabilities)
@@ -162,10 +161,6 @@ pub fn build(plan: &JobPlan, rootfs: &Path, cgroup: &CgroupOwner) -> Result<Spec
 }
 
 /// The job's init first (see [`super::init`]), then the command.
-fn process_args(plan: &JobPlan) -> Vec<String> {
-    super::init::args(&plan.args)
-}
-
 /// The job joins the user namespace its helper made (see [`crate::identity`]) at `path`
 /// (`/proc/self/fd/N` of the helper: libcontainer's processes are its forks). libcontainer
 /// then binds device nodes instead of making them, and writes no id maps.
@@ -255,18 +250,38 @@ fn resources(plan: &JobPlan, memsw: bool) -> Result<oci_spec::runtime::LinuxReso
     Ok(resources.build()?)
 }
 
-/// The job's core dump limit (soft, hard). Where the host pipes core dumps to a program
-/// (`kernel.core_pattern` `|...`: systemd-coredump, apport), the kernel starts that
-/// program as root on the host, outside the job's cgroup, for every crash of every job
-/// process, whatever RLIMIT_CORE is, except 1: the value the kernel keeps for a core
-/// helper's own crashes, which it then does not dump. So 1, and jobs dump no cores there
+/// What a job's crashes may dump: its RLIMIT_CORE, and whether the job may change it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct CoreDumps {
+    soft: u64,
+    hard: u64,
+    /// The jobs' filter that refuses changes of the limit (`seccomp::core_fixed_rules`).
+    fixed: bool,
+}
+
+/// [`core_limit`] for this host.
+fn core_dumps() -> CoreDumps {
+    let pattern = crate::sys::procfile::read("/proc/sys/kernel/core_pattern").ok();
+    core_limit(pattern.as_deref(), host_hard_limit(nix::sys::resource::Resource::RLIMIT_CORE))
+}
+
+/// Where the host hands core dumps to a program or a socket (`kernel.core_pattern`
+/// `|...`: systemd-coredump, apport; `@...`, Linux 6.16), the kernel starts that program
+/// as root on the host, outside the job's cgroup, for every crash of every job process,
+/// whatever RLIMIT_CORE is, except 1: the value the kernel keeps for a core helper's own
+/// crashes, which it then does not dump. So 1, fixed (lowering a limit needs no
+/// privilege: `ulimit -c 0` would start the helpers again), and jobs dump no cores there
 /// (a red-team pass: 4096 processes crashing together start 4096 root helpers, each
-/// reading a core as large as the job's memory). Elsewhere a core file lands in the job's
-/// own filesystem: off (0) unless the job raises it, up to the host's hard limit.
-fn core_limit(core_pattern: &str, host_hard: u64) -> (u64, u64) {
-    match core_pattern.starts_with('|') {
-        true => (1, 1),
-        false => (0, host_hard),
+/// reading a core as large as the job's memory). A pattern that cannot be read is taken
+/// for such a one. Never above the host's hard limit, which a job cannot be given (a
+/// host whose hard limit is 0, as CIS hardening sets, keeps 0: its own processes start
+/// the helper the same way). Elsewhere a core file lands in the job's own filesystem:
+/// off (0) unless the job raises it, up to the host's hard limit.
+fn core_limit(core_pattern: Option<&str>, host_hard: u64) -> CoreDumps {
+    let to_host = core_pattern.is_none_or(|p| p.starts_with('|') || p.starts_with('@'));
+    match to_host {
+        true => CoreDumps { soft: host_hard.min(1), hard: host_hard.min(1), fixed: true },
+        false => CoreDumps { soft: 0, hard: host_hard, fixed: false },
     }
 }
 
@@ -600,11 +615,15 @@ pub(crate) mod tests {
     #[test]
     fn no_core_reaches_a_host_program_and_none_is_written_unasked() {
         let inf = nix::sys::resource::RLIM_INFINITY;
-        assert_eq!(core_limit("|/usr/lib/systemd/systemd-coredump %P %u %g %s %t %c %h", inf), (1, 1));
-        assert_eq!(core_limit("|/usr/share/apport/apport -p%p -s%s -c%c -d%d -P%P -u%u -g%g -- %E\n", 0), (1, 1));
-        assert_eq!(core_limit("core\n", inf), (0, inf), "a file in the job's own tree, if it asks");
-        assert_eq!(core_limit("/var/crash/core.%p", 4096), (0, 4096), "never above the host's hard limit");
-        assert_eq!(core_limit("", inf), (0, inf), "unread");
+        let fixed = |v| CoreDumps { soft: v, hard: v, fixed: true };
+        assert_eq!(core_limit(Some("|/usr/lib/systemd/systemd-coredump %P %u %g %s %t %c %h"), inf), fixed(1));
+        assert_eq!(core_limit(Some("|/usr/share/apport/apport -p%p -s%s -c%c -d%d -P%P -- %E\n"), inf), fixed(1));
+        assert_eq!(core_limit(Some("@/run/systemd/coredump"), inf), fixed(1), "a socket (Linux 6.16)");
+        assert_eq!(core_limit(None, inf), fixed(1), "unread: taken for a pipe");
+        assert_eq!(core_limit(Some("|/bin/helper"), 0), fixed(0), "a hard limit of 0 cannot be raised");
+        let free = |hard| CoreDumps { soft: 0, hard, fixed: false };
+        assert_eq!(core_limit(Some("core\n"), inf), free(inf), "a file in the job's own tree, if it asks");
+        assert_eq!(core_limit(Some("/var/crash/core.%p"), 4096), free(4096), "never above the host's hard limit");
     }
 
     #[test]

@@ -857,10 +857,50 @@ fn e17_an_aio_budget_the_jobs_can_fill_is_said() {
     let fillable = aio_max < i64::MAX as u64 && aio_max <= (64u64 << 30) / 64;
     assert_eq!(said, fillable, "fs.aio-max-nr {aio_max}: {}", o.err);
     if said {
-        let fix = format!("Set fs.aio-max-nr to {} or more", (64u64 << 30) / 64);
+        let fix = format!("Set fs.aio-max-nr to {} or more", (64u64 << 30) / 64 + 65536);
         assert!(o.err.contains("EAGAIN") && o.err.contains(&fix), "{}", o.err);
     }
     let o = exec(&h, &["--memory", "64G"], "true");
     assert!(!o.err.contains("fs.aio-max-nr"), "a note, not on a plain exec's terminal: {}", o.err);
+    h.assert_no_residue(&[]);
+}
+
+#[test]
+#[cfg_attr(not(test_as_root), ignore = "needs root: creates real sandboxes (CI runs the suite as root)")]
+fn e18_a_job_cannot_hand_its_crashes_to_the_hosts_core_program() {
+    require_root!();
+    let h = home("exh-corepipe");
+    // Where kernel.core_pattern pipes cores to a program (systemd-coredump, apport), the
+    // kernel starts it as root on the host, outside the job's cgroup, for each crash,
+    // whatever RLIMIT_CORE is but 1. A job's limit is 1 there, and a job may not lower it:
+    // `ulimit -c 0` would start the helpers again (a review of e16's fix). A pipe for this
+    // test to a script that records the crashing process's hostname, put back after.
+    struct Pattern(String);
+    impl Drop for Pattern {
+        fn drop(&mut self) {
+            let _ = fs::write("/proc/sys/kernel/core_pattern", &self.0);
+        }
+    }
+    let dir = flag_dir("corepipe");
+    let (helper, marker) = (dir.join("helper"), dir.join("crashes"));
+    fs::write(&helper, format!("#!/bin/sh\necho \"$1\" >> {}\ncat > /dev/null\n", marker.display())).unwrap();
+    fs::set_permissions(&helper, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let pattern = format!("|{} %h", helper.display());
+    assert!(pattern.len() < 128, "core_pattern takes 127 bytes: {pattern}");
+    let _restore = Pattern(fs::read_to_string("/proc/sys/kernel/core_pattern").unwrap());
+    fs::write("/proc/sys/kernel/core_pattern", &pattern).unwrap();
+    let script = "cat /proc/sys/kernel/hostname; ulimit -c 0 2>/dev/null && echo lowered || echo refused; \
+                  grep 'core file' /proc/self/limits; sh -c 'kill -SEGV $$'; echo crashed=$?";
+    let out = exec_ok(&h, &[], script);
+    drop(_restore);
+    let host = out.lines().next().unwrap().to_string();
+    // The helper, had it been started, writes first: give it a moment.
+    std::thread::sleep(Duration::from_millis(500));
+    let crashes = fs::read_to_string(&marker).unwrap_or_default();
+    assert!(!crashes.lines().any(|l| l == host), "the host's core program ran for the job ({host}): {crashes}");
+    assert!(out.contains("refused\n") && out.contains("crashed=139"), "{out}");
+    let core = ["Max", "core", "file", "size", "1", "1", "bytes"];
+    assert!(out.lines().any(|l| l.split_whitespace().eq(core)), "{out}");
+    fs::remove_dir_all(&dir).unwrap();
     h.assert_no_residue(&[]);
 }

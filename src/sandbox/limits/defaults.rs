@@ -193,11 +193,12 @@ fn pool_notes(node: &Node, slots: u64, memory: Option<u64>) -> Vec<String> {
             node.file_max
         ));
     }
+    // The fix: what the jobs' memory holds, and the kernel's default budget on top.
     let events = memory.map(|m| m.saturating_mul(slots) / AIO_EVENT_BYTES);
     if node.aio_max < i64::MAX as u64 && events.is_none_or(|e| e >= node.aio_max) {
-        let fix = events.map_or("its largest value".to_string(), |e| e.to_string());
+        let fix = events.map_or("its largest value".to_string(), |e| (e + 65536).to_string());
         notes.push(format!(
-            "WARNING: one job can take every aio event of the node: fs.aio-max-nr is {}, which {} of job memory \
+            "WARNING: the jobs can take every aio event of the node: fs.aio-max-nr is {}, which {} of job memory \
              holds (~{AIO_EVENT_BYTES} bytes each); past it every io_setup of the node fails (EAGAIN: InnoDB, \
              QEMU, fio). Set fs.aio-max-nr to {fix} or more: memory limits then bound each job's events",
             node.aio_max,
@@ -413,7 +414,10 @@ mod tests {
         assert_eq!(r.notes.len(), 1, "{:?}", r.notes);
         let total = 4 * resolve(&LimitsAsk::default(), &n, 4).limits.memory_bytes.unwrap();
         assert!(r.notes[0].contains("fs.aio-max-nr is 65536, which 4.0M of job memory holds"), "{:?}", r.notes);
-        assert!(r.notes[0].contains(&format!("Set fs.aio-max-nr to {} or more", total / 64)), "{:?}", r.notes);
+        assert!(r.notes[0].contains(&format!("Set fs.aio-max-nr to {} or more", total / 64 + 65536)), "{:?}", r.notes);
+        // Set so, the line goes.
+        let fixed = Node { aio_max: total / 64 + 65536, ..n.clone() };
+        assert!(resolve(&LimitsAsk::default(), &fixed, 4).notes.is_empty());
         // Jobs too small to hold the budget: nothing to say.
         let tiny = LimitsAsk { memory: Ask::Value(512 << 10), ..Default::default() };
         assert!(resolve(&tiny, &n, 4).notes.is_empty());

@@ -79,12 +79,25 @@ struct AlignedAs<A, T: ?Sized> {
 static SECCOMP_FILTER: &AlignedAs<u64, [u8]> =
     &AlignedAs { _align: [], bytes: *include_bytes!(concat!(env!("OUT_DIR"), "/seccomp.bpf")) };
 
-/// Installs [`SECCOMP_FILTER`] on the init, so that CMD inherits it through fork and
-/// exec. no_new_privs first: seccomp needs it from a process without CAP_SYS_ADMIN (a
-/// job's spec sets it already; here it costs one call and makes the init sufficient).
-/// Err: the step that failed (for its message) and its errno.
-fn install_seccomp_filter() -> Result<(), (&'static [u8], c_int)> {
-    let bytes = &SECCOMP_FILTER.bytes;
+/// The same with the job's core dump limit fixed (`sandbox::seccomp::core_fixed_rules`),
+/// for hosts that pipe core dumps to a program.
+static SECCOMP_FILTER_CORE_FIXED: &AlignedAs<u64, [u8]> =
+    &AlignedAs { _align: [], bytes: *include_bytes!(concat!(env!("OUT_DIR"), "/seccomp-core-fixed.bpf")) };
+
+/// Which filter the init installs: `--seccomp`, `--seccomp-core-fixed`, or none.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Filter {
+    None,
+    Jobs,
+    JobsCoreFixed,
+}
+
+/// Installs `filter` on the init, so that CMD inherits it through fork and exec.
+/// no_new_privs first: seccomp needs it from a process without CAP_SYS_ADMIN (a job's
+/// spec sets it already; here it costs one call and makes the init sufficient). Err: the
+/// step that failed (for its message) and its errno.
+fn install_seccomp_filter(filter: &'static AlignedAs<u64, [u8]>) -> Result<(), (&'static [u8], c_int)> {
+    let bytes = &filter.bytes;
     let prog = c::sock_fprog { len: (bytes.len() / 8) as u16, filter: bytes.as_ptr().cast() };
     // SAFETY: prctl(2) with integers only.
     if unsafe { c::prctl(c::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) } != 0 {
@@ -101,18 +114,22 @@ fn install_seccomp_filter() -> Result<(), (&'static [u8], c_int)> {
     Ok(())
 }
 
-/// `[--seccomp] [--] CMD [ARGS...]`: whether to install the filter, and the index of CMD
-/// in `args` (`args.len()` when there is none).
-pub fn parse_options(args: &[&[u8]]) -> (bool, usize) {
+/// `[--seccomp | --seccomp-core-fixed] [--] CMD [ARGS...]`: which filter to install, and
+/// the index of CMD in `args` (`args.len()` when there is none).
+pub fn parse_options(args: &[&[u8]]) -> (Filter, usize) {
     let mut i = 1;
-    let seccomp = args.get(i) == Some(&&b"--seccomp"[..]);
-    if seccomp {
+    let filter = match args.get(i).copied() {
+        Some(b"--seccomp") => Filter::Jobs,
+        Some(b"--seccomp-core-fixed") => Filter::JobsCoreFixed,
+        _ => Filter::None,
+    };
+    if filter != Filter::None {
         i += 1;
     }
     if args.get(i) == Some(&&b"--"[..]) {
         i += 1;
     }
-    (seccomp, i)
+    (filter, i)
 }
 
 /// The init's exit code for the way CMD ended (a raw wait status).
@@ -303,13 +320,18 @@ pub unsafe fn run(argc: c_int, argv: *const *const c_char) -> c_int {
         // SAFETY: i < argc, so argv[i] is one of main's NUL-terminated strings.
         *slot = unsafe { CStr::from_ptr(*argv.add(i)) }.to_bytes();
     }
-    let (seccomp, cmd) = parse_options(&first[..n]);
+    let (filter, cmd) = parse_options(&first[..n]);
     if cmd >= argc as usize {
-        write_stderr(b"usage: azp-init [--seccomp] [--] CMD [ARGS...]\n");
+        write_stderr(b"usage: azp-init [--seccomp | --seccomp-core-fixed] [--] CMD [ARGS...]\n");
         return 2;
     }
-    if seccomp {
-        if let Err((what, e)) = install_seccomp_filter() {
+    let program = match filter {
+        Filter::None => None,
+        Filter::Jobs => Some(SECCOMP_FILTER),
+        Filter::JobsCoreFixed => Some(SECCOMP_FILTER_CORE_FIXED),
+    };
+    if let Some(program) = program {
+        if let Err((what, e)) = install_seccomp_filter(program) {
             let mut line = Line::default();
             let mut errno_buf = [0u8; 10];
             line.push(b"azp-init: ");
