@@ -160,7 +160,6 @@ pub fn build(plan: &JobPlan, rootfs: &Path, cgroup: &CgroupOwner) -> Result<Spec
     Ok(spec)
 }
 
-/// The job's init first (see [`super::init`]), then the command.
 /// The job joins the user namespace its helper made (see [`crate::identity`]) at `path`
 /// (`/proc/self/fd/N` of the helper: libcontainer's processes are its forks). libcontainer
 /// then binds device nodes instead of making them, and writes no id maps.
