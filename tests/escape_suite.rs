@@ -123,6 +123,10 @@ static void *park(void *arg) { (void)arg; for (;;) pause(); return NULL; }
    the i386 audit arch and its numbers. Pointers must be below 4 GiB: static data of a
    non-PIE static binary is. */
 static unsigned int i386_args[3];
+/* A one-instruction seccomp filter (allow) as the 32-bit ABI's struct sock_fprog: a u16
+   length and a 32-bit pointer, both in static data below 4 GiB. */
+static struct sock_filter i386_allow[1];
+static struct { unsigned short len, pad; unsigned int filter; } i386_prog;
 static long int80(long nr, long a, long b, long c) {
   long r;
   __asm__ volatile("int $0x80" : "=a"(r) : "a"(nr), "b"(a), "c"(b), "d"(c) : "memory");
@@ -184,6 +188,15 @@ int main(int argc, char **argv) {
       r = (unsigned long)i386_args >> 32 ? (errno = E2BIG, -1) : int80(102, 1, (long)i386_args, 0);
     }
     else if (!strcmp(op, "socket-i386")) r = int80(359, atoi(a[1]), atoi(a[2]), 0);
+    /* The seccomp filter loads through the 32-bit ABI: i386 seccomp(2) (nr 354) and
+       prctl(2) (nr 172). */
+    else if (!strcmp(op, "seccomp-filter-i386") || !strcmp(op, "prctl-filter-i386")) {
+      i386_allow[0] = (struct sock_filter)BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW);
+      i386_prog.len = 1; i386_prog.filter = (unsigned int)(unsigned long)i386_allow;
+      if ((unsigned long)&i386_prog >> 32 || (unsigned long)i386_allow >> 32) { errno = E2BIG; r = -1; }
+      else if (!strcmp(op, "seccomp-filter-i386")) r = int80(354, SECCOMP_SET_MODE_FILTER, 0, (long)&i386_prog);
+      else r = int80(172, PR_SET_SECCOMP, SECCOMP_MODE_FILTER, (long)&i386_prog);
+    }
 #endif
     else if (!strcmp(op, "personality")) r = personality(strtoul(a[1], NULL, 16));
     else if (!strcmp(op, "memfd-secret")) r = syscall(447 /* memfd_secret */, 0);
@@ -297,14 +310,22 @@ int main(int argc, char **argv) {
     }
     else if (!strcmp(op, "one-inotify")) r = inotify_init1(IN_CLOEXEC);
     else if (!strcmp(op, "one-pty")) r = open("/dev/ptmx", O_RDWR | O_NOCTTY);
-    else if (!strcmp(op, "seccomp-filter") || !strcmp(op, "prctl-filter") || !strcmp(op, "sock-filter")) {
+    else if (!strcmp(op, "seccomp-filter") || !strcmp(op, "prctl-filter") || !strcmp(op, "sock-filter")
+             || !strcmp(op, "reuseport-filter")) {
       /* Load a one-instruction classic BPF program (allow / accept all): as a seccomp
-         filter through seccomp(2) or prctl(2), or as a UDP socket's filter. */
-      struct sock_filter allow[] = { BPF_STMT(BPF_RET | BPF_K, !strcmp(op, "sock-filter") ? 0xffff : SECCOMP_RET_ALLOW) };
+         filter through seccomp(2) or prctl(2), or as a UDP socket's filter (its own, or
+         the one that picks a socket of its SO_REUSEPORT group). */
+      int sock = op[0] == 's' && op[1] == 'o';
+      int seccomp_op = !strcmp(op, "seccomp-filter") || !strcmp(op, "prctl-filter");
+      struct sock_filter allow[] = { BPF_STMT(BPF_RET | BPF_K, seccomp_op ? SECCOMP_RET_ALLOW : (sock ? 0xffff : 0)) };
       struct sock_fprog prog = { .len = 1, .filter = allow };
       if (!strcmp(op, "seccomp-filter")) r = syscall(SYS_seccomp, SECCOMP_SET_MODE_FILTER, 0, &prog);
       else if (!strcmp(op, "prctl-filter")) r = prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &prog, 0, 0);
-      else { int s = socket(AF_INET, SOCK_DGRAM, 0); r = setsockopt(s, SOL_SOCKET, SO_ATTACH_FILTER, &prog, sizeof prog); }
+      else {
+        int one = 1, s = socket(AF_INET, SOCK_DGRAM, 0);
+        if (!sock) setsockopt(s, SOL_SOCKET, SO_REUSEPORT, &one, sizeof one);
+        r = setsockopt(s, SOL_SOCKET, sock ? SO_ATTACH_FILTER : SO_ATTACH_REUSEPORT_CBPF, &prog, sizeof prog);
+      }
     }
     else if (!strcmp(op, "v6only")) {
       int one = 1, s = socket(AF_INET6, SOCK_DGRAM, 0);
