@@ -181,9 +181,8 @@ fn pool_notes(node: &Node, slots: u64, memory: Option<u64>) -> Vec<String> {
             human_size(node.huge_page_bytes)
         ));
     }
-    // systemd's value (the largest) leaves memory limits as the bound: nothing to say.
     let files = memory.map(|m| m.saturating_mul(slots) / FILE_BYTES);
-    if node.file_max < i64::MAX as u64 && files.is_none_or(|f| f >= node.file_max) {
+    if fillable(node.file_max, files) {
         let held = files.map_or("any number of".to_string(), |f| format!("~{f}"));
         notes.push(format!(
             "WARNING: the jobs can open every file of the node: fs.file-max is {}, and their memory limits \
@@ -193,9 +192,9 @@ fn pool_notes(node: &Node, slots: u64, memory: Option<u64>) -> Vec<String> {
             node.file_max
         ));
     }
-    // The fix: what the jobs' memory holds, and the kernel's default budget on top.
     let events = memory.map(|m| m.saturating_mul(slots) / AIO_EVENT_BYTES);
-    if node.aio_max < i64::MAX as u64 && events.is_none_or(|e| e >= node.aio_max) {
+    if fillable(node.aio_max, events) {
+        // The fix: what the jobs' memory holds, and the kernel's default budget on top.
         let fix = events.map_or("its largest value".to_string(), |e| (e + 65536).to_string());
         notes.push(format!(
             "WARNING: the jobs can take every aio event of the node: fs.aio-max-nr is {}, which {} of job memory \
@@ -206,6 +205,13 @@ fn pool_notes(node: &Node, slots: u64, memory: Option<u64>) -> Vec<String> {
         ));
     }
     notes
+}
+
+/// Whether the jobs, whose memory limits hold `held` items (None: no limit), can fill a
+/// node-wide table of `table` items. systemd's value (the largest; also what an unread
+/// table is taken for) leaves memory limits as the bound.
+fn fillable(table: u64, held: Option<u64>) -> bool {
+    table < i64::MAX as u64 && held.is_none_or(|h| h >= table)
 }
 
 /// The socket pressure point shared by the slots and the host, in whole MiB, at least
