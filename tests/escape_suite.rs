@@ -735,6 +735,34 @@ fn job_shell_runs(marker: &str) -> bool {
     processes_matching(marker).iter().any(|(_, cmd)| cmd.starts_with(&own))
 }
 
+/// The number in `/proc/sys/NAME` (e.g. `fs/file-max`).
+fn sysctl_number(name: &str) -> u64 {
+    let path = format!("/proc/sys/{name}");
+    fs::read_to_string(&path).unwrap().trim().parse().unwrap_or_else(|e| panic!("{path}: {e}"))
+}
+
+/// A host setting (`/proc/sys/NAME`) changed for one test, and put back when this goes
+/// (a panicking test included).
+struct SysctlSet {
+    path: String,
+    before: String,
+}
+
+impl SysctlSet {
+    fn to(name: &str, value: &str) -> SysctlSet {
+        let path = format!("/proc/sys/{name}");
+        let before = fs::read_to_string(&path).unwrap();
+        fs::write(&path, value).unwrap_or_else(|e| panic!("{path}: {e}"));
+        SysctlSet { path, before }
+    }
+}
+
+impl Drop for SysctlSet {
+    fn drop(&mut self) {
+        let _ = fs::write(&self.path, &self.before);
+    }
+}
+
 /// An empty dir of this test's (`name`, made anew, mode 0755) that a job gets as the
 /// volume `/flag`: the test drops files in it to tell the job when to go on.
 fn flag_dir(name: &str) -> PathBuf {

@@ -49,7 +49,7 @@ fn e01_fork_bomb_with_no_flags_is_contained_by_the_default_pids_limit() {
             .spawn()
             .unwrap(),
     );
-    let pid_max: u64 = fs::read_to_string("/proc/sys/kernel/pid_max").unwrap().trim().parse().unwrap();
+    let pid_max = sysctl_number("kernel/pid_max");
     let default = 4096u64.min(pid_max * 3 / 4);
     let mut pids_max = None;
     // Until the bomb is at the limit, however slow the machine; never above it.
@@ -674,6 +674,25 @@ fn e11_a_job_cannot_take_the_nodes_socket_memory() {
     }
 }
 
+/// A node-wide table the jobs' memory can fill (`sysctl` under /proc/sys; one item costs a
+/// job `item_bytes` of it): `exec -v --memory 64G` logs its note (`key` then the table's
+/// size, and each of `also`) exactly where 64 GiB holds as many items as the table, a
+/// finite one; a plain `exec` prints nothing of it.
+fn a_table_the_jobs_can_fill_is_said(h: &TestHome, sysctl: &str, key: &str, item_bytes: u64, also: &[&str]) {
+    let table = sysctl_number(sysctl);
+    let o = exec(h, &["-v", "--memory", "64G"], "true");
+    assert_eq!(o.code, 0, "{}", o.err);
+    let said = o.err.contains(&format!("{key} {table}"));
+    let fillable = table < i64::MAX as u64 && table <= (64u64 << 30) / item_bytes;
+    assert_eq!(said, fillable, "{sysctl} {table}: {}", o.err);
+    if said {
+        assert!(also.iter().all(|a| o.err.contains(a)), "{also:?}: {}", o.err);
+    }
+    let o = exec(h, &["--memory", "64G"], "true");
+    let name = key.split(' ').next().unwrap();
+    assert!(!o.err.contains(name), "a note, not on a plain exec's terminal: {}", o.err);
+}
+
 #[test]
 #[cfg_attr(not(test_as_root), ignore = "needs root: creates real sandboxes (CI runs the suite as root)")]
 fn e12_a_file_table_the_jobs_can_fill_is_said() {
@@ -685,18 +704,8 @@ fn e12_a_file_table_the_jobs_can_fill_is_said() {
     // 2465893 files, and a host user's `cat` failed to load libc). systemd raises the
     // table to the largest value at boot; where it is not, exec -v and run's start line
     // say so, with the fix.
-    let file_max: u64 = fs::read_to_string("/proc/sys/fs/file-max").unwrap().trim().parse().unwrap();
-    let o = exec(&h, &["-v", "--memory", "64G"], "true");
-    assert_eq!(o.code, 0, "{}", o.err);
-    let said = o.err.contains(&format!("fs.file-max is {file_max}"));
-    let fillable = file_max < i64::MAX as u64 && file_max <= (64u64 << 30) / 220;
-    assert_eq!(said, fillable, "fs.file-max {file_max}: {}", o.err);
-    if said {
-        assert!(o.err.contains("ENFILE") && o.err.contains("fs.file-max = 9223372036854775807"), "{}", o.err);
-    }
-    // Not on the terminal of a plain exec (a note, as the node's other lacks).
-    let o = exec(&h, &["--memory", "64G"], "true");
-    assert!(!o.err.contains("fs.file-max"), "{}", o.err);
+    let fix = "Set fs.file-max = 9223372036854775807".to_string();
+    a_table_the_jobs_can_fill_is_said(&h, "fs/file-max", "fs.file-max is", 220, &["ENFILE", &fix]);
     h.assert_no_residue(&[]);
 }
 
@@ -709,9 +718,7 @@ fn e13_a_job_cannot_take_the_other_jobs_ptys() {
     // own (which keeps kernel.pty.reserve) shares max - reserve (3072 by default). A
     // job's devpts had no limit of its own, so one job took them all and the next job's
     // `script`, `ssh -t` or Python pty got ENOSPC (a red-team pass).
-    let read =
-        |f: &str| -> u64 { fs::read_to_string(format!("/proc/sys/kernel/pty/{f}")).unwrap().trim().parse().unwrap() };
-    let shared = read("max").saturating_sub(read("reserve"));
+    let shared = sysctl_number("kernel/pty/max").saturating_sub(sysctl_number("kernel/pty/reserve"));
     for (who, opts) in USERS {
         let job = Holding::start(&h, &format!("ptys-{who}"), opts, &toks(&["fill-pty"]));
         let (line, got) = job.held[0].clone();
@@ -736,13 +743,6 @@ fn e14_a_huge_page_pool_the_jobs_can_take_is_said() {
     // `--memory 64M` took all 16 of a pool by hand (a red-team pass). azp-sandbox sets no
     // hugetlb limit yet (SECURITY.md); where the node has a pool, exec -v and run's start
     // line say so. A pool of 4 default-size pages for this test, put back after.
-    struct Pool(String);
-    impl Drop for Pool {
-        fn drop(&mut self) {
-            let _ = fs::write("/proc/sys/vm/nr_hugepages", &self.0);
-        }
-    }
-    let before = fs::read_to_string("/proc/sys/vm/nr_hugepages").unwrap();
     let had = fs::read_dir("/sys/kernel/mm/hugepages").into_iter().flatten().flatten().any(|e| {
         ["nr_hugepages", "nr_overcommit_hugepages"]
             .iter()
@@ -758,9 +758,8 @@ fn e14_a_huge_page_pool_the_jobs_can_take_is_said() {
     }
     let o = exec(&h, &["-v"], "true");
     assert!(!said(&o), "no pool, nothing to say: {}", o.err);
-    let _pool = Pool(before.clone());
-    fs::write("/proc/sys/vm/nr_hugepages", "4").unwrap();
-    if fs::read_to_string("/proc/sys/vm/nr_hugepages").unwrap().trim() == "0" {
+    let _pool = SysctlSet::to("vm/nr_hugepages", "4");
+    if sysctl_number("vm/nr_hugepages") == 0 {
         return common::skip::skip("the kernel made no huge page (no memory for them, or none configured)");
     }
     let o = exec(&h, &["-v"], "true");
@@ -861,18 +860,8 @@ fn e17_an_aio_budget_the_jobs_can_fill_is_said() {
     // took all 65536 from one job with 4.8 MB, and host root's io_setup(1) and a host
     // user's io_setup(128) failed (EAGAIN) meanwhile. Where the jobs' memory limits hold
     // more events than the budget, exec -v and run's start line say so, with the fix.
-    let aio_max: u64 = fs::read_to_string("/proc/sys/fs/aio-max-nr").unwrap().trim().parse().unwrap();
-    let o = exec(&h, &["-v", "--memory", "64G"], "true");
-    assert_eq!(o.code, 0, "{}", o.err);
-    let said = o.err.contains(&format!("fs.aio-max-nr is {aio_max},"));
-    let fillable = aio_max < i64::MAX as u64 && aio_max <= (64u64 << 30) / 64;
-    assert_eq!(said, fillable, "fs.aio-max-nr {aio_max}: {}", o.err);
-    if said {
-        let fix = format!("Set fs.aio-max-nr to {} or more", (64u64 << 30) / 64 + 65536);
-        assert!(o.err.contains("EAGAIN") && o.err.contains(&fix), "{}", o.err);
-    }
-    let o = exec(&h, &["--memory", "64G"], "true");
-    assert!(!o.err.contains("fs.aio-max-nr"), "a note, not on a plain exec's terminal: {}", o.err);
+    let fix = format!("Set fs.aio-max-nr to {} or more", (64u64 << 30) / 64 + 65536);
+    a_table_the_jobs_can_fill_is_said(&h, "fs/aio-max-nr", "fs.aio-max-nr is", 64, &["EAGAIN", &fix]);
     h.assert_no_residue(&[]);
 }
 
@@ -886,24 +875,17 @@ fn e18_a_job_cannot_hand_its_crashes_to_the_hosts_core_program() {
     // whatever RLIMIT_CORE is but 1. A job's limit is 1 there, and a job may not lower it:
     // `ulimit -c 0` would start the helpers again (a review of e16's fix). A pipe for this
     // test to a script that records the crashing process's hostname, put back after.
-    struct Pattern(String);
-    impl Drop for Pattern {
-        fn drop(&mut self) {
-            let _ = fs::write("/proc/sys/kernel/core_pattern", &self.0);
-        }
-    }
     let dir = flag_dir("corepipe");
     let (helper, marker) = (dir.join("helper"), dir.join("crashes"));
     fs::write(&helper, format!("#!/bin/sh\necho \"$1\" >> {}\ncat > /dev/null\n", marker.display())).unwrap();
     fs::set_permissions(&helper, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
     let pattern = format!("|{} %h", helper.display());
     assert!(pattern.len() < 128, "core_pattern takes 127 bytes: {pattern}");
-    let _restore = Pattern(fs::read_to_string("/proc/sys/kernel/core_pattern").unwrap());
-    fs::write("/proc/sys/kernel/core_pattern", &pattern).unwrap();
+    let restore = SysctlSet::to("kernel/core_pattern", &pattern);
     let script = "cat /proc/sys/kernel/hostname; ulimit -c 0 2>/dev/null && echo lowered || echo refused; \
                   grep 'core file' /proc/self/limits; sh -c 'kill -SEGV $$'; echo crashed=$?";
     let out = exec_ok(&h, &[], script);
-    drop(_restore);
+    drop(restore);
     let host = out.lines().next().unwrap().to_string();
     // The helper, had it been started, writes first: give it a moment.
     std::thread::sleep(Duration::from_millis(500));

@@ -593,7 +593,7 @@ fn t64_a_rootless_job_tracks_no_more_than_its_share_of_the_hosts_connections() {
     // conntrack table: a job sending to new ports, on its loopback or through pasta,
     // filled it (a review, by reading). Its loopback is not tracked now, and it keeps
     // at most its share of the table (1/64 of nf_conntrack_max, as a root-mode job).
-    let max: u64 = fs::read_to_string("/proc/sys/net/netfilter/nf_conntrack_max").unwrap().trim().parse().unwrap();
+    let max = sysctl_number("net/netfilter/nf_conntrack_max");
     let limit = (max / 64).max(256);
     let flows = toks(&["udp-flows:127.0.0.1:3000", &format!("udp-flows:{INTERNET_IP}:{}", limit + 200)]);
     let script = format!("{}; echo tracked=$(cat /proc/sys/net/netfilter/nf_conntrack_count)", probe(&flows));
@@ -867,7 +867,7 @@ fn t49_after_a_flush_an_address_allowed_on_one_port_stays_closed_on_the_others()
 /// How many tracked connections a job may keep: 1/64 of the host's conntrack table, at
 /// least 256 (`firewall::flows_per_job`, read when the table is made).
 fn flows_per_job() -> u64 {
-    let max: u64 = std::fs::read_to_string("/proc/sys/net/netfilter/nf_conntrack_max").unwrap().trim().parse().unwrap();
+    let max = sysctl_number("net/netfilter/nf_conntrack_max");
     (max / 64).max(256)
 }
 
