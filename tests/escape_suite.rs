@@ -78,6 +78,7 @@ const PROBE_C: &str = r#"
 #include <sys/prctl.h>
 #include <mqueue.h>
 #include <sys/inotify.h>
+#include <sys/mman.h>
 #include <sys/mount.h>
 #include <sys/personality.h>
 #include <sys/shm.h>
@@ -103,7 +104,7 @@ static const char *ename(int e) {
   case EFAULT: return "EFAULT"; case ENXIO: return "ENXIO"; case ENODEV: return "ENODEV";
   case ENOEXEC: return "ENOEXEC"; case ELOOP: return "ELOOP"; case EXDEV: return "EXDEV";
   case EOPNOTSUPP: return "EOPNOTSUPP"; case EAFNOSUPPORT: return "EAFNOSUPPORT";
-  case ECONNREFUSED: return "ECONNREFUSED";
+  case ECONNREFUSED: return "ECONNREFUSED"; case ENOMEM: return "ENOMEM";
   case ETIMEDOUT: return "ETIMEDOUT"; case EHOSTUNREACH: return "EHOSTUNREACH";
   case ENETUNREACH: return "ENETUNREACH"; case EMFILE: return "EMFILE";
   }
@@ -326,6 +327,26 @@ int main(int argc, char **argv) {
         if (!sock) setsockopt(s, SOL_SOCKET, SO_REUSEPORT, &one, sizeof one);
         r = setsockopt(s, SOL_SOCKET, sock ? SO_ATTACH_FILTER : SO_ATTACH_REUSEPORT_CBPF, &prog, sizeof prog);
       }
+    }
+    else if (!strcmp(op, "hugetlb-map")) {
+      /* One huge page of the default size (MAP_HUGETLB), mapped and touched in a child:
+         past a hugetlb limit the mmap fails (ENOMEM: reservations limited) or the touch
+         is a SIGBUS (faults limited only). */
+      pid_t c = fork();
+      if (c == 0) {
+        char *p = mmap(NULL, 2 << 20, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_HUGETLB, -1, 0);
+        if (p == MAP_FAILED) _exit(errno);
+        p[0] = 1;
+        _exit(0);
+      }
+      int st = 0;
+      waitpid(c, &st, 0);
+      if (WIFSIGNALED(st)) {
+        printf("%s: %s\n", tok, WTERMSIG(st) == SIGBUS ? "SIGBUS" : "SIGNAL");
+        fflush(stdout);
+        continue;
+      }
+      r = WEXITSTATUS(st) ? (errno = WEXITSTATUS(st), -1) : 0;
     }
     else if (!strcmp(op, "v6only")) {
       int one = 1, s = socket(AF_INET6, SOCK_DGRAM, 0);

@@ -31,6 +31,10 @@ pub struct LimitArgs {
     /// Size of the job's /dev/shm [default: half the memory limit]
     #[arg(long, value_name = "SIZE", value_parser = |s: &str| limits::parse_tmpfs_size("--shm-size", s))]
     pub shm_size: Option<u64>,
+    /// Huge pages per job, of each page size, e.g. 1G, or unlimited; root mode, where
+    /// the job's cgroup has the hugetlb controller [default: 0]
+    #[arg(long, value_name = "SIZE", value_parser = limits::parse_huge_pages)]
+    pub huge_pages: Option<Ask<u64>>,
 }
 
 impl LimitArgs {
@@ -43,6 +47,7 @@ impl LimitArgs {
             disk: self.disk.unwrap_or_default(),
             tmp_size: self.tmp_size,
             shm_size: self.shm_size,
+            huge_pages: self.huge_pages.unwrap_or_default(),
         }
     }
 }

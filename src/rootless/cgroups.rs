@@ -161,12 +161,25 @@ pub(crate) fn own_v1_cgroups(proc_self_cgroup: &str) -> Vec<(String, PathBuf)> {
 }
 
 /// The cgroup v1 controllers whose hierarchies a job's cgroup is made in: those
-/// azp-sandbox sets something in (limits, device rules). In the other hierarchies
-/// (cpuset, blkio, freezer, perf_event, hugetlb, net_cls, `name=systemd`, ...) the job
-/// stays in the service's cgroup, as a systemd unit does for controllers it does not
-/// enable. Each hierarchy costs a mkdir, a join and an rmdir per job (cpuset also a
-/// rebuild of the scheduler domains): ~0.3 ms each on the test VM.
-const JOB_V1_CONTROLLERS: &[&str] = &["cpu", "devices", "memory", "pids"];
+/// azp-sandbox sets something in (limits, device rules; hugetlb as root only, see
+/// [`ROOT_ONLY_V1_CONTROLLERS`]). In the other hierarchies (cpuset, blkio, freezer,
+/// perf_event, net_cls, `name=systemd`, ...) the job stays in the service's cgroup, as a
+/// systemd unit does for controllers it does not enable. Each hierarchy costs a mkdir, a
+/// join and an rmdir per job (cpuset also a rebuild of the scheduler domains): ~0.3 ms
+/// each on the test VM.
+const JOB_V1_CONTROLLERS: &[&str] = &["cpu", "devices", "hugetlb", "memory", "pids"];
+
+/// The v1 hierarchies of [`JOB_V1_CONTROLLERS`] a rootless job has no dir in: devices
+/// (never delegated: a user namespace makes no device nodes anyway) and hugetlb (its
+/// limit is root mode's, see `sandbox::limits::node::Hugetlb`; a host that mounted it
+/// after `delegate-cgroups.sh` ran would otherwise lose its rootless limits altogether).
+pub const ROOT_ONLY_V1_CONTROLLERS: &[&str] = &["devices", "hugetlb"];
+
+/// Whether v1 hierarchy `mount` (named by its controllers) is one a rootless job has no
+/// dir in.
+pub fn root_only_v1(mount: &Path) -> bool {
+    mount.file_name().is_some_and(|n| ROOT_ONLY_V1_CONTROLLERS.iter().any(|c| n == *c))
+}
 
 /// Every cgroup v1 controller (named hierarchies like `name=systemd` have none).
 const ALL_V1_CONTROLLERS: &[&str] = &[
@@ -243,6 +256,7 @@ pub fn place(
         let missing: Vec<String> = host
             .v1_mounts
             .iter()
+            .filter(|m| m.file_name().is_none_or(|n| n != "hugetlb"))
             .map(|m| m.join(&rel))
             .filter(|d| !(d.is_dir() && writable(d)))
             .map(|d| d.display().to_string())

@@ -26,6 +26,7 @@
 use super::plan::Limits;
 use crate::rootless::cgroups::CgroupHost;
 use crate::sys::{CgroupDir, CgroupJoin};
+use std::borrow::Cow;
 use std::path::{Path, PathBuf};
 
 /// The leaf of a job's cgroup the helper joins on a cgroup v2 host (see above).
@@ -100,20 +101,21 @@ fn open_move_window(host: &CgroupHost, rootless: bool) -> Option<MoveWindow> {
 }
 
 /// The files to write in one cgroup dir, in order, for `limits` (v1 or v2 names).
-pub fn limit_writes(limits: &Limits, v2: bool, hierarchy: &str) -> Vec<(&'static str, String)> {
+pub fn limit_writes(limits: &Limits, v2: bool, hierarchy: &str) -> Vec<(Cow<'static, str>, String)> {
     let quota = limits.cpus_milli.map(|m| (m * CPU_PERIOD_US / 1000).max(1000));
-    let mut w = vec![];
+    let mut w: Vec<(Cow<'static, str>, String)> = vec![];
     if v2 {
         if let Some(b) = limits.memory_bytes {
-            w.push(("memory.max", b.to_string()));
-            w.push(("memory.swap.max", "0".to_string()));
+            w.push(("memory.max".into(), b.to_string()));
+            w.push(("memory.swap.max".into(), "0".to_string()));
         }
         if let Some(p) = limits.pids {
-            w.push(("pids.max", p.to_string()));
+            w.push(("pids.max".into(), p.to_string()));
         }
         if let Some(q) = quota {
-            w.push(("cpu.max", format!("{q} {CPU_PERIOD_US}")));
+            w.push(("cpu.max".into(), format!("{q} {CPU_PERIOD_US}")));
         }
+        w.extend(huge_page_writes(limits, "max", "rsvd.max"));
         return w;
     }
     let has = |c: &str| hierarchy.split(',').any(|h| h == c);
@@ -121,21 +123,36 @@ pub fn limit_writes(limits: &Limits, v2: bool, hierarchy: &str) -> Vec<(&'static
         // Memory + swap at the same value: no swap beyond the limit (cgroup v2's
         // memory.swap.max = 0). Skipped by the join where the kernel does not account
         // swap (no such file); the start line says so where the node has swap.
-        w.push(("memory.limit_in_bytes", b.to_string()));
-        w.push(("memory.memsw.limit_in_bytes", b.to_string()));
+        w.push(("memory.limit_in_bytes".into(), b.to_string()));
+        w.push(("memory.memsw.limit_in_bytes".into(), b.to_string()));
     }
     if let (Some(b), true) = (limits.socket_bytes, has("memory")) {
         // TCP and UDP buffers, charged to nothing else on v1 (see limits::defaults).
-        w.push(("memory.kmem.tcp.limit_in_bytes", b.to_string()));
+        w.push(("memory.kmem.tcp.limit_in_bytes".into(), b.to_string()));
     }
     if let (Some(p), true) = (limits.pids, has("pids")) {
-        w.push(("pids.max", p.to_string()));
+        w.push(("pids.max".into(), p.to_string()));
     }
     if let (Some(q), true) = (quota, has("cpu")) {
-        w.push(("cpu.cfs_period_us", CPU_PERIOD_US.to_string()));
-        w.push(("cpu.cfs_quota_us", q.to_string()));
+        w.push(("cpu.cfs_period_us".into(), CPU_PERIOD_US.to_string()));
+        w.push(("cpu.cfs_quota_us".into(), q.to_string()));
+    }
+    if has("hugetlb") {
+        w.extend(huge_page_writes(limits, "limit_in_bytes", "rsvd.limit_in_bytes"));
     }
     w
+}
+
+/// The hugetlb controller's files for each page size: the pages a job faults in
+/// (`hugetlb.<size>.<limit>`) and, where the kernel has them (Linux 5.7), those it
+/// reserves at `mmap` (`<rsvd>`): with both at the limit an `mmap` past it fails with
+/// ENOMEM, instead of a SIGBUS at the first touch of a page.
+fn huge_page_writes(limits: &Limits, limit: &str, rsvd: &str) -> Vec<(Cow<'static, str>, String)> {
+    let Some(h) = limits.huge_pages else { return vec![] };
+    h.sizes
+        .cgroup_names()
+        .flat_map(|size| [limit, rsvd].map(|f| (Cow::Owned(format!("hugetlb.{size}.{f}")), h.bytes.to_string())))
+        .collect()
 }
 
 /// One cgroup dir of the job: where, in which hierarchy (its mount; its v1 mount dir's
@@ -159,7 +176,7 @@ fn job_dirs(host: &CgroupHost, cgroup: &Path, setup: &Setup) -> Vec<JobDir> {
     let mut dirs: Vec<JobDir> = host
         .v1_mounts
         .iter()
-        .filter(|m| matches!(setup, Setup::Root { .. }) || !m.ends_with("devices"))
+        .filter(|m| matches!(setup, Setup::Root { .. }) || !crate::rootless::cgroups::root_only_v1(m))
         .map(|m| JobDir {
             dir: m.join(rel),
             mount: m.clone(),
@@ -191,6 +208,9 @@ pub fn plan_join(host: &CgroupHost, cgroup: &Path, limits: &Limits, setup: &Setu
             join.v2_levels.push(at.clone());
         }
         join.v2_controllers = V2_CONTROLLERS.to_vec();
+        if limits.huge_pages.is_some() {
+            join.v2_controllers.push("+hugetlb");
+        }
     }
     let dirs = job_dirs(host, cgroup, setup);
     if let Setup::Root { .. } = setup {
@@ -215,33 +235,38 @@ pub fn plan_join(host: &CgroupHost, cgroup: &Path, limits: &Limits, setup: &Setu
 mod tests {
     use super::*;
 
+    /// Limit writes as (file, value) pairs of plain strings, to compare.
+    fn plain<'a>(w: &'a [(Cow<'static, str>, String)]) -> Vec<(&'a str, &'a str)> {
+        w.iter().map(|(f, v)| (f.as_ref(), v.as_str())).collect()
+    }
+
     #[test]
     fn limit_files_per_hierarchy() {
         let l = Limits { memory_bytes: Some(64 << 20), pids: Some(100), cpus_milli: Some(1500), ..Default::default() };
         let mem = (64u64 << 20).to_string();
         assert_eq!(
-            limit_writes(&l, false, "memory"),
-            vec![("memory.limit_in_bytes", mem.clone()), ("memory.memsw.limit_in_bytes", mem)],
+            plain(&limit_writes(&l, false, "memory")),
+            [("memory.limit_in_bytes", mem.as_str()), ("memory.memsw.limit_in_bytes", &mem)],
             "memory, then memory + swap at the same value (in this order: memsw may not be below it)"
         );
-        assert_eq!(limit_writes(&l, false, "pids"), vec![("pids.max", "100".to_string())]);
+        assert_eq!(plain(&limit_writes(&l, false, "pids")), [("pids.max", "100")]);
         assert_eq!(
-            limit_writes(&l, false, "cpu,cpuacct"),
-            vec![("cpu.cfs_period_us", "100000".to_string()), ("cpu.cfs_quota_us", "150000".to_string())]
+            plain(&limit_writes(&l, false, "cpu,cpuacct")),
+            [("cpu.cfs_period_us", "100000"), ("cpu.cfs_quota_us", "150000")]
         );
         assert!(limit_writes(&l, false, "cpuacct").is_empty());
         assert!(limit_writes(&l, false, "blkio").is_empty());
         let v2 = limit_writes(&l, true, "");
         assert_eq!(
-            v2.iter().map(|(f, _)| *f).collect::<Vec<_>>(),
+            v2.iter().map(|(f, _)| f.as_ref()).collect::<Vec<_>>(),
             ["memory.max", "memory.swap.max", "pids.max", "cpu.max"]
         );
         assert_eq!(v2[3].1, "150000 100000");
         assert!(limit_writes(&Limits::default(), true, "").is_empty());
         let sockets = Limits { socket_bytes: Some(32 << 20), ..l };
         assert_eq!(
-            limit_writes(&sockets, false, "memory")[2],
-            ("memory.kmem.tcp.limit_in_bytes", (32u64 << 20).to_string()),
+            plain(&limit_writes(&sockets, false, "memory"))[2],
+            ("memory.kmem.tcp.limit_in_bytes", (32u64 << 20).to_string().as_str()),
             "socket buffers: v1 only"
         );
         assert_eq!(limit_writes(&sockets, true, "").len(), 4, "v2: in memory.max");
@@ -263,9 +288,47 @@ mod tests {
     }
 
     #[test]
-    fn rootless_skips_devices_and_the_v2_tree() {
-        let d = job_dirs(&hybrid(), Path::new("/a/j"), &Setup::Rootless);
+    fn rootless_skips_devices_hugetlb_and_the_v2_tree() {
+        let mut host = hybrid();
+        host.v1_mounts.push("/cg/hugetlb".into());
+        let d = job_dirs(&host, Path::new("/a/j"), &Setup::Rootless);
         assert_eq!(names(&d), ["/cg/cpu,cpuacct/a/j", "/cg/memory/a/j"]);
+        let root = job_dirs(&host, Path::new("/a/j"), &Setup::Root { device_rules: vec![] });
+        assert!(names(&root).contains(&"/cg/hugetlb/a/j".to_string()), "root: its limit");
+    }
+
+    #[test]
+    fn huge_pages_limited_per_size_with_their_reservations() {
+        use crate::sandbox::plan::{HugePageSizes, HugePages};
+        let sizes = HugePageSizes::of([2048, 1 << 20]);
+        let l = Limits { huge_pages: Some(HugePages { bytes: 0, sizes }), pids: Some(9), ..Default::default() };
+        assert_eq!(
+            plain(&limit_writes(&l, false, "hugetlb")),
+            [
+                ("hugetlb.2MB.limit_in_bytes", "0"),
+                ("hugetlb.2MB.rsvd.limit_in_bytes", "0"),
+                ("hugetlb.1GB.limit_in_bytes", "0"),
+                ("hugetlb.1GB.rsvd.limit_in_bytes", "0")
+            ]
+        );
+        assert_eq!(plain(&limit_writes(&l, false, "pids")), [("pids.max", "9")], "v1: in its own hierarchy only");
+        let v2 = limit_writes(&l, true, "");
+        assert_eq!(
+            plain(&v2)[1..],
+            [
+                ("hugetlb.2MB.max", "0"),
+                ("hugetlb.2MB.rsvd.max", "0"),
+                ("hugetlb.1GB.max", "0"),
+                ("hugetlb.1GB.rsvd.max", "0")
+            ]
+        );
+        // v2: the controller passed down only where a limit is planned (it is there).
+        let unified = CgroupHost { unified: true, v1_mounts: vec![], v2_mount: Some("/cg".into()), ..hybrid() };
+        let setup = Setup::Root { device_rules: vec![] };
+        let j = plan_join(&unified, Path::new("/a/j"), &l, &setup);
+        assert_eq!(j.v2_controllers, ["+memory", "+pids", "+cpu", "+hugetlb"]);
+        let none = Limits { huge_pages: None, ..l };
+        assert_eq!(plan_join(&unified, Path::new("/a/j"), &none, &setup).v2_controllers.len(), 3);
     }
 
     #[test]
@@ -296,7 +359,7 @@ mod tests {
         let j = plan_join(&unified, Path::new("/a/b/j"), &limits, &Setup::Rootless);
         assert_eq!(j.v2_levels, [PathBuf::from("/cg"), "/cg/a".into(), "/cg/a/b".into()]);
         assert_eq!(j.v2_controllers, ["+memory", "+pids", "+cpu"]);
-        assert_eq!(j.dirs[0].limits, [("memory.max", "1048576".to_string()), ("memory.swap.max", "0".to_string())]);
+        assert_eq!(plain(&j.dirs[0].limits), [("memory.max", "1048576"), ("memory.swap.max", "0")]);
         assert_eq!(j.dirs[0].leaf, Some(HELPER_LEAF), "v2: the limits above, the helper in the leaf");
         let hybrid = plan_join(&hybrid(), Path::new("/a/j"), &limits, &setup);
         assert!(hybrid.dirs.iter().all(|d| d.leaf.is_none()), "v1 and the controller-less v2 tree: the dir itself");

@@ -39,12 +39,53 @@ pub struct Limits {
     /// node's, which every container's devpts draws from (see `limits::defaults`).
     #[serde(default)]
     pub ptys: Option<u64>,
+    /// The job's huge pages (`MAP_HUGETLB`, hugetlbfs), where its cgroup can limit them
+    /// (the hugetlb controller): none by default, as they count in no memory limit (see
+    /// `limits::defaults`). None: no limit.
+    #[serde(default)]
+    pub huge_pages: Option<HugePages>,
+}
+
+/// A limit on a job's huge pages: at most `bytes` of each of the node's page `sizes`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HugePages {
+    pub bytes: u64,
+    pub sizes: HugePageSizes,
+}
+
+/// The node's huge page sizes, as a set: bit n is a size of 2^n KiB (every size Linux has
+/// is a power of two, from 64 KiB to 16 GiB), so that [`Limits`] stays `Copy`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HugePageSizes(pub u32);
+
+impl HugePageSizes {
+    /// The set of `kib` sizes (others than powers of two from 1 KiB to 2 TiB are left out).
+    pub fn of(kib: impl IntoIterator<Item = u64>) -> HugePageSizes {
+        HugePageSizes(kib.into_iter().filter(|k| k.is_power_of_two() && *k < 1 << 31).fold(0, |set, k| set | k as u32))
+    }
+
+    pub fn is_empty(self) -> bool {
+        self.0 == 0
+    }
+
+    /// Each size as the hugetlb controller names it in its files (`hugetlb.2MB.max`): in
+    /// GB, MB or KB, the largest unit that divides it (the kernel's `mem_fmt`).
+    pub fn cgroup_names(self) -> impl Iterator<Item = String> {
+        (0..31).filter(move |n| self.0 & (1 << n) != 0).map(|n| {
+            let kib = 1u64 << n;
+            match kib {
+                k if k >= 1 << 20 => format!("{}GB", k >> 20),
+                k if k >= 1 << 10 => format!("{}MB", k >> 10),
+                k => format!("{k}KB"),
+            }
+        })
+    }
 }
 
 impl std::fmt::Display for Limits {
     /// One line for logs and `status`: `memory 4.0G, pids 4096, cpus 2, disk 50.0G, /tmp
-    /// 4.0G, /dev/shm 2.0G[, socket buffers 1.0G][, ptys 1536]`, "unlimited" where a limit
-    /// is absent.
+    /// 4.0G, /dev/shm 2.0G[, socket buffers 1.0G][, ptys 1536][, huge pages 0]`, "unlimited"
+    /// where a limit is absent.
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let size = |b: Option<u64>| b.map(crate::config::human_size).unwrap_or_else(|| "unlimited".into());
         let cpus = self.cpus_milli.map(|m| format!("{}", m as f64 / 1000.0)).unwrap_or_else(|| "unlimited".into());
@@ -62,8 +103,11 @@ impl std::fmt::Display for Limits {
         if let Some(b) = self.socket_bytes {
             write!(f, ", socket buffers {}", crate::config::human_size(b))?;
         }
-        match self.ptys {
-            Some(n) => write!(f, ", ptys {n}"),
+        if let Some(n) = self.ptys {
+            write!(f, ", ptys {n}")?;
+        }
+        match self.huge_pages {
+            Some(h) => write!(f, ", huge pages {}", crate::config::human_size(h.bytes)),
             None => Ok(()),
         }
     }
@@ -186,5 +230,19 @@ pub(crate) fn test_plan(id: &str, lower: Vec<PathBuf>, cgroup_path: &str) -> Job
         userns: None,
         scratch: None,
         caches: vec![],
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn huge_page_sizes_named_as_the_hugetlb_controller_names_them() {
+        let every = HugePageSizes::of([64, 2048, 32768, 1 << 20, 16 << 20]);
+        assert_eq!(every.cgroup_names().collect::<Vec<_>>(), ["64KB", "2MB", "32MB", "1GB", "16GB"]);
+        assert!(HugePageSizes::of([3000, 0, 1 << 40]).is_empty(), "no size of Linux's");
+        assert!(HugePageSizes::default().is_empty());
+        assert_eq!(HugePageSizes::of([2048, 2048]), HugePageSizes::of([2048]));
     }
 }

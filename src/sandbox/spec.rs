@@ -10,9 +10,9 @@ use crate::edits::{DeviceKind, HookStage};
 use anyhow::{Context, Result};
 use oci_spec::runtime::{
     Capability, HookBuilder, HooksBuilder, LinuxBuilder, LinuxCapabilitiesBuilder, LinuxCpuBuilder, LinuxDeviceBuilder,
-    LinuxDeviceCgroup, LinuxDeviceCgroupBuilder, LinuxDeviceType, LinuxMemoryBuilder, LinuxNamespaceBuilder,
-    LinuxNamespaceType, LinuxPidsBuilder, LinuxResourcesBuilder, Mount, MountBuilder, PosixRlimitBuilder,
-    PosixRlimitType, ProcessBuilder, RootBuilder, Spec, SpecBuilder, UserBuilder,
+    LinuxDeviceCgroup, LinuxDeviceCgroupBuilder, LinuxDeviceType, LinuxHugepageLimitBuilder, LinuxMemoryBuilder,
+    LinuxNamespaceBuilder, LinuxNamespaceType, LinuxPidsBuilder, LinuxResourcesBuilder, Mount, MountBuilder,
+    PosixRlimitBuilder, PosixRlimitType, ProcessBuilder, RootBuilder, Spec, SpecBuilder, UserBuilder,
 };
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
@@ -245,6 +245,16 @@ fn resources(plan: &JobPlan, memsw: bool) -> Result<oci_spec::runtime::LinuxReso
         const PERIOD: u64 = 100_000;
         let quota = (milli * PERIOD / 1000).max(1000) as i64;
         resources = resources.cpu(LinuxCpuBuilder::default().quota(quota).period(PERIOD).build()?);
+    }
+    // libcgroups' v1 manager writes hugetlb.<size>.limit_in_bytes, and the reservation
+    // limit where the kernel has it, as the helper's own join does.
+    if let Some(h) = plan.limits.huge_pages {
+        let limits = h
+            .sizes
+            .cgroup_names()
+            .map(|size| LinuxHugepageLimitBuilder::default().page_size(size).limit(h.bytes as i64).build())
+            .collect::<std::result::Result<Vec<_>, _>>()?;
+        resources = resources.hugepage_limits(limits);
     }
     Ok(resources.build()?)
 }

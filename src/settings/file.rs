@@ -34,6 +34,8 @@ pub struct FileSettings {
     pub tmp_size: Option<String>,
     #[serde(default, deserialize_with = "keys::word")]
     pub shm_size: Option<String>,
+    #[serde(default, deserialize_with = "keys::word")]
+    pub huge_pages: Option<String>,
     pub agent_package: Option<String>,
     pub name_prefix: Option<String>,
     #[serde(default, deserialize_with = "keys::count")]

@@ -330,6 +330,12 @@ fn file_limits(file: &FileSettings) -> Result<LimitsAsk> {
         disk: file.disk.as_deref().map(|s| key("disk", limits::parse_disk(s))).transpose()?.unwrap_or_default(),
         tmp_size: size("tmp_size", &file.tmp_size, "--tmp-size")?,
         shm_size: size("shm_size", &file.shm_size, "--shm-size")?,
+        huge_pages: file
+            .huge_pages
+            .as_deref()
+            .map(|s| key("huge_pages", limits::parse_huge_pages(s)))
+            .transpose()?
+            .unwrap_or_default(),
     })
 }
 
@@ -465,13 +471,20 @@ mod tests {
             (Ask::Unlimited, Ask::Value(100), Ask::Value(1500), Ask::Value(50 << 30))
         );
         assert_eq!((l.tmp_size, l.shm_size), (Some(2 << 30), Some(1 << 30)));
+        assert_eq!(l.huge_pages, Ask::Default);
+        let l = merge(parse_file("huge_pages = \"1G\"").unwrap(), FlagSettings::default(), flags()).unwrap().limits;
+        assert_eq!(l.huge_pages, Ask::Value(1 << 30));
         let file = parse_file("pids = \"unlimited\"\ncpus = 2").unwrap();
         let f = FlagSettings { limits: LimitsAsk { pids: Ask::Value(7), ..Default::default() }, ..flags() };
         let l = merge(file, FlagSettings::default(), f).unwrap().limits;
         assert_eq!((l.pids, l.cpus_milli, l.memory), (Ask::Value(7), Ask::Value(2000), Ask::Default), "flag over key");
-        for (text, key) in
-            [("memory = \"lots\"", "memory"), ("pids = 0", "pids"), ("cpus = -1", "cpus"), ("disk = \"x\"", "disk")]
-        {
+        for (text, key) in [
+            ("memory = \"lots\"", "memory"),
+            ("pids = 0", "pids"),
+            ("cpus = -1", "cpus"),
+            ("disk = \"x\"", "disk"),
+            ("huge_pages = \"x\"", "huge_pages"),
+        ] {
             let e = merge(parse_file(text).unwrap(), FlagSettings::default(), flags()).unwrap_err();
             let e = format!("{e:#}");
             assert!(e.starts_with(&format!("bad {key} in the config file: bad --")) && !e.contains('\n'), "{e}");

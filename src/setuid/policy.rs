@@ -13,6 +13,7 @@
 //! max_pids = 4096
 //! max_cpus = 8
 //! max_disk = "100G"            # disk quota per job (where the home has project quotas)
+//! max_huge_pages = "1G"        # huge pages per job, of each size (default "0": none)
 //! max_jobs = 4                 # sandboxes one user keeps at once (exec, run's slots; default 4)
 //! network = ["isolated", "none"]  # network modes users may choose (default; "host" opts in)
 //! network_allow = ["169.254.169.254:80"]  # blocked destinations users may allow
@@ -48,6 +49,10 @@ pub struct Policy {
     pub max_cpus: Option<f64>,
     #[serde(default, deserialize_with = "keys::word")]
     pub max_disk: Option<String>,
+    /// Huge pages a user's job may ask for, of each size: absent, none (they count in no
+    /// memory limit, and few jobs need them; see `sandbox::limits::defaults`).
+    #[serde(default, deserialize_with = "keys::word")]
+    pub max_huge_pages: Option<String>,
     #[serde(default = "default_network")]
     pub network: Vec<String>,
     /// Entries of `--network-allow` users may give (`IP[:PORT]`).
@@ -117,6 +122,7 @@ pub fn parse(text: &str, file: &Path) -> Result<Policy> {
     }
     p.memory_cap()?;
     p.disk_cap()?;
+    p.huge_pages_cap()?;
     Ok(p)
 }
 
@@ -152,6 +158,14 @@ impl Policy {
             .as_deref()
             .map(|m| parse_size(m).map_err(|e| anyhow::anyhow!("bad [setuid] max_disk: {e}")))
             .transpose()
+    }
+
+    /// At most 0 unless the site says more.
+    fn huge_pages_cap(&self) -> Result<u64> {
+        match self.max_huge_pages.as_deref() {
+            None => Ok(0),
+            Some(m) => parse_size(m).map_err(|e| anyhow::anyhow!("bad [setuid] max_huge_pages: {e}")),
+        }
     }
 
     pub fn allows_caller(&self, c: &Caller) -> Result<()> {
@@ -360,6 +374,7 @@ impl Policy {
             pids: cap("--pids", asked.pids, self.max_pids)?,
             cpus_milli: cap("--cpus (milli-CPUs)", asked.cpus_milli, cpus_max)?,
             disk: cap("--disk", asked.disk, self.disk_cap()?)?,
+            huge_pages: cap("--huge-pages", asked.huge_pages, Some(self.huge_pages_cap()?))?,
             ..*asked
         })
     }
@@ -548,6 +563,25 @@ network_allow = ["169.254.169.254:80"]
         assert_eq!(ok.limits.cpus_milli, Ask::Unlimited, "no site maximum: as asked");
         assert_eq!(ok.limits.disk, Ask::DefaultUpTo(10 << 30));
         assert_eq!(ok.volumes[0].host, PathBuf::from("/data/x"));
+    }
+
+    #[test]
+    fn huge_pages_are_none_unless_the_site_allows_some() {
+        let c = caller("alice", &[]);
+        let ask = |a| ExecRequest { limits: LimitsAsk { huge_pages: a, ..Default::default() }, ..req() };
+        let ok = policy().authorize(ask(Ask::Default), &c, &canon).unwrap();
+        assert_eq!(ok.limits.huge_pages, Ask::DefaultUpTo(0), "no max_huge_pages: none");
+        for a in [Ask::Value(2 << 20), Ask::Unlimited] {
+            let e = policy().authorize(ask(a), &c, &canon).unwrap_err().to_string();
+            assert!(e.contains("--huge-pages") && e.contains("above the site maximum 0"), "{e}");
+        }
+        let some = Policy { max_huge_pages: Some("1G".into()), ..policy() };
+        assert_eq!(
+            some.authorize(ask(Ask::Value(2 << 20)), &c, &canon).unwrap().limits.huge_pages,
+            Ask::Value(2 << 20)
+        );
+        let e = parse("[setuid]\nmax_huge_pages = \"lots\"\n", Path::new("/etc/azp-sandbox/config.toml"));
+        assert!(e.unwrap_err().to_string().contains("max_huge_pages"));
     }
 
     fn run_req() -> super::super::RunRequest {

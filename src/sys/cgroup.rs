@@ -4,6 +4,7 @@
 //! calling process moved in last, so that everything it forks is born limited.
 
 use super::error::{Error, Result};
+use std::borrow::Cow;
 use std::path::{Path, PathBuf};
 
 /// Everything joining a job's cgroup writes, decided beforehand (see
@@ -36,14 +37,20 @@ pub struct CgroupDir {
     pub leaf: Option<&'static str>,
     /// Files and values, written in this order. `memory.swap.max` (v2) and
     /// `memory.memsw.limit_in_bytes` (v1) are skipped where the file is missing (swap
-    /// accounting off: the memory limit alone is the limit), as is v1's
-    /// `memory.kmem.tcp.limit_in_bytes` (a kernel that dropped it; the start line says so).
-    pub limits: Vec<(&'static str, String)>,
+    /// accounting off: the memory limit alone is the limit), as are v1's
+    /// `memory.kmem.tcp.limit_in_bytes` (a kernel that dropped it; the start line says so)
+    /// and the hugetlb controller's reservation limits (`hugetlb.<size>.rsvd.*`, Linux 5.7).
+    pub limits: Vec<(Cow<'static, str>, String)>,
 }
 
 /// The limit files that exist only where the kernel has the feature: swap accounted per
-/// cgroup, socket buffers limited per cgroup v1.
+/// cgroup, socket buffers limited per cgroup v1, huge page reservations limited.
 const OPTIONAL_FILES: [&str; 3] = ["memory.swap.max", "memory.memsw.limit_in_bytes", "memory.kmem.tcp.limit_in_bytes"];
+
+fn optional(file: &str) -> bool {
+    OPTIONAL_FILES.contains(&file)
+        || file.starts_with("hugetlb.") && (file.ends_with(".rsvd.max") || file.ends_with(".rsvd.limit_in_bytes"))
+}
 
 pub fn join(j: &CgroupJoin) -> Result<()> {
     prepare(j)?;
@@ -67,8 +74,8 @@ pub fn prepare(j: &CgroupJoin) -> Result<()> {
             write_device_rules(&d.dir, rules)?;
         }
         for (file, value) in &d.limits {
-            let path = d.dir.join(file);
-            let written = if OPTIONAL_FILES.contains(file) {
+            let path = d.dir.join(file.as_ref());
+            let written = if optional(file) {
                 // Opened without O_CREAT: a file the kernel lacks is ENOENT, no stat first.
                 match std::fs::OpenOptions::new().write(true).open(&path) {
                     Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
@@ -315,9 +322,19 @@ mod tests {
                 cpuset: false,
                 device_rules: None,
                 leaf: Some("sandbox"),
-                limits: vec![(file, value.into())],
+                limits: vec![(file.into(), value.into())],
             }],
             ..Default::default()
+        }
+    }
+
+    #[test]
+    fn the_files_a_kernel_may_lack_are_optional() {
+        for f in ["memory.swap.max", "hugetlb.2MB.rsvd.max", "hugetlb.1GB.rsvd.limit_in_bytes"] {
+            assert!(optional(f), "{f}");
+        }
+        for f in ["memory.max", "hugetlb.2MB.max", "hugetlb.2MB.limit_in_bytes", "pids.max"] {
+            assert!(!optional(f), "{f}: a limit the plan counts on");
         }
     }
 
@@ -422,9 +439,9 @@ mod tests {
                     device_rules: None,
                     leaf: None,
                     limits: vec![
-                        ("memory.limit_in_bytes", "1048576".into()),
-                        ("memory.memsw.limit_in_bytes", "1048576".into()),
-                        ("memory.swap.max", "0".into()),
+                        ("memory.limit_in_bytes".into(), "1048576".into()),
+                        ("memory.memsw.limit_in_bytes".into(), "1048576".into()),
+                        ("memory.swap.max".into(), "0".into()),
                     ],
                 },
                 CgroupDir { dir: cpuset.join("a/j"), cpuset: true, device_rules: None, leaf: None, limits: vec![] },
@@ -440,7 +457,7 @@ mod tests {
                 cpuset: false,
                 device_rules: None,
                 leaf: None,
-                limits: vec![("memory.memsw.limit_in_bytes", "1048576".into())],
+                limits: vec![("memory.memsw.limit_in_bytes".into(), "1048576".into())],
             }],
             ..Default::default()
         };
@@ -462,7 +479,7 @@ mod tests {
                 cpuset: false,
                 device_rules: None,
                 leaf: None,
-                limits: vec![("memory.max", "1".into())],
+                limits: vec![("memory.max".into(), "1".into())],
             }],
             ..Default::default()
         };

@@ -24,9 +24,13 @@
 //! - ptys: the node's (`kernel.pty.max` - `kernel.pty.reserve`, which every devpts
 //!   instance but the host's own draws from) / (slots + 1), at least 16: one job took
 //!   all 3072 and the next job's `script`, `ssh -t` or Python pty got ENOSPC.
-//! - huge pages: no limit of their own yet. Where the node has a pool (`vm.nr_hugepages`,
-//!   overcommit), the start line says that a job can take it all: `MAP_HUGETLB` needs no
-//!   privilege and the pages count in no memory limit (the hugetlb controller would).
+//! - huge pages: none, of every size, where the job's cgroup has the hugetlb controller
+//!   (root mode, on cgroup v2 or a v1 hugetlb hierarchy), as Kubernetes gives a pod that
+//!   asks for none: `MAP_HUGETLB` needs no privilege and the pages count in no memory
+//!   limit, so one job with `--memory 64M` took a whole pool an operator had reserved.
+//!   `--huge-pages SIZE` gives a job that needs them (DPDK, some HPC codes) SIZE of each
+//!   page size. Where no hugetlb limit can be set and the node has a pool
+//!   (`vm.nr_hugepages`, overcommit), the start line says that a job can take it all.
 //! - aio events (`io_setup`): bounded by the memory limit (each ~64 bytes of it), but
 //!   the node's `fs.aio-max-nr` is one budget (65536 by default): where the jobs' limits
 //!   hold more events than it, the start line says so (one job took all 65536 with 4.8 MB,
@@ -35,9 +39,9 @@
 //!   limits together hold more than the node's `fs.file-max`, the start line says so:
 //!   jobs that take them all stop every unprivileged process of the node (ENFILE).
 
-use super::node::{Node, SocketLimit};
+use super::node::{Hugetlb, Node, SocketLimit};
 use super::{human_size, Ask, LimitsAsk};
-use crate::sandbox::plan::Limits;
+use crate::sandbox::plan::{HugePages, Limits};
 use crate::sys::Mechanism;
 
 /// The most processes and threads a job gets by default.
@@ -103,6 +107,19 @@ pub fn resolve(ask: &LimitsAsk, node: &Node, slots: usize) -> Resolved {
         (None, Some(bytes)) => (Some(bytes), node.disk.and_then(|d| default_inodes(d.inodes_avail, d.inodes, slots))),
     };
     let disk_mechanism = disk_bytes.and(node.disk_mechanism);
+    let huge_pages = match (&node.hugetlb, node.huge_page_sizes.is_empty()) {
+        // No huge pages on this kernel: nothing to take, nothing to limit.
+        (_, true) => None,
+        (Hugetlb::V1 | Hugetlb::V2, false) => {
+            pick("huge pages", ask.huge_pages, Some(0)).map(|bytes| HugePages { bytes, sizes: node.huge_page_sizes })
+        }
+        (Hugetlb::No(why), false) => {
+            if let Ask::Value(b) = ask.huge_pages {
+                warnings.push(format!("WARNING: --huge-pages {} cannot be enforced: {why}", human_size(b)));
+            }
+            None
+        }
+    };
     if !unlimited.is_empty() {
         warnings.push(format!(
             "WARNING: jobs have no {} limit (said unlimited): one job can exhaust the node",
@@ -147,6 +164,7 @@ pub fn resolve(ask: &LimitsAsk, node: &Node, slots: usize) -> Resolved {
             shm_bytes,
             socket_bytes,
             ptys: Some((node.ptys_shared / (slots + 1)).max(MIN_PTYS)),
+            huge_pages,
         },
         warnings,
         notes,
@@ -173,11 +191,10 @@ fn pool_notes(node: &Node, slots: u64, memory: Option<u64>) -> Vec<String> {
                 .into(),
         );
     }
-    if node.huge_page_bytes > 0 {
+    if let (true, Hugetlb::No(why)) = (node.huge_page_bytes > 0, &node.hugetlb) {
         notes.push(format!(
             "WARNING: one job can take every huge page of the node ({} in its pools, vm.nr_hugepages and \
-             overcommit): they count in no memory limit, and azp-sandbox sets no hugetlb limit yet; do not run \
-             slots on a node whose huge pages other work needs",
+             overcommit): they count in no memory limit, and jobs get no hugetlb limit here: {why}",
             human_size(node.huge_page_bytes)
         ));
     }
@@ -262,6 +279,7 @@ pub fn basis(node: &Node, slots: usize) -> String {
 mod tests {
     use super::super::node::Disk;
     use super::*;
+    use crate::sandbox::plan::{HugePageSizes, HugePages};
 
     const G: u64 = 1 << 30;
 
@@ -282,6 +300,8 @@ mod tests {
             aio_max: i64::MAX as u64,
             ptys_shared: 3072,
             huge_page_bytes: 0,
+            huge_page_sizes: HugePageSizes::default(),
+            hugetlb: Hugetlb::No("no controller in this test".into()),
         }
     }
 
@@ -430,12 +450,40 @@ mod tests {
     }
 
     #[test]
-    fn a_huge_page_pool_is_noted() {
-        let n = Node { huge_page_bytes: 32 << 20, ..node() };
+    fn a_huge_page_pool_no_limit_can_guard_is_noted() {
+        let sizes = HugePageSizes::of([2048]);
+        let n = Node { huge_page_bytes: 32 << 20, huge_page_sizes: sizes, ..node() };
         let r = resolve(&LimitsAsk::default(), &n, 2);
         assert_eq!(r.notes.len(), 1, "{:?}", r.notes);
         assert!(r.notes[0].contains("every huge page of the node (32.0M"), "{:?}", r.notes);
+        assert!(r.notes[0].ends_with("here: no controller in this test"), "the reason, with its fix: {:?}", r.notes);
         assert!(r.warnings.is_empty());
+        assert_eq!(r.limits.huge_pages, None);
+        // Asked for, and not enforceable: said at once.
+        let ask = LimitsAsk { huge_pages: Ask::Value(1 << 30), ..Default::default() };
+        let r = resolve(&ask, &n, 2);
+        assert_eq!(r.warnings, ["WARNING: --huge-pages 1.0G cannot be enforced: no controller in this test"]);
+    }
+
+    #[test]
+    fn jobs_get_no_huge_pages_where_the_controller_can_say_so() {
+        let sizes = HugePageSizes::of([2048, 1 << 20]);
+        for hugetlb in [Hugetlb::V1, Hugetlb::V2] {
+            let n = Node { huge_page_bytes: 32 << 20, huge_page_sizes: sizes, hugetlb, ..node() };
+            let r = resolve(&LimitsAsk::default(), &n, 2);
+            assert_eq!(r.limits.huge_pages, Some(HugePages { bytes: 0, sizes }), "none by default");
+            assert!(r.notes.is_empty() && r.warnings.is_empty(), "the pool is guarded: {r:?}");
+            let ask = LimitsAsk { huge_pages: Ask::Value(1 << 30), ..Default::default() };
+            assert_eq!(resolve(&ask, &n, 2).limits.huge_pages, Some(HugePages { bytes: 1 << 30, sizes }));
+            let capped = LimitsAsk { huge_pages: Ask::DefaultUpTo(1 << 30), ..Default::default() };
+            assert_eq!(resolve(&capped, &n, 2).limits.huge_pages.map(|h| h.bytes), Some(0));
+            let r = resolve(&LimitsAsk { huge_pages: Ask::Unlimited, ..Default::default() }, &n, 2);
+            assert_eq!(r.limits.huge_pages, None);
+            assert!(r.warnings[0].contains("no huge pages limit (said unlimited)"), "{:?}", r.warnings);
+        }
+        // A kernel without huge pages: nothing to take, nothing to write.
+        let none = Node { hugetlb: Hugetlb::V2, ..node() };
+        assert_eq!(resolve(&LimitsAsk::default(), &none, 2).limits.huge_pages, None);
     }
 
     #[test]

@@ -60,6 +60,8 @@ pub struct LimitsAsk {
     /// `/tmp` and `/dev/shm` (None: from the memory limit, see [`defaults`]).
     pub tmp_size: Option<u64>,
     pub shm_size: Option<u64>,
+    /// Huge pages of each size (default: none, where the node can limit them).
+    pub huge_pages: Ask<u64>,
 }
 
 impl LimitsAsk {
@@ -72,6 +74,7 @@ impl LimitsAsk {
             disk: self.disk.or(lower.disk),
             tmp_size: self.tmp_size.or(lower.tmp_size),
             shm_size: self.shm_size.or(lower.shm_size),
+            huge_pages: self.huge_pages.or(lower.huge_pages),
         }
     }
 
@@ -85,6 +88,7 @@ impl LimitsAsk {
             disk: v(l.disk_bytes),
             tmp_size: l.tmp_bytes,
             shm_size: l.shm_bytes,
+            huge_pages: l.huge_pages.map(|h| Ask::Value(h.bytes)).unwrap_or(Ask::Unlimited),
         }
     }
 }
@@ -108,6 +112,18 @@ fn parse_size_ask(flag: &str, s: &str) -> Result<Ask<u64>> {
     match crate::config::parse_size(s) {
         Ok(b) => Ok(Ask::Value(b)),
         Err(_) => bail!("bad {flag} '{s}': use a size such as 4G or 512M, or unlimited"),
+    }
+}
+
+/// `--huge-pages` / `huge_pages`: a size (`1G`, `0`) of each huge page size, or
+/// `unlimited`.
+pub fn parse_huge_pages(s: &str) -> Result<Ask<u64>> {
+    if s.trim() == UNLIMITED {
+        return Ok(Ask::Unlimited);
+    }
+    match crate::config::parse_size(s) {
+        Ok(b) => Ok(Ask::Value(b)),
+        Err(_) => bail!("bad --huge-pages '{s}': use a size such as 1G or 0 (of each huge page size), or unlimited"),
     }
 }
 
@@ -218,9 +234,13 @@ mod tests {
             shm_bytes: Some(2 << 30),
             socket_bytes: None,
             ptys: None,
+            huge_pages: None,
         };
         assert_eq!(l.to_string(), "memory 4.0G, pids 4096, cpus 1.5, disk unlimited, /tmp 4.0G, /dev/shm 2.0G");
         let l = Limits { socket_bytes: Some(512 << 20), ptys: Some(1536), ..l };
         assert!(l.to_string().ends_with(", /dev/shm 2.0G, socket buffers 512.0M, ptys 1536"), "{l}");
+        let sizes = crate::sandbox::plan::HugePageSizes::of([2048]);
+        let l = Limits { huge_pages: Some(crate::sandbox::plan::HugePages { bytes: 0, sizes }), ..l };
+        assert!(l.to_string().ends_with(", ptys 1536, huge pages 0"), "{l}");
     }
 }

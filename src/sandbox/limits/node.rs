@@ -6,6 +6,7 @@
 
 use crate::config::Home;
 use crate::rootless::cgroups::CgroupHost;
+use crate::sandbox::plan::HugePageSizes;
 use std::path::Path;
 
 /// The node as job defaults are derived from it.
@@ -39,6 +40,11 @@ pub struct Node {
     /// The node's huge page pools (`vm.nr_hugepages` and `nr_overcommit_hugepages` of
     /// each size), in bytes: jobs map them (`MAP_HUGETLB`) outside their memory limit.
     pub huge_page_bytes: u64,
+    /// The node's huge page sizes (`/sys/kernel/mm/hugepages/hugepages-<kB>kB`), where
+    /// a job's cgroup can limit them (empty elsewhere: not read).
+    pub huge_page_sizes: HugePageSizes,
+    /// Whether a job's cgroup can limit its huge pages.
+    pub hugetlb: Hugetlb,
     /// `fs.aio-max-nr`: asynchronous I/O events of the whole node (`io_setup`); past it
     /// every process's `io_setup` fails (EAGAIN). u64::MAX where not read.
     pub aio_max: u64,
@@ -58,6 +64,19 @@ pub enum SocketLimit {
     InMemory,
     /// cgroup v1 without it (a kernel that dropped it): nothing limits them.
     Nothing,
+}
+
+/// How a job's cgroup can limit its huge pages: the hugetlb controller, where the job's
+/// cgroup has it. Root mode only: a rootless account's delegated cgroups have no hugetlb
+/// controller (systemd delegates none; `delegate-cgroups.sh` makes no v1 dir for it).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Hugetlb {
+    /// In the job's v1 dir of the hugetlb hierarchy.
+    V1,
+    /// In the job's cgroup v2 dir, the controller passed down to it.
+    V2,
+    /// Nowhere; why (for the start line; empty where the notes are not shown).
+    No(String),
 }
 
 /// Space and inodes of the home's filesystem (statvfs, for unprivileged users).
@@ -82,6 +101,7 @@ impl Node {
         };
         let cgroups = CgroupHost::get();
         let own = crate::sys::procfile::read("/proc/self/cgroup").unwrap_or_default();
+        let hugetlb = hugetlb(cgroups, rootless, notes);
         let (memory_bytes, memory_from) = match own_memory_limit(cgroups, &own) {
             Some((limit, at)) if limit < ram => (limit, format!("the memory limit of cgroup {at}")),
             _ => (ram, "RAM".into()),
@@ -102,6 +122,13 @@ impl Node {
             ),
             ptys_shared: ptys_shared(number("/proc/sys/kernel/pty/max"), number("/proc/sys/kernel/pty/reserve")),
             huge_page_bytes: if notes { huge_page_pools(Path::new("/sys/kernel/mm/hugepages")) } else { 0 },
+            // The sizes only where a limit is written (a dir read less on every `exec` elsewhere).
+            huge_page_sizes: if matches!(hugetlb, Hugetlb::No(_)) {
+                HugePageSizes::default()
+            } else {
+                huge_page_sizes(Path::new("/sys/kernel/mm/hugepages"))
+            },
+            hugetlb,
             file_max: notes.then(|| number("/proc/sys/fs/file-max")).flatten().unwrap_or(u64::MAX),
             aio_max: notes.then(|| number("/proc/sys/fs/aio-max-nr")).flatten().unwrap_or(u64::MAX),
             socket_limit: if cgroups.unified || cgroups.v1_memory_mount().is_none() {
@@ -140,6 +167,49 @@ fn huge_page_pools(dir: &Path) -> u64 {
         bytes = bytes.saturating_add(pages.saturating_mul(kb << 10));
     }
     bytes
+}
+
+/// The sizes of the huge page pools under `dir` (`hugepages-<size>kB/`; none where the
+/// kernel has no huge pages).
+fn huge_page_sizes(dir: &Path) -> HugePageSizes {
+    let Ok(sizes) = std::fs::read_dir(dir) else { return HugePageSizes::default() };
+    HugePageSizes::of(
+        sizes.flatten().filter_map(|e| {
+            e.file_name().to_str()?.strip_prefix("hugepages-")?.strip_suffix("kB")?.parse::<u64>().ok()
+        }),
+    )
+}
+
+/// Where a job's cgroup can have the hugetlb controller (see [`Hugetlb`]). `why`: whether
+/// to find out why not (a read more).
+pub fn hugetlb(host: &CgroupHost, rootless: bool, why: bool) -> Hugetlb {
+    let v2_has = |dir: &Path| {
+        crate::sys::procfile::read(dir.join("cgroup.controllers"))
+            .is_ok_and(|c| c.split_whitespace().any(|c| c == "hugetlb"))
+    };
+    if rootless {
+        return Hugetlb::No(
+            "rootless mode: the account's delegated cgroups have no hugetlb controller; run as root or in setuid              mode"
+                .into(),
+        );
+    }
+    if host.unified {
+        if v2_has(&host.root) {
+            return Hugetlb::V2;
+        }
+    } else if host.v1_mounts.iter().any(|m| m.file_name().is_some_and(|n| n == "hugetlb")) {
+        return Hugetlb::V1;
+    }
+    if !why {
+        return Hugetlb::No(String::new());
+    }
+    match &host.v2_mount {
+        Some(v2) if !host.unified && v2_has(v2) => Hugetlb::No(format!(
+            "this hybrid host has its hugetlb controller in the cgroup2 tree ({}), where jobs get no limits:              mount it as a v1 hierarchy (`mkdir /sys/fs/cgroup/hugetlb && mount -t cgroup -o hugetlb hugetlb              /sys/fs/cgroup/hugetlb`) or boot with cgroup v2 alone",
+            v2.display()
+        )),
+        _ => Hugetlb::No("this kernel has no hugetlb cgroup controller (CONFIG_CGROUP_HUGETLB)".into()),
+    }
 }
 
 /// `kernel.pty.max` - `kernel.pty.reserve`; the kernel's defaults (4096, 1024) where
@@ -339,6 +409,43 @@ mod tests {
         }
         std::fs::create_dir(t.path().join("not-a-size")).unwrap();
         assert_eq!(huge_page_pools(t.path()), 20 * (2 << 20) + 2 * (1 << 30));
+    }
+
+    #[test]
+    fn huge_page_sizes_from_the_pools_dirs() {
+        let t = tempfile::tempdir().unwrap();
+        assert!(huge_page_sizes(&t.path().join("missing")).is_empty(), "a kernel without huge pages");
+        for dir in ["hugepages-2048kB", "hugepages-1048576kB", "not-a-size"] {
+            std::fs::create_dir(t.path().join(dir)).unwrap();
+        }
+        assert_eq!(huge_page_sizes(t.path()), HugePageSizes::of([2048, 1 << 20]));
+    }
+
+    #[test]
+    fn where_a_jobs_cgroup_can_limit_its_huge_pages() {
+        let t = tempfile::tempdir().unwrap();
+        let v2 = host(t.path(), true);
+        std::fs::write(t.path().join("cgroup.controllers"), "cpuset cpu io memory hugetlb pids rdma misc\n").unwrap();
+        assert_eq!(hugetlb(&v2, false, false), Hugetlb::V2);
+        let no = |h: Hugetlb| match h {
+            Hugetlb::No(why) => why,
+            other => panic!("{other:?}"),
+        };
+        assert!(no(hugetlb(&v2, true, true)).starts_with("rootless mode"), "delegated cgroups have none");
+        std::fs::write(t.path().join("cgroup.controllers"), "cpu memory pids\n").unwrap();
+        assert!(no(hugetlb(&v2, false, true)).contains("CONFIG_CGROUP_HUGETLB"));
+        assert_eq!(hugetlb(&v2, false, false), Hugetlb::No(String::new()), "why only where it is shown");
+        // v1: the hugetlb hierarchy; a hybrid host whose controller is in the cgroup2 tree
+        // (where jobs get no limits) is told how to mount it.
+        let v1 =
+            CgroupHost { v1_mounts: vec![t.path().join("memory"), t.path().join("hugetlb")], ..host(t.path(), false) };
+        assert_eq!(hugetlb(&v1, false, false), Hugetlb::V1);
+        let unified = t.path().join("unified");
+        std::fs::create_dir(&unified).unwrap();
+        std::fs::write(unified.join("cgroup.controllers"), "hugetlb\n").unwrap();
+        let hybrid = CgroupHost { v2_mount: Some(unified), ..host(t.path(), false) };
+        let why = no(hugetlb(&hybrid, false, true));
+        assert!(why.contains("mount -t cgroup -o hugetlb") && !why.contains('\n'), "{why}");
     }
 
     #[test]
