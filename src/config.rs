@@ -374,6 +374,17 @@ pub fn parse_size(s: &str) -> Result<u64> {
     Ok(bytes as u64)
 }
 
+/// [`parse_size`], where 0 (`0`, `0M`) is a size too: a limit of none.
+pub fn parse_size_or_zero(s: &str) -> Result<u64> {
+    let t = s.trim();
+    let digits = t.trim_end_matches(|c: char| c.is_ascii_alphabetic()).trim();
+    if !digits.is_empty() && digits.parse::<f64>() == Ok(0.0) {
+        parse_size(&format!("1{}", &t[digits.len()..]))?; // the unit must be one of ours
+        return Ok(0);
+    }
+    parse_size(s)
+}
+
 /// `--network isolated|none|host` (`network = ...` in config.toml and the setuid policy).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize, clap::ValueEnum)]
 pub enum Network {

@@ -164,7 +164,9 @@ impl Policy {
     fn huge_pages_cap(&self) -> Result<u64> {
         match self.max_huge_pages.as_deref() {
             None => Ok(0),
-            Some(m) => parse_size(m).map_err(|e| anyhow::anyhow!("bad [setuid] max_huge_pages: {e}")),
+            Some(m) => {
+                crate::config::parse_size_or_zero(m).map_err(|e| anyhow::anyhow!("bad [setuid] max_huge_pages: {e}"))
+            }
         }
     }
 
@@ -580,6 +582,8 @@ network_allow = ["169.254.169.254:80"]
             some.authorize(ask(Ask::Value(2 << 20)), &c, &canon).unwrap().limits.huge_pages,
             Ask::Value(2 << 20)
         );
+        let zero = parse("[setuid]\nmax_huge_pages = \"0\"\n", Path::new("/etc/azp-sandbox/config.toml")).unwrap();
+        assert_eq!(zero.huge_pages_cap().unwrap(), 0, "the README's example");
         let e = parse("[setuid]\nmax_huge_pages = \"lots\"\n", Path::new("/etc/azp-sandbox/config.toml"));
         assert!(e.unwrap_err().to_string().contains("max_huge_pages"));
     }

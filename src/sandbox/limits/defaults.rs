@@ -115,6 +115,12 @@ pub fn resolve(ask: &LimitsAsk, node: &Node, slots: usize) -> Resolved {
         }
         (Hugetlb::No(why), false) => {
             if let Ask::Value(b) = ask.huge_pages {
+                // `why` is read only where the start line's notes are shown.
+                let why = if why.is_empty() {
+                    "the jobs' cgroups have no hugetlb controller here (-v says why)"
+                } else {
+                    why
+                };
                 warnings.push(format!("WARNING: --huge-pages {} cannot be enforced: {why}", human_size(b)));
             }
             None

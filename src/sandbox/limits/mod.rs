@@ -121,7 +121,7 @@ pub fn parse_huge_pages(s: &str) -> Result<Ask<u64>> {
     if s.trim() == UNLIMITED {
         return Ok(Ask::Unlimited);
     }
-    match crate::config::parse_size(s) {
+    match crate::config::parse_size_or_zero(s) {
         Ok(b) => Ok(Ask::Value(b)),
         Err(_) => bail!("bad --huge-pages '{s}': use a size such as 1G or 0 (of each huge page size), or unlimited"),
     }
@@ -190,6 +190,10 @@ mod tests {
         assert_eq!(parse_cpus("0.0001").unwrap(), Ask::Value(1), "never rounded to no CPU at all");
         assert_eq!(parse_cpus("unlimited").unwrap(), Ask::Unlimited);
         assert_eq!(parse_tmpfs_size("--tmp-size", "8G").unwrap(), 8 << 30);
+        assert_eq!(parse_huge_pages("0").unwrap(), Ask::Value(0), "none: the default, said");
+        assert_eq!(parse_huge_pages("0M").unwrap(), Ask::Value(0));
+        assert_eq!(parse_huge_pages("2M").unwrap(), Ask::Value(2 << 20));
+        assert_eq!(parse_huge_pages("unlimited").unwrap(), Ask::Unlimited);
         for (e, flag) in [
             (parse_memory("lots").unwrap_err(), "--memory"),
             (parse_disk("none").unwrap_err(), "--disk"),
@@ -198,6 +202,8 @@ mod tests {
             (parse_cpus("5000").unwrap_err(), "--cpus"),
             (parse_cpus("NaN").unwrap_err(), "--cpus"),
             (parse_tmpfs_size("--shm-size", "10K").unwrap_err(), "--shm-size"),
+            (parse_huge_pages("0X").unwrap_err(), "--huge-pages"),
+            (parse_huge_pages("some").unwrap_err(), "--huge-pages"),
         ] {
             let e = e.to_string();
             assert!(e.starts_with(&format!("bad {flag} ")) && !e.contains('\n'), "{e}");

@@ -189,26 +189,62 @@ pub fn hugetlb(host: &CgroupHost, rootless: bool, why: bool) -> Hugetlb {
     };
     if rootless {
         return Hugetlb::No(
-            "rootless mode: the account's delegated cgroups have no hugetlb controller; run as root or in setuid              mode"
+            "rootless mode: the account's delegated cgroups have no hugetlb controller; run as root or in setuid \
+             mode"
                 .into(),
         );
     }
-    if host.unified {
-        if v2_has(&host.root) {
-            return Hugetlb::V2;
-        }
-    } else if host.v1_mounts.iter().any(|m| m.file_name().is_some_and(|n| n == "hugetlb")) {
-        return Hugetlb::V1;
+    let controller = if host.unified {
+        v2_has(&host.root).then_some(Hugetlb::V2)
+    } else {
+        host.v1_mounts.iter().any(|m| m.file_name().is_some_and(|n| n == "hugetlb")).then_some(Hugetlb::V1)
+    };
+    if let Some(controller) = controller {
+        let release = nix::sys::utsname::uname().map(|u| u.release().to_string_lossy().into_owned());
+        return match release {
+            Ok(r) if !reservations_limited(&r) => Hugetlb::No(format!(
+                "this kernel ({r}) limits huge pages only where they are touched (reservations from Linux 5.7): a \
+                 limit would kill with SIGBUS the programs that try huge pages and fall back (PostgreSQL, the JVM)"
+            )),
+            _ => controller,
+        };
     }
     if !why {
         return Hugetlb::No(String::new());
     }
+    let enabled = crate::sys::procfile::read("/proc/cgroups").is_ok_and(|t| hugetlb_enabled(&t));
     match &host.v2_mount {
         Some(v2) if !host.unified && v2_has(v2) => Hugetlb::No(format!(
-            "this hybrid host has its hugetlb controller in the cgroup2 tree ({}), where jobs get no limits:              mount it as a v1 hierarchy (`mkdir /sys/fs/cgroup/hugetlb && mount -t cgroup -o hugetlb hugetlb              /sys/fs/cgroup/hugetlb`) or boot with cgroup v2 alone",
+            "this hybrid host has its hugetlb controller in the cgroup2 tree ({}), where jobs get no limits: \
+             mount it as a v1 hierarchy (`mkdir /sys/fs/cgroup/hugetlb && mount -t cgroup -o hugetlb hugetlb \
+             /sys/fs/cgroup/hugetlb`) or boot with cgroup v2 alone",
             v2.display()
         )),
+        _ if enabled => Hugetlb::No(
+            "the hugetlb controller is not available to these cgroups (no v1 hierarchy named hugetlb is mounted, \
+             or it is outside this cgroup namespace)"
+                .into(),
+        ),
         _ => Hugetlb::No("this kernel has no hugetlb cgroup controller (CONFIG_CGROUP_HUGETLB)".into()),
+    }
+}
+
+/// Whether `/proc/cgroups` lists the hugetlb controller, enabled.
+fn hugetlb_enabled(proc_cgroups: &str) -> bool {
+    proc_cgroups.lines().any(|l| {
+        let f: Vec<&str> = l.split_whitespace().collect();
+        f.first() == Some(&"hugetlb") && f.get(3) == Some(&"1")
+    })
+}
+
+/// Whether kernel `release` (`uname -r`) limits huge page reservations too (Linux 5.7:
+/// `hugetlb.<size>.rsvd.*`), so that an `mmap` past the limit fails (ENOMEM) instead of
+/// a later touch of a page (SIGBUS). Unparsable: taken for a recent one.
+fn reservations_limited(release: &str) -> bool {
+    let mut n = release.split(|c: char| !c.is_ascii_digit()).map(|p| p.parse::<u32>().ok());
+    match (n.next().flatten(), n.next().flatten()) {
+        (Some(major), Some(minor)) => (major, minor) >= (5, 7),
+        _ => true,
     }
 }
 
@@ -433,7 +469,12 @@ mod tests {
         };
         assert!(no(hugetlb(&v2, true, true)).starts_with("rootless mode"), "delegated cgroups have none");
         std::fs::write(t.path().join("cgroup.controllers"), "cpu memory pids\n").unwrap();
-        assert!(no(hugetlb(&v2, false, true)).contains("CONFIG_CGROUP_HUGETLB"));
+        let why = no(hugetlb(&v2, false, true));
+        // Which of the two depends on this kernel's /proc/cgroups (see hugetlb_enabled).
+        assert!(why.contains("CONFIG_CGROUP_HUGETLB") || why.contains("not available to these cgroups"), "{why}");
+        assert!(hugetlb_enabled("#subsys_name\thierarchy\tnum_cgroups\tenabled\nhugetlb\t0\t2\t1\n"));
+        assert!(!hugetlb_enabled("hugetlb\t0\t2\t0\npids\t8\t3\t1\n"), "cgroup_disable=hugetlb");
+        assert!(!hugetlb_enabled("pids\t8\t3\t1\n"));
         assert_eq!(hugetlb(&v2, false, false), Hugetlb::No(String::new()), "why only where it is shown");
         // v1: the hugetlb hierarchy; a hybrid host whose controller is in the cgroup2 tree
         // (where jobs get no limits) is told how to mount it.
@@ -446,6 +487,20 @@ mod tests {
         let hybrid = CgroupHost { v2_mount: Some(unified), ..host(t.path(), false) };
         let why = no(hugetlb(&hybrid, false, true));
         assert!(why.contains("mount -t cgroup -o hugetlb") && !why.contains('\n'), "{why}");
+    }
+
+    #[test]
+    fn reservations_are_limited_from_linux_5_7() {
+        for (release, limited) in [
+            ("6.18.44-fc-v595", true),
+            ("5.7.0", true),
+            ("5.15.0-91-generic", true),
+            ("5.4.0-150-generic", false),
+            ("4.18.0-553.el8_10.x86_64", false),
+            ("weird", true),
+        ] {
+            assert_eq!(reservations_limited(release), limited, "{release}");
+        }
     }
 
     #[test]
