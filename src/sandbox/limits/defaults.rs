@@ -35,6 +35,10 @@
 //!   the node's `fs.aio-max-nr` is one budget (65536 by default): where the jobs' limits
 //!   hold more events than it, the start line says so (one job took all 65536 with 4.8 MB,
 //!   and host root's `io_setup(1)` failed: MySQL's InnoDB, QEMU, fio use it).
+//! - OOM reports and the commit limit: host settings the start line names where they
+//!   let one job hurt the others: `vm.oom_dump_tasks = 1` (each OOM kill lists every task
+//!   of the job in the kernel log: one job floods it) and `vm.overcommit_memory = 2`
+//!   (the commit limit is one pool that memory limits do not bound).
 //! - open files: bounded by the memory limit (each ~220 bytes of it). Where the jobs'
 //!   limits together hold more than the node's `fs.file-max`, the start line says so:
 //!   jobs that take them all stop every unprivileged process of the node (ENFILE).
@@ -204,6 +208,22 @@ fn pool_notes(node: &Node, slots: u64, memory: Option<u64>) -> Vec<String> {
             human_size(node.huge_page_bytes)
         ));
     }
+    if let (true, Some(_)) = (node.oom_dump_tasks, memory) {
+        notes.push(
+            "WARNING: vm.oom_dump_tasks is 1: each OOM kill in a job lists every task of the job in the kernel \
+             log (up to its pids limit), so a job that runs into its memory limit over and over floods the log, \
+             and other slots' OOM reports are lost; set vm.oom_dump_tasks = 0"
+                .into(),
+        );
+    }
+    if let Some(limit) = node.commit_limit {
+        notes.push(format!(
+            "WARNING: vm.overcommit_memory is 2: the node's commit limit ({}) is one pool that memory limits do \
+             not bound (a job's writable mappings count in it before it touches them), so one job can make every \
+             allocation of the node fail; run slots on nodes with vm.overcommit_memory = 0 (the default)",
+            human_size(limit)
+        ));
+    }
     let files = memory.map(|m| m.saturating_mul(slots) / FILE_BYTES);
     if fillable(node.file_max, files) {
         let held = files.map_or("any number of".to_string(), |f| format!("~{f}"));
@@ -307,6 +327,8 @@ mod tests {
             ptys_shared: 3072,
             huge_page_bytes: 0,
             huge_page_sizes: HugePageSizes::default(),
+            oom_dump_tasks: false,
+            commit_limit: None,
             hugetlb: Hugetlb::No("no controller in this test".into()),
         }
     }
@@ -469,6 +491,24 @@ mod tests {
         let ask = LimitsAsk { huge_pages: Ask::Value(1 << 30), ..Default::default() };
         let r = resolve(&ask, &n, 2);
         assert_eq!(r.warnings, ["WARNING: --huge-pages 1.0G cannot be enforced: no controller in this test"]);
+    }
+
+    #[test]
+    fn oom_reports_and_a_strict_commit_limit_are_noted() {
+        let n = Node { oom_dump_tasks: true, ..node() };
+        let r = resolve(&LimitsAsk::default(), &n, 2);
+        assert_eq!(r.notes.len(), 1, "{:?}", r.notes);
+        assert!(r.notes[0].contains("set vm.oom_dump_tasks = 0") && !r.notes[0].contains('\n'), "{:?}", r.notes);
+        let no_memory_limit = LimitsAsk { memory: Ask::Unlimited, ..Default::default() };
+        assert!(
+            !resolve(&no_memory_limit, &n, 2).notes.iter().any(|l| l.contains("oom_dump_tasks")),
+            "no memory limit, no OOM kills of its own"
+        );
+        let n = Node { commit_limit: Some(12 * G), ..node() };
+        let r = resolve(&LimitsAsk::default(), &n, 2);
+        assert_eq!(r.notes.len(), 1, "{:?}", r.notes);
+        assert!(r.notes[0].contains("commit limit (12.0G)") && r.notes[0].contains("overcommit_memory = 0"));
+        assert!(resolve(&LimitsAsk::default(), &node(), 2).notes.is_empty());
     }
 
     #[test]

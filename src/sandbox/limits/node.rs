@@ -1,7 +1,7 @@
 //! What the node has, read once per `exec` and once per `run`: memory, swap, cores,
 //! pid_max, the kernel's socket memory pool and ptys, the home's filesystem and whether
-//! project quotas work there; for the start line's notes, its file table, aio budget and
-//! huge page pools. A handful of syscalls and small reads (no mountinfo): this is on the `exec`
+//! project quotas work there; for the start line's notes, its file table, aio budget,
+//! huge page pools, OOM reports and commit limit. A handful of syscalls and small reads (no mountinfo): this is on the `exec`
 //! path.
 
 use crate::config::Home;
@@ -48,6 +48,12 @@ pub struct Node {
     /// `fs.aio-max-nr`: asynchronous I/O events of the whole node (`io_setup`); past it
     /// every process's `io_setup` fails (EAGAIN). u64::MAX where not read.
     pub aio_max: u64,
+    /// `vm.oom_dump_tasks`: each OOM kill lists every task of the cgroup in the kernel log
+    /// (false where not read).
+    pub oom_dump_tasks: bool,
+    /// The node's commit limit (`CommitLimit`) where `vm.overcommit_memory` is 2 (strict
+    /// accounting): one pool, which memory limits do not bound. None elsewhere or unread.
+    pub commit_limit: Option<u64>,
     /// `fs.file-max`: open files of the whole node; past it every process without
     /// CAP_SYS_ADMIN gets ENFILE. systemd raises it to the largest value at boot.
     pub file_max: u64,
@@ -131,6 +137,12 @@ impl Node {
             hugetlb,
             file_max: notes.then(|| number("/proc/sys/fs/file-max")).flatten().unwrap_or(u64::MAX),
             aio_max: notes.then(|| number("/proc/sys/fs/aio-max-nr")).flatten().unwrap_or(u64::MAX),
+            oom_dump_tasks: notes && number("/proc/sys/vm/oom_dump_tasks").is_some_and(|n| n != 0),
+            commit_limit: if notes && number("/proc/sys/vm/overcommit_memory") == Some(2) {
+                commit_limit(&crate::sys::procfile::read("/proc/meminfo").unwrap_or_default())
+            } else {
+                None
+            },
             socket_limit: if cgroups.unified || cgroups.v1_memory_mount().is_none() {
                 // cgroup v2's memory controller (or none: then no memory limit either).
                 SocketLimit::InMemory
@@ -246,6 +258,12 @@ fn reservations_limited(release: &str) -> bool {
         (Some(major), Some(minor)) => (major, minor) >= (5, 7),
         _ => true,
     }
+}
+
+/// `CommitLimit` of a /proc/meminfo text, in bytes.
+fn commit_limit(meminfo: &str) -> Option<u64> {
+    let kb = meminfo.lines().find_map(|l| l.strip_prefix("CommitLimit:"))?.split_whitespace().next()?;
+    kb.parse::<u64>().ok().map(|kb| kb << 10)
 }
 
 /// `kernel.pty.max` - `kernel.pty.reserve`; the kernel's defaults (4096, 1024) where
@@ -501,6 +519,12 @@ mod tests {
         ] {
             assert_eq!(reservations_limited(release), limited, "{release}");
         }
+    }
+
+    #[test]
+    fn the_commit_limit_from_meminfo() {
+        assert_eq!(commit_limit("MemTotal:  100 kB\nCommitLimit:    12342048 kB\n"), Some(12342048 << 10));
+        assert_eq!(commit_limit("MemTotal:  100 kB\n"), None);
     }
 
     #[test]
