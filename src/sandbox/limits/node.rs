@@ -1,8 +1,8 @@
 //! What the node has, read once per `exec` and once per `run`: memory, swap, cores,
 //! pid_max, the kernel's socket memory pool and ptys, the home's filesystem and whether
-//! project quotas work there; for the start line's notes, its file table, aio budget,
-//! huge page pools, OOM reports and commit limit. A handful of syscalls and small reads (no mountinfo): this is on the `exec`
-//! path.
+//! project quotas work there, and where jobs' huge pages can be limited; for the start
+//! line's notes, its file table, aio budget, huge page pools, OOM reports and commit
+//! limit. A handful of syscalls and small reads (no mountinfo): this is on the `exec` path.
 
 use crate::config::Home;
 use crate::rootless::cgroups::CgroupHost;
