@@ -178,7 +178,13 @@ pub const ROOT_ONLY_V1_CONTROLLERS: &[&str] = &["devices", "hugetlb"];
 /// Whether v1 hierarchy `mount` (named by its controllers) is one a rootless job has no
 /// dir in.
 pub fn root_only_v1(mount: &Path) -> bool {
-    mount.file_name().is_some_and(|n| ROOT_ONLY_V1_CONTROLLERS.iter().any(|c| n == *c))
+    ROOT_ONLY_V1_CONTROLLERS.iter().any(|c| v1_has(mount, c))
+}
+
+/// Whether v1 hierarchy `mount` (its dir named by its controllers, `cpu,cpuacct`) has
+/// `controller`, co-mounted ones included.
+pub fn v1_has(mount: &Path, controller: &str) -> bool {
+    mount.file_name().is_some_and(|n| n.to_string_lossy().split(',').any(|c| c == controller))
 }
 
 /// Every cgroup v1 controller (named hierarchies like `name=systemd` have none).
@@ -256,7 +262,7 @@ pub fn place(
         let missing: Vec<String> = host
             .v1_mounts
             .iter()
-            .filter(|m| m.file_name().is_none_or(|n| n != "hugetlb"))
+            .filter(|m| !v1_has(m, "hugetlb"))
             .map(|m| m.join(&rel))
             .filter(|d| !(d.is_dir() && writable(d)))
             .map(|d| d.display().to_string())

@@ -144,9 +144,9 @@ pub fn limit_writes(limits: &Limits, v2: bool, hierarchy: &str) -> Vec<(Cow<'sta
 }
 
 /// The hugetlb controller's files for each page size: the pages a job faults in
-/// (`hugetlb.<size>.<limit>`) and, where the kernel has them (Linux 5.7), those it
-/// reserves at `mmap` (`<rsvd>`): with both at the limit an `mmap` past it fails with
-/// ENOMEM, instead of a SIGBUS at the first touch of a page.
+/// (`hugetlb.<size>.<limit>`) and those it reserves at `mmap` (`<rsvd>`, Linux 5.7, the
+/// only kernels a limit is planned on): with both at the limit an `mmap` past it fails
+/// with ENOMEM, instead of a SIGBUS at the first touch of a page.
 fn huge_page_writes(limits: &Limits, limit: &str, rsvd: &str) -> Vec<(Cow<'static, str>, String)> {
     let Some(h) = limits.huge_pages else { return vec![] };
     h.sizes
@@ -291,6 +291,7 @@ mod tests {
     fn rootless_skips_devices_hugetlb_and_the_v2_tree() {
         let mut host = hybrid();
         host.v1_mounts.push("/cg/hugetlb".into());
+        host.v1_mounts.push("/cg/net_cls,hugetlb".into());
         let d = job_dirs(&host, Path::new("/a/j"), &Setup::Rootless);
         assert_eq!(names(&d), ["/cg/cpu,cpuacct/a/j", "/cg/memory/a/j"]);
         let root = job_dirs(&host, Path::new("/a/j"), &Setup::Root { device_rules: vec![] });

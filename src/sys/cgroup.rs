@@ -39,17 +39,18 @@ pub struct CgroupDir {
     /// `memory.memsw.limit_in_bytes` (v1) are skipped where the file is missing (swap
     /// accounting off: the memory limit alone is the limit), as are v1's
     /// `memory.kmem.tcp.limit_in_bytes` (a kernel that dropped it; the start line says so)
-    /// and the hugetlb controller's reservation limits (`hugetlb.<size>.rsvd.*`, Linux 5.7).
+    /// (the hugetlb controller's reservation limits are required: see [`OPTIONAL_FILES`]).
     pub limits: Vec<(Cow<'static, str>, String)>,
 }
 
 /// The limit files that exist only where the kernel has the feature: swap accounted per
-/// cgroup, socket buffers limited per cgroup v1, huge page reservations limited.
+/// cgroup, socket buffers limited per cgroup v1. (The hugetlb controller's reservation
+/// limits are not among them: a huge page limit is planned only on kernels that have
+/// them, and without them a job could reserve a whole pool at `mmap` and hold it.)
 const OPTIONAL_FILES: [&str; 3] = ["memory.swap.max", "memory.memsw.limit_in_bytes", "memory.kmem.tcp.limit_in_bytes"];
 
 fn optional(file: &str) -> bool {
     OPTIONAL_FILES.contains(&file)
-        || file.starts_with("hugetlb.") && (file.ends_with(".rsvd.max") || file.ends_with(".rsvd.limit_in_bytes"))
 }
 
 pub fn join(j: &CgroupJoin) -> Result<()> {
@@ -330,10 +331,12 @@ mod tests {
 
     #[test]
     fn the_files_a_kernel_may_lack_are_optional() {
-        for f in ["memory.swap.max", "hugetlb.2MB.rsvd.max", "hugetlb.1GB.rsvd.limit_in_bytes"] {
+        for f in ["memory.swap.max", "memory.memsw.limit_in_bytes", "memory.kmem.tcp.limit_in_bytes"] {
             assert!(optional(f), "{f}");
         }
-        for f in ["memory.max", "hugetlb.2MB.max", "hugetlb.2MB.limit_in_bytes", "pids.max"] {
+        for f in
+            ["memory.max", "hugetlb.2MB.max", "hugetlb.2MB.rsvd.max", "hugetlb.1GB.rsvd.limit_in_bytes", "pids.max"]
+        {
             assert!(!optional(f), "{f}: a limit the plan counts on");
         }
     }

@@ -118,14 +118,17 @@ pub fn resolve(ask: &LimitsAsk, node: &Node, slots: usize) -> Resolved {
             pick("huge pages", ask.huge_pages, Some(0)).map(|bytes| HugePages { bytes, sizes: node.huge_page_sizes })
         }
         (Hugetlb::No(why), false) => {
-            if let Ask::Value(b) = ask.huge_pages {
-                // `why` is read only where the start line's notes are shown.
-                let why = if why.is_empty() {
-                    "the jobs' cgroups have no hugetlb controller here (-v says why)"
-                } else {
-                    why
-                };
-                warnings.push(format!("WARNING: --huge-pages {} cannot be enforced: {why}", human_size(b)));
+            // Asked for, or capped by a setuid site's max_huge_pages: said on every run, as
+            // --disk's is. `why` is read only where the start line's notes are shown.
+            let why =
+                if why.is_empty() { "the jobs' cgroups have no hugetlb controller here (-v says why)" } else { why };
+            match ask.huge_pages {
+                Ask::Value(b) => {
+                    warnings.push(format!("WARNING: --huge-pages {} cannot be enforced: {why}", human_size(b)))
+                }
+                Ask::DefaultUpTo(b) => warnings
+                    .push(format!("WARNING: the site's max_huge_pages ({}) cannot be enforced: {why}", human_size(b))),
+                Ask::Default | Ask::Unlimited => {}
             }
             None
         }
@@ -491,6 +494,13 @@ mod tests {
         let ask = LimitsAsk { huge_pages: Ask::Value(1 << 30), ..Default::default() };
         let r = resolve(&ask, &n, 2);
         assert_eq!(r.warnings, ["WARNING: --huge-pages 1.0G cannot be enforced: no controller in this test"]);
+        // A setuid site's cap that cannot hold: said on every run too.
+        let capped = LimitsAsk { huge_pages: Ask::DefaultUpTo(0), ..Default::default() };
+        let r = resolve(&capped, &n, 2);
+        assert_eq!(
+            r.warnings,
+            ["WARNING: the site's max_huge_pages (0) cannot be enforced: no controller in this test"]
+        );
     }
 
     #[test]

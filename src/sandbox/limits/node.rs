@@ -209,7 +209,7 @@ pub fn hugetlb(host: &CgroupHost, rootless: bool, why: bool) -> Hugetlb {
     let controller = if host.unified {
         v2_has(&host.root).then_some(Hugetlb::V2)
     } else {
-        host.v1_mounts.iter().any(|m| m.file_name().is_some_and(|n| n == "hugetlb")).then_some(Hugetlb::V1)
+        host.v1_mounts.iter().any(|m| crate::rootless::cgroups::v1_has(m, "hugetlb")).then_some(Hugetlb::V1)
     };
     if let Some(controller) = controller {
         let release = nix::sys::utsname::uname().map(|u| u.release().to_string_lossy().into_owned());
@@ -499,6 +499,8 @@ mod tests {
         let v1 =
             CgroupHost { v1_mounts: vec![t.path().join("memory"), t.path().join("hugetlb")], ..host(t.path(), false) };
         assert_eq!(hugetlb(&v1, false, false), Hugetlb::V1);
+        let comounted = CgroupHost { v1_mounts: vec![t.path().join("hugetlb,perf_event")], ..host(t.path(), false) };
+        assert_eq!(hugetlb(&comounted, false, false), Hugetlb::V1, "named by its controllers");
         let unified = t.path().join("unified");
         std::fs::create_dir(&unified).unwrap();
         std::fs::write(unified.join("cgroup.controllers"), "hugetlb\n").unwrap();
