@@ -107,6 +107,7 @@ static const char *ename(int e) {
   case ECONNREFUSED: return "ECONNREFUSED"; case ENOMEM: return "ENOMEM";
   case ETIMEDOUT: return "ETIMEDOUT"; case EHOSTUNREACH: return "EHOSTUNREACH";
   case ENETUNREACH: return "ENETUNREACH"; case EMFILE: return "EMFILE";
+  case EPROTONOSUPPORT: return "EPROTONOSUPPORT"; case ENOBUFS: return "ENOBUFS";
   }
   snprintf(buf, sizeof buf, "E%d", e);
   return buf;
@@ -347,6 +348,18 @@ int main(int argc, char **argv) {
         continue;
       }
       r = WEXITSTATUS(st) ? (errno = WEXITSTATUS(st), -1) : 0;
+    }
+    else if (!strcmp(op, "netlink")) r = socket(AF_NETLINK, SOCK_RAW, atoi(a[1]));
+    else if (!strcmp(op, "flowlabel")) {
+      /* One IPv6 flow label from the node's one table (IPV6_FLOWLABEL_MGR: GET with
+         CREATE, any share, label 0 for one the kernel picks and writes back), given back
+         at once (PUT); it lingers the kernel's minimum after. */
+      struct { struct in6_addr dst; uint32_t label; uint8_t action, share; uint16_t flags, expires, linger; uint32_t pad; }
+        fl = { .dst = IN6ADDR_LOOPBACK_INIT, .share = 255, .flags = 1, .expires = 6, .linger = 6 };
+      int s = socket(AF_INET6, SOCK_DGRAM, 0);
+      r = s < 0 ? -1 : setsockopt(s, IPPROTO_IPV6, 32, &fl, sizeof fl);
+      if (r == 0) { fl.action = 1; setsockopt(s, IPPROTO_IPV6, 32, &fl, sizeof fl); }
+      if (s >= 0) { int e = errno; close(s); errno = e; }
     }
     else if (!strcmp(op, "v6only")) {
       int one = 1, s = socket(AF_INET6, SOCK_DGRAM, 0);

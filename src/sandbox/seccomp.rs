@@ -10,8 +10,8 @@
 //! capabilities is denied here too, except the NUMA calls (`mbind`, `get_mempolicy`,
 //! `set_mempolicy`, `migrate_pages`, `move_pages`, which CUDA, NCCL, hwloc and MPI use to
 //! place memory), and this profile denies more: `name_to_handle_at`, `memfd_secret`,
-//! `socketcall`, and every socket family but the five a CI job needs. SECURITY.md has
-//! the comparison.
+//! `socketcall`, every socket family but the five a CI job needs, netlink's device
+//! events and IPv6 flow labels. SECURITY.md has the comparison.
 //!
 //! Compiled once, at build time: build.rs includes this file, turns [`rules`] into a BPF
 //! program with libseccomp (as libcontainer would in every job's init, where that took
@@ -227,6 +227,7 @@ pub fn rules() -> Vec<Rule> {
     }
     rules.extend(personality_rules());
     rules.extend(classic_bpf_rules());
+    rules.extend(shared_network_state_rules());
     rules
 }
 
@@ -271,6 +272,35 @@ fn classic_bpf_rules() -> [Rule; 4] {
         // The level too: 26 is IPV6_V6ONLY at IPPROTO_IPV6, 51 IP_LOCAL_PORT_RANGE at IPPROTO_IP.
         rule("setsockopt", [arg(1, SOL_SOCKET), arg(2, SO_ATTACH_FILTER)]),
         rule("setsockopt", [arg(1, SOL_SOCKET), arg(2, SO_ATTACH_REUSEPORT_CBPF)]),
+    ]
+}
+
+/// What every network namespace of the node shares and a job's own namespace does not
+/// separate (a red-team pass):
+/// - IPv6 flow labels (`setsockopt(IPPROTO_IPV6, IPV6_FLOWLABEL_MGR)`): one table of
+///   4096 for the node, of which processes without CAP_NET_ADMIN in the host's user
+///   namespace get 3072, each label kept up to 150 s after its socket closed. One job
+///   took them all, and the other jobs and the host's users got ENOBUFS. Denied (EPERM);
+///   `getsockopt` stays, and packets of jobs still carry the kernel's automatic labels.
+/// - The kernel's device events (`socket(AF_NETLINK, _, NETLINK_KOBJECT_UEVENT)`): sent
+///   to every network namespace the host's user namespace owns, as a root-mode job's is.
+///   A job heard the host's device, block, GPU and module events. Denied with
+///   EPROTONOSUPPORT, what a kernel without the protocol says (udev's monitor gives up);
+///   no udev runs in a job. Other netlink protocols stay (`ip`, `ss`, RDMA tools).
+fn shared_network_state_rules() -> [Rule; 2] {
+    const IPPROTO_IPV6: u64 = 41;
+    const IPV6_FLOWLABEL_MGR: u64 = 32;
+    const AF_NETLINK: u64 = 16;
+    const NETLINK_KOBJECT_UEVENT: u64 = 15;
+    let int = 0xffff_ffff;
+    let arg = |index, value| Some(ArgMatch { index, mask: int, value, not: false });
+    [
+        Rule { name: "setsockopt", errno: libc::EPERM, args: [arg(1, IPPROTO_IPV6), arg(2, IPV6_FLOWLABEL_MGR)] },
+        Rule {
+            name: "socket",
+            errno: libc::EPROTONOSUPPORT,
+            args: [arg(0, AF_NETLINK), arg(2, NETLINK_KOBJECT_UEVENT)],
+        },
     ]
 }
 
@@ -392,7 +422,8 @@ mod tests {
             assert!(denied.contains(&f), "{f}");
         }
         assert_eq!(denied.len(), SOCKET_FAMILY_LIMIT as usize - ALLOWED_SOCKET_FAMILIES.len());
-        let socket_rules: Vec<_> = rules().into_iter().filter(|r| r.name == "socket").collect();
+        // The family rules: one comparison each (the device events' rule has two).
+        let socket_rules: Vec<_> = rules().into_iter().filter(|r| r.name == "socket" && r.args[1].is_none()).collect();
         assert_eq!(socket_rules.len(), 10, "the smallest cover of 0..63 without 1, 2, 10, 16, 17");
         assert!(socket_rules.iter().all(|r| r.errno == libc::EAFNOSUPPORT));
         // As seccomp evaluates them: a family is denied exactly when it is not allowed,
@@ -436,6 +467,24 @@ mod tests {
         assert_eq!(setsockopt(0, 51), None, "IP_LOCAL_PORT_RANGE");
         assert_eq!(setsockopt(1, 2), None, "SO_REUSEADDR");
         assert_eq!(setsockopt(1, 27), None, "SO_DETACH_FILTER");
+    }
+
+    #[test]
+    fn flow_labels_and_device_events_are_refused_and_nothing_beside_them() {
+        let setsockopt = |level, name| denies_call("setsockopt", &[3, level, name, 0x7ffd_0000, 32, 0]);
+        assert_eq!(setsockopt(41, 32), Some(libc::EPERM), "IPV6_FLOWLABEL_MGR");
+        assert_eq!(setsockopt(41 | 1 << 32, 32 | 1 << 32), Some(libc::EPERM), "the kernel reads ints");
+        assert_eq!(setsockopt(0, 32), None, "IP_MULTICAST_IF at IPPROTO_IP");
+        assert_eq!(setsockopt(41, 26), None, "IPV6_V6ONLY");
+        assert_eq!(denies_call("getsockopt", &[3, 41, 32, 0x7ffd_0000, 0x7ffd_0100, 0]), None, "reading one");
+        let socket = |family, kind, proto| denies_call("socket", &[family, kind, proto, 0, 0, 0]);
+        let cloexec = libc::SOCK_CLOEXEC as u64;
+        assert_eq!(socket(16, 2, 15), Some(libc::EPROTONOSUPPORT), "NETLINK_KOBJECT_UEVENT");
+        assert_eq!(socket(16, 3 | cloexec, 15 | 1 << 32), Some(libc::EPROTONOSUPPORT), "any type, an int");
+        assert_eq!(socket(16, 3, 0), None, "NETLINK_ROUTE");
+        assert_eq!(socket(16, 3, 4), None, "NETLINK_SOCK_DIAG");
+        assert_eq!(socket(16, 3, 20), None, "NETLINK_RDMA");
+        assert_eq!(socket(2, 3, 15), None, "another family's protocol 15");
     }
 
     #[test]

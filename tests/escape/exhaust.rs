@@ -923,6 +923,33 @@ fn e15_a_job_cannot_spend_the_nodes_bpf_jit_budget() {
 
 #[test]
 #[cfg_attr(not(test_as_root), ignore = "needs root: creates real sandboxes (CI runs the suite as root)")]
+fn e20_a_job_cannot_take_the_nodes_ipv6_flow_labels() {
+    require_root!();
+    // IPv6 flow labels are one table for the node (4096, 3072 for processes without
+    // CAP_NET_ADMIN in the host's user namespace), whatever a process's network
+    // namespace, and a label outlives its socket by up to 150 s: a red-team pass took all
+    // 3072 from one job, and a host user and a second job got ENOBUFS until it ended.
+    // Jobs may take none now; other IPv6 options stay.
+    let label = toks(&["flowlabel"]);
+    let host = Command::new(probe_bin()).arg("flowlabel").output().unwrap();
+    if String::from_utf8_lossy(&host.stdout) != "flowlabel: OK\n" {
+        return skip("the host takes no IPv6 flow label (no IPv6 in its kernel?): a refusal inside proves nothing");
+    }
+    let h = home("exh-flowlabel");
+    let control = toks(&["v6only"]);
+    for (who, opts) in USERS {
+        let out = exec_ok(&h, opts, &format!("{}; {}", probe(&label), probe(&control)));
+        assert_eq!(
+            out,
+            format!("{}{}", expect(&label, |_| "EPERM".into()), expect(&control, |_| "OK".into())),
+            "{who}"
+        );
+    }
+    h.assert_no_residue(&[]);
+}
+
+#[test]
+#[cfg_attr(not(test_as_root), ignore = "needs root: creates real sandboxes (CI runs the suite as root)")]
 fn e16_a_jobs_rlimits_are_its_own_not_the_services() {
     require_root!();
     root_mode_only!("a rootless account cannot raise its own hard limits to start with");

@@ -73,6 +73,31 @@ fn t22_seccomp_denies_vsock_alg_socketcall_personality_and_memfd_secret() {
     h.assert_no_residue(&[]);
 }
 
+#[test]
+#[cfg_attr(not(test_as_root), ignore = "needs root: creates real sandboxes (CI runs the suite as root)")]
+fn t66_a_job_cannot_listen_to_the_hosts_device_events() {
+    require_root!();
+    // The kernel sends its device events (uevents: hotplug, block devices, GPUs, modules)
+    // to every network namespace the host's user namespace owns, as a root-mode job's is:
+    // a red-team pass read the host's `change@/devices/virtual/mem/null` from a job's
+    // NETLINK_KOBJECT_UEVENT socket. Jobs may not open one now (EPROTONOSUPPORT, what a
+    // kernel without it says); routing and socket-diagnostics netlink stay.
+    let uevent = "netlink:15";
+    if host_probe(&[uevent]) != format!("{uevent}: OK\n") {
+        return skip("the host opens no uevent socket: a refusal inside proves nothing");
+    }
+    let h = home("uevents");
+    let tokens = toks(&[uevent, "netlink:0", "netlink:4"]);
+    let want = "netlink:15: EPROTONOSUPPORT\nnetlink:0: OK\nnetlink:4: OK\n";
+    for (who, user) in USERS {
+        for net in ["isolated", "none", "host"] {
+            let out = exec_ok(&h, &[user, &["--network", net]].concat(), &probe(&tokens));
+            assert_eq!(out, want, "as {who}, --network {net}");
+        }
+    }
+    h.assert_no_residue(&[]);
+}
+
 // ---------------------------------------------------------------------------------------
 // Helpers: the job's processes as the host sees them
 // ---------------------------------------------------------------------------------------
