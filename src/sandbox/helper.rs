@@ -468,19 +468,22 @@ fn run(
     // A connection of the job's that outlives it (an orphaned socket still sending to a
     // far end that no longer answers, or keeps its window shut: for minutes) holds the
     // job's namespace and so its link, past the job and past gc's wait for dying links
-    // (a CI rehearsal: a `run`'s last job). Its link goes now then, as a killed job's does
-    // (see `forget::left_by_a_killed_helper`): those sockets can send nothing more, and
+    // (a CI rehearsal: a `run`'s last job), and a place in the node's one budget of
+    // orphans (a red-team class: a slot's jobs one after another add them up). Such
+    // sockets are aborted (their far ends get a reset) and the link goes now, as a killed
+    // job's does (see `forget::left_by_a_killed_helper`): they can send nothing more, and
     // the forgetting below is final. Without such sockets the link goes with the
     // namespace, as the kernel tears it down (removing it here would wait for a normal
     // RCU grace period in every job: `rcu_barrier` of the device's unregistration). A
     // connection still closing as the job ends (its FIN not yet acknowledged) counts
     // too: that job's end then pays for the removal.
     if let (Some(n), Some(t)) = (network.as_mut(), tracked.as_ref()) {
-        if let Some(left @ 1..) = n.outliving_connections(&plan.id, sys) {
+        if let Some(super::network::Outliving { left: left @ 1.., aborted }) = n.outliving_connections(&plan.id, sys) {
             match sys.remove_job_link(&t.connections.link) {
                 Ok(_) => tracing::info!(
                     job = %plan.id,
-                    "{left} TCP connection(s) of the job outlive it: removed its link {} now",
+                    "{left} TCP connection(s) of the job outlived it: {}removed its link {} now",
+                    if aborted { "aborted them and " } else { "" },
                     t.connections.link
                 ),
                 Err(e) => tracing::warn!(job = %plan.id, "{}: it goes once they end", e.with_causes()),
@@ -1387,7 +1390,7 @@ mod tests {
     }
 
     #[test]
-    fn a_root_job_whose_connections_outlive_it_loses_its_link_before_they_are_forgotten() {
+    fn a_root_jobs_connections_that_outlive_it_are_aborted_and_its_link_removed_before_they_are_forgotten() {
         let s = setup(|p, _| p.network = crate::config::Network::Isolated);
         let rec = Recorder::default();
         rec.tcp_sockets_left.set(2);
@@ -1399,21 +1402,32 @@ mod tests {
         assert!(counts < leave, "{calls:?}");
         let delete = calls.iter().position(|c| c == "delete").expect("delete");
         let after = &calls[delete + 1..];
-        assert!(after[0] == "job_tcp_sockets" && after[1].starts_with("remove_job_link azp"), "{calls:?}");
-        let link = after[1].strip_prefix("remove_job_link ").unwrap();
-        assert!(after[2].contains(&format!(" of {link} ")), "the job's own link: {calls:?}");
-        assert!(after.len() == 3 && after[2].starts_with("forget_connections 10.87."), "{calls:?}");
-        // A link that cannot be removed: said, and the connections forgotten all the same.
-        let rec = Recorder::failing_at(delete + 2, Errno::EPERM);
+        assert!(after[0] == "job_tcp_sockets" && after[1] == "abort_job_tcp", "{calls:?}");
+        assert!(after[2].starts_with("remove_job_link azp"), "aborted while the link is there: {calls:?}");
+        let link = after[2].strip_prefix("remove_job_link ").unwrap();
+        assert!(after[3].contains(&format!(" of {link} ")), "the job's own link: {calls:?}");
+        assert!(after.len() == 4 && after[3].starts_with("forget_connections 10.87."), "{calls:?}");
+        // Sockets that cannot be aborted (no CONFIG_INET_DIAG_DESTROY): said, and the
+        // link removed and the connections forgotten all the same.
+        let rec = Recorder::failing_at(delete + 2, Errno::EOPNOTSUPP);
         rec.tcp_sockets_left.set(2);
         assert_eq!(s.run(&rec, None, None), HelperResult::Exited { code: 3, signal: None });
-        assert!(rec.calls()[delete + 3].starts_with("forget_connections 10.87."), "{:?}", rec.calls());
+        let calls = rec.calls();
+        assert!(calls[delete + 3].starts_with("remove_job_link azp"), "{calls:?}");
+        assert!(calls[delete + 4].starts_with("forget_connections 10.87."), "{calls:?}");
+        // A link that cannot be removed: said, and the connections forgotten all the same.
+        let rec = Recorder::failing_at(delete + 3, Errno::EPERM);
+        rec.tcp_sockets_left.set(2);
+        assert_eq!(s.run(&rec, None, None), HelperResult::Exited { code: 3, signal: None });
+        assert!(rec.calls()[delete + 4].starts_with("forget_connections 10.87."), "{:?}", rec.calls());
         // No veth (`none`): nothing counted.
         let s = setup(|p, _| p.network = crate::config::Network::None);
         let rec = Recorder::default();
         rec.tcp_sockets_left.set(2);
         assert_eq!(s.run(&rec, None, None), HelperResult::Exited { code: 3, signal: None });
-        assert!(!rec.calls().iter().any(|c| c.starts_with("job_tcp_sockets") || c.starts_with("remove_job_link")));
+        let untouched =
+            |c: &String| ["job_tcp_sockets", "abort_job_tcp", "remove_job_link"].iter().any(|p| c.starts_with(p));
+        assert!(!rec.calls().iter().any(untouched));
     }
 
     #[test]

@@ -357,6 +357,10 @@ pub enum Error {
     },
     #[error("{path} of the job's network namespace has no `TCP: inuse N` line")]
     ParseSocketCounts { path: PathBuf },
+    #[error("cannot list the TCP sockets left in the job's network namespace")]
+    DumpJobSockets(#[source] Errno),
+    #[error("cannot abort a TCP socket left in the job's network namespace{}", if *.0 == Errno::EOPNOTSUPP { " (the kernel lacks CONFIG_INET_DIAG_DESTROY)" } else { "" })]
+    AbortJobSocket(#[source] Errno),
     #[error("cannot stop the job's pasta (pid {pid}) after the job")]
     StopPasta {
         pid: i32,

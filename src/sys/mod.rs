@@ -93,6 +93,8 @@ pub trait Sys {
     /// The TCP sockets the job's namespace has now: once its processes are gone, the
     /// connections that outlive them (orphans), which keep the namespace and its link.
     fn job_tcp_sockets(&self, counts: &sockstat::SocketCounts) -> Result<u64>;
+    /// Aborts the TCP sockets the job left in its namespace (see [`sockstat::abort_tcp`]).
+    fn abort_job_tcp(&self, counts: &sockstat::SocketCounts) -> Result<u64>;
     /// The first part of [`Sys::join_cgroup`]: the dirs and limits, no move.
     fn prepare_cgroup(&self, join: &CgroupJoin) -> Result<()>;
     /// The rest of it, after a [`Sys::prepare_cgroup`] (here or in the runner): the move.
@@ -230,6 +232,9 @@ impl Sys for Real {
     }
     fn job_tcp_sockets(&self, counts: &sockstat::SocketCounts) -> Result<u64> {
         sockstat::tcp_in_use(counts)
+    }
+    fn abort_job_tcp(&self, counts: &sockstat::SocketCounts) -> Result<u64> {
+        sockstat::abort_tcp(counts)
     }
     fn prepare_cgroup(&self, join: &CgroupJoin) -> Result<()> {
         cgroup::prepare(join)
@@ -503,6 +508,10 @@ impl Sys for Recorder {
     fn job_tcp_sockets(&self, _: &sockstat::SocketCounts) -> Result<u64> {
         self.step("job_tcp_sockets".into())
             .map_err(|source| Error::ReadSocketCounts { path: "sockstat".into(), source })?;
+        Ok(self.tcp_sockets_left.get())
+    }
+    fn abort_job_tcp(&self, _: &sockstat::SocketCounts) -> Result<u64> {
+        self.step("abort_job_tcp".into()).map_err(Error::AbortJobSocket)?;
         Ok(self.tcp_sockets_left.get())
     }
     fn prepare_cgroup(&self, join: &CgroupJoin) -> Result<()> {

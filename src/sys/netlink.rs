@@ -27,6 +27,12 @@ pub const RTM_NEWROUTE: u16 = 24;
 pub const RTM_GETROUTE: u16 = 26;
 pub const RTM_NEWNEIGH: u16 = 28;
 pub const RTM_NEWRULE: u16 = 32;
+// linux/sock_diag.h
+const SOCK_DIAG_BY_FAMILY: u16 = 20;
+const SOCK_DESTROY: u16 = 21;
+/// linux/inet_diag.h: the size of `struct inet_diag_sockid`, which a dump's
+/// `inet_diag_msg` holds from its byte 4 on.
+pub const INET_DIAG_SOCKID_LEN: usize = 48;
 /// Routing rules (linux/fib_rules.h): the destination, the priority, the "prohibit" action.
 pub const FRA_DST: u16 = 1;
 pub const FRA_PRIORITY: u16 = 6;
@@ -134,6 +140,7 @@ const CTA_IP_V6_SRC: u16 = 3;
 pub enum Proto {
     Route,
     Netfilter,
+    SockDiag,
 }
 
 /// A netlink socket of this process's network namespace at the time it was opened.
@@ -147,6 +154,7 @@ impl Socket {
         let protocol = match proto {
             Proto::Route => SockProtocol::NetlinkRoute,
             Proto::Netfilter => SockProtocol::NetlinkNetFilter,
+            Proto::SockDiag => SockProtocol::NetlinkSockDiag,
         };
         let fd = socket::socket(AddressFamily::Netlink, SockType::Raw, SockFlag::SOCK_CLOEXEC, protocol)?;
         socket::bind(fd.as_raw_fd(), &NetlinkAddr::new(0, 0))?;
@@ -428,6 +436,23 @@ impl Message {
         m
     }
 
+    /// A dump of the sockets of `family` and IP `protocol` (a [`Proto::SockDiag`] socket's
+    /// namespace's) in the states of the bit mask `states` (1 << TCP_*): an
+    /// `inet_diag_req_v2`.
+    pub fn inet_diag_dump(family: u8, protocol: u8, states: u32) -> Message {
+        Message::new(
+            SOCK_DIAG_BY_FAMILY,
+            NLM_F_DUMP,
+            &inet_diag_req(family, protocol, states, &[0; INET_DIAG_SOCKID_LEN]),
+        )
+    }
+
+    /// `SOCK_DESTROY` of the socket a dump named `id` (its `inet_diag_sockid`, cookie
+    /// included): the kernel aborts it, as `ss -K` does.
+    pub fn inet_diag_destroy(family: u8, protocol: u8, id: &[u8]) -> Message {
+        Message::new(SOCK_DESTROY, 0, &inet_diag_req(family, protocol, u32::MAX, id))
+    }
+
     /// A dump of the routes of one `family` in `table` alone on a socket that
     /// [filters dumps](Socket::filter_dumps) (every table's elsewhere). The header's
     /// other fields are zero: there the kernel takes the protocol and type as filters too,
@@ -568,6 +593,15 @@ pub fn ifinfomsg(index: i32, flags: u32, change: u32) -> [u8; 16] {
 }
 
 /// `struct rtmsg` with protocol `boot` (as `ip route add`).
+/// `struct inet_diag_req_v2`: family, protocol, no extensions, the states, the socket id.
+fn inet_diag_req(family: u8, protocol: u8, states: u32, id: &[u8]) -> Vec<u8> {
+    let mut h = vec![family, protocol, 0, 0];
+    h.extend_from_slice(&states.to_ne_bytes());
+    h.extend_from_slice(id);
+    h.resize(8 + INET_DIAG_SOCKID_LEN, 0);
+    h
+}
+
 fn rtmsg(family: u8, dst_len: u8, table: u8, scope: u8, kind: u8) -> [u8; 12] {
     [family, dst_len, 0, 0, table, RTPROT_BOOT, scope, kind, 0, 0, 0, 0]
 }

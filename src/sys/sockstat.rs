@@ -9,25 +9,42 @@
 //! namespace's TCP sockets that are still hashed (any state but closed and TIME_WAIT,
 //! orphans among them) in its `sockstat` files: `TCP: inuse N`, `TCP6: inuse N`.
 //!
-//! Steps: [`open_here`] in the job's namespace (the files keep showing the namespace they
-//! were opened in), then [`tcp_in_use`] after the job. An open file holds the namespace
-//! as the helper's watch sockets do: drop it right after the count.
+//! Such sockets also count in the node's one budget of orphans (`net.ipv4.tcp_max_orphans`,
+//! which no namespace has of its own: past it, every TCP close of the node with data
+//! still to send is a reset) and keep their buffers after the job's memory limit is gone:
+//! a slot's jobs one after another add them up (a red-team class). So the job's are
+//! aborted once it is over ([`abort_tcp`]), as `ss -K` would: its far ends get a reset;
+//! nothing of the job is left to read what they would send.
+//!
+//! Steps: [`open_here`] in the job's namespace (the files, and the socket-diagnostics
+//! socket opened with them, keep showing the namespace they were opened in), then
+//! [`tcp_in_use`] after the job, and [`abort_tcp`] where any are left. An open file holds
+//! the namespace as the helper's watch sockets do: drop them right after.
 
 use super::error::{errno_of, Error, Result};
+use super::netlink::{self as nl, Message, Proto, Socket};
+use nix::errno::Errno;
 use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::path::PathBuf;
 
-/// The sockstat files of the namespace they were opened in.
-#[derive(Debug)]
+/// The sockstat files of the namespace they were opened in, and a socket-diagnostics
+/// socket of it (None where the kernel has none: nothing is aborted then).
 pub struct SocketCounts {
     files: Vec<(PathBuf, File)>,
+    diag: Option<Socket>,
+}
+
+impl std::fmt::Debug for SocketCounts {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SocketCounts").field("files", &self.files).field("diag", &self.diag.is_some()).finish()
+    }
 }
 
 impl SocketCounts {
     /// No files: counts nothing (the test double's).
     pub fn none() -> SocketCounts {
-        SocketCounts { files: vec![] }
+        SocketCounts { files: vec![], diag: None }
     }
 }
 
@@ -44,7 +61,9 @@ pub fn open_here() -> Result<SocketCounts> {
             Err(e) => return Err(Error::OpenSocketCounts { path: path.into(), source: errno_of(&e) }),
         }
     }
-    Ok(SocketCounts { files })
+    // Without CONFIG_INET_DIAG the count still says what is left; nothing is aborted.
+    let diag = Socket::open(Proto::SockDiag).ok();
+    Ok(SocketCounts { files, diag })
 }
 
 /// Step 2: the TCP sockets the namespace has now, IPv4 and IPv6.
@@ -60,6 +79,35 @@ pub fn tcp_in_use(counts: &SocketCounts) -> Result<u64> {
         total += tcp_inuse(&text).ok_or_else(|| Error::ParseSocketCounts { path: path.clone() })?;
     }
     Ok(total)
+}
+
+/// Step 3, once the job's processes are gone: every TCP socket of the namespace but
+/// those in TIME_WAIT (which hold neither the namespace nor an orphan's place) aborted
+/// with `SOCK_DESTROY`, IPv4 and IPv6; how many. One gone meanwhile is not an error.
+/// Err where the kernel cannot abort sockets (no CONFIG_INET_DIAG_DESTROY: EOPNOTSUPP).
+pub fn abort_tcp(counts: &SocketCounts) -> Result<u64> {
+    let Some(diag) = &counts.diag else { return Ok(0) };
+    const TIME_WAIT: u32 = 6;
+    let mut aborted = 0;
+    for family in [libc::AF_INET as u8, libc::AF_INET6 as u8] {
+        let tcp = libc::IPPROTO_TCP as u8;
+        let sockets = match diag.call(Message::inet_diag_dump(family, tcp, !(1 << TIME_WAIT))) {
+            Ok(s) => s,
+            // A kernel without IPv6.
+            Err(Errno::EAFNOSUPPORT | Errno::ENOENT) if family == libc::AF_INET6 as u8 => continue,
+            Err(e) => return Err(Error::DumpJobSockets(e)),
+        };
+        for reply in &sockets {
+            // inet_diag_msg: family, state, timer, retransmits, then the socket's id.
+            let Some(id) = reply.get(4..4 + nl::INET_DIAG_SOCKID_LEN) else { continue };
+            match diag.request(Message::inet_diag_destroy(family, tcp, id)) {
+                Ok(()) => aborted += 1,
+                Err(Errno::ENOENT) => {}
+                Err(e) => return Err(Error::AbortJobSocket(e)),
+            }
+        }
+    }
+    Ok(aborted)
 }
 
 /// `N` of the line `TCP: inuse N ...` (`TCP6: inuse N` in sockstat6).

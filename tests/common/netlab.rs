@@ -688,6 +688,40 @@ pub struct UdpAnswerer {
 /// a job's socket still has data to send after the job.
 pub struct TcpSink {
     _serving: Serving,
+    held: Arc<std::sync::Mutex<Vec<std::net::TcpStream>>>,
+}
+
+impl TcpSink {
+    /// The connections accepted so far.
+    pub fn accepted(&self) -> usize {
+        self.held.lock().unwrap().len()
+    }
+
+    /// Those still established: neither closed nor reset by their far end (TCP_INFO's
+    /// state).
+    pub fn established(&self) -> usize {
+        const TCP_ESTABLISHED: u8 = 1;
+        let held = self.held.lock().unwrap();
+        held.iter()
+            .filter(|c| {
+                // tcpi_state is the first byte of struct tcp_info.
+                let mut info = [0u8; 256];
+                let mut len = info.len() as libc::socklen_t;
+                // SAFETY: getsockopt writes at most `len` bytes into `info`, which is that
+                // long and alive for the call; the fd is the held stream's own.
+                let r = unsafe {
+                    libc::getsockopt(
+                        std::os::fd::AsRawFd::as_raw_fd(*c),
+                        libc::IPPROTO_TCP,
+                        libc::TCP_INFO,
+                        info.as_mut_ptr().cast(),
+                        &mut len,
+                    )
+                };
+                r == 0 && info[0] == TCP_ESTABLISHED
+            })
+            .count()
+    }
 }
 
 impl NetLab {
@@ -715,19 +749,20 @@ impl NetLab {
 
     pub fn internet_tcp_sink(&self, addr: &str, port: u16) -> TcpSink {
         let addr = addr.to_string();
+        let held = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let kept = held.clone();
         let serving = Serving::start(self.internet_path(), "TCP sink", move |stop, ready| {
             let listener = std::net::TcpListener::bind((addr.as_str(), port)).unwrap();
             listener.set_nonblocking(true).unwrap();
             ready();
-            let mut held = vec![];
             while !stop.load(Ordering::SeqCst) {
                 match listener.accept() {
-                    Ok((c, _)) => held.push(c),
+                    Ok((c, _)) => kept.lock().unwrap().push(c),
                     Err(_) => std::thread::sleep(std::time::Duration::from_millis(10)),
                 }
             }
         });
-        TcpSink { _serving: serving }
+        TcpSink { _serving: serving, held }
     }
 }
 

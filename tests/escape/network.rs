@@ -637,6 +637,39 @@ fn t65_a_connection_that_outlives_its_job_keeps_no_link_on_the_host() {
 
 #[test]
 #[cfg_attr(not(test_as_root), ignore = "needs root: creates real sandboxes and network namespaces")]
+fn t67_a_jobs_orphaned_connections_end_with_it() {
+    require_root!();
+    root_mode_only!("rootless: a job's connections end in its pasta, which stops with it");
+    let lab = or_skip!(NetLab::new());
+    let h = home("net-orphans");
+    // Sockets a job closed with data still to send live on past it, orphaned, while their
+    // far ends keep their windows shut: minutes. Each counts in the node's one budget of
+    // orphans (net.ipv4.tcp_max_orphans, no namespace has one of its own; past it every
+    // TCP close of the node with data unsent is a reset) and keeps its buffers after the
+    // job's memory limit is gone (a red-team class: a job left 200, still there 20 s
+    // later, and a slot's jobs one after another add them up). The far end sees them as
+    // connections still open.
+    const PORT: u16 = 5002;
+    const N: usize = 40;
+    let sink = lab.internet_tcp_sink(INTERNET_IP, PORT);
+    let writer = format!("(head -c 4000000 /dev/zero | timeout 2 nc {INTERNET_IP} {PORT}) &");
+    let script = format!("for i in $(seq {N}); do {writer} done; wait; echo writers-gone");
+    let out = lab_exec_ok(&lab, &h, &[], &script);
+    assert!(out.contains("writers-gone"), "{out}");
+    assert_eq!(sink.accepted(), N, "the job's connections reached the far end");
+    // Aborted with the job: the far end gets a reset for each (in flight for a moment).
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(3);
+    while sink.established() > 0 && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    assert_eq!(sink.established(), 0, "connections of the job that outlived it, still open");
+    let links: Vec<String> = lab.host_network_residue().into_iter().filter(|r| r.starts_with("link ")).collect();
+    assert_eq!(links, Vec::<String>::new(), "the job's link outlived it");
+    h.assert_no_residue(&[]);
+}
+
+#[test]
+#[cfg_attr(not(test_as_root), ignore = "needs root: creates real sandboxes and network namespaces")]
 fn t44_a_socket_bound_to_the_jobs_link_is_blocked_as_any_other() {
     require_root!();
     let lab = or_skip!(NetLab::new());

@@ -451,13 +451,23 @@ impl Entered {
     }
 
     /// Once the job's processes are gone: how many of its TCP connections outlive it
-    /// (see `sys::sockstat`), each holding its namespace and so its link; None where
-    /// not counted. Counted once: the counts, which hold the namespace too, go here.
-    pub fn outliving_connections(&mut self, job_id: &str, sys: &dyn Sys) -> Option<u64> {
+    /// (see `sys::sockstat`), each holding its namespace and so its link, a place in the
+    /// node's budget of orphans and its buffers; where any do, they are aborted. None
+    /// where not counted. Counted once: the counts, which hold the namespace too, go here.
+    pub fn outliving_connections(&mut self, job_id: &str, sys: &dyn Sys) -> Option<Outliving> {
         let counts = self.socket_counts.take()?;
-        sys.job_tcp_sockets(&counts)
+        let left = sys
+            .job_tcp_sockets(&counts)
             .map_err(|e| tracing::warn!(job = %job_id, "{}: the job's link goes with its namespace", e.with_causes()))
-            .ok()
+            .ok()?;
+        let aborted = match left {
+            0 => true,
+            _ => sys
+                .abort_job_tcp(&counts)
+                .map_err(|e| tracing::warn!(job = %job_id, "{}: they live on until they time out", e.with_causes()))
+                .is_ok(),
+        };
+        Some(Outliving { left, aborted })
     }
 
     /// The job's connections the host's table masqueraded (root mode's veth; once
@@ -469,6 +479,14 @@ impl Entered {
         let sources = v4.into_iter().chain(self.made.address6.map(std::net::IpAddr::from)).collect();
         Some(forget::Tracked { connections: job_connections(link, sources), markers: net.connection_markers.clone() })
     }
+}
+
+/// What [`Entered::outliving_connections`] found: `left` TCP sockets of the job's, and
+/// whether they were aborted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Outliving {
+    pub left: u64,
+    pub aborted: bool,
 }
 
 /// A job's connections as the host's table counts them: by its host link, from its
