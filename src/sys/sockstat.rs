@@ -29,22 +29,22 @@ use std::os::unix::fs::FileExt;
 use std::path::PathBuf;
 
 /// The sockstat files of the namespace they were opened in, and a socket-diagnostics
-/// socket of it (None where the kernel has none: nothing is aborted then).
+/// socket of it (or why there is none: nothing can be aborted then).
 pub struct SocketCounts {
     files: Vec<(PathBuf, File)>,
-    diag: Option<Socket>,
+    diag: std::result::Result<Socket, Errno>,
 }
 
 impl std::fmt::Debug for SocketCounts {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("SocketCounts").field("files", &self.files).field("diag", &self.diag.is_some()).finish()
+        f.debug_struct("SocketCounts").field("files", &self.files).field("diag", &self.diag.as_ref().err()).finish()
     }
 }
 
 impl SocketCounts {
     /// No files: counts nothing (the test double's).
     pub fn none() -> SocketCounts {
-        SocketCounts { files: vec![], diag: None }
+        SocketCounts { files: vec![], diag: Err(Errno::EPROTONOSUPPORT) }
     }
 }
 
@@ -62,7 +62,7 @@ pub fn open_here() -> Result<SocketCounts> {
         }
     }
     // Without CONFIG_INET_DIAG the count still says what is left; nothing is aborted.
-    let diag = Socket::open(Proto::SockDiag).ok();
+    let diag = Socket::open(Proto::SockDiag);
     Ok(SocketCounts { files, diag })
 }
 
@@ -86,7 +86,7 @@ pub fn tcp_in_use(counts: &SocketCounts) -> Result<u64> {
 /// with `SOCK_DESTROY`, IPv4 and IPv6; how many. One gone meanwhile is not an error.
 /// Err where the kernel cannot abort sockets (no CONFIG_INET_DIAG_DESTROY: EOPNOTSUPP).
 pub fn abort_tcp(counts: &SocketCounts) -> Result<u64> {
-    let Some(diag) = &counts.diag else { return Ok(0) };
+    let diag = counts.diag.as_ref().map_err(|e| Error::DumpJobSockets(*e))?;
     const TIME_WAIT: u32 = 6;
     let mut aborted = 0;
     for family in [libc::AF_INET as u8, libc::AF_INET6 as u8] {
@@ -145,5 +145,37 @@ mod tests {
         // tests' sockets come and go meanwhile: at least these three are there).
         assert!(tcp_in_use(&counts).unwrap() >= 3, "before: {before}");
         drop((c, s, l));
+    }
+
+    #[test]
+    #[cfg_attr(not(test_as_root), ignore = "needs root: a network namespace of its own")]
+    fn what_is_left_in_a_namespace_is_aborted() {
+        use std::io::Read;
+        if !nix::unistd::geteuid().is_root() {
+            return crate::test_skip::skip("needs root: a network namespace of its own");
+        }
+        // This thread alone in a fresh network namespace: its sockets are all there is.
+        std::thread::spawn(|| {
+            nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNET).unwrap();
+            std::process::Command::new("ip").args(["link", "set", "lo", "up"]).status().unwrap();
+            let counts = open_here().unwrap();
+            assert_eq!(tcp_in_use(&counts).unwrap(), 0);
+            let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            let mut c = std::net::TcpStream::connect(l.local_addr().unwrap()).unwrap();
+            let (s, _) = l.accept().unwrap();
+            // Both ends of the connection (a job's listeners close with its processes).
+            drop(l);
+            assert_eq!(tcp_in_use(&counts).unwrap(), 2);
+            // One end aborted resets the other (gone by its turn, not an error).
+            let aborted = abort_tcp(&counts).unwrap();
+            assert!((1..=2).contains(&aborted), "{aborted}");
+            assert_eq!(tcp_in_use(&counts).unwrap(), 0);
+            let mut buf = [0u8; 1];
+            let e = c.read(&mut buf).unwrap_err();
+            assert!(matches!(e.raw_os_error(), Some(libc::ECONNABORTED | libc::ECONNRESET)), "{e}");
+            drop((c, s));
+        })
+        .join()
+        .unwrap();
     }
 }
