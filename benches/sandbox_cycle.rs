@@ -120,6 +120,11 @@ fn main() {
         return;
     }
     let runs: usize = std::env::var("AZP_BENCH_RUNS").ok().and_then(|s| s.parse().ok()).unwrap_or(30);
+    // The machine's state moves runc's time more than ours: with the memory cgroups of
+    // thousands of earlier jobs still dying (page cache charged to them), runc ran 31-37 ms
+    // here, 20-23 ms after `drop_caches` (bench/NOTES.md). Said with the results, so that
+    // each run's ratios can be read with it; a fresh state is the fair one.
+    let state = memory_cgroups().map_or_else(|| "unknown".into(), |n| format!("{n} memory cgroups on the host"));
     let repo = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
     let bin = PathBuf::from(env!("CARGO_BIN_EXE_azp-sandbox"));
     let work = repo.join("target/bench-sandbox");
@@ -258,6 +263,7 @@ fn main() {
     let mut md = format!(
         "### Sandbox cycle (`/bin/true` on the busybox rootfs, {runs} interleaved rounds)\n\nPeer: {runc_version}\n\n| what | median | p95 |\n|---|---|---|\n"
     );
+
     for (name, v) in &rows {
         md.push_str(&format!(
             "| {name} | {:.2} ms | {:.2} ms |\n",
@@ -298,6 +304,7 @@ fn main() {
     } else {
         md.push_str("podman: not installed, not measured\n");
     }
+    md.push_str(&format!("machine state at the start: {state} (dying ones slow runc; see bench/NOTES.md)\n"));
     md.push('\n');
     // The host's table of the isolated rows goes with the lab's namespace; gc says so.
     ok(Command::new(&bin).arg("--home").arg(&home).args(["-q", "gc"]));
@@ -306,4 +313,14 @@ fn main() {
     std::fs::create_dir_all(repo.join("target/bench-results")).unwrap();
     std::fs::write(repo.join("target/bench-results/sandbox_cycle.md"), md).unwrap();
     let _ = std::fs::remove_dir_all(&work);
+}
+
+/// The host's memory cgroups, live and dying (`/proc/cgroups`, cgroup v1's count; on a
+/// v2-only host the same column counts the unified hierarchy's).
+fn memory_cgroups() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/cgroups").ok()?;
+    text.lines().find_map(|l| {
+        let f: Vec<&str> = l.split_whitespace().collect();
+        (f.first() == Some(&"memory")).then(|| f.get(2)?.parse().ok()).flatten()
+    })
 }
