@@ -639,7 +639,7 @@ fn t65_a_connection_that_outlives_its_job_keeps_no_link_on_the_host() {
 #[cfg_attr(not(test_as_root), ignore = "needs root: creates real sandboxes and network namespaces")]
 fn t67_a_jobs_orphaned_connections_end_with_it() {
     require_root!();
-    root_mode_only!("rootless: not covered (nothing counts or aborts what a job leaves behind pasta: SECURITY.md)");
+    root_mode_only!("rootless: not covered (pasta's host sockets outlive the job: SECURITY.md, rootless mode)");
     let lab = or_skip!(NetLab::new());
     let h = home("net-orphans");
     // Sockets a job closed with data still to send live on past it, orphaned, while their
