@@ -458,6 +458,17 @@ fn run(
     if let Err(e) = &deleted {
         tracing::warn!(job = %plan.id, "libcontainer delete failed ({e}); gc will finish the clean-up");
     }
+    // A rootless job's connections end on the host in its pasta's sockets: set to reset
+    // as pasta stops (with data unsent they would live on there, orphaned, for minutes),
+    // before the job's own sockets, aborted next, make pasta close some of them itself.
+    if let Some(pid) = pasta {
+        if let Err(e) = sys.linger_pasta(pid) {
+            tracing::warn!(job = %plan.id, "{}: connections of the job may outlive it on the host", e.with_causes());
+        }
+    }
+    // What the job's connections left in its namespace (see below), counted and aborted
+    // while its pasta still runs.
+    let outliving = network.as_mut().and_then(|n| n.outliving_connections(&plan.id, sys));
     // Its job is gone, and it is in the job's cgroup: gone too before the runner removes
     // that (its death signal would come only with this process's exit, racing the runner).
     if let Some(pid) = pasta {
@@ -477,8 +488,8 @@ fn run(
     // RCU grace period in every job: `rcu_barrier` of the device's unregistration). A
     // connection still closing as the job ends (its FIN not yet acknowledged) counts
     // too: that job's end then pays for the removal.
-    if let (Some(n), Some(t)) = (network.as_mut(), tracked.as_ref()) {
-        if let Some(super::network::Outliving { left: left @ 1.., aborted }) = n.outliving_connections(&plan.id, sys) {
+    if let Some(t) = tracked.as_ref() {
+        if let Some(super::network::Outliving { left: left @ 1.., aborted }) = outliving {
             match sys.remove_job_link(&t.connections.link) {
                 Ok(_) => tracing::info!(
                     job = %plan.id,
@@ -1357,7 +1368,21 @@ mod tests {
         let dirs = calls[join].strip_prefix("join_cgroup ").unwrap();
         assert_eq!(calls[join + 1], format!("charge_pasta {RECORDED_PASTA} {dirs}"), "{calls:?}");
         let delete = calls.iter().position(|c| c == "delete").expect("delete");
-        assert_eq!(calls[delete + 1..], [format!("stop_pasta {RECORDED_PASTA}")], "{calls:?}");
+        // Its TCP sockets set to reset as it stops, the job's own counted, then it stops.
+        let linger = format!("linger_pasta {RECORDED_PASTA}");
+        let stop = format!("stop_pasta {RECORDED_PASTA}");
+        assert_eq!(calls[delete + 1..], [linger.clone(), "job_tcp_sockets".into(), stop.clone()], "{calls:?}");
+        // Sockets the job left: aborted while pasta still runs, and no link to remove.
+        let rec = Recorder::default();
+        rec.tcp_sockets_left.set(2);
+        assert_eq!(s.run(&rec, None, None), HelperResult::Exited { code: 3, signal: None });
+        let calls = rec.calls();
+        let want = [linger, "job_tcp_sockets".into(), "abort_job_tcp".into(), stop];
+        assert_eq!(calls[delete + 1..], want, "{calls:?}");
+        // A pasta whose sockets cannot be set: said, and stopped all the same.
+        let rec = Recorder::failing_at(delete + 1, Errno::EPERM);
+        assert_eq!(s.run(&rec, None, None), HelperResult::Exited { code: 3, signal: None });
+        assert_eq!(rec.calls().last(), Some(&format!("stop_pasta {RECORDED_PASTA}")), "{:?}", rec.calls());
         // A pasta that cannot be charged to the job: no job.
         let rec = Recorder::failing_at(join + 1, Errno::EACCES);
         assert!(matches!(s.run(&rec, None, None), HelperResult::Failed { .. }));

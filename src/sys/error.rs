@@ -361,6 +361,12 @@ pub enum Error {
     DumpJobSockets(#[source] Errno),
     #[error("cannot abort a TCP socket left in the job's network namespace{}", if *.0 == Errno::EOPNOTSUPP { " (the kernel lacks CONFIG_INET_DIAG_DESTROY)" } else { "" })]
     AbortJobSocket(#[source] Errno),
+    #[error("cannot set the job's pasta's TCP sockets to reset as it stops ({step})")]
+    PastaSockets {
+        step: &'static str,
+        #[source]
+        source: Errno,
+    },
     #[error("cannot stop the job's pasta (pid {pid}) after the job")]
     StopPasta {
         pid: i32,

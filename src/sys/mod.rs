@@ -36,6 +36,7 @@ pub mod net;
 pub mod netlink;
 pub mod ns;
 pub mod nvml_mig;
+pub mod pasta_linger;
 pub mod process;
 pub mod procfile;
 pub mod quota;
@@ -79,6 +80,9 @@ pub trait Sys {
     /// Kills the job's pasta (a child of this process) once the job is over and reaps
     /// it: gone before the helper exits, so its runner finds the job's cgroup empty.
     fn stop_pasta(&self, pid: i32) -> Result<()>;
+    /// Before [`Sys::stop_pasta`]: the TCP sockets of the job's pasta (pid `pid`, the
+    /// caller's unreaped child) set to reset as it stops (see [`pasta_linger`]); how many.
+    fn linger_pasta(&self, pid: i32) -> Result<u32>;
     /// Deletes the host's conntrack entries of connections from `sources` (a root-mode
     /// job's addresses, once the job is over; `look` says when it reads the table: see
     /// [`net::forget_connections`]): how many, which addresses another link holds now,
@@ -207,6 +211,18 @@ impl Sys for Real {
             Error::CgroupJoin { procs, source } => Error::ChargePasta { pid, procs, source },
             other => other,
         })
+    }
+    fn linger_pasta(&self, pid: i32) -> Result<u32> {
+        use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
+        // Still our unreaped child (so `pid` is pasta's, not a reused one), and pinned by
+        // its pidfd from then on.
+        match waitpid(nix::unistd::Pid::from_raw(pid), Some(WaitPidFlag::WNOHANG)) {
+            Ok(WaitStatus::StillAlive) => {}
+            Ok(_) | Err(Errno::ECHILD) => return Ok(0),
+            Err(e) => return Err(Error::PastaSockets { step: "waitpid", source: e }),
+        }
+        let pidfd = pasta_linger::open(pid)?;
+        pasta_linger::reset_on_close(pid, &pidfd)
     }
     fn stop_pasta(&self, pid: i32) -> Result<()> {
         use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
@@ -487,6 +503,11 @@ impl Sys for Recorder {
     }
     fn stop_pasta(&self, pid: i32) -> Result<()> {
         self.step(format!("stop_pasta {pid}")).map_err(|e| Error::StopPasta { pid, source: self.io(e) })
+    }
+    fn linger_pasta(&self, pid: i32) -> Result<u32> {
+        self.step(format!("linger_pasta {pid}"))
+            .map_err(|source| Error::PastaSockets { step: "pidfd_getfd", source })?;
+        Ok(0)
     }
     fn forget_connections(&self, job: &net::JobConnections, look: net::Look) -> Result<net::Forgotten> {
         let list: Vec<String> = job.sources.iter().map(|a| a.to_string()).collect();

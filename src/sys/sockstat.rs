@@ -14,7 +14,8 @@
 //! still to send is a reset) and keep their buffers after the job's memory limit is gone:
 //! a slot's jobs one after another add them up (a red-team class). So the job's are
 //! aborted once it is over ([`abort_tcp`]), as `ss -K` would: its far ends get a reset;
-//! nothing of the job is left to read what they would send.
+//! nothing of the job is left to read what they would send. (Rootless, the far ends'
+//! side is its pasta's host sockets: see [`super::pasta_linger`].)
 //!
 //! Steps: [`open_here`] in the job's namespace (the files, and the socket-diagnostics
 //! socket opened with them, keep showing the namespace they were opened in), then

@@ -426,9 +426,9 @@ impl Entered {
         if let Some(g) = self.guard.as_mut() {
             g.arm()?;
         }
-        if self.host_link.is_some() {
-            // Opened in the job's namespace, read after the job. Without them the job's
-            // link is left to the kernel, as before.
+        if self.host_link.is_some() || self.made.pasta_pid.is_some() {
+            // Opened in the job's namespace, read after the job (rootless, the helper
+            // stays in it). Without them the job's link is left to the kernel, as before.
             self.socket_counts = sys
                 .job_socket_counts()
                 .map_err(|e| tracing::warn!(job = %job_id, "{}: a connection that outlives the job keeps its link until it ends", e.with_causes()))
