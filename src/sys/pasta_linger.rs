@@ -18,6 +18,9 @@
 //! with a zero timeout on each TCP socket among them: the kernel then resets such a
 //! socket when it closes, with pasta's exit, instead of orphaning it. Steps: [`open`]
 //! pasta's pidfd, [`reset_on_close`] each of its TCP sockets; then the caller kills it.
+//! Where that right is withheld (Yama's `ptrace_scope` 2 or 3) or the kernel is older
+//! than 5.6 (no `pidfd_getfd`), the step fails, the helper says so, and pasta's sockets
+//! close as before.
 
 use super::error::{Error, Result};
 use nix::errno::Errno;
