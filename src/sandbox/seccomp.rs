@@ -239,7 +239,7 @@ pub fn rules() -> Vec<Rule> {
 /// filter with these rules added is the init's `--seccomp-core-fixed`.
 pub fn core_fixed_rules() -> [Rule; 2] {
     const RLIMIT_CORE: u64 = 4;
-    let resource = |index| Some(ArgMatch { index, mask: 0xffff_ffff, value: RLIMIT_CORE, not: false });
+    let resource = |index| int_arg(index, RLIMIT_CORE);
     let new_limit = Some(ArgMatch { index: 2, mask: u64::MAX, value: 0, not: true });
     [
         Rule { name: "setrlimit", errno: libc::EPERM, args: [resource(0), None] },
@@ -263,8 +263,7 @@ fn classic_bpf_rules() -> [Rule; 4] {
     const SOL_SOCKET: u64 = 1;
     const SO_ATTACH_FILTER: u64 = 26;
     const SO_ATTACH_REUSEPORT_CBPF: u64 = 51;
-    let int = 0xffff_ffff;
-    let arg = |index, value| Some(ArgMatch { index, mask: int, value, not: false });
+    let arg = int_arg;
     let rule = |name, args| Rule { name, errno: libc::EPERM, args };
     [
         rule("seccomp", [arg(0, SECCOMP_SET_MODE_FILTER), None]),
@@ -292,8 +291,7 @@ fn shared_network_state_rules() -> [Rule; 2] {
     const IPV6_FLOWLABEL_MGR: u64 = 32;
     const AF_NETLINK: u64 = 16;
     const NETLINK_KOBJECT_UEVENT: u64 = 15;
-    let int = 0xffff_ffff;
-    let arg = |index, value| Some(ArgMatch { index, mask: int, value, not: false });
+    let arg = int_arg;
     [
         Rule { name: "setsockopt", errno: libc::EPERM, args: [arg(1, IPPROTO_IPV6), arg(2, IPV6_FLOWLABEL_MGR)] },
         Rule {
@@ -347,6 +345,11 @@ fn denied_family_cubes() -> Vec<(u64, u64)> {
 }
 
 /// `name` fails with `errno` when `(argument index & mask) == value`.
+/// Argument `index` is `value`, compared as the kernel reads an int: its low 32 bits.
+fn int_arg(index: u32, value: u64) -> Option<ArgMatch> {
+    Some(ArgMatch { index, mask: 0xffff_ffff, value, not: false })
+}
+
 fn masked(name: &'static str, index: u32, mask: u64, value: u64, errno: i32) -> Rule {
     Rule { name, errno, args: [Some(ArgMatch { index, mask, value, not: false }), None] }
 }
