@@ -361,12 +361,18 @@ pub enum Error {
     DumpJobSockets(#[source] Errno),
     #[error("cannot abort a TCP socket left in the job's network namespace{}", if *.0 == Errno::EOPNOTSUPP { " (the kernel lacks CONFIG_INET_DIAG_DESTROY)" } else { "" })]
     AbortJobSocket(#[source] Errno),
-    #[error("cannot set the job's pasta's TCP sockets to reset as it stops ({step})")]
-    PastaSockets {
-        step: &'static str,
-        #[source]
-        source: Errno,
-    },
+    #[error("cannot tell whether the job's pasta still runs")]
+    LingerPastaWait(#[source] Errno),
+    #[error("cannot open a pidfd of the job's pasta")]
+    LingerPastaPidfd(#[source] Errno),
+    #[error("cannot list the job's pasta's fds")]
+    LingerPastaFds(#[source] Errno),
+    #[error(
+        "cannot take a copy of a socket of the job's pasta (pidfd_getfd: ptrace restricted, or a kernel before 5.6?)"
+    )]
+    LingerPastaFdCopy(#[source] Errno),
+    #[error("cannot set a TCP socket of the job's pasta to reset as it closes (SO_LINGER)")]
+    LingerPastaSocket(#[source] Errno),
     #[error("cannot stop the job's pasta (pid {pid}) after the job")]
     StopPasta {
         pid: i32,

@@ -192,6 +192,18 @@ pub trait Sys {
 /// The real thing.
 pub struct Real;
 
+/// Whether `pid`, a child of the caller, still runs: still unreaped, so `pid` is that
+/// child's and not a reused one. One that ended is reaped now (or was before, by the
+/// helper's wait for its job).
+fn still_running_child(pid: i32) -> std::result::Result<bool, Errno> {
+    use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
+    match waitpid(nix::unistd::Pid::from_raw(pid), Some(WaitPidFlag::WNOHANG)) {
+        Ok(WaitStatus::StillAlive) => Ok(true),
+        Ok(_) | Err(Errno::ECHILD) => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
 impl Sys for Real {
     fn clear_groups(&self) -> Result<()> {
         ids::clear_groups()
@@ -213,26 +225,16 @@ impl Sys for Real {
         })
     }
     fn linger_pasta(&self, pid: i32) -> Result<u32> {
-        use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
-        // Still our unreaped child (so `pid` is pasta's, not a reused one), and pinned by
-        // its pidfd from then on.
-        match waitpid(nix::unistd::Pid::from_raw(pid), Some(WaitPidFlag::WNOHANG)) {
-            Ok(WaitStatus::StillAlive) => {}
-            Ok(_) | Err(Errno::ECHILD) => return Ok(0),
-            Err(e) => return Err(Error::PastaSockets { step: "waitpid", source: e }),
+        // Pinned by its pidfd from the check on.
+        if !still_running_child(pid).map_err(Error::LingerPastaWait)? {
+            return Ok(0);
         }
         let pidfd = pasta_linger::open(pid)?;
         pasta_linger::reset_on_close(pid, &pidfd)
     }
     fn stop_pasta(&self, pid: i32) -> Result<()> {
-        use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
-        let stop = |source: Errno| Error::StopPasta { pid, source: source.into() };
-        // Still our unreaped child (so `pid` is pasta's, not a reused one) before the kill.
-        match waitpid(nix::unistd::Pid::from_raw(pid), Some(WaitPidFlag::WNOHANG)) {
-            Ok(WaitStatus::StillAlive) => {}
-            // It ended: reaped now, or before by the helper's wait for its job.
-            Ok(_) | Err(Errno::ECHILD) => return Ok(()),
-            Err(e) => return Err(stop(e)),
+        if !still_running_child(pid).map_err(|e| Error::StopPasta { pid, source: e.into() })? {
+            return Ok(());
         }
         process::kill(pid, Signal::SIGKILL)?;
         process::wait_exit_status(pid).map(drop).map_err(|source| Error::StopPasta { pid, source })
@@ -505,8 +507,7 @@ impl Sys for Recorder {
         self.step(format!("stop_pasta {pid}")).map_err(|e| Error::StopPasta { pid, source: self.io(e) })
     }
     fn linger_pasta(&self, pid: i32) -> Result<u32> {
-        self.step(format!("linger_pasta {pid}"))
-            .map_err(|source| Error::PastaSockets { step: "pidfd_getfd", source })?;
+        self.step(format!("linger_pasta {pid}")).map_err(Error::LingerPastaFdCopy)?;
         Ok(0)
     }
     fn forget_connections(&self, job: &net::JobConnections, look: net::Look) -> Result<net::Forgotten> {

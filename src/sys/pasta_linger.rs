@@ -31,7 +31,7 @@ pub fn open(pid: i32) -> Result<OwnedFd> {
     // SAFETY: pidfd_open(2) takes a pid and flags and returns a new fd or -1.
     let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
     if fd < 0 {
-        return Err(Error::PastaSockets { step: "pidfd_open", source: Errno::last() });
+        return Err(Error::LingerPastaPidfd(Errno::last()));
     }
     // SAFETY: a new fd that nothing else owns; the OwnedFd closes it once.
     Ok(unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
@@ -41,8 +41,7 @@ pub fn open(pid: i32) -> Result<OwnedFd> {
 /// when it closes (`SO_LINGER` on, 0 s); how many. An fd closed meanwhile is skipped.
 pub fn reset_on_close(pid: i32, pidfd: &OwnedFd) -> Result<u32> {
     let dir = format!("/proc/{pid}/fd");
-    let entries = std::fs::read_dir(&dir)
-        .map_err(|e| Error::PastaSockets { step: "list its fds", source: super::error::errno_of(&e) })?;
+    let entries = std::fs::read_dir(&dir).map_err(|e| Error::LingerPastaFds(super::error::errno_of(&e)))?;
     let mut set = 0;
     for entry in entries.flatten() {
         let Some(fd) = entry.file_name().to_str().and_then(|n| n.parse::<RawFd>().ok()) else { continue };
@@ -56,7 +55,7 @@ pub fn reset_on_close(pid: i32, pidfd: &OwnedFd) -> Result<u32> {
         if copy < 0 {
             match Errno::last() {
                 Errno::EBADF => continue,
-                e => return Err(Error::PastaSockets { step: "pidfd_getfd", source: e }),
+                e => return Err(Error::LingerPastaFdCopy(e)),
             }
         }
         // SAFETY: a new fd that nothing else owns; the OwnedFd closes it once.
@@ -77,7 +76,7 @@ pub fn reset_on_close(pid: i32, pidfd: &OwnedFd) -> Result<u32> {
             )
         };
         if r != 0 {
-            return Err(Error::PastaSockets { step: "SO_LINGER", source: Errno::last() });
+            return Err(Error::LingerPastaSocket(Errno::last()));
         }
         set += 1;
     }
