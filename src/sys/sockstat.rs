@@ -158,7 +158,8 @@ mod tests {
         // This thread alone in a fresh network namespace: its sockets are all there is.
         std::thread::spawn(|| {
             nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNET).unwrap();
-            std::process::Command::new("ip").args(["link", "set", "lo", "up"]).status().unwrap();
+            let route = Socket::open(Proto::Route).unwrap();
+            route.request(Message::link(nl::RTM_NEWLINK, 0, 1, nl::IFF_UP, nl::IFF_UP)).unwrap();
             let counts = open_here().unwrap();
             assert_eq!(tcp_in_use(&counts).unwrap(), 0);
             let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
