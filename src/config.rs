@@ -148,14 +148,14 @@ impl Home {
     /// level under shared parents (runtime dir, cgroups). Read once per process (a
     /// canonicalize is a readlink per path component, and every job needs the tag).
     pub fn tag(&self) -> String {
-        use sha2::Digest;
         if let Some(t) = self.tag.get() {
             return t.clone();
         }
         // A home that does not exist yet has no canonical path: its path as given, not kept.
         let canonical = std::fs::canonicalize(&self.root);
         let path = canonical.as_deref().unwrap_or(&self.root);
-        let tag = format!("h-{}", crate::digest::hex(&sha2::Sha256::digest(path.as_os_str().as_encoded_bytes())[..4]));
+        let tag =
+            format!("h-{}", crate::digest::hex(&crate::digest::sha256_short(path.as_os_str().as_encoded_bytes())[..4]));
         match canonical {
             Ok(_) => self.tag.get_or_init(|| tag).clone(),
             Err(_) => tag,
