@@ -19,9 +19,9 @@ pub fn sha256_hex(bytes: &[u8]) -> String {
 }
 
 /// SHA-256 of a short input (a path), computed here rather than by `sha2`, whose
-/// first use in a process asks the CPU which instructions it has: six CPUID
-/// instructions, each a trap to the hypervisor in a VM (~6 us each on the CI VM, ~35
-/// us of every command that names its home, bench/NOTES.md). Plain FIPS 180-4; for
+/// first use in a process asks the CPU which instructions it has: CPUID leaves 1 and 7,
+/// each a trap to the hypervisor in a VM (the CLI's profile put ~35 us of every command
+/// that names its home there on the CI VM, bench/NOTES.md). Plain FIPS 180-4; for
 /// content of any size, [`sha256_hex`] (the CPU's SHA instructions pay off there).
 pub fn sha256_short(bytes: &[u8]) -> [u8; 32] {
     const K: [u32; 64] = [
