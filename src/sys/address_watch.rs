@@ -215,10 +215,8 @@ mod tests {
     #[test]
     #[cfg_attr(not(test_as_root), ignore = "needs root: a network namespace")]
     fn a_subscription_signals_an_address_added_and_refuses_it() {
-        let (sig, current, added, refused) = std::thread::spawn(|| {
-            nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNET).unwrap();
+        let (sig, current, added, refused) = nl::in_fresh_namespace(|| {
             let s = Socket::open(Proto::Route).unwrap();
-            s.request(Message::link(nl::RTM_NEWLINK, 0, 1, nl::IFF_UP, nl::IFF_UP)).unwrap();
             super::super::job_filter::install(&Default::default()).unwrap();
             let mut w = Watch::subscribe(false).unwrap();
             let current = w.current().unwrap();
@@ -239,9 +237,7 @@ mod tests {
             let sock = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
             let refused = sock.connect("198.51.100.5:9").map_err(|e| e.raw_os_error());
             (sig, current, added, refused)
-        })
-        .join()
-        .unwrap();
+        });
         assert_eq!(sig, SIGNAL);
         // A new namespace's loopback: 127.0.0.0/8, 127.0.0.1 and its broadcast.
         let lo = |n: &LocalNet| matches!(n, LocalNet::V4(v) if Ipv4Net::new(Ipv4Addr::new(127, 0, 0, 0), 8).contains(v.addr));
@@ -259,10 +255,8 @@ mod tests {
     fn an_overrun_subscription_reads_the_whole_local_table_again() {
         let wanted: Vec<Ipv4Addr> = (0..64).map(|i| Ipv4Addr::new(10, 77, i, 1)).collect();
         let want = wanted.clone();
-        let added = std::thread::spawn(move || {
-            nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNET).unwrap();
+        let added = nl::in_fresh_namespace(move || {
             let s = Socket::open(Proto::Route).unwrap();
-            s.request(Message::link(nl::RTM_NEWLINK, 0, 1, nl::IFF_UP, nl::IFF_UP)).unwrap();
             let mut w = Watch::subscribe(false).unwrap();
             // The smallest receive buffer (the kernel makes it 2304 bytes at least): a
             // few notifications fill it, and the rest are dropped.
@@ -273,9 +267,7 @@ mod tests {
                 s.request(m).unwrap();
             }
             w.added().unwrap()
-        })
-        .join()
-        .unwrap();
+        });
         // Loopback's routes came before the subscription: only a read of the whole
         // table returns them, so the overrun's path was taken.
         assert!(added.contains(&LocalNet::V4(Ipv4Net::host(Ipv4Addr::LOCALHOST))), "{added:?}");

@@ -498,13 +498,10 @@ mod tests {
     #[test]
     #[cfg_attr(not(test_as_root), ignore = "needs root: a network namespace")]
     fn a_refused_batch_is_an_error() {
-        let got = std::thread::spawn(|| {
-            nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNET).unwrap();
+        let got = super::super::netlink::in_fresh_namespace(|| {
             let s = Socket::open(Proto::Netfilter).unwrap();
             s.batch(messages(&filter()).split_off(1))
-        })
-        .join()
-        .unwrap();
+        });
         assert_eq!(got, Err(nix::errno::Errno::ENOENT));
     }
 
@@ -516,14 +513,11 @@ mod tests {
             eprintln!("SKIPPED: nft is not installed: the table is not read back");
             return;
         };
-        let listed = std::thread::spawn(move || {
-            nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNET).unwrap();
+        let listed = super::super::netlink::in_fresh_namespace(move || {
             install(&filter()).unwrap();
             let out = std::process::Command::new(nft).args(["list", "table", "inet", TABLE]).output().unwrap();
             String::from_utf8_lossy(&out.stdout).into_owned()
-        })
-        .join()
-        .unwrap();
+        });
         let rules: Vec<&str> = listed.lines().map(str::trim).filter(|l| !l.is_empty()).collect();
         assert_eq!(
             rules,

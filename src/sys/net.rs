@@ -1542,10 +1542,8 @@ mod tests {
         if !nix::unistd::geteuid().is_root() {
             return crate::test_skip::skip("needs root: a network namespace of its own");
         }
-        std::thread::spawn(|| {
-            nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNET).unwrap();
+        nl::in_fresh_namespace(|| {
             let plain = Socket::open(Proto::Route).unwrap();
-            plain.request(Message::link(nl::RTM_NEWLINK, 0, 1, nl::IFF_UP, nl::IFF_UP)).unwrap();
             for k in 0..300u32 {
                 let flags = nl::NLM_F_CREATE | nl::NLM_F_EXCL;
                 let mut m = Message::route(flags, 24, nl::RT_SCOPE_UNIVERSE, nl::RTN_PROHIBIT);
@@ -1573,9 +1571,7 @@ mod tests {
             assert!(a.contains(&LocalNet::V4(Ipv4Net::new(Ipv4Addr::new(127, 0, 0, 0), 8))), "{a:?}");
             assert!(a.contains(&LocalNet::V4(Ipv4Net::new(Ipv4Addr::new(10, 250, 0, 0), 16))), "main's: {a:?}");
             assert!(!a.iter().any(|n| n.v4().is_some_and(|n| n.prefix == 0)), "table 100's: {a:?}");
-        })
-        .join()
-        .unwrap();
+        });
     }
 
     /// As root, in a namespace of its own: the host's own addresses read from its local
@@ -1585,13 +1581,11 @@ mod tests {
     #[test]
     #[cfg_attr(not(test_as_root), ignore = "needs root: a network namespace")]
     fn the_hosts_own_addresses_are_its_local_tables() {
-        let (v4, v6) = std::thread::spawn(|| {
-            nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNET).unwrap();
+        let (v4, v6) = nl::in_fresh_namespace(|| {
             let ip = |args: &[&str]| {
                 let o = std::process::Command::new("ip").args(args).output().unwrap();
                 assert!(o.status.success(), "ip {args:?}: {}", String::from_utf8_lossy(&o.stderr));
             };
-            ip(&["link", "set", "lo", "up"]);
             ip(&["link", "add", "t0", "type", "veth", "peer", "name", "t1"]);
             ip(&["link", "set", "t0", "up"]);
             ip(&["addr", "add", "198.18.0.1/30", "dev", "t0"]);
@@ -1614,9 +1608,7 @@ mod tests {
                 }
                 std::thread::sleep(std::time::Duration::from_millis(20));
             }
-        })
-        .join()
-        .unwrap();
+        });
         for a in ["198.18.0.1", "198.18.0.3", "10.9.0.1", "10.9.0.127", "10.9.0.255", "192.0.2.1", "127.0.0.1"] {
             assert!(v4.contains(&a.parse().unwrap()), "{a}: {v4:?}");
         }

@@ -721,6 +721,19 @@ pub fn nft_table_handle(reply: &[u8]) -> Option<u64> {
     Some(u64::from_be_bytes(data.try_into().ok()?))
 }
 
+/// Runs `f` on a thread of its own, alone in a fresh network namespace whose loopback is
+/// up (root tests; the namespace goes with the thread), and returns what it returned.
+#[cfg(test)]
+pub(crate) fn in_fresh_namespace<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
+    std::thread::spawn(move || {
+        nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNET).unwrap();
+        Socket::open(Proto::Route).unwrap().request(Message::link(RTM_NEWLINK, 0, 1, IFF_UP, IFF_UP)).unwrap();
+        f()
+    })
+    .join()
+    .unwrap()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -156,10 +156,7 @@ mod tests {
             return crate::test_skip::skip("needs root: a network namespace of its own");
         }
         // This thread alone in a fresh network namespace: its sockets are all there is.
-        std::thread::spawn(|| {
-            nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNET).unwrap();
-            let route = Socket::open(Proto::Route).unwrap();
-            route.request(Message::link(nl::RTM_NEWLINK, 0, 1, nl::IFF_UP, nl::IFF_UP)).unwrap();
+        nl::in_fresh_namespace(|| {
             let counts = open_here().unwrap();
             assert_eq!(tcp_in_use(&counts).unwrap(), 0);
             let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
@@ -176,8 +173,6 @@ mod tests {
             let e = c.read(&mut buf).unwrap_err();
             assert!(matches!(e.raw_os_error(), Some(libc::ECONNABORTED | libc::ECONNRESET)), "{e}");
             drop((c, s));
-        })
-        .join()
-        .unwrap();
+        });
     }
 }
