@@ -762,6 +762,16 @@ fn toks(t: &[&str]) -> Vec<String> {
     t.iter().map(|s| s.to_string()).collect()
 }
 
+/// As each of [`USERS`]: every probe of `refused` fails with EPERM, and every one of
+/// `control` (the same family of calls, allowed) works.
+fn assert_refused_as_every_user(h: &TestHome, refused: &[String], control: &[String]) {
+    for (who, opts) in USERS {
+        let out = exec_ok(h, opts, &format!("{}; {}", probe(refused), probe(control)));
+        let want = format!("{}{}", expect(refused, |_| "EPERM".into()), expect(control, |_| "OK".into()));
+        assert_eq!(out, want, "{who}");
+    }
+}
+
 /// Whether the job's own shell runs a script that begins with `: MARKER;` (the lab's
 /// wrapper is an `sh -c` that names the marker too, and runs before the job does).
 fn job_shell_runs(marker: &str) -> bool {
